@@ -1,0 +1,151 @@
+"""The gateway's handle on the engine: send a request, stream its text deltas back.
+
+One ``EngineClient`` per gateway process. It owns the gateway's inbox and the outboxes to
+the tokenizer and the scheduler, and routes each incoming ``TextDelta`` / ``RequestFailed``
+to the queue of the request it belongs to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+
+import zmq.asyncio
+
+from houchu.transport.channel import BadMessage, Inbox, Outbox
+from houchu.transport.endpoints import Endpoints
+from houchu.transport.messages import (
+    AbortRequest,
+    GatewayInbox,
+    GenerateRequest,
+    RequestFailed,
+    Shutdown,
+    StatsQuery,
+    StatsReply,
+    TextDelta,
+)
+
+
+class EngineError(Exception):
+    """A request the engine rejected or failed. ``status`` is the HTTP status to report."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+
+
+class EngineClient:
+    """Async client of the engine actors, used by the HTTP and WebSocket handlers.
+
+    Args:
+        ctx: the process's asyncio ZeroMQ context.
+        endpoints: actor inbox addresses.
+        request_timeout_s: longest wait, in seconds, between two deltas of one request
+            before it is failed with HTTP 503 (the engine is stuck or gone).
+    """
+
+    def __init__(
+        self, ctx: zmq.asyncio.Context, endpoints: Endpoints, request_timeout_s: float = 120.0
+    ) -> None:
+        self._inbox: Inbox[GatewayInbox] = Inbox(ctx, endpoints["gateway"], GatewayInbox)
+        self._to_tokenizer = Outbox(ctx, endpoints["tokenizer"])
+        self._to_scheduler = Outbox(ctx, endpoints["scheduler"])
+        self._queues: dict[str, asyncio.Queue[TextDelta | RequestFailed]] = {}
+        self._stats_waiters: dict[int, asyncio.Future[StatsReply]] = {}
+        self._query_ids = itertools.count()
+        self._timeout_s = request_timeout_s
+        self._task: asyncio.Task[None] | None = None
+        self.stopped = asyncio.Event()
+
+    def start(self) -> None:
+        """Start routing inbox messages (call from the running event loop)."""
+        self._task = asyncio.create_task(self._route())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._inbox.close()
+        self._to_tokenizer.close()
+        self._to_scheduler.close()
+
+    async def _route(self) -> None:
+        while True:
+            try:
+                msg = await self._inbox.recv()
+            except BadMessage:
+                continue
+            match msg:
+                case TextDelta(rid=rid) | RequestFailed(rid=rid):
+                    q = self._queues.get(rid)
+                    if q is not None:
+                        q.put_nowait(msg)
+                case StatsReply(query_id=qid):
+                    fut = self._stats_waiters.pop(qid, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                case Shutdown():
+                    self.stopped.set()
+                    return
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests sent and not yet finished."""
+        return len(self._queues)
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TextDelta]:
+        """Submit ``req`` and yield its deltas; the last one has ``finish_reason`` set.
+
+        Raises:
+            EngineError: the engine rejected the request (bad input: status 400) or failed
+                it (500), or no delta arrived within ``request_timeout_s`` (503).
+        Closing the iterator early (client disconnect) aborts the request in the engine.
+        """
+        if req.rid in self._queues:
+            raise EngineError(f"request id {req.rid!r} is already in flight")
+        q: asyncio.Queue[TextDelta | RequestFailed] = asyncio.Queue()
+        self._queues[req.rid] = q
+        finished = False
+        try:
+            await self._to_tokenizer.send(req)
+            while True:
+                try:
+                    msg = await asyncio.wait_for(q.get(), self._timeout_s)
+                except asyncio.TimeoutError:
+                    raise EngineError(
+                        f"no progress on request in {self._timeout_s:.0f} s", 503, "timeout"
+                    ) from None
+                if isinstance(msg, RequestFailed):
+                    finished = True
+                    raise EngineError(msg.message, msg.status, msg.code)
+                yield msg
+                if msg.finish_reason is not None:
+                    finished = True
+                    return
+        finally:
+            self._queues.pop(req.rid, None)
+            if not finished:
+                await self.abort(req.rid)
+
+    async def abort(self, rid: str) -> None:
+        """Abort a request: its pages return to the pool, no more deltas are sent."""
+        await self._to_tokenizer.send(AbortRequest(rid, "abort"))
+
+    async def stats(self, timeout_s: float = 5.0) -> dict[str, float | int | str]:
+        """The scheduler's counters (free pages, running requests, ...).
+
+        Raises:
+            EngineError: (503) the scheduler did not answer within ``timeout_s`` seconds.
+        """
+        qid = next(self._query_ids)
+        fut: asyncio.Future[StatsReply] = asyncio.get_running_loop().create_future()
+        self._stats_waiters[qid] = fut
+        await self._to_scheduler.send(StatsQuery(qid))
+        try:
+            reply = await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            self._stats_waiters.pop(qid, None)
+            raise EngineError("scheduler did not answer", 503, "timeout") from None
+        return reply.stats

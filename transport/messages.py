@@ -1,0 +1,291 @@
+"""The wire contract: every message that travels between houchu's actors.
+
+Each message is a tagged msgspec ``Struct`` (``tag=True`` uses the class name), so a
+receiver decodes into a union of the messages it accepts and dispatches with ``match``.
+Bulk data (KV pages, weights) never travels here; token ids travel as msgpack integer
+arrays (1-3 bytes per id for this vocabulary size).
+
+Flow (see DESIGN.md)::
+
+    gateway --GenerateRequest/AbortRequest--> tokenizer --TokenizedRequest/AbortRequest--> scheduler
+    scheduler --StepPlan--> runner --StepResult--> scheduler --TokenBatch--> tokenizer
+    tokenizer --TextDelta/RequestFailed--> gateway
+    gateway --StatsQuery--> scheduler --StatsReply--> gateway
+    every actor --ActorReady/ActorFailed--> launcher
+"""
+
+from __future__ import annotations
+
+import msgspec
+from msgspec import Struct, field
+
+
+class SamplingParams(Struct, frozen=True, kw_only=True):
+    """Per-request decoding parameters, as the OpenAI API names them.
+
+    ``temperature == 0`` means greedy. ``top_k <= 0`` disables top-k; ``top_p == 1``
+    disables nucleus sampling; ``min_p == 0`` disables min-p. Penalties follow the
+    OpenAI / vLLM definitions (``repetition_penalty`` is the CTRL multiplicative penalty,
+    Keskar et al. 2019). ``seed`` makes a sampled request reproducible whatever else is in
+    the batch. ``max_tokens`` counts generated tokens. ``top_logprobs`` is only meaningful
+    when ``logprobs`` is true (0..20).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+class ChatMessage(Struct, frozen=True):
+    """One chat turn: ``role`` is system, user, assistant or tool."""
+
+    role: str
+    content: str
+
+
+# ---------------------------------------------------------------- gateway -> tokenizer
+
+
+class GenerateRequest(Struct, tag=True, kw_only=True):
+    """A validated client request. Exactly one of ``prompt`` / ``messages`` is set.
+
+    ``prompt_ids`` may be given instead of text (an OpenAI completions prompt of token ids).
+    """
+
+    rid: str
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    sampling: SamplingParams = SamplingParams()
+    arrival_time: float = 0.0
+
+
+class AbortRequest(Struct, tag=True):
+    """Stop a request: its client went away, or a stop string finished it.
+
+    ``reason`` is "abort" (client disconnect) or "stop" (stop string matched in text).
+    """
+
+    rid: str
+    reason: str = "abort"
+
+
+# ---------------------------------------------------------------- tokenizer -> scheduler
+
+
+class TokenizedRequest(Struct, tag=True, kw_only=True):
+    """A request ready to schedule. ``prompt_ids``: list[int] of length prompt_len."""
+
+    rid: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    eos_token_ids: list[int]
+    arrival_time: float = 0.0
+
+
+# ---------------------------------------------------------------- scheduler <-> runner
+
+
+class SeqInit(Struct, kw_only=True):
+    """Registers a request's sampling state in the runner before its first step.
+
+    ``prompt_ids`` (list[int], prompt_len) seeds the repetition / presence penalties.
+    """
+
+    rid: str
+    sampling: SamplingParams
+    prompt_ids: list[int]
+
+
+class SeqWork(Struct, kw_only=True, array_like=True):
+    """One request's slice of a step.
+
+    ``token_ids``: list[int] of length n_new, the tokens whose KV this step computes, at
+    positions ``start_pos .. start_pos + n_new - 1``. ``page_table``: list[int], the page
+    indices holding positions ``0 .. start_pos + n_new - 1`` (page ``i`` holds positions
+    ``i*page_size .. (i+1)*page_size - 1``). ``sample``: draw a token after the last
+    position (true for decode and for the last prefill chunk).
+    """
+
+    rid: str
+    token_ids: list[int]
+    start_pos: int
+    page_table: list[int]
+    sample: bool
+
+
+class StepPlan(Struct, tag=True, kw_only=True):
+    """Everything the runner needs for one forward pass.
+
+    ``init`` registers new requests; ``release`` drops the runner's per-request state of
+    finished or aborted requests (their pages are the scheduler's to free).
+    """
+
+    step_id: int
+    work: list[SeqWork]
+    init: list[SeqInit] = field(default_factory=list)
+    release: list[str] = field(default_factory=list)
+
+
+class SeqOutput(Struct, kw_only=True, array_like=True):
+    """A sampled token. ``logprob`` is its log-probability under the processed
+    distribution; ``top_logprobs``: list of (token_id, logprob), best first."""
+
+    rid: str
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+class StepResult(Struct, tag=True, kw_only=True):
+    """The runner's answer to a StepPlan. ``duration_s``: forward + sampling seconds."""
+
+    step_id: int
+    outputs: list[SeqOutput]
+    duration_s: float
+    num_tokens: int
+    error: str | None = None
+
+
+class RunnerInfo(Struct, tag=True, kw_only=True):
+    """Sent by the runner once its weights and KV pool are ready.
+
+    ``num_pages`` pages of ``page_size`` tokens; ``max_context``: tokens per request.
+    """
+
+    num_pages: int
+    page_size: int
+    max_context: int
+    kv_bytes_per_token: int
+    num_params: int
+    model_name: str
+
+
+# ---------------------------------------------------------------- scheduler -> tokenizer
+
+
+class TokenEvent(Struct, kw_only=True, array_like=True):
+    """New tokens for one request, and the reason it finished if it did.
+
+    ``finish_reason``: None while running, else "stop" (EOS / stop token), "length"
+    (max_tokens or context), "abort" or "error". ``cached_tokens``: prompt tokens whose KV
+    was reused (sent with the first event). ``error``: message when finish_reason is
+    "error".
+    """
+
+    rid: str
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+class TokenBatch(Struct, tag=True):
+    """All token events of one step, in one message."""
+
+    events: list[TokenEvent]
+
+
+# ---------------------------------------------------------------- tokenizer -> gateway
+
+
+class TokenLogprob(Struct, array_like=True):
+    """One generated token's text and log-probability, with its top alternatives."""
+
+    token: str
+    token_id: int
+    logprob: float
+    bytes_: list[int]
+    top: list[tuple[str, int, float]] = field(default_factory=list)
+
+
+class TextDelta(Struct, tag=True, kw_only=True):
+    """Text released for a request. The last one for a request has ``finish_reason`` set.
+
+    ``text`` is never half a UTF-8 character and never part of a stop string.
+    ``completion_tokens`` counts tokens emitted so far (EOS/stop tokens excluded).
+    """
+
+    rid: str
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class RequestFailed(Struct, tag=True, kw_only=True):
+    """A request rejected or failed. ``status``: HTTP status to report (400, 500, 503)."""
+
+    rid: str
+    message: str
+    status: int = 400
+    code: str = "invalid_request_error"
+
+
+# ---------------------------------------------------------------- stats
+
+
+class StatsQuery(Struct, tag=True):
+    """Ask the scheduler for its counters; the reply goes to the gateway."""
+
+    query_id: int
+
+
+class StatsReply(Struct, tag=True, kw_only=True):
+    """Scheduler counters. Pages are KV pages of ``page_size`` tokens."""
+
+    query_id: int
+    stats: dict[str, float | int | str]
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+class ActorReady(Struct, tag=True, kw_only=True):
+    """An actor finished starting; ``info`` is a short human-readable summary."""
+
+    name: str
+    pid: int
+    info: str = ""
+
+
+class ActorFailed(Struct, tag=True, kw_only=True):
+    """An actor could not start or crashed; ``error`` explains why."""
+
+    name: str
+    error: str
+
+
+class Shutdown(Struct, tag=True):
+    """Ask an actor to stop its loop and exit."""
+
+    reason: str = ""
+
+
+GatewayInbox = TextDelta | RequestFailed | StatsReply | Shutdown
+TokenizerInbox = GenerateRequest | AbortRequest | TokenBatch | Shutdown
+SchedulerInbox = TokenizedRequest | AbortRequest | StepResult | RunnerInfo | StatsQuery | Shutdown
+RunnerInbox = StepPlan | Shutdown
+LauncherInbox = ActorReady | ActorFailed
+
+
+def encoder() -> msgspec.msgpack.Encoder:
+    """The one encoder every channel uses (msgpack, no pickle)."""
+    return msgspec.msgpack.Encoder()
