@@ -12,7 +12,6 @@ import itertools
 from collections.abc import AsyncIterator
 
 import zmq.asyncio
-
 from houchu.transport.channel import BadMessage, Inbox, Outbox
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.messages import (

@@ -192,6 +192,7 @@ class TokenEvent(Struct, kw_only=True, array_like=True):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    error_status: int = 500
 
 
 class TokenBatch(Struct, tag=True):

@@ -1,0 +1,55 @@
+"""Serving configuration, shared by the launcher and every actor process.
+
+It travels to each actor process as JSON (msgspec), so it holds plain values only.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgspec
+from houchu.transport.endpoints import Endpoints
+
+
+class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything ``houchu serve`` was asked for.
+
+    Sizes: ``kv_cache_memory_bytes`` bytes for the KV pool unless ``num_pages`` is given;
+    ``page_size`` tokens per page; ``max_context`` caps the model's context window
+    (tokens); ``max_batch_tokens`` tokens per step; ``chunk_size`` prefill tokens per request
+    per step; ``request_timeout_s`` seconds without progress before a request fails.
+    """
+
+    model_path: str
+    endpoints: Endpoints
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    dtype: str = "float32"
+    page_size: int = 16
+    num_pages: int | None = None
+    kv_cache_memory_bytes: int = 1 << 30
+    max_context: int | None = None
+    max_batch_tokens: int = 512
+    chunk_size: int = 512
+    max_running: int = 64
+    num_threads: int | None = None
+    request_timeout_s: float = 300.0
+    ready_timeout_s: float = 600.0
+
+    def to_json(self) -> bytes:
+        return msgspec.json.encode(self)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ServeConfig:
+        return msgspec.json.decode(data, type=cls)
+
+    def model_name(self) -> str:
+        """The name clients use in the ``model`` field: ``--served-model-name``, or the
+        model file or folder name without its quantization suffix."""
+        if self.served_model_name:
+            return self.served_model_name
+        path = Path(self.model_path)
+        stem = path.stem if path.suffix == ".gguf" else path.name
+        return re.sub(r"\.(Q\d\w*|IQ\d\w*|F16|F32|BF16)$", "", stem, flags=re.IGNORECASE)

@@ -1,0 +1,147 @@
+"""The launcher: starts every actor in its own process, waits until all are ready, and
+shuts them all down cleanly.
+
+Start order does not matter (ZeroMQ connects lazily); the launcher binds its own inbox
+first, then spawns the runner, scheduler, tokenizer and gateway, and waits for an
+``ActorReady`` from each. On Ctrl-C or SIGTERM — or when any actor dies — it terminates
+every actor process and removes the run directory with its socket files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import zmq.asyncio
+from houchu.actors.config import ServeConfig
+from houchu.actors.runtime import actor_process_main
+from houchu.transport.channel import Inbox, Outbox
+from houchu.transport.endpoints import Endpoints
+from houchu.transport.messages import ActorFailed, ActorReady, LauncherInbox, Shutdown
+
+ACTOR_ORDER = ("runner", "scheduler", "tokenizer", "gateway")
+
+
+class LaunchError(RuntimeError):
+    """An actor failed to start, or did not report ready in time."""
+
+
+class Launcher:
+    """Owns the actor processes of one ``houchu serve``.
+
+    Args:
+        config: the serving configuration (its endpoints are replaced by ipc:// sockets in
+            a fresh run directory).
+    """
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.run_dir = Path(tempfile.mkdtemp(prefix="houchu-"))
+        import msgspec
+
+        self.config = msgspec.structs.replace(config, endpoints=Endpoints.ipc(self.run_dir))
+        self.procs: dict[str, mp.process.BaseProcess] = {}
+        self._stop = asyncio.Event()
+
+    async def serve(self) -> int:
+        """Start everything, serve until a signal or an actor dies; return an exit code."""
+        ctx = zmq.asyncio.Context()
+        inbox: Inbox[LauncherInbox] = Inbox(ctx, self.config.endpoints["launcher"], LauncherInbox)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._stop.set)
+        code = 0
+        try:
+            self._spawn_all()
+            await self._wait_ready(inbox)
+            c = self.config
+            print(f"houchu: serving {c.model_name()} at http://{c.host}:{c.port}", flush=True)
+            print("houchu: press Ctrl-C to stop", flush=True)
+            code = await self._supervise()
+        except LaunchError as e:
+            print(f"houchu: {e}", file=sys.stderr, flush=True)
+            code = 1
+        finally:
+            await self._shutdown(ctx)
+            inbox.close()
+            ctx.destroy(linger=0)
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        return code
+
+    def _spawn_all(self) -> None:
+        spawn = mp.get_context("spawn")
+        payload = self.config.to_json()
+        for name in ACTOR_ORDER:
+            p = spawn.Process(
+                target=actor_process_main, args=(name, payload), name=f"houchu-{name}"
+            )
+            p.start()
+            self.procs[name] = p
+
+    async def _wait_ready(self, inbox: Inbox[LauncherInbox]) -> None:
+        pending = set(ACTOR_ORDER)
+        deadline = time.monotonic() + self.config.ready_timeout_s
+        while pending:
+            if self._stop.is_set():
+                raise LaunchError("interrupted while starting")
+            dead = [n for n in pending if not self.procs[n].is_alive()]
+            if dead:
+                raise LaunchError(f"actor {dead[0]} exited while starting (see its error above)")
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"actors not ready after {self.config.ready_timeout_s:.0f} s: "
+                    f"{', '.join(sorted(pending))}"
+                )
+            if not await inbox.poll(0.2):
+                continue
+            match await inbox.recv():
+                case ActorReady(name=name, info=info):
+                    pending.discard(name)
+                    print(f"houchu: {name} ready (pid {self.procs[name].pid}) {info}", flush=True)
+                case ActorFailed(name=name, error=error):
+                    raise LaunchError(f"actor {name} failed to start: {error}")
+
+    async def _supervise(self) -> int:
+        while not self._stop.is_set():
+            for name, p in self.procs.items():
+                if not p.is_alive():
+                    print(
+                        f"houchu: actor {name} died (exit code {p.exitcode}); stopping",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return 1
+            try:
+                await asyncio.wait_for(self._stop.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+        print("houchu: shutting down", flush=True)
+        return 0
+
+    async def _shutdown(self, ctx: zmq.asyncio.Context, grace_s: float = 5.0) -> None:
+        """Ask every live actor to stop, then terminate and finally kill stragglers."""
+        outs = []
+        for name in reversed(ACTOR_ORDER):  # gateway first: stop taking requests
+            p = self.procs.get(name)
+            if p is not None and p.is_alive():
+                out = Outbox(ctx, self.config.endpoints[name])
+                outs.append(out)
+                await out.send(Shutdown("launcher"))
+        deadline = time.monotonic() + grace_s
+        while any(p.is_alive() for p in self.procs.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for p in self.procs.values():
+            if p.is_alive():
+                p.terminate()
+        for p in self.procs.values():
+            p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        for out in outs:
+            out.close()

@@ -1,0 +1,115 @@
+"""What every actor process shares: start-up, the ready report, the parent watchdog.
+
+An actor is a class with ``async start()`` (load what it needs, then report ready) and
+``async run()`` (its receive loop; returns on ``Shutdown``). ``actor_process_main`` is the
+entry point of each actor process started by the launcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import traceback
+from typing import Protocol
+
+import zmq.asyncio
+from houchu.actors.config import ServeConfig
+from houchu.transport.channel import Outbox
+from houchu.transport.messages import ActorFailed, ActorReady
+
+
+class Actor(Protocol):
+    name: str
+
+    async def start(self) -> str:
+        """Load and bind; return a one-line summary for the ready report."""
+        ...
+
+    async def run(self) -> None:
+        """Serve until shut down."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def _make_actor(name: str, ctx: zmq.asyncio.Context, config: ServeConfig) -> Actor:
+    # Imported here so that each process loads only what its actor needs (no torch in
+    # the gateway or tokenizer processes).
+    if name == "gateway":
+        from houchu.actors.gateway import GatewayActor
+
+        return GatewayActor(ctx, config)
+    if name == "tokenizer":
+        from houchu.actors.tokenizer import TokenizerActor
+
+        return TokenizerActor(ctx, config)
+    if name == "scheduler":
+        from houchu.actors.scheduler import SchedulerActor
+
+        return SchedulerActor(ctx, config)
+    if name == "runner":
+        from houchu.actors.runner import RunnerActor
+
+        return RunnerActor(ctx, config)
+    raise ValueError(f"unknown actor {name!r}")
+
+
+def install_uvloop() -> None:
+    """Use uvloop's event loop where it is installed."""
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def actor_process_main(name: str, config_json: bytes) -> None:
+    """Process entry point: run actor ``name`` until shut down; exit 1 if it fails."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    install_uvloop()
+    config = ServeConfig.from_json(config_json)
+    code = asyncio.run(_run(name, config))
+    sys.exit(code)
+
+
+async def _run(name: str, config: ServeConfig) -> int:
+    ctx = zmq.asyncio.Context()
+    launcher = Outbox(ctx, config.endpoints["launcher"])
+    actor: Actor | None = None
+    code = 0
+    try:
+        actor = _make_actor(name, ctx, config)
+        info = await actor.start()
+        await launcher.send(ActorReady(name=name, pid=os.getpid(), info=info))
+        run = asyncio.create_task(actor.run())
+        watch = asyncio.create_task(_watch_parent(os.getppid()))
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, run.cancel)
+        done, _ = await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
+        for t in (run, watch):
+            t.cancel()
+        if run in done and not run.cancelled() and run.exception() is not None:
+            raise run.exception()  # type: ignore[misc]
+    except Exception as e:
+        code = 1
+        detail = "".join(traceback.format_exception(e))
+        print(f"houchu {name}: {detail}", file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):
+            await launcher.send(ActorFailed(name=name, error=f"{type(e).__name__}: {e}"))
+            await asyncio.sleep(0.2)  # let the report leave before the context closes
+    finally:
+        if actor is not None:
+            with contextlib.suppress(Exception):
+                await actor.close()
+        launcher.close()
+        ctx.destroy(linger=0)
+    return code
+
+
+async def _watch_parent(ppid: int) -> None:
+    """Return when the launcher is gone (this process was re-parented): no orphans."""
+    while os.getppid() == ppid:
+        await asyncio.sleep(1.0)

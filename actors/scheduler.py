@@ -1,0 +1,118 @@
+"""The scheduler actor: the loop that admits requests, plans steps and routes tokens.
+
+receive -> (admit | abort | apply result | answer stats) -> if no step is in flight, send
+the next plan. The domain logic lives in ``houchu.scheduler``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import zmq.asyncio
+from houchu.actors.config import ServeConfig
+from houchu.scheduler.batcher import BatchConfig
+from houchu.scheduler.core import Rejected, SchedulerCore
+from houchu.transport.channel import BadMessage, Inbox, Outbox
+from houchu.transport.messages import (
+    AbortRequest,
+    RunnerInfo,
+    SchedulerInbox,
+    Shutdown,
+    StatsQuery,
+    StatsReply,
+    StepResult,
+    TokenBatch,
+    TokenEvent,
+    TokenizedRequest,
+)
+
+
+class SchedulerActor:
+    """Continuous batching between the tokenizer and the model runner."""
+
+    name = "scheduler"
+
+    def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
+        self.config = config
+        ep = config.endpoints
+        self.inbox: Inbox[SchedulerInbox] = Inbox(ctx, ep["scheduler"], SchedulerInbox)
+        self.to_runner = Outbox(ctx, ep["runner"])
+        self.to_tokenizer = Outbox(ctx, ep["tokenizer"])
+        self.to_gateway = Outbox(ctx, ep["gateway"])
+        self.core: SchedulerCore | None = None
+        self.step_in_flight = False
+        self.step_sent_at = 0.0
+
+    async def start(self) -> str:
+        """Wait for the runner's pool geometry, then build the core."""
+        while True:
+            msg = await self.inbox.recv()
+            if isinstance(msg, RunnerInfo):
+                break
+            if isinstance(msg, Shutdown):
+                raise RuntimeError("shut down before the runner was ready")
+        c = self.config
+        batch = BatchConfig(
+            max_batch_tokens=c.max_batch_tokens, chunk_size=c.chunk_size, max_running=c.max_running
+        )
+        self.core = SchedulerCore(msg, batch)
+        return f"{msg.num_pages} pages, batch budget {c.max_batch_tokens} tokens"
+
+    async def run(self) -> None:
+        while True:
+            try:
+                msg = await self.inbox.recv()
+            except BadMessage as e:
+                print(f"houchu scheduler: dropped a bad message: {e}", flush=True)
+                continue
+            if isinstance(msg, Shutdown):
+                return
+            await self._handle(msg)
+            while (more := self.inbox.recv_nowait()) is not None:  # drain before planning
+                if isinstance(more, Shutdown):
+                    return
+                await self._handle(more)
+            await self._maybe_step()
+
+    async def _handle(self, msg: SchedulerInbox) -> None:
+        core = self.core
+        match msg:
+            case TokenizedRequest():
+                try:
+                    core.add(msg)
+                except Rejected as e:
+                    ev = TokenEvent(
+                        rid=msg.rid,
+                        token_ids=[],
+                        finish_reason="error",
+                        error=str(e),
+                        error_status=400,
+                    )
+                    await self.to_tokenizer.send(TokenBatch([ev]))
+            case AbortRequest(rid=rid):
+                core.abort(rid)
+            case StepResult():
+                self.step_in_flight = False
+                events = core.apply(msg)
+                if events:
+                    await self.to_tokenizer.send(TokenBatch(events))
+            case StatsQuery(query_id=qid):
+                stats = core.stats()
+                stats["step_in_flight"] = int(self.step_in_flight)
+                await self.to_gateway.send(StatsReply(query_id=qid, stats=stats))
+            case RunnerInfo():
+                pass
+
+    async def _maybe_step(self) -> None:
+        if self.step_in_flight or not self.core.has_work:
+            return
+        plan = self.core.next_plan()
+        if plan is None:
+            return
+        self.step_in_flight = True
+        self.step_sent_at = time.perf_counter()
+        await self.to_runner.send(plan)
+
+    async def close(self) -> None:
+        for s in (self.inbox, self.to_runner, self.to_tokenizer, self.to_gateway):
+            s.close()

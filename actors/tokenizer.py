@@ -1,0 +1,141 @@
+"""The tokenizer actor: chat template and encoding on the way in; incremental
+detokenization and stop strings on the way out.
+
+Inbox: ``GenerateRequest`` / ``AbortRequest`` from the gateway, ``TokenBatch`` from the
+scheduler. A stop string needs text, so it is matched here; the scheduler is then told to
+finish the request (``AbortRequest(reason="stop")``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import zmq.asyncio
+from houchu.actors.config import ServeConfig
+from houchu.text.request_text import RequestText
+from houchu.transport.channel import BadMessage, Inbox, Outbox
+from houchu.transport.messages import (
+    AbortRequest,
+    GenerateRequest,
+    RequestFailed,
+    Shutdown,
+    TokenBatch,
+    TokenEvent,
+    TokenizedRequest,
+    TokenizerInbox,
+)
+
+
+class TokenizerActor:
+    """Text <-> tokens for every request."""
+
+    name = "tokenizer"
+
+    def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
+        self.config = config
+        ep = config.endpoints
+        self.inbox: Inbox[TokenizerInbox] = Inbox(ctx, ep["tokenizer"], TokenizerInbox)
+        self.to_scheduler = Outbox(ctx, ep["scheduler"])
+        self.to_gateway = Outbox(ctx, ep["gateway"])
+        self.requests: dict[str, RequestText] = {}
+        self.tokenizer = None
+        self.max_context = 0
+
+    async def start(self) -> str:
+        from houchu.gpu.config import load_model_config
+        from houchu.text.tokenizer import load_tokenizer
+
+        loop = asyncio.get_running_loop()
+        self.tokenizer = await loop.run_in_executor(None, load_tokenizer, self.config.model_path)
+        model = load_model_config(self.config.model_path)
+        self.max_context = min(model.max_position, self.config.max_context or model.max_position)
+        return f"vocabulary {self.tokenizer.vocab_size}, context {self.max_context}"
+
+    async def run(self) -> None:
+        while True:
+            try:
+                msg = await self.inbox.recv()
+            except BadMessage as e:
+                print(f"houchu tokenizer: dropped a bad message: {e}", flush=True)
+                continue
+            match msg:
+                case GenerateRequest():
+                    await self._on_request(msg)
+                case TokenBatch(events=events):
+                    await self._on_tokens(events)
+                case AbortRequest(rid=rid):
+                    self.requests.pop(rid, None)
+                    await self.to_scheduler.send(msg)
+                case Shutdown():
+                    return
+
+    async def _on_request(self, req: GenerateRequest) -> None:
+        try:
+            ids = self._encode(req)
+        except Exception as e:  # the template or encoder refused this input
+            await self._fail(req.rid, f"could not tokenize the request: {e}")
+            return
+        s = req.sampling
+        if not ids:
+            await self._fail(req.rid, "the prompt is empty (0 tokens)")
+            return
+        if len(ids) + s.max_tokens > self.max_context:
+            await self._fail(
+                req.rid,
+                f"this model's maximum context length is {self.max_context} tokens; the "
+                f"request has {len(ids)} prompt tokens and asks for {s.max_tokens} more",
+            )
+            return
+        if any(t < 0 or t >= self.tokenizer.vocab_size for t in ids):
+            await self._fail(
+                req.rid, f"prompt token ids must be in [0, {self.tokenizer.vocab_size})"
+            )
+            return
+        eos = self.tokenizer.eos_token_ids
+        self.requests[req.rid] = RequestText(req.rid, self.tokenizer, ids, s, eos)
+        await self.to_scheduler.send(
+            TokenizedRequest(
+                rid=req.rid,
+                prompt_ids=ids,
+                sampling=s,
+                eos_token_ids=eos,
+                arrival_time=req.arrival_time or time.time(),
+            )
+        )
+
+    def _encode(self, req: GenerateRequest) -> list[int]:
+        """Prompt token ids. Raises TokenizerError (or the library's error) on bad input."""
+        if req.messages is not None:
+            return self.tokenizer.apply_chat_template(req.messages)
+        if req.prompt_ids is not None:
+            return list(req.prompt_ids)
+        return self.tokenizer.encode(req.prompt or "")
+
+    async def _fail(self, rid: str, message: str, status: int = 400) -> None:
+        code = "invalid_request_error" if status == 400 else "internal_error"
+        await self.to_gateway.send(
+            RequestFailed(rid=rid, message=message, status=status, code=code)
+        )
+
+    async def _on_tokens(self, events: list[TokenEvent]) -> None:
+        for ev in events:
+            state = self.requests.get(ev.rid)
+            if state is None:
+                continue  # finished by a stop string or aborted: late tokens are dropped
+            if ev.finish_reason == "error":
+                del self.requests[ev.rid]
+                await self._fail(ev.rid, ev.error or "request failed", ev.error_status)
+                continue
+            delta = state.on_event(ev)
+            if delta is None:
+                continue
+            if state.finished:
+                del self.requests[ev.rid]
+                if ev.finish_reason is None:  # a stop string finished it, not the scheduler
+                    await self.to_scheduler.send(AbortRequest(ev.rid, "stop"))
+            await self.to_gateway.send(delta)
+
+    async def close(self) -> None:
+        for s in (self.inbox, self.to_scheduler, self.to_gateway):
+            s.close()

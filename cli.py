@@ -1,0 +1,133 @@
+"""The ``houchu`` command: ``houchu serve`` and ``houchu fetch``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from houchu.fetch import FetchError, fetch_default_model
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over HTTP (OpenAI API) and WebSocket")
+    p.add_argument(
+        "--model",
+        help="a .gguf file or a Hugging Face model folder (default: fetch SmolLM2-135M-Instruct)",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", help="name clients use in the `model` field")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="compute dtype of weights and KV cache",
+    )
+    p.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    p.add_argument("--num-pages", type=int, help="KV pool size in pages (overrides --kv-cache-mb)")
+    p.add_argument("--kv-cache-mb", type=int, default=1024, help="KV pool size in MiB")
+    p.add_argument("--max-context", type=int, help="cap on the context window, in tokens")
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=512,
+        help="tokens computed per step (decodes plus prefill chunks)",
+    )
+    p.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=512,
+        help="most prefill tokens of one request per step; 0 disables chunking",
+    )
+    p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument("--threads", type=int, help="torch threads of the model runner")
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        help="seconds without progress before a request fails",
+    )
+
+
+def _positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    for n in names:
+        v = getattr(args, n)
+        if v is not None and v <= 0:
+            parser.error(f"--{n.replace('_', '-')} must be positive, got {v}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``houchu`` console command; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="houchu", description="houchu LLM serving engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    sub.add_parser("fetch", help="download the default model into the cache")
+    args = parser.parse_args(argv)
+
+    if args.command == "fetch":
+        try:
+            print(fetch_default_model())
+        except FetchError as e:
+            print(f"houchu: {e}", file=sys.stderr)
+            return 1
+        return 0
+    _positive(
+        parser,
+        args,
+        "port",
+        "page_size",
+        "num_pages",
+        "kv_cache_mb",
+        "max_context",
+        "max_batch_tokens",
+        "max_running_requests",
+        "threads",
+    )
+    if args.chunked_prefill_size < 0:
+        parser.error("--chunked-prefill-size must be >= 0")
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from houchu.actors.config import ServeConfig
+    from houchu.actors.launcher import Launcher
+    from houchu.actors.runtime import install_uvloop
+    from houchu.transport.endpoints import Endpoints
+
+    if args.model is None:
+        try:
+            model = str(fetch_default_model())
+        except FetchError as e:
+            print(f"houchu: {e}", file=sys.stderr)
+            return 1
+    else:
+        model = args.model
+        if not Path(model).exists():
+            print(f"houchu: model path {model} does not exist", file=sys.stderr)
+            return 2
+    config = ServeConfig(
+        model_path=str(Path(model).resolve()),
+        endpoints=Endpoints.ipc("/tmp"),  # replaced by the launcher's run directory
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        dtype=args.dtype,
+        page_size=args.page_size,
+        num_pages=args.num_pages,
+        kv_cache_memory_bytes=args.kv_cache_mb << 20,
+        max_context=args.max_context,
+        max_batch_tokens=args.max_batch_tokens,
+        chunk_size=args.chunked_prefill_size,
+        max_running=args.max_running_requests,
+        num_threads=args.threads,
+        request_timeout_s=args.request_timeout,
+    )
+    install_uvloop()
+    return asyncio.run(Launcher(config).serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Continuous batching: which requests run in the next step, and with how many tokens.
+
+Each step the ``Batcher`` builds one ``StepPlan``: first one decode token for every running
+request that is decoding, then prefill chunks for running requests still prefilling, then
+newly admitted requests, until the per-step token budget is spent (Orca-style iteration-
+level scheduling, Yu et al. OSDI 2022; chunked prefill as in Sarathi-Serve, Agrawal et al.
+2024). When a decode needs a page and none is free, the newest running request is
+preempted: its pages are freed and it is recomputed later from its prompt plus the tokens
+it already produced, so its output does not change.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+import msgspec
+from houchu.cache_tiers.page_allocator import PageAllocator
+from houchu.scheduler.request import Request, Status
+from houchu.transport.messages import SeqInit, SeqWork, StepPlan
+
+
+class BatchConfig(msgspec.Struct, frozen=True):
+    """Batching limits.
+
+    ``max_batch_tokens``: tokens computed per step (decode tokens + prefill chunks).
+    ``chunk_size``: most prefill tokens of one request per step (0: no chunking, the whole
+    prompt in one step, which then may exceed the budget for that step only).
+    ``max_running``: requests holding pages at once.
+    """
+
+    max_batch_tokens: int = 512
+    chunk_size: int = 512
+    max_running: int = 64
+
+
+class Batcher:
+    """The waiting queue, the running set and the plan of the next step.
+
+    Args:
+        allocator: the device page allocator (shared with nobody else).
+        config: batching limits.
+    """
+
+    def __init__(self, allocator: PageAllocator, config: BatchConfig) -> None:
+        self.allocator = allocator
+        self.config = config
+        self.waiting: deque[Request] = deque()
+        self.running: dict[str, Request] = {}  # insertion order = admission order
+        self.pending_release: list[str] = []
+        self.num_preemptions = 0
+        self._step_ids = itertools.count()
+
+    # ------------------------------------------------------------------ queue changes
+
+    def add(self, req: Request) -> None:
+        """Queue a new request (FIFO)."""
+        self.waiting.append(req)
+
+    def get(self, rid: str) -> Request | None:
+        if rid in self.running:
+            return self.running[rid]
+        return next((r for r in self.waiting if r.rid == rid), None)
+
+    def remove(self, req: Request) -> None:
+        """Take a request out (finished, aborted or failed): free its pages and drop the
+        runner's state for it in the next plan."""
+        if req.status is Status.RUNNING:
+            self.running.pop(req.rid, None)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        if req.page_table:
+            self.allocator.free(req.page_table)
+            req.page_table = []
+        req.status = Status.FINISHED
+        if req.is_registered:
+            self.pending_release.append(req.rid)
+            req.is_registered = False
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.pending_release)
+
+    # ------------------------------------------------------------------ planning
+
+    def schedule(self) -> tuple[StepPlan | None, list[Request]]:
+        """Build the next step's plan.
+
+        Returns:
+            (plan, scheduled requests in plan order); plan is None when there is nothing
+            to run or release.
+        """
+        budget = self.config.max_batch_tokens
+        work: list[SeqWork] = []
+        scheduled: list[Request] = []
+        init: list[SeqInit] = []
+
+        for req in list(self.running.values()):
+            if req.status is not Status.RUNNING or req.is_prefilling:
+                continue
+            if not self._reserve(req, req.num_computed + 1, preempt=True):
+                continue  # req itself was preempted
+            work.append(self._work(req, 1))
+            scheduled.append(req)
+            budget -= 1
+
+        for req in list(self.running.values()):
+            if budget <= 0:
+                break
+            if req.is_prefilling and req not in scheduled:
+                n = self._chunk(req, budget)
+                if not self._reserve(req, req.num_computed + n, preempt=False):
+                    break
+                work.append(self._work(req, n))
+                scheduled.append(req)
+                budget -= n
+
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            req = self.waiting[0]
+            n = self._chunk(req, budget)
+            if not self._reserve(req, req.num_computed + n, preempt=False):
+                break
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running[req.rid] = req
+            if not req.is_registered:
+                init.append(SeqInit(rid=req.rid, sampling=req.sampling, prompt_ids=req.prompt_ids))
+                req.is_registered = True
+            work.append(self._work(req, n))
+            scheduled.append(req)
+            budget -= n
+
+        release, self.pending_release = self.pending_release, []
+        if not work and not release:
+            return None, []
+        plan = StepPlan(step_id=next(self._step_ids), work=work, init=init, release=release)
+        return plan, scheduled
+
+    def _chunk(self, req: Request, budget: int) -> int:
+        n = req.num_uncomputed
+        if self.config.chunk_size > 0:
+            n = min(n, self.config.chunk_size, budget)
+        return n
+
+    def _work(self, req: Request, n: int) -> SeqWork:
+        start = req.num_computed
+        ids = req.all_ids()[start : start + n]
+        sample = start + n == req.num_tokens
+        req.num_scheduled = n
+        return SeqWork(
+            rid=req.rid,
+            token_ids=ids,
+            start_pos=start,
+            page_table=list(req.page_table),
+            sample=sample,
+        )
+
+    def _reserve(self, req: Request, num_tokens: int, *, preempt: bool) -> bool:
+        """Make ``req``'s page table cover ``num_tokens`` positions.
+
+        With ``preempt``, free pages by preempting the newest running requests (possibly
+        ``req`` itself). Returns False when ``req`` could not get its pages.
+        """
+        need = self.allocator.pages_for(num_tokens) - len(req.page_table)
+        if need <= 0:
+            return True
+        while not self.allocator.can_allocate(need):
+            if not preempt:
+                return False
+            victim = next(reversed(self.running.values()))
+            self.preempt(victim)
+            if victim is req:
+                return False
+        req.page_table.extend(self.allocator.allocate(need))
+        return True
+
+    def preempt(self, req: Request) -> None:
+        """Free ``req``'s pages and queue it first, to be recomputed (its runner state —
+        sampling generator and penalty counts — is kept)."""
+        self.running.pop(req.rid, None)
+        self.allocator.free(req.page_table)
+        req.page_table = []
+        req.num_computed = 0
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)

@@ -1,0 +1,99 @@
+"""Per-request state held by the scheduler.
+
+A request's token range, and what each region means::
+
+    | prompt_ids ........................ | output_ids ........... |
+    | 0 .............. num_computed-1 | num_computed ... len(all)-1 |
+      KV in pages (page_table)          tokens still to compute (prefill rest, or
+                                        the last sampled token before a decode)
+
+``num_computed`` only grows, except on preemption, when it drops to 0 and the KV is
+recomputed from ``prompt_ids + output_ids``.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from houchu.transport.messages import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued: no pages yet (new, or preempted)
+    RUNNING = "running"  # holds pages; prefilling or decoding
+    FINISHED = "finished"
+
+
+class Request:
+    """One request's scheduling state.
+
+    Args:
+        rid: request id.
+        prompt_ids: prompt token ids (list[int], len >= 1).
+        sampling: decoding parameters.
+        eos_token_ids: token ids that end generation unless ``sampling.ignore_eos``.
+        arrival_time: seconds (time.time()) when the gateway accepted it.
+    """
+
+    def __init__(
+        self,
+        rid: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        eos_token_ids: list[int],
+        arrival_time: float = 0.0,
+    ) -> None:
+        self.rid = rid
+        self.prompt_ids = prompt_ids
+        self.output_ids: list[int] = []
+        self.sampling = sampling
+        self.stop_ids = set(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            self.stop_ids.update(eos_token_ids)
+        self.arrival_time = arrival_time or time.time()
+        self.status = Status.WAITING
+        self.page_table: list[int] = []
+        self.num_computed = 0
+        self.num_scheduled = 0  # tokens of this request in the step in flight
+        self.cached_tokens = 0
+        self.num_preemptions = 0
+        self.is_registered = False  # runner holds its sampling state
+        self.is_aborted = False
+        self.finish_reason: str | None = None
+        self.sent_first_event = False
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens whose KV is not in pages yet (>= 1 while running)."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_uncomputed > 1 or not self.output_ids
+
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def check_finished(self, max_context: int) -> str | None:
+        """The finish reason after the latest token, or None to keep going.
+
+        "stop": the last token is EOS or a stop token id; "length": ``max_tokens``
+        generated or the context window is full.
+        """
+        if self.output_ids and self.output_ids[-1] in self.stop_ids:
+            return "stop"
+        if len(self.output_ids) >= self.sampling.max_tokens:
+            return "length"
+        if self.num_tokens >= max_context:
+            return "length"
+        return None

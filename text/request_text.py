@@ -1,0 +1,110 @@
+"""One request's output text: incremental detokenization, stop strings, logprobs, usage.
+
+The tokenizer actor keeps one ``RequestText`` per running request and feeds it the token
+events the scheduler sends; it returns the ``TextDelta`` to forward to the gateway.
+"""
+
+from __future__ import annotations
+
+from houchu.text.detokenizer import IncrementalDetokenizer
+from houchu.text.stop import StopStringMatcher
+from houchu.text.tokenizer import TextTokenizer
+from houchu.transport.messages import SamplingParams, TextDelta, TokenEvent, TokenLogprob
+
+
+class RequestText:
+    """Turns a request's generated token ids into the text the client sees.
+
+    Args:
+        rid: request id.
+        tokenizer: the model's tokenizer.
+        prompt_ids: list[int] (prompt_len,), gives the detokenizer its left context.
+        sampling: the request's stop strings, stop token ids and logprob settings.
+        eos_token_ids: ids whose text is never emitted when they end the request.
+
+    ``completion_tokens`` counts every token the model generated for the request up to
+    the one that finished it (an EOS or stop token included, tokens after a stop string
+    excluded).
+    """
+
+    def __init__(
+        self,
+        rid: str,
+        tokenizer: TextTokenizer,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        eos_token_ids: list[int],
+    ) -> None:
+        self.rid = rid
+        self.tokenizer = tokenizer
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self.stops = StopStringMatcher(sampling.stop) if sampling.stop else None
+        self.hidden_ids = set(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            self.hidden_ids.update(eos_token_ids)
+        self.want_logprobs = sampling.logprobs
+        self.prompt_tokens = len(prompt_ids)
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.finished = False
+
+    def on_event(self, ev: TokenEvent) -> TextDelta | None:
+        """Consume one event; returns the delta to send, or None if nothing is new.
+
+        After a delta with ``finish_reason`` set (``self.finished``), the request is over:
+        a stop string finishing it must also be reported to the scheduler by the caller.
+        """
+        if ev.cached_tokens:
+            self.cached_tokens = ev.cached_tokens
+        ids = list(ev.token_ids)
+        self.completion_tokens += len(ids)
+        final = ev.finish_reason
+        if final == "stop" and ids and ids[-1] in self.hidden_ids:
+            ids = ids[:-1]  # the EOS / stop token ends the text; it is not part of it
+        text = self.detok.add(ids) if ids else ""
+        if final is not None:
+            text += self.detok.flush()
+        stopped = False
+        if self.stops is not None:
+            text, stopped = self.stops.feed(text)
+            if stopped:
+                final = "stop"
+            elif final is not None:
+                text += self.stops.flush()
+        logprobs = self._logprobs(ids, ev) if self.want_logprobs else None
+        if final is not None:
+            self.finished = True
+        elif not text and not logprobs:
+            return None
+        return TextDelta(
+            rid=self.rid,
+            text=text,
+            token_ids=ids,
+            logprobs=logprobs,
+            finish_reason=final,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens,
+        )
+
+    @property
+    def stopped_by_string(self) -> bool:
+        return self.stops is not None and self.stops.stopped
+
+    def _logprobs(self, ids: list[int], ev: TokenEvent) -> list[TokenLogprob] | None:
+        if not ev.logprobs:
+            return None
+        tok = self.tokenizer
+        out = []
+        for i, tid in enumerate(ids):
+            top = ev.top_logprobs[i] if ev.top_logprobs else []
+            out.append(
+                TokenLogprob(
+                    token=tok.token_text(tid),
+                    token_id=tid,
+                    logprob=ev.logprobs[i],
+                    bytes_=list(tok.token_bytes(tid)),
+                    top=[(tok.token_text(t), t, lp) for t, lp in top],
+                )
+            )
+        return out
