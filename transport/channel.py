@@ -52,10 +52,10 @@ class Inbox(Generic[T]):
         """Return the next message if one is queued, else None."""
         try:
             frame = self._sock.recv(flags=zmq.NOBLOCK)
+            if hasattr(frame, "result"):  # zmq.asyncio returns a done Future
+                frame = frame.result()
         except zmq.Again:
             return None
-        if hasattr(frame, "result"):  # zmq.asyncio returns a done Future
-            frame = frame.result()
         try:
             return self._decoder.decode(frame)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
