@@ -1,0 +1,89 @@
+"""Integration fixtures: a real ``houchu serve`` in its own processes, on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    """A running ``houchu serve``: its base URL, process and captured output lines."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def start_server(model: Path, *extra: str, timeout_s: float = 300.0) -> Server:
+    """Start ``houchu serve`` and wait until it prints that it is serving.
+
+    Raises:
+        RuntimeError: it exited or did not become ready within ``timeout_s`` seconds.
+    """
+    port = free_port()
+    cmd = [sys.executable, "-m", "houchu.cli", "serve", "--model", str(model), "--port", str(port)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [*cmd, *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    server = Server(f"http://127.0.0.1:{port}", port, proc)
+    ready = threading.Event()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            server.lines.append(line)
+            sys.stderr.write(f"[server] {line}")
+            if "houchu: serving" in line:
+                ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while not ready.wait(0.2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"houchu serve did not start:\n{server.output()}")
+    return server
+
+
+def stop_server(server: Server, timeout_s: float = 30.0) -> int:
+    """SIGTERM the launcher and wait; returns its exit code."""
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+    try:
+        return server.proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        raise
+
+
+@pytest.fixture(scope="session")
+def server(real_model_path: Path) -> Iterator[Server]:
+    """One shared server on the default model for the integration tests."""
+    srv = start_server(real_model_path, "--kv-cache-mb", "256")
+    yield srv
+    stop_server(srv)
