@@ -56,6 +56,7 @@ class Launcher:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
         code = 0
+        print(f"houchu: actor sockets in {self.run_dir}", flush=True)
         try:
             self._spawn_all()
             await self._wait_ready(inbox)

@@ -1,0 +1,118 @@
+"""Bad input gets a 400 (or an error frame) and the server keeps serving; a client that
+goes away aborts its request and its pages return to the pool."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from tests.integration.client import get_json, post_json, ws_collect
+
+pytestmark = pytest.mark.slow
+
+GOOD_CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+GOOD_CMPL = {"prompt": "Hello", "max_tokens": 4}
+
+BAD_CHAT = [
+    {"max_tokens": 4},  # no messages
+    {"messages": [], "max_tokens": 4},
+    {"messages": "hello"},
+    {"messages": [{"role": "wizard", "content": "hi"}]},
+    {**GOOD_CHAT, "temperature": "hot"},
+    {**GOOD_CHAT, "temperature": -1},
+    {**GOOD_CHAT, "top_p": 1.5},
+    {**GOOD_CHAT, "max_tokens": 0},
+    {**GOOD_CHAT, "max_tokens": 1.5},
+    {**GOOD_CHAT, "top_logprobs": 50, "logprobs": True},
+    {**GOOD_CHAT, "model": "no-such-model"},
+    {**GOOD_CHAT, "n": 3},
+    {**GOOD_CHAT, "max_tokens": 100000},
+]
+BAD_CMPL = [
+    {"max_tokens": 4},
+    {"prompt": ""},
+    {"prompt": 42},
+    {**GOOD_CMPL, "stop": [""]},
+    {**GOOD_CMPL, "presence_penalty": 9},
+    {"prompt": "word " * 9000, "max_tokens": 4},  # longer than the context window
+]
+
+
+def _is_openai_error(body) -> bool:
+    return isinstance(body, dict) and isinstance(body.get("error", {}).get("message"), str)
+
+
+@pytest.mark.parametrize("body", BAD_CHAT)
+def test_bad_chat_gets_400(server, body):
+    status, resp = asyncio.run(post_json(f"{server.url}/v1/chat/completions", body))
+    assert status == 400 and _is_openai_error(resp), resp
+    status, resp = asyncio.run(post_json(f"{server.url}/v1/chat/completions", GOOD_CHAT))
+    assert status == 200, resp
+
+
+@pytest.mark.parametrize("body", BAD_CMPL)
+def test_bad_completion_gets_400(server, body):
+    status, resp = asyncio.run(post_json(f"{server.url}/v1/completions", body))
+    assert status == 400 and _is_openai_error(resp), resp
+    status, resp = asyncio.run(post_json(f"{server.url}/v1/completions", GOOD_CMPL))
+    assert status == 200, resp
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"", b'"text"'])
+def test_invalid_json_gets_400(server, raw):
+    status, resp = asyncio.run(post_json(f"{server.url}/v1/completions", None, raw=raw))
+    assert status == 400 and _is_openai_error(resp), resp
+
+
+def test_ws_error_frames_keep_socket_usable(server):
+    async def go():
+        async with aiohttp.ClientSession() as s, s.ws_connect(server.ws_url) as ws:
+            await ws.send_str("{oops")
+            err = await ws.receive_json(timeout=30)
+            assert err["type"] == "error"
+            await ws.send_json({"id": "x", "prompt": "", "max_tokens": 3})
+            assert (await ws_collect(ws, "x"))["error"] is not None
+            await ws.send_json({"id": "y", "prompt": "word " * 9000, "max_tokens": 3})
+            assert (await ws_collect(ws, "y"))["error"] is not None
+            await ws.send_json({"id": "z", "prompt": "Hello", "max_tokens": 3})
+            good = await ws_collect(ws, "z")
+            assert good["error"] is None and good["final"]["usage"]["completion_tokens"] == 3
+
+    asyncio.run(go())
+
+
+async def _wait_idle(server, timeout_s: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, stats = await get_json(f"{server.url}/stats")
+        if stats["num_running"] == 0 and stats["num_waiting"] == 0 or time.monotonic() > deadline:
+            return stats
+        await asyncio.sleep(0.1)
+
+
+def test_disconnect_mid_stream_aborts_and_frees_pages(server):
+    async def go():
+        _, before = await get_json(f"{server.url}/stats")
+        body = {"prompt": "Count to one thousand:", "max_tokens": 2000, "stream": True,
+                "ignore_eos": True}
+        async with aiohttp.ClientSession() as s:
+            r = await s.post(f"{server.url}/v1/completions", json=body)
+            got = 0
+            async for line in r.content:
+                got += line.startswith(b"data: ")
+                if got >= 5:
+                    break
+            r.close()  # drop the connection mid-stream
+        # a WebSocket that closes with a request in flight aborts it too
+        async with aiohttp.ClientSession() as s, s.ws_connect(server.ws_url) as ws:
+            await ws.send_json({"id": "w", "prompt": "Count:", "max_tokens": 2000, "ignore_eos": True})
+            await ws.receive_json(timeout=60)
+        stats = await _wait_idle(server)
+        assert stats["num_running"] == 0
+        assert stats["num_pages_free"] == stats["num_pages_total"]
+        assert stats["num_aborted"] >= before["num_aborted"] + 2
+
+    asyncio.run(go())

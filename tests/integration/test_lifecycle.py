@@ -1,0 +1,45 @@
+"""``houchu serve`` starts every actor in its own process and stops them all cleanly."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    return subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_clean_shutdown(real_model_path, sig):
+    srv = start_server(real_model_path, "--kv-cache-mb", "64")
+    kids = _children(srv.proc.pid)
+    assert len(kids) >= 4, srv.output()  # runner, scheduler, tokenizer, gateway
+    for name in ("runner", "scheduler", "tokenizer", "gateway"):
+        assert f"{name} ready" in srv.output()
+    assert "pages" in srv.output()
+    srv.proc.send_signal(sig)
+    assert stop_server(srv) == 0, srv.output()
+    assert not [k for k in kids if _alive(k)], "orphan actor processes"
+    (line,) = [x for x in srv.output().splitlines() if "actor sockets in" in x]
+    run_dir = Path(line.split("actor sockets in", 1)[1].strip())
+    assert run_dir.name.startswith("houchu-") and not run_dir.exists(), "socket files left"
+
+
+def test_bad_model_path_fails_fast(tmp_path):
+    bad = tmp_path / "nope.gguf"
+    bad.write_bytes(b"not a gguf file")
+    with pytest.raises(RuntimeError, match="did not start"):
+        start_server(bad, timeout_s=120)
