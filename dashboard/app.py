@@ -1,0 +1,109 @@
+"""The gateway's aiohttp application: client-facing HTTP and WebSocket APIs.
+
+``make_app(engine, model_name=..., max_context=...)`` builds the application; ``engine``
+is an ``EngineClient`` in production and any ``EngineLike`` in tests. Routes:
+
+- ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``: the
+  OpenAI-compatible API (``openai_api``).
+- ``GET /ws``: the streaming WebSocket API (``ws_api``).
+- ``GET /health``: ``{"status": "ok"}``.
+- ``GET /stats``: the engine's counters plus the gateway's ``in_flight`` requests; 503
+  when the engine does not answer.
+
+Every error is an OpenAI-style ``{"error": {...}}`` body (``errors``); an unexpected
+exception is logged and answered with a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from houchu.dashboard import openai_api, ws_api
+from houchu.dashboard.engine_client import EngineError
+from houchu.dashboard.errors import ApiError, error_response, json_response
+from houchu.dashboard.state import ENGINE_KEY, STATE_KEY, EngineLike, GatewayState
+
+__all__ = ["ENGINE_KEY", "STATE_KEY", "EngineLike", "GatewayState", "make_app"]
+
+log = logging.getLogger(__name__)
+
+#: Largest request body accepted (long prompts and chat histories).
+MAX_BODY_BYTES = 64 * 1024 * 1024
+#: Longest wait for the engine's counters before ``/stats`` answers 503.
+STATS_TIMEOUT_S = 10.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def make_app(engine: EngineLike, *, model_name: str, max_context: int) -> web.Application:
+    """Build the gateway application.
+
+    Args:
+        engine: the engine handle (``EngineClient``, or a fake in tests).
+        model_name: the served model's id, as ``/v1/models`` lists it; requests naming
+            another model are refused (400, code ``model_not_found``).
+        max_context: tokens per request (prompt + completion); ``max_tokens`` above it
+            is refused.
+    """
+    if max_context < 1:
+        raise ValueError(f"max_context must be positive, got {max_context}")
+    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    app[ENGINE_KEY] = engine
+    app[STATE_KEY] = GatewayState(
+        model_name=model_name, max_context=max_context, created=int(time.time())
+    )
+    app.router.add_get("/health", health)
+    app.router.add_get("/stats", stats)
+    openai_api.add_routes(app)
+    ws_api.add_routes(app)
+    return app
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer every failure with an OpenAI-style error body."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        if exc.status >= 500:
+            log.warning("%s %s: %s", request.method, request.path, exc.message)
+        return error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:  # redirects and the like pass through
+            raise
+        message = exc.text or ""
+        if message in ("", f"{exc.status}: {exc.reason}"):  # aiohttp's default text
+            message = f"{exc.reason}: {request.method} {request.path}"
+        code = "not_found" if exc.status == 404 else None
+        return error_response(ApiError(message, status=exc.status, code=code))
+    except ConnectionResetError:
+        log.info("%s %s: client went away", request.method, request.path)
+        raise
+    except Exception:
+        log.exception("unexpected error serving %s %s", request.method, request.path)
+        return error_response(ApiError("internal server error", status=500, code="internal_error"))
+
+
+async def health(request: web.Request) -> web.Response:
+    """``GET /health``: the gateway is up."""
+    return json_response({"status": "ok"})
+
+
+async def stats(request: web.Request) -> web.Response:
+    """``GET /stats``: the engine's counters and the gateway's in-flight requests."""
+    engine = request.app[ENGINE_KEY]
+    try:
+        counters = dict(await asyncio.wait_for(engine.stats(), STATS_TIMEOUT_S))
+    except EngineError as exc:
+        raise ApiError(f"engine did not answer: {exc.message}", status=503, code=exc.code) from None
+    except asyncio.TimeoutError:
+        raise ApiError("engine did not answer", status=503, code="timeout") from None
+    except Exception as exc:
+        log.warning("engine stats failed", exc_info=True)
+        raise ApiError(f"engine stats failed: {exc}", status=503, code="engine_error") from None
+    counters["in_flight"] = request.app[STATE_KEY].in_flight
+    return json_response(counters)

@@ -1,0 +1,98 @@
+"""OpenAI-style error bodies for the gateway's HTTP and WebSocket APIs.
+
+Every error a client sees has the shape of the OpenAI API's::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature",
+               "code": "invalid_value"}}
+
+``ApiError`` is raised anywhere in request handling; the app's error middleware turns it
+(and aiohttp's own HTTP exceptions, and unexpected exceptions) into such a response.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from houchu.dashboard.engine_client import EngineError
+
+#: OpenAI's ``type`` for each HTTP status class we produce.
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_server_error",
+    503: "service_unavailable_error",
+}
+
+
+def error_type_for(status: int) -> str:
+    """The OpenAI error ``type`` string for an HTTP status."""
+    if status in _TYPE_BY_STATUS:
+        return _TYPE_BY_STATUS[status]
+    return "invalid_request_error" if status < 500 else "internal_server_error"
+
+
+class ApiError(Exception):
+    """A request the gateway refuses or cannot serve.
+
+    Args:
+        message: human-readable explanation; names the offending parameter if any.
+        status: HTTP status of the response.
+        param: the request parameter at fault, or None.
+        code: a short machine-readable code ("invalid_type", "invalid_value", ...).
+        type_: the OpenAI error type; derived from ``status`` when omitted.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+        self.type = type_ or error_type_for(status)
+
+    @classmethod
+    def from_engine(cls, exc: EngineError) -> ApiError:
+        """Wrap an engine rejection (bad prompt, overload, timeout) with its status."""
+        status = exc.status if 400 <= exc.status < 600 else 500
+        return cls(exc.message, status=status, code=exc.code)
+
+    def body(self) -> dict[str, Any]:
+        """The ``{"error": {...}}`` JSON object."""
+        return error_body(self.message, type_=self.type, param=self.param, code=self.code)
+
+
+def error_body(
+    message: str,
+    *,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    """An OpenAI-style error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    """A JSON response encoded with msgspec."""
+    return web.Response(
+        body=msgspec.json.encode(obj), status=status, content_type="application/json"
+    )
+
+
+def error_response(exc: ApiError) -> web.Response:
+    """The HTTP response for an ``ApiError``."""
+    return json_response(exc.body(), status=exc.status)

@@ -1,0 +1,93 @@
+"""The gateway's shared state: the engine handle, served-model facts, in-flight count.
+
+The handlers of every API module reach these through typed ``web.AppKey``s, so the same
+code runs against the real ``EngineClient`` and against a fake engine in tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+from houchu.transport.messages import GenerateRequest, TextDelta
+
+log = logging.getLogger(__name__)
+
+
+class EngineLike(Protocol):
+    """What the gateway needs from the engine (``EngineClient`` implements it).
+
+    ``generate`` yields a request's deltas, the last with ``finish_reason`` set, and raises
+    ``EngineError`` when the engine rejects or fails the request; closing the iterator
+    early aborts the request. ``stats`` returns the scheduler's counters or raises
+    ``EngineError`` (503) when the engine does not answer.
+    """
+
+    def generate(self, req: GenerateRequest) -> AsyncIterator[TextDelta]:
+        """Submit ``req`` and stream its text deltas."""
+        ...
+
+    async def abort(self, rid: str) -> None:
+        """Abort the request ``rid``."""
+        ...
+
+    async def stats(self) -> Mapping[str, float | int | str]:
+        """The engine's counters."""
+        ...
+
+
+@dataclass
+class GatewayState:
+    """Facts about the served model and the gateway's own counters.
+
+    Attributes:
+        model_name: the model id clients must use (or omit).
+        max_context: tokens per request (prompt + completion) the engine accepts.
+        in_flight: requests this gateway has submitted and not yet finished.
+    """
+
+    model_name: str
+    max_context: int
+    created: int
+    in_flight: int = 0
+
+
+ENGINE_KEY: web.AppKey[EngineLike] = web.AppKey("houchu_engine", EngineLike)
+STATE_KEY: web.AppKey[GatewayState] = web.AppKey("houchu_gateway_state", GatewayState)
+
+
+async def close_quietly(it: AsyncIterator[TextDelta]) -> None:
+    """Close a delta iterator, which aborts its request if it has not finished.
+
+    Closing an iterator that already finished (or never started) does nothing.
+    """
+    aclose = getattr(it, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        await aclose()
+    except Exception:  # the request is over for us either way
+        log.warning("closing a generate iterator failed", exc_info=True)
+
+
+@contextlib.asynccontextmanager
+async def open_generation(
+    app: web.Application, req: GenerateRequest
+) -> AsyncIterator[AsyncIterator[TextDelta]]:
+    """Start ``req`` on the engine; on exit close its iterator and count it finished.
+
+    Leaving the block early (client gone, handler cancelled, error) closes the iterator,
+    so the engine aborts the request.
+    """
+    state = app[STATE_KEY]
+    it = app[ENGINE_KEY].generate(req)
+    state.in_flight += 1
+    try:
+        yield it
+    finally:
+        state.in_flight -= 1
+        await close_quietly(it)
