@@ -141,12 +141,15 @@ class Api:
 
 @contextlib.asynccontextmanager
 async def serve(
-    engine: FakeEngine | None = None, max_context: int = MAX_CONTEXT
+    engine: FakeEngine | None = None, max_context: int = MAX_CONTEXT, **server_kwargs: Any
 ) -> AsyncIterator[Api]:
-    """Run the gateway app on 127.0.0.1 (a free port) in front of ``engine``."""
+    """Run the gateway app on 127.0.0.1 (a free port) in front of ``engine``.
+
+    ``server_kwargs`` go to aiohttp's server (e.g. ``handler_cancellation=True``).
+    """
     engine = engine or FakeEngine()
     app = make_app(engine, model_name=MODEL, max_context=max_context)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+    async with TestClient(TestServer(app, host="127.0.0.1", **server_kwargs)) as client:
         yield Api(client, engine)
 
 

@@ -1,0 +1,240 @@
+"""The WebSocket API against the fake engine: multiplexing, error frames on a socket that
+stays usable, abort messages, and aborts when the socket closes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import ClientWebSocketResponse
+
+from .test_api_basics import (
+    ANSWER,
+    CACHED_TOKENS,
+    PIECES,
+    PROMPT_TOKENS,
+    Api,
+    FakeEngine,
+    serve,
+    wait_for,
+)
+
+USAGE = {
+    "prompt_tokens": PROMPT_TOKENS,
+    "completion_tokens": len(PIECES),
+    "total_tokens": PROMPT_TOKENS + len(PIECES),
+    "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS},
+}
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[Api]:
+    async with serve(FakeEngine(delay_s=0.002)) as a:
+        yield a
+
+
+async def recv(ws: ClientWebSocketResponse) -> dict[str, Any]:
+    """The next JSON frame."""
+    return await ws.receive_json(timeout=5)
+
+
+async def collect(ws: ClientWebSocketResponse, ids: set[Any]) -> dict[Any, list[dict]]:
+    """Frames per id until each of ``ids`` has a final or error frame."""
+    frames: dict[Any, list[dict]] = {i: [] for i in ids}
+    open_ids = set(ids)
+    while open_ids:
+        frame = await recv(ws)
+        frames.setdefault(frame["id"], []).append(frame)
+        if frame["type"] in ("final", "error"):
+            open_ids.discard(frame["id"])
+    return frames
+
+
+def text_of(frames: list[dict]) -> str:
+    return "".join(f["text"] for f in frames if f["type"] in ("delta", "final"))
+
+
+async def test_one_request(api: Api) -> None:
+    async with api.client.ws_connect("/ws") as ws:
+        await ws.send_json({"id": "a", "prompt": "Hello", "max_tokens": 5})
+        frames = (await collect(ws, {"a"}))["a"]
+    *deltas, final = frames
+    assert [d["type"] for d in deltas] == ["delta"] * len(PIECES)
+    assert [d["text"] for d in deltas] == PIECES
+    assert [d["token_ids"] for d in deltas] == [[100 + i] for i in range(len(PIECES))]
+    assert all("logprobs" not in d for d in deltas)
+    assert final == {
+        "id": "a",
+        "type": "final",
+        "finish_reason": "length",
+        "usage": USAGE,
+        "text": "",
+    }
+    (req,) = api.engine.requests
+    assert req.rid.startswith("ws-") and req.rid.endswith("-a") and req.sampling.max_tokens == 5
+    assert api.engine.aborted == []
+
+
+async def test_multiplexed_requests(api: Api) -> None:
+    async with api.client.ws_connect("/ws") as ws:
+        await ws.send_json({"id": "a", "prompt": "Hello"})
+        await ws.send_json({"id": 7, "messages": [{"role": "user", "content": "Hi"}]})
+        order: list[Any] = []
+        frames: dict[Any, list[dict]] = {"a": [], 7: []}
+        while sum(f["type"] == "final" for fs in frames.values() for f in fs) < 2:
+            frame = await recv(ws)
+            order.append(frame["id"])
+            frames[frame["id"]].append(frame)
+    assert text_of(frames["a"]) == text_of(frames[7]) == ANSWER
+    assert order.index(7) < len(order) - order[::-1].index("a") - 1, "not interleaved"
+    rids = [r.rid for r in api.engine.requests]
+    assert len(set(rids)) == 2 and rids[0].endswith("-a") and rids[1].endswith("-7")
+    assert api.engine.requests[1].messages is not None
+
+
+async def test_same_client_ids_on_two_sockets_are_distinct_requests(api: Api) -> None:
+    async with api.client.ws_connect("/ws") as ws1, api.client.ws_connect("/ws") as ws2:
+        await ws1.send_json({"id": "x", "prompt": "Hello"})
+        await ws2.send_json({"id": "x", "prompt": "Hello"})
+        assert text_of((await collect(ws1, {"x"}))["x"]) == ANSWER
+        assert text_of((await collect(ws2, {"x"}))["x"]) == ANSWER
+    assert len({r.rid for r in api.engine.requests}) == 2
+
+
+async def test_errors_keep_the_socket_usable(api: Api) -> None:
+    async with api.client.ws_connect("/ws") as ws:
+        await ws.send_str("{oops")
+        err = await recv(ws)
+        assert err["type"] == "error" and err["id"] is None
+        assert err["error"]["code"] == "invalid_json" and err["error"]["message"]
+
+        await ws.send_str("[1, 2]")
+        assert (await recv(ws))["error"]["code"] == "invalid_type"
+
+        await ws.send_bytes(b'{"id": "b"}')
+        assert (await recv(ws))["type"] == "error"
+
+        await ws.send_json({"id": "t", "type": "dance"})
+        err = await recv(ws)
+        assert (err["id"], err["error"]["param"]) == ("t", "type")
+
+        await ws.send_json({"id": "p", "prompt": "Hi", "temperature": "hot"})
+        err = await recv(ws)
+        assert err["id"] == "p" and err["error"]["param"] == "temperature"
+        assert "temperature" in err["error"]["message"]
+
+        await ws.send_json({"id": "q", "prompt": ""})
+        assert (await recv(ws))["error"]["param"] == "prompt"
+
+        await ws.send_json({"id": "r"})
+        assert (await recv(ws))["error"]["code"] == "missing_required_parameter"
+
+        await ws.send_json({"id": {"x": 1}, "prompt": "Hi"})
+        assert (await recv(ws))["error"]["param"] == "id"
+
+        await ws.send_json({"id": "e", "prompt": "FAIL_NOW"})
+        err = await recv(ws)
+        assert err["id"] == "e" and err["error"]["code"] == "context_length_exceeded"
+
+        await ws.send_json({"id": "f", "prompt": "FAIL_LATER"})
+        frames = (await collect(ws, {"f"}))["f"]
+        assert frames[-1]["type"] == "error" and text_of(frames[:-1]) == "".join(PIECES[:2])
+
+        await ws.send_json({"id": "z", "prompt": "Hello", "max_tokens": 3})
+        good = (await collect(ws, {"z"}))["z"]
+        assert text_of(good) == ANSWER and good[-1]["usage"] == USAGE
+    assert api.in_flight == 0
+
+
+async def test_duplicate_in_flight_id(api: Api) -> None:
+    async with api.client.ws_connect("/ws") as ws:
+        await ws.send_json({"id": "s", "prompt": "SLOW"})
+        assert (await recv(ws))["type"] == "delta"
+        await ws.send_json({"id": "s", "prompt": "Hello"})
+        while (frame := await recv(ws))["type"] != "error":
+            assert frame["type"] == "delta"
+        assert frame["id"] == "s" and frame["error"]["code"] == "duplicate_id"
+        assert len(api.engine.requests) == 1
+        await ws.send_json({"type": "abort", "id": "s"})
+        frames = (await collect(ws, {"s"}))["s"]
+        assert frames[-1]["finish_reason"] == "abort"
+        # the id is free again
+        await ws.send_json({"id": "s", "prompt": "Hello"})
+        assert text_of((await collect(ws, {"s"}))["s"]) == ANSWER
+
+
+async def test_abort_message(api: Api) -> None:
+    async with api.client.ws_connect("/ws") as ws:
+        await ws.send_json({"id": "s", "prompt": "SLOW"})
+        await ws.send_json({"id": "k", "prompt": "SLOW"})
+        seen = set()
+        while len(seen) < 2:
+            seen.add((await recv(ws))["id"])
+        await ws.send_json({"type": "abort", "id": "s"})
+        frames = (await collect(ws, {"s"}))["s"]
+        final = frames[-1]
+        assert final["type"] == "final" and final["finish_reason"] == "abort"
+        assert final["usage"]["prompt_tokens"] == PROMPT_TOKENS
+        assert final["usage"]["completion_tokens"] >= 1
+        s_rid, k_rid = (r.rid for r in api.engine.requests)
+        assert api.engine.aborted == [s_rid]  # "k" runs on
+        assert (await recv(ws))["id"] == "k"
+
+        await ws.send_json({"type": "abort", "id": "nope"})
+        while (frame := await recv(ws))["type"] != "error":
+            assert frame["id"] == "k"
+        assert frame["id"] == "nope" and frame["error"]["code"] == "not_in_flight"
+        await ws.send_json({"type": "abort", "id": "k"})
+        assert (await collect(ws, {"k"}))["k"][-1]["finish_reason"] == "abort"
+    assert sorted(api.engine.aborted) == sorted([s_rid, k_rid])
+    assert api.in_flight == 0
+
+
+async def test_closing_the_socket_aborts_in_flight_requests(api: Api) -> None:
+    async with api.client.ws_connect("/ws") as ws:
+        for cid in ("a", "b"):
+            await ws.send_json({"id": cid, "prompt": "SLOW"})
+        seen = set()
+        while len(seen) < 2:
+            seen.add((await recv(ws))["id"])
+        await ws.send_json({"id": "done", "prompt": "Hello"})
+        await collect(ws, {"done"})
+    rids = {r.rid for r in api.engine.requests if r.rid.endswith(("-a", "-b"))}
+    await wait_for(lambda: set(api.engine.aborted) == rids)
+    await wait_for(lambda: api.in_flight == 0)
+
+
+async def test_missing_id_is_assigned(api: Api) -> None:
+    async with api.client.ws_connect("/ws") as ws:
+        await ws.send_json({"prompt": "Hello"})
+        first = await recv(ws)
+        cid = first["id"]
+        assert isinstance(cid, str) and cid
+        frames = (await collect(ws, {cid}))[cid]
+        assert text_of([first, *frames]) == ANSWER
+    assert api.engine.requests[0].rid.endswith(f"-{cid}")
+
+
+async def test_logprobs_frames(api: Api) -> None:
+    async with api.client.ws_connect("/ws") as ws:
+        await ws.send_json({"id": "l", "prompt": "Hello", "logprobs": True, "top_logprobs": 2})
+        await ws.send_json({"id": "m", "prompt": "Hello", "logprobs": 1})
+        frames = await collect(ws, {"l", "m"})
+    first = frames["l"][0]["logprobs"]
+    assert first == [
+        {
+            "token": "Hel",
+            "token_id": 100,
+            "logprob": -0.25,
+            "bytes": list(b"Hel"),
+            "top_logprobs": [
+                {"token": "Hel", "token_id": 100, "logprob": -0.25},
+                {"token": "alt", "token_id": 7, "logprob": -1.25},
+            ],
+        }
+    ]
+    assert all(len(f["logprobs"][0]["top_logprobs"]) == 1 for f in frames["m"][:-1])
+    sampling = {r.rid[-1]: r.sampling for r in api.engine.requests}
+    assert (sampling["l"].logprobs, sampling["l"].top_logprobs) == (True, 2)
+    assert (sampling["m"].logprobs, sampling["m"].top_logprobs) == (True, 1)
