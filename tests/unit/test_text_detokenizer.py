@@ -1,4 +1,4 @@
-"""Incremental detokenization and the per-request text stream, on the real tokenizer."""
+"""Incremental detokenization on the real tokenizer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from houchu.text.detokenizer import IncrementalDetokenizer
-from houchu.text.stream import TextStream
 from houchu.text.tokenizer import TextTokenizer, load_tokenizer
 from houchu.transport.messages import ChatMessage
 
@@ -118,47 +117,3 @@ def test_window_stays_small(tok: TextTokenizer) -> None:
         assert len(detok._ids) <= 8
     out.append(detok.flush())
     assert "".join(out) == tok.decode(ids)
-
-
-# ------------------------------------------------------------------ TextStream
-
-
-def test_text_stream_stops_and_releases(tok: TextTokenizer) -> None:
-    ids = tok.encode("Hello world. 你好。Goodbye")
-    s = TextStream(tok, None, ["。"])
-    out = []
-    for t in ids:
-        text, stopped = s.add([t])
-        out.append(text)
-        if stopped:
-            break
-    assert "".join(out) == "Hello world. 你好"
-    assert s.stopped and s.stop.matched == "。"
-    assert s.add(tok.encode(" more")) == ("", True)
-    assert s.finish() == ""
-
-    s = TextStream(tok, None, ["STOP"])
-    pieces = [s.add([t])[0] for t in tok.encode("no stop here, ST")]
-    pieces.append(s.finish())
-    assert "".join(pieces) == "no stop here, ST"
-    assert not s.stopped
-    assert s.text_len == len("no stop here, ST")
-
-
-def test_text_stream_property(tok: TextTokenizer) -> None:
-    rng = random.Random(3)
-    for _ in range(100):
-        text = "".join(rng.choice(["ab", " c", "你", "好", "🎉", "\n", "d"]) for _ in range(12))
-        stops = [rng.choice(["b c", "你好", "🎉\n", "dd", "a"]) for _ in range(rng.randint(1, 2))]
-        ids = tok.encode(text)
-        s = TextStream(tok, None, stops)
-        out, stopped = [], False
-        for chunk in random_chunks(rng, ids):
-            piece, stopped = s.add(chunk)
-            out.append(piece)
-            assert "\ufffd" not in piece
-        if not stopped:
-            out.append(s.finish())
-        hits = [i for i in (text.find(x) for x in stops) if i >= 0]
-        assert "".join(out) == (text[: min(hits)] if hits else text), (text, stops)
-        assert s.stopped == bool(hits)

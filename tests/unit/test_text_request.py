@@ -1,0 +1,76 @@
+"""Detokenizer + stop strings composed per request (``RequestText``), on the real tokenizer."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from houchu.text.request_text import RequestText
+from houchu.text.tokenizer import TextTokenizer, load_tokenizer
+from houchu.transport.messages import SamplingParams, TextDelta, TokenEvent
+
+
+@pytest.fixture(scope="module")
+def tok(real_model_path: Path) -> TextTokenizer:
+    return load_tokenizer(real_model_path)
+
+
+def chunked(rng: random.Random, ids: list[int]) -> list[list[int]]:
+    chunks, i = [], 0
+    while i < len(ids):
+        size = rng.randint(1, 4)
+        chunks.append(ids[i : i + size])
+        i += size
+    return chunks
+
+
+def run(
+    tok: TextTokenizer, chunks: list[list[int]], sampling: SamplingParams, eos: bool = True
+) -> list[TextDelta]:
+    """Feed ``chunks`` as token events (the last one ends with EOS if ``eos``)."""
+    state = RequestText("r", tok, tok.encode("prompt"), sampling, tok.eos_token_ids)
+    deltas = []
+    for i, chunk in enumerate(chunks):
+        last = i == len(chunks) - 1
+        ids = [*chunk, tok.eos_token_ids[0]] if last and eos else chunk
+        lps = [-0.5] * len(ids) if sampling.logprobs else None
+        ev = TokenEvent(
+            rid="r", token_ids=ids, logprobs=lps, finish_reason="stop" if last else None
+        )
+        delta = state.on_event(ev)
+        if delta is not None:
+            deltas.append(delta)
+        if state.finished:
+            break
+    return deltas
+
+
+def test_eos_is_not_text_and_everything_is_released(tok: TextTokenizer) -> None:
+    text = "Hi 你好 🎉!"
+    deltas = run(tok, [[t] for t in tok.encode(text)], SamplingParams(logprobs=True))
+    assert "".join(d.text for d in deltas) == text
+    assert deltas[-1].finish_reason == "stop"
+    assert all("\ufffd" not in d.text for d in deltas)
+    assert tok.eos_token_ids[0] not in [t for d in deltas for t in d.token_ids]
+    data = b"".join(bytes(lp.bytes_) for d in deltas for lp in d.logprobs or [])
+    assert data == text.encode()
+
+
+def test_stop_string_finishes_request(tok: TextTokenizer) -> None:
+    ids = tok.encode("Hello world. 你好。Goodbye and more text")
+    deltas = run(tok, [[t] for t in ids], SamplingParams(stop=["。"]))
+    assert "".join(d.text for d in deltas) == "Hello world. 你好"
+    assert deltas[-1].finish_reason == "stop"
+
+
+def test_random_texts_stops_and_chunks(tok: TextTokenizer) -> None:
+    rng = random.Random(5)
+    for _ in range(100):
+        text = "".join(rng.choice(["ab", " c", "你", "好", "🎉", "\n", "d"]) for _ in range(12))
+        stops = [rng.choice(["b c", "你好", "🎉\n", "dd", "a"]) for _ in range(rng.randint(1, 2))]
+        deltas = run(tok, chunked(rng, tok.encode(text)), SamplingParams(stop=stops))
+        hits = [i for i in (text.find(x) for x in stops) if i >= 0]
+        assert "".join(d.text for d in deltas) == (text[: min(hits)] if hits else text)
+        assert all("\ufffd" not in d.text for d in deltas)
+        assert deltas[-1].finish_reason == "stop"
