@@ -134,9 +134,7 @@ class TextTokenizer:
         system / user / assistant / tool (``developer`` counts as system), the model has
         no chat template, or the template fails (for example ``raise_exception``).
         """
-        rendered = self._apply_template(messages, tokenize=False)
-        assert isinstance(rendered, str)
-        return rendered
+        return str(self._apply_template(messages, tokenize=False))
 
     def apply_chat_template(self, messages: Sequence[ChatMessage]) -> list[int]:
         """Token ids of a chat prompt, ending with the assistant generation prompt.
