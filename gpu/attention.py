@@ -1,0 +1,182 @@
+"""Attention backends: causal attention of each sequence's new queries over its paged KV.
+
+A backend is chosen once at startup (``make_backend``). Per step, the model calls
+``prepare(batch)`` once (indices and masks shared by every layer), then per layer
+``forward``, which stores the new K/V in the pool and attends. Grouped-query attention
+(GQA, Ainslie et al. 2023): query head h reads KV head h // (H / Hkv), as in Hugging
+Face's ``repeat_kv``. Scaled dot-product attention: Vaswani et al. 2017.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from houchu.gpu.batch import StepBatch
+from houchu.gpu.kv_pool import KVPool
+
+
+class AttentionBackend(ABC):
+    """Interface of an attention implementation over the paged KV pool."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def prepare(self, batch: StepBatch) -> Any:
+        """Per-step metadata shared by all layers (opaque to the model)."""
+
+    @abstractmethod
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        pool: KVPool,
+        batch: StepBatch,
+        meta: Any,
+    ) -> torch.Tensor:
+        """Write this step's K/V for ``layer`` and attend.
+
+        Args:
+            layer: layer index.
+            q: ``[T, H, D]`` RoPE-rotated queries (model dtype).
+            k: ``[T, Hkv, D]`` RoPE-rotated new keys.
+            v: ``[T, Hkv, D]`` new values.
+            pool: the KV pool (written at ``batch.slot_mapping``).
+            batch: the step.
+            meta: what ``prepare(batch)`` returned.
+        Returns:
+            ``[T, H, D]``: for each token, softmax(q·Kᵀ/√D)·V over its sequence's positions
+            0..its own position.
+        """
+
+
+@dataclass
+class _PrefillSeq:
+    rows: tuple[int, int]  # [a, b) rows of T
+    start: int  # position of the first new token
+    kv_len: int
+    pages: torch.Tensor  # [n_pages] int64
+    mask: torch.Tensor | None  # [n_new, kv_len] bool (True = attend); None = plain causal
+
+
+@dataclass
+class _TorchMeta:
+    all_decode: bool
+    decode_rows: torch.Tensor | None = None  # [B] int64 rows of T (q_len == 1 sequences)
+    decode_pages: torch.Tensor | None = None  # [B, n_pages] int64
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, n_pages * page_size] bool
+    prefill: list[_PrefillSeq] = field(default_factory=list)
+
+
+class TorchSDPABackend(AttentionBackend):
+    """Portable backend on ``torch.nn.functional.scaled_dot_product_attention`` (CPU/GPU).
+
+    Sequences with one new token (decode) are batched: their pages are gathered into a
+    padded ``[B, Hkv, L, D]`` tensor and attended in one SDPA call, with the G = H/Hkv
+    query heads of a KV group laid along SDPA's query-length axis (so KV is never
+    repeated) and a length mask. Sequences with several new tokens (prefill chunks) run
+    one SDPA call each, causal with an offset of ``start_pos``.
+    """
+
+    name = "torch-sdpa"
+
+    def prepare(self, batch: StepBatch) -> _TorchMeta:
+        ps = batch.page_size
+        decode = [i for i in range(batch.num_seqs) if batch.q_len(i) == 1]
+        meta = _TorchMeta(all_decode=len(decode) == batch.num_seqs)
+        dev = batch.token_ids.device
+        if decode:
+            lens = [batch.kv_lens[i] for i in decode]
+            n_pages = -(-max(lens) // ps)
+            idx = torch.tensor(decode, dtype=torch.int64, device=dev)
+            meta.decode_rows = torch.tensor(
+                [batch.q_starts[i] for i in decode], dtype=torch.int64, device=dev
+            )
+            meta.decode_pages = batch.page_tables[idx, :n_pages].contiguous()
+            span = torch.arange(n_pages * ps, device=dev)  # [L]
+            lens_t = torch.tensor(lens, dtype=torch.int64, device=dev)
+            meta.decode_mask = (span[None, :] < lens_t[:, None])[:, None, None, :]
+        for i in range(batch.num_seqs):
+            n = batch.q_len(i)
+            if n == 1:
+                continue
+            start, kv_len = batch.start_pos[i], batch.kv_lens[i]
+            mask = None
+            if start > 0:
+                q_pos = torch.arange(start, kv_len, device=dev)  # [n]
+                mask = torch.arange(kv_len, device=dev)[None, :] <= q_pos[:, None]  # [n, L]
+            n_pages = -(-kv_len // ps)
+            meta.prefill.append(
+                _PrefillSeq(
+                    rows=(batch.q_starts[i], batch.q_starts[i + 1]),
+                    start=start,
+                    kv_len=kv_len,
+                    pages=batch.page_tables[i, :n_pages],
+                    mask=mask,
+                )
+            )
+        return meta
+
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        pool: KVPool,
+        batch: StepBatch,
+        meta: _TorchMeta,
+    ) -> torch.Tensor:
+        pool.write(layer, batch.slot_mapping, k, v)
+        if meta.all_decode:
+            return self._decode(layer, q, pool, meta)
+        out = torch.empty_like(q)  # [T, H, D]
+        for s in meta.prefill:
+            a, b = s.rows
+            if s.start == 0:
+                ks, vs = k[a:b], v[a:b]  # [n, Hkv, D], identical to what the pool holds
+            else:
+                ks, vs = pool.gather(layer, s.pages, s.kv_len)  # [L, Hkv, D]
+            o = F.scaled_dot_product_attention(
+                q[a:b].transpose(0, 1).unsqueeze(0),  # [1, H, n, D]
+                ks.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
+                vs.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
+                attn_mask=s.mask,
+                is_causal=s.mask is None,
+                enable_gqa=True,
+            )  # [1, H, n, D]
+            out[a:b] = o[0].transpose(0, 1)
+        if meta.decode_rows is not None:
+            rows = meta.decode_rows
+            out[rows] = self._decode(layer, q.index_select(0, rows), pool, meta)
+        return out
+
+    @staticmethod
+    def _decode(layer: int, q: torch.Tensor, pool: KVPool, meta: _TorchMeta) -> torch.Tensor:
+        """Batched one-token attention. q: ``[B, H, D]`` -> ``[B, H, D]``."""
+        b, h, d = q.shape
+        hkv = pool.num_kv_heads
+        kp, vp = pool.gather_padded(layer, meta.decode_pages)  # [B, L, Hkv, D] each
+        o = F.scaled_dot_product_attention(
+            q.reshape(b, hkv, h // hkv, d),  # [B, Hkv, G, D]: the G query heads of each group
+            kp.transpose(1, 2),  # [B, Hkv, L, D]
+            vp.transpose(1, 2),  # [B, Hkv, L, D]
+            attn_mask=meta.decode_mask,  # [B, 1, 1, L]
+        )  # [B, Hkv, G, D]
+        return o.reshape(b, h, d)
+
+
+def make_backend(name: str = "torch-sdpa") -> AttentionBackend:
+    """The attention backend called ``name``.
+
+    Raises:
+        ValueError: unknown backend name.
+    """
+    if name in ("torch-sdpa", "torch", "auto"):
+        return TorchSDPABackend()
+    raise ValueError(f"unknown attention backend {name!r} (available: torch-sdpa)")

@@ -1,0 +1,155 @@
+"""One forward pass's input: the tokens of several sequences, flattened, with the
+metadata paged attention needs. Built from the scheduler's ``SeqWork`` list and validated
+here, so a bad plan raises ``ValueError`` before any KV is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from houchu.transport.messages import SeqWork
+
+
+@dataclass
+class StepBatch:
+    """A flattened batch of S sequences with T new tokens in total.
+
+    Tensors (all on the model device):
+        token_ids: ``[T]`` int64, the new tokens, sequence after sequence.
+        positions: ``[T]`` int64, each token's position in its sequence.
+        slot_mapping: ``[T]`` int64, KV-pool slot (page * page_size + offset) each new
+            token's K/V is written to.
+        page_tables: ``[S, max_pages]`` int64, each sequence's pages, padded with 0.
+        sample_rows: ``[R]`` int64, rows of T whose logits are wanted (the last new token
+            of every sequence with ``sample``), in sequence order.
+    Python metadata (length S unless noted):
+        q_starts: ``S + 1`` offsets of each sequence's first new token in T.
+        start_pos: position of each sequence's first new token.
+        kv_lens: tokens of KV each sequence attends over (start_pos + n_new).
+        sampled: indices (into 0..S-1) of the sequences that sample, R of them.
+        page_size: tokens per page.
+    """
+
+    token_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64
+    page_tables: torch.Tensor  # [S, max_pages] int64
+    sample_rows: torch.Tensor  # [R] int64
+    q_starts: list[int]
+    start_pos: list[int]
+    kv_lens: list[int]
+    sampled: list[int]
+    page_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        """T, the number of new tokens."""
+        return int(self.token_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        """S, the number of sequences."""
+        return len(self.start_pos)
+
+    def q_len(self, i: int) -> int:
+        """New tokens of sequence ``i``."""
+        return self.q_starts[i + 1] - self.q_starts[i]
+
+
+def build_batch(
+    work: Sequence[SeqWork],
+    *,
+    page_size: int,
+    num_pages: int,
+    max_context: int,
+    vocab_size: int,
+    device: torch.device | str = "cpu",
+) -> StepBatch:
+    """Flatten and validate a step's work.
+
+    Args:
+        work: the sequences of the step (at least one).
+        page_size: tokens per KV page.
+        num_pages: pages in the KV pool (valid page indices are 0..num_pages-1).
+        max_context: the largest allowed ``start_pos + len(token_ids)``.
+        vocab_size: token ids must lie in 0..vocab_size-1.
+        device: where the tensors go.
+    Returns:
+        The ``StepBatch``.
+    Raises:
+        ValueError: empty work or token list, duplicate rid, negative start, token id out
+            of range, context beyond ``max_context``, page table too short or naming a page
+            outside the pool, or two tokens written to the same KV slot.
+    """
+    if not work:
+        raise ValueError("step has no work")
+    tokens: list[int] = []
+    positions: list[int] = []
+    q_starts, start_pos, kv_lens, sampled, sample_rows = [0], [], [], [], []
+    seen: set[str] = set()
+    max_pages = 1
+    for i, w in enumerate(work):
+        n = len(w.token_ids)
+        if w.rid in seen:
+            raise ValueError(f"request {w.rid!r} appears twice in one step")
+        seen.add(w.rid)
+        if n == 0:
+            raise ValueError(f"request {w.rid!r}: empty token_ids")
+        if w.start_pos < 0:
+            raise ValueError(f"request {w.rid!r}: negative start_pos {w.start_pos}")
+        end = w.start_pos + n
+        if end > max_context:
+            raise ValueError(
+                f"request {w.rid!r}: positions up to {end - 1} exceed max_context {max_context}"
+            )
+        lo, hi = min(w.token_ids), max(w.token_ids)
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"request {w.rid!r}: token id out of range 0..{vocab_size - 1}")
+        need = -(-end // page_size)
+        if len(w.page_table) < need:
+            raise ValueError(
+                f"request {w.rid!r}: page table has {len(w.page_table)} pages, positions "
+                f"0..{end - 1} need {need}"
+            )
+        if min(w.page_table) < 0 or max(w.page_table) >= num_pages:
+            raise ValueError(
+                f"request {w.rid!r}: page index out of range 0..{num_pages - 1} in page table"
+            )
+        max_pages = max(max_pages, len(w.page_table))
+        tokens.extend(w.token_ids)
+        positions.extend(range(w.start_pos, end))
+        q_starts.append(q_starts[-1] + n)
+        start_pos.append(w.start_pos)
+        kv_lens.append(end)
+        if w.sample:
+            sampled.append(i)
+            sample_rows.append(q_starts[-1] - 1)
+
+    pt = torch.zeros(len(work), max_pages, dtype=torch.int64)  # [S, max_pages]
+    for i, w in enumerate(work):
+        pt[i, : len(w.page_table)] = torch.tensor(w.page_table, dtype=torch.int64)
+    pos = torch.tensor(positions, dtype=torch.int64)  # [T]
+    seq_of_token = torch.repeat_interleave(
+        torch.arange(len(work)), torch.tensor(_lens(q_starts))
+    )  # [T]
+    slots = pt[seq_of_token, pos // page_size] * page_size + pos % page_size  # [T]
+    if torch.unique(slots).numel() != slots.numel():
+        raise ValueError("two tokens of this step write the same KV slot (shared page?)")
+    return StepBatch(
+        token_ids=torch.tensor(tokens, dtype=torch.int64, device=device),
+        positions=pos.to(device),
+        slot_mapping=slots.to(device),
+        page_tables=pt.to(device),
+        sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=device),
+        q_starts=q_starts,
+        start_pos=start_pos,
+        kv_lens=kv_lens,
+        sampled=sampled,
+        page_size=page_size,
+    )
+
+
+def _lens(q_starts: list[int]) -> list[int]:
+    return [b - a for a, b in zip(q_starts[:-1], q_starts[1:], strict=True)]

@@ -1,0 +1,274 @@
+"""Model configuration: the architecture numbers a Llama-family model needs, read from a
+GGUF file's metadata or a Hugging Face directory's ``config.json``.
+
+Only the Llama architecture (Touvron et al. 2023: RMSNorm, RoPE, grouped-query
+attention, SwiGLU MLP) is supported; anything else raises ``ModelLoadError`` here, at
+load time, never later as a wrong answer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+
+class ModelLoadError(RuntimeError):
+    """The model files are missing, malformed, or describe an unsupported architecture."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a Llama-family decoder.
+
+    Attributes:
+        name: human-readable model name (from the file's metadata or directory name).
+        vocab_size: rows of the embedding / LM-head matrices (tokens).
+        hidden_size: model width d_model.
+        intermediate_size: SwiGLU MLP inner width.
+        num_layers: decoder blocks.
+        num_heads: query heads.
+        num_kv_heads: key/value heads (GQA, Ainslie et al. 2023); divides num_heads.
+        head_dim: width of one head (usually hidden_size // num_heads).
+        rms_norm_eps: epsilon inside RMSNorm's square root.
+        rope_theta: RoPE base frequency (Su et al. 2021).
+        max_position: context length the model was trained for (tokens).
+        tie_word_embeddings: the LM head reuses the token-embedding matrix.
+        bos_token_id: beginning-of-sequence token id, if any.
+        eos_token_ids: end-of-sequence token ids (possibly several).
+        rope_type: "default", "linear" or "llama3" (RoPE frequency scaling).
+        rope_factor: scaling factor for "linear" / "llama3".
+        rope_low_freq_factor / rope_high_freq_factor / rope_original_max_position:
+            Llama 3.1 frequency-smoothing parameters (only for rope_type "llama3").
+        source: "gguf" or "hf".
+    """
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position: int = 2048
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
+    source: str = "hf"
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ModelLoadError(
+                f"num_heads ({self.num_heads}) is not a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+        if self.head_dim % 2 != 0:
+            raise ModelLoadError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.rope_type not in ("default", "linear", "llama3"):
+            raise ModelLoadError(f"unsupported RoPE scaling type {self.rope_type!r}")
+
+    def kv_bytes_per_token(self, element_size: int) -> int:
+        """Bytes of K plus V for one token over all layers, at ``element_size`` bytes each."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+
+
+class ParamCount(NamedTuple):
+    """Parameter counts (numbers of scalars, not bytes).
+
+    ``total``: every weight. ``non_embedding``: total minus the token-embedding table and
+    an untied LM head (Kaplan et al. 2020's N). ``matmul_per_token``: weights used in
+    matrix multiplies for one token, LM head included (FLOPs/token ≈ 2 × this).
+    """
+
+    total: int
+    non_embedding: int
+    matmul_per_token: int
+
+
+def num_parameters(cfg: ModelConfig) -> ParamCount:
+    """Count a Llama model's parameters from its config alone (no weights needed)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    attn = h * cfg.num_heads * d * 2 + h * cfg.num_kv_heads * d * 2  # q, o, k, v
+    mlp = 3 * h * cfg.intermediate_size
+    layer = attn + mlp + 2 * h  # two RMSNorm weight vectors
+    body = cfg.num_layers * layer + h  # final norm
+    embed = cfg.vocab_size * h
+    head = 0 if cfg.tie_word_embeddings else embed
+    matmul = cfg.num_layers * (attn + mlp) + embed
+    return ParamCount(total=body + embed + head, non_embedding=body, matmul_per_token=matmul)
+
+
+def load_model_config(path: str | Path) -> ModelConfig:
+    """Read a model's configuration.
+
+    Args:
+        path: a ``.gguf`` file, or a Hugging Face model directory holding ``config.json``.
+    Returns:
+        The ``ModelConfig``.
+    Raises:
+        ModelLoadError: the path does not exist, the metadata is incomplete, or the
+            architecture is not Llama.
+    """
+    p = Path(path)
+    if p.is_file() and p.suffix == ".gguf":
+        return _config_from_gguf(p)
+    if p.is_dir() and (p / "config.json").is_file():
+        return _config_from_hf(p)
+    if p.is_dir():
+        ggufs = sorted(p.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _config_from_gguf(ggufs[0])
+    raise ModelLoadError(
+        f"{path}: expected a .gguf file or a Hugging Face directory with config.json"
+    )
+
+
+def resolve_model_file(path: str | Path) -> Path:
+    """The file or directory ``load_model_config`` actually reads (a directory holding
+    exactly one ``.gguf`` and no ``config.json`` resolves to that file)."""
+    p = Path(path)
+    if p.is_dir() and not (p / "config.json").is_file():
+        ggufs = sorted(p.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ggufs[0]
+    return p
+
+
+# ---------------------------------------------------------------------------- GGUF
+
+
+def gguf_field(reader: Any, key: str, default: Any = None) -> Any:
+    """The decoded value of a GGUF metadata key, or ``default`` when absent."""
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def _config_from_gguf(path: Path) -> ModelConfig:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path), "r")
+    except Exception as e:  # the gguf library raises ValueError/struct errors on bad files
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
+    return config_from_gguf_reader(reader, path)
+
+
+def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelConfig:
+    """Build a ``ModelConfig`` from an open ``gguf.GGUFReader`` (see ``load_model_config``)."""
+    arch = gguf_field(reader, "general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(
+            f"{path}: architecture {arch!r} is not supported (houchu runs 'llama' models)"
+        )
+
+    def need(key: str) -> Any:
+        v = gguf_field(reader, f"llama.{key}")
+        if v is None:
+            raise ModelLoadError(f"{path}: GGUF metadata lacks llama.{key}")
+        return v
+
+    hidden = int(need("embedding_length"))
+    heads = int(need("attention.head_count"))
+    kv_heads = int(gguf_field(reader, "llama.attention.head_count_kv", heads))
+    head_dim = int(gguf_field(reader, "llama.attention.key_length", hidden // heads))
+    tensor_names = {t.name for t in reader.tensors}
+    vocab = gguf_field(reader, "llama.vocab_size")
+    if vocab is None:
+        tokens = gguf_field(reader, "tokenizer.ggml.tokens")
+        vocab = len(tokens) if tokens is not None else None
+    if vocab is None:
+        emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+        if emb is None:
+            raise ModelLoadError(f"{path}: cannot determine vocab size")
+        vocab = int(emb.shape[1])
+    eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
+    bos = gguf_field(reader, "tokenizer.ggml.bos_token_id")
+    scaling = gguf_field(reader, "llama.rope.scaling.type", "none")
+    rope_type, rope_factor = "default", 1.0
+    if scaling == "linear":
+        rope_type, rope_factor = "linear", float(gguf_field(reader, "llama.rope.scaling.factor"))
+    elif scaling not in ("none", None):
+        raise ModelLoadError(f"{path}: unsupported RoPE scaling {scaling!r}")
+    return ModelConfig(
+        name=str(gguf_field(reader, "general.name", Path(str(path)).stem)),
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_layers=int(need("block_count")),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(gguf_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(gguf_field(reader, "llama.rope.freq_base", 10000.0)),
+        max_position=int(gguf_field(reader, "llama.context_length", 2048)),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=() if eos is None else (int(eos),),
+        rope_type=rope_type,
+        rope_factor=rope_factor,
+        source="gguf",
+    )
+
+
+# ---------------------------------------------------------------------------- HF
+
+
+def _config_from_hf(path: Path) -> ModelConfig:
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}/config.json: unreadable ({e})") from e
+    archs = raw.get("architectures") or []
+    if raw.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
+        raise ModelLoadError(
+            f"{path}: model_type {raw.get('model_type')!r} / architectures {archs} is not "
+            "supported (houchu runs LlamaForCausalLM)"
+        )
+    for flag in ("attention_bias", "mlp_bias"):
+        if raw.get(flag):
+            raise ModelLoadError(f"{path}: {flag}=true is not supported")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"{path}: hidden_act {raw.get('hidden_act')!r} is not supported")
+    try:
+        hidden = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
+        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return ModelConfig(
+            name=str(raw.get("_name_or_path") or path.name),
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            max_position=int(raw.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=tuple(int(e) for e in eos_ids),
+            rope_type=str(rope_type),
+            rope_factor=float(rope.get("factor", 1.0)),
+            rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+            rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+            rope_original_max_position=int(rope.get("original_max_position_embeddings", 8192)),
+            source="hf",
+        )
+    except KeyError as e:
+        raise ModelLoadError(f"{path}/config.json lacks {e.args[0]!r}") from e

@@ -1,0 +1,189 @@
+"""The model runner: weights, the device KV pool, per-request sampling state, and one
+``execute(StepPlan) -> StepResult`` per forward pass. No asyncio, no ZeroMQ: the runner
+actor (``actors/runner.py``) wraps it.
+
+Plan semantics (applied in this order, after the whole plan has been validated, so an
+invalid plan raises ``ValueError`` and changes nothing):
+
+1. ``release``: drop those requests' state (unknown rids are ignored; their pages are the
+   scheduler's to free);
+2. ``init``: register new requests (sampling params, prompt ids for penalties, seeded
+   generator); a rid already registered is an error;
+3. ``work``: for each ``SeqWork``, write the K/V of ``token_ids`` at positions
+   ``start_pos .. start_pos + n - 1`` into ``page_table``'s pages, attend causally over
+   positions ``0 .. start_pos + n - 1``, and when ``sample`` is set draw the next token
+   and append it to the request's generated history. Recomputing a preempted request's
+   tokens appends nothing, so its penalty counts stay right.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from houchu.gpu.attention import make_backend
+from houchu.gpu.batch import build_batch
+from houchu.gpu.config import ModelConfig
+from houchu.gpu.kv_pool import KVPool
+from houchu.gpu.loader import load_model, parse_dtype
+from houchu.gpu.sampling import RequestState, Sampler
+from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
+
+
+class ModelRunner:
+    """Owns a Llama model and its KV pool; executes step plans.
+
+    Args:
+        model_path: a ``.gguf`` file or a Hugging Face Llama directory.
+        dtype: weight, activation and KV dtype: "float32", "bfloat16" or "float16".
+        page_size: tokens per KV page.
+        num_pages: KV pool size in pages; None sizes it from ``kv_cache_memory_bytes``.
+        kv_cache_memory_bytes: KV pool budget in bytes (used when ``num_pages`` is None).
+        max_context: tokens per request; capped by the model's trained context and by the
+            pool's capacity. None: the smaller of those two.
+        num_threads: torch intra-op threads (None: torch's default).
+        device: "cpu" or a CUDA device.
+        attention_backend: see ``houchu.gpu.attention.make_backend``.
+        seed: seed of the generator unseeded requests share (None: random).
+        logprobs_mode: "raw" (log_softmax of the model's logits, vLLM's default) or
+            "processed" (after penalties, temperature and filters).
+        quiet: do not print the load summary.
+    Raises:
+        ModelLoadError: the model cannot be loaded.
+        ValueError: bad dtype, page size, or a KV budget below one page.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "float32",
+        page_size: int = 16,
+        num_pages: int | None = None,
+        kv_cache_memory_bytes: int = 1 << 30,
+        max_context: int | None = None,
+        num_threads: int | None = None,
+        device: str = "cpu",
+        attention_backend: str = "torch-sdpa",
+        seed: int | None = None,
+        logprobs_mode: str = "raw",
+        quiet: bool = False,
+    ) -> None:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        t0 = time.perf_counter()
+        self.device = torch.device(device)
+        self.dtype = parse_dtype(dtype)
+        with torch.inference_mode():
+            self.model = load_model(model_path, self.dtype, self.device)
+            self.pool = KVPool.for_model(
+                self.config,
+                page_size=page_size,
+                dtype=self.dtype,
+                device=self.device,
+                num_pages=num_pages,
+                memory_bytes=kv_cache_memory_bytes,
+            )
+        self.backend = make_backend(attention_backend)
+        self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
+        limit = min(self.config.max_position, self.pool.num_tokens)
+        self.max_context = limit if max_context is None else min(max_context, limit)
+        if self.max_context < 1:
+            raise ValueError(f"max_context must be >= 1, got {max_context}")
+        self.states: dict[str, RequestState] = {}
+        self.num_params = self.model.num_params()
+        if not quiet:
+            print(self.summary(time.perf_counter() - t0), flush=True)
+
+    @property
+    def config(self) -> ModelConfig:
+        """The model's configuration."""
+        return self.model.cfg
+
+    def summary(self, load_s: float | None = None) -> str:
+        """One line: architecture, parameters, dtype, KV pool geometry and bytes."""
+        p = self.pool
+        took = "" if load_s is None else f" (loaded in {load_s:.1f}s)"
+        return (
+            f"houchu runner: llama {self.config.name!r}, {self.num_params / 1e6:.1f}M params, "
+            f"{str(self.dtype).removeprefix('torch.')} on {self.device}, "
+            f"{self.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
+            f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
+            f"({p.bytes_per_token} B/token), max context {self.max_context}, "
+            f"attention {self.backend.name}, {torch.get_num_threads()} threads{took}"
+        )
+
+    def info(self) -> RunnerInfo:
+        """What the scheduler needs to know about this runner."""
+        return RunnerInfo(
+            num_pages=self.pool.num_pages,
+            page_size=self.pool.page_size,
+            max_context=self.max_context,
+            kv_bytes_per_token=self.pool.bytes_per_token,
+            num_params=self.num_params,
+            model_name=self.config.name,
+        )
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step (see the module docstring for the semantics).
+
+        Returns:
+            ``StepResult`` with one ``SeqOutput`` per sampled request, in work order;
+            ``num_tokens`` = new tokens computed; ``duration_s`` = seconds spent.
+        Raises:
+            ValueError: unknown rid in work, duplicate init, invalid sampling params,
+                empty token list, token id out of vocab, positions beyond
+                ``max_context``, a page table too short or naming a page outside the
+                pool, or two tokens writing one KV slot. Nothing is changed then.
+        """
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            # ---- validate everything before touching state
+            live = set(self.states) - set(plan.release)
+            new: dict[str, RequestState] = {}
+            for si in plan.init:
+                if si.rid in live or si.rid in new:
+                    raise ValueError(f"request {si.rid!r} is already registered")
+                new[si.rid] = RequestState(
+                    si.rid, si.sampling, si.prompt_ids, self.config.vocab_size, self.device
+                )
+            for w in plan.work:
+                if w.rid not in live and w.rid not in new:
+                    raise ValueError(f"request {w.rid!r} was never initialised (or released)")
+            batch = None
+            if plan.work:
+                batch = build_batch(
+                    plan.work,
+                    page_size=self.pool.page_size,
+                    num_pages=self.pool.num_pages,
+                    max_context=self.max_context,
+                    vocab_size=self.config.vocab_size,
+                    device=self.device,
+                )
+            # ---- commit
+            for rid in plan.release:
+                self.states.pop(rid, None)
+            self.states.update(new)
+            outputs: list[SeqOutput] = []
+            if batch is not None:
+                logits = self.model(batch, self.pool, self.backend)  # [R, V] fp32
+                states = [self.states[plan.work[i].rid] for i in batch.sampled]
+                for st, s in zip(states, self.sampler.sample(logits, states), strict=True):
+                    st.append(s.token_id)
+                    outputs.append(
+                        SeqOutput(
+                            rid=st.rid,
+                            token_id=s.token_id,
+                            logprob=s.logprob,
+                            top_logprobs=s.top_logprobs,
+                        )
+                    )
+        return StepResult(
+            step_id=plan.step_id,
+            outputs=outputs,
+            duration_s=time.perf_counter() - t0,
+            num_tokens=0 if batch is None else batch.num_tokens,
+        )
