@@ -23,8 +23,8 @@ class RequestText:
         eos_token_ids: ids whose text is never emitted when they end the request.
 
     ``completion_tokens`` counts every token the model generated for the request up to
-    the one that finished it (an EOS or stop token included, tokens after a stop string
-    excluded).
+    and including the event that finished it (an EOS or stop token included). Events
+    carry one token each today, so no token after a stop string is ever counted.
     """
 
     def __init__(
