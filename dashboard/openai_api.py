@@ -11,6 +11,7 @@ the client goes away the delta iterator is closed, which aborts the request in t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -140,6 +141,11 @@ async def _stream(
         await _send_events(request, resp, deltas, fmt, first)
     except ConnectionResetError:
         log.info("client of %s went away mid-stream; aborting", fmt.rid)
+    except Exception:  # headers are sent: report in the stream, not as a new response
+        log.exception("unexpected error streaming %s", fmt.rid)
+        body = error_body("internal server error", type_="internal_server_error")
+        with contextlib.suppress(ConnectionResetError):
+            await resp.write(b"data: " + msgspec.json.encode(body) + b"\n\ndata: [DONE]\n\n")
     return resp
 
 

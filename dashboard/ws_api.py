@@ -242,7 +242,12 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     try:
         async for msg in ws:
             if msg.type == WSMsgType.TEXT:
-                await session.on_text(msg.data)
+                try:
+                    await session.on_text(msg.data)
+                except Exception:
+                    log.exception("unexpected error handling a websocket frame")
+                    err = ApiError("internal server error", status=500, code="internal_error")
+                    await session.send_error(None, err)
             elif msg.type == WSMsgType.BINARY:
                 err = ApiError("send JSON text frames, not binary", code="invalid_frame")
                 await session.send_error(None, err)

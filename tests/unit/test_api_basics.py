@@ -35,7 +35,8 @@ class FakeEngine:
 
     Magic words in the prompt (or the last chat message): ``FAIL_NOW`` is rejected (400,
     ``context_length_exceeded``) before any delta; ``FAIL_LATER`` fails (500) after two
-    deltas; ``CRASH`` raises a non-engine exception; ``SLOW`` streams pieces every 10 ms
+    deltas; ``CRASH`` raises a non-engine exception (``CRASH_LATER``: after two
+    deltas); ``SLOW`` streams pieces every 10 ms
     for a long time. Like ``EngineClient``, closing the iterator before the final delta
     aborts the request, which is recorded in ``aborted``.
     """
@@ -91,7 +92,7 @@ class FakeEngine:
                     400,
                     "context_length_exceeded",
                 )
-            if "CRASH" in text:
+            if text == "CRASH":
                 finished = True
                 raise RuntimeError("boom")
             slow = "SLOW" in text
@@ -102,6 +103,9 @@ class FakeEngine:
                 if "FAIL_LATER" in text and i == 2:
                     finished = True
                     raise EngineError("the runner died", 500, "internal_error")
+                if "CRASH_LATER" in text and i == 2:
+                    finished = True
+                    raise RuntimeError("boom")
                 yield self._delta(req, i, last=i == n - 1)
             finished = True
         finally:

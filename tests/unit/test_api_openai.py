@@ -202,6 +202,18 @@ async def test_unexpected_exception_is_500(api: Api, caplog: pytest.LogCaptureFi
     assert status == 200 and api.in_flight == 0
 
 
+async def test_unexpected_exception_mid_stream(api: Api, caplog: pytest.LogCaptureFixture) -> None:
+    body = {"messages": [{"role": "user", "content": "CRASH_LATER"}], "stream": True}
+    with caplog.at_level(logging.ERROR):
+        async with api.client.post("/v1/chat/completions", json=body) as r:
+            chunks = await read_sse(r)
+    assert assert_openai_error(chunks[-1])["type"] == "internal_server_error"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1]) == "Hello"
+    assert any("unexpected error" in r.message for r in caplog.records)
+    status, _ = await api.post("/v1/completions", CMPL)
+    assert status == 200 and api.in_flight == 0
+
+
 @pytest.mark.parametrize("cancel_handler", [False, True])
 async def test_client_disconnect_mid_stream_aborts(
     cancel_handler: bool, caplog: pytest.LogCaptureFixture

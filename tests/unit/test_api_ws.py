@@ -141,6 +141,10 @@ async def test_errors_keep_the_socket_usable(api: Api) -> None:
         frames = (await collect(ws, {"f"}))["f"]
         assert frames[-1]["type"] == "error" and text_of(frames[:-1]) == "".join(PIECES[:2])
 
+        await ws.send_json({"id": "c", "prompt": "CRASH"})
+        err = await recv(ws)
+        assert err["id"] == "c" and err["error"]["type"] == "internal_server_error"
+
         await ws.send_json({"id": "z", "prompt": "Hello", "max_tokens": 3})
         good = (await collect(ws, {"z"}))["z"]
         assert text_of(good) == ANSWER and good[-1]["usage"] == USAGE
