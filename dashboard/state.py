@@ -47,6 +47,7 @@ class GatewayState:
     Attributes:
         model_name: the model id clients must use (or omit).
         max_context: tokens per request (prompt + completion) the engine accepts.
+        created: unix seconds when the app was built (the model's ``created``).
         in_flight: requests this gateway has submitted and not yet finished.
     """
 
