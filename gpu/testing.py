@@ -46,3 +46,99 @@ def make_tiny_llama(
     out = Path(path)
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+_HF_TO_GGUF_BLOCK = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def permute_qk(w: Any, n_head: int) -> Any:
+    """llama.cpp's converter permutation of q/k rows (rotate-half -> interleaved pairs).
+
+    w: ``[n_head * head_dim, in]`` numpy array; returns the same shape.
+    """
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def write_llama_gguf(
+    hf_dir: str | Path,
+    out: str | Path,
+    *,
+    qtype: str = "F32",
+    arch: str = "llama",
+    drop_output: bool = False,
+) -> Path:
+    """Convert a Hugging Face Llama directory to GGUF the way llama.cpp does (q/k rows
+    permuted, names mapped), quantizing 2-D weights to ``qtype`` (a
+    ``gguf.GGMLQuantizationType`` name: F32, F16, Q8_0, Q4_0, Q4_1 …); norms stay F32.
+
+    Args:
+        hf_dir: directory from ``make_tiny_llama``.
+        out: target ``.gguf`` path.
+        arch: the ``general.architecture`` to declare (tests use a wrong one on purpose).
+        drop_output: omit ``output.weight`` (a tied-embedding model).
+    Returns:
+        ``out`` as a ``Path``.
+    """
+    import gguf
+    import numpy as np
+    from houchu.gpu.config import load_model_config
+    from safetensors.numpy import load_file
+
+    cfg = load_model_config(hf_dir)
+    tensors: dict[str, np.ndarray] = {}
+    for f in sorted(Path(hf_dir).glob("*.safetensors")):
+        tensors |= load_file(str(f))
+    qt = gguf.GGMLQuantizationType[qtype]
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_name("tiny-llama")
+    w.add_block_count(cfg.num_layers)
+    w.add_context_length(cfg.max_position)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_bos_token_id(cfg.bos_token_id or 1)
+    w.add_eos_token_id(cfg.eos_token_ids[0] if cfg.eos_token_ids else 2)
+    for name, t in tensors.items():
+        t = t.astype(np.float32)
+        if name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if drop_output:
+                continue
+            gname = "output.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            gname = f"blk.{layer}.{_HF_TO_GGUF_BLOCK[rest.removesuffix('.weight')]}.weight"
+            if rest.startswith("self_attn.q_proj"):
+                t = permute_qk(t, cfg.num_heads)
+            elif rest.startswith("self_attn.k_proj"):
+                t = permute_qk(t, cfg.num_kv_heads)
+        if t.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
+            w.add_tensor(gname, gguf.quants.quantize(t, qt), raw_dtype=qt)
+        else:
+            w.add_tensor(gname, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(out)

@@ -1,0 +1,178 @@
+"""Batched sampling: greedy, filters, penalties, per-request seeds, logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from houchu.gpu.sampling import (
+    RequestState,
+    Sampler,
+    apply_min_p,
+    apply_penalties,
+    apply_top_k,
+    apply_top_p,
+)
+from houchu.transport.messages import SamplingParams
+
+V = 50
+INF = float("-inf")
+
+
+def state(rid: str = "r", prompt: list[int] | None = None, **kw) -> RequestState:
+    return RequestState(rid, SamplingParams(**kw), prompt or [], V)
+
+
+def logits(rows: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, V, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_is_argmax():
+    x = logits(4)
+    out = Sampler(seed=0).sample(x, [state(str(i), temperature=0.0) for i in range(4)])
+    assert [s.token_id for s in out] == x.argmax(-1).tolist()
+    assert all(s.logprob is None and s.top_logprobs is None for s in out)
+
+
+def test_top_k_one_equals_greedy():
+    x = logits(6, seed=1)
+    states = [state(str(i), temperature=1.3, top_k=1) for i in range(6)]
+    out = Sampler(seed=0).sample(x, states)
+    assert [s.token_id for s in out] == x.argmax(-1).tolist()
+
+
+def test_seeded_request_is_batch_independent():
+    x = logits(5, seed=2)
+    target = x[2:3].clone()
+
+    def run(rows: torch.Tensor, idx: int, n: int) -> list[int]:
+        st = state("seeded", temperature=1.0, top_p=0.9, seed=1234)
+        sampler = Sampler()  # unseeded shared generator for the other rows
+        toks = []
+        for _ in range(n):
+            others = [state(f"o{i}", temperature=0.8) for i in range(rows.shape[0])]
+            states = others[:idx] + [st] + others[idx + 1 :]
+            toks.append(sampler.sample(rows, states)[idx].token_id)
+            st.append(toks[-1])
+        return toks
+
+    alone = run(target, 0, 20)
+    batched = run(x, 2, 20)
+    assert alone == batched
+    assert len(set(alone)) > 1  # it really sampled
+
+
+def test_top_k_mask():
+    x = torch.tensor([[1.0, 5.0, 3.0, 4.0, 2.0], [1.0, 2.0, 3.0, 4.0, 5.0]])
+    got = apply_top_k(x, torch.tensor([2, 0]))
+    assert got[0].tolist() == [INF, 5.0, INF, 4.0, INF]
+    assert got[1].tolist() == x[1].tolist()  # k=0: disabled
+
+
+def test_top_p_mask():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    x = probs.log()
+    keep = lambda p: (apply_top_p(x, torch.tensor([p])) > INF)[0].tolist()  # noqa: E731
+    assert keep(0.75) == [True, True, False, False]
+    assert keep(0.85) == [True, True, True, False]
+    assert keep(0.3) == [True, False, False, False]
+    assert keep(1.0) == [True] * 4
+    # token order does not matter
+    perm = torch.tensor([2, 0, 3, 1])
+    got = apply_top_p(x[:, perm], torch.tensor([0.75]))
+    assert (got > INF)[0].tolist() == [False, True, False, True]
+
+
+def test_min_p_mask():
+    x = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    got = apply_min_p(x, torch.tensor([0.4]))  # threshold 0.2
+    assert (got > INF)[0].tolist() == [True, True, False, False]
+    assert torch.equal(apply_min_p(x, torch.tensor([0.0])), x)
+
+
+def test_penalties_follow_definitions():
+    x = torch.tensor([[2.0, -2.0, 1.0, 0.5, -1.0] + [0.0] * (V - 5)])
+    s = state(prompt=[0, 1], repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    for t in (2, 2, 3):
+        s.append(t)
+    got = apply_penalties(x, [s])[0]
+    # repetition (prompt + generated): positive / 2, negative * 2
+    # then generated counts: token 2 twice, token 3 once
+    assert got[0] == pytest.approx(1.0)
+    assert got[1] == pytest.approx(-4.0)
+    assert got[2] == pytest.approx(0.5 - 0.5 * 2 - 0.25)
+    assert got[3] == pytest.approx(0.25 - 0.5 * 1 - 0.25)
+    assert got[4] == pytest.approx(-1.0)  # never seen
+    assert torch.equal(x[0, 5:], got[5:])
+    assert x[0, 0] == 2.0  # input untouched
+
+
+def test_penalties_change_greedy_choice():
+    x = torch.zeros(1, V)
+    x[0, 7] = 1.0
+    x[0, 8] = 0.9
+    s = state(temperature=0.0, presence_penalty=0.5)
+    sampler = Sampler(seed=0)
+    assert sampler.sample(x, [s])[0].token_id == 7
+    s.append(7)
+    assert sampler.sample(x, [s])[0].token_id == 8
+
+
+def test_logprobs_are_raw_log_softmax():
+    x = logits(3, seed=4)
+    states = [
+        state("a", temperature=0.0, logprobs=True, top_logprobs=3),
+        state("b", temperature=0.7, top_k=5, logprobs=True, top_logprobs=0, seed=3),
+        state("c", temperature=1.0),
+    ]
+    out = Sampler(seed=0).sample(x, states)
+    lp = torch.log_softmax(x, -1)
+    a, b, c = out
+    assert a.logprob == pytest.approx(float(lp[0].max()))
+    top = lp[0].topk(3)
+    assert [t for t, _ in a.top_logprobs] == top.indices.tolist()
+    assert [v for _, v in a.top_logprobs] == pytest.approx(top.values.tolist())
+    assert b.logprob == pytest.approx(float(lp[1, b.token_id])) and b.top_logprobs == []
+    assert b.token_id in x[1].topk(5).indices.tolist()
+    assert c.logprob is None and c.top_logprobs is None
+
+
+def test_processed_logprobs_mode():
+    x = logits(1, seed=5)
+    s = state(temperature=0.5, top_k=2, logprobs=True, seed=0)
+    out = Sampler(logprobs_mode="processed").sample(x, [s])[0]
+    top2 = torch.log_softmax(x[0] / 0.5, -1).topk(2)
+    norm = torch.logsumexp(top2.values, -1)
+    i = top2.indices.tolist().index(out.token_id)
+    assert out.logprob == pytest.approx(float(top2.values[i] - norm), abs=1e-5)
+
+
+def test_sampling_distribution_follows_temperature():
+    x = torch.tensor([[math.log(0.7), math.log(0.2), math.log(0.1)] + [-1e9] * (V - 3)])
+    s = state(temperature=1.0, seed=7)
+    sampler = Sampler()
+    counts = torch.zeros(3)
+    for _ in range(2000):
+        counts[sampler.sample(x, [s])[0].token_id] += 1
+    assert torch.allclose(counts / 2000, torch.tensor([0.7, 0.2, 0.1]), atol=0.04)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"temperature": -1.0},
+        {"top_p": 0.0},
+        {"min_p": 1.5},
+        {"repetition_penalty": 0.0},
+        {"top_logprobs": 21},
+    ],
+)
+def test_invalid_params_raise(bad):
+    with pytest.raises(ValueError, match="invalid sampling"):
+        state(**bad)
+
+
+def test_prompt_ids_out_of_vocab_raise():
+    with pytest.raises(ValueError, match="out of range"):
+        state(prompt=[V], repetition_penalty=1.1)
