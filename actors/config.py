@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import msgspec
+
 from houchu.transport.endpoints import Endpoints
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import zmq.asyncio
 from aiohttp import web
+
 from houchu.actors.config import ServeConfig
 from houchu.dashboard.engine_client import EngineClient
 

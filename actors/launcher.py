@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import zmq.asyncio
+
 from houchu.actors.config import ServeConfig
 from houchu.actors.runtime import actor_process_main
 from houchu.transport.channel import Inbox, Outbox

@@ -10,6 +10,7 @@ import time
 import traceback
 
 import zmq.asyncio
+
 from houchu.actors.config import ServeConfig
 from houchu.transport.channel import BadMessage, Inbox, Outbox
 from houchu.transport.messages import RunnerInbox, Shutdown, StepPlan, StepResult

@@ -16,6 +16,7 @@ import traceback
 from typing import Protocol
 
 import zmq.asyncio
+
 from houchu.actors.config import ServeConfig
 from houchu.transport.channel import Outbox
 from houchu.transport.messages import ActorFailed, ActorReady

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import zmq.asyncio
+
 from houchu.actors.config import ServeConfig
 from houchu.scheduler.batcher import BatchConfig
 from houchu.scheduler.core import Rejected, SchedulerCore

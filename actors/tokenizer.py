@@ -12,6 +12,7 @@ import asyncio
 import time
 
 import zmq.asyncio
+
 from houchu.actors.config import ServeConfig
 from houchu.text.request_text import RequestText
 from houchu.transport.channel import BadMessage, Inbox, Outbox

@@ -37,8 +37,13 @@ PROMPTS = [
 
 async def _stream(url: str, prompt: str, n: int) -> tuple[int, float, float, float]:
     """One request; returns (tokens, start, first token time, last token time) in seconds."""
-    msg = {"id": "b", "messages": [{"role": "user", "content": prompt}], "max_tokens": n,
-           "temperature": 0, "ignore_eos": True}
+    msg = {
+        "id": "b",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": n,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     async with aiohttp.ClientSession() as s, s.ws_connect(url) as ws:
         t0 = time.perf_counter()
         await ws.send_json(msg)
@@ -62,8 +67,11 @@ async def measure_houchu(url: str, n: int, conc: int) -> dict[str, float]:
     t = time.perf_counter()
     res = await asyncio.gather(*(_stream(url, PROMPTS[i % len(PROMPTS)], n) for i in range(conc)))
     wall = time.perf_counter() - t
-    return {"single_decode_tok_s": single, "single_ttft_s": first - t0,
-            "concurrent_out_tok_s": sum(r[0] for r in res) / wall}
+    return {
+        "single_decode_tok_s": single,
+        "single_ttft_s": first - t0,
+        "concurrent_out_tok_s": sum(r[0] for r in res) / wall,
+    }
 
 
 def measure_hf(model_path: Path, n: int, conc: int) -> dict[str, float]:
@@ -74,13 +82,24 @@ def measure_hf(model_path: Path, n: int, conc: int) -> dict[str, float]:
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
-    chats = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                     tokenize=False) for p in PROMPTS]
-    kw = {"do_sample": False, "max_new_tokens": n, "min_new_tokens": n,
-          "pad_token_id": tok.pad_token_id or 0}
+    chats = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+        )
+        for p in PROMPTS
+    ]
+    kw = {
+        "do_sample": False,
+        "max_new_tokens": n,
+        "min_new_tokens": n,
+        "pad_token_id": tok.pad_token_id or 0,
+    }
     with torch.inference_mode():
         one = tok([chats[0]], return_tensors="pt")
-        model.generate(**tok(["Warm up."], return_tensors="pt"), **{**kw, "max_new_tokens": 8, "min_new_tokens": 8})
+        model.generate(
+            **tok(["Warm up."], return_tensors="pt"),
+            **{**kw, "max_new_tokens": 8, "min_new_tokens": 8},
+        )
         t = time.perf_counter()
         model.generate(**one, **kw)
         single = n / (time.perf_counter() - t)
@@ -108,22 +127,29 @@ def main() -> None:
 
     model = args.model or fetch_default_model()
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "houchu.cli", "serve", "--model", str(model),
-                             "--port", str(port)], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "houchu.cli", "serve", "--model", str(model), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     for line in proc.stdout:
         if "houchu: serving" in line:
             break
     else:
         sys.exit("houchu serve did not start")
     try:
-        ours = asyncio.run(measure_houchu(f"ws://127.0.0.1:{port}/ws", args.tokens, args.concurrency))
+        ours = asyncio.run(
+            measure_houchu(f"ws://127.0.0.1:{port}/ws", args.tokens, args.concurrency)
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     hf = measure_hf(Path(model), args.tokens, args.concurrency)
-    rows = [("single-stream decode tokens/s", "single_decode_tok_s"),
-            (f"{args.concurrency}-concurrent output tokens/s", "concurrent_out_tok_s")]
+    rows = [
+        ("single-stream decode tokens/s", "single_decode_tok_s"),
+        (f"{args.concurrency}-concurrent output tokens/s", "concurrent_out_tok_s"),
+    ]
     print(f"\n{'metric':<34}{'houchu':>10}{'HF generate':>13}{'ratio':>8}")
     for label, key in rows:
         print(f"{label:<34}{ours[key]:>10.1f}{hf[key]:>13.1f}{ours[key] / hf[key]:>7.2f}x")

@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+
 from houchu.dashboard import openai_api, ws_api
 from houchu.dashboard.engine_client import EngineError
 from houchu.dashboard.errors import ApiError, error_response, json_response

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import AsyncIterator
 
 import zmq.asyncio
+
 from houchu.transport.channel import BadMessage, Inbox, Outbox
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.messages import (
@@ -119,10 +120,11 @@ class EngineClient:
                 if isinstance(msg, RequestFailed):
                     finished = True
                     raise EngineError(msg.message, msg.status, msg.code)
-                yield msg
                 if msg.finish_reason is not None:
-                    finished = True
+                    finished = True  # before the yield: a consumer may stop right here
+                    yield msg
                     return
+                yield msg
         finally:
             self._queues.pop(req.rid, None)
             if not finished:

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+
 from houchu.dashboard.engine_client import EngineError
 
 #: OpenAI's ``type`` for each HTTP status class we produce.

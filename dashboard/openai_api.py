@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+
 from houchu.dashboard.engine_client import EngineError
 from houchu.dashboard.errors import ApiError, error_body, json_response
 from houchu.dashboard.openai_format import ChatFormatter, CompletionFormatter, Formatter, Tally

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
+
 from houchu.transport.messages import GenerateRequest, TextDelta
 
 log = logging.getLogger(__name__)

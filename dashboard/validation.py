@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+
 from houchu.dashboard.errors import ApiError
 from houchu.dashboard.params import (
     Body,

@@ -36,6 +36,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import WSMsgType, web
+
 from houchu.dashboard.engine_client import EngineError
 from houchu.dashboard.errors import ApiError
 from houchu.dashboard.openai_format import Tally, ws_logprobs

@@ -15,6 +15,7 @@ import itertools
 from collections import deque
 
 import msgspec
+
 from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.scheduler.request import Request, Status
 from houchu.transport.messages import SeqInit, SeqWork, StepPlan

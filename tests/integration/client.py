@@ -58,7 +58,11 @@ async def sse_stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 async def post_json(url: str, body: Any, raw: bytes | None = None) -> tuple[int, Any]:
     async with aiohttp.ClientSession() as s:
-        kwargs = {"data": raw, "headers": {"Content-Type": "application/json"}} if raw is not None else {"json": body}
+        kwargs = (
+            {"data": raw, "headers": {"Content-Type": "application/json"}}
+            if raw is not None
+            else {"json": body}
+        )
         async with s.post(url, **kwargs) as r:
             return r.status, await r.json(content_type=None)
 

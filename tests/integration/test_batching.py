@@ -25,17 +25,27 @@ async def _all(server, bodies):
 
 
 def test_concurrent_greedy_equals_sequential(server):
-    bodies = [{"prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": True} for p in PROMPTS]
+    bodies = [
+        {"prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": True} for p in PROMPTS
+    ]
     alone = [asyncio.run(ws_generate(server.ws_url, b))["token_ids"] for b in bodies]
     together = [r["token_ids"] for r in asyncio.run(_all(server, bodies))]
     assert together == alone
 
 
 def test_seeded_sample_is_batch_invariant(server):
-    seeded = {"prompt": "A short story about a robot:", "max_tokens": 24, "temperature": 1.0,
-              "top_p": 0.9, "seed": 1234, "ignore_eos": True}
+    seeded = {
+        "prompt": "A short story about a robot:",
+        "max_tokens": 24,
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "seed": 1234,
+        "ignore_eos": True,
+    }
     alone = asyncio.run(ws_generate(server.ws_url, seeded))["text"]
-    noise = [{"prompt": p, "max_tokens": 24, "temperature": 0.8, "ignore_eos": True} for p in PROMPTS]
+    noise = [
+        {"prompt": p, "max_tokens": 24, "temperature": 0.8, "ignore_eos": True} for p in PROMPTS
+    ]
     results = asyncio.run(_all(server, [*noise[:3], seeded, *noise[3:]]))
     assert results[3]["text"] == alone
     other_seed = asyncio.run(ws_generate(server.ws_url, {**seeded, "seed": 99}))["text"]

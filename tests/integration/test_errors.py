@@ -96,8 +96,12 @@ async def _wait_idle(server, timeout_s: float = 30.0) -> dict:
 def test_disconnect_mid_stream_aborts_and_frees_pages(server):
     async def go():
         _, before = await get_json(f"{server.url}/stats")
-        body = {"prompt": "Count to one thousand:", "max_tokens": 2000, "stream": True,
-                "ignore_eos": True}
+        body = {
+            "prompt": "Count to one thousand:",
+            "max_tokens": 2000,
+            "stream": True,
+            "ignore_eos": True,
+        }
         async with aiohttp.ClientSession() as s:
             r = await s.post(f"{server.url}/v1/completions", json=body)
             got = 0
@@ -108,7 +112,9 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server):
             r.close()  # drop the connection mid-stream
         # a WebSocket that closes with a request in flight aborts it too
         async with aiohttp.ClientSession() as s, s.ws_connect(server.ws_url) as ws:
-            await ws.send_json({"id": "w", "prompt": "Count:", "max_tokens": 2000, "ignore_eos": True})
+            await ws.send_json(
+                {"id": "w", "prompt": "Count:", "max_tokens": 2000, "ignore_eos": True}
+            )
             await ws.receive_json(timeout=60)
         stats = await _wait_idle(server)
         assert stats["num_running"] == 0

@@ -52,7 +52,9 @@ def reference(real_model_path) -> dict[str, list[int]]:
             for _ in range(NEW_TOKENS):
                 nxt = int(res.logits[0, -1].argmax())
                 gen.append(nxt)
-                res = model(torch.tensor([[nxt]]), past_key_values=res.past_key_values, use_cache=True)
+                res = model(
+                    torch.tensor([[nxt]]), past_key_values=res.past_key_values, use_cache=True
+                )
             out[key] = gen
     out["_decode"] = tok  # for text comparisons
     return out

@@ -29,7 +29,10 @@ def test_openai_client_streams_chat(server):
     assert text.strip()
     assert usage is not None and 0 < usage.completion_tokens <= 16
     full = client.chat.completions.create(
-        model=name, messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=16, temperature=0
+        model=name,
+        messages=[{"role": "user", "content": "Name a fruit."}],
+        max_tokens=16,
+        temperature=0,
     )
     assert full.choices[0].message.content == text
 
@@ -37,7 +40,10 @@ def test_openai_client_streams_chat(server):
 def test_openai_client_completion_logprobs(server):
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
     out = client.completions.create(
-        model=client.models.list().data[0].id, prompt="1, 2, 3,", max_tokens=5, temperature=0,
+        model=client.models.list().data[0].id,
+        prompt="1, 2, 3,",
+        max_tokens=5,
+        temperature=0,
         logprobs=3,
     )
     lp = out.choices[0].logprobs
@@ -47,7 +53,10 @@ def test_openai_client_completion_logprobs(server):
     chat = client.chat.completions.create(
         model=client.models.list().data[0].id,
         messages=[{"role": "user", "content": "Hi"}],
-        max_tokens=4, temperature=0, logprobs=True, top_logprobs=2,
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
     )
     content = chat.choices[0].logprobs.content
     assert len(content) == chat.usage.completion_tokens or len(content) >= 1

@@ -47,8 +47,12 @@ def test_chat_stream_equals_non_stream_multibyte(server):
 
 
 def test_stop_string_spanning_tokens(server):
-    body = {"prompt": "The history of the Roman Empire", "max_tokens": 48, "temperature": 0,
-            "ignore_eos": True}
+    body = {
+        "prompt": "The history of the Roman Empire",
+        "max_tokens": 48,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     ref = asyncio.run(ws_generate(server.ws_url, body))
     # Build a stop string from the end of one delta and the start of a later one, so that
     # it spans a token boundary.
@@ -72,7 +76,11 @@ def test_stop_string_spanning_tokens(server):
 
 
 def test_stop_token_ids_and_eos(server):
-    body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 64, "temperature": 0}
+    body = {
+        "messages": [{"role": "user", "content": "Say hi."}],
+        "max_tokens": 64,
+        "temperature": 0,
+    }
     status, full = asyncio.run(post_json(f"{server.url}/v1/chat/completions", body))
     assert status == 200
     choice = full["choices"][0]

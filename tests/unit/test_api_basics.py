@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
+
 from houchu.dashboard import app as app_module
 from houchu.dashboard.app import STATE_KEY, make_app
 from houchu.dashboard.engine_client import EngineError

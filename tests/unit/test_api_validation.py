@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+
 from houchu.dashboard.validation import DEFAULT_CHAT_MAX_TOKENS
 from houchu.transport.messages import ChatMessage, SamplingParams
 

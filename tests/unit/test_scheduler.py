@@ -48,7 +48,9 @@ def run_step(core: SchedulerCore, token: int = 7) -> tuple[StepPlan, list]:
     plan = core.next_plan()
     assert plan is not None
     outs = [SeqOutput(rid=w.rid, token_id=token) for w in plan.work if w.sample]
-    events = core.apply(StepResult(step_id=plan.step_id, outputs=outs, duration_s=0.0, num_tokens=0))
+    events = core.apply(
+        StepResult(step_id=plan.step_id, outputs=outs, duration_s=0.0, num_tokens=0)
+    )
     return plan, events
 
 

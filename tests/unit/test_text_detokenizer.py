@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from houchu.text.detokenizer import IncrementalDetokenizer
 from houchu.text.tokenizer import TextTokenizer, load_tokenizer
 from houchu.transport.messages import ChatMessage

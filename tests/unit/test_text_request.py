@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from houchu.text.request_text import RequestText
 from houchu.text.tokenizer import TextTokenizer, load_tokenizer
 from houchu.transport.messages import SamplingParams, TextDelta, TokenEvent

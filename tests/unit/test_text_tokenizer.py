@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from houchu.text.tokenizer import TextTokenizer, TokenizerError, load_tokenizer
 from houchu.transport.messages import ChatMessage
 

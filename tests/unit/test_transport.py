@@ -28,7 +28,10 @@ from houchu.transport.messages import (
 )
 
 SAMPLES = [
-    (TokenizerInbox, GenerateRequest(rid="r1", prompt="hi 你好 🎉", sampling=SamplingParams(seed=3))),
+    (
+        TokenizerInbox,
+        GenerateRequest(rid="r1", prompt="hi 你好 🎉", sampling=SamplingParams(seed=3)),
+    ),
     (
         TokenizerInbox,
         GenerateRequest(rid="r2", messages=[ChatMessage("user", "hello")], arrival_time=1.5),
@@ -37,7 +40,11 @@ SAMPLES = [
     (
         TokenizerInbox,
         TokenBatch(
-            [TokenEvent(rid="r", token_ids=[1, 2], logprobs=[-0.1, -2.0], top_logprobs=[[(1, -0.1)], []])]
+            [
+                TokenEvent(
+                    rid="r", token_ids=[1, 2], logprobs=[-0.1, -2.0], top_logprobs=[[(1, -0.1)], []]
+                )
+            ]
         ),
     ),
     (
