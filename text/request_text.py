@@ -47,6 +47,7 @@ class RequestText:
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.finished = False
+        self._unsent_ids: list[int] = []  # ids whose delta was held back (no text yet)
 
     def on_event(self, ev: TokenEvent) -> TextDelta | None:
         """Consume one event; returns the delta to send, or None if nothing is new.
@@ -61,6 +62,7 @@ class RequestText:
         final = ev.finish_reason
         if final == "stop" and ids and ids[-1] in self.hidden_ids:
             ids = ids[:-1]  # the EOS / stop token ends the text; it is not part of it
+        self._unsent_ids += ids
         text = self.detok.add(ids) if ids else ""
         if final is not None:
             text += self.detok.flush()
@@ -76,10 +78,11 @@ class RequestText:
             self.finished = True
         elif not text and not logprobs:
             return None
+        sent_ids, self._unsent_ids = self._unsent_ids, []
         return TextDelta(
             rid=self.rid,
             text=text,
-            token_ids=ids,
+            token_ids=sent_ids,
             logprobs=logprobs,
             finish_reason=final,
             prompt_tokens=self.prompt_tokens,

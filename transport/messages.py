@@ -218,6 +218,9 @@ class TextDelta(Struct, tag=True, kw_only=True):
     """Text released for a request. The last one for a request has ``finish_reason`` set.
 
     ``text`` is never half a UTF-8 character and never part of a stop string.
+    ``token_ids``: the ids generated since the previous delta (a token whose text is held
+    back travels with the delta that releases it; the EOS / stop token that ends the
+    request is not included).
     ``completion_tokens`` counts tokens emitted so far (EOS/stop tokens excluded).
     """
 

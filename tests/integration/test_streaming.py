@@ -20,7 +20,8 @@ def test_ws_deltas_concatenate_to_http_text(server):
     status, full = asyncio.run(post_json(f"{server.url}/v1/completions", body))
     assert status == 200
     assert ws["text"] == full["choices"][0]["text"]
-    assert all("\ufffd" not in d for d in ws["deltas"])
+    # Only the final flush may hold U+FFFD: the output was cut by max_tokens mid-character.
+    assert all("\ufffd" not in d for d in ws["deltas"][:-1])
     assert len(ws["deltas"]) > 1
 
 
