@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from houchu.gpu.batch import StepBatch
 from houchu.gpu.kv_pool import KVPool
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
 from houchu.transport.messages import SeqWork
 
 

@@ -10,6 +10,7 @@ reserves nothing (page 0 is an ordinary page).
 from __future__ import annotations
 
 import torch
+
 from houchu.gpu.config import ModelConfig
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from houchu.gpu.attention import AttentionBackend
 from houchu.gpu.batch import StepBatch
 from houchu.gpu.config import ModelConfig, ModelLoadError
 from houchu.gpu.kv_pool import KVPool
+from houchu.gpu.linear import Linear, onednn_available
 from houchu.gpu.rope import apply_rope, rope_cos_sin, rope_inv_freq
-from torch import nn
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
@@ -41,21 +43,6 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
-
-
-class Linear(nn.Module):
-    """A dense ``y = x Wᵀ`` (no bias). weight: ``[out_features, in_features]``.
-
-    A separate class so quantized variants can replace it layer by layer.
-    """
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = _param(weight)  # [out, in]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: ``[N, in]`` -> ``[N, out]``."""
-        return F.linear(x, self.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -115,23 +102,38 @@ class LlamaModel(nn.Module):
     """A Llama causal LM over paged KV.
 
     Build with ``LlamaModel.from_tensors``; run with ``forward(batch, pool, backend)``.
+    With ``prepack`` on CPU the matmul weights switch to oneDNN's packed layout (see
+    ``houchu.gpu.linear``); a tied LM head then keeps a packed copy of the embedding.
     """
 
     def __init__(
-        self, cfg: ModelConfig, w: dict[str, torch.Tensor], device: torch.device | str = "cpu"
+        self,
+        cfg: ModelConfig,
+        w: dict[str, torch.Tensor],
+        device: torch.device | str = "cpu",
+        prepack: bool = True,
     ) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = _param(w["model.embed_tokens.weight"])  # [V, hidden]
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, w, f"model.layers.{i}") for i in range(cfg.num_layers)
         )
-        self.norm = RMSNorm(w["model.norm.weight"], cfg.rms_norm_eps)
+        self.norm = RMSNorm(w.pop("model.norm.weight"), cfg.rms_norm_eps)
+        self.embed = _param(w.pop("model.embed_tokens.weight"))  # [V, hidden]
         self.tied = cfg.tie_word_embeddings
-        self.lm_head = None if self.tied else Linear(w["lm_head.weight"])  # [V, hidden]
+        head = self.embed if self.tied else w.pop("lm_head.weight")  # [V, hidden]
+        self.lm_head = Linear(head)
         inv = rope_inv_freq(cfg, w.get("rope_freqs"))
         self.register_buffer("inv_freq", inv, persistent=False)  # [D/2] fp32
         self.to(device)
+        self._num_params = sum(p.numel() for p in self.parameters())  # tied counted once
+        self.prepacked = (
+            prepack and torch.device(device).type == "cpu" and onednn_available(self.dtype)
+        )
+        if self.prepacked:
+            for m in self.modules():
+                if isinstance(m, Linear):
+                    m.prepack_onednn(keep_dense=m is self.lm_head and self.tied)
 
     @classmethod
     def from_tensors(
@@ -139,6 +141,7 @@ class LlamaModel(nn.Module):
         cfg: ModelConfig,
         tensors: dict[str, torch.Tensor],
         device: torch.device | str = "cpu",
+        prepack: bool = True,
     ) -> LlamaModel:
         """Build the model from Hugging Face-named tensors (as the loaders return them).
 
@@ -148,7 +151,7 @@ class LlamaModel(nn.Module):
             ModelLoadError: a required tensor is missing or has the wrong shape.
         """
         _check_shapes(cfg, tensors)
-        return cls(cfg, tensors, device)
+        return cls(cfg, tensors, device, prepack)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -157,7 +160,7 @@ class LlamaModel(nn.Module):
 
     def num_params(self) -> int:
         """Scalars in the model's weights (a tied head counted once)."""
-        return sum(p.numel() for p in self.parameters())
+        return self._num_params
 
     def forward(self, batch: StepBatch, pool: KVPool, backend: AttentionBackend) -> torch.Tensor:
         """Run one step: write every new token's K/V into the pool, return sampled logits.
@@ -180,8 +183,7 @@ class LlamaModel(nn.Module):
                 x = x.index_select(0, batch.sample_rows)  # [R, hidden]
             x = x + layer.mlp(layer.post_norm(x))
         x = self.norm(x)  # [R, hidden]
-        weight = self.embed if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, weight).float()  # [R, V]
+        return self.lm_head(x).float()  # [R, V]
 
 
 def _check_shapes(cfg: ModelConfig, w: dict[str, torch.Tensor]) -> None:

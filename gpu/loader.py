@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from houchu.gpu.config import ModelConfig, ModelLoadError, resolve_model_file
 from houchu.gpu.llama import LlamaModel
 
@@ -51,12 +52,16 @@ def load_tensors(
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    prepack: bool = True,
 ) -> LlamaModel:
-    """Load and build the ``LlamaModel`` at ``path`` (weights in ``dtype`` on ``device``).
+    """Load and build the ``LlamaModel`` at ``path`` (weights in ``dtype`` on ``device``;
+    ``prepack``: oneDNN-packed matmul weights on CPU where available).
 
     Raises:
         ModelLoadError: see ``load_tensors``; missing or mis-shaped tensors.
     """
     cfg, tensors = load_tensors(path, dtype)
-    return LlamaModel.from_tensors(cfg, tensors, device)
+    return LlamaModel.from_tensors(cfg, tensors, device, prepack)

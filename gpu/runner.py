@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from houchu.gpu.attention import make_backend
 from houchu.gpu.batch import build_batch
 from houchu.gpu.config import ModelConfig
@@ -48,6 +49,7 @@ class ModelRunner:
         seed: seed of the generator unseeded requests share (None: random).
         logprobs_mode: "raw" (log_softmax of the model's logits, vLLM's default) or
             "processed" (after penalties, temperature and filters).
+        prepack: on CPU, keep matmul weights in oneDNN's packed layout (faster).
         quiet: do not print the load summary.
     Raises:
         ModelLoadError: the model cannot be loaded.
@@ -68,6 +70,7 @@ class ModelRunner:
         attention_backend: str = "torch-sdpa",
         seed: int | None = None,
         logprobs_mode: str = "raw",
+        prepack: bool = True,
         quiet: bool = False,
     ) -> None:
         if num_threads is not None:
@@ -78,7 +81,7 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = parse_dtype(dtype)
         with torch.inference_mode():
-            self.model = load_model(model_path, self.dtype, self.device)
+            self.model = load_model(model_path, self.dtype, self.device, prepack)
             self.pool = KVPool.for_model(
                 self.config,
                 page_size=page_size,
@@ -113,7 +116,8 @@ class ModelRunner:
             f"{self.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
             f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
             f"({p.bytes_per_token} B/token), max context {self.max_context}, "
-            f"attention {self.backend.name}, {torch.get_num_threads()} threads{took}"
+            f"attention {self.backend.name}, matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
+            f"{torch.get_num_threads()} threads{took}"
         )
 
     def info(self) -> RunnerInfo:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from houchu.transport.messages import SamplingParams
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy

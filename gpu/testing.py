@@ -95,8 +95,9 @@ def write_llama_gguf(
     """
     import gguf
     import numpy as np
-    from houchu.gpu.config import load_model_config
     from safetensors.numpy import load_file
+
+    from houchu.gpu.config import load_model_config
 
     cfg = load_model_config(hf_dir)
     tensors: dict[str, np.ndarray] = {}

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from houchu.gpu.config import ModelConfig, ModelLoadError, config_from_gguf_reader
 
 _GLOBAL_NAMES = {

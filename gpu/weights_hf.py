@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import torch
+
 from houchu.gpu.config import ModelConfig, ModelLoadError, load_model_config
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from houchu.gpu.runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 

@@ -6,6 +6,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+
 from houchu.gpu.config import ModelLoadError, load_model_config
 from houchu.gpu.loader import load_model
 from houchu.gpu.runner import ModelRunner
@@ -138,7 +139,7 @@ def test_missing_output_means_tied(tiny_dirs, tmp_path):
     path = write_llama_gguf(tiny_dirs["untied"], tmp_path / "t.gguf", drop_output=True)
     assert load_model_config(path).tie_word_embeddings
     model = load_model(path)
-    assert model.lm_head is None
+    assert model.tied and model.lm_head.weight is model.embed
 
 
 def test_bad_paths(tmp_path):

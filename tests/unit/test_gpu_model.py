@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+
 from houchu.gpu.attention import TorchSDPABackend
 from houchu.gpu.batch import build_batch
 from houchu.gpu.config import load_model_config, num_parameters
@@ -86,8 +87,11 @@ def test_config_and_param_count(tiny):
     assert num_parameters(cfg).total == counted == model.num_params()
 
 
-def test_single_prefill(tiny):
-    _, hf, model = tiny
+@pytest.mark.parametrize("prepack", [True, False], ids=["onednn", "dense"])
+def test_single_prefill(tiny, prepack):
+    path, hf, _ = tiny
+    with torch.inference_mode():
+        model = load_model(path, prepack=prepack)
     ids = prompt(1, 23)
     got = Runner(model).step([("a", ids, 0)])[0]
     torch.testing.assert_close(got, hf_logits(hf, ids)[-1], atol=ATOL, rtol=0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from houchu.gpu.config import num_parameters
 from houchu.gpu.runner import ModelRunner
 from houchu.gpu.testing import make_tiny_llama
 from houchu.transport.messages import (
@@ -59,7 +61,7 @@ def test_info_and_summary(tiny_dir, capsys):
     assert info.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4  # K+V, layers, kv heads, dim, fp32
     assert info.num_pages == 64 * 1024 // (8 * info.kv_bytes_per_token) == 16
     assert info.max_context == min(512, 16 * 8)
-    assert info.num_params == sum(p.numel() for p in r.model.parameters())
+    assert info.num_params == num_parameters(r.config).total
 
 
 def test_kv_budget_below_one_page_raises(tiny_dir):

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from houchu.gpu.sampling import (
     RequestState,
     Sampler,
