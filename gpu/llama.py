@@ -180,6 +180,8 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.layers):
             x = x + layer.attention(i, layer.input_norm(x), cos, sin, pool, backend, batch, meta)
             if i == last:  # only the sampled rows feed the head: skip the rest's MLP
+                if batch.sample_rows.numel() == 0:
+                    return torch.empty(0, self.cfg.vocab_size, device=x.device)  # [0, V]
                 x = x.index_select(0, batch.sample_rows)  # [R, hidden]
             x = x + layer.mlp(layer.post_norm(x))
         x = self.norm(x)  # [R, hidden]

@@ -141,3 +141,28 @@ def test_bf16_agrees_on_top1(tiny):
     assert got.dtype == torch.float32
     want = hf_logits(hf, ids)[-1]
     assert (got - want).abs().max() < 0.1 * want.abs().max()
+
+
+def test_sharded_checkpoint_and_llama3_rope(tmp_path):
+    """Sharded safetensors (index json) and Llama 3.1 RoPE scaling, against HF."""
+    from transformers import LlamaForCausalLM
+
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
+    path = make_tiny_llama(tmp_path / "src", seed=4, rope_parameters=rope)
+    hf = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    cfg = load_model_config(tmp_path / "sharded")
+    assert cfg.rope_type == "llama3" and cfg.rope_factor == 8.0
+    with torch.inference_mode():
+        model = load_model(tmp_path / "sharded")
+    ids = prompt(9, 45)
+    got = Runner(model).step([("a", ids, 0)])[0]
+    torch.testing.assert_close(got, hf_logits(hf, ids)[-1], atol=ATOL, rtol=0)
