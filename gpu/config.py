@@ -42,6 +42,10 @@ class ModelConfig:
         rope_low_freq_factor / rope_high_freq_factor / rope_original_max_position:
             Llama 3.1 frequency-smoothing parameters (only for rope_type "llama3").
         source: "gguf" or "hf".
+
+    Raises:
+        ModelLoadError: num_heads not a multiple of num_kv_heads, odd head_dim, or an
+            unsupported RoPE scaling type.
     """
 
     name: str

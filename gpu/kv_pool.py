@@ -21,6 +21,9 @@ class KVPool:
         k, v: ``[num_layers, num_pages, page_size, num_kv_heads, head_dim]`` in the model
             dtype, zero-initialised (so masked padding never reads NaN).
         num_pages, page_size: pool geometry.
+
+    Raises:
+        ValueError: fewer than one page, or a page of fewer than one token.
     """
 
     def __init__(

@@ -39,6 +39,10 @@ class RequestState:
         generator: ``torch.Generator`` seeded with ``params.seed``, or None.
         seen: ``[V]`` bool, tokens in prompt or generated (only with a repetition penalty).
         counts: ``[V]`` float32, generated-token counts (only with frequency/presence).
+
+    Raises:
+        ValueError: sampling parameters out of their domains (``validate_params``) or a
+            prompt token id outside ``0..vocab_size-1``.
     """
 
     def __init__(
@@ -194,7 +198,11 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 class Sampler:
     """Samples one token per row. ``seed`` seeds the generator shared by unseeded rows
-    (None: nondeterministic). ``logprobs_mode``: "raw" or "processed"."""
+    (None: nondeterministic). ``logprobs_mode``: "raw" or "processed".
+
+    Raises:
+        ValueError: another ``logprobs_mode``.
+    """
 
     def __init__(
         self,
