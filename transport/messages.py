@@ -139,8 +139,9 @@ class StepPlan(Struct, tag=True, kw_only=True):
 
 
 class SeqOutput(Struct, kw_only=True, array_like=True):
-    """A sampled token. ``logprob`` is its log-probability under the processed
-    distribution; ``top_logprobs``: list of (token_id, logprob), best first."""
+    """A sampled token. ``logprob``: its log-probability from log_softmax of the raw model
+    logits (of the processed distribution if the runner is configured so);
+    ``top_logprobs``: list of (token_id, logprob), best first."""
 
     rid: str
     token_id: int
