@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-ACTORS = ("launcher", "gateway", "tokenizer", "scheduler", "runner")
+ACTORS = ("launcher", "gateway", "tokenizer", "scheduler", "runner", "recorder")
 
 
 class Endpoints(msgspec.Struct, frozen=True):

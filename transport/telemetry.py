@@ -1,0 +1,185 @@
+"""Telemetry: lifecycle events, step records and lever samples, on their way to the recorder.
+
+Every actor owns one ``Telemetry`` emitter. Emitting appends to a local buffer (no I/O,
+no await); a background task flushes the buffer as one ``TelemetryBatch`` every
+``flush_interval_s`` seconds. Telemetry must never slow or block serving: the buffer is
+bounded, and records beyond it are dropped and counted (``num_dropped``, reported in the
+next batch so the recorder can account for them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import msgspec
+import zmq
+import zmq.asyncio
+from msgspec import Struct, field
+
+# Lifecycle event kinds, in the order a request meets them.
+EVENT_KINDS = (
+    "arrived",  # gateway accepted the request
+    "tokenized",  # tokenizer encoded the prompt (data: prompt_tokens)
+    "queued",  # scheduler queued it
+    "prefix_matched",  # scheduler matched a cached prefix (data: cached_tokens, tier)
+    "scheduled",  # first admitted into the running batch
+    "prefill_chunk",  # one prefill chunk computed (data: start, tokens)
+    "first_token",  # first output token sampled
+    "decode",  # decode progress (data: tokens so far); sampled, not every token
+    "preempted",  # KV freed under memory pressure, to be recomputed
+    "resumed",  # re-admitted after preemption
+    "finished",  # data: finish_reason, completion_tokens
+    "aborted",  # client went away
+    "failed",  # data: error
+)
+
+
+class LifecycleEvent(Struct, array_like=True):
+    """One moment of one request's life. ``t``: wall-clock seconds (time.time())."""
+
+    rid: str
+    kind: str
+    t: float
+    actor: str
+    data: dict[str, float | int | str] = field(default_factory=dict)
+
+
+class StepRecord(Struct, array_like=True):
+    """One forward pass. ``t``: start, wall-clock seconds; ``duration_s``: seconds.
+
+    ``num_prefill_tokens`` + ``num_decode_tokens`` tokens computed for ``batch_size``
+    requests; ``phase`` is "prefill", "decode" or "mixed".
+    """
+
+    step_id: int
+    t: float
+    duration_s: float
+    batch_size: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    phase: str
+
+
+class LeverSample(Struct, array_like=True):
+    """What one lever saved and what it spent, in physical units, at time ``t``.
+
+    ``lever``: e.g. "radix_prefix_cache"; ``verb``: one of skip, compute_less, move_less,
+    occupy_less, fill, break_serial (DESIGN.md); ``saved`` in ``saved_unit`` (tokens,
+    flops, bytes, forward_passes, seconds), ``spent`` in ``spent_unit``; ``rid`` when the
+    sample belongs to one request, else None (an engine-wide sample).
+    """
+
+    lever: str
+    verb: str
+    saved: float
+    saved_unit: str
+    spent: float
+    spent_unit: str
+    t: float
+    rid: str | None = None
+
+
+class TelemetryBatch(Struct, tag=True, kw_only=True):
+    """What one actor sends to the recorder at each flush."""
+
+    actor: str
+    events: list[LifecycleEvent] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    levers: list[LeverSample] = field(default_factory=list)
+    num_dropped: int = 0
+
+
+class Telemetry:
+    """An actor's buffered, non-blocking telemetry emitter.
+
+    Args:
+        ctx: the process's asyncio ZeroMQ context.
+        address: the recorder's inbox address, or None to disable telemetry.
+        actor: this actor's name.
+        max_buffered: records kept between flushes; more are dropped and counted.
+        flush_interval_s: seconds between flushes.
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        address: str | None,
+        actor: str,
+        max_buffered: int = 20_000,
+        flush_interval_s: float = 0.25,
+    ) -> None:
+        self.actor = actor
+        self.enabled = address is not None
+        self._sock = None
+        if address is not None:
+            # A plain (non-asyncio) socket on the same context: a NOBLOCK send either
+            # queues at once or raises zmq.Again, never awaits.
+            self._sock = zmq.Context.shadow(ctx.underlying).socket(zmq.PUSH)
+            self._sock.setsockopt(zmq.SNDHWM, 1000)  # the recorder is behind: drop, don't block
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.connect(address)
+        self._max = max_buffered
+        self._interval = flush_interval_s
+        self._encoder = msgspec.msgpack.Encoder()
+        self._batch = TelemetryBatch(actor=actor)
+        self._size = 0
+        self.num_dropped = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the periodic flush (call from the running event loop)."""
+        if self.enabled and self._task is None:
+            self._task = asyncio.create_task(self._flush_loop())
+
+    def _room(self) -> bool:
+        if not self.enabled:
+            return False
+        if self._size >= self._max:
+            self.num_dropped += 1
+            self._batch.num_dropped += 1
+            return False
+        self._size += 1
+        return True
+
+    def event(self, rid: str, kind: str, t: float | None = None, **data: float | int | str) -> None:
+        """Record a lifecycle event of request ``rid`` (kinds: ``EVENT_KINDS``)."""
+        if self._room():
+            self._batch.events.append(LifecycleEvent(rid, kind, t or time.time(), self.actor, data))
+
+    def step(self, record: StepRecord) -> None:
+        """Record one forward pass."""
+        if self._room():
+            self._batch.steps.append(record)
+
+    def lever(self, sample: LeverSample) -> None:
+        """Record what a lever saved and spent."""
+        if self._room():
+            self._batch.levers.append(sample)
+
+    def flush(self) -> None:
+        """Send what is buffered now; drops the batch (counted) if the recorder is behind."""
+        if not self.enabled or (self._size == 0 and self._batch.num_dropped == 0):
+            return
+        batch, self._batch, self._size = self._batch, TelemetryBatch(actor=self.actor), 0
+        try:
+            self._sock.send(self._encoder.encode(batch), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            n = len(batch.events) + len(batch.steps) + len(batch.levers)
+            self.num_dropped += n
+            self._batch.num_dropped += batch.num_dropped + n
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            self.flush()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.flush()
+        if self._sock is not None:
+            self._sock.close(linger=200)
