@@ -25,7 +25,7 @@ import torch
 
 from houchu.gpu.attention import make_backend
 from houchu.gpu.batch import build_batch
-from houchu.gpu.config import ModelConfig
+from houchu.gpu.config import ModelConfig, num_parameters
 from houchu.gpu.kv_pool import KVPool
 from houchu.gpu.loader import load_model, parse_dtype
 from houchu.gpu.sampling import RequestState, Sampler
@@ -122,6 +122,7 @@ class ModelRunner:
 
     def info(self) -> RunnerInfo:
         """What the scheduler needs to know about this runner."""
+        c = self.config
         return RunnerInfo(
             num_pages=self.pool.num_pages,
             page_size=self.pool.page_size,
@@ -129,6 +130,8 @@ class ModelRunner:
             kv_bytes_per_token=self.pool.bytes_per_token,
             num_params=self.num_params,
             model_name=self.config.name,
+            num_nonembed_params=num_parameters(self.config).non_embedding,
+            attn_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
         )
 
     def execute(self, plan: StepPlan) -> StepResult:

@@ -162,7 +162,10 @@ class StepResult(Struct, tag=True, kw_only=True):
 class RunnerInfo(Struct, tag=True, kw_only=True):
     """Sent by the runner once its weights and KV pool are ready.
 
-    ``num_pages`` pages of ``page_size`` tokens; ``max_context``: tokens per request.
+    ``num_pages`` pages of ``page_size`` tokens; ``max_context``: tokens per request;
+    ``kv_bytes_per_token``: bytes of K and V over all layers; ``num_nonembed_params``:
+    parameters outside the embedding and LM head; ``attn_flops_per_pair``: attention
+    FLOPs per (query, key) position pair over all layers (``4 * layers * heads * head_dim``).
     """
 
     num_pages: int
@@ -171,6 +174,8 @@ class RunnerInfo(Struct, tag=True, kw_only=True):
     kv_bytes_per_token: int
     num_params: int
     model_name: str
+    num_nonembed_params: int = 0
+    attn_flops_per_pair: int = 0
 
 
 # ---------------------------------------------------------------- scheduler -> tokenizer
