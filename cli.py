@@ -41,6 +41,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="most prefill tokens of one request per step; 0 disables chunking",
     )
     p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument(
+        "--disable-radix-cache",
+        action="store_true",
+        help="do not reuse the KV of cached prompt prefixes",
+    )
     p.add_argument("--threads", type=int, help="torch threads of the model runner")
     p.add_argument(
         "--request-timeout",
@@ -122,6 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_batch_tokens=args.max_batch_tokens,
         chunk_size=args.chunked_prefill_size,
         max_running=args.max_running_requests,
+        radix_cache=not args.disable_radix_cache,
         num_threads=args.threads,
         request_timeout_s=args.request_timeout,
     )

@@ -35,6 +35,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_batch_tokens: int = 512
     chunk_size: int = 512
     max_running: int = 64
+    radix_cache: bool = True
+    telemetry: bool = True
     num_threads: int | None = None
     request_timeout_s: float = 300.0
     ready_timeout_s: float = 600.0

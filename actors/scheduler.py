@@ -26,6 +26,7 @@ from houchu.transport.messages import (
     TokenEvent,
     TokenizedRequest,
 )
+from houchu.transport.telemetry import Telemetry
 
 
 class SchedulerActor:
@@ -41,6 +42,7 @@ class SchedulerActor:
         self.to_tokenizer = Outbox(ctx, ep["tokenizer"])
         self.to_gateway = Outbox(ctx, ep["gateway"])
         self.core: SchedulerCore | None = None
+        self.telemetry = Telemetry(ctx, ep["recorder"] if config.telemetry else None, self.name)
         self.step_in_flight = False
         self.step_sent_at = 0.0
 
@@ -56,7 +58,8 @@ class SchedulerActor:
         batch = BatchConfig(
             max_batch_tokens=c.max_batch_tokens, chunk_size=c.chunk_size, max_running=c.max_running
         )
-        self.core = SchedulerCore(msg, batch)
+        self.telemetry.start()
+        self.core = SchedulerCore(msg, batch, c.radix_cache, self.telemetry)
         return f"{msg.num_pages} pages, batch budget {c.max_batch_tokens} tokens"
 
     async def run(self) -> None:
@@ -90,8 +93,8 @@ class SchedulerActor:
                         error_status=400,
                     )
                     await self.to_tokenizer.send(TokenBatch([ev]))
-            case AbortRequest(rid=rid):
-                core.abort(rid)
+            case AbortRequest(rid=rid, reason=reason):
+                core.abort(rid, reason)
             case StepResult():
                 self.step_in_flight = False
                 events = core.apply(msg)
@@ -100,6 +103,7 @@ class SchedulerActor:
             case StatsQuery(query_id=qid):
                 stats = core.stats()
                 stats["step_in_flight"] = int(self.step_in_flight)
+                stats["telemetry_dropped"] = self.telemetry.num_dropped
                 await self.to_gateway.send(StatsReply(query_id=qid, stats=stats))
             case RunnerInfo():
                 pass
@@ -115,5 +119,6 @@ class SchedulerActor:
         await self.to_runner.send(plan)
 
     async def close(self) -> None:
+        await self.telemetry.close()
         for s in (self.inbox, self.to_runner, self.to_tokenizer, self.to_gateway):
             s.close()

@@ -17,6 +17,7 @@ from collections import deque
 import msgspec
 
 from houchu.cache_tiers.page_allocator import PageAllocator
+from houchu.cache_tiers.radix_tree import RadixTree
 from houchu.scheduler.request import Request, Status
 from houchu.transport.messages import SeqInit, SeqWork, StepPlan
 
@@ -43,9 +44,12 @@ class Batcher:
         config: batching limits.
     """
 
-    def __init__(self, allocator: PageAllocator, config: BatchConfig) -> None:
+    def __init__(
+        self, allocator: PageAllocator, config: BatchConfig, tree: RadixTree | None = None
+    ) -> None:
         self.allocator = allocator
         self.config = config
+        self.tree = tree
         self.waiting: deque[Request] = deque()
         self.running: dict[str, Request] = {}  # insertion order = admission order
         self.pending_release: list[str] = []
@@ -70,9 +74,7 @@ class Batcher:
             self.running.pop(req.rid, None)
         elif req in self.waiting:
             self.waiting.remove(req)
-        if req.page_table:
-            self.allocator.free(req.page_table)
-            req.page_table = []
+        self._drop_pages(req)
         req.status = Status.FINISHED
         if req.is_registered:
             self.pending_release.append(req.rid)
@@ -118,8 +120,10 @@ class Batcher:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             req = self.waiting[0]
+            self._match_prefix(req)
             n = self._chunk(req, budget)
             if not self._reserve(req, req.num_computed + n, preempt=False):
+                self._drop_pages(req)  # give the matched prefix back; retry next step
                 break
             self.waiting.popleft()
             req.status = Status.RUNNING
@@ -165,6 +169,8 @@ class Batcher:
         need = self.allocator.pages_for(num_tokens) - len(req.page_table)
         if need <= 0:
             return True
+        if not self.allocator.can_allocate(need) and self.tree is not None:
+            self.tree.evict(need - self.allocator.num_free)
         while not self.allocator.can_allocate(need):
             if not preempt:
                 return False
@@ -179,10 +185,45 @@ class Batcher:
         """Free ``req``'s pages and queue it first, to be recomputed (its runner state —
         sampling generator and penalty counts — is kept)."""
         self.running.pop(req.rid, None)
-        self.allocator.free(req.page_table)
-        req.page_table = []
-        req.num_computed = 0
+        self._drop_pages(req)
         req.status = Status.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
+
+    # ------------------------------------------------------------------ prefix cache
+
+    def _match_prefix(self, req: Request) -> None:
+        """Start a request that holds no pages from its longest cached prefix (at most
+        all tokens but one: the last one must be computed to sample from)."""
+        if self.tree is None or req.page_table:
+            return
+        pages, node = self.tree.match(req.all_ids(), req.num_tokens - 1)
+        self.allocator.share(pages)
+        req.page_table = pages
+        req.num_computed = req.num_tree_pages = len(pages)
+        req.num_computed *= self.allocator.page_size
+        req.tree_node = node
+        if req.num_preemptions == 0:
+            req.cached_tokens = req.num_computed
+
+    def index_computed(self, req: Request) -> None:
+        """Put ``req``'s newly completed full pages into the radix tree, so that other
+        requests (and this one, if it is preempted) can reuse them."""
+        if self.tree is None:
+            return
+        num_full = req.num_computed // self.allocator.page_size
+        if num_full <= req.num_tree_pages:
+            return
+        full = req.page_table[:num_full]
+        node = req.tree_node or self.tree.root
+        req.tree_node = self.tree.insert(req.all_ids(), full, req.num_tree_pages, node)
+        req.page_table[:num_full] = full
+        req.num_tree_pages = num_full
+
+    def _drop_pages(self, req: Request) -> None:
+        if req.page_table:
+            self.allocator.free(req.page_table)
+        req.page_table = []
+        req.num_computed = req.num_tree_pages = 0
+        req.tree_node = None

@@ -11,9 +11,12 @@ The scheduler actor (``actors/scheduler.py``) drives it::
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from houchu.cache_tiers.page_allocator import PageAllocator
+from houchu.cache_tiers.radix_tree import RadixTree
 from houchu.scheduler.batcher import BatchConfig, Batcher
+from houchu.scheduler.ledger import SchedulerLedger
 from houchu.scheduler.request import Request, Status
 from houchu.transport.messages import (
     RunnerInfo,
@@ -23,25 +26,61 @@ from houchu.transport.messages import (
     TokenEvent,
     TokenizedRequest,
 )
+from houchu.transport.telemetry import LeverSample, StepRecord
 
 
 class Rejected(Exception):
     """A request that can never be served (e.g. it cannot fit in the whole KV pool)."""
 
 
+class TelemetrySink(Protocol):
+    """Where lifecycle events and lever samples go (``transport.telemetry.Telemetry``)."""
+
+    def event(
+        self, rid: str, kind: str, t: float | None = None, **data: float | int | str
+    ) -> None: ...
+    def step(self, record: StepRecord) -> None: ...
+    def lever(self, sample: LeverSample) -> None: ...
+
+
+class NullTelemetry:
+    """A sink that keeps nothing (telemetry off, and unit tests)."""
+
+    def event(self, rid: str, kind: str, t: float | None = None, **data: float | int | str) -> None:
+        pass
+
+    def step(self, record: StepRecord) -> None:
+        pass
+
+    def lever(self, sample: LeverSample) -> None:
+        pass
+
+
 class SchedulerCore:
-    """Continuous-batching scheduler over a paged KV pool.
+    """Continuous-batching scheduler over a paged KV pool with a radix prefix cache.
 
     Args:
-        runner: the runner's pool geometry and context length.
+        runner: the runner's pool geometry, context length and model size.
         config: batching limits.
+        radix_cache: reuse cached prefixes (``--disable-radix-cache`` turns it off).
+        telemetry: where lifecycle events and lever samples go.
     """
 
-    def __init__(self, runner: RunnerInfo, config: BatchConfig) -> None:
+    def __init__(
+        self,
+        runner: RunnerInfo,
+        config: BatchConfig,
+        radix_cache: bool = True,
+        telemetry: TelemetrySink | None = None,
+    ) -> None:
         self.runner = runner
         self.allocator = PageAllocator(runner.num_pages, runner.page_size)
-        self.batcher = Batcher(self.allocator, config)
+        self.tree = RadixTree(self.allocator) if radix_cache else None
+        self.batcher = Batcher(self.allocator, config, self.tree)
+        self.ledger = SchedulerLedger(runner)
+        self.telemetry = telemetry or NullTelemetry()
         self._in_flight: dict[int, list[Request]] = {}
+        self._sent_at: dict[int, float] = {}
         self.num_steps = 0
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
@@ -75,17 +114,26 @@ class SchedulerCore:
         req = Request(msg.rid, msg.prompt_ids, msg.sampling, msg.eos_token_ids, msg.arrival_time)
         self.num_prompt_tokens += len(msg.prompt_ids)
         self.batcher.add(req)
+        self.telemetry.event(req.rid, "queued", prompt_tokens=req.num_prompt)
 
-    def abort(self, rid: str) -> bool:
-        """Drop a request wherever it is; its pages return to the pool now.
+    def abort(self, rid: str, reason: str = "abort") -> bool:
+        """Drop a request wherever it is; its pages return to the pool now (the pages
+        already indexed by the radix tree stay cached).
 
+        ``reason``: "abort" (client gone) or "stop" (a stop string finished it).
         Returns False if the request is unknown (already finished)."""
         req = self.batcher.get(rid)
         if req is None:
             return False
         req.is_aborted = True
-        self.batcher.remove(req)
-        self.num_aborted += 1
+        self._leave(req)
+        if reason == "stop":
+            self.num_finished += 1
+            self.telemetry.event(rid, "finished", finish_reason="stop",
+                                 completion_tokens=len(req.output_ids))  # fmt: skip
+        else:
+            self.num_aborted += 1
+            self.telemetry.event(rid, "aborted", completion_tokens=len(req.output_ids))
         return True
 
     @property
@@ -94,18 +142,39 @@ class SchedulerCore:
 
     def next_plan(self) -> StepPlan | None:
         """The next step's plan, or None when idle."""
+        waiting_before = {r.rid for r in self.batcher.waiting}
         plan, scheduled = self.batcher.schedule()
-        if plan is not None:
-            self._in_flight[plan.step_id] = scheduled
+        if plan is None:
+            return None
+        self._in_flight[plan.step_id] = scheduled
+        self._sent_at[plan.step_id] = time.time()
+        for req in scheduled:
+            if req.rid in waiting_before:
+                self._on_admitted(req)
         return plan
+
+    def _on_admitted(self, req: Request) -> None:
+        if req.num_preemptions:
+            self.telemetry.event(req.rid, "resumed", cached_tokens=req.num_computed)
+            return
+        if req.cached_tokens:
+            self.telemetry.event(req.rid, "prefix_matched", cached_tokens=req.cached_tokens,
+                                 tier="device")  # fmt: skip
+        self.telemetry.event(req.rid, "scheduled")
+        sample = self.ledger.on_admitted(req)
+        if sample is not None:
+            self.telemetry.lever(sample)
 
     # ------------------------------------------------------------------ results
 
     def apply(self, result: StepResult) -> list[TokenEvent]:
         """Apply a step's sampled tokens; finish requests; return events to send."""
         scheduled = self._in_flight.pop(result.step_id, [])
+        sent_at = self._sent_at.pop(result.step_id, time.time())
+        now = time.time()
         self.num_steps += 1
         self.busy_s += result.duration_s
+        self._record_step(result, scheduled, sent_at, now)
         if result.error is not None:
             return self._fail(scheduled, result.error)
         sampled = {o.rid: o for o in result.outputs}
@@ -113,19 +182,51 @@ class SchedulerCore:
         for req in scheduled:
             if req.status is not Status.RUNNING or req.is_aborted:
                 continue  # aborted or preempted while the step ran
+            if req.is_prefilling:
+                req.num_chunks += 1
+                self.telemetry.event(req.rid, "prefill_chunk", start=req.num_computed,
+                                     tokens=req.num_scheduled)  # fmt: skip
             req.num_computed += req.num_scheduled
+            self.batcher.index_computed(req)
             out = sampled.get(req.rid)
             if out is None:
                 continue  # a prefill chunk that is not the last
+            if not req.output_ids:
+                self.telemetry.event(req.rid, "first_token", t=now)
+            self.ledger.on_token(req, now)
             req.output_ids.append(out.token_id)
             self.num_generated_tokens += 1
             reason = req.check_finished(self.runner.max_context)
             events.append(self._event(req, out, reason))
             if reason is not None:
                 req.finish_reason = reason
-                self.batcher.remove(req)
+                self._leave(req)
                 self.num_finished += 1
+                self.telemetry.event(req.rid, "finished", finish_reason=reason,
+                                     completion_tokens=len(req.output_ids))  # fmt: skip
         return events
+
+    def _record_step(
+        self, result: StepResult, scheduled: list[Request], sent_at: float, now: float
+    ) -> None:
+        prefill = sum(r.num_scheduled for r in scheduled if r.is_prefilling)
+        decode = sum(r.num_scheduled for r in scheduled) - prefill
+        phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
+        self.telemetry.step(
+            StepRecord(
+                result.step_id, sent_at, now - sent_at, len(scheduled), prefill, decode, phase
+            )
+        )
+        sample = self.ledger.on_step(scheduled, prefill + decode, now)
+        if sample is not None:
+            self.telemetry.lever(sample)
+
+    def _leave(self, req: Request) -> None:
+        """Take ``req`` out of the batch, accounting what paging saved for it."""
+        held = len(req.page_table) * self.runner.page_size * self.runner.kv_bytes_per_token
+        for sample in self.ledger.on_finished(req, held):
+            self.telemetry.lever(sample)
+        self.batcher.remove(req)
 
     def _event(self, req: Request, out: SeqOutput, reason: str | None) -> TokenEvent:
         ev = TokenEvent(
@@ -147,6 +248,7 @@ class SchedulerCore:
                 continue
             self.batcher.remove(req)
             self.num_failed += 1
+            self.telemetry.event(req.rid, "failed", error=error)
             events.append(TokenEvent(rid=req.rid, token_ids=[], finish_reason="error", error=error))
         return events
 
@@ -155,6 +257,12 @@ class SchedulerCore:
     def stats(self) -> dict[str, float | int | str]:
         """Counters for the stats endpoint (pages are KV pages of ``page_size`` tokens)."""
         up = max(time.time() - self.started, 1e-9)
+        running = self.batcher.running.values()
+        bpt = self.runner.kv_bytes_per_token
+        reserved = sum(len(r.page_table) for r in running) * self.runner.page_size * bpt
+        max_len = sum(
+            min(r.num_prompt + r.sampling.max_tokens, self.runner.max_context) for r in running
+        )
         return {
             "model": self.runner.model_name,
             "num_running": len(self.batcher.running),
@@ -162,8 +270,13 @@ class SchedulerCore:
             "num_pages_total": self.allocator.num_pages,
             "num_pages_free": self.allocator.num_free,
             "num_pages_used": self.allocator.num_used,
+            "num_pages_cached": self.tree.num_pages if self.tree else 0,
+            "num_pages_evicted": self.tree.num_evicted if self.tree else 0,
+            "radix_cache": int(self.tree is not None),
             "page_size": self.allocator.page_size,
-            "kv_bytes_per_token": self.runner.kv_bytes_per_token,
+            "kv_bytes_per_token": bpt,
+            "kv_bytes_reserved": reserved,
+            "kv_bytes_max_length": max_len * bpt,
             "max_context": self.runner.max_context,
             "num_steps": self.num_steps,
             "num_prompt_tokens": self.num_prompt_tokens,
@@ -173,4 +286,5 @@ class SchedulerCore:
             "num_failed": self.num_failed,
             "num_preemptions": self.batcher.num_preemptions,
             "busy_fraction": self.busy_s / up,
+            **self.ledger.stats(),
         }

@@ -55,6 +55,11 @@ class Request:
         self.status = Status.WAITING
         self.page_table: list[int] = []
         self.num_computed = 0
+        self.num_tree_pages = 0  # leading pages of page_table indexed by the radix tree
+        self.tree_node = None  # radix tree node of the last indexed page
+        self.max_itl_s = 0.0  # longest gap between two of its tokens, seconds
+        self.last_token_time = 0.0
+        self.num_chunks = 0  # prefill steps taken
         self.num_scheduled = 0  # tokens of this request in the step in flight
         self.cached_tokens = 0
         self.num_preemptions = 0

@@ -23,7 +23,7 @@ from houchu.transport.messages import (
 EOS = 2
 
 
-def make_core(num_pages=16, page_size=4, max_context=256, **batch) -> SchedulerCore:
+def make_core(num_pages=16, page_size=4, max_context=256, radix=False, **batch) -> SchedulerCore:
     info = RunnerInfo(
         num_pages=num_pages,
         page_size=page_size,
@@ -32,7 +32,7 @@ def make_core(num_pages=16, page_size=4, max_context=256, **batch) -> SchedulerC
         num_params=1,
         model_name="tiny",
     )
-    return SchedulerCore(info, BatchConfig(**batch))
+    return SchedulerCore(info, BatchConfig(**batch), radix_cache=radix)
 
 
 def req(rid: str, n_prompt: int, max_tokens: int = 4) -> TokenizedRequest:
@@ -55,9 +55,18 @@ def run_step(core: SchedulerCore, token: int = 7) -> tuple[StepPlan, list]:
 
 
 def check_page_tables(core: SchedulerCore) -> None:
-    held = [p for r in core.batcher.running.values() for p in r.page_table]
-    assert len(held) == len(set(held)), "a page is held twice"
-    assert len(held) + core.allocator.num_free == core.allocator.num_pages
+    """Every page is free, or referenced exactly by its users (tree + page tables)."""
+    users: dict[int, int] = {}
+    for r in core.batcher.running.values():
+        assert len(r.page_table) == len(set(r.page_table)), "a page twice in one table"
+        for p in r.page_table:
+            users[p] = users.get(p, 0) + 1
+    for p in core.tree.pages() if core.tree else []:
+        users[p] = users.get(p, 0) + 1
+    a = core.allocator
+    for p in range(a.num_pages):
+        assert a.ref_count(p) == users.get(p, 0), f"page {p}"
+    assert a.num_free == a.num_pages - len(users)
 
 
 def test_allocator_refcounts():
