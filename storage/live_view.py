@@ -1,0 +1,134 @@
+"""Reading live numbers from the database: step throughput, batch size, step time,
+requests in flight, prefix hit rate, as recent values and as small time series.
+
+Steps are recorded by the runner (compute time) and the scheduler (round trip); tokens
+are counted from one source only (the runner's when there are any, to avoid counting a
+step twice). Times are seconds since the epoch; rates are per second.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlalchemy import Engine, func, or_, select
+from sqlalchemy.orm import Session
+
+from houchu.storage.models import RequestRow, StepRow
+
+#: Longest history a series query accepts (seconds).
+MAX_HORIZON_S = 3600.0
+
+
+def _steps(session: Session, since: float) -> dict[str, list[StepRow]]:
+    by_actor: dict[str, list[StepRow]] = {}
+    for s in session.scalars(select(StepRow).where(StepRow.t >= since).order_by(StepRow.t)):
+        by_actor.setdefault(s.actor, []).append(s)
+    return by_actor
+
+
+def _token_source(by_actor: dict[str, list[StepRow]]) -> list[StepRow]:
+    if "runner" in by_actor:
+        return by_actor["runner"]
+    return max(by_actor.values(), key=len, default=[])
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def step_series(
+    engine: Engine, now: float, horizon_s: float = 120.0, bucket_s: float = 2.0
+) -> dict[str, Any]:
+    """Per-bucket series over the last ``horizon_s`` seconds.
+
+    Returns ``{"t": [bucket start...], "prefill_tps", "decode_tps", "batch_size",
+    "step_ms", "round_trip_ms", "in_flight"}`` (None where a bucket had no step).
+
+    Raises:
+        ValueError: ``horizon_s`` not in (0, MAX_HORIZON_S] or ``bucket_s`` not positive
+            or more than 1000 buckets.
+    """
+    if not 0 < horizon_s <= MAX_HORIZON_S:
+        raise ValueError(f"horizon must be in (0, {MAX_HORIZON_S:.0f}] seconds")
+    if bucket_s <= 0 or horizon_s / bucket_s > 1000:
+        raise ValueError("bucket must be positive and give at most 1000 buckets")
+    n = int(math.ceil(horizon_s / bucket_s))
+    end = math.floor(now / bucket_s) * bucket_s + bucket_s
+    start = end - n * bucket_s
+    with Session(engine) as session:
+        by_actor = _steps(session, start)
+        flights = _in_flight_spans(session, start)
+    main = _token_source(by_actor)
+    sched = by_actor.get("scheduler", [])
+    buckets: list[list[StepRow]] = [[] for _ in range(n)]
+    for s in main:
+        buckets[min(int((s.t - start) // bucket_s), n - 1)].append(s)
+    trips: list[list[float]] = [[] for _ in range(n)]
+    for s in sched:
+        trips[min(int((s.t - start) // bucket_s), n - 1)].append(s.duration_s * 1000)
+    ts = [start + i * bucket_s for i in range(n)]
+    return {
+        "t": ts,
+        "bucket_s": bucket_s,
+        "prefill_tps": [sum(s.num_prefill_tokens for s in b) / bucket_s for b in buckets],
+        "decode_tps": [sum(s.num_decode_tokens for s in b) / bucket_s for b in buckets],
+        "batch_size": [_mean([s.batch_size for s in b]) for b in buckets],
+        "step_ms": [_mean([s.duration_s * 1000 for s in b]) for b in buckets],
+        "round_trip_ms": [_mean(x) for x in trips],
+        "in_flight": [
+            sum(1 for a, z in flights if a <= t + bucket_s and (z is None or z >= t)) for t in ts
+        ],
+    }
+
+
+def _in_flight_spans(session: Session, since: float) -> list[tuple[float, float | None]]:
+    q = select(RequestRow.started_at, RequestRow.finished_at).where(
+        or_(RequestRow.finished_at.is_(None), RequestRow.finished_at >= since)
+    )
+    return [(a, z) for a, z in session.execute(q)]
+
+
+def recent_rates(engine: Engine, now: float, window_s: float = 10.0) -> dict[str, Any]:
+    """Throughput, batch size and step time over the last ``window_s`` seconds."""
+    with Session(engine) as session:
+        by_actor = _steps(session, now - window_s)
+    main = _token_source(by_actor)
+    sched = by_actor.get("scheduler", [])
+    return {
+        "window_s": window_s,
+        "steps_per_s": len(main) / window_s,
+        "prefill_tps": sum(s.num_prefill_tokens for s in main) / window_s,
+        "decode_tps": sum(s.num_decode_tokens for s in main) / window_s,
+        "batch_size": _mean([s.batch_size for s in main]),
+        "step_ms": _mean([s.duration_s * 1000 for s in main]),
+        "round_trip_ms": _mean([s.duration_s * 1000 for s in sched]),
+    }
+
+
+def request_stats(engine: Engine, now: float, window_s: float = 300.0) -> dict[str, Any]:
+    """Requests by status (all kept), and over the last ``window_s`` seconds: finished
+    count, prefix hit rate (cached / prompt tokens), mean TTFT, TPOT and E2E (seconds)."""
+    R = RequestRow
+    with Session(engine) as session:
+        by_status = dict(session.execute(select(R.status, func.count()).group_by(R.status)).all())
+        recent = session.execute(
+            select(
+                func.count(),
+                func.sum(R.prompt_tokens),
+                func.sum(R.cached_tokens),
+                func.avg(R.ttft_s),
+                func.avg(R.tpot_s),
+                func.avg(R.e2e_s),
+            ).where(R.finished_at >= now - window_s, R.status != "running")
+        ).one()
+    n, prompt, cached, ttft, tpot, e2e = recent
+    return {
+        "by_status": {k: int(v) for k, v in by_status.items()},
+        "window_s": window_s,
+        "finished_recent": int(n or 0),
+        "prefix_hit_rate": (float(cached or 0) / float(prompt)) if prompt else None,
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2e_s": e2e,
+    }

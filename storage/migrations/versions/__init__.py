@@ -1,0 +1,1 @@
+"""Schema revisions, oldest first (``0001_initial`` creates every table)."""
