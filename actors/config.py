@@ -20,6 +20,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``page_size`` tokens per page; ``max_context`` caps the model's context window
     (tokens); ``max_batch_tokens`` tokens per step; ``chunk_size`` prefill tokens per request
     per step; ``request_timeout_s`` seconds without progress before a request fails.
+    Telemetry: ``db_url`` is the recorder's SQLAlchemy URL (None: SQLite at
+    ``houchu.fetch.cache_dir()/houchu.db``); it keeps the newest ``retention_requests``
+    requests for at most ``retention_days`` days (None: no bound of that kind).
     """
 
     model_path: str
@@ -37,6 +40,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_running: int = 64
     radix_cache: bool = True
     telemetry: bool = True
+    db_url: str | None = None
+    retention_requests: int | None = 10_000
+    retention_days: float | None = 7.0
     num_threads: int | None = None
     request_timeout_s: float = 300.0
     ready_timeout_s: float = 600.0
