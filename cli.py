@@ -1,4 +1,4 @@
-"""The ``houchu`` command: ``houchu serve`` and ``houchu fetch``."""
+"""The ``houchu`` command: ``houchu serve``, ``houchu fetch`` and ``houchu bench``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 
+from houchu.bench.cli import add_bench_parser, run_bench
 from houchu.fetch import FetchError, fetch_default_model
 
 
@@ -68,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("fetch", help="download the default model into the cache")
+    add_bench_parser(sub)
     args = parser.parse_args(argv)
+
+    if args.command == "bench":
+        return run_bench(args)
 
     if args.command == "fetch":
         try:
