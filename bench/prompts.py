@@ -68,19 +68,21 @@ class PromptBuilder:
     def text(self, rng: random.Random, n_tokens: int) -> str:
         """Random words making ``n_tokens`` tokens (exactly, with a tokenizer).
 
-        The text starts with a space-joined word; different seeds give different first
-        words, so unrelated prompts share no prefix beyond chance.
+        Different seeds give different first words, so unrelated prompts share no prefix
+        beyond chance. The text may start with a space (that makes the first word one
+        token in byte-level BPE vocabularies).
         """
         words = [rng.choice(self._words) for _ in range(n_tokens)]
         text = " ".join(words)
         if self._tok is None:
             return text
-        # the first word has no leading space and may split; trim or pad to the target
+        # the first word has no leading space and may split: try a leading space, then
+        # trim or pad words until the count is right
         for _ in range(8):
-            got = self.count(text)
-            if got == n_tokens:
-                break
-            if got > n_tokens and len(words) > 1:
+            for cand in (text, " " + text):
+                if self.count(cand) == n_tokens:
+                    return cand
+            if self.count(text) > n_tokens and len(words) > 1:
                 words.pop()
             else:
                 words.append(rng.choice(self._words))
