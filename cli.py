@@ -49,6 +49,23 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--threads", type=int, help="torch threads of the model runner")
     p.add_argument(
+        "--db-url",
+        help="SQLAlchemy URL of the telemetry and benchmark database "
+        "(default: SQLite at ~/.cache/houchu/houchu.db, or $HOUCHU_CACHE/houchu.db)",
+    )
+    p.add_argument(
+        "--retention-requests",
+        type=int,
+        default=10_000,
+        help="telemetry of the newest N requests is kept; 0 keeps all",
+    )
+    p.add_argument(
+        "--retention-days",
+        type=float,
+        default=7.0,
+        help="telemetry older than this many days is pruned; 0 keeps all",
+    )
+    p.add_argument(
         "--request-timeout",
         type=float,
         default=300.0,
@@ -96,6 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.chunked_prefill_size < 0:
         parser.error("--chunked-prefill-size must be >= 0")
+    if args.retention_requests < 0 or not args.retention_days >= 0:
+        parser.error("--retention-requests and --retention-days must be >= 0 (0 keeps all)")
+    if args.db_url is not None:
+        from houchu.storage.db import DatabaseUrlError, parse_url
+
+        try:
+            parse_url(args.db_url)
+        except DatabaseUrlError as e:
+            parser.error(f"--db-url: {e}")
     return _serve(args)
 
 
@@ -135,6 +161,9 @@ def _serve(args: argparse.Namespace) -> int:
         radix_cache=not args.disable_radix_cache,
         num_threads=args.threads,
         request_timeout_s=args.request_timeout,
+        db_url=args.db_url,
+        retention_requests=args.retention_requests or None,
+        retention_days=args.retention_days or None,
     )
     install_uvloop()
     return asyncio.run(Launcher(config).serve())

@@ -1,7 +1,9 @@
 """The gateway actor: the aiohttp server of the HTTP and WebSocket APIs.
 
 It validates requests, assigns request ids, streams deltas back, and aborts a request
-whose client went away; the handlers live in ``houchu.dashboard``.
+whose client went away; the handlers live in ``houchu.dashboard``. It also serves the
+dashboard (read from the recorder's database) and ``/metrics``, and reports each
+request's arrival to the recorder.
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ from aiohttp import web
 
 from houchu.actors.config import ServeConfig
 from houchu.dashboard.engine_client import EngineClient
+from houchu.dashboard.metrics import GatewayMetrics
+from houchu.dashboard.observe import RequestObserver
+from houchu.dashboard.store import DashboardStore
+from houchu.transport.telemetry import Telemetry
 
 
 class GatewayActor:
@@ -20,7 +26,12 @@ class GatewayActor:
 
     def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
         self.config = config
-        self.engine = EngineClient(ctx, config.endpoints, config.request_timeout_s)
+        address = config.endpoints["recorder"] if config.telemetry else None
+        self.telemetry = Telemetry(ctx, address, self.name)
+        self.metrics = GatewayMetrics()
+        observer = RequestObserver(self.telemetry, self.metrics)
+        self.engine = EngineClient(ctx, config.endpoints, config.request_timeout_s, observer)
+        self.store: DashboardStore | None = None
         self.runner: web.AppRunner | None = None
 
     async def start(self) -> str:
@@ -32,7 +43,15 @@ class GatewayActor:
         max_context = min(model.max_position, c.max_context or model.max_position)
         name = c.model_name()
         self.engine.start()
-        app = make_app(self.engine, model_name=name, max_context=max_context)
+        self.telemetry.start()
+        self.store = DashboardStore.open(c.db_url)
+        app = make_app(
+            self.engine,
+            model_name=name,
+            max_context=max_context,
+            store=self.store,
+            gateway_metrics=self.metrics,
+        )
         self.runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, c.host, c.port)
@@ -45,4 +64,7 @@ class GatewayActor:
     async def close(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
+        await self.telemetry.close()
         await self.engine.close()
+        if self.store is not None:
+            self.store.close()

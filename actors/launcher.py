@@ -2,7 +2,7 @@
 shuts them all down cleanly.
 
 Start order does not matter (ZeroMQ connects lazily); the launcher binds its own inbox
-first, then spawns the runner, scheduler, tokenizer and gateway, and waits for an
+first, then spawns the recorder, runner, scheduler, tokenizer and gateway, and waits for an
 ``ActorReady`` from each. On Ctrl-C or SIGTERM — or when any actor dies — it terminates
 every actor process and removes the run directory with its socket files.
 """
@@ -26,7 +26,8 @@ from houchu.transport.channel import Inbox, Outbox
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.messages import ActorFailed, ActorReady, LauncherInbox, Shutdown
 
-ACTOR_ORDER = ("runner", "scheduler", "tokenizer", "gateway")
+#: Spawn order; shutdown goes in reverse (the recorder last, to take the final flushes).
+ACTOR_ORDER = ("recorder", "runner", "scheduler", "tokenizer", "gateway")
 
 
 class LaunchError(RuntimeError):

@@ -1,7 +1,8 @@
 """The model runner actor: receives step plans, runs them on the model, returns tokens.
 
 A thin loop around ``houchu.gpu.runner.ModelRunner``, which owns the weights and the
-device KV pool. Steps run one at a time, in the order their plans arrive.
+device KV pool. Steps run one at a time, in the order their plans arrive. Each executed
+step is reported to the recorder as a ``StepRecord`` (compute time, batch, tokens).
 """
 
 from __future__ import annotations
@@ -14,6 +15,37 @@ import zmq.asyncio
 from houchu.actors.config import ServeConfig
 from houchu.transport.channel import BadMessage, Inbox, Outbox
 from houchu.transport.messages import RunnerInbox, Shutdown, StepPlan, StepResult
+from houchu.transport.telemetry import StepRecord, Telemetry
+
+
+class PromptLengths:
+    """Prompt length of each registered request, to tell prefill work from decode."""
+
+    def __init__(self) -> None:
+        self._len: dict[str, int] = {}
+
+    def update(self, plan: StepPlan) -> None:
+        """Register the plan's new requests (call before the step runs)."""
+        for init in plan.init:
+            self._len[init.rid] = len(init.prompt_ids)
+
+    def release(self, plan: StepPlan) -> None:
+        """Forget the requests the plan releases (call after the step ran)."""
+        for rid in plan.release:
+            self._len.pop(rid, None)
+
+    def record(self, plan: StepPlan, t: float, duration_s: float) -> StepRecord:
+        """The step record of ``plan``: one new token at or past the prompt is decode,
+        anything else (prompt chunks, recomputation after preemption) is prefill."""
+        prefill = decode = 0
+        for w in plan.work:
+            n = len(w.token_ids)
+            if n == 1 and w.start_pos >= self._len.get(w.rid, 0):
+                decode += 1
+            else:
+                prefill += n
+        phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
+        return StepRecord(plan.step_id, t, duration_s, len(plan.work), prefill, decode, phase)
 
 
 class RunnerActor:
@@ -26,6 +58,9 @@ class RunnerActor:
         self.inbox: Inbox[RunnerInbox] = Inbox(ctx, config.endpoints["runner"], RunnerInbox)
         self.to_scheduler = Outbox(ctx, config.endpoints["scheduler"])
         self.runner = None
+        address = config.endpoints["recorder"] if config.telemetry else None
+        self.telemetry = Telemetry(ctx, address, self.name)
+        self.prompts = PromptLengths()
 
     async def start(self) -> str:
         from houchu.gpu.runner import ModelRunner
@@ -41,6 +76,7 @@ class RunnerActor:
             num_threads=c.num_threads,
         )
         info = self.runner.info()
+        self.telemetry.start()
         await self.to_scheduler.send(info)
         return (
             f"{info.model_name}: {info.num_pages} pages x {info.page_size} tokens, "
@@ -61,19 +97,26 @@ class RunnerActor:
                     return
 
     def _execute(self, plan: StepPlan) -> StepResult:
+        t_wall = time.time()
         t0 = time.perf_counter()
+        self.prompts.update(plan)
         try:
-            return self.runner.execute(plan)
+            result = self.runner.execute(plan)
         except Exception as e:  # a bad plan or a kernel failure fails its requests only
             traceback.print_exc()
-            return StepResult(
+            result = StepResult(
                 step_id=plan.step_id,
                 outputs=[],
                 duration_s=time.perf_counter() - t0,
                 num_tokens=0,
                 error=f"{type(e).__name__}: {e}",
             )
+        if plan.work:
+            self.telemetry.step(self.prompts.record(plan, t_wall, time.perf_counter() - t0))
+        self.prompts.release(plan)
+        return result
 
     async def close(self) -> None:
+        await self.telemetry.close()
         self.inbox.close()
         self.to_scheduler.close()

@@ -55,6 +55,10 @@ def _make_actor(name: str, ctx: zmq.asyncio.Context, config: ServeConfig) -> Act
         from houchu.actors.runner import RunnerActor
 
         return RunnerActor(ctx, config)
+    if name == "recorder":
+        from houchu.actors.recorder import RecorderActor
+
+        return RecorderActor(ctx, config)
     raise ValueError(f"unknown actor {name!r}")
 
 

@@ -4,6 +4,10 @@ detokenization and stop strings on the way out.
 Inbox: ``GenerateRequest`` / ``AbortRequest`` from the gateway, ``TokenBatch`` from the
 scheduler. A stop string needs text, so it is matched here; the scheduler is then told to
 finish the request (``AbortRequest(reason="stop")``).
+
+Telemetry: "tokenized" (prompt_tokens), and the end of each request as the client sees
+it: "finished" (finish_reason, prompt/completion/cached tokens, ``first_token_t``: when
+its first token reached this actor), "aborted" or "failed" (error).
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from houchu.transport.messages import (
     GenerateRequest,
     RequestFailed,
     Shutdown,
+    TextDelta,
     TokenBatch,
     TokenEvent,
     TokenizedRequest,
     TokenizerInbox,
 )
+from houchu.transport.telemetry import Telemetry
 
 
 class TokenizerActor:
@@ -42,6 +48,8 @@ class TokenizerActor:
         self.requests: dict[str, RequestText] = {}
         self.tokenizer = None
         self.max_context = 0
+        self.telemetry = Telemetry(ctx, ep["recorder"] if config.telemetry else None, self.name)
+        self.first_token_t: dict[str, float] = {}  # rid -> wall-clock s of its first token
 
     async def start(self) -> str:
         from houchu.gpu.config import load_model_config
@@ -51,6 +59,7 @@ class TokenizerActor:
         self.tokenizer = await loop.run_in_executor(None, load_tokenizer, self.config.model_path)
         model = load_model_config(self.config.model_path)
         self.max_context = min(model.max_position, self.config.max_context or model.max_position)
+        self.telemetry.start()
         return f"vocabulary {self.tokenizer.vocab_size}, context {self.max_context}"
 
     async def run(self) -> None:
@@ -66,7 +75,12 @@ class TokenizerActor:
                 case TokenBatch(events=events):
                     await self._on_tokens(events)
                 case AbortRequest(rid=rid):
-                    self.requests.pop(rid, None)
+                    state = self.requests.pop(rid, None)
+                    self.first_token_t.pop(rid, None)
+                    if state is not None:
+                        self.telemetry.event(
+                            rid, "aborted", completion_tokens=state.completion_tokens
+                        )
                     await self.to_scheduler.send(msg)
                 case Shutdown():
                     return
@@ -94,6 +108,7 @@ class TokenizerActor:
             )
             return
         eos = self.tokenizer.eos_token_ids
+        self.telemetry.event(req.rid, "tokenized", prompt_tokens=len(ids))
         self.requests[req.rid] = RequestText(req.rid, self.tokenizer, ids, s, eos)
         await self.to_scheduler.send(
             TokenizedRequest(
@@ -114,6 +129,8 @@ class TokenizerActor:
         return self.tokenizer.encode(req.prompt or "")
 
     async def _fail(self, rid: str, message: str, status: int = 400) -> None:
+        self.first_token_t.pop(rid, None)
+        self.telemetry.event(rid, "failed", error=message[:500], status=status)
         code = "invalid_request_error" if status == 400 else "internal_error"
         await self.to_gateway.send(
             RequestFailed(rid=rid, message=message, status=status, code=code)
@@ -128,15 +145,30 @@ class TokenizerActor:
                 del self.requests[ev.rid]
                 await self._fail(ev.rid, ev.error or "request failed", ev.error_status)
                 continue
+            if ev.token_ids and ev.rid not in self.first_token_t:
+                self.first_token_t[ev.rid] = time.time()
             delta = state.on_event(ev)
             if delta is None:
                 continue
             if state.finished:
                 del self.requests[ev.rid]
+                self._finished(delta)
                 if ev.finish_reason is None:  # a stop string finished it, not the scheduler
                     await self.to_scheduler.send(AbortRequest(ev.rid, "stop"))
             await self.to_gateway.send(delta)
 
+    def _finished(self, delta: TextDelta) -> None:
+        self.telemetry.event(
+            delta.rid,
+            "finished",
+            finish_reason=delta.finish_reason or "stop",
+            prompt_tokens=delta.prompt_tokens,
+            completion_tokens=delta.completion_tokens,
+            cached_tokens=delta.cached_tokens,
+            first_token_t=self.first_token_t.pop(delta.rid, 0.0),
+        )
+
     async def close(self) -> None:
+        await self.telemetry.close()
         for s in (self.inbox, self.to_scheduler, self.to_gateway):
             s.close()

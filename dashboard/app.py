@@ -9,6 +9,9 @@ is an ``EngineClient`` in production and any ``EngineLike`` in tests. Routes:
 - ``GET /health``: ``{"status": "ok"}``.
 - ``GET /stats``: the engine's counters plus the gateway's ``in_flight`` requests; 503
   when the engine does not answer.
+- ``GET /dashboard`` and ``/dashboard/...``: the live dashboard and its JSON API
+  (``views``, ``live``), read from the recorder's database.
+- ``GET /metrics``: Prometheus metrics (``metrics``).
 
 Every error is an OpenAI-style ``{"error": {...}}`` body (``errors``); an unexpected
 exception is logged and answered with a 500.
@@ -23,10 +26,13 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from houchu.dashboard import openai_api, ws_api
+from houchu.dashboard import live, metrics, openai_api, views, ws_api
 from houchu.dashboard.engine_client import EngineError
 from houchu.dashboard.errors import ApiError, error_response, json_response
+from houchu.dashboard.live_data import STORE_KEY
+from houchu.dashboard.metrics import GatewayMetrics
 from houchu.dashboard.state import ENGINE_KEY, STATE_KEY, EngineLike, GatewayState
+from houchu.dashboard.store import DashboardStore
 
 __all__ = ["ENGINE_KEY", "STATE_KEY", "EngineLike", "GatewayState", "make_app"]
 
@@ -40,7 +46,14 @@ STATS_TIMEOUT_S = 10.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_app(engine: EngineLike, *, model_name: str, max_context: int) -> web.Application:
+def make_app(
+    engine: EngineLike,
+    *,
+    model_name: str,
+    max_context: int,
+    store: DashboardStore | None = None,
+    gateway_metrics: GatewayMetrics | None = None,
+) -> web.Application:
     """Build the gateway application.
 
     Args:
@@ -49,6 +62,8 @@ def make_app(engine: EngineLike, *, model_name: str, max_context: int) -> web.Ap
             another model are refused (400, code ``model_not_found``).
         max_context: tokens per request (prompt + completion); ``max_tokens`` above it
             is refused.
+        store: the dashboard's database handle (None: the dashboard API answers 503).
+        gateway_metrics: the Prometheus metrics the engine client feeds (None: fresh).
     """
     if max_context < 1:
         raise ValueError(f"max_context must be positive, got {max_context}")
@@ -61,6 +76,11 @@ def make_app(engine: EngineLike, *, model_name: str, max_context: int) -> web.Ap
     app.router.add_get("/stats", stats)
     openai_api.add_routes(app)
     ws_api.add_routes(app)
+    if store is not None:
+        app[STORE_KEY] = store
+    views.add_routes(app)
+    live.add_routes(app)
+    metrics.add_routes(app, gateway_metrics)
     return app
 
 

@@ -2,7 +2,8 @@
 
 One ``EngineClient`` per gateway process. It owns the gateway's inbox and the outboxes to
 the tokenizer and the scheduler, and routes each incoming ``TextDelta`` / ``RequestFailed``
-to the queue of the request it belongs to.
+to the queue of the request it belongs to. An optional ``RequestObserver`` sees each
+request arrive, stream and end (telemetry and Prometheus metrics).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import zmq.asyncio
 
+from houchu.dashboard.observe import RequestObserver
 from houchu.transport.channel import BadMessage, Inbox, Outbox
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.messages import (
@@ -45,10 +47,15 @@ class EngineClient:
         endpoints: actor inbox addresses.
         request_timeout_s: longest wait, in seconds, between two deltas of one request
             before it is failed with HTTP 503 (the engine is stuck or gone).
+        observer: told of each request's arrival, deltas and end (None: nobody).
     """
 
     def __init__(
-        self, ctx: zmq.asyncio.Context, endpoints: Endpoints, request_timeout_s: float = 120.0
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoints: Endpoints,
+        request_timeout_s: float = 120.0,
+        observer: RequestObserver | None = None,
     ) -> None:
         self._inbox: Inbox[GatewayInbox] = Inbox(ctx, endpoints["gateway"], GatewayInbox)
         self._to_tokenizer = Outbox(ctx, endpoints["tokenizer"])
@@ -57,6 +64,7 @@ class EngineClient:
         self._stats_waiters: dict[int, asyncio.Future[StatsReply]] = {}
         self._query_ids = itertools.count()
         self._timeout_s = request_timeout_s
+        self._observer = observer or RequestObserver()
         self._task: asyncio.Task[None] | None = None
         self.stopped = asyncio.Event()
 
@@ -108,6 +116,8 @@ class EngineClient:
         q: asyncio.Queue[TextDelta | RequestFailed] = asyncio.Queue()
         self._queues[req.rid] = q
         finished = False
+        outcome = "aborted"
+        self._observer.arrived(req)
         try:
             await self._to_tokenizer.send(req)
             while True:
@@ -119,13 +129,20 @@ class EngineClient:
                     ) from None
                 if isinstance(msg, RequestFailed):
                     finished = True
+                    outcome = "failed"
                     raise EngineError(msg.message, msg.status, msg.code)
+                self._observer.delta(req.rid, msg)
                 if msg.finish_reason is not None:
                     finished = True  # before the yield: a consumer may stop right here
+                    outcome = "finished"
                     yield msg
                     return
                 yield msg
+        except EngineError:
+            outcome = "failed"
+            raise
         finally:
+            self._observer.ended(req.rid, outcome)
             self._queues.pop(req.rid, None)
             if not finished:
                 await self.abort(req.rid)

@@ -1,0 +1,113 @@
+"""The recorder actor: receives every actor's telemetry and writes it to the database.
+
+Inbox: ``TelemetryBatch | Shutdown``. The loop only decodes and queues; a writer thread
+(``houchu.storage.writer``) does the database work in batches, so a slow database never
+slows this loop, and what it cannot keep up with is dropped and counted. Nothing the
+serving path waits for passes through here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import zmq.asyncio
+
+from houchu.actors.config import ServeConfig
+from houchu.storage.retention import Retention
+from houchu.storage.writer import TelemetryWriter
+from houchu.transport.channel import BadMessage, Inbox
+from houchu.transport.messages import Shutdown
+from houchu.transport.telemetry import TelemetryBatch
+
+RecorderInbox = TelemetryBatch | Shutdown
+
+#: Seconds the recorder keeps receiving after Shutdown (the other actors' last flushes).
+DRAIN_S = 0.5
+
+
+def retention_of(config: ServeConfig) -> Retention:
+    """The retention policy of ``config`` (requests kept, days kept).
+
+    Raises ValueError if a bound is not positive.
+    """
+    days = config.retention_days
+    return Retention(
+        max_requests=config.retention_requests,
+        max_age_s=None if days is None else days * 86400.0,
+        max_steps=None if config.retention_requests is None else 50 * config.retention_requests,
+    )
+
+
+class RecorderActor:
+    """Owns the database writer; one inbox of telemetry batches from every actor.
+
+    Args:
+        ctx: the process's asyncio ZeroMQ context.
+        config: serving configuration (``db_url``, retention).
+        max_pending: records queued for the database before batches are dropped.
+    """
+
+    name = "recorder"
+
+    def __init__(
+        self, ctx: zmq.asyncio.Context, config: ServeConfig, max_pending: int = 200_000
+    ) -> None:
+        self.config = config
+        self.inbox: Inbox[RecorderInbox] = Inbox(ctx, config.endpoints["recorder"], RecorderInbox)
+        self.max_pending = max_pending
+        self.writer: TelemetryWriter | None = None
+        self.num_bad = 0
+
+    async def start(self) -> str:
+        """Open and migrate the database, start the writer thread.
+
+        Raises:
+            houchu.storage.db.DatabaseUrlError: a bad ``db_url``.
+            sqlalchemy.exc.SQLAlchemyError: the database cannot be opened or migrated.
+        """
+        from houchu.storage.db import head_revision, open_db, redact, resolve_url
+
+        url = resolve_url(self.config.db_url)
+        engine = await asyncio.to_thread(open_db, url)
+        self.writer = TelemetryWriter(
+            engine, retention_of(self.config), max_pending=self.max_pending
+        )
+        self.writer.start()
+        return f"database {redact(url)} (schema {head_revision()})"
+
+    async def run(self) -> None:
+        while True:
+            try:
+                msg = await self.inbox.recv()
+            except BadMessage as e:
+                self._bad(e)
+                continue
+            if isinstance(msg, Shutdown):
+                await self._drain(DRAIN_S)
+                return
+            self.writer.submit(msg)
+
+    async def _drain(self, seconds: float) -> None:
+        """Take what arrives in the next ``seconds`` (final flushes of stopping actors)."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and await self.inbox.poll(left):
+            try:
+                msg = self.inbox.recv_nowait()
+            except BadMessage as e:
+                self._bad(e)
+                continue
+            if isinstance(msg, TelemetryBatch):
+                self.writer.submit(msg)
+
+    def _bad(self, e: BadMessage) -> None:
+        self.num_bad += 1
+        if self.num_bad <= 3:
+            print(f"houchu recorder: dropped a bad message: {e}", flush=True)
+
+    async def close(self) -> None:
+        """Write what is queued (up to 10 s), stop the writer, close the inbox."""
+        if self.writer is not None:
+            await asyncio.to_thread(self.writer.close, 10.0)
+            self.writer.engine.dispose()
+        self.inbox.close()
