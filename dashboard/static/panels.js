@@ -1,0 +1,138 @@
+// Live numbers (tiles and small time series) and the lever ledger.
+"use strict";
+
+const Live = (() => {
+  const history = { t: [], running: [], waiting: [], pages: [] }; // pushed engine counters
+  const HISTORY_S = 120;
+
+  function tile(id, label, value, sub) {
+    return H.el("div", { class: "kpi", id: `kpi-${id}`, "data-value": value },
+      H.el("div", { class: "kpi-label", text: label }),
+      H.el("div", { class: "kpi-value", text: value }),
+      H.el("div", { class: "kpi-sub", text: sub || "" }));
+  }
+
+  function kvTile(kv) {
+    const dev = kv.find((k) => k.tier === "device");
+    if (!dev) return tile("kv", "KV pages", "–", "engine not answering");
+    const used = dev.used || 0;
+    const cached = dev.cached || 0;
+    const node = tile("kv", "KV pages (device)", `${H.num(used + cached)} / ${H.num(dev.total)}`,
+      `${H.num(used)} running · ${H.num(cached)} cached prefixes`);
+    const bar = H.el("div", { class: "bar" },
+      H.el("i", { class: "used", style: `width:${(100 * used) / dev.total}%` }),
+      H.el("i", { class: "cached", style: `width:${(100 * cached) / dev.total}%` }));
+    node.append(bar);
+    for (const k of kv.filter((x) => x.tier !== "device")) {
+      node.append(H.el("div", { class: "kpi-sub", text: `${k.tier}: ${H.num(k.used)} / ${H.num(k.total)} pages` }));
+    }
+    return node;
+  }
+
+  function tiles(live) {
+    const e = live.engine || {};
+    const r = live.rates;
+    const q = live.requests;
+    const drops = ["dropped_by_actors", "dropped_by_recorder", "dropped_by_errors"].reduce((a, k) => a + (live.counters[k] || 0), 0);
+    const hit = e.prefix_hit_rate !== undefined ? e.prefix_hit_rate : q.prefix_hit_rate;
+    return [
+      tile("running", "Running", live.engine ? H.num(e.num_running) : "–", live.engine ? "requests in the batch" : live.engine_error),
+      tile("queued", "Queued", live.engine ? H.num(e.num_waiting) : "–", "waiting for admission"),
+      tile("batch", "Batch size", H.num(r.batch_size), "requests per forward pass"),
+      tile("prefill_tps", "Tokens/s in", H.num(r.prefill_tps), "prefill tokens computed"),
+      tile("decode_tps", "Tokens/s out", H.num(r.decode_tps), "decode tokens computed"),
+      tile("step", "Step time", r.step_ms === null ? "–" : `${H.num(r.step_ms)} ms`,
+        r.round_trip_ms === null ? "runner compute" : `${H.num(r.round_trip_ms)} ms scheduler round trip`),
+      kvTile(live.kv),
+      tile("hit", "Prefix hit rate", H.pct(hit), "prompt tokens reused"),
+      tile("finished", "Requests", H.num(q.by_status.finished || 0),
+        `finished · ${H.num(q.by_status.running || 0)} running · ${H.num((q.by_status.aborted || 0) + (q.by_status.failed || 0))} aborted/failed`),
+      tile("ttft", "TTFT (5 min)", H.secs(q.ttft_s), `TPOT ${H.secs(q.tpot_s)} · E2E ${H.secs(q.e2e_s)}`),
+      tile("drops", "Telemetry", H.num(live.counters.records_written || 0), `records written · ${H.num(drops)} dropped`),
+    ];
+  }
+
+  function remember(live) {
+    const e = live.engine;
+    if (!e) return;
+    const now = live.now * 1000 - new Date().getTimezoneOffset() * 60000;
+    history.t.push(now);
+    history.running.push(e.num_running);
+    history.waiting.push(e.num_waiting);
+    history.pages.push((e.num_pages_used || 0) + (e.num_pages_cached || 0));
+    while (history.t.length && history.t[0] < now - HISTORY_S * 1000) {
+      for (const k of Object.keys(history)) history[k].shift();
+    }
+  }
+
+  function spark(id, traces) {
+    const layout = { height: 130, margin: { l: 36, r: 8, t: 4, b: 22 }, font: PLOT_FONT, showlegend: true,
+      legend: { orientation: "h", x: 0, y: 1.12, font: { size: 10 } }, uirevision: id,
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+      xaxis: { type: "date", tickformat: "%H:%M:%S", gridcolor: "#eef2f7", nticks: 4 },
+      yaxis: { gridcolor: "#eef2f7", rangemode: "tozero", nticks: 4 } };
+    Plotly.react(id, traces, layout, PLOT_CONFIG);
+  }
+
+  function line(x, y, name, color, extra) {
+    return { type: "scatter", mode: "lines", x, y, name, line: { color, width: 1.8, shape: "hv" }, connectgaps: false, ...(extra || {}) };
+  }
+
+  /** Update tiles and series from a live snapshot. */
+  function render(live) {
+    document.getElementById("kpis").replaceChildren(...tiles(live));
+    remember(live);
+    const s = live.series;
+    const x = s.t.map((t) => t * 1000 - new Date().getTimezoneOffset() * 60000);
+    spark("spark-tps", [line(x, s.prefill_tps, "in (prefill)", "#3b82f6"), line(x, s.decode_tps, "out (decode)", "#10b981")]);
+    spark("spark-batch", [line(x, s.batch_size, "batch", "#8b5cf6")]);
+    spark("spark-step", [line(x, s.step_ms, "compute", "#0ea5e9"), line(x, s.round_trip_ms, "round trip", "#94a3b8")]);
+    spark("spark-req", [line(x, s.in_flight, "in flight", "#f59e0b"),
+      line(history.t, history.running, "running", "#10b981"), line(history.t, history.waiting, "queued", "#ef4444"),
+      line(history.t, history.pages, "KV pages", "#64748b", { yaxis: "y", line: { dash: "dot", color: "#64748b", width: 1.2 } })]);
+  }
+
+  return { render };
+})();
+
+const Ledger = (() => {
+  function amounts(map, headline) {
+    const units = Object.keys(map);
+    if (!units.length) return "–";
+    return units.map((u) => {
+      const a = map[u];
+      const v = headline === "mean" ? a.mean : headline === "max" ? a.max : a.sum;
+      return H.unit(v, u) + (headline === "sum" ? "" : ` (${headline})`);
+    }).join(" · ");
+  }
+
+  function leverRow(l) {
+    const savedTokens = l.saved.tokens ? l.saved.tokens.sum : 0;
+    return H.el("div", { class: `lever${l.active ? "" : " idle"}`, "data-lever": l.lever, "data-saved-tokens": savedTokens, "data-samples": l.samples },
+      H.el("div", { class: "lever-head" },
+        H.el("span", { class: "lever-title", text: l.title }),
+        H.el("span", { class: "lever-name mono", text: l.lever }),
+        H.el("span", { class: "lever-samples", text: l.active ? `${H.num(l.samples)} samples` : "no samples yet" })),
+      H.el("div", { class: "lever-line", text: l.line }),
+      H.el("div", { class: "lever-amounts" },
+        H.el("div", { class: "saved" }, H.el("span", { class: "tag", text: "saved" }), H.el("span", { class: "amt", text: l.active ? amounts(l.saved, l.headline) : l.saves || "–" })),
+        H.el("div", { class: "spent" }, H.el("span", { class: "tag", text: "spent" }), H.el("span", { class: "amt", text: l.active ? amounts(l.spent, l.headline) : l.spends || "–" }))));
+  }
+
+  /** Render the ledger (verbs, each with its levers). */
+  function render(ledger) {
+    const box = document.getElementById("ledger");
+    box.dataset.window = ledger.window_s === null ? "all" : String(ledger.window_s);
+    box.replaceChildren(...ledger.verbs.map((v) => {
+      const active = v.levers.filter((l) => l.active).length;
+      return H.el("div", { class: "verb", "data-verb": v.verb, style: `--c:${VERB_COLORS[v.verb] || "#64748b"}` },
+        H.el("div", { class: "verb-head" },
+          H.el("span", { class: "verb-title", text: v.title }),
+          H.el("span", { class: "verb-count", text: `${active} / ${v.levers.length} active` })),
+        H.el("div", { class: "verb-what", text: `${v.what}${v.bottleneck ? ` — targets ${v.bottleneck}` : ""}` }),
+        v.levers.map(leverRow));
+    }));
+  }
+
+  return { render };
+})();
