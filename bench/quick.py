@@ -13,11 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -110,12 +105,6 @@ def measure_hf(model_path: Path, n: int, conc: int) -> dict[str, float]:
     return {"single_decode_tok_s": single, "concurrent_out_tok_s": conc_rate}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path)
@@ -123,28 +112,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
+    from houchu.bench.server import running_server
     from houchu.fetch import fetch_default_model
 
     model = args.model or fetch_default_model()
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "houchu.cli", "serve", "--model", str(model), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
-    for line in proc.stdout:
-        if "houchu: serving" in line:
-            break
-    else:
-        sys.exit("houchu serve did not start")
-    try:
-        ours = asyncio.run(
-            measure_houchu(f"ws://127.0.0.1:{port}/ws", args.tokens, args.concurrency)
-        )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+    with running_server(model) as ws_url:
+        ours = asyncio.run(measure_houchu(ws_url, args.tokens, args.concurrency))
     hf = measure_hf(Path(model), args.tokens, args.concurrency)
     rows = [
         ("single-stream decode tokens/s", "single_decode_tok_s"),
