@@ -144,6 +144,17 @@ def migrate(engine: Engine, revision: str = "head") -> None:
         command.upgrade(cfg, revision)
 
 
+def downgrade(engine: Engine, revision: str) -> None:
+    """Downgrade the schema to ``revision`` ("base": drop every table). Raises
+    ``sqlalchemy.exc.SQLAlchemyError`` if the database refuses."""
+    from alembic import command
+
+    cfg = _alembic_config()
+    with _migration_lock(engine), engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+
+
 def schema_revision(engine: Engine) -> str | None:
     """The schema revision the database is at, or None before the first migration."""
     from alembic.runtime.migration import MigrationContext

@@ -91,8 +91,8 @@ def build_timeline(
         now: seconds since the epoch; an unfinished request's last stage ends here.
     """
     evs = sorted(events, key=lambda e: e["t"])
-    evs = _with_tokenizer_first_token(evs)
     has_scheduler = any(e["kind"] in _SCHEDULER_KINDS for e in evs)
+    evs = _with_tokenizer_first_token(evs)
     segments: list[Segment] = []
     markers: list[Marker] = []
     stage: str | None = None
