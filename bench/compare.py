@@ -86,7 +86,7 @@ def _num(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+        return f"{v:.2f}" if abs(v) < 100 else f"{v:.1f}"
     return str(v)
 
 

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from houchu.bench.compare import comparison_table
 from houchu.bench.dist import parse_dist
 from houchu.bench.metrics import (
     RequestResult,
@@ -221,3 +222,14 @@ def test_poisson_arrivals_repeatable() -> None:
     assert a[0] == 0.0 and all(x <= y for x, y in zip(a, a[1:], strict=False))
     assert 180 < a[-1] < 220  # 2000 arrivals at 10/s take about 200 s
     assert arrival_offsets(3, None, 0) == [0.0, 0.0, 0.0]
+
+
+def test_comparison_table_ratios() -> None:
+    fast = summarize([_req(0.0, [0.1, 0.2], 0.2, out=2)], 1.0)
+    slow = summarize([_req(0.0, [0.4, 0.8], 0.8, out=2)], 2.0)
+    table = comparison_table({"houchu": {"results": fast}, "llama.cpp": {"results": slow}})
+    lines = {line[:30].strip(): line for line in table.splitlines()}
+    assert "houchu/llama.cpp" in table.splitlines()[0]
+    assert lines["output tokens/s"].endswith("2.00x")  # 2 tok/s vs 1 tok/s
+    assert lines["median TTFT (ms)"].endswith("0.25x")  # 100 ms vs 400 ms
+    assert "request goodput" not in table  # no objectives: the row is left out
