@@ -105,7 +105,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     add_workload_args(p)
     o = p.add_argument_group("output")
     o.add_argument("--name", help="run name (default: backend-workload-time)")
-    o.add_argument("--output", type=Path, help="JSON file (default: bench_results/NAME.json)")
+    o.add_argument(
+        "--output", type=Path, help="JSON file (default: ~/.cache/houchu/bench/NAME.json)"
+    )
     o.add_argument("--db", help="database URL (default: houchu's database)")
     o.add_argument("--no-db", action="store_true", help="do not store the run in the database")
     o.add_argument("--no-progress", action="store_true")
@@ -178,7 +180,7 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run ``houchu bench``; returns the exit code (1 when every request failed)."""
     from houchu.bench.core import benchmark
     from houchu.bench.prompts import PromptBuilder, load_encoder
-    from houchu.bench.report import save_json, store, summary_table
+    from houchu.bench.report import results_dir, save_json, store, summary_table
 
     try:
         spec = bench_spec(args, args.model)
@@ -194,7 +196,7 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"houchu bench: {exc}", file=sys.stderr)
         return 2
     print(summary_table(record))
-    path = save_json(record, args.output or Path("bench_results") / f"{name}.json")
+    path = save_json(record, args.output or results_dir() / f"{name}.json")
     print(f"results: {path}")
     if not args.no_db:
         row = store(record, args.db)

@@ -27,7 +27,7 @@ from typing import Any
 from houchu.bench.cli import add_workload_args, bench_spec
 from houchu.bench.core import BenchSpec, benchmark
 from houchu.bench.prompts import PromptBuilder, load_encoder
-from houchu.bench.report import save_json, store
+from houchu.bench.report import results_dir, save_json, store
 from houchu.bench.servers import (
     ServerError,
     ServerSettings,
@@ -158,7 +158,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_workload_args(p)
     p.add_argument(
-        "--output", type=Path, help="JSON of all records (default: bench_results/compare-TIME.json)"
+        "--output",
+        type=Path,
+        help="JSON of all records (default: ~/.cache/houchu/bench/compare-WORKLOAD-TIME.json)",
     )
     p.add_argument("--db", help="database URL (default: houchu's database)")
     p.add_argument("--no-db", action="store_true")
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         f"threads {settings.threads}, context {settings.ctx_size}/request, {parallel} in parallel, model {model.name}"
     )
     print(comparison_table(records))
-    out = args.output or Path("bench_results") / f"compare-{args.workload}-{stamp}.json"
+    out = args.output or results_dir() / f"compare-{args.workload}-{stamp}.json"
     save_json({"records": records, "table": comparison_table(records)}, out)
     print(f"results: {out}")
     return 0

@@ -79,6 +79,13 @@ def summary_table(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def results_dir() -> Path:
+    """Where result files go by default: ``$HOUCHU_CACHE/bench`` (``~/.cache/houchu/bench``)."""
+    from houchu.fetch import cache_dir
+
+    return cache_dir() / "bench"
+
+
 def save_json(record: dict[str, Any], path: Path) -> Path:
     """Write the record to ``path`` (folders created); returns the path."""
     path.parent.mkdir(parents=True, exist_ok=True)
