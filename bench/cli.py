@@ -41,7 +41,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         "--prefix-len", type=int, default=512, help="shared-prefix: system prompt tokens"
     )
     w.add_argument("--turns", type=int, default=4, help="multi-turn: turns per conversation")
-    w.add_argument("--long-len", type=int, default=2048, help="long-prompt: long prompt tokens")
+    w.add_argument("--long-len", type=int, default=1024, help="long-prompt: long prompt tokens")
     w.add_argument(
         "--long-every", type=int, default=8, help="long-prompt: every K-th request is long"
     )

@@ -102,7 +102,7 @@ class WorkloadConfig:
     num_prefixes: int = 4
     prefix_len: int = 512
     turns: int = 4
-    long_len: int = 2048
+    long_len: int = 1024
     long_every: int = 8
     long_output: int = 16
     replay_path: str | None = None
