@@ -292,3 +292,22 @@ async def test_ws_backend_frames_errors_and_abort(fake_ws) -> None:
         assert r.text == "abc" and r.output_tokens == 3 == r.counted_tokens
         assert r.cached_tokens == 2 and len(r.token_times) == 2 and r.ttft <= r.e2el
     assert len(aborted) == 1
+
+
+async def test_poisson_arrivals_follow_the_offsets(fake_openai) -> None:
+    from houchu.bench.runner import arrival_offsets
+
+    server, _ = fake_openai
+    specs = [Session([RequestSpec("ok x", None, 1)]) for _ in range(5)]
+    b = OpenAIBackend(str(server.make_url("/v1")), GenParams(timeout_s=5))
+    await b.start()
+    try:
+        run = await run_sessions(
+            b, specs, RunConfig(concurrency=None, request_rate=20.0, seed=7, progress=False)
+        )
+    finally:
+        await b.close()
+    starts = sorted(r.start for r in run.results)
+    want = arrival_offsets(5, 20.0, 7)
+    for got, off in zip(starts, want, strict=True):
+        assert abs((got - starts[0]) - off) < 0.05
