@@ -1,0 +1,232 @@
+"""The dashboard over a real server: requests sent through the API show up in its JSON
+endpoints, a repeated prompt shows prefix-cache savings, /metrics moves with traffic, and
+a real browser (Debian's chromium via Playwright) shows it all live."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.client import get_json, post_json, ws_generate
+from tests.integration.conftest import Server, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+#: A prompt of several KV pages (16 tokens each), so a repeat reuses whole pages.
+LONG_PROMPT = (
+    "The back kitchen of a busy restaurant runs on preparation: stocks simmer for hours, "
+    "sauces are reduced ahead of service, and every station keeps its mise en place ready "
+    "so that each order can be plated in minutes. Describe what happens at the pass when"
+)
+GREEDY = {"temperature": 0, "max_tokens": 8}
+
+
+@pytest.fixture(scope="module")
+def dash(real_model_path, tmp_path_factory) -> Server:
+    """A server of its own, with its own database."""
+    db = tmp_path_factory.mktemp("dashboard") / "houchu.db"
+    srv = start_server(real_model_path, "--kv-cache-mb", "128", "--db-url", f"sqlite:///{db}")
+    yield srv
+    stop_server(srv)
+
+
+async def _complete(srv: Server, prompt: str, **kw) -> dict:
+    status, body = await post_json(f"{srv.url}/v1/completions", {"prompt": prompt, **GREEDY, **kw})
+    assert status == 200, body
+    return body
+
+
+async def _wait_request(srv: Server, rid: str, timeout_s: float = 30.0) -> dict:
+    """Poll the detail endpoint until the request is recorded as over."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, d = await get_json(f"{srv.url}/dashboard/api/requests/{rid}")
+        if status == 200 and d["status"] != "running" and d["e2e_s"] is not None:
+            return d
+        assert time.monotonic() < deadline, f"{rid} not recorded: {status} {d}"
+        await asyncio.sleep(0.3)
+
+
+def test_requests_reach_the_dashboard_endpoints(dash):
+    async def go():
+        http = await _complete(dash, "Name a colour of the sky:", max_tokens=6)
+        ws = await ws_generate(
+            dash.ws_url, {"prompt": "Name a fruit, unique-ws-request:", **GREEDY}
+        )
+        assert ws["error"] is None
+        d = await _wait_request(dash, http["id"])
+        usage = http["usage"]
+        assert d["prompt_tokens"] == usage["prompt_tokens"]
+        assert d["completion_tokens"] == usage["completion_tokens"]
+        assert d["finish_reason"] == http["choices"][0]["finish_reason"]
+        assert d["params"]["max_tokens"] == 6 and d["params"]["api"] == "completion"
+        assert 0 < d["ttft_s"] <= d["e2e_s"]
+        stages = [s["stage"] for s in d["segments"]]
+        assert stages[0] == "tokenize" and "prefill" in stages and stages[-1] == "decode"
+        kinds = {e["kind"] for e in d["events"]}
+        assert {"arrived", "tokenized", "queued", "scheduled", "first_token", "finished"} <= kinds
+        assert {e["actor"] for e in d["events"]} >= {"gateway", "tokenizer", "scheduler"}
+        status, listed = await get_json(f"{dash.url}/dashboard/api/requests?limit=50")
+        assert status == 200
+        previews = {r["preview"]: r for r in listed["requests"]}
+        assert http["id"] in {r["rid"] for r in listed["requests"]}
+        assert any("unique-ws-request" in (p or "") for p in previews)
+        deadline = time.monotonic() + 20
+        while True:  # the WebSocket request's telemetry may still be on its way
+            status, live = await get_json(f"{dash.url}/dashboard/api/live")
+            if live["requests"]["by_status"].get("finished", 0) >= 2:
+                break
+            assert time.monotonic() < deadline, live["requests"]
+            await asyncio.sleep(0.3)
+        assert status == 200 and live["engine"]["num_pages_total"] > 0
+        assert sum(live["series"]["decode_tps"]) > 0  # the runner's steps were recorded
+
+    asyncio.run(go())
+
+
+def test_repeated_prompt_shows_prefix_cache_savings(dash):
+    async def go():
+        await _complete(dash, LONG_PROMPT)
+        second = await _complete(dash, LONG_PROMPT)
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        d = await _wait_request(dash, second["id"])
+        assert d["cached_tokens"] > 0
+        assert any(m["kind"] == "prefix_matched" for m in d["markers"])
+        radix = [lv for lv in d["ledger"] if lv["lever"] == "radix_prefix_cache"]
+        assert radix and radix[0]["saved"] > 0
+        deadline = time.monotonic() + 20
+        while True:
+            status, ledger = await get_json(f"{dash.url}/dashboard/api/ledger?window=600")
+            levers = {lv["lever"]: lv for v in ledger["verbs"] for lv in v["levers"]}
+            if levers["radix_prefix_cache"]["active"]:
+                break
+            assert time.monotonic() < deadline, ledger
+            await asyncio.sleep(0.3)
+        assert levers["radix_prefix_cache"]["saved"]["tokens"]["sum"] > 0
+
+    asyncio.run(go())
+
+
+def _scrape(srv: Server) -> dict[str, float]:
+    async def get() -> str:
+        async with aiohttp.ClientSession() as s, s.get(f"{srv.url}/metrics") as r:
+            assert r.status == 200
+            return await r.text()
+
+    out = {}
+    for fam in text_string_to_metric_families(asyncio.run(get())):
+        for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+def test_metrics_move_with_traffic(dash):
+    before = _scrape(dash)
+    body = asyncio.run(_complete(dash, "Count to five:"))
+    asyncio.run(_wait_request(dash, body["id"]))
+    after = _scrape(dash)
+    fin = "houchu_requests_total{outcome=finished}"
+    assert after[fin] == before.get(fin, 0) + 1
+    gen = "houchu_generation_tokens_total{}"
+    assert after[gen] == before.get(gen, 0) + body["usage"]["completion_tokens"]
+    assert after["houchu_e2e_request_latency_seconds_count{}"] >= 1
+    assert after["houchu_engine_up{}"] == 1 and after["houchu_kv_pages_total{}"] > 0
+    assert after["houchu_telemetry_written_records_total{}"] > before.get(
+        "houchu_telemetry_written_records_total{}", 0
+    )
+    assert any(k.startswith("houchu_lever_saved_total{") for k in after)
+
+
+def _traffic(srv: Server, stop: threading.Event, errors: list[str]) -> None:
+    """Streams of requests until ``stop``: several at once, with repeated prompts."""
+
+    async def one(i: int) -> None:
+        prompt = LONG_PROMPT if i % 2 else f"Request {i}: tell me a short fact about bread."
+        got = await ws_generate(srv.ws_url, {"prompt": prompt, "max_tokens": 24, "temperature": 0})
+        if got["error"] is not None:
+            errors.append(str(got["error"]))
+
+    async def loop() -> None:
+        i = 0
+        while not stop.is_set() and i < 40:
+            await asyncio.gather(*(one(i + k) for k in range(3)))
+            i += 3
+
+    asyncio.run(loop())
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
+def test_dashboard_in_a_real_browser(dash):
+    from playwright.sync_api import sync_playwright
+
+    stop, errors = threading.Event(), []
+    traffic = threading.Thread(target=_traffic, args=(dash, stop, errors), daemon=True)
+    traffic.start()
+    page_errors: list[str] = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+            page.goto(f"{dash.url}/dashboard")
+            page.wait_for_function(
+                "Number(document.body.dataset.snapshots || 0) >= 1", timeout=30_000
+            )
+            # the timeline shows the running requests' rows, with their stages
+            page.wait_for_function(
+                "Number(document.getElementById('timeline').dataset.rows || 0) >= 3", timeout=60_000
+            )
+            page.wait_for_function(
+                "(document.getElementById('timeline').dataset.stages || '').includes('decode')",
+                timeout=60_000,
+            )
+            stages = page.get_attribute("#timeline", "data-stages").split(",")
+            assert {"tokenize", "prefill", "decode"} <= set(stages)
+            drawn = page.evaluate(
+                "document.getElementById('timeline').data.filter(t => t.type === 'bar').map(t => t.name)"
+            )
+            assert "decode" in drawn and page.locator("#timeline .bars .point").count() >= 3
+            # live numbers change while requests run
+            first = page.get_attribute("#kpi-finished", "data-value")
+            page.wait_for_function(
+                f"document.getElementById('kpi-finished').dataset.value !== {first!r}",
+                timeout=90_000,
+            )
+            # the ledger shows what the prefix cache saved for the repeated prompt
+            page.wait_for_function(
+                "Number(document.querySelector('[data-lever=radix_prefix_cache]')"
+                "?.dataset.savedTokens || 0) > 0",
+                timeout=90_000,
+            )
+            assert "no samples" not in page.inner_text("[data-lever=radix_prefix_cache]")
+            # a click on a row opens that request's detail
+            rid = page.evaluate("Timeline.rows()[0].rid")
+            page.evaluate(f"Timeline.show({rid!r})")
+            page.wait_for_selector(f"#detail[data-rid='{rid}']", timeout=20_000)
+            assert "TTFT" in page.inner_text("#detail")
+            page.wait_for_timeout(1500)  # one more push, so the screenshot is current
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+            browser.close()
+    finally:
+        stop.set()
+        traffic.join(120)
+    assert not page_errors, page_errors
+    assert not errors, errors
