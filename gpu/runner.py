@@ -23,10 +23,12 @@ from pathlib import Path
 
 import torch
 
+from houchu.cache_tiers.host_pool import HostPool
 from houchu.gpu.attention import make_backend
 from houchu.gpu.batch import build_batch
 from houchu.gpu.config import ModelConfig, num_parameters
 from houchu.gpu.kv_pool import KVPool
+from houchu.gpu.kv_transfer import HostKVMirror
 from houchu.gpu.loader import load_model, parse_dtype
 from houchu.gpu.sampling import RequestState, Sampler
 from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
@@ -97,6 +99,9 @@ class ModelRunner:
         if self.max_context < 1:
             raise ValueError(f"max_context must be >= 1, got {max_context}")
         self.states: dict[str, RequestState] = {}
+        self.host_kv: HostKVMirror | None = None  # the shared host KV pool, when tiers are on
+        self.kv_bytes_saved = 0  # device -> host, bytes
+        self.kv_bytes_loaded = 0  # host -> device, bytes
         self.num_params = self.model.num_params()
         if not quiet:
             print(self.summary(time.perf_counter() - t0), flush=True)
@@ -119,6 +124,14 @@ class ModelRunner:
             f"attention {self.backend.name}, matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
             f"{torch.get_num_threads()} threads{took}"
         )
+
+    def attach_host_pool(self, host: HostPool) -> None:
+        """Map the shared host KV pool so plans can save pages to it and load them back.
+
+        Raises:
+            ValueError: its slots are smaller than one device page.
+        """
+        self.host_kv = HostKVMirror(self.pool, host)
 
     def info(self) -> RunnerInfo:
         """What the scheduler needs to know about this runner."""
@@ -170,7 +183,15 @@ class ModelRunner:
                     vocab_size=self.config.vocab_size,
                     device=self.device,
                 )
+            if self.host_kv is not None:
+                self.host_kv.check(plan.kv_saves)
+                self.host_kv.check(plan.kv_loads)
+            elif plan.kv_saves or plan.kv_loads:
+                raise ValueError("plan copies KV pages but no host pool is attached")
             # ---- commit
+            if self.host_kv is not None:
+                self.kv_bytes_saved += self.host_kv.save(plan.kv_saves)
+                self.kv_bytes_loaded += self.host_kv.load(plan.kv_loads)
             for rid in plan.release:
                 self.states.pop(rid, None)
             self.states.update(new)

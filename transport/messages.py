@@ -125,17 +125,28 @@ class SeqWork(Struct, kw_only=True, array_like=True):
     sample: bool
 
 
+class PageCopy(Struct, array_like=True):
+    """Copy one KV page between the device pool and the shared host pool."""
+
+    device_page: int
+    host_slot: int
+
+
 class StepPlan(Struct, tag=True, kw_only=True):
     """Everything the runner needs for one forward pass.
 
     ``init`` registers new requests; ``release`` drops the runner's per-request state of
-    finished or aborted requests (their pages are the scheduler's to free).
+    finished or aborted requests (their pages are the scheduler's to free). Before the
+    forward pass the runner copies ``kv_saves`` (device page -> host slot), then
+    ``kv_loads`` (host slot -> device page).
     """
 
     step_id: int
     work: list[SeqWork]
     init: list[SeqInit] = field(default_factory=list)
     release: list[str] = field(default_factory=list)
+    kv_saves: list[PageCopy] = field(default_factory=list)
+    kv_loads: list[PageCopy] = field(default_factory=list)
 
 
 class SeqOutput(Struct, kw_only=True, array_like=True):

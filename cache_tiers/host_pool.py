@@ -1,0 +1,50 @@
+"""The shared host KV pool: one block of shared memory, ``num_slots`` slots of
+``slot_bytes`` bytes, mapped by the model runner (which copies pages in and out of the
+device pool) and by the KV-tier manager (which spills slots to SSD and fills them back).
+
+The launcher creates the block and unlinks it at shutdown; actors attach by name.
+"""
+
+from __future__ import annotations
+
+from multiprocessing import resource_tracker, shared_memory
+
+
+class HostPool:
+    """A named shared-memory block of ``num_slots * slot_bytes`` bytes.
+
+    Args:
+        name: the shared memory name.
+        num_slots: slots in the pool.
+        slot_bytes: bytes per slot (one KV page over all layers).
+        create: create the block (the launcher) or attach to it (the actors).
+    Raises:
+        FileNotFoundError: attaching to a block that does not exist.
+    """
+
+    def __init__(self, name: str, num_slots: int, slot_bytes: int, create: bool = False) -> None:
+        self.num_slots = num_slots
+        self.slot_bytes = slot_bytes
+        size = max(num_slots * slot_bytes, 1)
+        self.shm = shared_memory.SharedMemory(name=name, create=create, size=size)
+        if not create:
+            # Only the creator unlinks: keep the attaching process's resource tracker from
+            # removing the block when this process exits.
+            resource_tracker.unregister(self.shm._name, "shared_memory")  # noqa: SLF001
+        self.is_owner = create
+
+    def slot(self, i: int) -> memoryview:
+        """The bytes of slot ``i`` (a writable view into shared memory)."""
+        if not 0 <= i < self.num_slots:
+            raise ValueError(f"host slot {i} outside 0..{self.num_slots - 1}")
+        return self.shm.buf[i * self.slot_bytes : (i + 1) * self.slot_bytes]
+
+    def close(self) -> None:
+        """Unmap (and, for the creator, remove) the block. Views still exported (e.g. a
+        torch tensor over it) keep the mapping alive until they are gone."""
+        try:
+            self.shm.close()
+        except BufferError:
+            pass
+        if self.is_owner:
+            self.shm.unlink()
