@@ -47,6 +47,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="do not reuse the KV of cached prompt prefixes",
     )
+    _tier_options(p)
     p.add_argument("--threads", type=int, help="torch threads of the model runner")
     p.add_argument(
         "--db-url",
@@ -70,6 +71,23 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=300.0,
         help="seconds without progress before a request fails",
+    )
+
+
+def _tier_options(p: argparse.ArgumentParser) -> None:
+    """Options of the host and SSD KV tiers below the device pool."""
+    g = p.add_argument_group("KV tiers (host memory and SSD below the device pool)")
+    g.add_argument("--host-kv-mb", type=int, default=0, help="host-memory tier, MiB (0: off)")
+    g.add_argument(
+        "--host-kv-pages", type=int, default=0, help="host-memory tier in pages (overrides MiB)"
+    )
+    g.add_argument("--ssd-kv-mb", type=int, default=0, help="SSD tier cap, MiB (0: off)")
+    g.add_argument("--kv-cache-dir", default="", help="SSD tier directory (default CACHE/kv)")
+    g.add_argument(
+        "--kv-write-policy",
+        default="write_back",
+        choices=["write_back", "write_through"],
+        help="copy a page down when the device evicts it, or as soon as it is cached",
     )
 
 
@@ -113,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.chunked_prefill_size < 0:
         parser.error("--chunked-prefill-size must be >= 0")
+    for n in ("host_kv_mb", "host_kv_pages", "ssd_kv_mb"):
+        if getattr(args, n) < 0:
+            parser.error(f"--{n.replace('_', '-')} must be >= 0")
+    if args.ssd_kv_mb and not (args.host_kv_mb or args.host_kv_pages):
+        parser.error("--ssd-kv-mb needs a host tier (--host-kv-mb or --host-kv-pages)")
+    if (args.host_kv_mb or args.host_kv_pages) and args.disable_radix_cache:
+        parser.error("the KV tiers sit below the radix cache: drop --disable-radix-cache")
     if args.retention_requests < 0 or not args.retention_days >= 0:
         parser.error("--retention-requests and --retention-days must be >= 0 (0 keeps all)")
     if args.db_url is not None:
@@ -159,6 +184,11 @@ def _serve(args: argparse.Namespace) -> int:
         chunk_size=args.chunked_prefill_size,
         max_running=args.max_running_requests,
         radix_cache=not args.disable_radix_cache,
+        host_kv_pages=args.host_kv_pages,
+        host_kv_bytes=args.host_kv_mb << 20,
+        ssd_kv_bytes=args.ssd_kv_mb << 20,
+        kv_cache_dir=args.kv_cache_dir,
+        kv_write_policy=args.kv_write_policy,
         num_threads=args.threads,
         request_timeout_s=args.request_timeout,
         db_url=args.db_url,

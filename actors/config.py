@@ -39,6 +39,15 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     chunk_size: int = 512
     max_running: int = 64
     radix_cache: bool = True
+    host_kv_pages: int = 0  # host-memory KV tier, in pages (0: tiers off)
+    host_kv_bytes: int = 0  # ... or in bytes (converted to pages by the launcher)
+    ssd_kv_bytes: int = 0  # SSD KV tier cap, bytes (0: no SSD tier)
+    kv_cache_dir: str = ""  # SSD tier directory ("" : CACHE/kv)
+    kv_write_policy: str = "write_back"  # or "write_through"
+    host_kv_name: str = ""  # shared memory block of the host tier (set by the launcher)
+    host_slot_bytes: int = 0  # bytes per host slot (set by the launcher)
+    kv_fingerprint: str = ""  # model + KV layout fingerprint, hex (set by the launcher)
+    tier_lookup_timeout_s: float = 2.0
     telemetry: bool = True
     db_url: str | None = None
     retention_requests: int | None = 10_000
@@ -62,3 +71,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
         path = Path(self.model_path)
         stem = path.stem if path.suffix == ".gguf" else path.name
         return re.sub(r"\.(Q\d\w*|IQ\d\w*|F16|F32|BF16)$", "", stem, flags=re.IGNORECASE)
+
+    @property
+    def kv_tiers(self) -> bool:
+        """Whether the host (and SSD) KV tiers are on."""
+        return self.host_kv_pages > 0 or self.host_kv_bytes > 0

@@ -21,6 +21,7 @@ from pathlib import Path
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
+from houchu.actors.kv_tier_setup import prepare_kv_tiers
 from houchu.actors.runtime import actor_process_main
 from houchu.transport.channel import Inbox, Outbox
 from houchu.transport.endpoints import Endpoints
@@ -28,6 +29,13 @@ from houchu.transport.messages import ActorFailed, ActorReady, LauncherInbox, Sh
 
 #: Spawn order; shutdown goes in reverse (the recorder last, to take the final flushes).
 ACTOR_ORDER = ("recorder", "runner", "scheduler", "tokenizer", "gateway")
+
+
+def active_actors(config: ServeConfig) -> tuple[str, ...]:
+    """The actors this configuration runs, in spawn order (optional ones after the
+    recorder, so they are stopped after the core actors)."""
+    optional = ("kv_tiers",) if config.kv_tiers else ()
+    return (ACTOR_ORDER[0], *optional, *ACTOR_ORDER[1:])
 
 
 class LaunchError(RuntimeError):
@@ -48,6 +56,10 @@ class Launcher:
 
         self.config = msgspec.structs.replace(config, endpoints=Endpoints.ipc(self.run_dir))
         self.procs: dict[str, mp.process.BaseProcess] = {}
+        self.host_pool = None
+        if self.config.kv_tiers:
+            self.config, self.host_pool = prepare_kv_tiers(self.config)
+        self.actors = active_actors(self.config)
         self._stop = asyncio.Event()
 
     async def serve(self) -> int:
@@ -74,12 +86,14 @@ class Launcher:
             inbox.close()
             ctx.destroy(linger=0)
             shutil.rmtree(self.run_dir, ignore_errors=True)
+            if self.host_pool is not None:
+                self.host_pool.close()
         return code
 
     def _spawn_all(self) -> None:
         spawn = mp.get_context("spawn")
         payload = self.config.to_json()
-        for name in ACTOR_ORDER:
+        for name in self.actors:
             p = spawn.Process(
                 target=actor_process_main, args=(name, payload), name=f"houchu-{name}"
             )
@@ -87,7 +101,7 @@ class Launcher:
             self.procs[name] = p
 
     async def _wait_ready(self, inbox: Inbox[LauncherInbox]) -> None:
-        pending = set(ACTOR_ORDER)
+        pending = set(self.actors)
         deadline = time.monotonic() + self.config.ready_timeout_s
         while pending:
             if self._stop.is_set():
@@ -129,7 +143,7 @@ class Launcher:
     async def _shutdown(self, ctx: zmq.asyncio.Context, grace_s: float = 5.0) -> None:
         """Ask every live actor to stop, then terminate and finally kill stragglers."""
         outs = []
-        for name in reversed(ACTOR_ORDER):  # gateway first: stop taking requests
+        for name in reversed(self.actors):  # gateway first: stop taking requests
             p = self.procs.get(name)
             if p is not None and p.is_alive():
                 out = Outbox(ctx, self.config.endpoints[name])

@@ -75,6 +75,11 @@ class RunnerActor:
             max_context=c.max_context,
             num_threads=c.num_threads,
         )
+        if c.kv_tiers:
+            from houchu.cache_tiers.host_pool import HostPool
+
+            self.host_pool = HostPool(c.host_kv_name, c.host_kv_pages, c.host_slot_bytes)
+            self.runner.attach_host_pool(self.host_pool)
         info = self.runner.info()
         self.telemetry.start()
         await self.to_scheduler.send(info)

@@ -59,6 +59,10 @@ def _make_actor(name: str, ctx: zmq.asyncio.Context, config: ServeConfig) -> Act
         from houchu.actors.recorder import RecorderActor
 
         return RecorderActor(ctx, config)
+    if name == "kv_tiers":
+        from houchu.actors.kv_tiers import KVTierActor
+
+        return KVTierActor(ctx, config)
     raise ValueError(f"unknown actor {name!r}")
 
 

@@ -13,6 +13,7 @@ import zmq.asyncio
 from houchu.actors.config import ServeConfig
 from houchu.scheduler.batcher import BatchConfig
 from houchu.scheduler.core import Rejected, SchedulerCore
+from houchu.scheduler.tiers import TierClient
 from houchu.transport.channel import BadMessage, Inbox, Outbox
 from houchu.transport.messages import (
     AbortRequest,
@@ -27,6 +28,7 @@ from houchu.transport.messages import (
     TokenizedRequest,
 )
 from houchu.transport.telemetry import Telemetry
+from houchu.transport.tier_messages import HostSlotGrant, TierLookupResult, TierStats
 
 
 class SchedulerActor:
@@ -41,29 +43,45 @@ class SchedulerActor:
         self.to_runner = Outbox(ctx, ep["runner"])
         self.to_tokenizer = Outbox(ctx, ep["tokenizer"])
         self.to_gateway = Outbox(ctx, ep["gateway"])
+        self.to_tiers = Outbox(ctx, ep["kv_tiers"])
         self.core: SchedulerCore | None = None
         self.telemetry = Telemetry(ctx, ep["recorder"] if config.telemetry else None, self.name)
         self.step_in_flight = False
         self.step_sent_at = 0.0
 
     async def start(self) -> str:
-        """Wait for the runner's pool geometry, then build the core."""
+        """Wait for the runner's pool geometry, then build the core (messages that arrive
+        before it, such as the tier manager's first slot grant, are handled after)."""
+        early: list[SchedulerInbox] = []
         while True:
             msg = await self.inbox.recv()
             if isinstance(msg, RunnerInfo):
                 break
             if isinstance(msg, Shutdown):
                 raise RuntimeError("shut down before the runner was ready")
+            early.append(msg)
         c = self.config
         batch = BatchConfig(
             max_batch_tokens=c.max_batch_tokens, chunk_size=c.chunk_size, max_running=c.max_running
         )
         self.telemetry.start()
-        self.core = SchedulerCore(msg, batch, c.radix_cache, self.telemetry)
+        tiers = None
+        if c.kv_tiers:
+            fingerprint = bytes.fromhex(c.kv_fingerprint)
+            write_through = c.kv_write_policy == "write_through"
+            tiers = TierClient(fingerprint, msg.page_size, write_through, c.tier_lookup_timeout_s)
+        self.core = SchedulerCore(msg, batch, c.radix_cache, self.telemetry, tiers)
+        for m in early:
+            await self._handle(m)
         return f"{msg.num_pages} pages, batch budget {c.max_batch_tokens} tokens"
 
     async def run(self) -> None:
         while True:
+            # Lower-tier lookups time out: wake up now and then while any is pending.
+            if self.core.tiers is not None and self.core.tiers.lookups:
+                if not await self.inbox.poll(0.05):
+                    await self._maybe_step()
+                    continue
             try:
                 msg = await self.inbox.recv()
             except BadMessage as e:
@@ -105,20 +123,27 @@ class SchedulerActor:
                 stats["step_in_flight"] = int(self.step_in_flight)
                 stats["telemetry_dropped"] = self.telemetry.num_dropped
                 await self.to_gateway.send(StatsReply(query_id=qid, stats=stats))
+            case HostSlotGrant():
+                core.tiers.on_grant(msg)
+            case TierLookupResult():
+                core.tiers.on_result(msg)
+            case TierStats(stats=stats):
+                core.tiers.tier_stats = stats
             case RunnerInfo():
                 pass
 
     async def _maybe_step(self) -> None:
-        if self.step_in_flight or not self.core.has_work:
-            return
-        plan = self.core.next_plan()
-        if plan is None:
-            return
-        self.step_in_flight = True
-        self.step_sent_at = time.perf_counter()
-        await self.to_runner.send(plan)
+        if not self.step_in_flight and self.core.has_work:
+            plan = self.core.next_plan()
+            if plan is not None:
+                self.step_in_flight = True
+                self.step_sent_at = time.perf_counter()
+                await self.to_runner.send(plan)
+        if self.core.tiers is not None:
+            for m in self.core.tiers.drain():
+                await self.to_tiers.send(m)
 
     async def close(self) -> None:
         await self.telemetry.close()
-        for s in (self.inbox, self.to_runner, self.to_tokenizer, self.to_gateway):
+        for s in (self.inbox, self.to_runner, self.to_tokenizer, self.to_gateway, self.to_tiers):
             s.close()

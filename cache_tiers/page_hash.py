@@ -42,7 +42,9 @@ def page_hash(prev: bytes, tokens: list[int] | tuple[int, ...]) -> bytes:
     return h.digest()
 
 
-def chain_hashes(fingerprint: bytes, tokens: list[int], page_size: int, num_pages: int) -> list[bytes]:
+def chain_hashes(
+    fingerprint: bytes, tokens: list[int], page_size: int, num_pages: int
+) -> list[bytes]:
     """Hashes of the first ``num_pages`` full pages of ``tokens``."""
     out, prev = [], fingerprint
     for i in range(num_pages):

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 
 from houchu.cache_tiers.page_allocator import PageAllocator
+from houchu.cache_tiers.page_hash import page_hash
 
 PageKey = tuple[int, ...]
 
@@ -34,14 +36,16 @@ PageKey = tuple[int, ...]
 class Node:
     """One cached page: ``key`` (page_size token ids) under ``parent``, stored in ``page``."""
 
-    __slots__ = ("key", "page", "parent", "children", "last_access")
+    __slots__ = ("key", "page", "parent", "children", "last_access", "hash", "is_saved")
 
-    def __init__(self, key: PageKey, page: int, parent: Node | None) -> None:
+    def __init__(self, key: PageKey, page: int, parent: Node | None, h: bytes = b"") -> None:
         self.key = key
         self.page = page
         self.parent = parent
         self.children: dict[PageKey, Node] = {}
         self.last_access = 0
+        self.hash = h  # chained page hash (page_hash.py), when the tree has a fingerprint
+        self.is_saved = False  # a copy was written to the host tier
 
     @property
     def is_leaf(self) -> bool:
@@ -53,12 +57,19 @@ class RadixTree:
 
     Args:
         allocator: the pool's allocator; the tree takes and drops references through it.
+        fingerprint: model + KV layout fingerprint; when given, every node carries the
+            chained hash of its page (the KV tiers' key).
     """
 
-    def __init__(self, allocator: PageAllocator) -> None:
+    def __init__(self, allocator: PageAllocator, fingerprint: bytes | None = None) -> None:
         self.allocator = allocator
         self.page_size = allocator.page_size
-        self.root = Node((), -1, None)
+        self.fingerprint = fingerprint
+        self.root = Node((), -1, None, fingerprint or b"")
+        #: called with each node about to be evicted (its page is still intact then)
+        self.on_evict: Callable[[Node], None] | None = None
+        #: called with each newly indexed node
+        self.on_insert: Callable[[Node], None] | None = None
         self.num_pages = 0  # pages indexed by the tree
         self.num_evicted = 0
         self._clock = itertools.count(1)
@@ -100,10 +111,13 @@ class RadixTree:
         for i in range(start_page, len(pages)):
             child = node.children.get(keys[i])
             if child is None:
-                child = Node(keys[i], pages[i], node)
+                h = page_hash(node.hash, keys[i]) if self.fingerprint is not None else b""
+                child = Node(keys[i], pages[i], node, h)
                 node.children[keys[i]] = child
                 self.allocator.share([pages[i]])  # the tree's own reference
                 self.num_pages += 1
+                if self.on_insert is not None:
+                    self.on_insert(child)
             elif child.page != pages[i]:
                 self.allocator.share([child.page])
                 self.allocator.free([pages[i]])
@@ -121,6 +135,8 @@ class RadixTree:
         while heap and freed < num_pages:
             _, _, node = heapq.heappop(heap)
             parent = node.parent
+            if self.on_evict is not None:
+                self.on_evict(node)
             del parent.children[node.key]
             self.allocator.free([node.page])
             self.num_pages -= 1

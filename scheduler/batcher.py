@@ -17,9 +17,10 @@ from collections import deque
 import msgspec
 
 from houchu.cache_tiers.page_allocator import PageAllocator
-from houchu.cache_tiers.radix_tree import RadixTree
+from houchu.cache_tiers.radix_tree import Node, RadixTree
 from houchu.scheduler.request import Request, Status
-from houchu.transport.messages import SeqInit, SeqWork, StepPlan
+from houchu.scheduler.tiers import TierClient
+from houchu.transport.messages import PageCopy, SeqInit, SeqWork, StepPlan
 
 
 class BatchConfig(msgspec.Struct, frozen=True):
@@ -45,11 +46,20 @@ class Batcher:
     """
 
     def __init__(
-        self, allocator: PageAllocator, config: BatchConfig, tree: RadixTree | None = None
+        self,
+        allocator: PageAllocator,
+        config: BatchConfig,
+        tree: RadixTree | None = None,
+        tiers: TierClient | None = None,
     ) -> None:
         self.allocator = allocator
         self.config = config
         self.tree = tree
+        self.tiers = tiers
+        if tiers is not None and tree is not None:
+            tree.on_evict = self._on_evict
+            if tiers.write_through:
+                tree.on_insert = self._on_insert
         self.waiting: deque[Request] = deque()
         self.running: dict[str, Request] = {}  # insertion order = admission order
         self.pending_release: list[str] = []
@@ -75,6 +85,8 @@ class Batcher:
         elif req in self.waiting:
             self.waiting.remove(req)
         self._drop_pages(req)
+        if self.tiers is not None:
+            self.tiers.forget(req.rid)
         req.status = Status.FINISHED
         if req.is_registered:
             self.pending_release.append(req.rid)
@@ -118,14 +130,21 @@ class Batcher:
                 scheduled.append(req)
                 budget -= n
 
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
-            req = self.waiting[0]
+        loads: list[PageCopy] = []
+        for req in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.config.max_running:
+                break
+            if self.tiers is not None and self.tiers.is_pending(req.rid):
+                continue  # its lower-tier lookup is in flight; others may go first
             self._match_prefix(req)
-            n = self._chunk(req, budget)
+            if self._start_lookup(req):
+                continue
+            n, num_loaded = self._plan_prefix(req, budget)
             if not self._reserve(req, req.num_computed + n, preempt=False):
                 self._drop_pages(req)  # give the matched prefix back; retry next step
                 break
-            self.waiting.popleft()
+            loads += self._take_loads(req, num_loaded)
+            self.waiting.remove(req)
             req.status = Status.RUNNING
             self.running[req.rid] = req
             if not req.is_registered:
@@ -136,9 +155,12 @@ class Batcher:
             budget -= n
 
         release, self.pending_release = self.pending_release, []
-        if not work and not release:
+        has_saves = self.tiers is not None and bool(self.tiers.saves)
+        if not work and not release and not has_saves:
             return None, []
         plan = StepPlan(step_id=next(self._step_ids), work=work, init=init, release=release)
+        if self.tiers is not None:
+            plan.kv_saves, plan.kv_loads = self.tiers.plan_copies(plan.step_id, loads)
         return plan, scheduled
 
     def _chunk(self, req: Request, budget: int) -> int:
@@ -187,6 +209,7 @@ class Batcher:
         self.running.pop(req.rid, None)
         self._drop_pages(req)
         req.status = Status.WAITING
+        req.is_tier_checked = False  # its pages may have been written back: look again
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -220,6 +243,54 @@ class Batcher:
         req.tree_node = self.tree.insert(req.all_ids(), full, req.num_tree_pages, node)
         req.page_table[:num_full] = full
         req.num_tree_pages = num_full
+
+    # ------------------------------------------------------------------ lower tiers
+
+    def _start_lookup(self, req: Request) -> bool:
+        """Ask the tier manager for the full pages after the device hit, once per
+        admission. True when a lookup was started (the request waits for its answer)."""
+        if self.tiers is None or req.is_tier_checked:
+            return False
+        first = len(req.page_table)
+        last = (req.num_tokens - 1) // self.allocator.page_size
+        if last <= first:
+            return False
+        req.is_tier_checked = True
+        self.tiers.start_lookup(req.rid, req.all_ids(), first, last)
+        self._drop_pages(req)
+        return True
+
+    def _plan_prefix(self, req: Request, budget: int) -> tuple[int, int]:
+        """(tokens to compute this step, pages to load from a lower tier). Sets
+        ``num_computed`` past the pages to load; ``_drop_pages`` undoes it."""
+        num_loaded = 0
+        if self.tiers is not None:
+            num_loaded = self.tiers.num_usable(req.rid, len(req.page_table))
+            req.num_computed += num_loaded * self.allocator.page_size
+        return self._chunk(req, budget), num_loaded
+
+    def _take_loads(self, req: Request, num_loaded: int) -> list[PageCopy]:
+        """Commit the lower-tier hit: copies into the request's freshly reserved pages."""
+        if self.tiers is None:
+            return []
+        first = req.num_computed // self.allocator.page_size - num_loaded  # device-hit pages
+        slots, tiers = self.tiers.take(req.rid, first)
+        for t in tiers:
+            self.tiers.pages_loaded[t] += 1
+            req.tier_pages[t] = req.tier_pages.get(t, 0) + 1
+        if req.num_preemptions == 0:
+            req.cached_tokens = req.num_computed
+        return [PageCopy(req.page_table[first + i], s) for i, s in enumerate(slots)]
+
+    def _on_evict(self, node: Node) -> None:
+        """Write-back: a cached page leaves the device; copy it to the host tier."""
+        if not node.is_saved:
+            self.tiers.save(node.page, node.hash)
+            node.is_saved = True
+
+    def _on_insert(self, node: Node) -> None:
+        """Write-through: every newly cached page is copied to the host tier."""
+        node.is_saved = self.tiers.save(node.page, node.hash)
 
     def _drop_pages(self, req: Request) -> None:
         if req.page_table:

@@ -18,6 +18,7 @@ from houchu.cache_tiers.radix_tree import RadixTree
 from houchu.scheduler.batcher import BatchConfig, Batcher
 from houchu.scheduler.ledger import SchedulerLedger
 from houchu.scheduler.request import Request, Status
+from houchu.scheduler.tiers import TierClient
 from houchu.transport.messages import (
     RunnerInfo,
     SeqOutput,
@@ -63,6 +64,7 @@ class SchedulerCore:
         runner: the runner's pool geometry, context length and model size.
         config: batching limits.
         radix_cache: reuse cached prefixes (``--disable-radix-cache`` turns it off).
+        tiers: the host / SSD KV tiers' client, or None (they need the radix cache).
         telemetry: where lifecycle events and lever samples go.
     """
 
@@ -72,11 +74,14 @@ class SchedulerCore:
         config: BatchConfig,
         radix_cache: bool = True,
         telemetry: TelemetrySink | None = None,
+        tiers: TierClient | None = None,
     ) -> None:
         self.runner = runner
         self.allocator = PageAllocator(runner.num_pages, runner.page_size)
-        self.tree = RadixTree(self.allocator) if radix_cache else None
-        self.batcher = Batcher(self.allocator, config, self.tree)
+        fingerprint = tiers.fingerprint if tiers is not None else None
+        self.tree = RadixTree(self.allocator, fingerprint) if radix_cache else None
+        self.tiers = tiers if radix_cache else None
+        self.batcher = Batcher(self.allocator, config, self.tree, self.tiers)
         self.ledger = SchedulerLedger(runner)
         self.telemetry = telemetry or NullTelemetry()
         self._in_flight: dict[int, list[Request]] = {}
@@ -158,8 +163,15 @@ class SchedulerCore:
             self.telemetry.event(req.rid, "resumed", cached_tokens=req.num_computed)
             return
         if req.cached_tokens:
+            tier = max(req.tier_pages, key=req.tier_pages.get) if req.tier_pages else "device"
             self.telemetry.event(req.rid, "prefix_matched", cached_tokens=req.cached_tokens,
-                                 tier="device")  # fmt: skip
+                                 tier=tier)  # fmt: skip
+        for tier, pages in req.tier_pages.items():
+            page_bytes = self.runner.page_size * self.runner.kv_bytes_per_token
+            self.telemetry.lever(
+                LeverSample(f"kv_tier_{tier}", "skip", float(pages * self.runner.page_size), "tokens",
+                            float(pages * page_bytes), "bytes", time.time(), req.rid)
+            )  # fmt: skip
         self.telemetry.event(req.rid, "scheduled")
         sample = self.ledger.on_admitted(req)
         if sample is not None:
@@ -175,6 +187,8 @@ class SchedulerCore:
         self.num_steps += 1
         self.busy_s += result.duration_s
         self._record_step(result, scheduled, sent_at, now)
+        if self.tiers is not None:
+            self.tiers.on_step_done(result.step_id, result.error is None)
         if result.error is not None:
             return self._fail(scheduled, result.error)
         sampled = {o.rid: o for o in result.outputs}
@@ -287,4 +301,5 @@ class SchedulerCore:
             "num_preemptions": self.batcher.num_preemptions,
             "busy_fraction": self.busy_s / up,
             **self.ledger.stats(),
+            **(self.tiers.stats() if self.tiers is not None else {}),
         }

@@ -60,6 +60,8 @@ class Request:
         self.max_itl_s = 0.0  # longest gap between two of its tokens, seconds
         self.last_token_time = 0.0
         self.num_chunks = 0  # prefill steps taken
+        self.is_tier_checked = False  # lower tiers were asked for its prefix
+        self.tier_pages: dict[str, int] = {}  # pages loaded from each lower tier
         self.num_scheduled = 0  # tokens of this request in the step in flight
         self.cached_tokens = 0
         self.num_preemptions = 0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-ACTORS = ("launcher", "gateway", "tokenizer", "scheduler", "runner", "recorder")
+ACTORS = ("launcher", "gateway", "tokenizer", "scheduler", "runner", "recorder", "kv_tiers", "draft")
 
 
 class Endpoints(msgspec.Struct, frozen=True):

@@ -19,6 +19,8 @@ from __future__ import annotations
 import msgspec
 from msgspec import Struct, field
 
+from houchu.transport.tier_messages import HostSlotGrant, TierLookupResult, TierStats
+
 
 class SamplingParams(Struct, frozen=True, kw_only=True):
     """Per-request decoding parameters, as the OpenAI API names them.
@@ -302,7 +304,17 @@ class Shutdown(Struct, tag=True):
 
 GatewayInbox = TextDelta | RequestFailed | StatsReply | Shutdown
 TokenizerInbox = GenerateRequest | AbortRequest | TokenBatch | Shutdown
-SchedulerInbox = TokenizedRequest | AbortRequest | StepResult | RunnerInfo | StatsQuery | Shutdown
+SchedulerInbox = (
+    TokenizedRequest
+    | AbortRequest
+    | StepResult
+    | RunnerInfo
+    | StatsQuery
+    | Shutdown
+    | HostSlotGrant
+    | TierLookupResult
+    | TierStats
+)
 RunnerInbox = StepPlan | Shutdown
 LauncherInbox = ActorReady | ActorFailed
 

@@ -1,0 +1,194 @@
+"""The KV-tier manager actor: owns the host-memory and SSD tiers and their index.
+
+The scheduler owns the device tier. It writes evicted device pages (write-back) or every
+new cached page (write-through) into host slots this actor granted it, then reports them
+(``TierStore``). A prefix that misses on the device is looked up here (``TierLookup``):
+host hits are pinned, SSD hits are read into free host slots first, and the slots go back
+(``TierLookupResult``) for the runner to load. Host slots under pressure spill to SSD,
+least recently used first. SSD file I/O runs in a worker thread, so lookups and stores
+never stall on a disk inside the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import zmq.asyncio
+
+from houchu.actors.config import ServeConfig
+from houchu.cache_tiers.host_pool import HostPool
+from houchu.cache_tiers.host_tier import HostTier
+from houchu.cache_tiers.ssd_tier import SsdTier
+from houchu.fetch import cache_dir
+from houchu.transport.channel import BadMessage, Inbox, Outbox
+from houchu.transport.messages import Shutdown
+from houchu.transport.tier_messages import (
+    HostSlotGrant,
+    TierLookup,
+    TierLookupResult,
+    TierRelease,
+    TierStats,
+    TierStore,
+)
+
+KVTierInbox = TierStore | TierLookup | TierRelease | Shutdown
+
+
+class KVTierActor:
+    """Host and SSD KV tiers behind the scheduler's radix cache."""
+
+    name = "kv_tiers"
+
+    def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
+        self.config = config
+        ep = config.endpoints
+        self.inbox: Inbox[KVTierInbox] = Inbox(ctx, ep["kv_tiers"], KVTierInbox)
+        self.to_scheduler = Outbox(ctx, ep["scheduler"])
+        self.stash = max(4, min(64, config.host_kv_pages // 4))  # slots kept granted
+        self.pool: HostPool | None = None
+        self.host = HostTier(config.host_kv_pages)
+        self.ssd: SsdTier | None = None
+        self.host_hits = 0
+        self.host_misses = 0
+        self.load_s = 0.0
+        self.spill_bytes = 0
+
+    async def start(self) -> str:
+        c = self.config
+        self.pool = HostPool(c.host_kv_name, c.host_kv_pages, c.host_slot_bytes)
+        if c.ssd_kv_bytes > 0:
+            root = Path(c.kv_cache_dir) if c.kv_cache_dir else cache_dir() / "kv"
+            fp = bytes.fromhex(c.kv_fingerprint)
+            self.ssd = await asyncio.to_thread(SsdTier, root, fp, c.ssd_kv_bytes)
+        await self._refill()
+        ssd = (
+            f", SSD {c.ssd_kv_bytes >> 20} MiB ({len(self.ssd.index)} pages found)"
+            if self.ssd
+            else ""
+        )
+        return f"host {c.host_kv_pages} pages x {c.host_slot_bytes} B{ssd}, {c.kv_write_policy}"
+
+    async def run(self) -> None:
+        last_stats = 0.0
+        while True:
+            if await self.inbox.poll(1.0):
+                try:
+                    msg = await self.inbox.recv()
+                except BadMessage as e:
+                    print(f"houchu kv_tiers: dropped a bad message: {e}", flush=True)
+                    continue
+                match msg:
+                    case TierStore(entries=entries, unused=unused):
+                        await self._store(entries, unused)
+                    case TierLookup():
+                        await self.to_scheduler.send(await self._lookup(msg))
+                    case TierRelease(slots=slots):
+                        self.host.release(slots)
+                    case Shutdown():
+                        await self._flush_to_ssd()
+                        return
+            if time.monotonic() - last_stats > 1.0:
+                last_stats = time.monotonic()
+                await self.to_scheduler.send(TierStats(self.stats()))
+
+    async def _store(self, entries: list[tuple[bytes, int]], unused: list[int]) -> None:
+        self.host.give_back(unused)
+        for h, slot in entries:
+            kept = self.host.store(h, slot)
+            if kept and self.ssd is not None and self.config.kv_write_policy == "write_through":
+                await self._write_ssd(h, slot)
+        await self._refill()
+
+    async def _refill(self) -> None:
+        """Keep ``stash`` slots granted to the scheduler, spilling LRU slots if needed."""
+        want = self.stash - len(self.host.granted)
+        if want <= 0:
+            return
+        if len(self.host.free) < want:
+            await self._spill(want - len(self.host.free))
+        slots = self.host.grant(want)
+        if slots:
+            await self.to_scheduler.send(HostSlotGrant(slots))
+
+    async def _spill(self, n: int) -> None:
+        """Free ``n`` host slots: LRU unpinned pages go to SSD (if any) and are dropped."""
+        for h, slot in self.host.victims(n):
+            if self.ssd is not None and h not in self.ssd:
+                await self._write_ssd(h, slot)
+            self.host.give_back([slot])
+
+    async def _write_ssd(self, h: bytes, slot: int) -> None:
+        with self.pool.slot(slot) as view:
+            data = bytes(view)
+        if await asyncio.to_thread(self.ssd.write, h, data):
+            self.spill_bytes += len(data)
+
+    async def _lookup(self, msg: TierLookup) -> TierLookupResult:
+        slots = self.host.lookup(msg.hashes)
+        tiers = ["host"] * len(slots)
+        self.host_hits += len(slots)
+        t0 = time.perf_counter()
+        for h in msg.hashes[len(slots) :]:
+            if self.ssd is None or h not in self.ssd:
+                break
+            slot = self.host.take_free()
+            if slot is None:
+                await self._spill(1)
+                slot = self.host.take_free()
+            if slot is None:
+                break  # every host slot is pinned or granted: stop here, recompute the rest
+            view = self.pool.slot(slot)
+            ok = await asyncio.to_thread(self.ssd.read, h, view)
+            view.release()
+            if not ok:
+                self.host.give_back([slot])
+                break
+            self.host.store(h, slot)
+            self.host.pin(slot)
+            slots.append(slot)
+            tiers.append("ssd")
+        if len(slots) < len(msg.hashes):
+            self.host_misses += 1
+        self.load_s += time.perf_counter() - t0
+        return TierLookupResult(msg.rid, slots, tiers, time.perf_counter() - t0)
+
+    async def _flush_to_ssd(self) -> None:
+        """At shutdown, keep what the host tier holds: write it to SSD (within its cap)."""
+        if self.ssd is None:
+            return
+        for h, slot in list(self.host.by_hash.items()):
+            if h not in self.ssd:
+                await self._write_ssd(h, slot)
+
+    def stats(self) -> dict[str, float | int]:
+        host, ssd = self.host, self.ssd
+        out: dict[str, float | int] = {
+            "host_pages_total": host.num_slots,
+            "host_pages_stored": host.num_stored_now,
+            "host_pages_pinned": len(host.pins),
+            "host_hits": self.host_hits,
+            "host_lookup_misses": self.host_misses,
+            "host_evictions": host.num_evictions,
+            "tier_load_s": self.load_s,
+        }
+        if ssd is not None:
+            out.update(
+                ssd_pages_stored=len(ssd.index),
+                ssd_bytes=ssd.num_bytes,
+                ssd_capacity_bytes=ssd.capacity_bytes,
+                ssd_hits=ssd.num_hits,
+                ssd_misses=ssd.num_misses,
+                ssd_corrupt=ssd.num_corrupt,
+                ssd_evictions=ssd.num_evictions,
+                ssd_bytes_written=ssd.bytes_written,
+                ssd_bytes_read=ssd.bytes_read,
+            )
+        return out
+
+    async def close(self) -> None:
+        self.inbox.close()
+        self.to_scheduler.close()
+        if self.pool is not None:
+            self.pool.close()
