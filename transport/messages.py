@@ -117,7 +117,10 @@ class SeqWork(Struct, kw_only=True, array_like=True):
     positions ``start_pos .. start_pos + n_new - 1``. ``page_table``: list[int], the page
     indices holding positions ``0 .. start_pos + n_new - 1`` (page ``i`` holds positions
     ``i*page_size .. (i+1)*page_size - 1``). ``sample``: draw a token after the last
-    position (true for decode and for the last prefill chunk).
+    position (true for decode and for the last prefill chunk). ``num_draft``: the last
+    ``num_draft`` of ``token_ids`` are speculative proposals to verify (``sample`` must be
+    set): the runner scores all of them in this pass and returns one ``SeqOutput`` per
+    accepted proposal plus one for the token after them (``houchu.gpu.verify``).
     """
 
     rid: str
@@ -125,6 +128,7 @@ class SeqWork(Struct, kw_only=True, array_like=True):
     start_pos: int
     page_table: list[int]
     sample: bool
+    num_draft: int = 0
 
 
 class PageCopy(Struct, array_like=True):
@@ -154,7 +158,9 @@ class StepPlan(Struct, tag=True, kw_only=True):
 class SeqOutput(Struct, kw_only=True, array_like=True):
     """A sampled token. ``logprob``: its log-probability from log_softmax of the raw model
     logits (of the processed distribution if the runner is configured so);
-    ``top_logprobs``: list of (token_id, logprob), best first."""
+    ``top_logprobs``: list of (token_id, logprob), best first. A verified request
+    (``SeqWork.num_draft > 0``) has several, in order: the accepted proposals, then the
+    target's own token after them."""
 
     rid: str
     token_id: int
