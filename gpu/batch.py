@@ -6,7 +6,7 @@ here, so a bad plan raises ``ValueError`` before any KV is written.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,13 +24,16 @@ class StepBatch:
             token's K/V is written to.
         page_tables: ``[S, max_pages]`` int64, each sequence's pages, padded with 0.
         sample_rows: ``[R]`` int64, rows of T whose logits are wanted (the last new token
-            of every sequence with ``sample``), in sequence order.
+            of every sequence with ``sample``; the last ``num_draft + 1`` of a sequence
+            whose proposals are verified), in sequence order.
     Python metadata (length S unless noted):
         q_starts: ``S + 1`` offsets of each sequence's first new token in T.
         start_pos: position of each sequence's first new token.
         kv_lens: tokens of KV each sequence attends over (start_pos + n_new).
-        sampled: indices (into 0..S-1) of the sequences that sample, R of them.
+        sampled: indices (into 0..S-1) of the sequences that sample.
         page_size: tokens per page.
+        sample_counts: rows of ``sample_rows`` per sampled sequence (1, or
+            ``num_draft + 1``), parallel to ``sampled``; R is their sum.
     """
 
     token_ids: torch.Tensor  # [T] int64
@@ -43,6 +46,7 @@ class StepBatch:
     kv_lens: list[int]
     sampled: list[int]
     page_size: int
+    sample_counts: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -82,13 +86,15 @@ def build_batch(
     Raises:
         ValueError: empty work or token list, duplicate rid, negative start, token id out
             of range, context beyond ``max_context``, page table too short or naming a page
-            outside the pool, or two tokens written to the same KV slot.
+            outside the pool, two tokens written to the same KV slot, or proposals to
+            verify without ``sample`` or without a token before them.
     """
     if not work:
         raise ValueError("step has no work")
     tokens: list[int] = []
     positions: list[int] = []
     q_starts, start_pos, kv_lens, sampled, sample_rows = [0], [], [], [], []
+    sample_counts: list[int] = []
     seen: set[str] = set()
     max_pages = 1
     for i, w in enumerate(work):
@@ -124,9 +130,15 @@ def build_batch(
         q_starts.append(q_starts[-1] + n)
         start_pos.append(w.start_pos)
         kv_lens.append(end)
+        if w.num_draft and not (0 < w.num_draft < n and w.sample):
+            raise ValueError(
+                f"request {w.rid!r}: {w.num_draft} proposals to verify among {n} tokens "
+                f"(need fewer than n, and sample set)"
+            )
         if w.sample:
             sampled.append(i)
-            sample_rows.append(q_starts[-1] - 1)
+            sample_rows.extend(range(q_starts[-1] - 1 - w.num_draft, q_starts[-1]))
+            sample_counts.append(w.num_draft + 1)
 
     pt = torch.zeros(len(work), max_pages, dtype=torch.int64)  # [S, max_pages]
     for i, w in enumerate(work):
@@ -149,6 +161,7 @@ def build_batch(
         kv_lens=kv_lens,
         sampled=sampled,
         page_size=page_size,
+        sample_counts=sample_counts,
     )
 
 
