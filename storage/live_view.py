@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sqlalchemy import Engine, func, or_, select
+from sqlalchemy import Engine, and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from houchu.storage.models import RequestRow, StepRow
+from houchu.storage.timeline import STALE_AFTER_S
 
 #: Longest history a series query accepts (seconds).
 MAX_HORIZON_S = 3600.0
@@ -83,8 +84,12 @@ def step_series(
 
 
 def _in_flight_spans(session: Session, since: float) -> list[tuple[float, float | None]]:
-    q = select(RequestRow.started_at, RequestRow.finished_at).where(
-        or_(RequestRow.finished_at.is_(None), RequestRow.finished_at >= since)
+    R = RequestRow
+    q = select(R.started_at, R.finished_at).where(
+        or_(
+            R.finished_at >= since,
+            and_(R.finished_at.is_(None), R.started_at >= since - STALE_AFTER_S),
+        )
     )
     return [(a, z) for a, z in session.execute(q)]
 

@@ -36,6 +36,9 @@ _SCHEDULER_KINDS = {"queued", "scheduled", "prefill_chunk", "first_token"}
 #: Events drawn as markers (the others only move the stage).
 _MARKED = {"prefix_matched", "prefill_chunk", "first_token", "preempted", "resumed"}
 _TERMINAL = {"finished", "aborted", "failed"}
+#: An unfinished request with no event for this long (seconds) is drawn as lost: its
+#: end was never recorded (the server stopped, or its telemetry was dropped).
+STALE_AFTER_S = 900.0
 
 
 @dataclass
@@ -88,7 +91,9 @@ def build_timeline(
         events: dicts with ``kind``, ``t``, ``actor``, ``data``.
         levers: this request's lever samples (dicts with ``lever``, ``verb``, ``t``,
             ``saved``, ``saved_unit``).
-        now: seconds since the epoch; an unfinished request's last stage ends here.
+        now: seconds since the epoch; an unfinished request's last stage ends here,
+            unless its last event is more than ``STALE_AFTER_S`` old (then it ends at that
+            event, with a "lost" marker).
     """
     evs = sorted(events, key=lambda e: e["t"])
     has_scheduler = any(e["kind"] in _SCHEDULER_KINDS for e in evs)
@@ -120,7 +125,12 @@ def build_timeline(
             if kind in _TERMINAL:
                 over = True
     if not over and stage is not None:
-        segments.append(Segment(stage, start, max(now, start), open=True))
+        last = evs[-1]["t"]
+        if now - last > STALE_AFTER_S:
+            segments.append(Segment(stage, start, last))
+            markers.append(Marker("lost", last, "no end recorded (server stopped?)"))
+        else:
+            segments.append(Segment(stage, start, max(now, start), open=True))
     if not has_scheduler:
         for s in segments:
             if s.stage == "queue":

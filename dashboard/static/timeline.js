@@ -17,6 +17,7 @@ const Timeline = (() => {
     finished: { symbol: "line-ns-open", color: "#0f172a", size: 16, name: "finished" },
     aborted: { symbol: "x-thin-open", color: "#ea580c", size: 12, name: "aborted" },
     failed: { symbol: "x-thin-open", color: "#dc2626", size: 12, name: "failed" },
+    lost: { symbol: "square-open", color: "#64748b", size: 9, name: "no end recorded" },
   };
   let selected = null;
   let rows = [];

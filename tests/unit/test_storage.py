@@ -221,6 +221,15 @@ def test_preemption_stage(engine):
     assert d["num_preemptions"] == 1
 
 
+def test_unfinished_request_without_news_is_drawn_as_lost(engine):
+    t = 1000.0
+    write(engine, [b for b in request_batches("old", t, done=False)])
+    d = requests_view.request_detail(engine, "old", t + 5000)
+    assert not d["segments"][-1]["open"] and d["segments"][-1]["end"] == pytest.approx(t + 0.2)
+    assert "lost" in {m["kind"] for m in d["markers"]}
+    assert requests_view.request_detail(engine, "old", t + 10)["segments"][-1]["open"]
+
+
 def test_recent_requests_filters_and_limits(engine):
     fill(engine, n_requests=5)
     now = time.time()
