@@ -46,7 +46,9 @@ class KVTierActor:
         ep = config.endpoints
         self.inbox: Inbox[KVTierInbox] = Inbox(ctx, ep["kv_tiers"], KVTierInbox)
         self.to_scheduler = Outbox(ctx, ep["scheduler"])
-        self.stash = max(4, min(64, config.host_kv_pages // 4))  # slots kept granted
+        # Slots kept granted to the scheduler: one eviction burst can write back this many
+        # pages; the rest of the host tier serves lookups and SSD loads.
+        self.stash = max(4, min(512, config.host_kv_pages // 2))
         self.pool: HostPool | None = None
         self.host = HostTier(config.host_kv_pages)
         self.ssd: SsdTier | None = None
@@ -131,6 +133,12 @@ class KVTierActor:
         self.host_hits += len(slots)
         t0 = time.perf_counter()
         for h in msg.hashes[len(slots) :]:
+            more = self.host.lookup([h])  # a run may alternate between host and SSD
+            if more:
+                slots += more
+                tiers.append("host")
+                self.host_hits += 1
+                continue
             if self.ssd is None or h not in self.ssd:
                 break
             slot = self.host.take_free()

@@ -60,6 +60,7 @@ class TierClient:
         self.tier_stats: dict[str, float | int] = {}
         self.pages_loaded = {"host": 0, "ssd": 0}
         self.pages_saved = 0
+        self.pages_dropped = 0  # evicted with no host slot to write back into
         self.num_lookups = 0
         self.num_timeouts = 0
 
@@ -71,6 +72,7 @@ class TierClient:
     def save(self, device_page: int, page_hash: bytes) -> bool:
         """Queue a copy of ``device_page`` into a granted host slot (False: none left)."""
         if not self.stash:
+            self.pages_dropped += 1
             return False
         self.saves.append((PageCopy(device_page, self.stash.pop()), page_hash))
         return True
@@ -175,6 +177,7 @@ class TierClient:
             "tier_tokens_loaded_host": self.pages_loaded["host"] * ps,
             "tier_tokens_loaded_ssd": self.pages_loaded["ssd"] * ps,
             "tier_pages_saved": self.pages_saved,
+            "tier_pages_dropped": self.pages_dropped,
             "tier_lookups": self.num_lookups,
             "tier_lookup_timeouts": self.num_timeouts,
             "host_slots_granted": len(self.stash),
