@@ -31,6 +31,10 @@ from houchu.transport.messages import ActorFailed, ActorReady, LauncherInbox, Sh
 ACTOR_ORDER = ("recorder", "runner", "scheduler", "tokenizer", "gateway")
 
 
+#: Actors whose death does not stop the server.
+OPTIONAL_ACTORS = ("kv_tiers",)
+
+
 def active_actors(config: ServeConfig) -> tuple[str, ...]:
     """The actors this configuration runs, in spawn order (optional ones after the
     recorder, so they are stopped after the core actors)."""
@@ -125,7 +129,14 @@ class Launcher:
 
     async def _supervise(self) -> int:
         while not self._stop.is_set():
-            for name, p in self.procs.items():
+            for name, p in list(self.procs.items()):
+                if not p.is_alive() and name in OPTIONAL_ACTORS:
+                    # The tiers only hold copies: serving goes on without them (the
+                    # scheduler's lookups time out and it recomputes).
+                    print(f"houchu: actor {name} died (exit code {p.exitcode}); serving "
+                          "on without it", file=sys.stderr, flush=True)  # fmt: skip
+                    del self.procs[name]
+                    continue
                 if not p.is_alive():
                     print(
                         f"houchu: actor {name} died (exit code {p.exitcode}); stopping",
