@@ -154,6 +154,15 @@ def test_metrics_move_with_traffic(dash):
     assert any(k.startswith("houchu_lever_saved_total{") for k in after)
 
 
+def _bench_results(scale: float) -> dict:
+    """Results shaped like ``houchu bench``'s (vLLM-style keys), scaled."""
+    out = {"output_throughput": 120.0 * scale, "request_throughput": 2.0 * scale}
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "p90", "p99"):
+            out[f"{stat}_{metric}_ms"] = 100.0 / scale
+    return out
+
+
 def _traffic(srv: Server, stop: threading.Event, errors: list[str]) -> None:
     """Streams of requests until ``stop``: several at once, with repeated prompts."""
 
@@ -176,6 +185,10 @@ def _traffic(srv: Server, stop: threading.Event, errors: list[str]) -> None:
 def test_dashboard_in_a_real_browser(dash):
     from playwright.sync_api import sync_playwright
 
+    for name, scale in (("baseline", 1.0), ("radix cache", 1.6)):
+        run = {"name": name, "settings": {"concurrency": 16}, "results": _bench_results(scale)}
+        status, body = asyncio.run(post_json(f"{dash.url}/dashboard/api/bench", run))
+        assert status == 201, body
     stop, errors = threading.Event(), []
     traffic = threading.Thread(target=_traffic, args=(dash, stop, errors), daemon=True)
     traffic.start()
@@ -221,6 +234,9 @@ def test_dashboard_in_a_real_browser(dash):
             page.evaluate(f"Timeline.show({rid!r})")
             page.wait_for_selector(f"#detail[data-rid='{rid}']", timeout=20_000)
             assert "TTFT" in page.inner_text("#detail")
+            # the two benchmark runs side by side
+            assert page.locator("#bench-table tr[data-run]").count() == 2
+            assert page.locator("#bench-compare .bench-plot .main-svg").count() >= 3
             page.wait_for_timeout(1500)  # one more push, so the screenshot is current
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
