@@ -66,24 +66,33 @@ async def engine_stats(app: web.Application) -> tuple[dict[str, Any] | None, str
 
 
 def kv_tiers(stats: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """KV pages per tier (device: ``num_pages_*``; host / ssd: ``{tier}_pages_*``)."""
+    """KV pages per tier: device from ``num_pages_*``; host and SSD from
+    ``{tier}_pages_total`` / ``_used`` / ``_stored`` and ``{tier}_bytes`` /
+    ``{tier}_capacity_bytes`` when the engine reports them. Missing numbers are None."""
     if not stats:
         return []
+
+    def num(key: str) -> float | int | None:
+        v = stats.get(key)
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
     out = []
     for tier in TIERS:
-        prefix = "num_pages_" if tier == "device" else f"{tier}_pages_"
-        total = stats.get(prefix + "total")
-        if not isinstance(total, (int, float)):
+        p = "num_pages_" if tier == "device" else f"{tier}_pages_"
+        total, used, stored = num(p + "total"), num(p + "used"), num(p + "stored")
+        if total is None and used is None and stored is None:
             continue
-        out.append(
-            {
-                "tier": tier,
-                "total": total,
-                "used": stats.get(prefix + "used", 0),
-                "cached": stats.get(prefix + "cached", 0),
-                "free": stats.get(prefix + "free"),
-            }
-        )
+        entry = {
+            "tier": tier,
+            "total": total,
+            "used": used if used is not None else stored,
+            "cached": num(p + "cached") or 0,
+            "free": num(p + "free"),
+        }
+        if tier != "device":
+            entry["bytes"] = num(f"{tier}_bytes")
+            entry["capacity_bytes"] = num(f"{tier}_capacity_bytes")
+        out.append(entry)
     return out
 
 

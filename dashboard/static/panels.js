@@ -24,7 +24,10 @@ const Live = (() => {
       H.el("i", { class: "cached", style: `width:${(100 * cached) / dev.total}%` }));
     node.append(bar);
     for (const k of kv.filter((x) => x.tier !== "device")) {
-      node.append(H.el("div", { class: "kpi-sub", text: `${k.tier}: ${H.num(k.used)} / ${H.num(k.total)} pages` }));
+      const pages = k.total === null ? `${H.num(k.used)} pages` : `${H.num(k.used)} / ${H.num(k.total)} pages`;
+      const bytes = k.bytes === null || k.bytes === undefined ? ""
+        : ` · ${H.unit(k.bytes, "bytes")}${k.capacity_bytes ? ` / ${H.unit(k.capacity_bytes, "bytes")}` : ""}`;
+      node.append(H.el("div", { class: "kpi-sub tier", "data-tier": k.tier, text: `${k.tier}: ${pages}${bytes}` }));
     }
     return node;
   }

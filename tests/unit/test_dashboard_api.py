@@ -103,6 +103,18 @@ def test_every_design_lever_has_a_line():
     assert all(info.line and info.verb in VERB_IDS for info in KNOWN_LEVERS)
 
 
+def test_kv_tiers_from_engine_counters():
+    from houchu.dashboard.live_data import kv_tiers
+
+    stats = {**STATS, "host_pages_total": 64, "host_pages_stored": 10, "ssd_pages_stored": 7}
+    stats |= {"ssd_bytes": 7 * 4096, "ssd_capacity_bytes": 1 << 30}
+    tiers = {t["tier"]: t for t in kv_tiers(stats)}
+    assert tiers["device"]["used"] == 10 and tiers["device"]["cached"] == 5
+    assert (tiers["host"]["total"], tiers["host"]["used"]) == (64, 10)
+    assert (tiers["ssd"]["total"], tiers["ssd"]["used"], tiers["ssd"]["bytes"]) == (None, 7, 28672)
+    assert kv_tiers(None) == [] and kv_tiers({"model": "m"}) == []
+
+
 def test_unknown_levers_and_verbs_are_shown():
     row = {"lever": "new_thing", "verb": "teleport", "saved_unit": "tokens", "spent_unit": ""}
     row |= {"saved": 5.0, "spent": 0.0, "saved_max": 5.0, "spent_max": 0.0, "samples": 1}
