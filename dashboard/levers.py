@@ -109,27 +109,44 @@ KNOWN_LEVERS: tuple[LeverInfo, ...] = (
 )  # fmt: skip
 
 #: Other names a lever may report under.
+#: Other names a lever may report under. A reported name may also extend a known one
+#: with a variant (``kv_tier_host``, ``weight_quant_int4-g32``, ``kv_quant_int8``): see
+#: ``PREFIXES``.
 ALIASES = {
     "prefix_cache": "radix_prefix_cache",
-    "kv_tier": "kv_tiers",
-    "kv_tier_host": "kv_tiers",
-    "kv_tier_ssd": "kv_tiers",
     "cuda_graph": "compiled_step",
+    "compiled_decode": "compiled_step",
     "torch_compile": "compiled_step",
     "fp8": "w8a8",
-    "int4_weights": "weight_quant",
-    "int8_weights": "weight_quant",
     "mla": "gqa",
     "sparse_attention": "sliding_window_attention",
     "spec_decode": "speculative_decoding",
     "draft_model": "speculative_decoding",
 }
+#: Name prefix -> known lever (variants: one row each, the known lever's description).
+PREFIXES = {
+    "kv_tier": "kv_tiers",
+    "weight_quant": "weight_quant",
+    "kv_quant": "kv_quant",
+    "w8a8": "w8a8",
+    "speculative_decoding": "speculative_decoding",
+}
 _BY_NAME = {info.lever: info for info in KNOWN_LEVERS}
+
+
+def canonical(lever: str) -> str:
+    """The known lever a reported name belongs to (itself when unknown)."""
+    if lever in ALIASES:
+        return ALIASES[lever]
+    for prefix, known in PREFIXES.items():
+        if lever.startswith(prefix):
+            return known
+    return lever
 
 
 def lever_info(lever: str, verb: str) -> LeverInfo:
     """What to say about ``lever`` (a generic line for unknown levers)."""
-    info = _BY_NAME.get(ALIASES.get(lever, lever))
+    info = _BY_NAME.get(canonical(lever))
     if info is not None:
         return info
     title = lever.replace("_", " ").capitalize()
@@ -139,21 +156,19 @@ def lever_info(lever: str, verb: str) -> LeverInfo:
 def ledger_by_verb(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Group ledger rows (``storage.ledger_view``) by verb, then by lever.
 
-    Each lever gets its ``saved`` and ``spent`` amounts per unit, its plain-language
-    description, and ``active`` (whether it reported samples). Verbs come in DESIGN.md's
-    order; a verb outside the six is listed after them.
+    Each reported lever name gets its ``saved`` and ``spent`` amounts per unit, its
+    plain-language description, and ``active``. Known levers that reported nothing are
+    listed inactive, unless a variant of theirs reported under that verb. Verbs come in
+    DESIGN.md's order; a verb outside the six is listed after them.
     """
     levers: dict[tuple[str, str], dict[str, Any]] = {}
-    for info in KNOWN_LEVERS:
-        levers[(info.verb, info.lever)] = _lever_entry(info, active=False)
     for r in rows:
-        info = lever_info(r["lever"], r["verb"])
-        key = (r["verb"], info.lever)  # aliases join their lever's row
+        key = (r["verb"], r["lever"])
         entry = levers.get(key)
         if entry is None:
+            info = lever_info(r["lever"], r["verb"])
             entry = levers[key] = {**_lever_entry(info, active=True), "verb": r["verb"]}
-        entry["lever"] = r["lever"]  # the name as reported
-        entry["active"] = True
+            entry["lever"] = r["lever"]
         entry["samples"] += r["samples"]
         entry["last_t"] = max(entry["last_t"] or 0.0, r["last_t"] or 0.0)
         for kind in ("saved", "spent"):
@@ -165,13 +180,17 @@ def ledger_by_verb(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             agg["max"] = max(agg["max"], r[f"{kind}_max"])
             agg["n"] += r["samples"]
             agg["mean"] = agg["sum"] / max(agg["n"], 1)
+    reported = {(v, canonical(name)) for v, name in levers}
+    for info in KNOWN_LEVERS:
+        if (info.verb, info.lever) not in reported:
+            levers[(info.verb, info.lever)] = _lever_entry(info, active=False)
     verbs = list(VERB_IDS) + sorted({v for v, _ in levers} - set(VERB_IDS))
     titles = {v[0]: v for v in VERBS}
     out = []
     for verb in verbs:
         vid, title, what, bottleneck = titles.get(verb, (verb, verb, "", ""))
         entries = [e for (v, _), e in levers.items() if v == verb]
-        entries.sort(key=lambda e: (not e["active"], e["title"]))
+        entries.sort(key=lambda e: (not e["active"], e["title"], e["lever"]))
         out.append(
             {"verb": vid, "title": title, "what": what, "bottleneck": bottleneck, "levers": entries}
         )

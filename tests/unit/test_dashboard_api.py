@@ -115,6 +115,26 @@ def test_kv_tiers_from_engine_counters():
     assert kv_tiers(None) == [] and kv_tiers({"model": "m"}) == []
 
 
+def _row(lever: str, verb: str, saved: float, unit: str = "tokens") -> dict:
+    return {"lever": lever, "verb": verb, "saved_unit": unit, "spent_unit": "", "saved": saved}
+
+
+def test_lever_variants_get_a_row_each_with_the_known_description():
+    rows = [_row("kv_tier_host", "skip", 32.0), _row("kv_tier_ssd", "skip", 16.0)]
+    rows += [_row("compiled_decode", "fill", 0.5, "seconds")]
+    rows += [_row("kv_quant_int8", "occupy_less", 1e6, "bytes")]
+    for r in rows:
+        r |= {"spent": 0.0, "saved_max": r["saved"], "spent_max": 0.0, "samples": 1, "last_t": 1.0}
+    verbs = {v["verb"]: {lv["lever"]: lv for lv in v["levers"]} for v in ledger_by_verb(rows)}
+    skip = verbs["skip"]
+    assert "kv_tiers" not in skip  # no idle placeholder beside its variants
+    assert skip["kv_tier_host"]["title"] == skip["kv_tier_ssd"]["title"] == "KV tiers (host / SSD)"
+    assert skip["kv_tier_ssd"]["saved"]["tokens"]["sum"] == 16.0
+    assert verbs["fill"]["compiled_decode"]["active"] and "compiled_step" not in verbs["fill"]
+    assert verbs["occupy_less"]["kv_quant_int8"]["title"] == "KV-cache int8 / fp8"
+    assert not verbs["move_less"]["kv_quant"]["active"]  # other verb: placeholder stays
+
+
 def test_unknown_levers_and_verbs_are_shown():
     row = {"lever": "new_thing", "verb": "teleport", "saved_unit": "tokens", "spent_unit": ""}
     row |= {"saved": 5.0, "spent": 0.0, "saved_max": 5.0, "spent_max": 0.0, "samples": 1}
