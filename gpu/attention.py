@@ -21,9 +21,16 @@ from houchu.gpu.kv_pool import KVPool
 
 
 class AttentionBackend(ABC):
-    """Interface of an attention implementation over the paged KV pool."""
+    """Interface of an attention implementation over the paged KV pool.
+
+    ``ops_name`` names the kernel set (``houchu.gpu.ops.make_ops``) the model uses with
+    this backend; ``supports_static`` says whether it implements ``decode_static`` (a
+    decode step whose every shape is fixed, for CUDA-graph capture).
+    """
 
     name: str = "abstract"
+    ops_name: str = "torch"
+    supports_static: bool = False
 
     @abstractmethod
     def prepare(self, batch: StepBatch) -> Any:
@@ -55,6 +62,32 @@ class AttentionBackend(ABC):
             0..its own position.
         """
 
+    def decode_static(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        pool: KVPool,
+        slots: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """One-token-per-sequence attention with every shape fixed (graph-capturable):
+        store k/v at ``slots`` and attend each row over its first ``seq_lens`` positions.
+
+        Args:
+            q: ``[B, H, D]``; k, v: ``[B, Hkv, D]``.
+            slots: ``[B]`` int64 KV slots of the new tokens.
+            block_table: ``[B, max_pages]`` int32 pages of each row.
+            seq_lens: ``[B]`` int32 tokens each row attends over (its new one included).
+        Returns:
+            ``[B, H, D]``.
+        Raises:
+            NotImplementedError: the backend has no static path.
+        """
+        raise NotImplementedError(f"{self.name} has no static decode path")
+
 
 @dataclass
 class _PrefillSeq:
@@ -71,6 +104,7 @@ class _TorchMeta:
     decode_rows: torch.Tensor | None = None  # [B] int64 rows of T (q_len == 1 sequences)
     decode_pages: torch.Tensor | None = None  # [B, n_pages] int64
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, n_pages * page_size] bool
+    decode_lens: torch.Tensor | None = None  # [B] int32 KV length of each decode row
     prefill: list[_PrefillSeq] = field(default_factory=list)
 
 
@@ -85,6 +119,7 @@ class TorchSDPABackend(AttentionBackend):
     """
 
     name = "torch-sdpa"
+    supports_static = True
 
     def prepare(self, batch: StepBatch) -> _TorchMeta:
         ps = batch.page_size
@@ -102,6 +137,7 @@ class TorchSDPABackend(AttentionBackend):
             span = torch.arange(n_pages * ps, device=dev)  # [L]
             lens_t = torch.tensor(lens, dtype=torch.int64, device=dev)
             meta.decode_mask = (span[None, :] < lens_t[:, None])[:, None, None, :]
+            meta.decode_lens = lens_t.to(torch.int32)
         for i in range(batch.num_seqs):
             n = batch.q_len(i)
             if n == 1:
@@ -133,7 +169,7 @@ class TorchSDPABackend(AttentionBackend):
         batch: StepBatch,
         meta: _TorchMeta,
     ) -> torch.Tensor:
-        pool.write(layer, batch.slot_mapping, k, v)
+        self.store(pool, layer, batch.slot_mapping, k, v)
         if meta.all_decode:
             return self._decode(layer, q, pool, meta)
         out = torch.empty_like(q)  # [T, H, D]
@@ -158,7 +194,27 @@ class TorchSDPABackend(AttentionBackend):
         return out
 
     @staticmethod
-    def _decode(layer: int, q: torch.Tensor, pool: KVPool, meta: _TorchMeta) -> torch.Tensor:
+    def store(
+        pool: KVPool, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Write new K/V ``[T, Hkv, D]`` at ``slots`` ``[T]`` (the pool quantizes)."""
+        pool.write(layer, slots, k, v)
+
+    def decode_static(self, layer, q, k, v, pool, slots, block_table, seq_lens):  # noqa: ANN001
+        """See ``AttentionBackend.decode_static``: gathers all ``max_pages`` pages of every
+        row (fixed shapes, so more bytes than ``forward``'s decode path)."""
+        self.store(pool, layer, slots, k, v)
+        b, h, d = q.shape
+        hkv = pool.num_kv_heads
+        kp, vp = pool.gather_padded(layer, block_table.long())  # [B, L, Hkv, D] each
+        span = torch.arange(kp.shape[1], device=q.device)  # [L]
+        mask = (span[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+        o = F.scaled_dot_product_attention(
+            q.reshape(b, hkv, h // hkv, d), kp.transpose(1, 2), vp.transpose(1, 2), attn_mask=mask
+        )  # [B, Hkv, G, D]
+        return o.reshape(b, h, d)
+
+    def _decode(self, layer: int, q: torch.Tensor, pool: KVPool, meta: _TorchMeta) -> torch.Tensor:
         """Batched one-token attention. q: ``[B, H, D]`` -> ``[B, H, D]``."""
         b, h, d = q.shape
         hkv = pool.num_kv_heads
@@ -172,12 +228,47 @@ class TorchSDPABackend(AttentionBackend):
         return o.reshape(b, h, d)
 
 
-def make_backend(name: str = "torch-sdpa") -> AttentionBackend:
-    """The attention backend called ``name``.
+def make_backend(
+    name: str = "auto",
+    device: torch.device | str = "cpu",
+    *,
+    page_size: int = 16,
+    kv_dtype: str = "auto",
+) -> AttentionBackend:
+    """The attention backend called ``name``, checked against where it will run.
+
+    "auto": on CUDA, flash-attn when installed and usable (page size a multiple of 256,
+    unquantized KV), else Triton when installed, else torch; on the CPU, torch.
 
     Raises:
-        ValueError: unknown backend name.
+        ValueError: unknown name, or a combination the backend cannot serve.
+        RuntimeError: its library is missing or cannot run on ``device``.
     """
-    if name in ("torch-sdpa", "torch", "auto"):
+    dev = torch.device(device)
+    if name == "auto":
+        name = "torch"
+        if dev.type == "cuda":
+            from houchu.gpu.attention_flash import flash_attn_usable
+            from houchu.gpu.ops import triton_available
+
+            if flash_attn_usable(page_size, kv_dtype):
+                name = "flash-attn"
+            elif triton_available():
+                name = "triton"
+    if name in ("torch-sdpa", "torch"):
         return TorchSDPABackend()
-    raise ValueError(f"unknown attention backend {name!r} (available: torch-sdpa)")
+    if name == "triton":
+        from houchu.gpu.ops import triton_available
+
+        if not triton_available():
+            raise RuntimeError("the triton backend needs the triton package (pip install triton)")
+        from houchu.gpu.attention_triton import TritonBackend
+        from houchu.gpu.triton_ops import triton_usable
+
+        triton_usable(dev)
+        return TritonBackend()
+    if name == "flash-attn":
+        from houchu.gpu.attention_flash import FlashAttentionBackend
+
+        return FlashAttentionBackend(dev, page_size, kv_dtype)
+    raise ValueError(f"unknown attention backend {name!r} (auto, torch, triton, flash-attn)")

@@ -3,6 +3,10 @@ for oneDNN's prepacked layout (``prepack_onednn``): the same arithmetic, blocked
 matmul kernel. On the benchmark machine (AMD EPYC, AVX2, MKL) this made the projection
 matmuls of SmolLM2-135M about 20% faster at 1 row and 45% faster at 4-8 rows (batched
 decode) than ``F.linear``, whose thin-matrix path is slow there.
+
+Every linear layer (this one and the quantized ones in ``houchu.gpu.qlinear``) derives
+from ``LinearBase`` and reports the bytes its weights cost per forward pass, for the
+lever ledger.
 """
 
 from __future__ import annotations
@@ -30,12 +34,47 @@ def onednn_available(dtype: torch.dtype) -> bool:
         return False
 
 
-class Linear(nn.Module):
+@torch.library.custom_op("houchu::onednn_linear", mutates_args=())
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """oneDNN linear on a prepacked weight, as an opaque op so ``torch.compile`` calls it
+    instead of lowering it (Inductor cannot lower an already-packed weight).
+
+    x: ``[N, in]`` float32/bfloat16 -> ``[N, out_features]``, same dtype.
+    """
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
+class LinearBase(nn.Module):
+    """A bias-free projection ``[N, in_features] -> [N, out_features]``.
+
+    Subclasses set ``out_features``, ``in_features`` and ``kind`` (a short label such as
+    "fp32", "int4-g32") and implement ``forward`` and ``weight_bytes``.
+    """
+
+    kind = "dense"
+    out_features: int
+    in_features: int
+
+    def weight_bytes(self) -> int:
+        """Bytes of weight data the kernel reads per forward pass at decode batch sizes
+        (codes plus scales), the number the lever ledger charges per step."""
+        raise NotImplementedError
+
+    def bf16_bytes(self) -> int:
+        """What the same weight costs in bfloat16 (bytes), the ledger's baseline."""
+        return 2 * self.out_features * self.in_features
+
+
+class Linear(LinearBase):
     """Dense ``y = x Wᵀ`` without bias. weight: ``[out_features, in_features]``.
 
     After ``prepack_onednn()`` the dense parameter is dropped (``weight`` becomes None)
-    and only oneDNN's opaque packed copy is kept. A class of its own so quantized variants
-    can replace it layer by layer.
+    and only oneDNN's opaque packed copy is kept.
     """
 
     def __init__(self, weight: torch.Tensor) -> None:
@@ -45,18 +84,26 @@ class Linear(nn.Module):
             weight = nn.Parameter(weight, requires_grad=False)
         self.weight: nn.Parameter | None = weight
         self._packed: torch.Tensor | None = None  # oneDNN blocked layout, opaque
+        self._element_size = weight.element_size()
+        self.kind = str(weight.dtype).removeprefix("torch.")
 
     def prepack_onednn(self, keep_dense: bool = False) -> None:
         """Switch to oneDNN's prepacked weight (CPU, float32/bfloat16; check
         ``onednn_available`` first). ``keep_dense`` keeps the dense parameter too (for a
         weight shared with the embedding)."""
-        assert self.weight is not None
+        if self.weight is None:
+            raise RuntimeError("Linear.prepack_onednn called twice")
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data)
         if not keep_dense:
             self.weight = None
 
+    def weight_bytes(self) -> int:
+        return self.out_features * self.in_features * self._element_size
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: ``[N, in_features]`` -> ``[N, out_features]``, same dtype."""
         if self._packed is not None:
+            if torch.compiler.is_compiling():
+                return onednn_linear(x, self._packed, self.out_features)
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
         return F.linear(x, self.weight)

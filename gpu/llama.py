@@ -18,8 +18,13 @@ from houchu.gpu.attention import AttentionBackend
 from houchu.gpu.batch import StepBatch
 from houchu.gpu.config import ModelConfig, ModelLoadError
 from houchu.gpu.kv_pool import KVPool
-from houchu.gpu.linear import Linear, onednn_available
-from houchu.gpu.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from houchu.gpu.linear import Linear, LinearBase, onednn_available
+from houchu.gpu.ops import TorchOps
+from houchu.gpu.qlinear import fuse_weights, make_linear
+from houchu.gpu.quant import Int4Weight, QuantSpec
+from houchu.gpu.rope import rope_cos_sin, rope_inv_freq
+
+Weights = dict[str, "torch.Tensor | Int4Weight"]
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
@@ -40,96 +45,135 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: ``[N, hidden]`` -> ``[N, hidden]``, same dtype."""
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return TorchOps.rms_norm(x, self.weight, self.eps)
 
 
 class DecoderLayer(nn.Module):
     """One Llama block with fused qkv ``[(H + 2·Hkv)·D, hidden]`` and gate_up
-    ``[2·intermediate, hidden]`` projections."""
+    ``[2·intermediate, hidden]`` projections, split around attention into ``pre`` (norm,
+    qkv, RoPE) and ``post`` (o_proj, residual, norm, MLP, residual) so a compiled or
+    graph-captured step can treat the pieces separately."""
 
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], prefix: str) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        w: Weights,
+        prefix: str,
+        spec: QuantSpec,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_heads,
             cfg.num_kv_heads,
             cfg.head_dim,
         )
+        self.eps = cfg.rms_norm_eps
         self.input_norm = RMSNorm(w.pop(f"{prefix}.input_layernorm.weight"), cfg.rms_norm_eps)
         self.post_norm = RMSNorm(
             w.pop(f"{prefix}.post_attention_layernorm.weight"), cfg.rms_norm_eps
         )
         a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
-        qkv = [w.pop(f"{a}.{n}_proj.weight") for n in "qkv"]
-        self.qkv = Linear(torch.cat(qkv))
-        self.o_proj = Linear(w.pop(f"{a}.o_proj.weight"))
-        self.gate_up = Linear(
-            torch.cat([w.pop(f"{m}.gate_proj.weight"), w.pop(f"{m}.up_proj.weight")])
-        )
-        self.down = Linear(w.pop(f"{m}.down_proj.weight"))
-        self.intermediate = cfg.intermediate_size
 
-    def attention(
-        self,
-        layer: int,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        pool: KVPool,
-        backend: AttentionBackend,
-        batch: StepBatch,
-        meta: object,
-    ) -> torch.Tensor:
-        """x: ``[T, hidden]`` (normed) -> attention output ``[T, hidden]``."""
+        def lin(parts: list[torch.Tensor | Int4Weight]) -> LinearBase:
+            return make_linear(fuse_weights(parts, dtype), spec, device, dtype=dtype)
+
+        self.qkv = lin([w.pop(f"{a}.{n}_proj.weight") for n in "qkv"])
+        self.o_proj = lin([w.pop(f"{a}.o_proj.weight")])
+        self.gate_up = lin([w.pop(f"{m}.gate_proj.weight"), w.pop(f"{m}.up_proj.weight")])
+        self.down = lin([w.pop(f"{m}.down_proj.weight")])
+
+    def pre(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: TorchOps
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Norm, qkv projection and RoPE.
+
+        Args:
+            x: ``[T, hidden]`` residual stream.
+            cos, sin: ``[T, 1, D]`` RoPE tables.
+            ops: the kernel set.
+        Returns:
+            ``(q [T, H, D], k [T, Hkv, D], v [T, Hkv, D])`` in the model dtype.
+        """
         t = x.shape[0]
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv(x)  # [T, (H + 2Hkv) * D]
+        qkv = self.qkv(ops.rms_norm(x, self.input_norm.weight, self.eps))  # [T, (H+2Hkv)*D]
         q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
-        q = apply_rope(q.view(t, h, d), cos, sin)  # [T, H, D]
-        k = apply_rope(k.view(t, hkv, d), cos, sin)  # [T, Hkv, D]
-        v = v.reshape(t, hkv, d)  # [T, Hkv, D]
-        o = backend.forward(layer, q, k, v, pool, batch, meta)  # [T, H, D]
-        return self.o_proj(o.reshape(t, h * d))
+        q, k = ops.rope(q.reshape(t, h, d), k.reshape(t, hkv, d), cos, sin)
+        return q, k, v.reshape(t, hkv, d)
 
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        """SwiGLU: ``down(silu(gate(x)) * up(x))``. x: ``[N, hidden]`` -> ``[N, hidden]``."""
-        gate, up = self.gate_up(x).split(self.intermediate, dim=-1)  # [N, I] each
-        return self.down(F.silu(gate) * up)
+    def post(
+        self,
+        x: torch.Tensor,
+        o: torch.Tensor,
+        ops: TorchOps,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Output projection, residual, norm, SwiGLU MLP (``down(silu(gate) * up)``),
+        residual.
+
+        Args:
+            x: ``[T, hidden]`` residual stream before attention.
+            o: ``[T, H, D]`` attention output.
+            ops: the kernel set.
+            rows: ``[R]`` int64 rows to keep (only the sampled rows after the last layer),
+                or None for all.
+        Returns:
+            ``[T, hidden]`` (or ``[R, hidden]``) residual stream.
+        """
+        a = self.o_proj(o.reshape(o.shape[0], -1))  # [T, hidden]
+        if rows is not None:
+            x, a = x.index_select(0, rows), a.index_select(0, rows)
+        h, x = ops.add_rms_norm(x, a, self.post_norm.weight, self.eps)
+        return x + self.down(ops.silu_mul(self.gate_up(h)))
 
 
 class LlamaModel(nn.Module):
     """A Llama causal LM over paged KV.
 
     Build with ``LlamaModel.from_tensors``; run with ``forward(batch, pool, backend)``.
-    With ``prepack`` on CPU the matmul weights switch to oneDNN's packed layout (see
+    With ``prepack`` on CPU the dense matmul weights switch to oneDNN's packed layout (see
     ``houchu.gpu.linear``); a tied LM head then keeps a packed copy of the embedding.
+    ``quant`` selects quantized layers (``houchu.gpu.qlinear``); the embedding stays dense.
+    ``ops`` is the kernel set (``houchu.gpu.ops``), TorchOps unless the runner swaps it.
     """
 
     def __init__(
         self,
         cfg: ModelConfig,
-        w: dict[str, torch.Tensor],
+        w: Weights,
         device: torch.device | str = "cpu",
         prepack: bool = True,
+        quant: QuantSpec | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
+        self.quant = quant or QuantSpec()
+        dev = torch.device(device)
+        dtype = w["model.embed_tokens.weight"].dtype
+        self.ops: TorchOps = TorchOps()
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, w, f"model.layers.{i}") for i in range(cfg.num_layers)
+            DecoderLayer(cfg, w, f"model.layers.{i}", self.quant, dev, dtype)
+            for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(w.pop("model.norm.weight"), cfg.rms_norm_eps)
         self.embed = _param(w.pop("model.embed_tokens.weight"))  # [V, hidden]
         self.tied = cfg.tie_word_embeddings
         head = self.embed if self.tied else w.pop("lm_head.weight")  # [V, hidden]
-        self.lm_head = Linear(head)
+        if self.quant.mode == "none":
+            self.lm_head: LinearBase = Linear(head)
+        else:
+            self.lm_head = make_linear(head.data, self.quant, dev, dtype=dtype, head=True)
         inv = rope_inv_freq(cfg, w.get("rope_freqs"))
         self.register_buffer("inv_freq", inv, persistent=False)  # [D/2] fp32
-        self.to(device)
-        self._num_params = sum(p.numel() for p in self.parameters())  # tied counted once
-        self.prepacked = (
-            prepack and torch.device(device).type == "cpu" and onednn_available(self.dtype)
+        self.to(dev)
+        self._num_params = sum(p.numel() for p in self.parameters()) + sum(
+            m.out_features * m.in_features
+            for m in self.linears()
+            if not isinstance(m, Linear) and not (m is self.lm_head and self.tied)
         )
+        self.prepacked = prepack and dev.type == "cpu" and onednn_available(self.dtype)
         if self.prepacked:
             for m in self.modules():
                 if isinstance(m, Linear):
@@ -139,9 +183,10 @@ class LlamaModel(nn.Module):
     def from_tensors(
         cls,
         cfg: ModelConfig,
-        tensors: dict[str, torch.Tensor],
+        tensors: Weights,
         device: torch.device | str = "cpu",
         prepack: bool = True,
+        quant: QuantSpec | None = None,
     ) -> LlamaModel:
         """Build the model from Hugging Face-named tensors (as the loaders return them).
 
@@ -149,18 +194,42 @@ class LlamaModel(nn.Module):
 
         Raises:
             ModelLoadError: a required tensor is missing or has the wrong shape.
+            ValueError: an int4 group size that does not divide a layer's input width.
         """
         _check_shapes(cfg, tensors)
-        return cls(cfg, tensors, device, prepack)
+        return cls(cfg, tensors, device, prepack, quant)
 
     @property
     def dtype(self) -> torch.dtype:
-        """The weight dtype."""
+        """The model dtype (embedding, norms, residual stream, attention)."""
         return self.embed.dtype
 
     def num_params(self) -> int:
         """Scalars in the model's weights (a tied head counted once)."""
         return self._num_params
+
+    def linears(self) -> list[LinearBase]:
+        """Every projection, LM head last."""
+        return [m for m in self.modules() if isinstance(m, LinearBase)]
+
+    def weight_bytes(self) -> tuple[int, int]:
+        """``(bytes, bf16_bytes)``: matmul weight bytes one decode step reads, as stored
+        and as they would be in bfloat16 (the lever ledger's baseline)."""
+        ls = self.linears()
+        return sum(m.weight_bytes() for m in ls), sum(m.bf16_bytes() for m in ls)
+
+    def embed_and_rope(
+        self, token_ids: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """token_ids, positions: ``[T]`` int64 -> ``(x [T, hidden], cos [T, 1, D],
+        sin [T, 1, D])`` in the model dtype."""
+        x = F.embedding(token_ids, self.embed)  # [T, hidden]
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)  # [T, 1, D] each
+        return x, cos, sin
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: x ``[R, hidden]`` -> ``[R, vocab]`` float32 logits."""
+        return self.lm_head(self.norm(x)).float()
 
     def forward(self, batch: StepBatch, pool: KVPool, backend: AttentionBackend) -> torch.Tensor:
         """Run one step: write every new token's K/V into the pool, return sampled logits.
@@ -173,22 +242,22 @@ class LlamaModel(nn.Module):
         Returns:
             ``[R, vocab]`` float32 logits for ``batch.sample_rows`` (R may be 0).
         """
-        x = F.embedding(batch.token_ids, self.embed)  # [T, hidden]
-        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, x.dtype)  # [T, 1, D] each
+        x, cos, sin = self.embed_and_rope(batch.token_ids, batch.positions)
         meta = backend.prepare(batch)
-        last = len(self.layers) - 1
+        last, ops = len(self.layers) - 1, self.ops
         for i, layer in enumerate(self.layers):
-            x = x + layer.attention(i, layer.input_norm(x), cos, sin, pool, backend, batch, meta)
-            if i == last:  # only the sampled rows feed the head: skip the rest's MLP
-                if batch.sample_rows.numel() == 0:
-                    return torch.empty(0, self.cfg.vocab_size, device=x.device)  # [0, V]
-                x = x.index_select(0, batch.sample_rows)  # [R, hidden]
-            x = x + layer.mlp(layer.post_norm(x))
-        x = self.norm(x)  # [R, hidden]
-        return self.lm_head(x).float()  # [R, V]
+            q, k, v = layer.pre(x, cos, sin, ops)
+            o = backend.forward(i, q, k, v, pool, batch, meta)  # [T, H, D]
+            if i < last:
+                x = layer.post(x, o, ops)
+            elif batch.sample_rows.numel() == 0:  # KV written; nothing to sample
+                return torch.empty(0, self.cfg.vocab_size, device=x.device)  # [0, V]
+            else:  # only the sampled rows feed the last MLP and the head
+                x = layer.post(x, o, ops, batch.sample_rows)  # [R, hidden]
+        return self.head(x)  # [R, V]
 
 
-def _check_shapes(cfg: ModelConfig, w: dict[str, torch.Tensor]) -> None:
+def _check_shapes(cfg: ModelConfig, w: Weights) -> None:
     h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     want: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (cfg.vocab_size, h),

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from houchu.gpu.config import ModelConfig, ModelLoadError, resolve_model_file
-from houchu.gpu.llama import LlamaModel
+from houchu.gpu.llama import LlamaModel, Weights
+from houchu.gpu.quant import QuantSpec
 
 DTYPES = {
     "float32": torch.float32,
@@ -32,9 +33,10 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def load_tensors(
-    path: str | Path, dtype: torch.dtype
-) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Config and Hugging Face-named CPU tensors of the model at ``path``.
+    path: str | Path, dtype: torch.dtype, keep_q4: bool = False
+) -> tuple[ModelConfig, Weights]:
+    """Config and Hugging Face-named CPU tensors of the model at ``path`` (with
+    ``keep_q4``, a GGUF file's Q4_0/Q4_1 projections as lossless ``Int4Weight``).
 
     Raises:
         ModelLoadError: not a GGUF file / HF directory, or unsupported model.
@@ -43,7 +45,7 @@ def load_tensors(
     if p.is_file() and p.suffix == ".gguf":
         from houchu.gpu.weights_gguf import load_gguf
 
-        return load_gguf(p, dtype)
+        return load_gguf(p, dtype, keep_q4)
     if p.is_dir():
         from houchu.gpu.weights_hf import load_hf
 
@@ -56,12 +58,16 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     prepack: bool = True,
+    quant: QuantSpec | None = None,
 ) -> LlamaModel:
     """Load and build the ``LlamaModel`` at ``path`` (weights in ``dtype`` on ``device``;
-    ``prepack``: oneDNN-packed matmul weights on CPU where available).
+    ``prepack``: oneDNN-packed dense matmul weights on CPU where available; ``quant``:
+    quantized projections, see ``QuantSpec``).
 
     Raises:
         ModelLoadError: see ``load_tensors``; missing or mis-shaped tensors.
+        ValueError: an int4 group size that does not divide a layer's input width.
     """
-    cfg, tensors = load_tensors(path, dtype)
-    return LlamaModel.from_tensors(cfg, tensors, device, prepack)
+    quant = quant or QuantSpec()
+    cfg, tensors = load_tensors(path, dtype, quant.keeps_gguf_q4)
+    return LlamaModel.from_tensors(cfg, tensors, device, prepack, quant)

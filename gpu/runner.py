@@ -24,14 +24,19 @@ from pathlib import Path
 import torch
 
 from houchu.cache_tiers.host_pool import HostPool
+from houchu.gpu.accel import DecodeAccelerator
 from houchu.gpu.attention import make_backend
-from houchu.gpu.batch import build_batch
+from houchu.gpu.batch import StepBatch, build_batch
 from houchu.gpu.config import ModelConfig, num_parameters
 from houchu.gpu.kv_pool import KVPool
 from houchu.gpu.kv_transfer import HostKVMirror
+from houchu.gpu.levers import LeverCounters, StepCost
 from houchu.gpu.loader import load_model, parse_dtype
+from houchu.gpu.ops import make_ops
+from houchu.gpu.quant import QuantSpec
 from houchu.gpu.sampling import RequestState, Sampler
 from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
+from houchu.transport.telemetry import LeverSample
 
 
 class ModelRunner:
@@ -47,15 +52,24 @@ class ModelRunner:
             pool's capacity. None: the smaller of those two.
         num_threads: torch intra-op threads (None: torch's default).
         device: "cpu" or a CUDA device.
-        attention_backend: see ``houchu.gpu.attention.make_backend``.
+        attention_backend: "auto", "torch", "triton" or "flash-attn"; see
+            ``houchu.gpu.attention.make_backend``.
         seed: seed of the generator unseeded requests share (None: random).
         logprobs_mode: "raw" (log_softmax of the model's logits, vLLM's default) or
             "processed" (after penalties, temperature and filters).
         prepack: on CPU, keep matmul weights in oneDNN's packed layout (faster).
+        quantization: "none", "int4", "int8" or "w8a8" (``houchu.gpu.quant.QuantSpec``).
+        group_size: int4 group size (32, 64 or 128).
+        kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8".
+        compile: compile the decode step with ``torch.compile`` at startup.
+        cuda_graph: on CUDA, capture decode steps as CUDA graphs at startup.
+        decode_buckets: batch sizes compiled / captured.
         quiet: do not print the load summary.
     Raises:
         ModelLoadError: the model cannot be loaded.
-        ValueError: bad dtype, page size, or a KV budget below one page.
+        ValueError: bad dtype, page size, quantization, KV dtype or backend, or a KV
+            budget below one page.
+        RuntimeError: a backend that cannot run here (flash-attn or Triton missing).
     """
 
     def __init__(
@@ -69,10 +83,16 @@ class ModelRunner:
         max_context: int | None = None,
         num_threads: int | None = None,
         device: str = "cpu",
-        attention_backend: str = "torch-sdpa",
+        attention_backend: str = "auto",
         seed: int | None = None,
         logprobs_mode: str = "raw",
         prepack: bool = True,
+        quantization: str = "none",
+        group_size: int = 32,
+        kv_cache_dtype: str = "auto",
+        compile: bool = False,
+        cuda_graph: bool = True,
+        decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
         quiet: bool = False,
     ) -> None:
         if num_threads is not None:
@@ -82,8 +102,14 @@ class ModelRunner:
         t0 = time.perf_counter()
         self.device = torch.device(device)
         self.dtype = parse_dtype(dtype)
+        quant = QuantSpec(quantization, group_size)
+        self.backend = make_backend(
+            attention_backend, self.device, page_size=page_size, kv_dtype=kv_cache_dtype
+        )
+        graphs = cuda_graph and self.device.type == "cuda"
         with torch.inference_mode():
-            self.model = load_model(model_path, self.dtype, self.device, prepack)
+            self.model = load_model(model_path, self.dtype, self.device, prepack, quant)
+            self.model.ops = make_ops(self.backend.ops_name, self.device)
             self.pool = KVPool.for_model(
                 self.config,
                 page_size=page_size,
@@ -91,8 +117,27 @@ class ModelRunner:
                 device=self.device,
                 num_pages=num_pages,
                 memory_bytes=kv_cache_memory_bytes,
+                kv_dtype=kv_cache_dtype,
+                scratch_pages=1 if graphs else 0,
             )
-        self.backend = make_backend(attention_backend)
+        self.accel = DecodeAccelerator(
+            self.model,
+            self.pool,
+            self.backend,
+            compile=compile,
+            cuda_graph=graphs,
+            buckets=decode_buckets,
+        )
+        self.accel.setup()
+        wb, wb16 = self.model.weight_bytes()
+        p = self.pool
+        cost = StepCost(
+            wb, wb16, p.bytes_per_token, p.bf16_bytes_per_token, quant.label(), kv_cache_dtype
+        )
+        a = self.accel
+        self.levers = LeverCounters(
+            cost, a.kind, a.eager_step_s, a.accel_step_s, a.setup_s, a.kv_rel_error
+        )
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
         limit = min(self.config.max_position, self.pool.num_tokens)
         self.max_context = limit if max_context is None else min(max_context, limit)
@@ -121,9 +166,16 @@ class ModelRunner:
             f"{self.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
             f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
             f"({p.bytes_per_token} B/token), max context {self.max_context}, "
-            f"attention {self.backend.name}, matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
-            f"{torch.get_num_threads()} threads{took}"
+            f"attention {self.backend.name}, kernels {self.model.ops.name}, "
+            f"matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
+            f"{torch.get_num_threads()} threads{took}; {self.levers.summary()}"
         )
+
+    def lever_samples(self) -> list[LeverSample]:
+        """What weight and KV quantization and the compiled / graph-captured decode step
+        saved and spent since the previous call (engine-wide ``LeverSample``s, for the
+        runner actor to emit)."""
+        return self.levers.samples()
 
     def attach_host_pool(self, host: HostPool) -> None:
         """Map the shared host KV pool so plans can save pages to it and load them back.
@@ -146,6 +198,15 @@ class ModelRunner:
             num_nonembed_params=num_parameters(self.config).non_embedding,
             attn_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
         )
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor:
+        """Logits ``[R, V]`` float32 of one step, accelerated where possible; counts it."""
+        logits = self.accel.forward(batch)
+        fast = logits is not None
+        if logits is None:
+            logits = self.model(batch, self.pool, self.backend)
+        self.levers.record(batch.num_tokens, sum(batch.kv_lens), fast)
+        return logits
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one step (see the module docstring for the semantics).
@@ -197,7 +258,7 @@ class ModelRunner:
             self.states.update(new)
             outputs: list[SeqOutput] = []
             if batch is not None:
-                logits = self.model(batch, self.pool, self.backend)  # [R, V] fp32
+                logits = self._forward(batch)  # [R, V] fp32
                 states = [self.states[plan.work[i].rid] for i in batch.sampled]
                 for st, s in zip(states, self.sampler.sample(logits, states), strict=True):
                     st.append(s.token_id)

@@ -25,6 +25,9 @@ import numpy as np
 import torch
 
 from houchu.gpu.config import ModelConfig, ModelLoadError, config_from_gguf_reader
+from houchu.gpu.quant import Int4Weight, gguf_q4_to_int4
+
+Q4_TYPES = ("Q4_0", "Q4_1")  # kept as int4 (losslessly) when asked
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -103,31 +106,46 @@ def dequantize_tensor(t: Any) -> np.ndarray:
 
 
 def iter_gguf_tensors(
-    reader: Any, cfg: ModelConfig, dtype: torch.dtype = torch.float32
-) -> Iterator[tuple[str, torch.Tensor]]:
+    reader: Any, cfg: ModelConfig, dtype: torch.dtype = torch.float32, keep_q4: bool = False
+) -> Iterator[tuple[str, torch.Tensor | Int4Weight]]:
     """Yield ``(hf_name, tensor)`` for every tensor of an open ``gguf.GGUFReader``.
 
     q and k projections come out un-permuted (see module docstring). Tensors are dense,
-    contiguous, on CPU, in ``dtype`` (``rope_freqs`` stays float32).
+    contiguous, on CPU, in ``dtype`` (``rope_freqs`` stays float32). With ``keep_q4``,
+    Q4_0/Q4_1 projection weights come out as ``Int4Weight`` instead (not the embedding,
+    whose rows are looked up densely).
     """
     for t in reader.tensors:
         name = gguf_to_hf_name(t.name)
-        w = torch.from_numpy(dequantize_tensor(t))
+        if keep_q4 and t.tensor_type.name in Q4_TYPES and ".layers." in name:
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            w: torch.Tensor | Int4Weight = gguf_q4_to_int4(t.data, t.tensor_type.name, shape)
+        else:
+            w = torch.from_numpy(dequantize_tensor(t))
         if name.endswith("q_proj.weight"):
-            w = unpermute_qk(w, cfg.num_heads)
+            w = _unpermute(w, cfg.num_heads)
         elif name.endswith("k_proj.weight"):
-            w = unpermute_qk(w, cfg.num_kv_heads)
-        yield name, (w if name == "rope_freqs" else w.to(dtype)).contiguous()
+            w = _unpermute(w, cfg.num_kv_heads)
+        if isinstance(w, torch.Tensor):
+            w = (w if name == "rope_freqs" else w.to(dtype)).contiguous()
+        yield name, w
+
+
+def _unpermute(w: torch.Tensor | Int4Weight, n_head: int) -> torch.Tensor | Int4Weight:
+    if isinstance(w, Int4Weight):
+        return w.permute_rows(lambda t: unpermute_qk(t, n_head).contiguous())
+    return unpermute_qk(w, n_head)
 
 
 def load_gguf(
-    path: str | Path, dtype: torch.dtype = torch.float32
-) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    path: str | Path, dtype: torch.dtype = torch.float32, keep_q4: bool = False
+) -> tuple[ModelConfig, dict[str, torch.Tensor | Int4Weight]]:
     """Load a GGUF Llama model.
 
     Args:
         path: the ``.gguf`` file.
         dtype: dtype of the returned weights (torch.float32 / bfloat16 / float16).
+        keep_q4: keep Q4_0/Q4_1 projection weights as ``Int4Weight`` (lossless).
     Returns:
         ``(config, tensors)``: tensors keyed by Hugging Face name, CPU, ``dtype``.
     Raises:
@@ -140,5 +158,5 @@ def load_gguf(
     except Exception as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
     cfg = config_from_gguf_reader(reader, path)
-    tensors = dict(iter_gguf_tensors(reader, cfg, dtype))
+    tensors = dict(iter_gguf_tensors(reader, cfg, dtype, keep_q4))
     return cfg, tensors

@@ -1,0 +1,127 @@
+"""The accelerated decode step, set up once at startup: ``torch.compile`` on the CPU
+(``houchu.gpu.compiled``), CUDA graphs on a CUDA GPU (``houchu.gpu.cuda_graph``), or
+none. Setup compiles or captures every batch-size bucket, then times one warm-up decode
+step eagerly and accelerated (the lever ledger's "eager vs compiled step time") and,
+with a quantized KV pool, measures the quantization error on that step's real K/V.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from houchu.gpu.attention import AttentionBackend
+from houchu.gpu.batch import StepBatch, build_batch
+from houchu.gpu.kv_pool import KVPool, dequantize_kv, quantize_kv
+from houchu.gpu.llama import LlamaModel
+from houchu.transport.messages import SeqWork
+
+
+class _ErrorProbe(AttentionBackend):
+    """Wraps a backend; accumulates the int8/fp8 round-trip error of the K/V it stores."""
+
+    def __init__(self, inner: AttentionBackend, pool: KVPool) -> None:
+        self.inner, self.pool = inner, pool
+        self.err2 = self.ref2 = 0.0
+
+    def prepare(self, batch: StepBatch) -> Any:
+        return self.inner.prepare(batch)
+
+    def forward(self, layer, q, k, v, pool, batch, meta):  # noqa: ANN001 (see base class)
+        for x, dt in ((k, pool.k.dtype), (v, pool.v.dtype)):
+            back = dequantize_kv(*quantize_kv(x, dt), torch.float32)
+            self.err2 += float((back - x.float()).pow(2).sum())
+            self.ref2 += float(x.float().pow(2).sum())
+        return self.inner.forward(layer, q, k, v, pool, batch, meta)
+
+
+class DecodeAccelerator:
+    """Runs decode-only steps compiled or graph-replayed where it can.
+
+    Args:
+        model, pool, backend: the runner's.
+        compile: use ``torch.compile`` (any device; on CUDA only without graphs).
+        cuda_graph: capture CUDA graphs (CUDA only; needs a backend with a static
+            decode path).
+        buckets: batch sizes compiled / captured.
+    """
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        pool: KVPool,
+        backend: AttentionBackend,
+        *,
+        compile: bool,
+        cuda_graph: bool,
+        buckets: tuple[int, ...],
+    ) -> None:
+        self.model, self.pool, self.backend = model, pool, backend
+        self.impl: Any = None
+        self.kind: str | None = None
+        dev = model.embed.device
+        if dev.type == "cuda" and cuda_graph and getattr(backend, "supports_static", False):
+            from houchu.gpu.cuda_graph import CudaGraphDecode
+
+            self.impl, self.kind = CudaGraphDecode(model, pool, backend, buckets), "cuda_graph"
+        elif compile:
+            from houchu.gpu.compiled import CompiledDecode
+
+            self.impl, self.kind = CompiledDecode(model, buckets), "compiled_decode"
+        self.setup_s = 0.0
+        self.eager_step_s: float | None = None
+        self.accel_step_s: float | None = None
+        self.kv_rel_error: float | None = None
+
+    def setup(self) -> None:
+        """Compile / capture all buckets, then time a warm-up step both ways."""
+        if self.impl is not None:
+            self.setup_s = self.impl.warmup()
+        n = min(8, self.pool.num_pages, self.impl.buckets[-1] if self.impl else 8)
+        work = [
+            SeqWork(rid=f"warmup{i}", token_ids=[1 + i], start_pos=0, page_table=[i], sample=True)
+            for i in range(n)
+        ]
+        batch = build_batch(
+            work,
+            page_size=self.pool.page_size,
+            num_pages=self.pool.num_pages,
+            max_context=1,
+            vocab_size=self.model.cfg.vocab_size,
+            device=self.model.embed.device,
+        )  # writes garbage K/V into pages 0..n-1: unread until rewritten by a real step
+        with torch.inference_mode():
+            if self.pool.quantized:
+                probe = _ErrorProbe(self.backend, self.pool)
+                self.model(batch, self.pool, probe)
+                self.kv_rel_error = (probe.err2 / max(probe.ref2, 1e-30)) ** 0.5
+            self.eager_step_s = _best_time(lambda: self.model(batch, self.pool, self.backend))
+            if self.impl is not None:
+                self.accel_step_s = _best_time(lambda: self.forward(batch))
+
+    def forward(self, batch: StepBatch) -> torch.Tensor | None:
+        """``[R, vocab]`` float32 logits if this step ran accelerated, else None (the
+        caller runs the model eagerly)."""
+        if self.impl is None:
+            return None
+        bucket = self.impl.bucket(batch)
+        if bucket is None:
+            return None
+        return self.impl.forward(batch, self.pool, self.backend, bucket)
+
+
+def _best_time(fn: Any, reps: int = 3) -> float:
+    """Fastest of ``reps`` calls of ``fn``, in seconds (after one untimed call)."""
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best

@@ -1,0 +1,83 @@
+"""The model's elementwise and normalization kernels, chosen once at startup.
+
+``TorchOps`` is the reference: plain torch ops with Hugging Face's numerics (RMSNorm in
+float32, cast back before the weight multiply; rotate-half RoPE in the model dtype), so
+the exact path matches transformers. ``houchu.gpu.triton_ops.TritonOps`` implements the
+same interface with fused Triton kernels (one pass over memory per op) for CUDA; on the
+CPU, ``torch.compile`` fuses these same torch ops instead (``houchu.gpu.compiled``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+from houchu.gpu.rope import apply_rope
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether the ``triton`` package is installed."""
+    return importlib.util.find_spec("triton") is not None
+
+
+class TorchOps:
+    """Reference kernels on torch ops (any device)."""
+
+    name = "torch"
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm (Zhang & Sennrich 2019). x: ``[N, hidden]``, w: ``[hidden]`` ->
+        ``[N, hidden]`` in x's dtype: ``w * (x / sqrt(mean(x²) + eps))`` with the
+        normalization in float32."""
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return w * xf.to(x.dtype)
+
+    @classmethod
+    def add_rms_norm(
+        cls, x: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual add then RMSNorm. x, delta: ``[N, hidden]`` -> ``(normed, x + delta)``,
+        both ``[N, hidden]`` in x's dtype."""
+        s = x + delta
+        return cls.rms_norm(s, w, eps), s
+
+    @staticmethod
+    def rope(
+        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate queries ``[T, H, D]`` and keys ``[T, Hkv, D]`` by their positions
+        (``cos``, ``sin``: ``[T, 1, D]`` from ``rope_cos_sin``); returns new tensors."""
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        """SwiGLU's gating (Shazeer 2020). gate_up: ``[N, 2I]`` (gate | up) -> ``[N, I]``:
+        ``silu(gate) * up``."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+def make_ops(name: str, device: torch.device) -> TorchOps:
+    """The kernel set ``name`` ("torch" or "triton") for ``device``.
+
+    Raises:
+        ValueError: unknown name.
+        RuntimeError: "triton" where Triton cannot run (no CUDA device, and not in
+            interpreter mode ``TRITON_INTERPRET=1``), or Triton is not installed.
+    """
+    if name == "torch":
+        return TorchOps()
+    if name == "triton":
+        if not triton_available():
+            raise RuntimeError("Triton kernels need the triton package (pip install triton)")
+        from houchu.gpu.triton_ops import TritonOps, triton_usable
+
+        triton_usable(device)
+        return TritonOps()
+    raise ValueError(f"unknown kernel set {name!r} (torch or triton)")

@@ -1,0 +1,282 @@
+"""Quantized linear layers: weight-only int4 and int8 (move less) and W8A8 (compute less).
+
+Kernels (torch's own, no extension needed):
+
+- int4: ``torch.ops.aten._weight_int4pack_mm_for_cpu`` on CPU and ``_weight_int4pack_mm``
+  (the "tinygemm" kernel) on CUDA, with per-group scales and zero points packed as
+  ``[K/G, N, 2]`` and dequantization ``w = (q - 8) · scale + zero`` (so ``zero = offset
+  + 8 · scale`` in ``houchu.gpu.quant``'s ``q · scale + offset`` form).
+- int8 weight-only: ``torch.ops.aten._weight_int8pack_mm`` (per-channel scales).
+- W8A8: ``torch._int_mm`` (int8 × int8 → int32) with dynamic per-token activation
+  scales; on a CUDA GPU with FP8 tensor cores (compute capability ≥ 9.0) the same layer
+  runs ``torch._scaled_mm`` on float8_e4m3fn with row-wise scales instead.
+
+Kernel choice by batch size: at decode batch sizes the step is bandwidth-bound and the
+quantized kernels read 2-4x fewer bytes; for many rows (prefill, large batches) these
+weight-only kernels are slower than a dense matmul on this CPU (measured on the benchmark
+machine, SmolLM2-135M layer shapes, 1 thread: at 512 rows the int4 kernel took ~3x and
+the int8 kernel ~3.4x the bf16 oneDNN time), so from ``dequant_min_rows`` rows up the
+weight is dequantized to the activation dtype and multiplied densely. W8A8 uses the int8
+GEMM from ``w8a8_min_rows`` rows up (compute-bound) and the weight-only int8 kernel below.
+
+Activations run in bfloat16 where the hardware has it (CPU with AVX512-BF16/AMX, any
+CUDA GPU with bf16), else float32; inputs of another dtype are cast in and out.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from houchu.gpu.linear import Linear, LinearBase
+from houchu.gpu.quant import (
+    Int4Weight,
+    QuantSpec,
+    pack_nibbles,
+    quantize_fp8,
+    quantize_int4,
+    quantize_int8,
+    quantize_rows_int8,
+    unpack_nibbles,
+)
+
+INT4_DEQUANT_MIN_ROWS = 128  # rows from which int4 dequantize-then-matmul is faster
+INT8_DEQUANT_MIN_ROWS = 64  # same for the int8 weight-only kernel
+W8A8_MIN_ROWS = 32  # rows from which the int8 GEMM beats the weight-only int8 kernel
+
+
+@functools.cache
+def quant_act_dtype(device_type: str) -> torch.dtype:
+    """bfloat16 if ``device_type``'s hardware computes in it, else float32."""
+    if device_type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+
+
+def _cuda_fp8_ok(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+class Int4Linear(LinearBase):
+    """Weight-only int4 linear (per-group scales and zero points).
+
+    Args:
+        w: the quantized weight (``[N, K]`` codes, ``[N, K/G]`` scale and offset).
+        device: where the layer runs.
+        dequant_min_rows: rows from which the dense path is used.
+    Raises:
+        ValueError: on CUDA, N not a multiple of 8 or K not a multiple of 32.
+    """
+
+    def __init__(
+        self,
+        w: Int4Weight,
+        device: torch.device | str = "cpu",
+        dequant_min_rows: int = INT4_DEQUANT_MIN_ROWS,
+    ) -> None:
+        super().__init__()
+        dev = torch.device(device)
+        self.out_features, self.in_features = w.shape
+        self.group_size, self.dequant_min_rows = w.group_size, dequant_min_rows
+        self.kind = f"int4-g{w.group_size}"
+        act = self.act_dtype = quant_act_dtype(dev.type)
+        zero = w.offset + 8.0 * w.scale  # [N, K/G]
+        sz = torch.stack((w.scale, zero), dim=-1).transpose(0, 1).contiguous()  # [K/G, N, 2]
+        self.register_buffer("sz", sz.to(dev, act))
+        q = w.q.to(dev)
+        if dev.type == "cuda":
+            n, k = w.shape
+            tiles = next((t for t in (8, 4, 2) if k % (16 * t) == 0), None)
+            if n % 8 or tiles is None:
+                raise ValueError(f"CUDA int4 kernel needs N % 8 == 0 and K % 32 == 0, got {n}x{k}")
+            hi_lo = (q[:, 0::2] << 4) | q[:, 1::2]  # tinygemm's nibble order
+            packed = torch.ops.aten._convert_weight_to_int4pack(hi_lo.contiguous(), tiles)
+        else:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        self.register_buffer("packed", packed)  # kernel layout, opaque
+        # a plain nibble copy for the dequantize-then-matmul path
+        self.register_buffer("nibbles", pack_nibbles(q))  # [N, K/2] uint8
+        self.register_buffer("scale", w.scale.to(dev, act))  # [N, K/G]
+        self.register_buffer("offset", w.offset.to(dev, act))  # [N, K/G]
+
+    def weight_bytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size() + self.sz.numel() * 2
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense weight ``[N, K]`` in the activation dtype."""
+        n, k, g = self.out_features, self.in_features, self.group_size
+        q = unpack_nibbles(self.nibbles).to(self.act_dtype).view(n, k // g, g)
+        return torch.addcmul(self.offset[..., None], q, self.scale[..., None]).view(n, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
+        xa = x.to(self.act_dtype)
+        if x.shape[0] >= self.dequant_min_rows:
+            y = F.linear(xa, self.dequantize())
+        elif self.packed.device.type == "cuda":
+            y = torch.ops.aten._weight_int4pack_mm(xa, self.packed, self.group_size, self.sz)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                xa, self.packed, self.group_size, self.sz
+            )
+        return y.to(x.dtype)
+
+
+class Int8Linear(LinearBase):
+    """Weight-only int8 linear (symmetric per-channel scales).
+
+    Args:
+        w: ``[N, K]`` float weight, quantized here.
+        device: where the layer runs.
+        dequant_min_rows: rows from which the dense path is used.
+    """
+
+    def __init__(
+        self,
+        w: torch.Tensor,
+        device: torch.device | str = "cpu",
+        dequant_min_rows: int = INT8_DEQUANT_MIN_ROWS,
+    ) -> None:
+        super().__init__()
+        dev = torch.device(device)
+        self.out_features, self.in_features = w.shape
+        self.kind, self.dequant_min_rows = "int8", dequant_min_rows
+        self.act_dtype = quant_act_dtype(dev.type)
+        q, scale = quantize_int8(w)
+        self.register_buffer("q", q.to(dev))  # [N, K] int8
+        self.register_buffer("wscale", scale.to(dev))  # [N] float32
+        self.register_buffer("wscale_act", scale.to(dev, self.act_dtype))  # [N]
+        self.kernel = _int8pack_works(dev.type, self.act_dtype)
+
+    def weight_bytes(self) -> int:
+        return self.q.numel() + self.wscale_act.numel() * self.wscale_act.element_size()
+
+    def _weight_only(self, xa: torch.Tensor) -> torch.Tensor:
+        """xa: ``[M, K]`` act dtype -> ``[M, N]`` act dtype."""
+        if self.kernel and xa.shape[0] < self.dequant_min_rows:
+            return torch.ops.aten._weight_int8pack_mm(xa, self.q, self.wscale_act)
+        return F.linear(xa, self.q.to(xa.dtype)) * self.wscale_act  # int8 is exact in bf16
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
+        return self._weight_only(x.to(self.act_dtype)).to(x.dtype)
+
+
+class W8A8Linear(Int8Linear):
+    """int8 weights and dynamically quantized int8 activations (FP8 on capable GPUs).
+
+    Below ``w8a8_min_rows`` rows (bandwidth-bound decode) it runs as ``Int8Linear``; from
+    there on it quantizes each activation row (``quantize_rows_int8``) and multiplies with
+    ``torch._int_mm``: ``y = (x_q @ w_qᵀ) · s_x · s_w``.
+
+    Args:
+        w: ``[N, K]`` float weight.
+        device: where the layer runs.
+        fmt: "int8", "fp8", or None (fp8 on a CUDA GPU of compute capability ≥ 9.0).
+        w8a8_min_rows: rows from which the quantized GEMM is used.
+    """
+
+    def __init__(
+        self,
+        w: torch.Tensor,
+        device: torch.device | str = "cpu",
+        fmt: str | None = None,
+        w8a8_min_rows: int = W8A8_MIN_ROWS,
+    ) -> None:
+        super().__init__(w, device)
+        dev = torch.device(device)
+        self.fmt = fmt or ("fp8" if _cuda_fp8_ok(dev) else "int8")
+        if self.fmt not in ("int8", "fp8"):
+            raise ValueError(f"W8A8 format must be int8 or fp8, got {fmt!r}")
+        self.kind, self.w8a8_min_rows = f"w8a8-{self.fmt}", w8a8_min_rows
+        if self.fmt == "fp8":
+            q8, s8 = quantize_fp8(w)
+            self.register_buffer("q_fp8", q8.to(dev))  # [N, K] float8_e4m3fn
+            self.register_buffer("wscale_fp8", s8.to(dev)[None, :])  # [1, N] float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
+        m = x.shape[0]
+        if m < self.w8a8_min_rows:
+            return super().forward(x)
+        if self.fmt == "fp8":
+            pad = (-m) % 16  # FP8 GEMMs want 16-aligned shapes
+            xq, xs = quantize_fp8(F.pad(x, (0, 0, 0, pad)) if pad else x)
+            y = torch._scaled_mm(
+                xq,
+                self.q_fp8.t(),
+                scale_a=xs[:, None],
+                scale_b=self.wscale_fp8,
+                out_dtype=self.act_dtype,
+            )[:m]
+            return y.to(x.dtype)
+        xq, xs = quantize_rows_int8(x)  # [M, K] int8, [M, 1] float32
+        acc = torch._int_mm(xq, self.q.t())  # [M, N] int32
+        return (acc.float() * xs * self.wscale).to(x.dtype)
+
+
+@functools.cache
+def _int8pack_works(device_type: str, act_dtype: torch.dtype) -> bool:
+    """Whether ``_weight_int8pack_mm`` runs on this device and dtype (probed once)."""
+    try:
+        x = torch.randn(2, 32, device=device_type, dtype=act_dtype)
+        q = torch.randint(-127, 127, (8, 32), dtype=torch.int8, device=device_type)
+        s = torch.rand(8, device=device_type, dtype=act_dtype)
+        y = torch.ops.aten._weight_int8pack_mm(x, q, s)
+        want = F.linear(x.float(), q.float()) * s.float()
+        return bool(torch.allclose(y.float(), want, rtol=0.05, atol=0.05 * float(want.abs().max())))
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def make_linear(
+    w: torch.Tensor | Int4Weight,
+    spec: QuantSpec,
+    device: torch.device | str = "cpu",
+    *,
+    dtype: torch.dtype = torch.float32,
+    head: bool = False,
+) -> LinearBase:
+    """The linear layer for weight ``w`` under ``spec``.
+
+    Args:
+        w: ``[N, K]`` dense weight (in the model dtype), or an ``Int4Weight`` (a GGUF
+            Q4 tensor kept quantized).
+        spec: the quantization spec.
+        device: where the layer runs.
+        dtype: the model dtype (that of a dense layer made from an ``Int4Weight``).
+        head: the LM head, which stays int8 under "int4" (the logits are the most
+            error-sensitive matmul; llama.cpp's Q4 files likewise keep it at 6-8 bits).
+    Returns:
+        ``Linear`` (mode "none"), ``Int4Linear``, ``Int8Linear`` or ``W8A8Linear``.
+    Raises:
+        ValueError: a group size that does not divide K.
+    """
+    mode = spec.mode
+    if isinstance(w, Int4Weight) and (mode != "int4" or head):
+        w = w.dequantize(dtype)
+    if mode == "none":
+        return Linear(w)
+    if mode == "w8a8":
+        return W8A8Linear(w, device)
+    if mode == "int8" or head:
+        return Int8Linear(w, device)
+    return Int4Linear(w if isinstance(w, Int4Weight) else quantize_int4(w, spec.group_size), device)
+
+
+def fuse_weights(
+    parts: list[torch.Tensor | Int4Weight], dtype: torch.dtype
+) -> torch.Tensor | Int4Weight:
+    """Stack projection weights row-wise (q/k/v, gate/up). int4 parts with one group size
+    stay int4; a mix is dequantized to dense ``dtype`` first (and requantized, if the
+    spec asks, by ``make_linear``).
+
+    parts: ``[N_i, K]`` each -> ``[sum N_i, K]``.
+    """
+    if all(isinstance(p, Int4Weight) for p in parts):
+        if len({p.group_size for p in parts}) == 1:
+            return Int4Weight.cat(parts)  # type: ignore[arg-type]
+    dense = [p.dequantize(dtype) if isinstance(p, Int4Weight) else p for p in parts]
+    return torch.cat(dense)

@@ -1,0 +1,231 @@
+"""Weight and activation quantization math (pure tensor functions, no modules).
+
+Formats:
+
+- **int4, asymmetric, per group** (round-to-nearest, "RTN"): each row of a weight
+  ``[N, K]`` is cut into groups of ``G`` consecutive input features; a group's values are
+  ``w ≈ q · scale + offset`` with ``q ∈ 0..15``, ``scale = (max - min) / 15`` and
+  ``offset = min``. llama.cpp's Q4_0 (``w = (q - 8) · d``) and Q4_1 (``w = q · d + m``)
+  blocks of 32 are the same form (offset ``-8d`` and ``m``), so they convert losslessly
+  (ggml's ``block_q4_0`` / ``block_q4_1`` layouts: an fp16 ``d`` (and ``m``), then 16 bytes
+  whose low nibbles hold elements 0..15 and high nibbles elements 16..31).
+- **int8, symmetric, per output channel**: ``w ≈ q · scale[n]``, ``q ∈ -127..127``,
+  ``scale = absmax / 127`` (as torch's ``_weight_int8pack_mm`` expects).
+- **int8 / fp8 activations, symmetric, per token** (dynamic, computed every step), for
+  W8A8 matmuls (Dettmers et al. 2022 "LLM.int8()" / Xiao et al. 2023 "SmoothQuant" use
+  the same per-token form).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+INT4_GROUP_SIZES = (32, 64, 128)
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+QUANT_MODES = ("none", "int4", "int8", "w8a8")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How a model's matmul weights are stored and multiplied.
+
+    Attributes:
+        mode: "none" (dense, the exact path), "int4" / "int8" (weight-only), "w8a8"
+            (int8 weights and activations).
+        group_size: int4 input features per scale/zero group (32, 64 or 128). A GGUF
+            file's Q4_0/Q4_1 tensors keep their own groups of 32 (converted losslessly).
+
+    Raises:
+        ValueError: unknown mode or group size.
+    """
+
+    mode: str = "none"
+    group_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.mode not in QUANT_MODES:
+            raise ValueError(f"quantization must be one of {QUANT_MODES}, got {self.mode!r}")
+        if self.group_size not in INT4_GROUP_SIZES:
+            raise ValueError(
+                f"int4 group size must be one of {INT4_GROUP_SIZES}, got {self.group_size}"
+            )
+
+    @property
+    def keeps_gguf_q4(self) -> bool:
+        """Whether GGUF Q4_0/Q4_1 tensors are kept as int4 rather than dequantized."""
+        return self.mode == "int4"
+
+    def label(self) -> str:
+        """Short description, e.g. "int4-g32" or "none"."""
+        return f"int4-g{self.group_size}" if self.mode == "int4" else self.mode
+
+
+@dataclass
+class Int4Weight:
+    """A weight matrix quantized to int4 in groups along the input dimension.
+
+    Attributes:
+        q: ``[N, K]`` uint8, values 0..15 (one per byte; packed only by the layers).
+        scale: ``[N, K // group_size]`` float32.
+        offset: ``[N, K // group_size]`` float32; ``w ≈ q * scale + offset``.
+        group_size: input features per group.
+    """
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor
+    group_size: int
+
+    @property
+    def shape(self) -> torch.Size:
+        """``(N, K)``, like the dense weight."""
+        return self.q.shape
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The dense ``[N, K]`` weight in ``dtype`` (computed in float32)."""
+        n, k = self.q.shape
+        g = self.q.view(n, k // self.group_size, self.group_size).float()
+        w = g * self.scale[..., None] + self.offset[..., None]
+        return w.view(n, k).to(dtype)
+
+    def permute_rows(self, fn) -> Int4Weight:  # noqa: ANN001 (a row-permuting function)
+        """Apply a row permutation ``fn(tensor) -> tensor`` (e.g. ``unpermute_qk``) to the
+        codes and the per-row group parameters alike."""
+        return Int4Weight(fn(self.q), fn(self.scale), fn(self.offset), self.group_size)
+
+    @staticmethod
+    def cat(parts: list[Int4Weight]) -> Int4Weight:
+        """Stack several weights' rows (fused q/k/v or gate/up projections).
+
+        Raises:
+            ValueError: group sizes or input widths differ.
+        """
+        if len({p.group_size for p in parts}) != 1 or len({p.q.shape[1] for p in parts}) != 1:
+            raise ValueError("int4 weights fused together need one group size and input width")
+        return Int4Weight(
+            torch.cat([p.q for p in parts]),
+            torch.cat([p.scale for p in parts]),
+            torch.cat([p.offset for p in parts]),
+            parts[0].group_size,
+        )
+
+
+def check_group_size(k: int, group_size: int) -> None:
+    """Raise ``ValueError`` unless ``group_size`` is 32/64/128 and divides ``k``."""
+    if group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {group_size}")
+    if k % group_size != 0:
+        raise ValueError(
+            f"int4 group size {group_size} does not divide the input width {k}; "
+            f"use a group size that divides it"
+        )
+
+
+def quantize_int4(w: torch.Tensor, group_size: int) -> Int4Weight:
+    """Asymmetric round-to-nearest int4 quantization per group (module docstring).
+
+    Args:
+        w: ``[N, K]`` float weight (any float dtype).
+        group_size: 32, 64 or 128; must divide K.
+    Returns:
+        ``Int4Weight``.
+    Raises:
+        ValueError: bad group size.
+    """
+    n, k = w.shape
+    check_group_size(k, group_size)
+    g = w.float().reshape(n, k // group_size, group_size)
+    lo, hi = g.amin(-1), g.amax(-1)  # [N, K/G]
+    scale = ((hi - lo) / 15.0).clamp(min=1e-10)
+    q = ((g - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
+    return Int4Weight(q.reshape(n, k), scale, lo, group_size)
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8 quantization.
+
+    Args:
+        w: ``[N, K]`` float weight.
+    Returns:
+        ``(q, scale)``: q ``[N, K]`` int8 in -127..127, scale ``[N]`` float32 with
+        ``w ≈ q * scale[:, None]``.
+    """
+    wf = w.float()
+    scale = (wf.abs().amax(-1) / 127.0).clamp(min=1e-10)  # [N]
+    q = (wf / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row float8_e4m3fn quantization (weights per output channel, activations per
+    token).
+
+    Args:
+        w: ``[R, K]`` float.
+    Returns:
+        ``(q, scale)``: q ``[R, K]`` float8_e4m3fn, scale ``[R]`` float32, ``w ≈ q * scale``.
+    """
+    wf = w.float()
+    scale = (wf.abs().amax(-1) / FP8_MAX).clamp(min=1e-12)  # [R]
+    q = (wf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic symmetric per-token int8 quantization of activations.
+
+    Args:
+        x: ``[M, K]`` float activations.
+    Returns:
+        ``(q, scale)``: q ``[M, K]`` int8, scale ``[M, 1]`` float32, ``x ≈ q * scale``.
+    """
+    xf = x.float()
+    scale = (xf.abs().amax(-1, keepdim=True) / 127.0).clamp(min=1e-10)  # [M, 1]
+    q = (xf / scale).round().clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """Two int4 codes per byte. q: ``[N, K]`` uint8 (0..15, K even) -> ``[N, K/2]`` uint8
+    (low nibble = even column, high nibble = odd column)."""
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def unpack_nibbles(p: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``pack_nibbles``: ``[N, K/2]`` uint8 -> ``[N, K]`` uint8."""
+    return torch.stack((p & 0xF, p >> 4), dim=-1).reshape(p.shape[0], -1)
+
+
+def gguf_q4_to_int4(data: np.ndarray, qtype_name: str, shape: tuple[int, int]) -> Int4Weight:
+    """Convert a GGUF Q4_0 / Q4_1 tensor to ``Int4Weight`` without loss.
+
+    Args:
+        data: the tensor's raw bytes, ``uint8`` ``[N, K / 32 * block_bytes]`` (as
+            ``gguf.ReaderTensor.data`` holds them; 18-byte Q4_0 or 20-byte Q4_1 blocks).
+        qtype_name: "Q4_0" or "Q4_1".
+        shape: ``(N, K)`` of the dense weight.
+    Returns:
+        ``Int4Weight`` with group size 32.
+    Raises:
+        ValueError: another type, or bytes that do not match the shape.
+    """
+    n, k = shape
+    header = {"Q4_0": 2, "Q4_1": 4}.get(qtype_name)
+    if header is None:
+        raise ValueError(f"not a Q4_0/Q4_1 tensor: {qtype_name}")
+    block = header + 16
+    raw = np.ascontiguousarray(data, dtype=np.uint8)
+    if raw.size != n * (k // 32) * block or k % 32 != 0:
+        raise ValueError(f"{qtype_name} data of {raw.size} bytes does not fit shape {shape}")
+    b = torch.from_numpy(raw.reshape(n, k // 32, block).copy())  # [N, K/32, block]
+    d = b[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()  # [N, K/32]
+    qs = b[..., header:]  # [N, K/32, 16]
+    q = torch.cat((qs & 0xF, qs >> 4), dim=-1).reshape(n, k)  # element j | element j + 16
+    if qtype_name == "Q4_0":
+        offset = -8.0 * d
+    else:
+        offset = b[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float()
+    return Int4Weight(q, d, offset, 32)
