@@ -155,20 +155,23 @@ async def test_flood_keeps_step_time_and_counts_drops(tmp_path):
     on.start()
     try:
         await asyncio.sleep(1.5)  # the recorder process starts and migrates
-        times: dict[bool, list[float]] = {True: [], False: []}
+        # CPU time of this thread (robust to other load on the machine) and wall time
+        cpu: dict[bool, list[float]] = {True: [], False: []}
+        wall: dict[bool, list[float]] = {True: [], False: []}
         emit_s, emitted = 0.0, 0
         for i in range(400):
             tel = on if i % 2 else off  # interleaved: both see the same machine load
-            t0 = time.perf_counter()
+            w0, c0 = time.perf_counter(), time.thread_time()
             _work()
-            e0 = time.perf_counter()
+            e0 = time.thread_time()
             for j in range(100):
                 tel.event(f"r{i}", "decode", tokens=j)
             tel.step(StepRecord(i, time.time(), 0.004, 8, 0, 8, "decode"))
             if tel is on:
-                emit_s += time.perf_counter() - e0
+                emit_s += time.thread_time() - e0
                 emitted += 101
-            times[tel is on].append(time.perf_counter() - t0)
+            cpu[tel is on].append(time.thread_time() - c0)
+            wall[tel is on].append(time.perf_counter() - w0)
             await asyncio.sleep(0)  # let the flush task run, as an actor's loop would
         await on.close()
         out = Outbox(ctx, config.endpoints["recorder"])
@@ -180,9 +183,10 @@ async def test_flood_keeps_step_time_and_counts_drops(tmp_path):
             proc.kill()
         ctx.destroy(linger=0)
     assert proc.exitcode == 0
-    assert emit_s / emitted < 20e-6, f"one emit took {1e6 * emit_s / emitted:.1f} µs"
-    with_tel, without = statistics.median(times[True]), statistics.median(times[False])
-    assert with_tel < 1.5 * without, f"step {with_tel * 1e3:.2f} ms vs {without * 1e3:.2f} ms"
+    assert emit_s / emitted < 20e-6, f"one emit took {1e6 * emit_s / emitted:.1f} µs of CPU"
+    for times, bound in ((cpu, 1.5), (wall, 2.0)):
+        with_tel, without = statistics.median(times[True]), statistics.median(times[False])
+        assert with_tel < bound * without, f"step {with_tel * 1e3:.2f} vs {without * 1e3:.2f} ms"
     e = open_db(url)
     c = counters(e)
     dropped = c.get("dropped_by_actors", 0) + c.get("dropped_by_recorder", 0)
