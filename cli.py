@@ -48,6 +48,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="do not reuse the KV of cached prompt prefixes",
     )
     _tier_options(p)
+    _speed_options(p)
     p.add_argument("--threads", type=int, help="torch threads of the model runner")
     p.add_argument(
         "--db-url",
@@ -71,6 +72,47 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=300.0,
         help="seconds without progress before a request fails",
+    )
+
+
+def _speed_options(p: argparse.ArgumentParser) -> None:
+    """Options of the model runner's kernels (quantization, attention, compiled step)."""
+    g = p.add_argument_group("model runner speed (quantization, kernels, compiled step)")
+    g.add_argument(
+        "--quantization",
+        default="none",
+        choices=["none", "int4", "int8", "w8a8"],
+        help="matmul weights: int4/int8 weight-only (a GGUF's Q4_0/Q4_1 kept as int4), "
+        "or int8 weights and activations (default: none, the exact path)",
+    )
+    g.add_argument(
+        "--quant-group-size",
+        type=int,
+        default=32,
+        choices=[32, 64, 128],
+        help="int4 input features per scale/zero group",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "int8", "fp8"],
+        help="KV cache element type (auto: the model dtype; int8/fp8 hold ~2x the tokens)",
+    )
+    g.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=["auto", "torch", "triton", "flash-attn"],
+        help="attention kernels (auto: flash-attn or Triton on CUDA, torch on CPU)",
+    )
+    g.add_argument(
+        "--disable-compile",
+        action="store_true",
+        help="run the decode step eagerly instead of compiling it at startup",
+    )
+    g.add_argument(
+        "--disable-cuda-graph",
+        action="store_true",
+        help="do not capture decode steps as CUDA graphs (CUDA only)",
     )
 
 
@@ -190,6 +232,12 @@ def _serve(args: argparse.Namespace) -> int:
         kv_cache_dir=args.kv_cache_dir,
         kv_write_policy=args.kv_write_policy,
         num_threads=args.threads,
+        quantization=args.quantization,
+        quant_group_size=args.quant_group_size,
+        kv_cache_dtype=args.kv_cache_dtype,
+        attention_backend=args.attention_backend,
+        compile=not args.disable_compile,
+        cuda_graph=not args.disable_cuda_graph,
         request_timeout_s=args.request_timeout,
         db_url=args.db_url,
         retention_requests=args.retention_requests or None,

@@ -31,6 +31,12 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     port: int = 8000
     served_model_name: str | None = None
     dtype: str = "float32"
+    quantization: str = "none"  # none | int4 | int8 | w8a8 (houchu.gpu.quant.QuantSpec)
+    quant_group_size: int = 32  # int4 input features per scale/zero group
+    kv_cache_dtype: str = "auto"  # auto (model dtype) | int8 | fp8
+    attention_backend: str = "auto"  # auto | torch | triton | flash-attn
+    compile: bool = True  # torch.compile the decode step at startup
+    cuda_graph: bool = True  # capture decode steps as CUDA graphs (CUDA only)
     page_size: int = 16
     num_pages: int | None = None
     kv_cache_memory_bytes: int = 1 << 30

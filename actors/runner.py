@@ -74,6 +74,12 @@ class RunnerActor:
             kv_cache_memory_bytes=c.kv_cache_memory_bytes,
             max_context=c.max_context,
             num_threads=c.num_threads,
+            quantization=c.quantization,
+            group_size=c.quant_group_size,
+            kv_cache_dtype=c.kv_cache_dtype,
+            attention_backend=c.attention_backend,
+            compile="auto" if c.compile else "off",
+            cuda_graph=c.cuda_graph,
         )
         if c.kv_tiers:
             from houchu.cache_tiers.host_pool import HostPool

@@ -1,8 +1,15 @@
 """The accelerated decode step, set up once at startup: ``torch.compile`` on the CPU
 (``houchu.gpu.compiled``), CUDA graphs on a CUDA GPU (``houchu.gpu.cuda_graph``), or
-none. Setup compiles or captures every batch-size bucket, then times one warm-up decode
-step eagerly and accelerated (the lever ledger's "eager vs compiled step time") and,
-with a quantized KV pool, measures the quantization error on that step's real K/V.
+none. Setup times one warm-up decode step eagerly and accelerated (the lever ledger's
+"eager vs compiled step time") and, with a quantized KV pool, measures the quantization
+error on that step's real K/V.
+
+A compiled step is only kept where it pays: setup compiles the smallest bucket first,
+times a warm-up step of that size both ways, and if the compiled one is not faster
+(measured on the benchmark machine's CPU: the projections' oneDNN matmuls are ~80% of a
+SmolLM2-135M decode step and Dynamo's per-call guards cost about what fusing the glue
+saves) it stops there and decodes eagerly, saying so; else it compiles the rest.
+CUDA graphs are always kept (they remove per-kernel launch costs a GPU step is made of).
 """
 
 from __future__ import annotations
@@ -42,10 +49,13 @@ class DecodeAccelerator:
 
     Args:
         model, pool, backend: the runner's.
-        compile: use ``torch.compile`` (any device; on CUDA only without graphs).
+        compile: "off", "auto" (keep the compiled step only if measured faster) or "on"
+            (``torch.compile``; any device, on CUDA only without graphs).
         cuda_graph: capture CUDA graphs (CUDA only; needs a backend with a static
             decode path).
         buckets: batch sizes compiled / captured.
+    Raises:
+        ValueError: an unknown ``compile`` policy.
     """
 
     def __init__(
@@ -54,11 +64,12 @@ class DecodeAccelerator:
         pool: KVPool,
         backend: AttentionBackend,
         *,
-        compile: bool,
+        compile: str,
         cuda_graph: bool,
         buckets: tuple[int, ...],
     ) -> None:
         self.model, self.pool, self.backend = model, pool, backend
+        self.keep_slower = compile == "on"
         self.impl: Any = None
         self.kind: str | None = None
         dev = model.embed.device
@@ -66,7 +77,9 @@ class DecodeAccelerator:
             from houchu.gpu.cuda_graph import CudaGraphDecode
 
             self.impl, self.kind = CudaGraphDecode(model, pool, backend, buckets), "cuda_graph"
-        elif compile:
+        elif compile not in ("off", "auto", "on"):
+            raise ValueError(f"compile must be off, auto or on, got {compile!r}")
+        elif compile != "off":
             from houchu.gpu.compiled import CompiledDecode
 
             self.impl, self.kind = CompiledDecode(model, buckets), "compiled_decode"
@@ -74,32 +87,47 @@ class DecodeAccelerator:
         self.eager_step_s: float | None = None
         self.accel_step_s: float | None = None
         self.kv_rel_error: float | None = None
+        self.dropped = False  # compiled, measured slower, not used
 
     def setup(self) -> None:
-        """Compile / capture all buckets, then time a warm-up step both ways."""
-        if self.impl is not None:
-            self.setup_s = self.impl.warmup()
-        n = min(8, self.pool.num_pages, self.impl.buckets[-1] if self.impl else 8)
-        work = [
-            SeqWork(rid=f"warmup{i}", token_ids=[1 + i], start_pos=0, page_table=[i], sample=True)
-            for i in range(n)
-        ]
-        batch = build_batch(
-            work,
-            page_size=self.pool.page_size,
-            num_pages=self.pool.num_pages,
-            max_context=1,
-            vocab_size=self.model.cfg.vocab_size,
-            device=self.model.embed.device,
-        )  # writes garbage K/V into pages 0..n-1: unread until rewritten by a real step
+        """Compile / capture, time a warm-up step both ways, keep what pays."""
+        impl, n = self.impl, min(8, self.pool.num_pages)
+        if self.kind == "compiled_decode":
+            n = min(n, impl.buckets[0])
+            self.setup_s = impl.warmup(impl.buckets[:1])
+        elif impl is not None:
+            self.setup_s = impl.warmup()
+            n = min(n, impl.buckets[-1])
+        batch = self._warmup_batch(n)
         with torch.inference_mode():
             if self.pool.quantized:
                 probe = _ErrorProbe(self.backend, self.pool)
                 self.model(batch, self.pool, probe)
                 self.kv_rel_error = (probe.err2 / max(probe.ref2, 1e-30)) ** 0.5
             self.eager_step_s = _best_time(lambda: self.model(batch, self.pool, self.backend))
-            if self.impl is not None:
+            if impl is not None:
                 self.accel_step_s = _best_time(lambda: self.forward(batch))
+        if self.kind == "compiled_decode":
+            if self.accel_step_s >= self.eager_step_s and not self.keep_slower:
+                self.impl, self.dropped = None, True
+            else:
+                self.setup_s += impl.warmup(impl.buckets[1:])
+
+    def _warmup_batch(self, n: int) -> StepBatch:
+        """n one-token sequences on pages 0..n-1 (their garbage K/V is never read: a real
+        step rewrites a position before any sequence attends to it)."""
+        work = [
+            SeqWork(rid=f"warmup{i}", token_ids=[1 + i], start_pos=0, page_table=[i], sample=True)
+            for i in range(n)
+        ]
+        return build_batch(
+            work,
+            page_size=self.pool.page_size,
+            num_pages=self.pool.num_pages,
+            max_context=1,
+            vocab_size=self.model.cfg.vocab_size,
+            device=self.model.embed.device,
+        )
 
     def forward(self, batch: StepBatch) -> torch.Tensor | None:
         """``[R, vocab]`` float32 logits if this step ran accelerated, else None (the

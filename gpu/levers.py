@@ -45,6 +45,8 @@ class LeverCounters:
             (seconds), or None when not measured.
         accel_setup_s: seconds spent compiling or capturing at startup.
         kv_rel_error: relative RMS error of quantized K/V measured at startup, or None.
+        dropped: the accelerated step was built but measured slower, so decode runs
+            eagerly (the setup time is still reported as spent).
     """
 
     def __init__(
@@ -55,8 +57,9 @@ class LeverCounters:
         accel_step_s: float | None = None,
         accel_setup_s: float = 0.0,
         kv_rel_error: float | None = None,
+        dropped: bool = False,
     ) -> None:
-        self.cost, self.accel = cost, accel
+        self.cost, self.accel, self.dropped = cost, accel, dropped
         self.eager_step_s, self.accel_step_s = eager_step_s, accel_step_s
         self.accel_setup_s, self.kv_rel_error = accel_setup_s, kv_rel_error
         self._setup_reported = False
@@ -140,4 +143,6 @@ class LeverCounters:
                 f"; {self.accel} in {self.accel_setup_s:.1f}s, warm-up step eager "
                 f"{self.eager_step_s * 1e3:.1f} ms vs {self.accel_step_s * 1e3:.1f} ms"
             )
+            if self.dropped:
+                s += " (not faster: decoding eagerly)"
         return s

@@ -61,7 +61,8 @@ class ModelRunner:
         quantization: "none", "int4", "int8" or "w8a8" (``houchu.gpu.quant.QuantSpec``).
         group_size: int4 group size (32, 64 or 128).
         kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8".
-        compile: compile the decode step with ``torch.compile`` at startup.
+        compile: ``torch.compile`` the decode step at startup: "off", "auto" (kept only
+            if a warm-up step runs faster compiled) or "on" (kept regardless).
         cuda_graph: on CUDA, capture decode steps as CUDA graphs at startup.
         decode_buckets: batch sizes compiled / captured.
         quiet: do not print the load summary.
@@ -90,7 +91,7 @@ class ModelRunner:
         quantization: str = "none",
         group_size: int = 32,
         kv_cache_dtype: str = "auto",
-        compile: bool = False,
+        compile: str = "off",
         cuda_graph: bool = True,
         decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
         quiet: bool = False,
@@ -136,7 +137,7 @@ class ModelRunner:
         )
         a = self.accel
         self.levers = LeverCounters(
-            cost, a.kind, a.eager_step_s, a.accel_step_s, a.setup_s, a.kv_rel_error
+            cost, a.kind, a.eager_step_s, a.accel_step_s, a.setup_s, a.kv_rel_error, a.dropped
         )
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
         limit = min(self.config.max_position, self.pool.num_tokens)
