@@ -23,6 +23,10 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     Telemetry: ``db_url`` is the recorder's SQLAlchemy URL (None: SQLite at
     ``houchu.fetch.cache_dir()/houchu.db``); it keeps the newest ``retention_requests``
     requests for at most ``retention_days`` days (None: no bound of that kind).
+    Speculative decoding: ``speculative`` is "ngram", "draft" (``draft_model_path``) or
+    None (off); at most ``num_speculative_tokens`` proposals per request per step; off
+    above ``speculative_max_batch`` decoding requests (None: the measured break-even);
+    ``draft_timeout_s`` seconds to wait for proposals before stepping without them.
     """
 
     model_path: str
@@ -54,6 +58,11 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     host_slot_bytes: int = 0  # bytes per host slot (set by the launcher)
     kv_fingerprint: str = ""  # model + KV layout fingerprint, hex (set by the launcher)
     tier_lookup_timeout_s: float = 2.0
+    speculative: str | None = None
+    draft_model_path: str | None = None
+    num_speculative_tokens: int = 4
+    speculative_max_batch: int | None = None
+    draft_timeout_s: float = 30.0
     telemetry: bool = True
     db_url: str | None = None
     retention_requests: int | None = 10_000

@@ -37,9 +37,11 @@ OPTIONAL_ACTORS = ("kv_tiers",)
 
 def active_actors(config: ServeConfig) -> tuple[str, ...]:
     """The actors this configuration runs, in spawn order (optional ones after the
-    recorder, so they are stopped after the core actors)."""
+    recorder, so they are stopped after the core actors; the draft actor only when
+    speculative decoding is on)."""
     optional = ("kv_tiers",) if config.kv_tiers else ()
-    return (ACTOR_ORDER[0], *optional, *ACTOR_ORDER[1:])
+    draft = ("draft",) if config.speculative else ()
+    return (ACTOR_ORDER[0], *optional, *draft, *ACTOR_ORDER[1:])
 
 
 class LaunchError(RuntimeError):

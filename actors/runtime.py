@@ -63,6 +63,10 @@ def _make_actor(name: str, ctx: zmq.asyncio.Context, config: ServeConfig) -> Act
         from houchu.actors.kv_tiers import KVTierActor
 
         return KVTierActor(ctx, config)
+    if name == "draft":
+        from houchu.actors.draft import DraftActor
+
+        return DraftActor(ctx, config)
     raise ValueError(f"unknown actor {name!r}")
 
 

@@ -11,6 +11,7 @@ import time
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
+from houchu.actors.draft_link import DraftLink, spec_config
 from houchu.scheduler.batcher import BatchConfig
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.scheduler.tiers import TierClient
@@ -27,6 +28,7 @@ from houchu.transport.messages import (
     TokenEvent,
     TokenizedRequest,
 )
+from houchu.transport.spec_messages import DraftReply
 from houchu.transport.telemetry import Telemetry
 from houchu.transport.tier_messages import HostSlotGrant, TierLookupResult, TierStats
 
@@ -39,7 +41,7 @@ class SchedulerActor:
     def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
         self.config = config
         ep = config.endpoints
-        self.inbox: Inbox[SchedulerInbox] = Inbox(ctx, ep["scheduler"], SchedulerInbox)
+        self.inbox: Inbox[SchedulerInbox] = Inbox(ctx, ep["scheduler"], SchedulerInbox | DraftReply)
         self.to_runner = Outbox(ctx, ep["runner"])
         self.to_tokenizer = Outbox(ctx, ep["tokenizer"])
         self.to_gateway = Outbox(ctx, ep["gateway"])
@@ -48,6 +50,7 @@ class SchedulerActor:
         self.telemetry = Telemetry(ctx, ep["recorder"] if config.telemetry else None, self.name)
         self.step_in_flight = False
         self.step_sent_at = 0.0
+        self.draft = DraftLink(ctx, config) if config.speculative else None
 
     async def start(self) -> str:
         """Wait for the runner's pool geometry, then build the core (messages that arrive
@@ -70,7 +73,9 @@ class SchedulerActor:
             fingerprint = bytes.fromhex(c.kv_fingerprint)
             write_through = c.kv_write_policy == "write_through"
             tiers = TierClient(fingerprint, msg.page_size, write_through, c.tier_lookup_timeout_s)
-        self.core = SchedulerCore(msg, batch, c.radix_cache, self.telemetry, tiers)
+        self.core = SchedulerCore(msg, batch, c.radix_cache, self.telemetry, tiers, spec_config(c))
+        if self.draft is not None:
+            await self.draft.calibrate(self.core, self.to_runner, self.inbox, early)
         for m in early:
             await self._handle(m)
         return f"{msg.num_pages} pages, batch budget {c.max_batch_tokens} tokens"
@@ -80,6 +85,11 @@ class SchedulerActor:
             # Lower-tier lookups time out: wake up now and then while any is pending.
             if self.core.tiers is not None and self.core.tiers.lookups:
                 if not await self.inbox.poll(0.05):
+                    await self._maybe_step()
+                    continue
+            if self.draft is not None and self.draft.is_waiting:  # proposals time out too
+                if not await self.inbox.poll(max(self.draft.time_left(), 0.0)):
+                    self.draft.on_timeout(self.core)
                     await self._maybe_step()
                     continue
             try:
@@ -129,16 +139,24 @@ class SchedulerActor:
                 core.tiers.on_result(msg)
             case TierStats(stats=stats):
                 core.tiers.tier_stats = stats
+            case DraftReply():
+                self.draft.on_reply(core, msg)
             case RunnerInfo():
                 pass
 
     async def _maybe_step(self) -> None:
+        draft = self.draft
         if not self.step_in_flight and self.core.has_work:
-            plan = self.core.next_plan()
-            if plan is not None:
-                self.step_in_flight = True
-                self.step_sent_at = time.perf_counter()
-                await self.to_runner.send(plan)
+            if draft is None or not await draft.before_plan(self.core):  # else: await proposals
+                plan = self.core.next_plan()
+                if draft is not None:
+                    draft.after_plan()
+                if plan is not None:
+                    self.step_in_flight = True
+                    self.step_sent_at = time.perf_counter()
+                    await self.to_runner.send(plan)
+        if draft is not None:
+            await draft.flush_releases(self.core)
         if self.core.tiers is not None:
             for m in self.core.tiers.drain():
                 await self.to_tiers.send(m)
@@ -147,3 +165,5 @@ class SchedulerActor:
         await self.telemetry.close()
         for s in (self.inbox, self.to_runner, self.to_tokenizer, self.to_gateway, self.to_tiers):
             s.close()
+        if self.draft is not None:
+            self.draft.out.close()

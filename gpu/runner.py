@@ -13,7 +13,9 @@ invalid plan raises ``ValueError`` and changes nothing):
    ``start_pos .. start_pos + n - 1`` into ``page_table``'s pages, attend causally over
    positions ``0 .. start_pos + n - 1``, and when ``sample`` is set draw the next token
    and append it to the request's generated history. Recomputing a preempted request's
-   tokens appends nothing, so its penalty counts stay right.
+   tokens appends nothing, so its penalty counts stay right. A work item with
+   ``num_draft`` proposals is verified (``houchu.gpu.verify``): its accepted proposals and
+   the token after them are appended and returned, one ``SeqOutput`` each.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from houchu.gpu.loader import load_model, parse_dtype
 from houchu.gpu.ops import make_ops
 from houchu.gpu.quant import QuantSpec
 from houchu.gpu.sampling import RequestState, Sampler
+from houchu.gpu.verify import sample_and_verify
 from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
 from houchu.transport.telemetry import LeverSample
 
@@ -260,16 +263,21 @@ class ModelRunner:
             outputs: list[SeqOutput] = []
             if batch is not None:
                 logits = self._forward(batch)  # [R, V] fp32
-                states = [self.states[plan.work[i].rid] for i in batch.sampled]
-                for st, s in zip(states, self.sampler.sample(logits, states), strict=True):
-                    st.append(s.token_id)
-                    outputs.append(
+                ws = [plan.work[i] for i in batch.sampled]
+                states = [self.states[w.rid] for w in ws]
+                drafts = [w.token_ids[len(w.token_ids) - w.num_draft :] for w in ws]
+                samples = sample_and_verify(
+                    self.sampler, logits, batch.sample_counts, states, drafts
+                )  # appends each emitted token to its request's state
+                for st, ss in zip(states, samples, strict=True):
+                    outputs.extend(
                         SeqOutput(
                             rid=st.rid,
                             token_id=s.token_id,
                             logprob=s.logprob,
                             top_logprobs=s.top_logprobs,
                         )
+                        for s in ss
                     )
         return StepResult(
             step_id=plan.step_id,

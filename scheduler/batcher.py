@@ -20,6 +20,7 @@ from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.cache_tiers.radix_tree import Node, RadixTree
 from houchu.scheduler.request import Request, Status
 from houchu.scheduler.tiers import TierClient
+from houchu.spec.scheduling import add_drafts
 from houchu.transport.messages import PageCopy, SeqInit, SeqWork, StepPlan
 
 
@@ -118,6 +119,7 @@ class Batcher:
             work.append(self._work(req, 1))
             scheduled.append(req)
             budget -= 1
+        budget = add_drafts(work, scheduled, self.allocator, budget)  # speculative decoding
 
         for req in list(self.running.values()):
             if budget <= 0:

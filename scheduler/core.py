@@ -19,6 +19,7 @@ from houchu.scheduler.batcher import BatchConfig, Batcher
 from houchu.scheduler.ledger import SchedulerLedger
 from houchu.scheduler.request import Request, Status
 from houchu.scheduler.tiers import TierClient
+from houchu.spec.scheduling import SpecConfig, SpecScheduler, free_pages_past
 from houchu.transport.messages import (
     RunnerInfo,
     SeqOutput,
@@ -27,6 +28,7 @@ from houchu.transport.messages import (
     TokenEvent,
     TokenizedRequest,
 )
+from houchu.transport.spec_messages import DraftReply, DraftRequest
 from houchu.transport.telemetry import LeverSample, StepRecord
 
 
@@ -66,6 +68,7 @@ class SchedulerCore:
         radix_cache: reuse cached prefixes (``--disable-radix-cache`` turns it off).
         tiers: the host / SSD KV tiers' client, or None (they need the radix cache).
         telemetry: where lifecycle events and lever samples go.
+        spec: speculative decoding settings, or None (off).
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class SchedulerCore:
         radix_cache: bool = True,
         telemetry: TelemetrySink | None = None,
         tiers: TierClient | None = None,
+        spec: SpecConfig | None = None,
     ) -> None:
         self.runner = runner
         self.allocator = PageAllocator(runner.num_pages, runner.page_size)
@@ -84,6 +88,9 @@ class SchedulerCore:
         self.batcher = Batcher(self.allocator, config, self.tree, self.tiers)
         self.ledger = SchedulerLedger(runner)
         self.telemetry = telemetry or NullTelemetry()
+        self.spec = None
+        if spec is not None:
+            self.spec = SpecScheduler(spec, runner.max_context, config.max_running)
         self._in_flight: dict[int, list[Request]] = {}
         self._sent_at: dict[int, float] = {}
         self.num_steps = 0
@@ -191,7 +198,9 @@ class SchedulerCore:
             self.tiers.on_step_done(result.step_id, result.error is None)
         if result.error is not None:
             return self._fail(scheduled, result.error)
-        sampled = {o.rid: o for o in result.outputs}
+        sampled: dict[str, list[SeqOutput]] = {}
+        for o in result.outputs:  # several per request when proposals were verified
+            sampled.setdefault(o.rid, []).append(o)
         events: list[TokenEvent] = []
         for req in scheduled:
             if req.status is not Status.RUNNING or req.is_aborted:
@@ -200,18 +209,25 @@ class SchedulerCore:
                 req.num_chunks += 1
                 self.telemetry.event(req.rid, "prefill_chunk", start=req.num_computed,
                                      tokens=req.num_scheduled)  # fmt: skip
-            req.num_computed += req.num_scheduled
-            self.batcher.index_computed(req)
-            out = sampled.get(req.rid)
-            if out is None:
+            num_draft, req.spec.num_draft = req.spec.num_draft, 0
+            outs = sampled.get(req.rid, [])[: num_draft + 1]
+            # the step computed its real tokens and the proposals the runner accepted
+            computed = req.num_scheduled - num_draft + max(len(outs) - 1, 0)
+            if not outs:
+                req.num_computed += computed
+                self.batcher.index_computed(req)
                 continue  # a prefill chunk that is not the last
             if not req.output_ids:
                 self.telemetry.event(req.rid, "first_token", t=now)
             self.ledger.on_token(req, now)
-            req.output_ids.append(out.token_id)
-            self.num_generated_tokens += 1
-            reason = req.check_finished(self.runner.max_context)
-            events.append(self._event(req, out, reason))
+            kept, reason = self._take(req, outs)
+            self.num_generated_tokens += len(kept)
+            req.num_computed = min(req.num_computed + computed, req.num_tokens)
+            if num_draft:
+                self.spec.on_verified(req, num_draft, len(outs), len(kept))
+                free_pages_past(req, self.allocator, req.num_tokens)  # rejected proposals
+            self.batcher.index_computed(req)
+            events.append(self._event(req, kept, reason))
             if reason is not None:
                 req.finish_reason = reason
                 self._leave(req)
@@ -234,25 +250,40 @@ class SchedulerCore:
         sample = self.ledger.on_step(scheduled, prefill + decode, now)
         if sample is not None:
             self.telemetry.lever(sample)
+        if self.spec is not None and decode and not prefill and result.error is None:
+            self.spec.observe_step(result.num_tokens, result.duration_s)
 
     def _leave(self, req: Request) -> None:
         """Take ``req`` out of the batch, accounting what paging saved for it."""
         held = len(req.page_table) * self.runner.page_size * self.runner.kv_bytes_per_token
         for sample in self.ledger.on_finished(req, held):
             self.telemetry.lever(sample)
+        if self.spec is not None:
+            for sample in self.spec.on_leave(req):
+                self.telemetry.lever(sample)
         self.batcher.remove(req)
 
-    def _event(self, req: Request, out: SeqOutput, reason: str | None) -> TokenEvent:
+    def _take(self, req: Request, outs: list[SeqOutput]) -> tuple[list[SeqOutput], str | None]:
+        """Append ``outs``' tokens to ``req`` up to the first that finishes it (EOS, stop
+        token, ``max_tokens``, context): the tokens kept and the finish reason, if any."""
+        for i, out in enumerate(outs):
+            req.output_ids.append(out.token_id)
+            reason = req.check_finished(self.runner.max_context)
+            if reason is not None:
+                return outs[: i + 1], reason
+        return outs, None
+
+    def _event(self, req: Request, outs: list[SeqOutput], reason: str | None) -> TokenEvent:
         ev = TokenEvent(
             rid=req.rid,
-            token_ids=[out.token_id],
+            token_ids=[o.token_id for o in outs],
             finish_reason=reason,
             prompt_tokens=req.num_prompt,
             cached_tokens=req.cached_tokens,
         )
-        if out.logprob is not None:
-            ev.logprobs = [out.logprob]
-            ev.top_logprobs = [out.top_logprobs or []]
+        if outs[0].logprob is not None:
+            ev.logprobs = [o.logprob for o in outs]
+            ev.top_logprobs = [o.top_logprobs or [] for o in outs]
         return ev
 
     def _fail(self, scheduled: list[Request], error: str) -> list[TokenEvent]:
@@ -302,4 +333,17 @@ class SchedulerCore:
             "busy_fraction": self.busy_s / up,
             **self.ledger.stats(),
             **(self.tiers.stats() if self.tiers is not None else {}),
+            **(self.spec.stats() if self.spec is not None else {"speculative": "off"}),
         }
+
+    # ------------------------------------------------------------------ speculation
+
+    def draft_request(self) -> DraftRequest | None:
+        """Proposals to ask the draft actor for before the next plan (None: none)."""
+        if self.spec is None:
+            return None
+        return self.spec.draft_request(self.batcher.running.values())
+
+    def attach_drafts(self, reply: DraftReply, seconds: float) -> None:
+        """The draft's answer (``seconds`` after asking): proposals for the next plan."""
+        self.spec.on_reply(reply, self.batcher.running.get, seconds)

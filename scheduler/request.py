@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import time
 
+from houchu.spec.state import SpecState
 from houchu.transport.messages import SamplingParams
 
 
@@ -69,6 +70,7 @@ class Request:
         self.is_aborted = False
         self.finish_reason: str | None = None
         self.sent_first_event = False
+        self.spec = SpecState()  # speculative decoding: proposals, counters
 
     @property
     def num_prompt(self) -> int:

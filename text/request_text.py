@@ -23,8 +23,10 @@ class RequestText:
         eos_token_ids: ids whose text is never emitted when they end the request.
 
     ``completion_tokens`` counts every token the model generated for the request up to
-    and including the event that finished it (an EOS or stop token included). Events
-    carry one token each today, so no token after a stop string is ever counted.
+    and including the one that finished it (an EOS or stop token included). An event may
+    carry several tokens (speculative decoding accepts runs); they are taken one at a
+    time, so a stop string ends the output — text, ids, logprobs and the count — at the
+    token that completed it, exactly as with one token per event.
     """
 
     def __init__(
@@ -57,23 +59,19 @@ class RequestText:
         """
         if ev.cached_tokens:
             self.cached_tokens = ev.cached_tokens
-        ids = list(ev.token_ids)
-        self.completion_tokens += len(ids)
         final = ev.finish_reason
+        ids = list(ev.token_ids)
         if final == "stop" and ids and ids[-1] in self.hidden_ids:
             ids = ids[:-1]  # the EOS / stop token ends the text; it is not part of it
-        self._unsent_ids += ids
-        text = self.detok.add(ids) if ids else ""
-        if final is not None:
-            text += self.detok.flush()
-        stopped = False
-        if self.stops is not None:
-            text, stopped = self.stops.feed(text)
-            if stopped:
-                final = "stop"
-            elif final is not None:
-                text += self.stops.flush()
-        logprobs = self._logprobs(ids, ev) if self.want_logprobs else None
+        text, taken, stopped = self._take(ids)
+        if stopped:
+            final = "stop"
+            self.completion_tokens += taken
+        else:
+            self.completion_tokens += len(ev.token_ids)
+            if final is not None:
+                text += self._flush()
+        logprobs = self._logprobs(ids[:taken], ev) if self.want_logprobs else None
         if final is not None:
             self.finished = True
         elif not text and not logprobs:
@@ -89,6 +87,28 @@ class RequestText:
             completion_tokens=self.completion_tokens,
             cached_tokens=self.cached_tokens,
         )
+
+    def _take(self, ids: list[int]) -> tuple[str, int, bool]:
+        """Detokenize ``ids`` one by one through the stop strings: (text released, tokens
+        taken, whether a stop string matched — then at the last token taken)."""
+        text, stopped = "", False
+        for i, tid in enumerate(ids):
+            self._unsent_ids.append(tid)
+            piece = self.detok.add([tid])
+            if self.stops is not None:
+                piece, stopped = self.stops.feed(piece)
+            text += piece
+            if stopped:
+                return text, i + 1, True
+        return text, len(ids), False
+
+    def _flush(self) -> str:
+        """End of stream: held characters, through the stop strings."""
+        tail = self.detok.flush()
+        if self.stops is None:
+            return tail
+        tail, stopped = self.stops.feed(tail)
+        return tail if stopped else tail + self.stops.flush()
 
     @property
     def stopped_by_string(self) -> bool:

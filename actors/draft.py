@@ -1,0 +1,115 @@
+"""The draft actor: proposes tokens for speculative decoding.
+
+One inbox of ``DraftRequest`` messages from the scheduler; each is answered with one
+``DraftReply`` (proposals, the seconds spent, the draft pool's counters). The proposer is
+chosen by ``--speculative``: "ngram" (prompt lookup, no model) or "draft" (a draft model
+given by ``--draft-model``, with its own paged KV). The domain logic lives in
+``houchu.spec``. Started by the launcher only when speculation is on.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+
+import zmq.asyncio
+
+from houchu.actors.config import ServeConfig
+from houchu.spec.proposers import NgramProposer, Proposer, ProtocolError
+from houchu.transport.channel import BadMessage, Inbox, Outbox
+from houchu.transport.messages import Shutdown
+from houchu.transport.spec_messages import DraftInbox, DraftProposal, DraftReply, DraftRequest
+
+
+def make_proposer(config: ServeConfig) -> tuple[Proposer, str]:
+    """The proposer ``config`` asks for, and a one-line description.
+
+    Raises:
+        ValueError: an unknown method, "draft" without a draft model, or a draft model
+            whose vocabulary does not cover the target's.
+        ModelLoadError: the draft model cannot be loaded.
+    """
+    if config.speculative == "ngram":
+        p = NgramProposer()
+        return p, f"n-gram prompt lookup (n = {p.max_n} .. {p.min_n})"
+    if config.speculative != "draft":
+        raise ValueError(f"unknown speculative method {config.speculative!r}")
+    if not config.draft_model_path:
+        raise ValueError("--speculative draft needs --draft-model PATH")
+    from houchu.gpu.config import load_model_config
+    from houchu.gpu.runner import ModelRunner
+    from houchu.spec.draft_model import DraftModelProposer
+
+    target = load_model_config(config.model_path)
+    runner = ModelRunner(
+        config.draft_model_path,
+        dtype=config.dtype,
+        page_size=config.page_size,
+        num_pages=config.num_pages,
+        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+        max_context=config.max_context,
+        num_threads=config.num_threads,
+        quiet=True,
+    )
+    p = DraftModelProposer(runner, target.vocab_size)
+    used, total = p.pool_usage()
+    return p, f"draft model {runner.config.name!r}: {total} pages x {p.page_size} tokens"
+
+
+class DraftActor:
+    """Answers the scheduler's requests for proposals."""
+
+    name = "draft"
+
+    def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
+        self.config = config
+        ep = config.endpoints
+        self.inbox: Inbox[DraftInbox] = Inbox(ctx, ep["draft"], DraftInbox)
+        self.to_scheduler = Outbox(ctx, ep["scheduler"])
+        self.proposer: Proposer | None = None
+
+    async def start(self) -> str:
+        self.proposer, info = make_proposer(self.config)
+        return info
+
+    async def run(self) -> None:
+        while True:
+            try:
+                msg = await self.inbox.recv()
+            except BadMessage as e:
+                print(f"houchu draft: dropped a bad message: {e}", flush=True)
+                continue
+            match msg:
+                case DraftRequest():
+                    await self.to_scheduler.send(self.answer(msg))
+                case Shutdown():
+                    return
+
+    def answer(self, req: DraftRequest) -> DraftReply:
+        """Release, then propose; a failure becomes the reply's ``error`` (no proposals)."""
+        t0 = time.perf_counter()
+        p = self.proposer
+        error, proposals = None, {}
+        try:
+            p.release(req.release)
+            if req.seqs:
+                proposals = p.propose(req.seqs)
+        except ProtocolError as e:
+            error = str(e)
+        except Exception as e:  # a model failure costs proposals, never the request
+            traceback.print_exc()
+            error = f"{type(e).__name__}: {e}"
+        used, total = p.pool_usage()
+        return DraftReply(
+            query_id=req.query_id,
+            proposals=[DraftProposal(rid, ids) for rid, ids in proposals.items()],
+            duration_s=time.perf_counter() - t0,
+            num_seqs=p.num_seqs,
+            pages_used=used,
+            pages_total=total,
+            error=error,
+        )
+
+    async def close(self) -> None:
+        self.inbox.close()
+        self.to_scheduler.close()

@@ -1,0 +1,136 @@
+"""The scheduler actor's link to the draft actor (speculative decoding).
+
+Before each plan the scheduler asks the draft for proposals and waits for them — at most
+one request in flight, at most ``draft_timeout_s`` seconds, after which it steps without
+proposals (a late reply is then only read for its pool counters). Requests that left are
+released in the draft as soon as possible. At start-up the link times target passes to
+seed the cost model that decides when speculation pays (``houchu.spec.calibrate``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import zmq.asyncio
+
+from houchu.actors.config import ServeConfig
+from houchu.scheduler.core import SchedulerCore
+from houchu.spec.calibrate import best_times, calibration_plans, calibration_sizes
+from houchu.spec.scheduling import SpecConfig
+from houchu.transport.channel import Inbox, Outbox
+from houchu.transport.messages import Shutdown, StepResult
+from houchu.transport.spec_messages import DraftReply
+
+
+def spec_config(config: ServeConfig) -> SpecConfig | None:
+    """The scheduler's speculation settings from the serving configuration (None: off)."""
+    if not config.speculative:
+        return None
+    return SpecConfig(
+        method=config.speculative,
+        num_tokens=config.num_speculative_tokens,
+        max_batch=config.speculative_max_batch,
+    )
+
+
+class DraftLink:
+    """Asks the draft actor for proposals and attaches them to the scheduler core.
+
+    Args:
+        ctx: the process's ZeroMQ context.
+        config: the serving configuration (draft endpoint, timeout).
+    """
+
+    def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
+        self.out = Outbox(ctx, config.endpoints["draft"])
+        self.timeout_s = config.draft_timeout_s
+        self.waiting: int | None = None  # query id the next plan waits for
+        self.sent_at = 0.0  # time.perf_counter() of that query
+        self.ready = False  # proposals for the next plan are attached (or none wanted)
+        self.num_timeouts = 0
+
+    @property
+    def is_waiting(self) -> bool:
+        return self.waiting is not None
+
+    def time_left(self) -> float:
+        """Seconds until the awaited reply times out (<= 0: it has)."""
+        return self.sent_at + self.timeout_s - time.perf_counter()
+
+    async def before_plan(self, core: SchedulerCore) -> bool:
+        """Call when a plan could be built now. True: wait (proposals were asked for)."""
+        if self.waiting is not None:
+            return True
+        if self.ready:
+            return False
+        req = core.draft_request()
+        if req is None:
+            self.ready = True
+            return False
+        self.waiting, self.sent_at = req.query_id, time.perf_counter()
+        await self.out.send(req)
+        return True
+
+    def after_plan(self) -> None:
+        """A plan was built: the next one needs fresh proposals."""
+        self.ready = False
+
+    def on_reply(self, core: SchedulerCore, reply: DraftReply) -> None:
+        if reply.error is not None:
+            print(f"houchu scheduler: draft failed: {reply.error}", flush=True)
+        if reply.query_id != self.waiting:
+            core.spec.on_pool_stats(reply)  # a release, or a reply that came too late
+            if reply.error is not None:
+                core.spec.on_reply(reply, core.batcher.running.get, 0.0)
+            return
+        core.attach_drafts(reply, time.perf_counter() - self.sent_at)
+        self.waiting, self.ready = None, True
+
+    def on_timeout(self, core: SchedulerCore) -> None:
+        """The awaited reply did not come in time: plan without proposals."""
+        self.num_timeouts += 1
+        core.spec.abandon()
+        self.waiting, self.ready = None, True
+
+    async def flush_releases(self, core: SchedulerCore) -> None:
+        """Tell the draft about requests that left (frees their draft KV now)."""
+        req = core.spec.release_request()
+        if req is not None:
+            await self.out.send(req)
+
+    async def calibrate(
+        self, core: SchedulerCore, to_runner: Outbox, inbox: Inbox, stash: list
+    ) -> int:
+        """Time target passes of 1, 2, 4, ... tokens on the runner and feed the cost
+        model. Other messages arriving meanwhile are appended to ``stash``. Returns the
+        sizes timed (0 if the pool is too small to hold the dummy sequence).
+
+        Raises:
+            RuntimeError: the runner failed a calibration step, or a shutdown came.
+        """
+        spec = core.spec
+        limit = min(core.runner.max_context, core.batcher.config.max_batch_tokens)
+        sizes = calibration_sizes(limit)
+        need = core.allocator.pages_for(sizes[-1])
+        if not core.allocator.can_allocate(need):
+            return 0
+        pages = core.allocator.allocate(need)
+        plans = calibration_plans(sizes, pages)
+        seconds: list[float] = []
+        try:
+            for plan in plans:
+                await to_runner.send(plan)
+                while not isinstance(msg := await inbox.recv(), StepResult):
+                    if isinstance(msg, Shutdown):
+                        raise RuntimeError("shut down during calibration")
+                    stash.append(msg)
+                if msg.error is not None:
+                    raise RuntimeError(f"calibration step failed: {msg.error}")
+                if plan.work:
+                    seconds.append(msg.duration_s)
+        finally:
+            core.allocator.free(pages)
+        for t, s in best_times(sizes, seconds).items():
+            spec.controller.observe_target(t, s)
+        spec.controller.update_break_even()
+        return len(sizes)

@@ -1,0 +1,78 @@
+"""Speculative decoding's share of the lever ledger: what it saved and what it spent.
+
+| lever | verb | saved | spent |
+|---|---|---|---|
+| speculative_decoding | break_serial | target forward passes saved | draft seconds; rejected proposals |
+
+A verification pass that emits ``m`` tokens saves ``m - 1`` target passes (without
+speculation each token costs one). Tokens cut off after a stop are not counted as
+emitted. Draft time is the scheduler's wait for the draft actor, shared among the
+requests of the call in proportion to the tokens asked of each.
+"""
+
+from __future__ import annotations
+
+import time
+
+from houchu.transport.telemetry import LeverSample
+
+LEVER, VERB = "speculative_decoding", "break_serial"
+
+
+class SpecCounters:
+    """Counters of one request, or of the whole engine."""
+
+    __slots__ = ("num_verify_steps", "num_proposed", "num_accepted", "num_emitted", "draft_s")
+
+    def __init__(self) -> None:
+        self.num_verify_steps = 0  # target passes that verified proposals
+        self.num_proposed = 0  # proposals verified
+        self.num_accepted = 0  # proposals the target accepted
+        self.num_emitted = 0  # tokens those passes emitted (accepted + the target's own)
+        self.draft_s = 0.0  # seconds waiting for the draft
+
+    def on_verify(self, proposed: int, accepted: int, emitted: int) -> None:
+        """One verification pass: ``proposed`` proposals, ``accepted`` of them kept by the
+        target, ``emitted`` tokens sent on (fewer when a stop cut the run)."""
+        self.num_verify_steps += 1
+        self.num_proposed += proposed
+        self.num_accepted += accepted
+        self.num_emitted += emitted
+
+    @property
+    def num_rejected(self) -> int:
+        return self.num_proposed - self.num_accepted
+
+    @property
+    def forward_passes_saved(self) -> int:
+        return max(self.num_emitted - self.num_verify_steps, 0)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verification pass (1 = nothing accepted)."""
+        return self.num_emitted / max(self.num_verify_steps, 1)
+
+    def samples(self, rid: str | None, now: float | None = None) -> list[LeverSample]:
+        """The ledger samples of these counters: passes saved against draft seconds, and
+        (saving nothing more) the rejected proposals. Empty if nothing was proposed."""
+        if self.num_proposed == 0:
+            return []
+        t = now or time.time()
+        return [
+            LeverSample(LEVER, VERB, float(self.forward_passes_saved), "forward_passes",
+                        self.draft_s, "seconds", t, rid),
+            LeverSample(LEVER, VERB, 0.0, "forward_passes",
+                        float(self.num_rejected), "tokens", t, rid),
+        ]  # fmt: skip
+
+    def stats(self, prefix: str = "spec_") -> dict[str, float | int]:
+        return {
+            f"{prefix}verify_steps": self.num_verify_steps,
+            f"{prefix}proposed_tokens": self.num_proposed,
+            f"{prefix}accepted_tokens": self.num_accepted,
+            f"{prefix}rejected_tokens": self.num_rejected,
+            f"{prefix}acceptance_rate": self.num_accepted / max(self.num_proposed, 1),
+            f"{prefix}mean_acceptance_length": self.mean_acceptance_length,
+            f"{prefix}forward_passes_saved": self.forward_passes_saved,
+            f"{prefix}draft_s": self.draft_s,
+        }
