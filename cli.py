@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 from houchu.bench.cli import add_bench_parser, run_bench
 from houchu.fetch import FetchError, fetch_default_model
@@ -48,6 +49,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="do not reuse the KV of cached prompt prefixes",
     )
     _tier_options(p)
+    _spec_options(p)
     _speed_options(p)
     p.add_argument("--threads", type=int, help="torch threads of the model runner")
     p.add_argument(
@@ -133,6 +135,48 @@ def _tier_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _spec_options(p: argparse.ArgumentParser) -> None:
+    """Options of speculative decoding (the draft actor)."""
+    g = p.add_argument_group("speculative decoding (a draft proposes, the model verifies)")
+    g.add_argument(
+        "--speculative",
+        choices=["ngram", "draft"],
+        help="propose tokens by n-gram prompt lookup or with a draft model (default: off)",
+    )
+    g.add_argument(
+        "--draft-model",
+        help="draft model sharing the model's tokenizer (.gguf or HF folder); "
+        "implies --speculative draft",
+    )
+    g.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=4,
+        help="most proposals verified per request per step (chosen adaptively below it)",
+    )
+    g.add_argument(
+        "--speculative-max-batch",
+        type=int,
+        help="speculate only while at most N requests decode (default: the break-even "
+        "batch size measured at start-up and while serving)",
+    )
+
+
+def _check_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.draft_model is not None:
+        if args.speculative == "ngram":
+            parser.error("--draft-model needs --speculative draft (or no --speculative)")
+        args.speculative = "draft"
+        if not Path(args.draft_model).exists():
+            parser.error(f"--draft-model: {args.draft_model} does not exist")
+    if args.speculative == "draft" and args.draft_model is None:
+        parser.error("--speculative draft needs --draft-model PATH")
+    if args.num_speculative_tokens < 1:
+        parser.error("--num-speculative-tokens must be >= 1")
+    if args.speculative_max_batch is not None and args.speculative_max_batch < 0:
+        parser.error("--speculative-max-batch must be >= 0")
+
+
 def _positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
     for n in names:
         v = getattr(args, n)
@@ -182,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the KV tiers sit below the radix cache: drop --disable-radix-cache")
     if args.retention_requests < 0 or not args.retention_days >= 0:
         parser.error("--retention-requests and --retention-days must be >= 0 (0 keeps all)")
+    _check_spec(parser, args)
     if args.db_url is not None:
         from houchu.storage.db import DatabaseUrlError, parse_url
 
@@ -231,6 +276,10 @@ def _serve(args: argparse.Namespace) -> int:
         ssd_kv_bytes=args.ssd_kv_mb << 20,
         kv_cache_dir=args.kv_cache_dir,
         kv_write_policy=args.kv_write_policy,
+        speculative=args.speculative,
+        draft_model_path=str(Path(args.draft_model).resolve()) if args.draft_model else None,
+        num_speculative_tokens=args.num_speculative_tokens,
+        speculative_max_batch=args.speculative_max_batch,
         num_threads=args.threads,
         quantization=args.quantization,
         quant_group_size=args.quant_group_size,
