@@ -180,8 +180,7 @@ class SchedulerCore:
                             float(pages * page_bytes), "bytes", time.time(), req.rid)
             )  # fmt: skip
         self.telemetry.event(req.rid, "scheduled")
-        sample = self.ledger.on_admitted(req)
-        if sample is not None:
+        for sample in self.ledger.on_admitted(req):
             self.telemetry.lever(sample)
 
     # ------------------------------------------------------------------ results

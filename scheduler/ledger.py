@@ -53,20 +53,24 @@ class SchedulerLedger:
         attn_pairs = (start + end - 1) * n / 2  # sum of p over the positions
         return 2.0 * r.num_nonembed_params * n + r.attn_flops_per_pair * attn_pairs
 
-    def on_admitted(self, req: Request) -> LeverSample | None:
-        """A request's first admission: account its reused prefix."""
+    def on_admitted(self, req: Request) -> list[LeverSample]:
+        """A request's first admission: account its reused prefix (tokens, and the FLOPs
+        those tokens would have cost)."""
         self.prompt_tokens_admitted += req.num_prompt
         if req.cached_tokens == 0:
-            return None
+            return []
         flops = self.prefill_flops(0, req.cached_tokens)
         self.prefix_tokens_reused += req.cached_tokens
         self.prefix_flops_saved += flops
         pages = req.cached_tokens // self.runner.page_size
         self.pages_shared += pages
-        return LeverSample(
-            "radix_prefix_cache", "skip", float(req.cached_tokens), "tokens",
-            float(pages), "pages", time.time(), req.rid,
-        )  # fmt: skip
+        now = time.time()
+        return [
+            LeverSample("radix_prefix_cache", "skip", float(req.cached_tokens), "tokens",
+                        float(pages), "pages", now, req.rid),
+            LeverSample("radix_prefix_cache", "skip", flops, "flops", 0.0, "pages", now,
+                        req.rid),
+        ]  # fmt: skip
 
     def on_step(self, batch: list[Request], num_tokens: int, now: float) -> LeverSample | None:
         """One forward pass of ``batch`` computing ``num_tokens`` tokens."""

@@ -139,7 +139,7 @@ def test_many_requests_with_aborts_leak_no_pages(real_model_path):
     async def one(session, i):
         body = {
             "id": str(i),
-            "prompt": rng.choice(prefixes) + " Question %d:" % rng.randrange(50),
+            "prompt": rng.choice(prefixes) + f" Question {rng.randrange(50)}:",
             "max_tokens": rng.randint(1, 8),
             "temperature": rng.choice([0, 0.7]),
         }
