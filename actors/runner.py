@@ -61,6 +61,7 @@ class RunnerActor:
         address = config.endpoints["recorder"] if config.telemetry else None
         self.telemetry = Telemetry(ctx, address, self.name)
         self.prompts = PromptLengths()
+        self.levers_sent_at = 0.0
 
     async def start(self) -> str:
         from houchu.gpu.runner import ModelRunner
@@ -125,6 +126,10 @@ class RunnerActor:
         if plan.work:
             self.telemetry.step(self.prompts.record(plan, t_wall, time.perf_counter() - t0))
         self.prompts.release(plan)
+        if time.monotonic() - self.levers_sent_at > 1.0:  # the runner's levers, once a second
+            self.levers_sent_at = time.monotonic()
+            for sample in self.runner.lever_samples():
+                self.telemetry.lever(sample)
         return result
 
     async def close(self) -> None:
