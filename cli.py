@@ -49,6 +49,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="do not reuse the KV of cached prompt prefixes",
     )
     _tier_options(p)
+    p.add_argument(
+        "--disable-telemetry",
+        action="store_true",
+        help="no recorder: no lifecycle events, step records or lever samples are stored",
+    )
     _spec_options(p)
     _speed_options(p)
     p.add_argument("--threads", type=int, help="torch threads of the model runner")
@@ -271,6 +276,7 @@ def _serve(args: argparse.Namespace) -> int:
         chunk_size=args.chunked_prefill_size,
         max_running=args.max_running_requests,
         radix_cache=not args.disable_radix_cache,
+        telemetry=not args.disable_telemetry,
         host_kv_pages=args.host_kv_pages,
         host_kv_bytes=args.host_kv_mb << 20,
         ssd_kv_bytes=args.ssd_kv_mb << 20,

@@ -41,7 +41,8 @@ def active_actors(config: ServeConfig) -> tuple[str, ...]:
     speculative decoding is on)."""
     optional = ("kv_tiers",) if config.kv_tiers else ()
     draft = ("draft",) if config.speculative else ()
-    return (ACTOR_ORDER[0], *optional, *draft, *ACTOR_ORDER[1:])
+    recorder = ACTOR_ORDER[:1] if config.telemetry else ()
+    return (*recorder, *optional, *draft, *ACTOR_ORDER[1:])
 
 
 class LaunchError(RuntimeError):
