@@ -99,6 +99,21 @@ class _PrefillSeq:
 
 
 @dataclass
+class _MultiQuery:
+    """Sequences with a few new tokens after cached KV (speculative verification),
+    attended in one batched call; each padded to ``n`` queries with its last one."""
+
+    rows: torch.Tensor  # [B, n] int64 rows of T
+    valid: torch.Tensor  # [B, n] bool, False on padding
+    pages: torch.Tensor  # [B, n_pages] int64
+    mask: torch.Tensor  # [B, 1, n, n_pages * page_size] bool (True = attend)
+
+
+#: Sequences with at most this many new tokens after cached KV are batched (verification).
+MAX_BATCHED_QUERY = 16
+
+
+@dataclass
 class _TorchMeta:
     all_decode: bool
     decode_rows: torch.Tensor | None = None  # [B] int64 rows of T (q_len == 1 sequences)
@@ -106,6 +121,7 @@ class _TorchMeta:
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, n_pages * page_size] bool
     decode_lens: torch.Tensor | None = None  # [B] int32 KV length of each decode row
     prefill: list[_PrefillSeq] = field(default_factory=list)
+    multi: _MultiQuery | None = None
 
 
 class TorchSDPABackend(AttentionBackend):
@@ -115,7 +131,9 @@ class TorchSDPABackend(AttentionBackend):
     padded ``[B, Hkv, L, D]`` tensor and attended in one SDPA call, with the G = H/Hkv
     query heads of a KV group laid along SDPA's query-length axis (so KV is never
     repeated) and a length mask. Sequences with several new tokens (prefill chunks) run
-    one SDPA call each, causal with an offset of ``start_pos``.
+    one SDPA call each, causal with an offset of ``start_pos`` — except that two or more
+    with a few new tokens after cached KV (speculative verification) share one padded
+    call with a per-sequence causal mask.
     """
 
     name = "torch-sdpa"
@@ -138,9 +156,18 @@ class TorchSDPABackend(AttentionBackend):
             lens_t = torch.tensor(lens, dtype=torch.int64, device=dev)
             meta.decode_mask = (span[None, :] < lens_t[:, None])[:, None, None, :]
             meta.decode_lens = lens_t.to(torch.int32)
+        multi = [
+            i
+            for i in range(batch.num_seqs)
+            if 1 < batch.q_len(i) <= MAX_BATCHED_QUERY and batch.start_pos[i] > 0
+        ]
+        if len(multi) > 1:
+            meta.multi = self._multi_query(batch, multi)
+        else:
+            multi = []
         for i in range(batch.num_seqs):
             n = batch.q_len(i)
-            if n == 1:
+            if n == 1 or i in multi:
                 continue
             start, kv_len = batch.start_pos[i], batch.kv_lens[i]
             mask = None
@@ -191,7 +218,41 @@ class TorchSDPABackend(AttentionBackend):
         if meta.decode_rows is not None:
             rows = meta.decode_rows
             out[rows] = self._decode(layer, q.index_select(0, rows), pool, meta)
+        if meta.multi is not None:
+            m = meta.multi
+            b, n = m.rows.shape
+            kp, vp = pool.gather_padded(layer, m.pages)  # [B, L, Hkv, D] each
+            qm = q.index_select(0, m.rows.reshape(-1)).view(b, n, *q.shape[1:])  # [B, n, H, D]
+            o = F.scaled_dot_product_attention(
+                qm.transpose(1, 2),  # [B, H, n, D]
+                kp.transpose(1, 2),  # [B, Hkv, L, D]
+                vp.transpose(1, 2),  # [B, Hkv, L, D]
+                attn_mask=m.mask,  # [B, 1, n, L]
+                enable_gqa=True,
+            )  # [B, H, n, D]
+            out[m.rows[m.valid]] = o.transpose(1, 2)[m.valid]
         return out
+
+    @staticmethod
+    def _multi_query(batch: StepBatch, seqs: list[int]) -> _MultiQuery:
+        """Rows, pages and causal masks of ``seqs`` (indices into the batch), batched."""
+        dev = batch.token_ids.device
+        n = max(batch.q_len(i) for i in seqs)
+        n_pages = -(-max(batch.kv_lens[i] for i in seqs) // batch.page_size)
+        j = torch.arange(n, device=dev)  # [n]
+        q_len = torch.tensor([batch.q_len(i) for i in seqs], device=dev)  # [B]
+        first = torch.tensor([batch.q_starts[i] for i in seqs], device=dev)  # [B]
+        start = torch.tensor([batch.start_pos[i] for i in seqs], device=dev)  # [B]
+        last = torch.minimum(j[None, :], q_len[:, None] - 1)  # [B, n] padding repeats the last
+        pos = start[:, None] + last  # [B, n] position of each query
+        span = torch.arange(n_pages * batch.page_size, device=dev)  # [L]
+        idx = torch.tensor(seqs, dtype=torch.int64, device=dev)
+        return _MultiQuery(
+            rows=first[:, None] + last,
+            valid=j[None, :] < q_len[:, None],
+            pages=batch.page_tables[idx, :n_pages].contiguous(),
+            mask=(span[None, None, :] <= pos[:, :, None])[:, None],
+        )
 
     @staticmethod
     def store(
