@@ -29,6 +29,9 @@ import math
 PRIOR_ACCEPTANCE = 0.5
 #: Weight of the engine-wide estimate in a request's own (in proposals tried).
 PRIOR_WEIGHT = 2.0
+#: Weight of ``PRIOR_ACCEPTANCE`` in the engine-wide estimate, so that a few early
+#: rejections do not switch speculation off for everyone.
+GLOBAL_PRIOR_WEIGHT = 8.0
 
 
 def expected_tokens(k: int, alpha: float) -> float:
@@ -57,8 +60,9 @@ class CostCurve:
         self._buckets: dict[int, list[float]] = {}  # bucket -> [mean size, mean seconds]
 
     @property
-    def is_measured(self) -> bool:
-        return bool(self._buckets)
+    def num_buckets(self) -> int:
+        """Sizes measured (one per power of two)."""
+        return len(self._buckets)
 
     def observe(self, size: int, seconds: float) -> None:
         """Record one pass of ``size`` (tokens or requests, >= 1) taking ``seconds``."""
@@ -140,12 +144,19 @@ class SpecController:
         self.draft = CostCurve()  # seconds per draft pass, by requests proposed for
         self.acceptance = Acceptance(decay=0.995)  # engine-wide, slowly forgetting
         self.break_even = max_running
-        self._updates = 0
+        self._stale = 0  # observations since the break-even was computed
+        self._num_buckets = 0  # measured cost buckets when it was computed
 
     @property
     def cutoff(self) -> int:
-        """Largest decoding batch that speculates now."""
-        return self.max_batch if self.max_batch is not None else self.break_even
+        """Largest decoding batch that speculates now (the break-even is recomputed here
+        after new cost buckets or every 16 observations)."""
+        if self.max_batch is not None:
+            return self.max_batch
+        buckets = self.target.num_buckets + self.draft.num_buckets
+        if self._stale >= 16 or (self._stale and buckets != self._num_buckets):
+            self.update_break_even()
+        return self.break_even
 
     def observe_target(self, num_tokens: int, seconds: float) -> None:
         """A decode/verify pass of ``num_tokens`` tokens took ``seconds``."""
@@ -159,7 +170,9 @@ class SpecController:
             self._tick()
 
     def observe_verify(self, proposed: int, accepted: int) -> None:
+        """A verification of ``proposed`` proposals kept ``accepted`` of them."""
         self.acceptance.update(proposed, accepted)
+        self._tick()
 
     def gain(self, batch: int, k: int, alpha: float) -> float | None:
         """Tokens per second with ``k`` proposals over tokens per second without (module
@@ -192,9 +205,13 @@ class SpecController:
             return 0
         return best_k
 
+    def global_acceptance(self) -> float:
+        """The engine-wide acceptance estimate (recent verifications, with a prior)."""
+        return self.acceptance.rate(PRIOR_ACCEPTANCE, GLOBAL_PRIOR_WEIGHT)
+
     def update_break_even(self) -> int:
         """Recompute ``break_even`` from the current measurements and acceptance."""
-        alpha = self.acceptance.rate()
+        alpha = self.global_acceptance()
         be = 0
         for b in range(1, self.max_running + 1):
             gains = [self.gain(b, k, alpha) for k in range(1, self.max_k + 1)]
@@ -205,9 +222,9 @@ class SpecController:
                 break
             be = b
         self.break_even = be
+        self._stale = 0
+        self._num_buckets = self.target.num_buckets + self.draft.num_buckets
         return be
 
     def _tick(self) -> None:
-        self._updates += 1
-        if self._updates % 16 == 1:
-            self.update_break_even()
+        self._stale += 1

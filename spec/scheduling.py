@@ -96,7 +96,7 @@ class SpecScheduler:
             return None
         self._decisions += 1
         probe = self._decisions % PROBE_EVERY == 0
-        batch, prior = len(decoding), self.controller.acceptance.rate()
+        batch, prior = len(decoding), self.controller.global_acceptance()
         seqs = []
         for r in decoding:
             cap = min(
@@ -194,7 +194,7 @@ class SpecScheduler:
             "spec_max_tokens": self.config.num_tokens,
             "spec_break_even_batch": c.break_even,
             "spec_max_batch": c.cutoff,
-            "spec_acceptance_estimate": c.acceptance.rate(),
+            "spec_acceptance_estimate": c.global_acceptance(),
             "spec_draft_calls": self.num_draft_calls,
             "spec_last_batch": self.last_batch,
             "spec_last_requests_speculating": self.last_num_asked,
