@@ -7,7 +7,7 @@ The launcher creates the block and unlinks it at shutdown; actors attach by name
 
 from __future__ import annotations
 
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 
 
 class HostPool:
@@ -26,11 +26,10 @@ class HostPool:
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
         size = max(num_slots * slot_bytes, 1)
+        # Actor processes are spawned by the launcher and share its resource tracker, so
+        # attaching registers the same name again (a set: no double unlink); only the
+        # creator unlinks the block.
         self.shm = shared_memory.SharedMemory(name=name, create=create, size=size)
-        if not create:
-            # Only the creator unlinks: keep the attaching process's resource tracker from
-            # removing the block when this process exits.
-            resource_tracker.unregister(self.shm._name, "shared_memory")  # noqa: SLF001
         self.is_owner = create
 
     def slot(self, i: int) -> memoryview:

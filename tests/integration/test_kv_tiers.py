@@ -51,8 +51,12 @@ def cold(real_model_path) -> dict[str, list[int]]:
         stop_server(srv)
 
 
-def test_tiers_restart_corruption_and_dead_manager(real_model_path, cold, tmp_path):
-    cache = tmp_path / "kv"
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("kv")
+
+
+def test_prefix_pushed_to_host_and_ssd_reloads(real_model_path, cold, cache):
     srv = start_server(real_model_path, *_flags(cache))
     try:
         for t in "ABCD":
@@ -69,7 +73,9 @@ def test_tiers_restart_corruption_and_dead_manager(real_model_path, cold, tmp_pa
     files = list(cache.rglob("*.page"))
     assert files and sum(f.stat().st_size for f in files) <= SSD_MB << 20
 
-    srv = start_server(real_model_path, *_flags(cache))  # restart: same cache directory
+
+def test_ssd_tier_survives_a_restart(real_model_path, cold, cache):
+    srv = start_server(real_model_path, *_flags(cache))  # same cache directory
     try:
         got = _ask(srv, "C")
         assert got["token_ids"] == cold["C"]
@@ -78,6 +84,10 @@ def test_tiers_restart_corruption_and_dead_manager(real_model_path, cold, tmp_pa
     finally:
         stop_server(srv)
 
+
+def test_corrupt_files_and_a_dead_tier_manager_only_cost_a_recompute(
+    real_model_path, cold, cache
+):
     for i, f in enumerate(sorted(cache.rglob("*.page"))):  # damage every page file
         data = bytearray(f.read_bytes())
         if i % 2:
