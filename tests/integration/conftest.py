@@ -39,8 +39,14 @@ class Server:
         return "".join(self.lines)
 
 
-def start_server(model: Path, *extra: str, timeout_s: float = 300.0) -> Server:
+def start_server(
+    model: Path, *extra: str, timeout_s: float = 300.0, compile: bool = False
+) -> Server:
     """Start ``houchu serve`` and wait until it prints that it is serving.
+
+    ``compile=False`` adds ``--disable-compile``: compiling the decode step at start-up
+    costs tens of seconds on 2 cores, and most tests start their own servers (the shared
+    ``server`` fixture runs the default configuration, compiled).
 
     Raises:
         RuntimeError: it exited or did not become ready within ``timeout_s`` seconds.
@@ -49,7 +55,11 @@ def start_server(model: Path, *extra: str, timeout_s: float = 300.0) -> Server:
     cmd = [sys.executable, "-m", "houchu.cli", "serve", "--model", str(model), "--port", str(port)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [*cmd, *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        [*cmd, *extra, *([] if compile else ["--disable-compile"])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     server = Server(f"http://127.0.0.1:{port}", port, proc)
     ready = threading.Event()
@@ -84,6 +94,6 @@ def stop_server(server: Server, timeout_s: float = 30.0) -> int:
 @pytest.fixture(scope="session")
 def server(real_model_path: Path) -> Iterator[Server]:
     """One shared server on the default model for the integration tests."""
-    srv = start_server(real_model_path, "--kv-cache-mb", "256")
+    srv = start_server(real_model_path, "--kv-cache-mb", "256", compile=True)
     yield srv
     stop_server(srv)
