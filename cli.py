@@ -112,9 +112,21 @@ def _speed_options(p: argparse.ArgumentParser) -> None:
         help="attention kernels (auto: flash-attn or Triton on CUDA, torch on CPU)",
     )
     g.add_argument(
+        "--compile",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="torch.compile the decode step at startup: auto keeps it only if a warm-up "
+        "step runs faster compiled",
+    )
+    g.add_argument(
         "--disable-compile",
         action="store_true",
-        help="run the decode step eagerly instead of compiling it at startup",
+        help="run the decode step eagerly (same as --compile off)",
+    )
+    g.add_argument(
+        "--decode-batch-sizes",
+        default="1,2,4,8,16,32",
+        help="batch-size buckets the compiled / graph-captured decode step is built for",
     )
     g.add_argument(
         "--disable-cuda-graph",
@@ -182,6 +194,17 @@ def _check_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--speculative-max-batch must be >= 0")
 
 
+def _batch_sizes(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """``--decode-batch-sizes`` "1,2,4" as ascending positive ints (errors exit)."""
+    try:
+        sizes = sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        parser.error(f"--decode-batch-sizes: not a list of integers: {text!r}")
+    if not sizes or sizes[0] < 1:
+        parser.error(f"--decode-batch-sizes must be positive integers, got {text!r}")
+    return sizes
+
+
 def _positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
     for n in names:
         v = getattr(args, n)
@@ -232,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.retention_requests < 0 or not args.retention_days >= 0:
         parser.error("--retention-requests and --retention-days must be >= 0 (0 keeps all)")
     _check_spec(parser, args)
+    args.decode_batch_sizes = _batch_sizes(parser, args.decode_batch_sizes)
     if args.db_url is not None:
         from houchu.storage.db import DatabaseUrlError, parse_url
 
@@ -291,7 +315,8 @@ def _serve(args: argparse.Namespace) -> int:
         quant_group_size=args.quant_group_size,
         kv_cache_dtype=args.kv_cache_dtype,
         attention_backend=args.attention_backend,
-        compile=not args.disable_compile,
+        compile="off" if args.disable_compile else args.compile,
+        decode_batch_sizes=args.decode_batch_sizes,
         cuda_graph=not args.disable_cuda_graph,
         request_timeout_s=args.request_timeout,
         db_url=args.db_url,

@@ -39,7 +39,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     quant_group_size: int = 32  # int4 input features per scale/zero group
     kv_cache_dtype: str = "auto"  # auto (model dtype) | int8 | fp8
     attention_backend: str = "auto"  # auto | torch | triton | flash-attn
-    compile: bool = True  # torch.compile the decode step at startup
+    compile: str = "auto"  # torch.compile the decode step: off | auto (if faster) | on
+    decode_batch_sizes: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     cuda_graph: bool = True  # capture decode steps as CUDA graphs (CUDA only)
     page_size: int = 16
     num_pages: int | None = None

@@ -79,7 +79,8 @@ class RunnerActor:
             group_size=c.quant_group_size,
             kv_cache_dtype=c.kv_cache_dtype,
             attention_backend=c.attention_backend,
-            compile="auto" if c.compile else "off",
+            compile=c.compile,
+            decode_buckets=tuple(c.decode_batch_sizes),
             cuda_graph=c.cuda_graph,
         )
         if c.kv_tiers:

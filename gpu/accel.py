@@ -5,8 +5,8 @@ none. Setup times one warm-up decode step eagerly and accelerated (the lever led
 error on that step's real K/V.
 
 A compiled step is only kept where it pays: setup compiles the smallest bucket first,
-times a warm-up step of that size both ways, and if the compiled one is not faster
-(measured on the benchmark machine's CPU: the projections' oneDNN matmuls are ~80% of a
+times a warm-up step of that size both ways, and unless the compiled one is at least
+10% faster (``KEEP_BELOW``; measured on the benchmark machine's CPU: the projections' oneDNN matmuls are ~80% of a
 SmolLM2-135M decode step and Dynamo's per-call guards cost about what fusing the glue
 saves) it stops there and decodes eagerly, saying so; else it compiles the rest.
 CUDA graphs are always kept (they remove per-kernel launch costs a GPU step is made of).
@@ -24,6 +24,8 @@ from houchu.gpu.batch import StepBatch, build_batch
 from houchu.gpu.kv_pool import KVPool, dequantize_kv, quantize_kv
 from houchu.gpu.llama import LlamaModel
 from houchu.transport.messages import SeqWork
+
+KEEP_BELOW = 0.9  # "auto" keeps the compiled step only if at least 10% faster
 
 
 class _ErrorProbe(AttentionBackend):
@@ -108,7 +110,7 @@ class DecodeAccelerator:
             if impl is not None:
                 self.accel_step_s = _best_time(lambda: self.forward(batch))
         if self.kind == "compiled_decode":
-            if self.accel_step_s >= self.eager_step_s and not self.keep_slower:
+            if self.accel_step_s > KEEP_BELOW * self.eager_step_s and not self.keep_slower:
                 self.impl, self.dropped = None, True
             else:
                 self.setup_s += impl.warmup(impl.buckets[1:])

@@ -1,0 +1,193 @@
+"""Model-runner benchmark: decode and prefill speed per weight format, eager and compiled,
+against this machine's measured limits.
+
+    python -m houchu.bench.runner_bench [--model PATH] [--formats fp32,bf16,int8,int4,w8a8]
+        [--modes eager,compiled] [--batches 1,8,32] [--context 128] [--prefill 512]
+
+First measures memory copy bandwidth and the fp32 / bf16 / int8 matmul peaks, then for
+each format and mode times decode steps (one new token per sequence, ``--context``
+tokens of KV each) at each batch size through ``ModelRunner.execute`` (sampling
+included) and a ``--prefill``-token prompt; measures the limits again at the end, and
+divides by the better of the two measurements. Per decode step it reports bytes moved
+(matmul weights as stored + KV read + KV written), achieved GB/s and FLOP/s (2 × matmul
+weights × tokens + attention 4 × layers × heads × head_dim × KV tokens), each as a
+fraction of the limit: bandwidth for GB/s, the peak of the format it computes in (fp32;
+int8 for w8a8's prefill; bf16 otherwise) for FLOP/s. Printed, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import torch
+
+from houchu.bench import runner_limits
+from houchu.gpu.runner import ModelRunner
+from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+
+FORMATS = {  # name: (model dtype, quantization)
+    "fp32": ("float32", "none"),
+    "bf16": ("bfloat16", "none"),
+    "int8": ("bfloat16", "int8"),
+    "int4": ("bfloat16", "int4"),
+    "w8a8": ("bfloat16", "w8a8"),
+}
+GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
+
+
+@dataclass
+class Row:
+    """One measured configuration (step_s: seconds per step; tokens: new tokens per
+    step; bytes: bytes moved per step; flops: floating-point (or int8) ops per step)."""
+
+    fmt: str
+    mode: str
+    what: str
+    step_s: float
+    tokens: int
+    bytes: float
+    flops: float
+
+
+class Bench:
+    """Drives one ``ModelRunner`` through decode batches and a prefill."""
+
+    def __init__(self, runner: ModelRunner, context: int) -> None:
+        self.r, self.context, self.step = runner, context, 0
+        cfg = runner.config
+        self.attn_per_kv_token = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim
+        self.weight_bytes, _ = runner.model.weight_bytes()
+        self.matmul_params = sum(m.out_features * m.in_features for m in runner.model.linears())
+
+    def _plan(self, **kw) -> StepPlan:  # noqa: ANN003
+        self.step += 1
+        return StepPlan(step_id=self.step, **kw)
+
+    def decode(self, batch: int, steps: int) -> Row:
+        """Best-of-``steps`` decode step at ``batch`` sequences of ``context`` tokens."""
+        r, ps, ctx = self.r, self.r.pool.page_size, self.context
+        pages = -(-(ctx + steps + 1) // ps)
+        rids = [f"b{batch}-{i}" for i in range(batch)]
+        tables = {rid: list(range(i * pages, (i + 1) * pages)) for i, rid in enumerate(rids)}
+        prompt = [(7 * i) % 1000 + 10 for i in range(ctx)]
+        init = [SeqInit(rid=x, sampling=GREEDY, prompt_ids=prompt) for x in rids]
+        for x in rids:  # prefill one sequence per step (keeps the pool small)
+            w = SeqWork(rid=x, token_ids=prompt, start_pos=0, page_table=tables[x], sample=False)
+            r.execute(self._plan(init=[i for i in init if i.rid == x], work=[w]))
+        best = float("inf")
+        for s in range(steps):
+            work = [
+                SeqWork(rid=x, token_ids=[11], start_pos=ctx + s, page_table=tables[x], sample=True)
+                for x in rids
+            ]
+            t0 = time.perf_counter()
+            r.execute(self._plan(work=work))
+            best = min(best, time.perf_counter() - t0)
+        r.execute(self._plan(work=[], release=rids))
+        kv = r.pool.bytes_per_token * batch * (ctx + steps // 2 + 1)
+        flops = 2 * self.matmul_params * batch + self.attn_per_kv_token * batch * (ctx + steps // 2)
+        return Row("", "", f"decode b={batch}", best, batch, self.weight_bytes + kv, flops)
+
+    def prefill(self, n: int, reps: int) -> Row:
+        """Best-of-``reps`` time to prefill one ``n``-token prompt (sampling its last)."""
+        r, ps = self.r, self.r.pool.page_size
+        prompt = [(13 * i) % 1000 + 10 for i in range(n)]
+        table = list(range(-(-n // ps)))
+        best = float("inf")
+        for k in range(reps):
+            rid = f"p{k}"
+            plan = self._plan(
+                init=[SeqInit(rid=rid, sampling=GREEDY, prompt_ids=prompt)],
+                work=[
+                    SeqWork(rid=rid, token_ids=prompt, start_pos=0, page_table=table, sample=True)
+                ],
+            )
+            t0 = time.perf_counter()
+            r.execute(plan)
+            best = min(best, time.perf_counter() - t0)
+            r.execute(self._plan(work=[], release=[rid]))
+        kv = r.pool.bytes_per_token * n
+        flops = 2 * self.matmul_params * n + self.attn_per_kv_token * n * (n + 1) // 2
+        return Row("", "", f"prefill {n}", best, n, self.weight_bytes + kv, flops)
+
+
+def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:
+    dtype, quant = FORMATS[fmt]
+    pages = max(args.batches) * (-(-(args.context + args.steps + 2) // 16)) + 64
+    t0 = time.perf_counter()
+    runner = ModelRunner(
+        args.model,
+        dtype=dtype,
+        quantization=quant,
+        page_size=16,
+        num_pages=max(pages, -(-args.prefill // 16) + 1),
+        num_threads=args.threads,
+        compile="on" if mode == "compiled" else "off",
+        decode_buckets=tuple(args.batches),
+        quiet=True,
+    )
+    print(f"  {fmt} {mode}: ready in {time.perf_counter() - t0:.1f}s; {runner.levers.summary()}")
+    b = Bench(runner, args.context)
+    rows = [b.decode(n, args.steps) for n in args.batches]
+    if mode == "eager":
+        rows.append(b.prefill(args.prefill, 3))
+    for row in rows:
+        row.fmt, row.mode = fmt, mode
+    return rows
+
+
+def print_table(rows: list[Row], lim: runner_limits.Limits) -> None:
+    head = (
+        f"{'format':6} {'mode':8} {'step':13} {'tok/s':>9} {'ms/step':>8} {'MB/step':>8} "
+        f"{'GB/s':>6} {'%BW':>5} {'GFLOP/s':>8} {'%peak':>6}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        gbs = r.bytes / r.step_s / 1e9
+        fl = r.flops / r.step_s
+        peak_fmt = r.fmt if (r.fmt != "w8a8" or r.tokens >= 32) else "bf16"
+        print(
+            f"{r.fmt:6} {r.mode:8} {r.what:13} {r.tokens / r.step_s:9.1f} {r.step_s * 1e3:8.2f} "
+            f"{r.bytes / 1e6:8.1f} {gbs:6.2f} {100 * gbs / lim.copy_gbs:5.1f} {fl / 1e9:8.1f} "
+            f"{100 * fl / lim.compute_peak(peak_fmt):6.1f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m houchu.bench.runner_bench", description=__doc__)
+    p.add_argument("--model", help="a .gguf file or HF folder (default: the fetched model)")
+    p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats")
+    p.add_argument("--modes", default="eager,compiled", help="eager and/or compiled")
+    p.add_argument("--batches", default="1,8,32", help="decode batch sizes")
+    p.add_argument("--context", type=int, default=128, help="KV tokens per sequence")
+    p.add_argument("--steps", type=int, default=8, help="timed decode steps (best taken)")
+    p.add_argument("--prefill", type=int, default=512, help="prefill prompt length")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    args = p.parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(",")]
+    if args.model is None:
+        from houchu.fetch import fetch_default_model
+
+        args.model = str(fetch_default_model(quiet=True))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"houchu runner benchmark: {args.model}, {torch.get_num_threads()} threads")
+    before = runner_limits.measure()
+    print(f"limits (start): {before.line()}")
+    rows: list[Row] = []
+    for fmt in args.formats.split(","):
+        for mode in args.modes.split(","):
+            rows += run_format(fmt, mode, args)
+    after = runner_limits.measure()
+    print(f"limits (end):   {after.line()}")
+    lim = before.best(after)
+    print(f"limits used (best of both): {lim.line()}\n")
+    print_table(rows, lim)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
