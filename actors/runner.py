@@ -35,13 +35,14 @@ class PromptLengths:
             self._len.pop(rid, None)
 
     def record(self, plan: StepPlan, t: float, duration_s: float) -> StepRecord:
-        """The step record of ``plan``: one new token at or past the prompt is decode,
-        anything else (prompt chunks, recomputation after preemption) is prefill."""
+        """The step record of ``plan``: one new token at or past the prompt is decode, and
+        so is a token with proposals to verify; anything else (prompt chunks,
+        recomputation after preemption) is prefill."""
         prefill = decode = 0
         for w in plan.work:
             n = len(w.token_ids)
-            if n == 1 and w.start_pos >= self._len.get(w.rid, 0):
-                decode += 1
+            if w.num_draft or (n == 1 and w.start_pos >= self._len.get(w.rid, 0)):
+                decode += n  # a decode token, or one with proposals to verify
             else:
                 prefill += n
         phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
