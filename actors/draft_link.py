@@ -79,9 +79,9 @@ class DraftLink:
         if reply.error is not None:
             print(f"houchu scheduler: draft failed: {reply.error}", flush=True)
         if reply.query_id != self.waiting:
-            core.spec.on_pool_stats(reply)  # a release, or a reply that came too late
-            if reply.error is not None:
-                core.spec.on_reply(reply, core.batcher.running.get, 0.0)
+            # A release, or a reply that came too late: only its pool counters are news
+            # (after a failure there, the next awaited reply fails too and resyncs).
+            core.spec.on_pool_stats(reply)
             return
         core.attach_drafts(reply, time.perf_counter() - self.sent_at)
         self.waiting, self.ready = None, True

@@ -290,6 +290,8 @@ class SchedulerCore:
         for req in scheduled:
             if req.status is Status.FINISHED:
                 continue
+            if self.spec is not None:
+                self.spec.on_leave(req)  # its draft state is released too
             self.batcher.remove(req)
             self.num_failed += 1
             self.telemetry.event(req.rid, "failed", error=error)
