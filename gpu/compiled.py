@@ -26,6 +26,7 @@ from houchu.gpu.llama import DecoderLayer, LlamaModel
 from houchu.gpu.ops import TorchOps
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
+RECOMPILE_LIMIT = 128  # compiled entries per piece, over all runners of a process
 _OPS = TorchOps()
 
 
@@ -59,8 +60,10 @@ class CompiledDecode:
             raise ValueError(f"compile buckets must be positive batch sizes, got {buckets}")
         self.model = model
         self.buckets = tuple(sorted(set(buckets)))
+        # Dynamo keeps compiled entries per code object: every runner made in this
+        # process adds one per bucket to the same three functions
         cfg = torch._dynamo.config
-        cfg.cache_size_limit = max(cfg.cache_size_limit, 4 * len(self.buckets))
+        cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
         opts = {"fullgraph": True, "dynamic": False}
         self._pre = torch.compile(_pre, **opts)
         self._post = torch.compile(_post, **opts)
