@@ -138,13 +138,15 @@ def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-def print_table(rows: list[Row], lim: runner_limits.Limits) -> None:
+def print_table(rows: list[Row], lim: runner_limits.Limits, header: bool = True) -> None:
+    """One line per row: speed, bytes and ops per step, and their fractions of ``lim``."""
     head = (
         f"{'format':6} {'mode':8} {'step':13} {'tok/s':>9} {'ms/step':>8} {'MB/step':>8} "
         f"{'GB/s':>6} {'%BW':>5} {'GFLOP/s':>8} {'%peak':>6}"
     )
-    print(head)
-    print("-" * len(head))
+    if header:
+        print(head)
+        print("-" * len(head))
     for r in rows:
         gbs = r.bytes / r.step_s / 1e9
         fl = r.flops / r.step_s
@@ -180,12 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for fmt in args.formats.split(","):
         for mode in args.modes.split(","):
-            rows += run_format(fmt, mode, args)
+            new = run_format(fmt, mode, args)
+            print_table(new, before, header=False)  # progress, against the start limits
+            rows += new
     after = runner_limits.measure()
     print(f"limits (end):   {after.line()}")
     lim = before.best(after)
     print(f"limits used (best of both): {lim.line()}\n")
     print_table(rows, lim)
+    print(
+        "%BW: bytes moved per step / step time, over the copy bandwidth; %peak: ops per "
+        "step / step time, over the matmul peak of the format computed in"
+    )
     return 0
 
 
