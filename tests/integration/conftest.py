@@ -39,6 +39,13 @@ class Server:
         return "".join(self.lines)
 
 
+def _compile_flag(extra: tuple[str, ...], compile: bool) -> list[str]:
+    """``--disable-compile`` unless compiling was asked for (here or in ``extra``)."""
+    if compile or any(a.startswith("--compile") or a == "--disable-compile" for a in extra):
+        return []
+    return ["--disable-compile"]
+
+
 def start_server(
     model: Path, *extra: str, timeout_s: float = 300.0, compile: bool = False
 ) -> Server:
@@ -55,7 +62,7 @@ def start_server(
     cmd = [sys.executable, "-m", "houchu.cli", "serve", "--model", str(model), "--port", str(port)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [*cmd, *extra, *([] if compile else ["--disable-compile"])],
+        [*cmd, *extra, *_compile_flag(extra, compile)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
