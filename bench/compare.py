@@ -20,6 +20,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from houchu.bench.servers import (
     houchu_server,
     llama_server,
     llama_server_binary,
+    stop_all,
 )
 
 TARGETS = ("houchu", "llama.cpp", "hf")
@@ -189,31 +191,55 @@ def main(argv: list[str] | None = None) -> int:
     builder = PromptBuilder(load_encoder(str(model)))
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     records: dict[str, dict[str, Any]] = {}
-    for target in targets:
-        name = f"compare-{args.workload}-{target}-{stamp}"
-        print(f"== {target}: {args.workload}, {spec.workload.num_requests} requests", flush=True)
-        try:
-            records[target] = asyncio.run(_measure(target, spec, args, settings, builder, name))
-        except ServerError as exc:
-            print(f"compare: {target} skipped: {exc}", file=sys.stderr)
-            continue
-        records[target]["settings"].update(
-            threads=settings.threads, ctx_size=settings.ctx_size, parallel=parallel
-        )
-        if not args.no_db:
-            store(records[target], args.db)
+    signal.signal(signal.SIGTERM, _terminate)  # so that the servers are stopped below
+    try:
+        for target in targets:
+            record = _run_target(target, spec, args, settings, builder, stamp)
+            if record is not None:
+                records[target] = record
+    finally:
+        stop_all()
     if not records:
         return 1
     print()
     print(f"workload {args.workload}: {json.dumps(spec.workload.settings())}")
     print(
-        f"threads {settings.threads}, context {settings.ctx_size}/request, {parallel} in parallel, model {model.name}"
+        f"threads {settings.threads}, context {settings.ctx_size}/request, "
+        f"{parallel} in parallel, model {model.name}"
     )
     print(comparison_table(records))
     out = args.output or results_dir() / f"compare-{args.workload}-{stamp}.json"
     save_json({"records": records, "table": comparison_table(records)}, out)
     print(f"results: {out}")
     return 0
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run_target(
+    target: str,
+    spec: BenchSpec,
+    args: argparse.Namespace,
+    settings: ServerSettings,
+    builder: PromptBuilder,
+    stamp: str,
+) -> dict[str, Any] | None:
+    """Measure one target and store its record; None when its server did not start."""
+    name = f"compare-{args.workload}-{target}-{stamp}"
+    print(f"== {target}: {args.workload}, {spec.workload.num_requests} requests", flush=True)
+    try:
+        record = asyncio.run(_measure(target, spec, args, settings, builder, name))
+    except ServerError as exc:
+        print(f"compare: {target} skipped: {exc}", file=sys.stderr)
+        return None
+    record["settings"].update(
+        threads=settings.threads, ctx_size=settings.ctx_size, parallel=settings.parallel
+    )
+    if not args.no_db:
+        store(record, args.db)
+    return record
 
 
 if __name__ == "__main__":

@@ -18,6 +18,15 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+#: Servers started and not yet stopped, so that an interrupted run can stop them.
+_LIVE: set[ManagedServer] = set()
+
+
+def stop_all() -> None:
+    """Stop every server started here that is still running."""
+    for server in list(_LIVE):
+        server.stop()
+
 
 class ServerError(RuntimeError):
     """A server did not start (its last output lines are in the message)."""
@@ -92,6 +101,7 @@ class ManagedServer:
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s`` seconds."""
+        _LIVE.discard(self)
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(signal.SIGTERM)
