@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         "max_running_requests",
         "threads",
     )
+    if not 0 < args.port <= 65535:
+        parser.error(f"--port must be in 1..65535, got {args.port}")
     if args.chunked_prefill_size < 0:
         parser.error("--chunked-prefill-size must be >= 0")
     for n in ("host_kv_mb", "host_kv_pages", "ssd_kv_mb"):

@@ -52,7 +52,11 @@ class GatewayActor:
             store=self.store,
             gateway_metrics=self.metrics,
         )
-        self.runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        # handler_cancellation: a client that goes away while its request is queued or
+        # prefilling cancels the handler at once, which aborts the request in the engine.
+        self.runner = web.AppRunner(
+            app, handle_signals=False, access_log=None, handler_cancellation=True
+        )
         await self.runner.setup()
         site = web.TCPSite(self.runner, c.host, c.port)
         await site.start()

@@ -46,6 +46,8 @@ class TokenizerActor:
         self.to_scheduler = Outbox(ctx, ep["scheduler"])
         self.to_gateway = Outbox(ctx, ep["gateway"])
         self.requests: dict[str, RequestText] = {}
+        self.encoding: dict[str, bool] = {}  # rid -> aborted, while its prompt is encoded
+        self.tasks: set[asyncio.Task[None]] = set()
         self.tokenizer = None
         self.max_context = 0
         self.telemetry = Telemetry(ctx, ep["recorder"] if config.telemetry else None, self.name)
@@ -59,6 +61,10 @@ class TokenizerActor:
         self.tokenizer = await loop.run_in_executor(None, load_tokenizer, self.config.model_path)
         model = load_model_config(self.config.model_path)
         self.max_context = min(model.max_position, self.config.max_context or model.max_position)
+        # No token is longer than this many characters, so a prompt with more characters
+        # than max_context * longest cannot fit: reject it without tokenizing it.
+        tok = self.tokenizer
+        self.max_token_chars = max(len(tok.token_bytes(i)) for i in range(tok.vocab_size)) or 1
         self.telemetry.start()
         return f"vocabulary {self.tokenizer.vocab_size}, context {self.max_context}"
 
@@ -71,10 +77,15 @@ class TokenizerActor:
                 continue
             match msg:
                 case GenerateRequest():
-                    await self._on_request(msg)
+                    # a task: other requests' tokens keep flowing while a prompt encodes
+                    task = asyncio.create_task(self._on_request(msg))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
                 case TokenBatch(events=events):
                     await self._on_tokens(events)
                 case AbortRequest(rid=rid):
+                    if rid in self.encoding:
+                        self.encoding[rid] = True
                     state = self.requests.pop(rid, None)
                     self.first_token_t.pop(rid, None)
                     if state is not None:
@@ -86,9 +97,22 @@ class TokenizerActor:
                     return
 
     async def _on_request(self, req: GenerateRequest) -> None:
+        chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages or [])
+        if chars > self.max_context * self.max_token_chars:
+            await self._fail(
+                req.rid,
+                f"the prompt has {chars} characters, more than a "
+                f"{self.max_context}-token context window can hold",
+            )
+            return
         try:
-            ids = self._encode(req)
+            # in a worker thread: a long prompt does not hold up other requests' text
+            self.encoding[req.rid] = False
+            ids = await asyncio.to_thread(self._encode, req)
+            if self.encoding.pop(req.rid, True):
+                return  # aborted while it was being encoded
         except Exception as e:  # the template or encoder refused this input
+            self.encoding.pop(req.rid, None)
             await self._fail(req.rid, f"could not tokenize the request: {e}")
             return
         s = req.sampling

@@ -81,6 +81,8 @@ def decode_body(raw: bytes) -> dict[str, Any]:
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise ApiError(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError("request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(
             f"request body must be a JSON object, got {json_type(body)}", code="invalid_type"

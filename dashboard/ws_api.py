@@ -105,7 +105,7 @@ class WsSession:
         """Handle one client text frame."""
         try:
             frame = msgspec.json.decode(data)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             await self.send_error(
                 None, ApiError(f"frame is not valid JSON: {exc}", code="invalid_json")
             )

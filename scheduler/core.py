@@ -116,6 +116,12 @@ class SchedulerCore:
                 f"prompt is {len(msg.prompt_ids)} tokens; this model's context window "
                 f"is {self.runner.max_context} tokens"
             )
+        if len(msg.prompt_ids) + msg.sampling.max_tokens > self.runner.max_context:
+            raise Rejected(
+                f"this server's maximum context length is {self.runner.max_context} tokens "
+                f"(model window and KV pool); the request has {len(msg.prompt_ids)} prompt "
+                f"tokens and asks for {msg.sampling.max_tokens} more"
+            )
         capacity = self.runner.num_pages * self.runner.page_size
         if need > capacity:
             raise Rejected(
