@@ -2,9 +2,11 @@
 vs a draft model, on prompts whose output repeats their input and on open chat, at one
 and at several concurrent streams — all measured in one run.
 
-One server per mode is started here, one after the other; every run sends ``B``
-concurrent greedy requests (``--max-tokens`` each, EOS ignored) and reads the server's
-speculation counters before and after. Modes:
+One server per mode is started here, all of them before measuring; then for every
+workload and batch size ``B`` the modes take turns, ``--repeats`` rounds, each sending
+``B`` concurrent greedy requests (``--max-tokens`` each, EOS ignored) and reading the
+server's speculation counters before and after; the median round is reported. Taking
+turns keeps a machine whose load drifts from favouring one mode. Modes:
 
 - ``off``: no speculation;
 - ``ngram`` / ``draft``: adaptive (k from acceptance and measured step costs; off above
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -132,7 +135,8 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--workloads", default="repeat,chat")
-    ap.add_argument("--server-flags", default="", help="extra `houchu serve` flags")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds per measurement (median)")
+    ap.add_argument("--server-flags", default="", help="extra `houchu serve` flags (use =)")
     args = ap.parse_args()
     from houchu.fetch import fetch_default_model
 
@@ -145,17 +149,30 @@ def main() -> None:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     workloads = [w for w in args.workloads.split(",") if w]
     results: dict[tuple[str, int, str], dict[str, float]] = {}
-    for mode in modes:
-        flags = [f.replace("{draft}", draft) for f in MODES[mode]] + args.server_flags.split()
-        with running_server(model, "--max-running-requests", str(max(sizes)), *flags) as url:
-            asyncio.run(run_batch(url, payloads("chat", 1, 8)))  # warm-up
-            for w in workloads:
-                for b in sizes:
-                    r = asyncio.run(run_batch(url, payloads(w, b, args.max_tokens)))
-                    results[(w, b, mode)] = r
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for mode in modes:
+            flags = [f.replace("{draft}", draft) for f in MODES[mode]] + args.server_flags.split()
+            flags += ["--max-running-requests", str(max(sizes)), "--kv-cache-mb", "256"]
+            urls[mode] = stack.enter_context(running_server(model, *flags))
+            asyncio.run(run_batch(urls[mode], payloads("chat", 1, 8)))  # warm-up
+            print(f"  {mode}: serving", flush=True)
+        for w in workloads:
+            for b in sizes:
+                rounds: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+                for _ in range(args.repeats):
+                    for mode in modes:
+                        r = asyncio.run(run_batch(urls[mode], payloads(w, b, args.max_tokens)))
+                        rounds[mode].append(r)
+                for mode in modes:
+                    runs = sorted(rounds[mode], key=lambda r: r["stream_tok_s"])
+                    r = results[(w, b, mode)] = runs[len(runs) // 2]
                     print(f"  {mode:<13} {w:<7} batch {b:>3}: {r['stream_tok_s']:7.2f} tok/s "
                           f"per stream, acceptance {r['acceptance']:.2f}", flush=True)  # fmt: skip
-    print(f"\nGreedy decode, {args.max_tokens} tokens per request; draft model: {draft}")
+    print(
+        f"\nGreedy decode, {args.max_tokens} tokens per request, median of {args.repeats} "
+        f"rounds; draft model: {draft}"
+    )
     head = ("workload", "batch", "mode", "tok/s/stream", "tok/s total", "vs off",
             "accept", "mean len", "verify steps", "break-even")  # fmt: skip
     print("{:<8}{:>6}  {:<14}{:>13}{:>12}{:>8}{:>8}{:>10}{:>14}{:>12}".format(*head))
