@@ -120,8 +120,9 @@ async def run_batch(ws_url: str, bodies: list[dict]) -> dict[str, float]:
     return {
         "stream_tok_s": sum(per_stream) / len(per_stream),
         "total_tok_s": tokens / wall,
+        "proposed": d["spec_proposed_tokens"],
         "acceptance": d["spec_accepted_tokens"] / max(d["spec_proposed_tokens"], 1),
-        "mean_len": emitted / max(d["spec_verify_steps"], 1) if d["spec_verify_steps"] else 1.0,
+        "mean_len": emitted / d["spec_verify_steps"] if d["spec_verify_steps"] else 1.0,
         "verify_share": d["spec_verify_steps"] / max(d["num_steps"], 1),
         "break_even": after.get("spec_break_even_batch", 0),
     }
@@ -181,9 +182,10 @@ def main() -> None:
         r = results[(w, b, mode)]
         off = results.get((w, b, "off"))
         ratio = f"{r['stream_tok_s'] / off['stream_tok_s']:.2f}x" if off else "-"
+        accept = f"{r['acceptance']:.2f}" if r["proposed"] else "-"
         print(
             f"{w:<8}{b:>6}  {mode:<14}{r['stream_tok_s']:>13.2f}{r['total_tok_s']:>12.2f}"
-            f"{ratio:>8}{r['acceptance']:>8.2f}{r['mean_len']:>10.2f}"
+            f"{ratio:>8}{accept:>8}{r['mean_len']:>10.2f}"
             f"{r['verify_share']:>13.0%}{int(r['break_even']):>12}"
         )
 
