@@ -45,8 +45,8 @@ class EngineClient:
     Args:
         ctx: the process's asyncio ZeroMQ context.
         endpoints: actor inbox addresses.
-        request_timeout_s: longest wait, in seconds, between two deltas of one request
-            before it is failed with HTTP 503 (the engine is stuck or gone).
+        request_timeout_s: seconds without a delta after which the engine is asked whether
+            it is alive; the request fails with HTTP 503 only if it does not answer.
         observer: told of each request's arrival, deltas and end (None: nobody).
     """
 
@@ -124,9 +124,18 @@ class EngineClient:
                 try:
                     msg = await asyncio.wait_for(q.get(), self._timeout_s)
                 except asyncio.TimeoutError:
-                    raise EngineError(
-                        f"no progress on request in {self._timeout_s:.0f} s", 503, "timeout"
-                    ) from None
+                    # Quiet for a while: a long queue, or an engine that is gone? Only
+                    # the latter fails the request (a scheduler that answers is alive).
+                    try:
+                        await self.stats(timeout_s=30.0)
+                    except EngineError:
+                        raise EngineError(
+                            f"no progress on request in {self._timeout_s:.0f} s and the "
+                            "engine does not answer",
+                            503,
+                            "timeout",
+                        ) from None
+                    continue
                 if isinstance(msg, RequestFailed):
                     finished = True
                     outcome = "failed"
