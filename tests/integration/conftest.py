@@ -52,8 +52,8 @@ def start_server(
     """Start ``houchu serve`` and wait until it prints that it is serving.
 
     ``compile=False`` adds ``--disable-compile``: compiling the decode step at start-up
-    costs tens of seconds on 2 cores, and most tests start their own servers (the shared
-    ``server`` fixture runs the default configuration, compiled).
+    costs tens of seconds on 2 cores, and the golden tests check the plain (eager) path
+    against transformers; compiled vs eager is checked in ``test_compiled_api.py``.
 
     Raises:
         RuntimeError: it exited or did not become ready within ``timeout_s`` seconds.
@@ -101,6 +101,6 @@ def stop_server(server: Server, timeout_s: float = 30.0) -> int:
 @pytest.fixture(scope="session")
 def server(real_model_path: Path) -> Iterator[Server]:
     """One shared server on the default model for the integration tests."""
-    srv = start_server(real_model_path, "--kv-cache-mb", "256", compile=True)
+    srv = start_server(real_model_path, "--kv-cache-mb", "256")
     yield srv
     stop_server(srv)
