@@ -34,6 +34,10 @@ class StreamError(Exception):
         self.kind = kind
 
 
+class _StaleConnection(Exception):
+    """The request could not be sent on a pooled connection (the server had closed it)."""
+
+
 class OpenAIBackend:
     """Streams requests to an OpenAI-compatible server.
 
@@ -120,7 +124,7 @@ class OpenAIBackend:
         """Stream one request into ``result``; never raises for a failed request."""
         path, body = self.body(spec, history)
         try:
-            await asyncio.wait_for(self._stream(path, body, result), self.params.timeout_s)
+            await asyncio.wait_for(self._send(path, body, result), self.params.timeout_s)
         except asyncio.TimeoutError:
             fail(
                 result,
@@ -135,9 +139,24 @@ class OpenAIBackend:
         if not result.usage_reported:
             result.output_tokens = result.counted_tokens
 
+    async def _send(self, path: str, body: dict[str, Any], result: RequestResult) -> None:
+        """Send once more when a kept-alive connection turns out closed before any answer
+        (a server's keep-alive timeout racing the reuse; no byte of the answer is lost)."""
+        try:
+            await self._stream(path, body, result)
+        except _StaleConnection:
+            try:
+                await self._stream(path, body, result)
+            except _StaleConnection as exc:
+                raise aiohttp.ClientConnectionError(str(exc.__cause__ or exc)) from exc
+
     async def _stream(self, path: str, body: dict[str, Any], result: RequestResult) -> None:
         assert self._session is not None, "start() was not called"
-        async with self._session.post(self.base_url + path, json=body) as resp:
+        try:
+            resp = await self._session.post(self.base_url + path, json=body)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise _StaleConnection(str(exc)) from exc
+        async with resp:
             if resp.status != 200:
                 text = (await resp.text())[:500]
                 fail(result, f"http_{resp.status}", text, time.perf_counter())

@@ -311,3 +311,27 @@ async def test_poisson_arrivals_follow_the_offsets(fake_openai) -> None:
     want = arrival_offsets(5, 20.0, 7)
     for got, off in zip(starts, want, strict=True):
         assert abs((got - starts[0]) - off) < 0.05
+
+
+async def test_openai_resends_once_on_a_closed_kept_alive_connection(fake_openai) -> None:
+    import aiohttp
+
+    server, bodies = fake_openai
+    b = OpenAIBackend(str(server.make_url("/v1")), GenParams(timeout_s=5))
+    await b.start()
+    real_post, calls = b._session.post, []
+
+    def flaky_post(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) in (1, 3, 4):  # the first request once; the second twice
+            raise aiohttp.ClientOSError(None, "Can not write request body")
+        return real_post(*args, **kwargs)
+
+    b._session.post = flaky_post
+    try:
+        ok = await _one(b, "ok once")
+        bad = await _one(b, "ok twice")
+    finally:
+        await b.close()
+    assert ok.ok and ok.output_tokens == 4 and len(bodies) == 1
+    assert bad.error == "connection" and len(calls) == 4
