@@ -86,6 +86,8 @@ class KVTierActor:
                         await self._store(entries, unused)
                     case TierLookup():
                         await self.to_scheduler.send(await self._lookup(msg))
+                        # fresh counters with the result, so /stats agrees with the loads
+                        await self.to_scheduler.send(TierStats(self.stats()))
                     case TierRelease(slots=slots):
                         self.host.release(slots)
                     case Shutdown():
