@@ -87,10 +87,11 @@ def _speed_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model runner speed (quantization, kernels, compiled step)")
     g.add_argument(
         "--quantization",
-        default="none",
-        choices=["none", "int4", "int8", "w8a8"],
-        help="matmul weights: int4/int8 weight-only (a GGUF's Q4_0/Q4_1 kept as int4), "
-        "or int8 weights and activations (default: none, the exact path)",
+        default="auto",
+        choices=["auto", "none", "int4", "int8", "w8a8"],
+        help="matmul weights: none (dense: the exact path), int4/int8 weight-only (a GGUF's "
+        "Q4_0/Q4_1 kept as int4), w8a8 (int8 weights and activations); auto: int4 for a "
+        "GGUF whose projections are Q4_0/Q4_1, else none (default: %(default)s)",
     )
     g.add_argument(
         "--quant-group-size",

@@ -35,7 +35,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     port: int = 8000
     served_model_name: str | None = None
     dtype: str = "float32"
-    quantization: str = "none"  # none | int4 | int8 | w8a8 (houchu.gpu.quant.QuantSpec)
+    quantization: str = "auto"  # auto | none | int4 | int8 | w8a8 (gpu.quant.resolve_quant_mode)
     quant_group_size: int = 32  # int4 input features per scale/zero group
     kv_cache_dtype: str = "auto"  # auto (model dtype) | int8 | fp8
     attention_backend: str = "auto"  # auto | torch | triton | flash-attn

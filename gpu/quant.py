@@ -19,6 +19,7 @@ Formats:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,6 +27,32 @@ import torch
 INT4_GROUP_SIZES = (32, 64, 128)
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 QUANT_MODES = ("none", "int4", "int8", "w8a8")
+#: What ``--quantization`` accepts: the modes, and "auto" (``resolve_quant_mode``).
+QUANT_CHOICES = ("auto", *QUANT_MODES)
+
+
+def resolve_quant_mode(mode: str, model_path: str | Path) -> str:
+    """The quantization mode to run ``model_path`` with.
+
+    "auto" keeps a GGUF file's 4-bit projections 4-bit: "int4" when its attention and MLP
+    projections are Q4_0/Q4_1 (converted losslessly, as llama.cpp computes on them), else
+    "none" (dense, the exact path). Any other mode is returned as given.
+
+    Raises:
+        ValueError: ``mode`` is not "auto" or one of ``QUANT_MODES``.
+    """
+    if mode != "auto":
+        if mode not in QUANT_MODES:
+            raise ValueError(f"quantization must be one of {QUANT_CHOICES}, got {mode!r}")
+        return mode
+    p = Path(model_path)
+    if not (p.is_file() and p.suffix == ".gguf"):
+        return "none"
+    import gguf
+
+    reader = gguf.GGUFReader(p)
+    proj = [t.tensor_type.name for t in reader.tensors if t.name.endswith("attn_q.weight")]
+    return "int4" if proj and all(t in ("Q4_0", "Q4_1") for t in proj) else "none"
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,13 @@ from houchu.cache_tiers.host_pool import HostPool
 from houchu.gpu.accel import DecodeAccelerator
 from houchu.gpu.attention import make_backend
 from houchu.gpu.batch import StepBatch, build_batch
-from houchu.gpu.config import ModelConfig, num_parameters
+from houchu.gpu.config import ModelConfig, num_parameters, resolve_model_file
 from houchu.gpu.kv_pool import KVPool
 from houchu.gpu.kv_transfer import HostKVMirror
 from houchu.gpu.levers import LeverCounters, StepCost
 from houchu.gpu.loader import load_model, parse_dtype
 from houchu.gpu.ops import make_ops
-from houchu.gpu.quant import QuantSpec
+from houchu.gpu.quant import QuantSpec, resolve_quant_mode
 from houchu.gpu.sampling import RequestState, Sampler
 from houchu.gpu.verify import sample_and_verify
 from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
@@ -61,7 +61,8 @@ class ModelRunner:
         logprobs_mode: "raw" (log_softmax of the model's logits, vLLM's default) or
             "processed" (after penalties, temperature and filters).
         prepack: on CPU, keep matmul weights in oneDNN's packed layout (faster).
-        quantization: "none", "int4", "int8" or "w8a8" (``houchu.gpu.quant.QuantSpec``).
+        quantization: "none", "int4", "int8" or "w8a8" (``houchu.gpu.quant.QuantSpec``),
+            or "auto" (a GGUF's Q4_0/Q4_1 model as int4, else none: ``resolve_quant_mode``).
         group_size: int4 group size (32, 64 or 128).
         kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8".
         compile: ``torch.compile`` the decode step at startup: "off", "auto" (kept only
@@ -106,7 +107,8 @@ class ModelRunner:
         t0 = time.perf_counter()
         self.device = torch.device(device)
         self.dtype = parse_dtype(dtype)
-        quant = QuantSpec(quantization, group_size)
+        mode = resolve_quant_mode(quantization, resolve_model_file(model_path))
+        quant = QuantSpec(mode, group_size)
         self.backend = make_backend(
             attention_backend, self.device, page_size=page_size, kv_dtype=kv_cache_dtype
         )

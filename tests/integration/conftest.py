@@ -46,14 +46,28 @@ def _compile_flag(extra: tuple[str, ...], compile: bool) -> list[str]:
     return ["--disable-compile"]
 
 
+def _quant_flag(extra: tuple[str, ...], exact: bool) -> list[str]:
+    """``--quantization none`` (the exact path) unless ``extra`` picks a quantization."""
+    if not exact or any(a.startswith("--quantization") for a in extra):
+        return []
+    return ["--quantization", "none"]
+
+
 def start_server(
-    model: Path, *extra: str, timeout_s: float = 300.0, compile: bool = False
+    model: Path,
+    *extra: str,
+    timeout_s: float = 300.0,
+    compile: bool = False,
+    exact: bool = True,
 ) -> Server:
     """Start ``houchu serve`` and wait until it prints that it is serving.
 
     ``compile=False`` adds ``--disable-compile``: compiling the decode step at start-up
     costs tens of seconds on 2 cores, and the golden tests check the plain (eager) path
     against transformers; compiled vs eager is checked in ``test_compiled_api.py``.
+    ``exact=True`` adds ``--quantization none`` (serve's default, auto, keeps a Q4 GGUF's
+    weights int4, which agrees with transformers' dequantized weights on top-1 but not
+    bit for bit); the default path is checked in ``test_compiled_api.py``.
 
     Raises:
         RuntimeError: it exited or did not become ready within ``timeout_s`` seconds.
@@ -62,7 +76,7 @@ def start_server(
     cmd = [sys.executable, "-m", "houchu.cli", "serve", "--model", str(model), "--port", str(port)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [*cmd, *extra, *_compile_flag(extra, compile)],
+        [*cmd, *extra, *_compile_flag(extra, compile), *_quant_flag(extra, exact)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -30,8 +30,8 @@ async def _all(url: str) -> list[list[int]]:
     return [o["token_ids"] for o in out]
 
 
-def _serve_tokens(model, *flags: str) -> tuple[list[list[int]], str]:
-    srv = start_server(model, "--kv-cache-mb", "64", *flags)
+def _serve_tokens(model, *flags: str, **kw: bool) -> tuple[list[list[int]], str]:
+    srv = start_server(model, "--kv-cache-mb", "64", *flags, **kw)
     try:
         return asyncio.run(_all(srv.ws_url)), srv.output()
     finally:
@@ -46,6 +46,11 @@ def test_compiled_equals_eager_through_api(real_model_path):
     eager, log = _serve_tokens(real_model_path, "--disable-compile")
     assert "compiled_decode" not in log
     assert compiled == eager
+    # serve's defaults: the Q4_1 GGUF's projections stay int4 (quantization auto) and the
+    # decode step is compiled if that is faster; the greedy start agrees with the exact path
+    default, log = _serve_tokens(real_model_path, compile=True, exact=False)
+    assert "weights int4-g32" in log and "compiled_decode in" in log
+    assert [t[:4] for t in default] == [t[:4] for t in eager], (default, eager)
 
 
 @pytest.mark.parametrize("flags", [("--quantization", "int4", "--kv-cache-dtype", "int8")])

@@ -149,3 +149,17 @@ def test_bad_paths(tmp_path):
     bad.write_bytes(b"not a gguf file at all")
     with pytest.raises(ModelLoadError):
         load_model_config(bad)
+
+
+@pytest.mark.parametrize("qtype,want", [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "none")])
+def test_auto_quantization_keeps_4bit_gguf_4bit(tiny_dirs, tmp_path, qtype, want):
+    from houchu.gpu.quant import resolve_quant_mode
+
+    path = write_llama_gguf(tiny_dirs["untied"], tmp_path / f"m-{qtype}.gguf", qtype=qtype)
+    assert resolve_quant_mode("auto", path) == want
+    assert resolve_quant_mode("w8a8", path) == "w8a8"  # an explicit mode is kept
+    assert resolve_quant_mode("auto", tiny_dirs["untied"]) == "none"  # safetensors: dense
+    runner = ModelRunner(path, quantization="auto", num_pages=8, quiet=True)
+    assert runner.levers.cost.weight_label == ("int4-g32" if want == "int4" else "none")
+    with pytest.raises(ValueError, match="quantization must be"):
+        resolve_quant_mode("int3", path)
