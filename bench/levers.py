@@ -22,7 +22,7 @@ from pathlib import Path
 
 import aiohttp
 
-from houchu.bench.server import running_server
+from houchu.bench.servers import running_server
 
 SYSTEM_SENTENCE = (
     "The museum's archive holds letters, maps, photographs and field notes collected by "

@@ -112,7 +112,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
-    from houchu.bench.server import running_server
+    from houchu.bench.servers import running_server
     from houchu.fetch import fetch_default_model
 
     model = args.model or fetch_default_model()

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,16 +61,21 @@ class ServerSettings:
 class ManagedServer:
     """A server process, started and stopped here; its output is kept for errors."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, ready_url: str) -> None:
+    def __init__(
+        self, name: str, cmd: list[str], port: int, ready_url: str, ready_line: str = ""
+    ) -> None:
         self.name = name
         self.cmd = cmd
         self.port = port
         self.ready_url = ready_url
+        self.ready_line = ready_line
         self.proc: subprocess.Popen[str] | None = None
         self._tail: deque[str] = deque(maxlen=40)
+        self._ready = threading.Event()
 
     def start(self, timeout_s: float = 600.0) -> None:
-        """Start it and wait until ``ready_url`` answers 200.
+        """Start it and wait until ``ready_url`` answers 200 (and, with ``ready_line``,
+        until a line of its output contains that text).
 
         Raises:
             ServerError: it exited, or was not ready within ``timeout_s`` seconds.
@@ -84,20 +91,26 @@ class ManagedServer:
                 raise ServerError(
                     f"{self.name} exited ({self.proc.returncode}):\n" + "".join(self._tail)
                 )
-            try:
-                with urllib.request.urlopen(self.ready_url, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+            if self._answers() and (not self.ready_line or self._ready.is_set()):
+                _LIVE.add(self)
+                return
             time.sleep(0.5)
         self.stop()
         raise ServerError(f"{self.name} was not ready in {timeout_s:g} s:\n" + "".join(self._tail))
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.ready_url, timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     def _pump(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
             self._tail.append(line)
+            if self.ready_line and self.ready_line in line:
+                self._ready.set()
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s`` seconds."""
@@ -127,7 +140,30 @@ def houchu_server(s: ServerSettings, extra: list[str]) -> ManagedServer:
     ]
     cmd += ["--threads", str(s.threads), "--max-context", str(s.ctx_size)]
     cmd += ["--max-running-requests", str(s.parallel), *extra]
-    return ManagedServer("houchu", cmd, port, f"http://127.0.0.1:{port}/health")
+    return _houchu(cmd, port)
+
+
+def _houchu(cmd: list[str], port: int) -> ManagedServer:
+    url = f"http://127.0.0.1:{port}/health"
+    return ManagedServer("houchu", cmd, port, url, ready_line="houchu: serving")
+
+
+@contextlib.contextmanager
+def running_server(model: str | Path, *flags: str, timeout_s: float = 600.0) -> Iterator[str]:
+    """Run ``houchu serve --model MODEL FLAGS`` on a free port; yields its WebSocket URL
+    and stops it on the way out.
+
+    Raises:
+        ServerError: it exited, or was not ready within ``timeout_s`` seconds.
+    """
+    port = free_port()
+    cmd = [sys.executable, "-m", "houchu.cli", "serve", "--model", str(model)]
+    server = _houchu([*cmd, "--port", str(port), *flags], port)
+    server.start(timeout_s)
+    try:
+        yield f"ws://127.0.0.1:{port}/ws"
+    finally:
+        server.stop()
 
 
 def llama_server_binary(explicit: str | None = None) -> str:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import aiohttp
 
-from houchu.bench.server import running_server
+from houchu.bench.servers import running_server
 
 CODE = '''def moving_average(values, window):
     """Average of each run of `window` consecutive values."""

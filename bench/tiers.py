@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from houchu.bench.levers import _one, _pct
-from houchu.bench.server import running_server
+from houchu.bench.servers import running_server
 
 DEVICE = ["--num-pages", "160"]  # 2,560 tokens: one long prefix at a time
 
