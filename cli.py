@@ -80,6 +80,36 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         default=300.0,
         help="seconds without progress before a request fails",
     )
+    _supervision_options(p)
+
+
+def _supervision_options(p: argparse.ArgumentParser) -> None:
+    """Options of the supervisor that restarts actors that die or hang."""
+    g = p.add_argument_group("supervision (actors that die or hang are restarted)")
+    g.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=120.0,
+        help="seconds an actor may go without a heartbeat (or one model step may run) "
+        "before it is killed and restarted; longer than the slowest step",
+    )
+    g.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="restarts of one actor allowed within --restart-window; one more death stops "
+        "the server (the recorder, KV-tier manager and draft are then left off instead)",
+    )
+    g.add_argument("--restart-window", type=float, default=60.0, help="seconds of --max-restarts")
+
+
+def _check_supervision(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for name in ("heartbeat_timeout", "restart_window"):
+        v = getattr(args, name)
+        if not 0 < v < float("inf"):
+            parser.error(f"--{name.replace('_', '-')} must be a positive number, got {v}")
+    if args.max_restarts < 0:
+        parser.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
 
 
 def _speed_options(p: argparse.ArgumentParser) -> None:
@@ -258,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.retention_requests < 0 or not args.retention_days >= 0:
         parser.error("--retention-requests and --retention-days must be >= 0 (0 keeps all)")
     _check_spec(parser, args)
+    _check_supervision(parser, args)
     args.decode_batch_sizes = _batch_sizes(parser, args.decode_batch_sizes)
     if args.db_url is not None:
         from houchu.storage.db import DatabaseUrlError, parse_url
@@ -322,6 +353,9 @@ def _serve(args: argparse.Namespace) -> int:
         decode_batch_sizes=args.decode_batch_sizes,
         cuda_graph=not args.disable_cuda_graph,
         request_timeout_s=args.request_timeout,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        max_restarts=args.max_restarts,
+        restart_window_s=args.restart_window,
         db_url=args.db_url,
         retention_requests=args.retention_requests or None,
         retention_days=args.retention_days or None,

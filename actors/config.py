@@ -20,6 +20,11 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``page_size`` tokens per page; ``max_context`` caps the model's context window
     (tokens); ``max_batch_tokens`` tokens per step; ``chunk_size`` prefill tokens per request
     per step; ``request_timeout_s`` seconds without progress before a request fails.
+    Supervision (``houchu.actors.supervisor``): each actor reports a heartbeat every
+    ``heartbeat_interval_s`` seconds; one silent (or busy with one step) for more than
+    ``heartbeat_timeout_s`` seconds is killed and restarted, like one that died; an actor
+    that dies more than ``max_restarts`` times within ``restart_window_s`` seconds stops
+    the server (or, for the recorder, KV-tier manager and draft, is left off).
     Telemetry: ``db_url`` is the recorder's SQLAlchemy URL (None: SQLite at
     ``houchu.fetch.cache_dir()/houchu.db``); it keeps the newest ``retention_requests``
     requests for at most ``retention_days`` days (None: no bound of that kind).
@@ -64,6 +69,10 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_speculative_tokens: int = 4
     speculative_max_batch: int | None = None
     draft_timeout_s: float = 30.0
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 120.0
+    max_restarts: int = 5
+    restart_window_s: float = 60.0
     telemetry: bool = True
     db_url: str | None = None
     retention_requests: int | None = 10_000

@@ -4,7 +4,8 @@ One inbox of ``DraftRequest`` messages from the scheduler; each is answered with
 ``DraftReply`` (proposals, the seconds spent, the draft pool's counters). The proposer is
 chosen by ``--speculative``: "ngram" (prompt lookup, no model) or "draft" (a draft model
 given by ``--draft-model``, with its own paged KV). The domain logic lives in
-``houchu.spec``. Started by the launcher only when speculation is on.
+``houchu.spec``. Started by the launcher only when speculation is on. When the scheduler
+is replaced, every sequence it held here is released (the new one starts from scratch).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.spec.proposers import NgramProposer, Proposer, ProtocolError
-from houchu.transport.channel import BadMessage, Inbox, Outbox
-from houchu.transport.messages import Shutdown
+from houchu.transport.channel import BadMessage, Inbox
+from houchu.transport.messages import ActorDown, ActorUp, Shutdown
+from houchu.transport.peers import Peers, drain
 from houchu.transport.spec_messages import DraftInbox, DraftProposal, DraftReply, DraftRequest
 
 
@@ -64,8 +66,9 @@ class DraftActor:
     def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
         self.config = config
         ep = config.endpoints
-        self.inbox: Inbox[DraftInbox] = Inbox(ctx, ep["draft"], DraftInbox)
-        self.to_scheduler = Outbox(ctx, ep["scheduler"])
+        self.inbox: Inbox[DraftInbox] = Inbox(ctx, ep["draft"], DraftInbox | ActorDown | ActorUp)
+        self.peers = Peers(ctx, ep)
+        self.to_scheduler = self.peers.outbox("scheduler")
         self.proposer: Proposer | None = None
 
     async def start(self) -> str:
@@ -79,11 +82,25 @@ class DraftActor:
             except BadMessage as e:
                 print(f"houchu draft: dropped a bad message: {e}", flush=True)
                 continue
-            match msg:
-                case DraftRequest():
-                    await self.to_scheduler.send(self.answer(msg))
-                case Shutdown():
-                    return
+            if not await self._handle(msg):
+                return
+
+    async def _handle(self, msg: DraftInbox | ActorDown | ActorUp) -> bool:
+        """Act on one message; False on ``Shutdown``."""
+        match msg:
+            case DraftRequest():
+                await self.to_scheduler.send(self.answer(msg))
+            case ActorDown(name=name):
+                if not await drain(self.inbox, self._handle, self.name):
+                    return False
+                self.peers.reconnect(name)
+                if name == "scheduler":
+                    self.proposer.release(list(self.proposer.seqs))
+            case ActorUp():
+                pass
+            case Shutdown():
+                return False
+        return True
 
     def answer(self, req: DraftRequest) -> DraftReply:
         """Release, then propose; a failure becomes the reply's ``error`` (no proposals)."""
@@ -112,4 +129,4 @@ class DraftActor:
 
     async def close(self) -> None:
         self.inbox.close()
-        self.to_scheduler.close()
+        self.peers.close()

@@ -5,6 +5,9 @@ one request in flight, at most ``draft_timeout_s`` seconds, after which it steps
 proposals (a late reply is then only read for its pool counters). Requests that left are
 released in the draft as soon as possible. At start-up the link times target passes to
 seed the cost model that decides when speculation pays (``houchu.spec.calibrate``).
+
+While the draft actor is down (``ActorDown`` until ``ActorUp``) the scheduler steps
+without proposals; the replacement starts empty, so every request's mirror is resent.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from houchu.spec.calibrate import best_times, calibration_plans, calibration_siz
 from houchu.spec.scheduling import SpecConfig
 from houchu.transport.channel import Inbox, Outbox
 from houchu.transport.messages import Shutdown, StepResult
+from houchu.transport.peers import Peers
 from houchu.transport.spec_messages import DraftReply
 
 
@@ -39,10 +43,18 @@ class DraftLink:
     Args:
         ctx: the process's ZeroMQ context.
         config: the serving configuration (draft endpoint, timeout).
+        peers: the scheduler's links, to follow the draft actor's restarts (None: a
+            plain outbox).
     """
 
-    def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
-        self.out = Outbox(ctx, config.endpoints["draft"])
+    def __init__(
+        self, ctx: zmq.asyncio.Context, config: ServeConfig, peers: Peers | None = None
+    ) -> None:
+        if peers is not None:
+            self.out = peers.outbox("draft")
+        else:
+            self.out = Outbox(ctx, config.endpoints["draft"])
+        self.is_up = True  # False from the draft actor's death until its replacement is up
         self.timeout_s = config.draft_timeout_s
         self.waiting: int | None = None  # query id the next plan waits for
         self.sent_at = 0.0  # time.perf_counter() of that query
@@ -61,7 +73,7 @@ class DraftLink:
         """Call when a plan could be built now. True: wait (proposals were asked for)."""
         if self.waiting is not None:
             return True
-        if self.ready:
+        if self.ready or not self.is_up:
             return False
         req = core.draft_request()
         if req is None:
@@ -95,18 +107,40 @@ class DraftLink:
     async def flush_releases(self, core: SchedulerCore) -> None:
         """Tell the draft about requests that left (frees their draft KV now)."""
         req = core.spec.release_request()
-        if req is not None:
+        if req is not None and self.is_up:
             await self.out.send(req)
 
+    def on_down(self, core: SchedulerCore) -> None:
+        """The draft actor died: stop waiting, speculate no more until it is back, and
+        resend every request's tokens to its replacement (which starts empty)."""
+        if self.waiting is not None:
+            core.spec.abandon()
+            self.waiting = None
+        self.is_up, self.ready = False, False
+        core.spec.pending_release.clear()
+        for req in core.batcher.running.values():
+            req.spec.num_synced = 0
+            req.spec.draft_ids = []
+
+    def on_up(self) -> None:
+        """The draft actor's replacement is ready: speculate again."""
+        self.is_up = True
+
     async def calibrate(
-        self, core: SchedulerCore, to_runner: Outbox, inbox: Inbox, stash: list
+        self,
+        core: SchedulerCore,
+        to_runner: Outbox,
+        inbox: Inbox,
+        stash: list,
+        timeout_s: float = 600.0,
     ) -> int:
         """Time target passes of 1, 2, 4, ... tokens on the runner and feed the cost
         model. Other messages arriving meanwhile are appended to ``stash``. Returns the
         sizes timed (0 if the pool is too small to hold the dummy sequence).
 
         Raises:
-            RuntimeError: the runner failed a calibration step, or a shutdown came.
+            RuntimeError: the runner failed a calibration step or did not answer within
+                ``timeout_s`` seconds, or a shutdown came.
         """
         spec = core.spec
         limit = min(core.runner.max_context, core.batcher.config.max_batch_tokens)
@@ -120,7 +154,11 @@ class DraftLink:
         try:
             for plan in plans:
                 await to_runner.send(plan)
-                while not isinstance(msg := await inbox.recv(), StepResult):
+                while True:
+                    if not await inbox.poll(timeout_s):
+                        raise RuntimeError(f"no calibration step result in {timeout_s:.0f} s")
+                    if isinstance(msg := await inbox.recv(), StepResult):
+                        break
                     if isinstance(msg, Shutdown):
                         raise RuntimeError("shut down during calibration")
                     stash.append(msg)

@@ -16,6 +16,7 @@ from houchu.dashboard.engine_client import EngineClient
 from houchu.dashboard.metrics import GatewayMetrics
 from houchu.dashboard.observe import RequestObserver
 from houchu.dashboard.store import DashboardStore
+from houchu.transport.peers import Peers
 from houchu.transport.telemetry import Telemetry
 
 
@@ -27,10 +28,13 @@ class GatewayActor:
     def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
         self.config = config
         address = config.endpoints["recorder"] if config.telemetry else None
-        self.telemetry = Telemetry(ctx, address, self.name)
+        peers = Peers(ctx, config.endpoints)
+        self.telemetry = peers.track("recorder", Telemetry(ctx, address, self.name))
         self.metrics = GatewayMetrics()
         observer = RequestObserver(self.telemetry, self.metrics)
-        self.engine = EngineClient(ctx, config.endpoints, config.request_timeout_s, observer)
+        self.engine = EngineClient(
+            ctx, config.endpoints, config.request_timeout_s, observer, peers=peers
+        )
         self.store: DashboardStore | None = None
         self.runner: web.AppRunner | None = None
 

@@ -7,6 +7,12 @@ host hits are pinned, SSD hits are read into free host slots first, and the slot
 (``TierLookupResult``) for the runner to load. Host slots under pressure spill to SSD,
 least recently used first. SSD file I/O runs in a worker thread, so lookups and stores
 never stall on a disk inside the event loop.
+
+Restarts: when the scheduler is replaced, this actor takes back every slot granted to it
+or pinned for it and grants fresh ones to the new scheduler. When this actor is replaced,
+the host pool (shared memory, owned by the launcher) survives but its index does not, so
+the new one starts with every host slot free; the SSD tier is found again by re-scanning
+its directory.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from houchu.cache_tiers.host_pool import HostPool
 from houchu.cache_tiers.host_tier import HostTier
 from houchu.cache_tiers.ssd_tier import SsdTier
 from houchu.fetch import cache_dir
-from houchu.transport.channel import BadMessage, Inbox, Outbox
-from houchu.transport.messages import Shutdown
+from houchu.transport.channel import BadMessage, Inbox
+from houchu.transport.messages import ActorDown, ActorUp, Shutdown
+from houchu.transport.peers import Peers, drain
 from houchu.transport.tier_messages import (
     HostSlotGrant,
     TierLookup,
@@ -33,7 +40,7 @@ from houchu.transport.tier_messages import (
     TierStore,
 )
 
-KVTierInbox = TierStore | TierLookup | TierRelease | Shutdown
+KVTierInbox = TierStore | TierLookup | TierRelease | Shutdown | ActorDown | ActorUp
 
 
 class KVTierActor:
@@ -45,7 +52,8 @@ class KVTierActor:
         self.config = config
         ep = config.endpoints
         self.inbox: Inbox[KVTierInbox] = Inbox(ctx, ep["kv_tiers"], KVTierInbox)
-        self.to_scheduler = Outbox(ctx, ep["scheduler"])
+        self.peers = Peers(ctx, ep)
+        self.to_scheduler = self.peers.outbox("scheduler")
         # Slots kept granted to the scheduler: one eviction burst can write back this many
         # pages; the rest of the host tier serves lookups and SSD loads.
         self.stash = max(4, min(512, config.host_kv_pages // 2))
@@ -81,21 +89,42 @@ class KVTierActor:
                 except BadMessage as e:
                     print(f"houchu kv_tiers: dropped a bad message: {e}", flush=True)
                     continue
-                match msg:
-                    case TierStore(entries=entries, unused=unused):
-                        await self._store(entries, unused)
-                    case TierLookup():
-                        await self.to_scheduler.send(await self._lookup(msg))
-                        # fresh counters with the result, so /stats agrees with the loads
-                        await self.to_scheduler.send(TierStats(self.stats()))
-                    case TierRelease(slots=slots):
-                        self.host.release(slots)
-                    case Shutdown():
-                        await self._flush_to_ssd()
-                        return
+                if not await self._handle(msg):
+                    await self._flush_to_ssd()
+                    return
             if time.monotonic() - last_stats > 1.0:
                 last_stats = time.monotonic()
                 await self.to_scheduler.send(TierStats(self.stats()))
+
+    async def _handle(self, msg: KVTierInbox) -> bool:
+        """Act on one message; False on ``Shutdown``."""
+        match msg:
+            case TierStore(entries=entries, unused=unused):
+                await self._store(entries, unused)
+            case TierLookup():
+                await self.to_scheduler.send(await self._lookup(msg))
+                # fresh counters with the result, so /stats agrees with the loads
+                await self.to_scheduler.send(TierStats(self.stats()))
+            case TierRelease(slots=slots):
+                self.host.release(slots)
+            case ActorDown(name=name):
+                if not await drain(self.inbox, self._handle, self.name):
+                    return False
+                self.peers.reconnect(name)
+                if name == "scheduler":
+                    await self._on_scheduler_replaced()
+            case ActorUp():
+                pass
+            case Shutdown():
+                return False
+        return True
+
+    async def _on_scheduler_replaced(self) -> None:
+        """Take back what the dead scheduler held (granted slots, pinned lookups) and
+        grant fresh slots to its replacement."""
+        self.host.give_back(sorted(self.host.granted))
+        self.host.pins.clear()
+        await self._refill()
 
     async def _store(self, entries: list[tuple[bytes, int]], unused: list[int]) -> None:
         self.host.give_back(unused)
@@ -199,6 +228,6 @@ class KVTierActor:
 
     async def close(self) -> None:
         self.inbox.close()
-        self.to_scheduler.close()
+        self.peers.close()
         if self.pool is not None:
             self.pool.close()

@@ -1,16 +1,19 @@
-"""The launcher: starts every actor in its own process, waits until all are ready, and
-shuts them all down cleanly.
+"""The launcher: starts every actor in its own process, keeps them running, and shuts
+them all down cleanly.
 
 Start order does not matter (ZeroMQ connects lazily); the launcher binds its own inbox
-first, then spawns the recorder, runner, scheduler, tokenizer and gateway, and waits for an
-``ActorReady`` from each. On Ctrl-C or SIGTERM — or when any actor dies — it terminates
-every actor process and removes the run directory with its socket files.
+first, then starts the recorder, runner, scheduler, tokenizer and gateway as plain
+subprocesses (``python -m houchu.actors.runtime NAME``, the configuration as JSON on
+stdin) and waits for an ``ActorReady`` from each; a failure at start-up stops everything
+with the actor's error. Once serving, the ``Supervisor`` restarts an actor that dies or
+stops answering (``houchu.actors.supervisor`` explains how the others recover). On
+Ctrl-C or SIGTERM — or when an actor's restart budget is spent — it stops every actor
+process, removes the run directory with its socket files and the shared host KV pool.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import shutil
 import signal
 import sys
@@ -18,25 +21,24 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.actors.kv_tier_setup import prepare_kv_tiers
-from houchu.actors.runtime import actor_process_main
-from houchu.transport.channel import Inbox, Outbox
+from houchu.actors.supervisor import Supervisor, SupervisorStop
+from houchu.transport.channel import BadMessage, Inbox
 from houchu.transport.endpoints import Endpoints
-from houchu.transport.messages import ActorFailed, ActorReady, LauncherInbox, Shutdown
+from houchu.transport.messages import ActorFailed, ActorReady, LauncherInbox
 
-#: Spawn order; shutdown goes in reverse (the recorder last, to take the final flushes).
+#: Start order; shutdown goes in reverse (the recorder last, to take the final flushes).
 ACTOR_ORDER = ("recorder", "runner", "scheduler", "tokenizer", "gateway")
-
-
-#: Actors whose death does not stop the server.
-OPTIONAL_ACTORS = ("kv_tiers",)
+#: Seconds between the supervisor's checks of the actor processes.
+TICK_S = 0.2
 
 
 def active_actors(config: ServeConfig) -> tuple[str, ...]:
-    """The actors this configuration runs, in spawn order (optional ones after the
+    """The actors this configuration runs, in start order (optional ones after the
     recorder, so they are stopped after the core actors; the draft actor only when
     speculative decoding is on)."""
     optional = ("kv_tiers",) if config.kv_tiers else ()
@@ -54,15 +56,12 @@ class Launcher:
 
     Args:
         config: the serving configuration (its endpoints are replaced by ipc:// sockets in
-            a fresh run directory).
+            a fresh run directory, mode 0700).
     """
 
     def __init__(self, config: ServeConfig) -> None:
         self.run_dir = Path(tempfile.mkdtemp(prefix="houchu-"))
-        import msgspec
-
         self.config = msgspec.structs.replace(config, endpoints=Endpoints.ipc(self.run_dir))
-        self.procs: dict[str, mp.process.BaseProcess] = {}
         self.host_pool = None
         if self.config.kv_tiers:
             self.config, self.host_pool = prepare_kv_tiers(self.config)
@@ -70,7 +69,8 @@ class Launcher:
         self._stop = asyncio.Event()
 
     async def serve(self) -> int:
-        """Start everything, serve until a signal or an actor dies; return an exit code."""
+        """Start everything, serve until a signal or an unrecoverable actor failure;
+        return an exit code (0 after a requested shutdown)."""
         ctx = zmq.asyncio.Context()
         inbox: Inbox[LauncherInbox] = Inbox(ctx, self.config.endpoints["launcher"], LauncherInbox)
         loop = asyncio.get_running_loop()
@@ -78,18 +78,19 @@ class Launcher:
             loop.add_signal_handler(sig, self._stop.set)
         code = 0
         print(f"houchu: actor sockets in {self.run_dir}", flush=True)
+        sup = Supervisor(ctx, self.config, self.actors)
         try:
-            self._spawn_all()
-            await self._wait_ready(inbox)
+            sup.spawn_all()
+            await self._wait_ready(inbox, sup)
             c = self.config
             print(f"houchu: serving {c.model_name()} at http://{c.host}:{c.port}", flush=True)
             print("houchu: press Ctrl-C to stop", flush=True)
-            code = await self._supervise()
+            code = await self._supervise(inbox, sup)
         except LaunchError as e:
             print(f"houchu: {e}", file=sys.stderr, flush=True)
             code = 1
         finally:
-            await self._shutdown(ctx)
+            await sup.shutdown()
             inbox.close()
             ctx.destroy(linger=0)
             shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -97,23 +98,13 @@ class Launcher:
                 self.host_pool.close()
         return code
 
-    def _spawn_all(self) -> None:
-        spawn = mp.get_context("spawn")
-        payload = self.config.to_json()
-        for name in self.actors:
-            p = spawn.Process(
-                target=actor_process_main, args=(name, payload), name=f"houchu-{name}"
-            )
-            p.start()
-            self.procs[name] = p
-
-    async def _wait_ready(self, inbox: Inbox[LauncherInbox]) -> None:
+    async def _wait_ready(self, inbox: Inbox[LauncherInbox], sup: Supervisor) -> None:
         pending = set(self.actors)
         deadline = time.monotonic() + self.config.ready_timeout_s
         while pending:
             if self._stop.is_set():
                 raise LaunchError("interrupted while starting")
-            dead = [n for n in pending if not self.procs[n].is_alive()]
+            dead = [ap.name for ap in sup.exited()]
             if dead:
                 raise LaunchError(f"actor {dead[0]} exited while starting (see its error above)")
             if time.monotonic() > deadline:
@@ -121,58 +112,44 @@ class Launcher:
                     f"actors not ready after {self.config.ready_timeout_s:.0f} s: "
                     f"{', '.join(sorted(pending))}"
                 )
-            if not await inbox.poll(0.2):
+            if not await inbox.poll(TICK_S):
                 continue
-            match await inbox.recv():
-                case ActorReady(name=name, info=info):
+            try:
+                msg = await inbox.recv()
+            except BadMessage as e:
+                print(f"houchu: dropped a bad message: {e}", file=sys.stderr, flush=True)
+                continue
+            match msg:
+                case ActorReady(name=name, info=info, pid=pid) if name in pending:
                     pending.discard(name)
-                    print(f"houchu: {name} ready (pid {self.procs[name].pid}) {info}", flush=True)
+                    ap = sup.procs[name]
+                    ap.ready, ap.last_beat = True, time.monotonic()
+                    print(f"houchu: {name} ready (pid {pid}) {info}", flush=True)
                 case ActorFailed(name=name, error=error):
                     raise LaunchError(f"actor {name} failed to start: {error}")
+                case _:
+                    await sup.handle(msg)
 
-    async def _supervise(self) -> int:
+    async def _supervise(self, inbox: Inbox[LauncherInbox], sup: Supervisor) -> int:
+        next_tick = 0.0
         while not self._stop.is_set():
-            for name, p in list(self.procs.items()):
-                if not p.is_alive() and name in OPTIONAL_ACTORS:
-                    # The tiers only hold copies: serving goes on without them (the
-                    # scheduler's lookups time out and it recomputes).
-                    print(f"houchu: actor {name} died (exit code {p.exitcode}); serving "
-                          "on without it", file=sys.stderr, flush=True)  # fmt: skip
-                    del self.procs[name]
-                    continue
-                if not p.is_alive():
-                    print(
-                        f"houchu: actor {name} died (exit code {p.exitcode}); stopping",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            if time.monotonic() >= next_tick:
+                try:
+                    await sup.tick()
+                except SupervisorStop as e:
+                    print(f"houchu: {e}", file=sys.stderr, flush=True)
                     return 1
-            try:
-                await asyncio.wait_for(self._stop.wait(), 0.5)
-            except asyncio.TimeoutError:
-                pass
+                next_tick = time.monotonic() + TICK_S
+            if not await inbox.poll(TICK_S):
+                continue
+            while True:  # everything queued, then check the processes again
+                try:
+                    msg = inbox.recv_nowait()
+                except BadMessage as e:
+                    print(f"houchu: dropped a bad message: {e}", file=sys.stderr, flush=True)
+                    continue
+                if msg is None:
+                    break
+                await sup.handle(msg)
         print("houchu: shutting down", flush=True)
         return 0
-
-    async def _shutdown(self, ctx: zmq.asyncio.Context, grace_s: float = 5.0) -> None:
-        """Ask every live actor to stop, then terminate and finally kill stragglers."""
-        outs = []
-        for name in reversed(self.actors):  # gateway first: stop taking requests
-            p = self.procs.get(name)
-            if p is not None and p.is_alive():
-                out = Outbox(ctx, self.config.endpoints[name])
-                outs.append(out)
-                await out.send(Shutdown("launcher"))
-        deadline = time.monotonic() + grace_s
-        while any(p.is_alive() for p in self.procs.values()) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for p in self.procs.values():
-            if p.is_alive():
-                p.terminate()
-        for p in self.procs.values():
-            p.join(2.0)
-            if p.is_alive():
-                p.kill()
-                p.join(1.0)
-        for out in outs:
-            out.close()

@@ -17,10 +17,10 @@ from houchu.actors.config import ServeConfig
 from houchu.storage.retention import Retention
 from houchu.storage.writer import TelemetryWriter
 from houchu.transport.channel import BadMessage, Inbox
-from houchu.transport.messages import Shutdown
+from houchu.transport.messages import ActorDown, ActorUp, Shutdown
 from houchu.transport.telemetry import TelemetryBatch
 
-RecorderInbox = TelemetryBatch | Shutdown
+RecorderInbox = TelemetryBatch | Shutdown | ActorDown | ActorUp  # peers' restarts: no news here
 
 #: Seconds the recorder keeps receiving after Shutdown (the other actors' last flushes).
 DRAIN_S = 0.5
@@ -86,7 +86,8 @@ class RecorderActor:
             if isinstance(msg, Shutdown):
                 await self._drain(DRAIN_S)
                 return
-            self.writer.submit(msg)
+            if isinstance(msg, TelemetryBatch):
+                self.writer.submit(msg)
 
     async def _drain(self, seconds: float) -> None:
         """Take what arrives in the next ``seconds`` (final flushes of stopping actors)."""

@@ -1,21 +1,42 @@
 """The model runner actor: receives step plans, runs them on the model, returns tokens.
 
 A thin loop around ``houchu.gpu.runner.ModelRunner``, which owns the weights and the
-device KV pool. Steps run one at a time, in the order their plans arrive. Each executed
-step is reported to the recorder as a ``StepRecord`` (compute time, batch, tokens).
+device KV pool. Steps run one at a time, in the order their plans arrive, on one worker
+thread that does all of this process's torch work (loading, compiling, stepping), so the
+event loop stays responsive during a long step: it keeps sending heartbeats, with the
+seconds the current step has run (``busy_s``). Each executed step is reported to the
+recorder as a ``StepRecord`` (compute time, batch, tokens).
+
+When the scheduler is replaced (``ActorDown``), the runner drops every request's state
+(the new scheduler knows none of them) and sends its ``RunnerInfo`` again, which the new
+scheduler waits for before it plans.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
-from houchu.transport.channel import BadMessage, Inbox, Outbox
-from houchu.transport.messages import RunnerInbox, Shutdown, StepPlan, StepResult
+from houchu.transport.channel import BadMessage, Inbox
+from houchu.transport.messages import (
+    ActorDown,
+    ActorUp,
+    RunnerInbox,
+    Shutdown,
+    StepPlan,
+    StepResult,
+)
+from houchu.transport.peers import Peers, drain
 from houchu.transport.telemetry import StepRecord, Telemetry
+
+if TYPE_CHECKING:
+    from houchu.gpu.runner import ModelRunner
 
 
 class PromptLengths:
@@ -28,6 +49,10 @@ class PromptLengths:
         """Register the plan's new requests (call before the step runs)."""
         for init in plan.init:
             self._len[init.rid] = len(init.prompt_ids)
+
+    def clear(self) -> None:
+        """Forget every request (the scheduler that sent them is gone)."""
+        self._len.clear()
 
     def release(self, plan: StepPlan) -> None:
         """Forget the requests the plan releases (call after the step ran)."""
@@ -57,18 +82,39 @@ class RunnerActor:
     def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
         self.config = config
         self.inbox: Inbox[RunnerInbox] = Inbox(ctx, config.endpoints["runner"], RunnerInbox)
-        self.to_scheduler = Outbox(ctx, config.endpoints["scheduler"])
+        self.peers = Peers(ctx, config.endpoints)
+        self.to_scheduler = self.peers.outbox("scheduler")
         self.runner = None
         address = config.endpoints["recorder"] if config.telemetry else None
-        self.telemetry = Telemetry(ctx, address, self.name)
+        self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
         self.prompts = PromptLengths()
         self.levers_sent_at = 0.0
+        # all torch work on one thread: thread-local torch state stays consistent
+        self.torch = ThreadPoolExecutor(1, thread_name_prefix="houchu-runner")
+        self.step_started: float | None = None  # time.monotonic() of the running step
 
     async def start(self) -> str:
+        c = self.config
+        loop = asyncio.get_running_loop()
+        self.runner = await loop.run_in_executor(self.torch, self._load)
+        if c.kv_tiers:
+            from houchu.cache_tiers.host_pool import HostPool
+
+            self.host_pool = HostPool(c.host_kv_name, c.host_kv_pages, c.host_slot_bytes)
+            self.runner.attach_host_pool(self.host_pool)
+        info = self.runner.info()
+        self.telemetry.start()
+        await self.to_scheduler.send(info)
+        return (
+            f"{info.model_name}: {info.num_pages} pages x {info.page_size} tokens, "
+            f"context {info.max_context}"
+        )
+
+    def _load(self) -> ModelRunner:
         from houchu.gpu.runner import ModelRunner
 
         c = self.config
-        self.runner = ModelRunner(
+        return ModelRunner(
             c.model_path,
             dtype=c.dtype,
             page_size=c.page_size,
@@ -84,18 +130,11 @@ class RunnerActor:
             decode_buckets=tuple(c.decode_batch_sizes),
             cuda_graph=c.cuda_graph,
         )
-        if c.kv_tiers:
-            from houchu.cache_tiers.host_pool import HostPool
 
-            self.host_pool = HostPool(c.host_kv_name, c.host_kv_pages, c.host_slot_bytes)
-            self.runner.attach_host_pool(self.host_pool)
-        info = self.runner.info()
-        self.telemetry.start()
-        await self.to_scheduler.send(info)
-        return (
-            f"{info.model_name}: {info.num_pages} pages x {info.page_size} tokens, "
-            f"context {info.max_context}"
-        )
+    def busy_s(self) -> float:
+        """Seconds the current step has run (0 between steps); sent with heartbeats."""
+        started = self.step_started
+        return 0.0 if started is None else time.monotonic() - started
 
     async def run(self) -> None:
         while True:
@@ -104,27 +143,41 @@ class RunnerActor:
             except BadMessage as e:
                 print(f"houchu runner: dropped a bad message: {e}", flush=True)
                 continue
-            match msg:
-                case StepPlan():
-                    await self.to_scheduler.send(self._execute(msg))
-                case Shutdown():
-                    return
+            if not await self._handle(msg):
+                return
 
-    def _execute(self, plan: StepPlan) -> StepResult:
+    async def _handle(self, msg: RunnerInbox) -> bool:
+        """Act on one message; False on ``Shutdown``."""
+        match msg:
+            case StepPlan():
+                await self.to_scheduler.send(await self._step(msg))
+            case ActorDown(name=name):
+                if not await drain(self.inbox, self._handle, self.name):
+                    return False
+                self.peers.reconnect(name)
+                if name == "scheduler":
+                    # the new scheduler knows none of the old requests: forget them all
+                    loop = asyncio.get_running_loop()
+                    await loop.run_in_executor(self.torch, self.runner.states.clear)
+                    self.prompts.clear()
+                    await self.to_scheduler.send(self.runner.info())
+            case ActorUp():
+                pass
+            case Shutdown():
+                return False
+        return True
+
+    async def _step(self, plan: StepPlan) -> StepResult:
+        """Run ``plan`` on the torch thread; report it to the recorder."""
+        loop = asyncio.get_running_loop()
         t_wall = time.time()
         t0 = time.perf_counter()
         self.prompts.update(plan)
+        self.step_started = time.monotonic()
         try:
-            result = self.runner.execute(plan)
-        except Exception as e:  # a bad plan or a kernel failure fails its requests only
-            traceback.print_exc()
-            result = StepResult(
-                step_id=plan.step_id,
-                outputs=[],
-                duration_s=time.perf_counter() - t0,
-                num_tokens=0,
-                error=f"{type(e).__name__}: {e}",
-            )
+            result = await loop.run_in_executor(self.torch, self._execute, plan)
+        finally:
+            self.step_started = None
         if plan.work:
             self.telemetry.step(self.prompts.record(plan, t_wall, time.perf_counter() - t0))
         self.prompts.release(plan)
@@ -134,7 +187,22 @@ class RunnerActor:
                 self.telemetry.lever(sample)
         return result
 
+    def _execute(self, plan: StepPlan) -> StepResult:
+        t0 = time.perf_counter()
+        try:
+            return self.runner.execute(plan)
+        except Exception as e:  # a bad plan or a kernel failure fails its requests only
+            traceback.print_exc()
+            return StepResult(
+                step_id=plan.step_id,
+                outputs=[],
+                duration_s=time.perf_counter() - t0,
+                num_tokens=0,
+                error=f"{type(e).__name__}: {e}",
+            )
+
     async def close(self) -> None:
         await self.telemetry.close()
         self.inbox.close()
-        self.to_scheduler.close()
+        self.peers.close()
+        self.torch.shutdown(wait=False, cancel_futures=True)

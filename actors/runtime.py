@@ -1,8 +1,14 @@
-"""What every actor process shares: start-up, the ready report, the parent watchdog.
+"""What every actor process shares: start-up, the ready report, the heartbeat, the parent
+watchdog.
 
 An actor is a class with ``async start()`` (load what it needs, then report ready) and
-``async run()`` (its receive loop; returns on ``Shutdown``). ``actor_process_main`` is the
-entry point of each actor process started by the launcher.
+``async run()`` (its receive loop; returns on ``Shutdown``); it may have ``busy_s()``, the
+seconds its current blocking unit of work has run (reported with each heartbeat).
+
+Each actor process is started by the launcher as ``python -m houchu.actors.runtime NAME``
+with the serving configuration as JSON on stdin (``main``); no pickle is involved. After
+reporting ready it sends a ``Heartbeat`` from its event loop every
+``heartbeat_interval_s`` seconds, and it exits when the launcher is gone (no orphans).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.transport.channel import Outbox
-from houchu.transport.messages import ActorFailed, ActorReady
+from houchu.transport.messages import ActorFailed, ActorReady, Heartbeat
 
 
 class Actor(Protocol):
@@ -78,6 +84,19 @@ def install_uvloop() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+def main(argv: list[str] | None = None) -> None:
+    """``python -m houchu.actors.runtime NAME``: read the JSON configuration from stdin
+    and run actor NAME until it is shut down (exit status 1 if it fails)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m houchu.actors.runtime")
+    p.add_argument("name", help="the actor to run (gateway, tokenizer, scheduler, ...)")
+    args = p.parse_args(argv)
+    config_json = sys.stdin.buffer.read()
+    sys.stdin.close()
+    actor_process_main(args.name, config_json)
+
+
 def actor_process_main(name: str, config_json: bytes) -> None:
     """Process entry point: run actor ``name`` until shut down; exit 1 if it fails."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
@@ -99,10 +118,11 @@ async def _run(name: str, config: ServeConfig) -> int:
         await launcher.send(ActorReady(name=name, pid=os.getpid(), info=info))
         run = asyncio.create_task(actor.run())
         watch = asyncio.create_task(_watch_parent(os.getppid()))
+        beat = asyncio.create_task(_heartbeat(launcher, name, actor, config.heartbeat_interval_s))
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, run.cancel)
-        done, _ = await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
-        for t in (run, watch):
+        done, _ = await asyncio.wait({run, watch, beat}, return_when=asyncio.FIRST_COMPLETED)
+        for t in (run, watch, beat):
             t.cancel()
         if run in done and not run.cancelled() and run.exception() is not None:
             raise run.exception()  # type: ignore[misc]
@@ -122,7 +142,20 @@ async def _run(name: str, config: ServeConfig) -> int:
     return code
 
 
+async def _heartbeat(launcher: Outbox, name: str, actor: Actor, interval_s: float) -> None:
+    """Tell the launcher every ``interval_s`` seconds that this event loop is alive."""
+    pid = os.getpid()
+    busy = getattr(actor, "busy_s", None)
+    while True:
+        await launcher.send(Heartbeat(name=name, pid=pid, busy_s=busy() if busy else 0.0))
+        await asyncio.sleep(interval_s)
+
+
 async def _watch_parent(ppid: int) -> None:
     """Return when the launcher is gone (this process was re-parented): no orphans."""
     while os.getppid() == ppid:
         await asyncio.sleep(1.0)
+
+
+if __name__ == "__main__":
+    main()

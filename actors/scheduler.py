@@ -2,6 +2,14 @@
 
 receive -> (admit | abort | apply result | answer stats) -> if no step is in flight, send
 the next plan. The domain logic lives in ``houchu.scheduler``.
+
+Every wait has a bound: lower-tier lookups (``tier_lookup_timeout_s``), draft proposals
+(``draft_timeout_s``), and the step in flight (``heartbeat_timeout_s``: past it the runner
+is reported stuck to the launcher, which restarts it). When a peer is replaced
+(``ActorDown``, see ``houchu.actors.supervisor``): runner — every request fails with 503,
+the page pool and radix tree start over, and planning waits for the new runner's
+``RunnerInfo``; tokenizer — every request is aborted; KV-tier manager — grants and
+lookups are dropped; draft — no proposals until ``ActorUp``.
 """
 
 from __future__ import annotations
@@ -15,9 +23,12 @@ from houchu.actors.draft_link import DraftLink, spec_config
 from houchu.scheduler.batcher import BatchConfig
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.scheduler.tiers import TierClient
-from houchu.transport.channel import BadMessage, Inbox, Outbox
+from houchu.transport.channel import BadMessage, Inbox
 from houchu.transport.messages import (
     AbortRequest,
+    ActorDown,
+    ActorStuck,
+    ActorUp,
     RunnerInfo,
     SchedulerInbox,
     Shutdown,
@@ -28,6 +39,7 @@ from houchu.transport.messages import (
     TokenEvent,
     TokenizedRequest,
 )
+from houchu.transport.peers import Peers, drain
 from houchu.transport.spec_messages import DraftReply
 from houchu.transport.telemetry import Telemetry
 from houchu.transport.tier_messages import HostSlotGrant, TierLookupResult, TierStats
@@ -42,15 +54,20 @@ class SchedulerActor:
         self.config = config
         ep = config.endpoints
         self.inbox: Inbox[SchedulerInbox] = Inbox(ctx, ep["scheduler"], SchedulerInbox | DraftReply)
-        self.to_runner = Outbox(ctx, ep["runner"])
-        self.to_tokenizer = Outbox(ctx, ep["tokenizer"])
-        self.to_gateway = Outbox(ctx, ep["gateway"])
-        self.to_tiers = Outbox(ctx, ep["kv_tiers"])
+        self.peers = Peers(ctx, ep)
+        self.to_runner = self.peers.outbox("runner")
+        self.to_tokenizer = self.peers.outbox("tokenizer")
+        self.to_gateway = self.peers.outbox("gateway")
+        self.to_tiers = self.peers.outbox("kv_tiers")
+        self.to_launcher = self.peers.outbox("launcher")
         self.core: SchedulerCore | None = None
-        self.telemetry = Telemetry(ctx, ep["recorder"] if config.telemetry else None, self.name)
+        address = ep["recorder"] if config.telemetry else None
+        self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
         self.step_in_flight = False
         self.step_sent_at = 0.0
-        self.draft = DraftLink(ctx, config) if config.speculative else None
+        self.runner_ready = False  # a runner's RunnerInfo came since its last restart
+        self.stuck_reported = False  # the step in flight was reported stuck
+        self.draft = DraftLink(ctx, config, self.peers) if config.speculative else None
 
     async def start(self) -> str:
         """Wait for the runner's pool geometry, then build the core (messages that arrive
@@ -74,39 +91,58 @@ class SchedulerActor:
             write_through = c.kv_write_policy == "write_through"
             tiers = TierClient(fingerprint, msg.page_size, write_through, c.tier_lookup_timeout_s)
         self.core = SchedulerCore(msg, batch, c.radix_cache, self.telemetry, tiers, spec_config(c))
+        self.runner_ready = True
         if self.draft is not None:
-            await self.draft.calibrate(self.core, self.to_runner, self.inbox, early)
+            await self.draft.calibrate(
+                self.core, self.to_runner, self.inbox, early, c.heartbeat_timeout_s
+            )
         for m in early:
-            await self._handle(m)
+            if not await self._handle(m):
+                raise RuntimeError("shut down while starting")
         return f"{msg.num_pages} pages, batch budget {c.max_batch_tokens} tokens"
 
     async def run(self) -> None:
         while True:
-            # Lower-tier lookups time out: wake up now and then while any is pending.
-            if self.core.tiers is not None and self.core.tiers.lookups:
-                if not await self.inbox.poll(0.05):
-                    await self._maybe_step()
-                    continue
-            if self.draft is not None and self.draft.is_waiting:  # proposals time out too
-                if not await self.inbox.poll(max(self.draft.time_left(), 0.0)):
-                    self.draft.on_timeout(self.core)
-                    await self._maybe_step()
-                    continue
+            wait = self._wake_in()
+            if wait is not None and not await self.inbox.poll(wait):
+                await self._on_quiet()
+                continue
             try:
                 msg = await self.inbox.recv()
             except BadMessage as e:
                 print(f"houchu scheduler: dropped a bad message: {e}", flush=True)
                 continue
-            if isinstance(msg, Shutdown):
+            # this message, then whatever else is queued, then plan
+            if not await self._handle(msg) or not await drain(self.inbox, self._handle, self.name):
                 return
-            await self._handle(msg)
-            while (more := self.inbox.recv_nowait()) is not None:  # drain before planning
-                if isinstance(more, Shutdown):
-                    return
-                await self._handle(more)
             await self._maybe_step()
 
-    async def _handle(self, msg: SchedulerInbox) -> None:
+    def _wake_in(self) -> float | None:
+        """Seconds until something waited for times out (None: nothing is waited for)."""
+        waits = []
+        if self.core.tiers is not None and self.core.tiers.lookups:
+            waits.append(0.05)  # lower-tier lookups time out: look now and then
+        if self.draft is not None and self.draft.is_waiting:
+            waits.append(max(self.draft.time_left(), 0.0))
+        if self.step_in_flight and not self.stuck_reported:
+            left = self.step_sent_at + self.config.heartbeat_timeout_s - time.perf_counter()
+            waits.append(max(left, 0.0))
+        return min(waits) if waits else None
+
+    async def _on_quiet(self) -> None:
+        """Nothing arrived in time: give up on late proposals, report a stuck runner."""
+        if self.draft is not None and self.draft.is_waiting and self.draft.time_left() <= 0:
+            self.draft.on_timeout(self.core)
+        waited = time.perf_counter() - self.step_sent_at
+        if self.step_in_flight and not self.stuck_reported:
+            if waited > self.config.heartbeat_timeout_s:
+                self.stuck_reported = True
+                reason = f"the scheduler has waited {waited:.0f} s for a step result"
+                await self.to_launcher.send(ActorStuck(name="runner", reason=reason))
+        await self._maybe_step()
+
+    async def _handle(self, msg: SchedulerInbox) -> bool:
+        """Act on one message; False on ``Shutdown``."""
         core = self.core
         match msg:
             case TokenizedRequest():
@@ -123,7 +159,9 @@ class SchedulerActor:
                     await self.to_tokenizer.send(TokenBatch([ev]))
             case AbortRequest(rid=rid, reason=reason):
                 core.abort(rid, reason)
-            case StepResult():
+            case StepResult(step_id=step_id):
+                if not core.is_in_flight(step_id):
+                    return True  # from a runner that was replaced: stale
                 self.step_in_flight = False
                 events = core.apply(msg)
                 if events:
@@ -131,6 +169,7 @@ class SchedulerActor:
             case StatsQuery(query_id=qid):
                 stats = core.stats()
                 stats["step_in_flight"] = int(self.step_in_flight)
+                stats["runner_ready"] = int(self.runner_ready)
                 stats["telemetry_dropped"] = self.telemetry.num_dropped
                 await self.to_gateway.send(StatsReply(query_id=qid, stats=stats))
             case HostSlotGrant():
@@ -142,17 +181,49 @@ class SchedulerActor:
             case DraftReply():
                 self.draft.on_reply(core, msg)
             case RunnerInfo():
-                pass
+                if not self.runner_ready:  # the replacement of a runner that died
+                    if msg != core.runner:
+                        core.reset_pool(msg)
+                    self.runner_ready = True
+            case ActorDown(name=name):
+                if not await drain(self.inbox, self._handle, self.name):
+                    return False
+                self.peers.reconnect(name)
+                await self._on_peer_down(name)
+            case ActorUp(name="draft"):
+                if self.draft is not None:
+                    self.draft.on_up()
+            case Shutdown():
+                return False
+        return True
+
+    async def _on_peer_down(self, name: str) -> None:
+        core = self.core
+        if name == "runner":  # its KV is gone: fail everything, start over on a new pool
+            error = "the model runner stopped and is restarting; retry"
+            events = core.fail_all(error, 503)
+            if events:
+                await self.to_tokenizer.send(TokenBatch(events))
+            if self.draft is not None:
+                await self.draft.flush_releases(core)
+            core.reset_pool(core.runner)
+            self.step_in_flight = self.stuck_reported = self.runner_ready = False
+        elif name == "tokenizer":  # nobody can receive these requests' text any more
+            core.abort_all()
+        elif name == "kv_tiers":
+            core.reset_tiers()
+        elif name == "draft" and self.draft is not None:
+            self.draft.on_down(core)
 
     async def _maybe_step(self) -> None:
         draft = self.draft
-        if not self.step_in_flight and self.core.has_work:
+        if not self.step_in_flight and self.runner_ready and self.core.has_work:
             if draft is None or not await draft.before_plan(self.core):  # else: await proposals
                 plan = self.core.next_plan()
                 if draft is not None:
                     draft.after_plan()
                 if plan is not None:
-                    self.step_in_flight = True
+                    self.step_in_flight, self.stuck_reported = True, False
                     self.step_sent_at = time.perf_counter()
                     await self.to_runner.send(plan)
         if draft is not None:
@@ -163,7 +234,5 @@ class SchedulerActor:
 
     async def close(self) -> None:
         await self.telemetry.close()
-        for s in (self.inbox, self.to_runner, self.to_tokenizer, self.to_gateway, self.to_tiers):
-            s.close()
-        if self.draft is not None:
-            self.draft.out.close()
+        self.inbox.close()
+        self.peers.close()

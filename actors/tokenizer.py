@@ -8,6 +8,10 @@ finish the request (``AbortRequest(reason="stop")``).
 Telemetry: "tokenized" (prompt_tokens), and the end of each request as the client sees
 it: "finished" (finish_reason, prompt/completion/cached tokens, ``first_token_t``: when
 its first token reached this actor), "aborted" or "failed" (error).
+
+Restarts (``ActorDown``): when the gateway is replaced, every request is aborted (its
+client is gone; the scheduler frees its pages); when the scheduler is replaced, every
+request it held fails with HTTP 503 (prompts still being encoded go to the new one).
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.text.request_text import RequestText
-from houchu.transport.channel import BadMessage, Inbox, Outbox
+from houchu.transport.channel import BadMessage, Inbox
 from houchu.transport.messages import (
     AbortRequest,
+    ActorDown,
+    ActorUp,
     GenerateRequest,
     RequestFailed,
     Shutdown,
@@ -31,6 +37,7 @@ from houchu.transport.messages import (
     TokenizedRequest,
     TokenizerInbox,
 )
+from houchu.transport.peers import Peers, drain
 from houchu.transport.telemetry import Telemetry
 
 
@@ -43,14 +50,16 @@ class TokenizerActor:
         self.config = config
         ep = config.endpoints
         self.inbox: Inbox[TokenizerInbox] = Inbox(ctx, ep["tokenizer"], TokenizerInbox)
-        self.to_scheduler = Outbox(ctx, ep["scheduler"])
-        self.to_gateway = Outbox(ctx, ep["gateway"])
+        self.peers = Peers(ctx, ep)
+        self.to_scheduler = self.peers.outbox("scheduler")
+        self.to_gateway = self.peers.outbox("gateway")
         self.requests: dict[str, RequestText] = {}
         self.encoding: dict[str, bool] = {}  # rid -> aborted, while its prompt is encoded
         self.tasks: set[asyncio.Task[None]] = set()
         self.tokenizer = None
         self.max_context = 0
-        self.telemetry = Telemetry(ctx, ep["recorder"] if config.telemetry else None, self.name)
+        address = ep["recorder"] if config.telemetry else None
+        self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
         self.first_token_t: dict[str, float] = {}  # rid -> wall-clock s of its first token
 
     async def start(self) -> str:
@@ -75,30 +84,54 @@ class TokenizerActor:
             except BadMessage as e:
                 print(f"houchu tokenizer: dropped a bad message: {e}", flush=True)
                 continue
-            match msg:
-                case GenerateRequest():
-                    # a task: other requests' tokens keep flowing while a prompt encodes
-                    task = asyncio.create_task(self._on_request(msg))
-                    self.tasks.add(task)
-                    task.add_done_callback(self.tasks.discard)
-                case TokenBatch(events=events):
-                    await self._on_tokens(events)
-                case AbortRequest(rid=rid):
-                    if rid in self.encoding:
-                        self.encoding[rid] = True
-                    state = self.requests.pop(rid, None)
-                    self.first_token_t.pop(rid, None)
-                    if state is not None:
-                        self.telemetry.event(
-                            rid, "aborted", completion_tokens=state.completion_tokens
-                        )
-                    await self.to_scheduler.send(msg)
-                case Shutdown():
-                    return
+            if not await self._handle(msg):
+                return
+
+    async def _handle(self, msg: TokenizerInbox) -> bool:
+        """Act on one message; False on ``Shutdown``."""
+        match msg:
+            case GenerateRequest():
+                # a task: other requests' tokens keep flowing while a prompt encodes
+                self.encoding[msg.rid] = False
+                task = asyncio.create_task(self._on_request(msg))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+            case TokenBatch(events=events):
+                await self._on_tokens(events)
+            case AbortRequest(rid=rid):
+                self._forget(rid)
+                await self.to_scheduler.send(msg)
+            case ActorDown(name=name):
+                if not await drain(self.inbox, self._handle, self.name):
+                    return False
+                self.peers.reconnect(name)
+                if name == "gateway":  # its clients are gone: abort everything
+                    for rid in [*self.requests, *self.encoding]:
+                        self._forget(rid)
+                        await self.to_scheduler.send(AbortRequest(rid, "abort"))
+                elif name == "scheduler":  # what it held is lost: fail those requests
+                    for rid in list(self.requests):
+                        del self.requests[rid]
+                        await self._fail(rid, "the scheduler stopped and is restarting; retry", 503)
+            case ActorUp():
+                pass
+            case Shutdown():
+                return False
+        return True
+
+    def _forget(self, rid: str) -> None:
+        """Drop ``rid`` (aborted): no more text for it, its encoding is not forwarded."""
+        if rid in self.encoding:
+            self.encoding[rid] = True
+        state = self.requests.pop(rid, None)
+        self.first_token_t.pop(rid, None)
+        if state is not None:
+            self.telemetry.event(rid, "aborted", completion_tokens=state.completion_tokens)
 
     async def _on_request(self, req: GenerateRequest) -> None:
         chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages or [])
         if chars > self.max_context * self.max_token_chars:
+            self.encoding.pop(req.rid, None)
             await self._fail(
                 req.rid,
                 f"the prompt has {chars} characters, more than a "
@@ -107,7 +140,6 @@ class TokenizerActor:
             return
         try:
             # in a worker thread: a long prompt does not hold up other requests' text
-            self.encoding[req.rid] = False
             ids = await asyncio.to_thread(self._encode, req)
             if self.encoding.pop(req.rid, True):
                 return  # aborted while it was being encoded
@@ -194,5 +226,5 @@ class TokenizerActor:
 
     async def close(self) -> None:
         await self.telemetry.close()
-        for s in (self.inbox, self.to_scheduler, self.to_gateway):
-            s.close()
+        self.inbox.close()
+        self.peers.close()

@@ -7,7 +7,7 @@ The launcher creates the block and unlinks it at shutdown; actors attach by name
 
 from __future__ import annotations
 
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 
 
 class HostPool:
@@ -26,11 +26,14 @@ class HostPool:
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
         size = max(num_slots * slot_bytes, 1)
-        # Actor processes are spawned by the launcher and share its resource tracker, so
-        # attaching registers the same name again (a set: no double unlink); only the
-        # creator unlinks the block.
         self.shm = shared_memory.SharedMemory(name=name, create=create, size=size)
         self.is_owner = create
+        if not create:
+            # Before Python 3.13, attaching registers the block with this process's
+            # resource tracker, which would unlink it when this process exits — and an
+            # actor may exit (or be restarted) long before the launcher. Only the
+            # creator (the launcher) owns and unlinks it.
+            resource_tracker.unregister(self.shm._name, "shared_memory")  # noqa: SLF001
 
     def slot(self, i: int) -> memoryview:
         """The bytes of slot ``i`` (a writable view into shared memory)."""

@@ -159,6 +159,15 @@ class RadixTree:
                 stack.extend(node.children.values())
         return out
 
+    def forget_saved(self) -> None:
+        """The host tier lost its copies (its manager was replaced): any cached page may
+        be written back again when it is evicted."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            node.is_saved = False
+            stack.extend(node.children.values())
+
     def pages(self) -> list[int]:
         """Every page the tree indexes (for invariant checks)."""
         out, stack = [], list(self.root.children.values())

@@ -4,6 +4,11 @@ One ``EngineClient`` per gateway process. It owns the gateway's inbox and the ou
 the tokenizer and the scheduler, and routes each incoming ``TextDelta`` / ``RequestFailed``
 to the queue of the request it belongs to. An optional ``RequestObserver`` sees each
 request arrive, stream and end (telemetry and Prometheus metrics).
+
+When the launcher reports that the tokenizer died (``ActorDown``), every request in
+flight fails at once with HTTP 503 (the replacement knows none of them); requests sent
+from then on wait for the replacement. When the scheduler died, the tokenizer fails the
+requests it held, and pending stats queries fail here.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from collections.abc import AsyncIterator
 import zmq.asyncio
 
 from houchu.dashboard.observe import RequestObserver
-from houchu.transport.channel import BadMessage, Inbox, Outbox
+from houchu.transport.channel import BadMessage, Inbox
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.messages import (
     AbortRequest,
+    ActorDown,
+    ActorUp,
     GatewayInbox,
     GenerateRequest,
     RequestFailed,
@@ -27,6 +34,7 @@ from houchu.transport.messages import (
     StatsReply,
     TextDelta,
 )
+from houchu.transport.peers import Peers, drain
 
 
 class EngineError(Exception):
@@ -48,6 +56,7 @@ class EngineClient:
         request_timeout_s: seconds without a delta after which the engine is asked whether
             it is alive; the request fails with HTTP 503 only if it does not answer.
         observer: told of each request's arrival, deltas and end (None: nobody).
+        peers: the gateway's links to the other actors (None: made here).
     """
 
     def __init__(
@@ -56,10 +65,12 @@ class EngineClient:
         endpoints: Endpoints,
         request_timeout_s: float = 120.0,
         observer: RequestObserver | None = None,
+        peers: Peers | None = None,
     ) -> None:
         self._inbox: Inbox[GatewayInbox] = Inbox(ctx, endpoints["gateway"], GatewayInbox)
-        self._to_tokenizer = Outbox(ctx, endpoints["tokenizer"])
-        self._to_scheduler = Outbox(ctx, endpoints["scheduler"])
+        self._peers = peers or Peers(ctx, endpoints)
+        self._to_tokenizer = self._peers.outbox("tokenizer")
+        self._to_scheduler = self._peers.outbox("scheduler")
         self._queues: dict[str, asyncio.Queue[TextDelta | RequestFailed]] = {}
         self._stats_waiters: dict[int, asyncio.Future[StatsReply]] = {}
         self._query_ids = itertools.count()
@@ -76,8 +87,7 @@ class EngineClient:
         if self._task is not None:
             self._task.cancel()
         self._inbox.close()
-        self._to_tokenizer.close()
-        self._to_scheduler.close()
+        self._peers.close()
 
     async def _route(self) -> None:
         while True:
@@ -85,18 +95,48 @@ class EngineClient:
                 msg = await self._inbox.recv()
             except BadMessage:
                 continue
-            match msg:
-                case TextDelta(rid=rid) | RequestFailed(rid=rid):
-                    q = self._queues.get(rid)
-                    if q is not None:
-                        q.put_nowait(msg)
-                case StatsReply(query_id=qid):
-                    fut = self._stats_waiters.pop(qid, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(msg)
-                case Shutdown():
-                    self.stopped.set()
-                    return
+            if not await self._dispatch(msg):
+                self.stopped.set()
+                return
+
+    async def _dispatch(self, msg: GatewayInbox) -> bool:
+        """Route one message; False on ``Shutdown``."""
+        match msg:
+            case TextDelta(rid=rid) | RequestFailed(rid=rid):
+                q = self._queues.get(rid)
+                if q is not None:
+                    q.put_nowait(msg)
+            case StatsReply(query_id=qid):
+                fut = self._stats_waiters.pop(qid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            case ActorDown(name=name):
+                if not await drain(self._inbox, self._dispatch, "gateway"):
+                    return False
+                self._peers.reconnect(name)
+                self._on_down(name)
+            case ActorUp():
+                pass
+            case Shutdown():
+                return False
+        return True
+
+    def _on_down(self, name: str) -> None:
+        """Fail what the dead actor ``name`` held: every request if it was the tokenizer,
+        pending stats queries if it was the scheduler."""
+        if name == "tokenizer":
+            message = "the tokenizer stopped and is restarting; retry"
+            for rid, q in self._queues.items():
+                q.put_nowait(
+                    RequestFailed(rid=rid, message=message, status=503, code="unavailable")
+                )
+        elif name == "scheduler":
+            waiters, self._stats_waiters = self._stats_waiters, {}
+            for fut in waiters.values():
+                if not fut.done():
+                    fut.set_exception(
+                        EngineError("the scheduler is restarting", 503, "unavailable")
+                    )
 
     @property
     def num_in_flight(self) -> int:

@@ -17,6 +17,7 @@ from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.cache_tiers.radix_tree import RadixTree
 from houchu.scheduler.batcher import BatchConfig, Batcher
 from houchu.scheduler.ledger import SchedulerLedger
+from houchu.scheduler.recovery import Recovery
 from houchu.scheduler.request import Request, Status
 from houchu.scheduler.tiers import TierClient
 from houchu.spec.scheduling import SpecConfig, SpecScheduler, free_pages_past
@@ -59,8 +60,11 @@ class NullTelemetry:
         pass
 
 
-class SchedulerCore:
+class SchedulerCore(Recovery):
     """Continuous-batching scheduler over a paged KV pool with a radix prefix cache.
+
+    Recovery from a peer's restart (fail or abort everything, start over on a new
+    runner's pool) comes from ``houchu.scheduler.recovery``.
 
     Args:
         runner: the runner's pool geometry, context length and model size.
@@ -291,7 +295,7 @@ class SchedulerCore:
             ev.top_logprobs = [o.top_logprobs or [] for o in outs]
         return ev
 
-    def _fail(self, scheduled: list[Request], error: str) -> list[TokenEvent]:
+    def _fail(self, scheduled: list[Request], error: str, status: int = 500) -> list[TokenEvent]:
         events = []
         for req in scheduled:
             if req.status is Status.FINISHED:
@@ -301,7 +305,15 @@ class SchedulerCore:
             self.batcher.remove(req)
             self.num_failed += 1
             self.telemetry.event(req.rid, "failed", error=error)
-            events.append(TokenEvent(rid=req.rid, token_ids=[], finish_reason="error", error=error))
+            events.append(
+                TokenEvent(
+                    rid=req.rid,
+                    token_ids=[],
+                    finish_reason="error",
+                    error=error,
+                    error_status=status,
+                )
+            )
         return events
 
     # ------------------------------------------------------------------ stats

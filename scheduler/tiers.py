@@ -166,6 +166,24 @@ class TierClient:
         if loads:
             self.outbox.append(TierRelease(loads))
 
+    def drop_saves(self) -> None:
+        """The device pages queued for saving are gone (the runner was replaced): their
+        host slots go back to the stash unused."""
+        self.stash.extend(c.host_slot for c, _ in self.saves)
+        self.saves = []
+
+    def reset(self) -> None:
+        """The tier manager was replaced: its grants, pins and answers are void. Pending
+        lookups become misses (recompute), queued copies and messages are dropped."""
+        self.stash.clear()
+        self.saves = []
+        self.saves_in_flight.clear()
+        self.loads_in_flight.clear()
+        self.outbox = []
+        self.tier_stats = {}
+        for rid, lookup in self.lookups.items():
+            lookup.result = TierLookupResult(rid, [], [])
+
     def drain(self) -> list:
         out, self.outbox = self.outbox, []
         return out

@@ -8,6 +8,7 @@ proposals: a rollback where the target rejected them) and proposes after the end
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from houchu.spec.ngram import NgramIndex
@@ -20,7 +21,10 @@ class ProtocolError(ValueError):
 
 
 class Proposer(Protocol):
-    """What the draft actor needs from a proposer."""
+    """What the draft actor needs from a proposer. ``seqs``: the state held per request
+    id (released all at once when the scheduler is replaced)."""
+
+    seqs: Mapping[str, object]
 
     def propose(self, seqs: list[DraftSeq]) -> dict[str, list[int]]:
         """Sync each sequence, then propose up to ``seq.k`` tokens for it.

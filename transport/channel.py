@@ -74,11 +74,22 @@ class Outbox:
 
     def __init__(self, ctx: zmq.asyncio.Context, address: str) -> None:
         self.address = address
-        self._sock = ctx.socket(zmq.PUSH)
-        self._sock.setsockopt(zmq.SNDHWM, _HWM)
-        self._sock.setsockopt(zmq.LINGER, 1000)
-        self._sock.connect(address)
+        self._ctx = ctx
+        self._sock = self._connect()
         self._encoder = msgspec.msgpack.Encoder()
+
+    def _connect(self) -> zmq.asyncio.Socket:
+        sock = self._ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, _HWM)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.connect(self.address)
+        return sock
+
+    def reconnect(self) -> None:
+        """The peer's process was replaced: drop what is still queued for the dead one
+        and connect afresh, so that only what is sent from now on reaches the new one."""
+        self._sock.close(linger=0)
+        self._sock = self._connect()
 
     async def send(self, msg: msgspec.Struct) -> None:
         """Queue ``msg`` for the peer (never blocks: the queue is unbounded)."""

@@ -11,7 +11,8 @@ Flow (see DESIGN.md)::
     scheduler --StepPlan--> runner --StepResult--> scheduler --TokenBatch--> tokenizer
     tokenizer --TextDelta/RequestFailed--> gateway
     gateway --StatsQuery--> scheduler --StatsReply--> gateway
-    every actor --ActorReady/ActorFailed--> launcher
+    every actor --ActorReady/ActorFailed/Heartbeat--> launcher
+    launcher --ActorDown/ActorUp/Shutdown--> every actor    (houchu.actors.supervisor)
 """
 
 from __future__ import annotations
@@ -308,8 +309,52 @@ class Shutdown(Struct, tag=True):
     reason: str = ""
 
 
-GatewayInbox = TextDelta | RequestFailed | StatsReply | Shutdown
-TokenizerInbox = GenerateRequest | AbortRequest | TokenBatch | Shutdown
+# ---------------------------------------------------------------- supervision
+
+
+class Heartbeat(Struct, tag=True, kw_only=True):
+    """An actor's event loop is alive (sent to the launcher about once a second).
+
+    ``busy_s``: seconds the actor's current blocking unit of work (a model step) has run
+    so far, 0 when idle; the launcher treats a long ``busy_s`` like a missing heartbeat.
+    """
+
+    name: str
+    pid: int
+    busy_s: float = 0.0
+
+
+class ActorStuck(Struct, tag=True, kw_only=True):
+    """A peer waited too long on actor ``name`` (e.g. the scheduler on a step result);
+    the launcher restarts that actor. ``reason`` says who waited on what."""
+
+    name: str
+    reason: str
+
+
+class ActorDown(Struct, tag=True, kw_only=True):
+    """The launcher to every other actor: ``name`` died; ``generation`` is the number of
+    its replacement (0 was the first process). Receivers drop what they hold for it,
+    fail or abort the requests it was handling, and reconnect their outbox to it, so
+    that nothing meant for the dead process reaches its replacement."""
+
+    name: str
+    generation: int
+
+
+class ActorUp(Struct, tag=True, kw_only=True):
+    """The launcher to every other actor: generation ``generation`` of ``name`` is ready."""
+
+    name: str
+    generation: int
+
+
+#: What every actor's inbox accepts from the launcher besides ``Shutdown``.
+Lifecycle = ActorDown | ActorUp
+
+
+GatewayInbox = TextDelta | RequestFailed | StatsReply | Shutdown | ActorDown | ActorUp
+TokenizerInbox = GenerateRequest | AbortRequest | TokenBatch | Shutdown | ActorDown | ActorUp
 SchedulerInbox = (
     TokenizedRequest
     | AbortRequest
@@ -320,9 +365,11 @@ SchedulerInbox = (
     | HostSlotGrant
     | TierLookupResult
     | TierStats
+    | ActorDown
+    | ActorUp
 )
-RunnerInbox = StepPlan | Shutdown
-LauncherInbox = ActorReady | ActorFailed
+RunnerInbox = StepPlan | Shutdown | ActorDown | ActorUp
+LauncherInbox = ActorReady | ActorFailed | Heartbeat | ActorStuck
 
 
 def encoder() -> msgspec.msgpack.Encoder:

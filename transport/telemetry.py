@@ -112,14 +112,9 @@ class Telemetry:
     ) -> None:
         self.actor = actor
         self.enabled = address is not None
-        self._sock = None
-        if address is not None:
-            # A plain (non-asyncio) socket on the same context: a NOBLOCK send either
-            # queues at once or raises zmq.Again, never awaits.
-            self._sock = zmq.Context.shadow(ctx.underlying).socket(zmq.PUSH)
-            self._sock.setsockopt(zmq.SNDHWM, 1000)  # the recorder is behind: drop, don't block
-            self._sock.setsockopt(zmq.LINGER, 0)
-            self._sock.connect(address)
+        self.address = address
+        self._ctx = ctx
+        self._sock = self._connect() if address is not None else None
         self._max = max_buffered
         self._interval = flush_interval_s
         self._encoder = msgspec.msgpack.Encoder()
@@ -127,6 +122,22 @@ class Telemetry:
         self._size = 0
         self.num_dropped = 0
         self._task: asyncio.Task[None] | None = None
+
+    def _connect(self) -> zmq.Socket:
+        # A plain (non-asyncio) socket on the same context: a NOBLOCK send either
+        # queues at once or raises zmq.Again, never awaits.
+        sock = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, 1000)  # the recorder is behind: drop, don't block
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        return sock
+
+    def reconnect(self) -> None:
+        """The recorder was replaced: drop what was queued for the dead one and connect
+        afresh to the same address."""
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = self._connect()
 
     def start(self) -> None:
         """Start the periodic flush (call from the running event loop)."""
