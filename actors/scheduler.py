@@ -1,7 +1,10 @@
 """The scheduler actor: the loop that admits requests, plans steps and routes tokens.
 
 receive -> (admit | abort | apply result | answer stats) -> if no step is in flight, send
-the next plan. The domain logic lives in ``houchu.scheduler``.
+the next plan; with the overlap scheduler (on unless ``--disable-overlap-schedule``) also
+while one is, when the core allows it, so that applying results and planning run while
+the runner executes (``houchu.scheduler.overlap``). The domain logic lives in
+``houchu.scheduler``.
 
 Every wait has a bound: lower-tier lookups (``tier_lookup_timeout_s``), draft proposals
 (``draft_timeout_s``), and the step in flight (``heartbeat_timeout_s``: past it the runner
@@ -63,8 +66,8 @@ class SchedulerActor:
         self.core: SchedulerCore | None = None
         address = ep["recorder"] if config.telemetry else None
         self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
-        self.step_in_flight = False
-        self.step_sent_at = 0.0
+        self.step_in_flight = 0  # steps sent whose results are not back (2 at most)
+        self.step_sent_at = 0.0  # the step at the runner started about then
         self.runner_ready = False  # a runner's RunnerInfo came since its last restart
         self.stuck_reported = False  # the step in flight was reported stuck
         self.draft = DraftLink(ctx, config, self.peers) if config.speculative else None
@@ -90,7 +93,9 @@ class SchedulerActor:
             fingerprint = bytes.fromhex(c.kv_fingerprint)
             write_through = c.kv_write_policy == "write_through"
             tiers = TierClient(fingerprint, msg.page_size, write_through, c.tier_lookup_timeout_s)
-        self.core = SchedulerCore(msg, batch, c.radix_cache, self.telemetry, tiers, spec_config(c))
+        self.core = SchedulerCore(
+            msg, batch, c.radix_cache, self.telemetry, tiers, spec_config(c), c.overlap_schedule
+        )
         self.runner_ready = True
         if self.draft is not None:
             await self.draft.calibrate(
@@ -162,10 +167,14 @@ class SchedulerActor:
             case StepResult(step_id=step_id):
                 if not core.is_in_flight(step_id):
                     return True  # from a runner that was replaced: stale
-                self.step_in_flight = False
+                t0 = time.time()
+                self.step_in_flight -= 1
+                if self.step_in_flight:  # the step sent ahead starts at the runner now
+                    self.step_sent_at = time.perf_counter()
                 events = core.apply(msg)
                 if events:
                     await self.to_tokenizer.send(TokenBatch(events))
+                core.overlap.record_work(t0, time.time(), overlapped=self.step_in_flight > 0)
             case StatsQuery(query_id=qid):
                 stats = core.stats()
                 stats["step_in_flight"] = int(self.step_in_flight)
@@ -217,20 +226,33 @@ class SchedulerActor:
 
     async def _maybe_step(self) -> None:
         draft = self.draft
-        if not self.step_in_flight and self.runner_ready and self.core.has_work:
-            if draft is None or not await draft.before_plan(self.core):  # else: await proposals
-                plan = self.core.next_plan()
-                if draft is not None:
-                    draft.after_plan()
-                if plan is not None:
-                    self.step_in_flight, self.stuck_reported = True, False
-                    self.step_sent_at = time.perf_counter()
-                    await self.to_runner.send(plan)
+        if self.runner_ready and self.core.has_work:
+            if not self.step_in_flight:
+                # with speculation, proposals may be asked for first: then wait for them
+                if draft is None or not await draft.before_plan(self.core):
+                    await self._send_plan()
+            elif self.config.overlap_schedule and self.core.can_plan_ahead():
+                await self._send_plan()  # overlap: planned while the step in flight runs
         if draft is not None:
             await draft.flush_releases(self.core)
         if self.core.tiers is not None:
             for m in self.core.tiers.drain():
                 await self.to_tiers.send(m)
+
+    async def _send_plan(self) -> None:
+        """Plan the next step and send it (timed for the overlap scheduler's ledger)."""
+        t0 = time.time()
+        ahead = self.step_in_flight > 0
+        plan = self.core.next_plan()
+        if self.draft is not None:
+            self.draft.after_plan()
+        if plan is not None:
+            if not ahead:
+                self.step_sent_at = time.perf_counter()
+            self.step_in_flight += 1
+            self.stuck_reported = False
+            await self.to_runner.send(plan)
+        self.core.overlap.record_work(t0, time.time(), overlapped=ahead)
 
     async def close(self) -> None:
         await self.telemetry.close()

@@ -16,6 +16,12 @@ invalid plan raises ``ValueError`` and changes nothing):
    tokens appends nothing, so its penalty counts stay right. A work item with
    ``num_draft`` proposals is verified (``houchu.gpu.verify``): its accepted proposals and
    the token after them are appended and returned, one ``SeqOutput`` each.
+
+Overlap scheduler: a work item with ``use_last_sampled`` has a placeholder first token,
+replaced by the token this runner sampled for that rid in the previous ``execute`` call
+(the last one, after verification). The runner keeps only the previous call's tokens; a
+call that fails keeps none, so a plan built on a failed step fails too instead of
+running on a stale token.
 """
 
 from __future__ import annotations
@@ -150,6 +156,7 @@ class ModelRunner:
         if self.max_context < 1:
             raise ValueError(f"max_context must be >= 1, got {max_context}")
         self.states: dict[str, RequestState] = {}
+        self.last_sampled: dict[str, int] = {}  # rid -> token sampled by the previous call
         self.host_kv: HostKVMirror | None = None  # the shared host KV pool, when tiers are on
         self.kv_bytes_saved = 0  # device -> host, bytes
         self.kv_bytes_loaded = 0  # host -> device, bytes
@@ -224,11 +231,17 @@ class ModelRunner:
             ValueError: unknown rid in work, duplicate init, invalid sampling params,
                 empty token list, token id out of vocab, positions beyond
                 ``max_context``, a page table too short or naming a page outside the
-                pool, or two tokens writing one KV slot. Nothing is changed then.
+                pool, or two tokens writing one KV slot, or a placeholder token
+                (``use_last_sampled``) for a rid the previous step sampled nothing for.
+                Nothing is changed then (except that the previous step's sampled tokens
+                are forgotten).
         """
         t0 = time.perf_counter()
+        started_at = time.time()
+        previous, self.last_sampled = self.last_sampled, {}
         with torch.inference_mode():
             # ---- validate everything before touching state
+            resolve_last_sampled(plan, previous)
             live = set(self.states) - set(plan.release)
             new: dict[str, RequestState] = {}
             for si in plan.init:
@@ -281,9 +294,37 @@ class ModelRunner:
                         )
                         for s in ss
                     )
+        self.last_sampled = {o.rid: o.token_id for o in outputs}  # the last one per rid
         return StepResult(
             step_id=plan.step_id,
             outputs=outputs,
             duration_s=time.perf_counter() - t0,
             num_tokens=0 if batch is None else batch.num_tokens,
+            started_at=started_at,
         )
+
+
+def resolve_last_sampled(plan: StepPlan, previous: dict[str, int]) -> None:
+    """Put the previous step's sampled token (``previous``: rid -> token id) in place of
+    each ``use_last_sampled`` work item's placeholder, in ``plan`` itself.
+
+    Raises:
+        ValueError: a placeholder whose rid sampled nothing in the previous step, or a
+            placeholder item without tokens. ``plan`` is unchanged then.
+    """
+    resolved = []
+    for w in plan.work:
+        if not w.use_last_sampled:
+            continue
+        if not w.token_ids:
+            raise ValueError(f"request {w.rid!r}: a placeholder work item has no tokens")
+        token = previous.get(w.rid)
+        if token is None:
+            raise ValueError(
+                f"request {w.rid!r}: placeholder for the last sampled token, but the "
+                "previous step sampled nothing for it"
+            )
+        resolved.append((w, token))
+    for w, token in resolved:
+        w.token_ids = [token, *w.token_ids[1:]]
+        w.use_last_sampled = False

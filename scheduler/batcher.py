@@ -7,6 +7,10 @@ level scheduling, Yu et al. OSDI 2022; chunked prefill as in Sarathi-Serve, Agra
 2024). When a decode needs a page and none is free, the newest running request is
 preempted: its pages are freed and it is recomputed later from its prompt plus the tokens
 it already produced, so its output does not change.
+
+Planning looks through the steps in flight (overlap scheduler, ``scheduler.overlap``): a
+request's next work starts at ``plan_computed``, and a token sampled by a step in flight
+is sent as a placeholder the runner resolves.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from houchu.scheduler.request import Request, Status
 from houchu.scheduler.tiers import TierClient
 from houchu.spec.scheduling import add_drafts
 from houchu.transport.messages import PageCopy, SeqInit, SeqWork, StepPlan
+
+#: The token id sent in place of a token the scheduler has not seen yet.
+PLACEHOLDER_TOKEN = -1
 
 
 class BatchConfig(msgspec.Struct, frozen=True):
@@ -112,9 +119,9 @@ class Batcher:
         init: list[SeqInit] = []
 
         for req in list(self.running.values()):
-            if req.status is not Status.RUNNING or req.is_prefilling:
+            if req.status is not Status.RUNNING or req.plan_prefilling or req.ends_when_applied:
                 continue
-            if not self._reserve(req, req.num_computed + 1, preempt=True):
+            if not self._reserve(req, req.plan_computed + 1, preempt=True):
                 continue  # req itself was preempted
             work.append(self._work(req, 1))
             scheduled.append(req)
@@ -124,9 +131,9 @@ class Batcher:
         for req in list(self.running.values()):
             if budget <= 0:
                 break
-            if req.is_prefilling and req not in scheduled:
+            if req.plan_prefilling and req not in scheduled:
                 n = self._chunk(req, budget)
-                if not self._reserve(req, req.num_computed + n, preempt=False):
+                if not self._reserve(req, req.plan_computed + n, preempt=False):
                     break
                 work.append(self._work(req, n))
                 scheduled.append(req)
@@ -138,11 +145,13 @@ class Batcher:
                 break
             if self.tiers is not None and self.tiers.is_pending(req.rid):
                 continue  # its lower-tier lookup is in flight; others may go first
+            if req.is_in_flight:
+                continue  # preempted while in a step in flight: its tokens are not all known
             self._match_prefix(req)
             if self._start_lookup(req):
                 continue
             n, num_loaded = self._plan_prefix(req, budget)
-            if not self._reserve(req, req.num_computed + n, preempt=False):
+            if not self._reserve(req, req.plan_computed + n, preempt=False):
                 self._drop_pages(req)  # give the matched prefix back; retry next step
                 break
             loads += self._take_loads(req, num_loaded)
@@ -166,15 +175,18 @@ class Batcher:
         return plan, scheduled
 
     def _chunk(self, req: Request, budget: int) -> int:
-        n = req.num_uncomputed
+        n = req.plan_tokens - req.plan_computed
         if self.config.chunk_size > 0:
             n = min(n, self.config.chunk_size, budget)
         return n
 
     def _work(self, req: Request, n: int) -> SeqWork:
-        start = req.num_computed
-        ids = req.all_ids()[start : start + n]
-        sample = start + n == req.num_tokens
+        start = req.plan_computed
+        placeholder = start >= req.num_tokens  # the token a step in flight samples
+        if placeholder and n != 1:
+            raise RuntimeError(f"request {req.rid!r}: {n} tokens planned after a pending one")
+        ids = [PLACEHOLDER_TOKEN] if placeholder else req.all_ids()[start : start + n]
+        sample = start + n == req.plan_tokens
         req.num_scheduled = n
         return SeqWork(
             rid=req.rid,
@@ -182,6 +194,7 @@ class Batcher:
             start_pos=start,
             page_table=list(req.page_table),
             sample=sample,
+            use_last_sampled=placeholder,
         )
 
     def _reserve(self, req: Request, num_tokens: int, *, preempt: bool) -> bool:

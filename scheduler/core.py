@@ -3,9 +3,14 @@
 The scheduler actor (``actors/scheduler.py``) drives it::
 
     core.add(request)              # TokenizedRequest arrived
-    plan = core.next_plan()        # when no step is in flight
+    plan = core.next_plan()        # when no step is in flight, or (overlap) while one
+                                   # is and core.can_plan_ahead()
     events = core.apply(result)    # StepResult arrived -> TokenEvents for the tokenizer
     core.abort(rid)                # client gone, or a stop string matched
+
+Results come back in plan order. With the overlap scheduler a plan is built while one
+earlier step is still in flight; what that step holds is kept per step (``Slot``s) and
+as an overlay on each request (``scheduler.overlap``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.cache_tiers.radix_tree import RadixTree
 from houchu.scheduler.batcher import BatchConfig, Batcher
 from houchu.scheduler.ledger import SchedulerLedger
+from houchu.scheduler.overlap import OverlapLedger, Slot
 from houchu.scheduler.recovery import Recovery
 from houchu.scheduler.request import Request, Status
 from houchu.scheduler.tiers import TierClient
@@ -73,6 +79,8 @@ class SchedulerCore(Recovery):
         tiers: the host / SSD KV tiers' client, or None (they need the radix cache).
         telemetry: where lifecycle events and lever samples go.
         spec: speculative decoding settings, or None (off).
+        overlap: the actor plans a step while the previous one runs (only reported in
+            the stats here; ``can_plan_ahead`` says when that is allowed).
     """
 
     def __init__(
@@ -83,6 +91,7 @@ class SchedulerCore(Recovery):
         telemetry: TelemetrySink | None = None,
         tiers: TierClient | None = None,
         spec: SpecConfig | None = None,
+        overlap: bool = False,
     ) -> None:
         self.runner = runner
         self.allocator = PageAllocator(runner.num_pages, runner.page_size)
@@ -95,7 +104,8 @@ class SchedulerCore(Recovery):
         self.spec = None
         if spec is not None:
             self.spec = SpecScheduler(spec, runner.max_context, config.max_running)
-        self._in_flight: dict[int, list[Request]] = {}
+        self._in_flight: dict[int, list[Slot]] = {}  # step id -> its requests' shares
+        self.overlap = OverlapLedger(overlap)
         self._sent_at: dict[int, float] = {}
         self.num_steps = 0
         self.num_prompt_tokens = 0
@@ -162,13 +172,48 @@ class SchedulerCore(Recovery):
     def has_work(self) -> bool:
         return self.batcher.has_work
 
+    @property
+    def num_in_flight(self) -> int:
+        """Steps planned whose results have not been applied."""
+        return len(self._in_flight)
+
+    def can_plan_ahead(self) -> bool:
+        """Whether the next plan may be built now, with one step in flight (overlap).
+
+        Not when no step or two are in flight, when the step in flight verifies
+        proposals (how many it accepts is unknown until it returns), or when speculation
+        may propose for the next step (proposals need every token known; such steps run
+        without overlap): with speculation on, only while the decoding batch is larger
+        than the size at which speculation is off."""
+        if len(self._in_flight) != 1:
+            return False
+        (slots,) = self._in_flight.values()
+        if any(s.num_draft for s in slots):
+            return False
+        if self.spec is not None:
+            running = self.batcher.running.values()
+            decoding = sum(1 for r in running if not r.plan_prefilling)
+            if decoding and decoding <= self.spec.controller.cutoff:
+                return False
+        return True
+
     def next_plan(self) -> StepPlan | None:
-        """The next step's plan, or None when idle."""
+        """The next step's plan, or None when idle. It may be built while one step is in
+        flight (see ``can_plan_ahead``); never while two are."""
+        if len(self._in_flight) > 1:
+            raise RuntimeError("two steps are in flight: apply a result before planning")
         waiting_before = {r.rid for r in self.batcher.waiting}
         plan, scheduled = self.batcher.schedule()
         if plan is None:
             return None
-        self._in_flight[plan.step_id] = scheduled
+        slots = [
+            Slot(req, len(w.token_ids), w.sample, w.num_draft, req.plan_prefilling)
+            for req, w in zip(scheduled, plan.work, strict=True)
+        ]
+        for slot in slots:
+            slot.enter()
+        self.overlap.steps_ahead += bool(self._in_flight)
+        self._in_flight[plan.step_id] = slots
         self._sent_at[plan.step_id] = time.time()
         for req in scheduled:
             if req.rid in waiting_before:
@@ -196,46 +241,60 @@ class SchedulerCore(Recovery):
     # ------------------------------------------------------------------ results
 
     def apply(self, result: StepResult) -> list[TokenEvent]:
-        """Apply a step's sampled tokens; finish requests; return events to send."""
-        scheduled = self._in_flight.pop(result.step_id, [])
+        """Apply a step's sampled tokens; finish requests; return events to send.
+
+        Requests that finished or were aborted since the step was planned get nothing
+        (their tokens are discarded); one preempted since keeps the token sampled for it
+        (it is recomputed with it later)."""
+        slots = self._in_flight.pop(result.step_id, [])
         sent_at = self._sent_at.pop(result.step_id, time.time())
         now = time.time()
+        for slot in slots:
+            slot.leave()
         self.num_steps += 1
         self.busy_s += result.duration_s
-        self._record_step(result, scheduled, sent_at, now)
+        self.overlap.on_executed(result.started_at, result.duration_s)
+        self._record_step(result, slots, sent_at, now)
         if self.tiers is not None:
             self.tiers.on_step_done(result.step_id, result.error is None)
         if result.error is not None:
-            return self._fail(scheduled, result.error)
+            return self._fail([s.req for s in slots], result.error)
         sampled: dict[str, list[SeqOutput]] = {}
         for o in result.outputs:  # several per request when proposals were verified
             sampled.setdefault(o.rid, []).append(o)
         events: list[TokenEvent] = []
-        for req in scheduled:
-            if req.status is not Status.RUNNING or req.is_aborted:
-                continue  # aborted or preempted while the step ran
-            if req.is_prefilling:
+        for slot in slots:
+            req = slot.req
+            if req.status is Status.FINISHED:
+                if req.finish_reason is not None:  # finished by the step before: overlap
+                    self.overlap.on_discarded(len(sampled.get(req.rid, ())))
+                continue  # finished or aborted while the step ran
+            running = req.status is Status.RUNNING  # else preempted while the step ran
+            if running and req.is_prefilling:
                 req.num_chunks += 1
                 self.telemetry.event(req.rid, "prefill_chunk", start=req.num_computed,
-                                     tokens=req.num_scheduled)  # fmt: skip
-            num_draft, req.spec.num_draft = req.spec.num_draft, 0
+                                     tokens=slot.num_tokens)  # fmt: skip
+            num_draft = slot.num_draft
+            req.spec.num_draft = 0
             outs = sampled.get(req.rid, [])[: num_draft + 1]
             # the step computed its real tokens and the proposals the runner accepted
-            computed = req.num_scheduled - num_draft + max(len(outs) - 1, 0)
+            computed = slot.num_tokens - num_draft + max(len(outs) - 1, 0)
             if not outs:
-                req.num_computed += computed
-                self.batcher.index_computed(req)
+                if running:
+                    req.num_computed += computed
+                    self.batcher.index_computed(req)
                 continue  # a prefill chunk that is not the last
             if not req.output_ids:
                 self.telemetry.event(req.rid, "first_token", t=now)
             self.ledger.on_token(req, now)
             kept, reason = self._take(req, outs)
             self.num_generated_tokens += len(kept)
-            req.num_computed = min(req.num_computed + computed, req.num_tokens)
-            if num_draft:
-                self.spec.on_verified(req, num_draft, len(outs), len(kept))
-                free_pages_past(req, self.allocator, req.num_tokens)  # rejected proposals
-            self.batcher.index_computed(req)
+            if running:
+                req.num_computed = min(req.num_computed + computed, req.num_tokens)
+                if num_draft:
+                    self.spec.on_verified(req, num_draft, len(outs), len(kept))
+                    free_pages_past(req, self.allocator, req.num_tokens)  # rejected ones
+                self.batcher.index_computed(req)
             events.append(self._event(req, kept, reason))
             if reason is not None:
                 req.finish_reason = reason
@@ -243,20 +302,22 @@ class SchedulerCore(Recovery):
                 self.num_finished += 1
                 self.telemetry.event(req.rid, "finished", finish_reason=reason,
                                      completion_tokens=len(req.output_ids))  # fmt: skip
+        for sample in self.overlap.samples(now):
+            self.telemetry.lever(sample)
         return events
 
     def _record_step(
-        self, result: StepResult, scheduled: list[Request], sent_at: float, now: float
+        self, result: StepResult, slots: list[Slot], sent_at: float, now: float
     ) -> None:
-        prefill = sum(r.num_scheduled for r in scheduled if r.is_prefilling)
-        decode = sum(r.num_scheduled for r in scheduled) - prefill
+        prefill = sum(s.num_tokens for s in slots if s.prefill)
+        decode = sum(s.num_tokens for s in slots) - prefill
         phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
+        # from the runner's start when known (a plan sent ahead waits for the step before)
+        t = result.started_at or sent_at
         self.telemetry.step(
-            StepRecord(
-                result.step_id, sent_at, now - sent_at, len(scheduled), prefill, decode, phase
-            )
+            StepRecord(result.step_id, t, now - t, len(slots), prefill, decode, phase)
         )
-        sample = self.ledger.on_step(scheduled, prefill + decode, now)
+        sample = self.ledger.on_step([s.req for s in slots], prefill + decode, now)
         if sample is not None:
             self.telemetry.lever(sample)
         if self.spec is not None and decode and not prefill and result.error is None:
@@ -351,6 +412,7 @@ class SchedulerCore(Recovery):
             "num_preemptions": self.batcher.num_preemptions,
             "busy_fraction": self.busy_s / up,
             **self.ledger.stats(),
+            **self.overlap.stats(),
             **(self.tiers.stats() if self.tiers is not None else {}),
             **(self.spec.stats() if self.spec is not None else {"speculative": "off"}),
         }

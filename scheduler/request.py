@@ -9,6 +9,15 @@ A request's token range, and what each region means::
 
 ``num_computed`` only grows, except on preemption, when it drops to 0 and the KV is
 recomputed from ``prompt_ids + output_ids``.
+
+With the overlap scheduler a request may be in a step whose result has not come back
+yet. Those steps' effect is kept apart, as an overlay on the confirmed state above:
+``num_ahead`` positions they compute and ``num_pending`` tokens they sample (values not
+known yet). Planning looks through the overlay (``plan_computed``, ``plan_tokens``,
+``plan_prefilling``); applying a result moves its share from the overlay to the
+confirmed state. A pending token is the last token of the request, so it is only ever
+the input of a one-token decode, sent as a placeholder the runner resolves
+(``SeqWork.use_last_sampled``).
 """
 
 from __future__ import annotations
@@ -63,7 +72,9 @@ class Request:
         self.num_chunks = 0  # prefill steps taken
         self.is_tier_checked = False  # lower tiers were asked for its prefix
         self.tier_pages: dict[str, int] = {}  # pages loaded from each lower tier
-        self.num_scheduled = 0  # tokens of this request in the step in flight
+        self.num_scheduled = 0  # tokens of this request in the step planned last
+        self.num_ahead = 0  # positions computed by steps in flight, not applied yet
+        self.num_pending = 0  # tokens sampled by steps in flight, not applied yet
         self.cached_tokens = 0
         self.num_preemptions = 0
         self.is_registered = False  # runner holds its sampling state
@@ -92,6 +103,39 @@ class Request:
 
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    # ---------------------------------------------------------- planning view (overlap)
+
+    @property
+    def is_in_flight(self) -> bool:
+        """A step whose result has not been applied computes or samples for it."""
+        return bool(self.num_ahead or self.num_pending)
+
+    @property
+    def plan_computed(self) -> int:
+        """Positions whose KV is in pages once the steps in flight have run."""
+        return self.num_computed + self.num_ahead
+
+    @property
+    def plan_tokens(self) -> int:
+        """Tokens once the steps in flight have run (pending ones are not known yet)."""
+        return self.num_tokens + self.num_pending
+
+    @property
+    def plan_prefilling(self) -> bool:
+        """``is_prefilling`` once the steps in flight have run."""
+        return self.plan_tokens - self.plan_computed > 1 or not (
+            self.output_ids or self.num_pending
+        )
+
+    @property
+    def ends_when_applied(self) -> bool:
+        """The pending tokens will surely finish it (``max_tokens``; prompt +
+        ``max_tokens`` never exceeds the context, see ``SchedulerCore.add``): nothing more
+        to plan for it."""
+        return self.num_pending > 0 and (
+            len(self.output_ids) + self.num_pending >= self.sampling.max_tokens
+        )
 
     def check_finished(self, max_context: int) -> str | None:
         """The finish reason after the latest token, or None to keep going.

@@ -122,6 +122,10 @@ class SeqWork(Struct, kw_only=True, array_like=True):
     ``num_draft`` of ``token_ids`` are speculative proposals to verify (``sample`` must be
     set): the runner scores all of them in this pass and returns one ``SeqOutput`` per
     accepted proposal plus one for the token after them (``houchu.gpu.verify``).
+    ``use_last_sampled`` (overlap scheduler): ``token_ids`` is ``[-1]``, a placeholder for
+    the token the runner sampled for this rid in its previous step, which the scheduler
+    has not seen yet; the runner puts that token in its place (an error if that step
+    sampled nothing for the rid).
     """
 
     rid: str
@@ -130,6 +134,7 @@ class SeqWork(Struct, kw_only=True, array_like=True):
     page_table: list[int]
     sample: bool
     num_draft: int = 0
+    use_last_sampled: bool = False
 
 
 class PageCopy(Struct, array_like=True):
@@ -170,13 +175,16 @@ class SeqOutput(Struct, kw_only=True, array_like=True):
 
 
 class StepResult(Struct, tag=True, kw_only=True):
-    """The runner's answer to a StepPlan. ``duration_s``: forward + sampling seconds."""
+    """The runner's answer to a StepPlan. ``duration_s``: forward + sampling seconds;
+    ``started_at``: wall-clock seconds (time.time()) when the runner began the step (0:
+    unknown)."""
 
     step_id: int
     outputs: list[SeqOutput]
     duration_s: float
     num_tokens: int
     error: str | None = None
+    started_at: float = 0.0
 
 
 class RunnerInfo(Struct, tag=True, kw_only=True):

@@ -1,0 +1,82 @@
+"""Overlap scheduler on vs off (``--disable-overlap-schedule``): identical greedy tokens
+through the API for concurrent requests that end in different ways (max_tokens, EOS, a
+stop string), and /stats shows the scheduler time the overlap hid."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.client import get_json, ws_generate
+from tests.integration.conftest import Server, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+BODIES = [
+    {"prompt": "The three primary colors are", "max_tokens": 5, "ignore_eos": True},
+    {"prompt": "In mathematics, a prime number is", "max_tokens": 33, "ignore_eos": True},
+    {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 64},  # ends on EOS
+    {"prompt": "def fibonacci(n):\n    ", "max_tokens": 1},
+    {"messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 48},
+    {"prompt": "北京是", "max_tokens": 17, "ignore_eos": True},
+]
+STOP_BODY = {
+    "prompt": "Once upon a time, in a small village,",
+    "max_tokens": 40,
+    "ignore_eos": True,
+}
+
+
+@pytest.fixture(scope="module")
+def servers(real_model_path) -> Iterator[tuple[Server, Server]]:
+    """(overlap on — the default, overlap off)."""
+    on = start_server(real_model_path, "--kv-cache-mb", "64")
+    try:
+        off = start_server(real_model_path, "--kv-cache-mb", "64", "--disable-overlap-schedule")
+    except BaseException:
+        stop_server(on)
+        raise
+    yield on, off
+    stop_server(on)
+    stop_server(off)
+
+
+async def _together(srv: Server, bodies: list[dict]) -> list[dict]:
+    return await asyncio.gather(*(ws_generate(srv.ws_url, {**b, "temperature": 0}) for b in bodies))
+
+
+def _answers(results: list[dict]) -> list[tuple]:
+    assert all(r["error"] is None for r in results), results
+    return [(r["token_ids"], r["text"], r["final"]["finish_reason"]) for r in results]
+
+
+def test_same_tokens_with_overlap_on_and_off(servers):
+    on, off = servers
+    ref = asyncio.run(ws_generate(off.ws_url, {**STOP_BODY, "temperature": 0}))
+    deltas = [d for d in ref["deltas"] if len(d) >= 3]
+    stop = deltas[len(deltas) // 2][-3:]  # a stop string from the middle of the answer
+    bodies = [*BODIES, {**STOP_BODY, "stop": [stop]}]
+    want = _answers(asyncio.run(_together(off, bodies)))
+    got = _answers(asyncio.run(_together(on, bodies)))
+    assert got == want
+    reasons = [w[2] for w in want]
+    assert reasons.count("length") >= 3 and reasons[-1] == "stop"
+    assert "stop" in reasons[:-1], "expected one answer to end on EOS"
+    assert stop not in want[-1][1]
+
+
+def test_stats_show_the_hidden_scheduler_time(servers):
+    on, off = servers
+    asyncio.run(_together(on, BODIES))
+    asyncio.run(_together(off, BODIES))
+    _, st_on = asyncio.run(get_json(f"{on.url}/stats"))
+    _, st_off = asyncio.run(get_json(f"{off.url}/stats"))
+    assert st_on["overlap_schedule"] == 1 and st_off["overlap_schedule"] == 0
+    assert st_on["overlap_hidden_s"] > 0 and st_on["overlap_steps_ahead"] > 0
+    assert 0 < st_on["overlap_hidden_fraction"] <= 1
+    assert st_off["overlap_hidden_s"] == 0 and st_off["overlap_steps_ahead"] == 0
+    for st in (st_on, st_off):  # every page is back (free or cached), nothing runs
+        assert st["num_pages_free"] + st["num_pages_cached"] == st["num_pages_total"]
+        assert st["num_running"] == 0 and st["step_in_flight"] == 0
