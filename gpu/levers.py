@@ -70,10 +70,17 @@ class LeverCounters:
         self.kv_written = 0  # tokens whose K/V were stored
         self.kv_read = 0  # tokens of K/V attended over, summed over sequences
         self.accel_steps = 0  # steps run compiled / graph-replayed
+        self.weight_saved = 0  # bytes: bf16 weight bytes minus those actually read
 
-    def record(self, kv_written: int, kv_read: int, accelerated: bool) -> None:
+    def record(
+        self, kv_written: int, kv_read: int, accelerated: bool, weight_bytes: int | None = None
+    ) -> None:
         """Count one forward pass: ``kv_written`` tokens stored, ``kv_read`` tokens of
-        KV attended over (summed over sequences), and whether it ran accelerated."""
+        KV attended over (summed over sequences), whether it ran accelerated, and the
+        matmul weight bytes it read (default: ``cost.weight_bytes``; layers that switch
+        to a dense copy for many rows read more)."""
+        read = self.cost.weight_bytes if weight_bytes is None else weight_bytes
+        self.weight_saved += self.cost.weight_bf16_bytes - read
         self.steps += 1
         self.kv_written += kv_written
         self.kv_read += kv_read
@@ -88,7 +95,7 @@ class LeverCounters:
                 LeverSample(
                     f"weight_quant_{c.weight_label}",
                     "move_less",
-                    float(self.steps * (c.weight_bf16_bytes - c.weight_bytes)),
+                    float(self.weight_saved),
                     "bytes",
                     0.0,
                     "bytes",

@@ -49,6 +49,16 @@ def _(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], out_features)
 
 
+def packed_matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``x Wᵀ`` with W in oneDNN's prepacked layout (``torch.ops.mkldnn._reorder_linear_weight``).
+
+    x: ``[N, in]`` float32/bfloat16 (the packed weight's dtype) -> ``[N, out_features]``.
+    """
+    if torch.compiler.is_compiling():
+        return onednn_linear(x, packed, out_features)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
 class LinearBase(nn.Module):
     """A bias-free projection ``[N, in_features] -> [N, out_features]``.
 
@@ -64,6 +74,11 @@ class LinearBase(nn.Module):
         """Bytes of weight data the kernel reads per forward pass at decode batch sizes
         (codes plus scales), the number the lever ledger charges per step."""
         raise NotImplementedError
+
+    def weight_bytes_at(self, rows: int) -> int:
+        """Bytes of weight data read by a forward pass of ``rows`` rows (a layer that
+        switches kernels by row count reads different copies)."""
+        return self.weight_bytes()
 
     def bf16_bytes(self) -> int:
         """What the same weight costs in bfloat16 (bytes), the ledger's baseline."""
@@ -103,7 +118,5 @@ class Linear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: ``[N, in_features]`` -> ``[N, out_features]``, same dtype."""
         if self._packed is not None:
-            if torch.compiler.is_compiling():
-                return onednn_linear(x, self._packed, self.out_features)
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
+            return packed_matmul(x, self._packed, self.out_features)
         return F.linear(x, self.weight)

@@ -173,6 +173,7 @@ class LlamaModel(nn.Module):
             for m in self.linears()
             if not isinstance(m, Linear) and not (m is self.lm_head and self.tied)
         )
+        self._bytes_at: dict[tuple[int, int], int] = {}  # weight_bytes_at's memo
         self.prepacked = prepack and dev.type == "cpu" and onednn_available(self.dtype)
         if self.prepacked:
             for m in self.modules():
@@ -217,6 +218,17 @@ class LlamaModel(nn.Module):
         and as they would be in bfloat16 (the lever ledger's baseline)."""
         ls = self.linears()
         return sum(m.weight_bytes() for m in ls), sum(m.bf16_bytes() for m in ls)
+
+    def weight_bytes_at(self, rows: int, head_rows: int) -> int:
+        """Matmul weight bytes a step of ``rows`` tokens sampling ``head_rows`` of them
+        reads (layers pick their kernel, and so their weight copy, by row count)."""
+        key = (rows, head_rows)
+        if key not in self._bytes_at:
+            *body, head = self.linears()
+            self._bytes_at[key] = sum(m.weight_bytes_at(rows) for m in body) + (
+                head.weight_bytes_at(head_rows)
+            )
+        return self._bytes_at[key]
 
     def embed_and_rope(
         self, token_ids: torch.Tensor, positions: torch.Tensor

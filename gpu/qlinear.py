@@ -12,12 +12,17 @@ Kernels (torch's own, no extension needed):
   runs ``torch._scaled_mm`` on float8_e4m3fn with row-wise scales instead.
 
 Kernel choice by batch size: at decode batch sizes the step is bandwidth-bound and the
-quantized kernels read 2-4x fewer bytes; for many rows (prefill, large batches) these
-weight-only kernels are slower than a dense matmul on this CPU (measured on the benchmark
-machine, SmolLM2-135M layer shapes, 1 thread: at 512 rows the int4 kernel took ~3x and
-the int8 kernel ~3.4x the bf16 oneDNN time), so from ``dequant_min_rows`` rows up the
-weight is dequantized to the activation dtype and multiplied densely. W8A8 uses the int8
-GEMM from ``w8a8_min_rows`` rows up (compute-bound) and the weight-only int8 kernel below.
+quantized kernels read 2-4x fewer bytes; for more rows these weight-only kernels are
+slower than a dense matmul. The CPU kernels cost about as much per row as a matrix-vector
+product (measured on the benchmark machine, SmolLM2-135M, whole decode steps, 1 thread:
+int4 19.6 / 31.1 / 101 ms CPU per step at 1 / 4 / 16 sequences against 34.5 / 36.4 /
+67.1 ms for dense bf16 with oneDNN's prepacked weights), so on a CPU with oneDNN each
+layer also keeps a dequantized, prepacked copy of its weight in the activation dtype and
+uses it from ``dense_min_rows`` rows up (memory for speed: the copy costs the bf16 bytes;
+``dense_min_rows=None`` drops it and dequantizes on the fly from ``dequant_min_rows``
+rows instead, as on CUDA, where tinygemm stays fast to larger batches). W8A8 uses the
+int8 GEMM from ``w8a8_min_rows`` rows up (compute-bound) and the weight-only int8 kernel
+below.
 
 Activations run in bfloat16 where the hardware has it (CPU with AVX512-BF16/AMX, any
 CUDA GPU with bf16), else float32; inputs of another dtype are cast in and out.
@@ -30,7 +35,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from houchu.gpu.linear import Linear, LinearBase
+from houchu.gpu.linear import Linear, LinearBase, onednn_available, packed_matmul
 from houchu.gpu.quant import (
     Int4Weight,
     QuantSpec,
@@ -44,6 +49,7 @@ from houchu.gpu.quant import (
 
 INT4_DEQUANT_MIN_ROWS = 128  # rows from which int4 dequantize-then-matmul is faster
 INT8_DEQUANT_MIN_ROWS = 64  # same for the int8 weight-only kernel
+CPU_DENSE_MIN_ROWS = 8  # CPU: rows from which a kept dense prepacked copy is faster
 W8A8_MIN_ROWS = 32  # rows from which the int8 GEMM beats the weight-only int8 kernel
 
 
@@ -65,7 +71,10 @@ class Int4Linear(LinearBase):
     Args:
         w: the quantized weight (``[N, K]`` codes, ``[N, K/G]`` scale and offset).
         device: where the layer runs.
-        dequant_min_rows: rows from which the dense path is used.
+        dequant_min_rows: rows from which the weight is dequantized for a dense matmul
+            (when no dense copy is kept).
+        dense_min_rows: CPU with oneDNN: rows from which a kept dense prepacked copy is
+            used; None: keep no copy.
     Raises:
         ValueError: on CUDA, N not a multiple of 8 or K not a multiple of 32.
     """
@@ -75,6 +84,7 @@ class Int4Linear(LinearBase):
         w: Int4Weight,
         device: torch.device | str = "cpu",
         dequant_min_rows: int = INT4_DEQUANT_MIN_ROWS,
+        dense_min_rows: int | None = CPU_DENSE_MIN_ROWS,
     ) -> None:
         super().__init__()
         dev = torch.device(device)
@@ -100,9 +110,16 @@ class Int4Linear(LinearBase):
         self.register_buffer("nibbles", pack_nibbles(q))  # [N, K/2] uint8
         self.register_buffer("scale", w.scale.to(dev, act))  # [N, K/G]
         self.register_buffer("offset", w.offset.to(dev, act))  # [N, K/G]
+        self._dense = _dense_copy(self.dequantize(), dev, dense_min_rows)  # opaque, not a buffer
+        self.dense_min_rows = dense_min_rows if self._dense is not None else None
 
     def weight_bytes(self) -> int:
         return self.packed.numel() * self.packed.element_size() + self.sz.numel() * 2
+
+    def weight_bytes_at(self, rows: int) -> int:
+        if self.dense_min_rows is not None and rows >= self.dense_min_rows:
+            return self.out_features * self.in_features * self.act_dtype.itemsize
+        return self.weight_bytes()
 
     def dequantize(self) -> torch.Tensor:
         """The dense weight ``[N, K]`` in the activation dtype."""
@@ -113,7 +130,9 @@ class Int4Linear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
         xa = x.to(self.act_dtype)
-        if x.shape[0] >= self.dequant_min_rows:
+        if self.dense_min_rows is not None and x.shape[0] >= self.dense_min_rows:
+            y = packed_matmul(xa, self._dense, self.out_features)
+        elif x.shape[0] >= self.dequant_min_rows:
             y = F.linear(xa, self.dequantize())
         elif self.packed.device.type == "cuda":
             y = torch.ops.aten._weight_int4pack_mm(xa, self.packed, self.group_size, self.sz)
@@ -130,7 +149,10 @@ class Int8Linear(LinearBase):
     Args:
         w: ``[N, K]`` float weight, quantized here.
         device: where the layer runs.
-        dequant_min_rows: rows from which the dense path is used.
+        dequant_min_rows: rows from which the weight is dequantized for a dense matmul
+            (when no dense copy is kept).
+        dense_min_rows: CPU with oneDNN: rows from which a kept dense prepacked copy is
+            used; None: keep no copy.
     """
 
     def __init__(
@@ -138,6 +160,7 @@ class Int8Linear(LinearBase):
         w: torch.Tensor,
         device: torch.device | str = "cpu",
         dequant_min_rows: int = INT8_DEQUANT_MIN_ROWS,
+        dense_min_rows: int | None = CPU_DENSE_MIN_ROWS,
     ) -> None:
         super().__init__()
         dev = torch.device(device)
@@ -149,12 +172,22 @@ class Int8Linear(LinearBase):
         self.register_buffer("wscale", scale.to(dev))  # [N] float32
         self.register_buffer("wscale_act", scale.to(dev, self.act_dtype))  # [N]
         self.kernel = _int8pack_works(dev.type, self.act_dtype)
+        dense = self.q.to(self.act_dtype) * self.wscale_act[:, None]  # [N, K]
+        self._dense = _dense_copy(dense, dev, dense_min_rows)  # opaque, not a buffer
+        self.dense_min_rows = dense_min_rows if self._dense is not None else None
 
     def weight_bytes(self) -> int:
         return self.q.numel() + self.wscale_act.numel() * self.wscale_act.element_size()
 
+    def weight_bytes_at(self, rows: int) -> int:
+        if self.dense_min_rows is not None and rows >= self.dense_min_rows:
+            return self.out_features * self.in_features * self.act_dtype.itemsize
+        return self.weight_bytes()
+
     def _weight_only(self, xa: torch.Tensor) -> torch.Tensor:
         """xa: ``[M, K]`` act dtype -> ``[M, N]`` act dtype."""
+        if self.dense_min_rows is not None and xa.shape[0] >= self.dense_min_rows:
+            return packed_matmul(xa, self._dense, self.out_features)
         if self.kernel and xa.shape[0] < self.dequant_min_rows:
             return torch.ops.aten._weight_int8pack_mm(xa, self.q, self.wscale_act)
         return F.linear(xa, self.q.to(xa.dtype)) * self.wscale_act  # int8 is exact in bf16
@@ -196,6 +229,9 @@ class W8A8Linear(Int8Linear):
             self.register_buffer("q_fp8", q8.to(dev))  # [N, K] float8_e4m3fn
             self.register_buffer("wscale_fp8", s8.to(dev)[None, :])  # [1, N] float32
 
+    def weight_bytes_at(self, rows: int) -> int:
+        return self.weight_bytes() if rows >= self.w8a8_min_rows else super().weight_bytes_at(rows)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
         m = x.shape[0]
@@ -215,6 +251,14 @@ class W8A8Linear(Int8Linear):
         xq, xs = quantize_rows_int8(x)  # [M, K] int8, [M, 1] float32
         acc = torch._int_mm(xq, self.q.t())  # [M, N] int32
         return (acc.float() * xs * self.wscale).to(x.dtype)
+
+
+def _dense_copy(w: torch.Tensor, device: torch.device, min_rows: int | None) -> torch.Tensor | None:
+    """A oneDNN-prepacked dense copy of ``w`` ``[N, K]`` (opaque layout; CPU only, when
+    oneDNN takes its dtype and ``min_rows`` is set), else None."""
+    if min_rows is None or device.type != "cpu" or not onednn_available(w.dtype):
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous())
 
 
 @functools.cache

@@ -218,7 +218,8 @@ class ModelRunner:
         fast = logits is not None
         if logits is None:
             logits = self.model(batch, self.pool, self.backend)
-        self.levers.record(batch.num_tokens, sum(batch.kv_lens), fast)
+        read = self.model.weight_bytes_at(batch.num_tokens, int(batch.sample_rows.numel()))
+        self.levers.record(batch.num_tokens, sum(batch.kv_lens), fast, read)
         return logits
 
     def execute(self, plan: StepPlan) -> StepResult:

@@ -60,6 +60,31 @@ def test_quantized_linears_match_dequantized_matmul(rows):
         torch.testing.assert_close(w8a8(x), x @ w.t(), atol=tol * ref8.abs().max(), rtol=tol)
 
 
+@pytest.mark.parametrize("cls", ["int4", "int8"])
+def test_dense_copy_for_many_rows_matches_and_is_charged(cls):
+    """From ``dense_min_rows`` rows a CPU layer multiplies with its prepacked dense copy:
+    the same numbers as the quantized kernel / on-the-fly dequantization, and the ledger
+    charges that copy's bytes."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(96, 128, generator=g) * 0.05
+    x = torch.randn(16, 128, generator=g)
+
+    def make(dense):
+        if cls == "int4":
+            return Int4Linear(quantize_int4(w, 32), dense_min_rows=dense)
+        return Int8Linear(w, dense_min_rows=dense)
+
+    with_copy, without = make(8), make(None)
+    if with_copy.dense_min_rows is None:
+        pytest.skip("oneDNN does not take this activation dtype here")
+    torch.testing.assert_close(with_copy(x), without(x), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(with_copy(x[:3]), without(x[:3]), atol=0, rtol=0)
+    dense_bytes = 96 * 128 * with_copy.act_dtype.itemsize
+    assert with_copy.weight_bytes_at(7) == with_copy.weight_bytes() < dense_bytes
+    assert with_copy.weight_bytes_at(8) == dense_bytes
+    assert without.weight_bytes_at(500) == without.weight_bytes()
+
+
 def test_make_linear_and_byte_counts():
     w = torch.randn(64, 128)
     assert make_linear(w, QuantSpec("none")).weight_bytes() == 64 * 128 * 4
