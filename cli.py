@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 
 from houchu.bench.cli import add_bench_parser, run_bench
 from houchu.fetch import FetchError, fetch_default_model
+from houchu.transport.channel import MAX_MESSAGE_BYTES
+
+#: Largest --max-request-mb: a request must fit well inside one actor message.
+MAX_REQUEST_MB = MAX_MESSAGE_BYTES // 4 // 2**20
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,6 +67,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     _spec_options(p)
     _speed_options(p)
+    _limit_options(p)
     p.add_argument("--threads", type=int, help="torch threads of the model runner")
     p.add_argument(
         "--db-url",
@@ -116,6 +122,73 @@ def _check_supervision(parser: argparse.ArgumentParser, args: argparse.Namespace
             parser.error(f"--{name.replace('_', '-')} must be a positive number, got {v}")
     if args.max_restarts < 0:
         parser.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
+
+
+def _limit_options(p: argparse.ArgumentParser) -> None:
+    """Options of overload limits, the API key and actor placement."""
+    from houchu.actors.config import (
+        DEFAULT_MAX_QUEUED_REQUESTS,
+        DEFAULT_MAX_QUEUED_TOKENS,
+        DEFAULT_MAX_REQUEST_BYTES,
+        DEFAULT_STREAM_BUFFER_BYTES,
+    )
+
+    g = p.add_argument_group("limits and security")
+    g.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=DEFAULT_MAX_QUEUED_REQUESTS,
+        help="requests accepted and not yet finished (queued or running); beyond it "
+        "HTTP 429 with Retry-After",
+    )
+    g.add_argument(
+        "--max-queued-tokens",
+        type=int,
+        default=DEFAULT_MAX_QUEUED_TOKENS,
+        help="prompt tokens waiting in the scheduler's queue; beyond it HTTP 429",
+    )
+    g.add_argument(
+        "--max-request-mb",
+        type=float,
+        default=DEFAULT_MAX_REQUEST_BYTES / 2**20,
+        help=f"largest request body or WebSocket frame, MiB (at most {MAX_REQUEST_MB})",
+    )
+    g.add_argument(
+        "--stream-buffer-kb",
+        type=int,
+        default=DEFAULT_STREAM_BUFFER_BYTES >> 10,
+        help="unsent KiB a stream may leave buffered for a client that does not read "
+        "before it is aborted",
+    )
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("HOUCHU_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' on the API routes "
+        "(default: $HOUCHU_API_KEY; prefer the variable: arguments are visible to ps)",
+    )
+    g.add_argument(
+        "--actor-transport",
+        default="ipc",
+        choices=["ipc", "tcp"],
+        help="actor sockets: ipc in a private directory, or tcp with ZeroMQ CURVE keys",
+    )
+    g.add_argument("--actor-host", default="127.0.0.1", help="address of tcp actor sockets")
+
+
+def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    _positive(
+        parser, args, "max_queued_requests", "max_queued_tokens", "max_request_mb",
+        "stream_buffer_kb",
+    )  # fmt: skip
+    if args.max_request_mb > MAX_REQUEST_MB:
+        parser.error(f"--max-request-mb must be at most {MAX_REQUEST_MB}")
+    if args.api_key is not None and not args.api_key.strip():
+        parser.error("--api-key must not be empty")
+    if args.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"houchu: warning: listening on {args.host} without an API key (--api-key)",
+            file=sys.stderr,
+        )
 
 
 def _speed_options(p: argparse.ArgumentParser) -> None:
@@ -249,13 +322,20 @@ def _positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names:
             parser.error(f"--{n.replace('_', '-')} must be positive, got {v}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``houchu`` console command; returns the exit code."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``houchu`` argument parser (defaults that come from the environment, such as
+    ``HOUCHU_API_KEY``, are read now)."""
     parser = argparse.ArgumentParser(prog="houchu", description="houchu LLM serving engine")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("fetch", help="download the default model into the cache")
     add_bench_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``houchu`` console command; returns the exit code."""
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     if args.command == "bench":
@@ -294,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.retention_requests < 0 or not args.retention_days >= 0:
         parser.error("--retention-requests and --retention-days must be >= 0 (0 keeps all)")
     _check_spec(parser, args)
+    _check_limits(parser, args)
     _check_supervision(parser, args)
     args.decode_batch_sizes = _batch_sizes(parser, args.decode_batch_sizes)
     if args.db_url is not None:
@@ -366,6 +447,13 @@ def _serve(args: argparse.Namespace) -> int:
         db_url=args.db_url,
         retention_requests=args.retention_requests or None,
         retention_days=args.retention_days or None,
+        max_queued_requests=args.max_queued_requests,
+        max_queued_tokens=args.max_queued_tokens,
+        max_request_bytes=int(args.max_request_mb * 2**20),
+        stream_buffer_bytes=args.stream_buffer_kb << 10,
+        api_key=args.api_key.strip() if args.api_key else None,
+        actor_transport=args.actor_transport,
+        actor_host=args.actor_host,
     )
     install_uvloop()
     return asyncio.run(Launcher(config).serve())

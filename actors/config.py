@@ -12,6 +12,15 @@ import msgspec
 
 from houchu.transport.endpoints import Endpoints
 
+#: Accepted, unfinished requests the gateway holds (queued or running).
+DEFAULT_MAX_QUEUED_REQUESTS = 512
+#: Prompt tokens waiting in the scheduler's queue (not yet admitted to the batch).
+DEFAULT_MAX_QUEUED_TOKENS = 262_144
+#: Largest request body / WebSocket frame, bytes.
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+#: Bytes a stream may leave unread in its socket's send buffer before it is aborted.
+DEFAULT_STREAM_BUFFER_BYTES = 1024 * 1024
+
 
 class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Everything ``houchu serve`` was asked for.
@@ -33,6 +42,15 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     None (off); at most ``num_speculative_tokens`` proposals per request per step; off
     above ``speculative_max_batch`` decoding requests (None: the measured break-even);
     ``draft_timeout_s`` seconds to wait for proposals before stepping without them.
+    Limits (``houchu.dashboard.limits``): the gateway holds at most
+    ``max_queued_requests`` accepted, unfinished requests (HTTP and WebSocket; beyond it
+    429 with ``Retry-After``); the scheduler's waiting queue holds at most
+    ``max_queued_tokens`` prompt tokens (beyond it 429); a request body or WebSocket frame
+    is at most ``max_request_bytes`` bytes (413); a stream whose client does not read is
+    aborted once ``stream_buffer_bytes`` bytes wait in its socket buffer. ``api_key``:
+    when set, ``Authorization: Bearer <key>`` is required on the API routes (401).
+    Placement: ``actor_transport`` "ipc" (sockets in a private run directory) or "tcp"
+    (ports on ``actor_host``, with CURVE keys generated at start-up).
     """
 
     model_path: str
@@ -82,6 +100,13 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_threads: int | None = None
     request_timeout_s: float = 300.0
     ready_timeout_s: float = 600.0
+    max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
+    max_queued_tokens: int = DEFAULT_MAX_QUEUED_TOKENS
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    stream_buffer_bytes: int = DEFAULT_STREAM_BUFFER_BYTES
+    api_key: str | None = None
+    actor_transport: str = "ipc"  # ipc | tcp (CURVE)
+    actor_host: str = "127.0.0.1"
 
     def to_json(self) -> bytes:
         return msgspec.json.encode(self)

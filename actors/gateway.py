@@ -40,6 +40,7 @@ class GatewayActor:
 
     async def start(self) -> str:
         from houchu.dashboard.app import make_app
+        from houchu.dashboard.limits import GatewayLimits
         from houchu.gpu.config import load_model_config
 
         c = self.config
@@ -55,6 +56,12 @@ class GatewayActor:
             max_context=max_context,
             store=self.store,
             gateway_metrics=self.metrics,
+            limits=GatewayLimits(
+                max_in_flight=c.max_queued_requests,
+                max_body_bytes=c.max_request_bytes,
+                stream_buffer_bytes=c.stream_buffer_bytes,
+                api_key=c.api_key,
+            ),
         )
         # handler_cancellation: a client that goes away while its request is queued or
         # prefilling cancels the handler at once, which aborts the request in the engine.
@@ -64,7 +71,8 @@ class GatewayActor:
         await self.runner.setup()
         site = web.TCPSite(self.runner, c.host, c.port)
         await site.start()
-        return f"http://{c.host}:{c.port} serving {name}"
+        key = ", API key required" if c.api_key else ""
+        return f"http://{c.host}:{c.port} serving {name}{key}"
 
     async def run(self) -> None:
         await self.engine.stopped.wait()

@@ -85,7 +85,10 @@ class SchedulerActor:
             early.append(msg)
         c = self.config
         batch = BatchConfig(
-            max_batch_tokens=c.max_batch_tokens, chunk_size=c.chunk_size, max_running=c.max_running
+            max_batch_tokens=c.max_batch_tokens,
+            chunk_size=c.chunk_size,
+            max_running=c.max_running,
+            max_queued_tokens=c.max_queued_tokens,
         )
         self.telemetry.start()
         tiers = None
@@ -159,7 +162,7 @@ class SchedulerActor:
                         token_ids=[],
                         finish_reason="error",
                         error=str(e),
-                        error_status=400,
+                        error_status=e.status,  # 400 bad request, 429 queue full
                     )
                     await self.to_tokenizer.send(TokenBatch([ev]))
             case AbortRequest(rid=rid, reason=reason):

@@ -40,6 +40,9 @@ from houchu.transport.messages import (
 from houchu.transport.peers import Peers, drain
 from houchu.transport.telemetry import Telemetry
 
+#: The error ``code`` a client sees, by HTTP status.
+_ERROR_CODES = {400: "invalid_request_error", 429: "server_overloaded", 503: "unavailable"}
+
 
 class TokenizerActor:
     """Text <-> tokens for every request."""
@@ -187,7 +190,7 @@ class TokenizerActor:
     async def _fail(self, rid: str, message: str, status: int = 400) -> None:
         self.first_token_t.pop(rid, None)
         self.telemetry.event(rid, "failed", error=message[:500], status=status)
-        code = "invalid_request_error" if status == 400 else "internal_error"
+        code = _ERROR_CODES.get(status, "internal_error")
         await self.to_gateway.send(
             RequestFailed(rid=rid, message=message, status=status, code=code)
         )

@@ -12,6 +12,12 @@ is an ``EngineClient`` in production and any ``EngineLike`` in tests. Routes:
 - ``GET /dashboard`` and ``/dashboard/...``: the live dashboard and its JSON API
   (``views``, ``live``), read from the recorder's database.
 - ``GET /metrics``: Prometheus metrics (``metrics``).
+- ``GET /openapi.json``: the OpenAPI 3.1 description of the HTTP API (``openapi``).
+
+Limits (``limits``): at most ``limits.max_in_flight`` accepted, unfinished requests (429
+with ``Retry-After`` beyond), bodies and WebSocket frames of at most
+``limits.max_body_bytes`` (413), slow-reader streams aborted. With ``limits.api_key`` set,
+the API routes need ``Authorization: Bearer <key>`` (``auth``).
 
 Every error is an OpenAI-style ``{"error": {...}}`` body (``errors``); an unexpected
 exception is logged and answered with a 500.
@@ -26,20 +32,20 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from houchu.dashboard import live, metrics, openai_api, views, ws_api
+from houchu.dashboard import live, metrics, openai_api, openapi, views, ws_api
+from houchu.dashboard.auth import make_auth_middleware
 from houchu.dashboard.engine_client import EngineError
 from houchu.dashboard.errors import ApiError, error_response, json_response
+from houchu.dashboard.limits import GatewayLimits
 from houchu.dashboard.live_data import STORE_KEY
 from houchu.dashboard.metrics import GatewayMetrics
 from houchu.dashboard.state import ENGINE_KEY, STATE_KEY, EngineLike, GatewayState
 from houchu.dashboard.store import DashboardStore
 
-__all__ = ["ENGINE_KEY", "STATE_KEY", "EngineLike", "GatewayState", "make_app"]
+__all__ = ["ENGINE_KEY", "STATE_KEY", "EngineLike", "GatewayLimits", "GatewayState", "make_app"]
 
 log = logging.getLogger(__name__)
 
-#: Largest request body accepted (long prompts and chat histories).
-MAX_BODY_BYTES = 64 * 1024 * 1024
 #: Longest wait for the engine's counters before ``/stats`` answers 503.
 STATS_TIMEOUT_S = 10.0
 
@@ -53,6 +59,7 @@ def make_app(
     max_context: int,
     store: DashboardStore | None = None,
     gateway_metrics: GatewayMetrics | None = None,
+    limits: GatewayLimits | None = None,
 ) -> web.Application:
     """Build the gateway application.
 
@@ -64,13 +71,19 @@ def make_app(
             is refused.
         store: the dashboard's database handle (None: the dashboard API answers 503).
         gateway_metrics: the Prometheus metrics the engine client feeds (None: fresh).
+        limits: admission, body size, slow-reader and API-key settings (None: defaults,
+            no key).
     """
     if max_context < 1:
         raise ValueError(f"max_context must be positive, got {max_context}")
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    limits = limits or GatewayLimits()
+    middlewares = [error_middleware]
+    if limits.api_key is not None:
+        middlewares.append(make_auth_middleware(limits.api_key))
+    app = web.Application(middlewares=middlewares, client_max_size=limits.max_body_bytes)
     app[ENGINE_KEY] = engine
     app[STATE_KEY] = GatewayState(
-        model_name=model_name, max_context=max_context, created=int(time.time())
+        model_name=model_name, max_context=max_context, created=int(time.time()), limits=limits
     )
     app.router.add_get("/health", health)
     app.router.add_get("/stats", stats)
@@ -81,6 +94,7 @@ def make_app(
     views.add_routes(app)
     live.add_routes(app)
     metrics.add_routes(app, gateway_metrics)
+    openapi.add_routes(app)
     return app
 
 
@@ -99,7 +113,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         message = exc.text or ""
         if message in ("", f"{exc.status}: {exc.reason}"):  # aiohttp's default text
             message = f"{exc.reason}: {request.method} {request.path}"
-        code = "not_found" if exc.status == 404 else None
+        code = {404: "not_found", 413: "request_too_large"}.get(exc.status)
         return error_response(ApiError(message, status=exc.status, code=code))
     except ConnectionResetError:
         log.info("%s %s: client went away", request.method, request.path)
@@ -126,5 +140,8 @@ async def stats(request: web.Request) -> web.Response:
     except Exception as exc:
         log.warning("engine stats failed", exc_info=True)
         raise ApiError(f"engine stats failed: {exc}", status=503, code="engine_error") from None
-    counters["in_flight"] = request.app[STATE_KEY].in_flight
+    admission = request.app[STATE_KEY].admission
+    counters["in_flight"] = admission.in_flight
+    counters["max_in_flight"] = admission.limit
+    counters["num_refused_overload"] = admission.num_refused
     return json_response(counters)

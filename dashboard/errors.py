@@ -7,6 +7,8 @@ Every error a client sees has the shape of the OpenAI API's::
 
 ``ApiError`` is raised anywhere in request handling; the app's error middleware turns it
 (and aiohttp's own HTTP exceptions, and unexpected exceptions) into such a response.
+An overload answer (429, or 503 while the engine is unavailable) carries a
+``Retry-After`` header (seconds).
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ import msgspec
 from aiohttp import web
 
 from houchu.dashboard.engine_client import EngineError
+
+#: Seconds a client is told to wait (``Retry-After``) after a 429 or 503.
+RETRY_AFTER_S = 1
+#: Statuses that tell the client to come back later.
+RETRY_STATUSES = frozenset({429, 503})
 
 #: OpenAI's ``type`` for each HTTP status class we produce.
 _TYPE_BY_STATUS = {
@@ -47,6 +54,9 @@ class ApiError(Exception):
         param: the request parameter at fault, or None.
         code: a short machine-readable code ("invalid_type", "invalid_value", ...).
         type_: the OpenAI error type; derived from ``status`` when omitted.
+        retry_after_s: seconds for the ``Retry-After`` header; defaults to
+            ``RETRY_AFTER_S`` for 429 and 503, and None (no header) otherwise.
+        headers: more response headers (e.g. ``WWW-Authenticate`` for a 401).
     """
 
     def __init__(
@@ -57,6 +67,8 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         type_: str | None = None,
+        retry_after_s: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -64,6 +76,18 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.type = type_ or error_type_for(status)
+        if retry_after_s is None and status in RETRY_STATUSES:
+            retry_after_s = RETRY_AFTER_S
+        self.retry_after_s = retry_after_s
+        self.extra_headers = dict(headers or {})
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Response headers of this error (``Retry-After`` for overload answers)."""
+        out = dict(self.extra_headers)
+        if self.retry_after_s is not None:
+            out["Retry-After"] = str(self.retry_after_s)
+        return out
 
     @classmethod
     def from_engine(cls, exc: EngineError) -> ApiError:
@@ -87,13 +111,18 @@ def error_body(
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def json_response(obj: Any, status: int = 200) -> web.Response:
+def json_response(
+    obj: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
     """A JSON response encoded with msgspec."""
     return web.Response(
-        body=msgspec.json.encode(obj), status=status, content_type="application/json"
+        body=msgspec.json.encode(obj),
+        status=status,
+        content_type="application/json",
+        headers=headers,
     )
 
 
 def error_response(exc: ApiError) -> web.Response:
-    """The HTTP response for an ``ApiError``."""
-    return json_response(exc.body(), status=exc.status)
+    """The HTTP response for an ``ApiError`` (with its ``Retry-After``, if any)."""
+    return json_response(exc.body(), status=exc.status, headers=exc.headers or None)

@@ -7,6 +7,10 @@ chunk, flushed as written, ending with ``data: [DONE]``. The first delta is awai
 the response starts, so an engine rejection (a prompt longer than the context window)
 is a proper HTTP error; a failure after that is sent as an ``{"error": ...}`` event. When
 the client goes away the delta iterator is closed, which aborts the request in the engine.
+
+A request takes an admission slot before its body is read (429 with ``Retry-After`` when
+the gateway is full, ``houchu.dashboard.limits``); a stream whose client stops reading is
+aborted once ``stream_buffer_bytes`` wait unsent (``StreamGuard``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from aiohttp import web
 
 from houchu.dashboard.engine_client import EngineError
 from houchu.dashboard.errors import ApiError, error_body, json_response
+from houchu.dashboard.limits import StreamGuard
 from houchu.dashboard.openai_format import ChatFormatter, CompletionFormatter, Formatter, Tally
 from houchu.dashboard.state import STATE_KEY, open_generation
 from houchu.dashboard.validation import ParsedRequest, decode_body, parse_chat, parse_completion
@@ -91,6 +96,17 @@ async def _generate(
     prefix: str,
 ) -> web.StreamResponse:
     state = request.app[STATE_KEY]
+    with state.admission.admit():  # before the body is read: a refusal costs nothing
+        return await _admitted(request, parse, formatter_cls, prefix)
+
+
+async def _admitted(
+    request: web.Request,
+    parse: Callable[..., ParsedRequest],
+    formatter_cls: type[Formatter],
+    prefix: str,
+) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
     body = decode_body(await request.read())
     parsed = parse(body, model_name=state.model_name, max_context=state.max_context)
     rid = f"{prefix}-{uuid.uuid4().hex}"
@@ -139,7 +155,9 @@ async def _stream(
     resp = web.StreamResponse(headers=SSE_HEADERS)
     try:
         await resp.prepare(request)
-        await _send_events(request, resp, deltas, fmt, first)
+        limit = request.app[STATE_KEY].limits.stream_buffer_bytes
+        guard = StreamGuard(request.transport, limit, fmt.rid)
+        await _send_events(request, resp, deltas, fmt, first, guard)
     except ConnectionResetError:
         log.info("client of %s went away mid-stream; aborting", fmt.rid)
     except Exception:  # headers are sent: report in the stream, not as a new response
@@ -156,10 +174,12 @@ async def _send_events(
     deltas: AsyncIterator[TextDelta],
     fmt: Formatter,
     delta: TextDelta | None,
+    guard: StreamGuard,
 ) -> None:
     async def send(obj: Any) -> None:
         if client_gone(request):
             raise ClientGone("client closed the connection")
+        guard.check()  # raises SlowReader (a ConnectionResetError) for a stalled client
         await resp.write(b"data: " + msgspec.json.encode(obj) + b"\n\n")
 
     tally = Tally()

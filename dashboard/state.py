@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from aiohttp import web
 
+from houchu.dashboard.limits import Admission, GatewayLimits
 from houchu.transport.messages import GenerateRequest, TextDelta
 
 log = logging.getLogger(__name__)
@@ -49,13 +50,23 @@ class GatewayState:
         model_name: the model id clients must use (or omit).
         max_context: tokens per request (prompt + completion) the engine accepts.
         created: unix seconds when the app was built (the model's ``created``).
-        in_flight: requests this gateway has submitted and not yet finished.
+        limits: the gateway's limits (admission, body size, slow readers, API key).
+        admission: the count of accepted, unfinished requests (``in_flight``).
     """
 
     model_name: str
     max_context: int
     created: int
-    in_flight: int = 0
+    limits: GatewayLimits = field(default_factory=GatewayLimits)
+    admission: Admission = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.limits.max_in_flight)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests this gateway has accepted and not yet finished."""
+        return self.admission.in_flight
 
 
 ENGINE_KEY: web.AppKey[EngineLike] = web.AppKey("houchu_engine", EngineLike)
@@ -80,16 +91,14 @@ async def close_quietly(it: AsyncIterator[TextDelta]) -> None:
 async def open_generation(
     app: web.Application, req: GenerateRequest
 ) -> AsyncIterator[AsyncIterator[TextDelta]]:
-    """Start ``req`` on the engine; on exit close its iterator and count it finished.
+    """Start ``req`` on the engine; on exit close its iterator.
 
+    The caller holds an admission slot (``GatewayState.admission``) around this block.
     Leaving the block early (client gone, handler cancelled, error) closes the iterator,
     so the engine aborts the request.
     """
-    state = app[STATE_KEY]
     it = app[ENGINE_KEY].generate(req)
-    state.in_flight += 1
     try:
         yield it
     finally:
-        state.in_flight -= 1
         await close_quietly(it)

@@ -40,6 +40,8 @@ MAX_STOP_STRINGS = 4
 MAX_COMPLETION_LOGPROBS = 5
 MAX_TOP_LOGPROBS = 20
 MAX_TOKEN_ID = 2**31 - 1
+#: Largest ``top_k`` (any value above the vocabulary size keeps every token).
+MAX_TOP_K = 2**31 - 1
 SEED_RANGE = (-(2**63), 2**64 - 1)
 CHAT_ROLES = frozenset({"system", "user", "assistant"})
 #: Newer OpenAI clients send "developer" where older ones send "system".
@@ -203,7 +205,7 @@ def _check_common(body: Body, model_name: str) -> None:
 
 
 def _sampling(body: Body, max_tokens: int, *, logprobs: bool, top_n: int) -> SamplingParams:
-    top_k = get_int(body, "top_k", 0, -1, None)
+    top_k = get_int(body, "top_k", 0, -1, MAX_TOP_K)
     return SamplingParams(
         temperature=get_float(body, "temperature", 1.0, 0.0, 2.0),
         top_p=get_float(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),

@@ -17,9 +17,16 @@ The server answers with frames carrying the client's ``id``:
 - one ``{"id", "type": "final", "finish_reason", "usage", "text": ""}``; ``usage`` is the
   OpenAI usage object with ``prompt_tokens_details.cached_tokens``. An aborted request
   ends with a final frame whose ``finish_reason`` is ``"abort"``.
-- ``{"id", "type": "error", "error": {"message", "type", "param", "code"}}`` for a frame
-  that is not JSON, an unknown ``type``, bad parameters, an id already in flight, an
-  unknown id to abort, or an engine failure. The socket stays open and usable.
+- ``{"id", "type": "error", "status", "error": {"message", "type", "param", "code"}}``
+  for a frame that is not JSON, an unknown ``type``, bad parameters, an id already in
+  flight, an unknown id to abort, a full server (``status`` 429, with ``retry_after``
+  seconds, as the HTTP API's 429 and ``Retry-After``) or an engine failure; ``status`` is
+  the HTTP status the same error gets on the HTTP API. The socket stays open and usable.
+
+Each request holds one of the gateway's admission slots while it runs
+(``houchu.dashboard.limits``). A frame longer than the gateway's body limit closes the
+socket (code 1009). A client that stops reading: once more than ``stream_buffer_bytes``
+wait unsent, the socket is aborted and every request on it is aborted in the engine.
 
 Requests on one socket run concurrently, each as its own task; frames are sent one at a
 time under a lock. The engine request id is ``ws-<uuid hex>-<client id>``, unique per
@@ -39,6 +46,7 @@ from aiohttp import WSMsgType, web
 
 from houchu.dashboard.engine_client import EngineError
 from houchu.dashboard.errors import ApiError
+from houchu.dashboard.limits import SlowReader, StreamGuard
 from houchu.dashboard.openai_format import Tally, ws_logprobs
 from houchu.dashboard.state import STATE_KEY, open_generation
 from houchu.dashboard.validation import ParsedRequest, parse_ws_generate
@@ -51,7 +59,6 @@ MAX_IN_FLIGHT_PER_SOCKET = 256
 #: Longest client id accepted (it becomes part of the engine request id).
 MAX_ID_CHARS = 128
 HEARTBEAT_S = 30.0
-MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 ClientId = str | int
 
@@ -73,13 +80,22 @@ class WsSession:
     Args:
         app: the gateway application (engine and state).
         ws: the prepared WebSocket response.
+        transport: the connection's transport, watched for a client that stops reading
+            (None: not watched).
     """
 
-    def __init__(self, app: web.Application, ws: web.WebSocketResponse) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        ws: web.WebSocketResponse,
+        transport: asyncio.BaseTransport | None = None,
+    ) -> None:
         self._app = app
         self._ws = ws
         self._jobs: dict[str, _Job] = {}
         self._send_lock = asyncio.Lock()
+        limit = app[STATE_KEY].limits.stream_buffer_bytes
+        self._guard = StreamGuard(transport, limit, "websocket")
 
     @property
     def num_in_flight(self) -> int:
@@ -93,13 +109,24 @@ class WsSession:
         data = msgspec.json.encode(frame).decode()
         async with self._send_lock:
             try:
+                self._guard.check()
                 await self._ws.send_str(data)
+            except SlowReader:
+                pass  # the socket is aborted: its reader loop ends and aborts every request
             except (ConnectionResetError, RuntimeError):
                 log.debug("websocket closed while sending a frame")
 
     async def send_error(self, client_id: ClientId | None, err: ApiError) -> None:
         """Send an error frame; the socket stays usable."""
-        await self.send({"id": client_id, "type": "error", "error": err.body()["error"]})
+        frame: dict[str, Any] = {
+            "id": client_id,
+            "type": "error",
+            "status": err.status,
+            "error": err.body()["error"],
+        }
+        if err.retry_after_s is not None:
+            frame["retry_after"] = err.retry_after_s
+        await self.send(frame)
 
     async def on_text(self, data: str) -> None:
         """Handle one client text frame."""
@@ -175,20 +202,10 @@ class WsSession:
 
     async def _run(self, key: str, job: _Job, req: GenerateRequest) -> None:
         try:
-            async with open_generation(self._app, req) as deltas:
-                async for delta in deltas:
-                    job.tally.add(delta)
-                    if delta.text or delta.token_ids or delta.logprobs:
-                        out: dict[str, Any] = {
-                            "id": job.client_id,
-                            "type": "delta",
-                            "text": delta.text,
-                            "token_ids": delta.token_ids,
-                        }
-                        if job.logprobs:
-                            out["logprobs"] = ws_logprobs(delta.logprobs or [], job.top_n)
-                        await self.send(out)
-            await self._send_final(job, job.tally.finish_reason or "abort")
+            with self._app[STATE_KEY].admission.admit():
+                await self._generate(job, req)
+        except ApiError as err:  # refused: the server is full
+            await self.send_error(job.client_id, err)
         except EngineError as exc:
             await self.send_error(job.client_id, ApiError.from_engine(exc))
         except Exception:
@@ -199,6 +216,23 @@ class WsSession:
         finally:
             if self._jobs.get(key) is job:
                 del self._jobs[key]
+
+    async def _generate(self, job: _Job, req: GenerateRequest) -> None:
+        """Stream one admitted request's deltas, then its final frame."""
+        async with open_generation(self._app, req) as deltas:
+            async for delta in deltas:
+                job.tally.add(delta)
+                if delta.text or delta.token_ids or delta.logprobs:
+                    out: dict[str, Any] = {
+                        "id": job.client_id,
+                        "type": "delta",
+                        "text": delta.text,
+                        "token_ids": delta.token_ids,
+                    }
+                    if job.logprobs:
+                        out["logprobs"] = ws_logprobs(delta.logprobs or [], job.top_n)
+                    await self.send(out)
+        await self._send_final(job, job.tally.finish_reason or "abort")
 
     async def _send_final(self, job: _Job, finish_reason: str) -> None:
         await self.send(
@@ -237,9 +271,10 @@ class WsSession:
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:
     """``GET /ws``: multiplexed streaming generation over one WebSocket."""
-    ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=MAX_FRAME_BYTES)
+    max_frame = request.app[STATE_KEY].limits.max_body_bytes
+    ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=max_frame)
     await ws.prepare(request)
-    session = WsSession(request.app, ws)
+    session = WsSession(request.app, ws, request.transport)
     try:
         async for msg in ws:
             if msg.type == WSMsgType.TEXT:

@@ -38,11 +38,14 @@ class BatchConfig(msgspec.Struct, frozen=True):
     ``chunk_size``: most prefill tokens of one request per step (0: no chunking, the whole
     prompt in one step, which then may exceed the budget for that step only).
     ``max_running``: requests holding pages at once.
+    ``max_queued_tokens``: prompt tokens the waiting queue may hold (None: no bound); a
+    request that would exceed it is refused (HTTP 429), unless the queue is empty.
     """
 
     max_batch_tokens: int = 512
     chunk_size: int = 512
     max_running: int = 64
+    max_queued_tokens: int | None = None
 
 
 class Batcher:

@@ -40,7 +40,18 @@ from houchu.transport.telemetry import LeverSample, StepRecord
 
 
 class Rejected(Exception):
-    """A request that can never be served (e.g. it cannot fit in the whole KV pool)."""
+    """A request that can never be served (e.g. it cannot fit in the whole KV pool).
+
+    ``status`` is the HTTP status its client gets (400: the request is at fault).
+    """
+
+    status = 400
+
+
+class Overloaded(Rejected):
+    """A request refused for now: the waiting queue is full (HTTP 429, retry later)."""
+
+    status = 429
 
 
 class TelemetrySink(Protocol):
@@ -112,6 +123,7 @@ class SchedulerCore(Recovery):
         self.num_generated_tokens = 0
         self.num_finished = 0
         self.num_aborted = 0
+        self.num_refused = 0
         self.num_failed = 0
         self.busy_s = 0.0
         self.started = time.time()
@@ -123,6 +135,7 @@ class SchedulerCore(Recovery):
 
         Raises:
             Rejected: prompt + max_tokens exceed the context window or the whole KV pool.
+            Overloaded: the waiting queue already holds ``max_queued_tokens`` prompt tokens.
         """
         need = min(len(msg.prompt_ids) + msg.sampling.max_tokens, self.runner.max_context)
         if len(msg.prompt_ids) >= self.runner.max_context:
@@ -143,10 +156,25 @@ class SchedulerCore(Recovery):
             )
         if self.batcher.get(msg.rid) is not None:
             raise Rejected(f"request id {msg.rid!r} is already queued")
+        self._check_queue(len(msg.prompt_ids))
         req = Request(msg.rid, msg.prompt_ids, msg.sampling, msg.eos_token_ids, msg.arrival_time)
         self.num_prompt_tokens += len(msg.prompt_ids)
         self.batcher.add(req)
         self.telemetry.event(req.rid, "queued", prompt_tokens=req.num_prompt)
+
+    def _check_queue(self, num_prompt: int) -> None:
+        """Raise Overloaded when ``num_prompt`` more tokens would overfill the waiting
+        queue (an empty queue takes any request that fits the context)."""
+        bound = self.batcher.config.max_queued_tokens
+        waiting = self.batcher.waiting
+        if bound is None or not waiting:
+            return
+        queued = sum(r.num_prompt for r in waiting)
+        if queued + num_prompt > bound:
+            self.num_refused += 1
+            raise Overloaded(
+                f"the scheduler's queue holds {queued} prompt tokens (limit {bound}); retry later"
+            )
 
     def abort(self, rid: str, reason: str = "abort") -> bool:
         """Drop a request wherever it is; its pages return to the pool now (the pages
@@ -392,6 +420,8 @@ class SchedulerCore(Recovery):
             "model": self.runner.model_name,
             "num_running": len(self.batcher.running),
             "num_waiting": len(self.batcher.waiting),
+            "num_waiting_tokens": sum(r.num_prompt for r in self.batcher.waiting),
+            "num_refused_queue_full": self.num_refused,
             "num_pages_total": self.allocator.num_pages,
             "num_pages_free": self.allocator.num_free,
             "num_pages_used": self.allocator.num_used,

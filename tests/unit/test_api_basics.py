@@ -17,8 +17,9 @@ import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 
+from houchu.actors.config import DEFAULT_MAX_QUEUED_REQUESTS
 from houchu.dashboard import app as app_module
-from houchu.dashboard.app import STATE_KEY, make_app
+from houchu.dashboard.app import STATE_KEY, GatewayLimits, make_app
 from houchu.dashboard.engine_client import EngineError
 from houchu.transport.messages import GenerateRequest, TextDelta, TokenLogprob
 
@@ -146,14 +147,18 @@ class Api:
 
 @contextlib.asynccontextmanager
 async def serve(
-    engine: FakeEngine | None = None, max_context: int = MAX_CONTEXT, **server_kwargs: Any
+    engine: FakeEngine | None = None,
+    max_context: int = MAX_CONTEXT,
+    limits: GatewayLimits | None = None,
+    **server_kwargs: Any,
 ) -> AsyncIterator[Api]:
     """Run the gateway app on 127.0.0.1 (a free port) in front of ``engine``.
 
-    ``server_kwargs`` go to aiohttp's server (e.g. ``handler_cancellation=True``).
+    ``limits``: the gateway's limits (None: defaults). ``server_kwargs`` go to aiohttp's
+    server (e.g. ``handler_cancellation=True``).
     """
     engine = engine or FakeEngine()
-    app = make_app(engine, model_name=MODEL, max_context=max_context)
+    app = make_app(engine, model_name=MODEL, max_context=max_context, limits=limits)
     async with TestClient(TestServer(app, host="127.0.0.1", **server_kwargs)) as client:
         yield Api(client, engine)
 
@@ -217,7 +222,13 @@ async def test_models(api: Api) -> None:
 async def test_stats_adds_in_flight(api: Api) -> None:
     async with api.client.get("/stats") as r:
         assert r.status == 200
-        assert await r.json() == {"num_running": 1, "num_pages_free": 10, "in_flight": 0}
+        assert await r.json() == {
+            "num_running": 1,
+            "num_pages_free": 10,
+            "in_flight": 0,
+            "max_in_flight": DEFAULT_MAX_QUEUED_REQUESTS,
+            "num_refused_overload": 0,
+        }
 
 
 async def test_stats_counts_a_running_request(api: Api) -> None:

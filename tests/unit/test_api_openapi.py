@@ -1,0 +1,104 @@
+"""``/openapi.json``: served, loadable by schemathesis, covering the app's HTTP routes, and
+true to the validator (bodies generated from the schema are accepted)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from houchu.dashboard.errors import ApiError
+from houchu.dashboard.openapi import openapi_document
+from houchu.dashboard.validation import parse_chat, parse_completion
+
+from .test_api_auth import routes
+from .test_api_basics import MAX_CONTEXT, MODEL, Api, serve
+
+#: Rules across parameters that a JSON Schema of each field cannot state.
+CROSS_FIELD_PARAMS = {"stream_options", "top_logprobs"}
+PARSERS = {"/v1/completions": parse_completion, "/v1/chat/completions": parse_chat}
+
+
+def integral(value: Any) -> Any:
+    """``value`` with floats like 1.0 written as integers: JSON Schema's ``integer``
+    admits 1.0, the gateway wants an integer literal (and takes 1 for any number)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: integral(v) for k, v in value.items()}
+    return value
+
+
+@pytest.fixture
+async def api():
+    async with serve() as a:
+        yield a
+
+
+async def test_document_is_served_and_names_every_http_route(api: Api) -> None:
+    async with api.client.get("/openapi.json") as r:
+        assert r.status == 200
+        doc = await r.json()
+    assert doc["openapi"].startswith("3.1")
+    assert doc["info"]["title"] == "houchu"
+    http_routes = {
+        (m.lower(), p)
+        for m, p in routes(api.client.app)
+        if m != "HEAD" and p not in ("/ws", "/openapi.json") and not p.startswith("/dashboard")
+    }
+    documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
+    assert http_routes == documented
+    props = doc["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert props["model"]["anyOf"][0]["enum"] == [MODEL]
+    assert props["max_tokens"]["anyOf"][0]["maximum"] == MAX_CONTEXT
+    assert doc["components"]["schemas"]["CompletionRequest"]["required"] == ["prompt"]
+
+
+def test_schemathesis_loads_every_operation() -> None:
+    schema = schemathesis.openapi.from_dict(openapi_document(MODEL, MAX_CONTEXT))
+    ops = [op.ok() for op in schema.get_all_operations()]
+    assert {(op.method.upper(), op.path) for op in ops} >= {
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/v1/models"),
+    }
+
+
+@pytest.mark.parametrize("path", sorted(PARSERS))
+def test_bodies_valid_by_the_schema_pass_the_validator(path: str) -> None:
+    schema = schemathesis.openapi.from_dict(openapi_document(MODEL, MAX_CONTEXT))
+    op = schema[path]["POST"]
+    parse = PARSERS[path]
+    tried = 0
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(case=op.as_strategy(), _=st.just(None))
+    def check(case, _) -> None:
+        nonlocal tried
+        tried += 1
+        try:
+            parsed = parse(integral(case.body), model_name=MODEL, max_context=MAX_CONTEXT)
+        except ApiError as e:
+            assert e.param in CROSS_FIELD_PARAMS, (case.body, e.message)
+            return
+        msgspec.msgpack.encode(parsed.to_generate("r"))  # it can travel to the engine
+
+    check()
+    assert tried > 50
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("top_k", 10**30), ("seed", 2**64), ("stop_token_ids", [2**40]), ("prompt", [2**63])],
+)
+def test_huge_integers_are_a_400_not_a_crash(key: str, value: Any) -> None:
+    body = {"prompt": "hi", key: value}
+    with pytest.raises(ApiError) as e:
+        parse_completion(body, model_name=MODEL, max_context=MAX_CONTEXT)
+    assert e.value.status == 400 and e.value.param == key
