@@ -5,7 +5,8 @@ Each request gets a fresh id (``cmpl-<hex>`` / ``chatcmpl-<hex>``), which is als
 engine request id. Streaming responses are server-sent events, one ``data: {json}`` per
 chunk, flushed as written, ending with ``data: [DONE]``. The first delta is awaited before
 the response starts, so an engine rejection (a prompt longer than the context window)
-is a proper HTTP error; a failure after that is sent as an ``{"error": ...}`` event. When
+is a proper HTTP error; a failure after that (an engine actor died, say) is sent as a
+chunk with ``finish_reason: "error"`` and then an ``{"error": ...}`` event. When
 the client goes away the delta iterator is closed, which aborts the request in the engine.
 
 A request takes an admission slot before its body is read (429 with ``Retry-After`` when
@@ -191,9 +192,10 @@ async def _send_events(
             if delta.text or delta.logprobs:
                 await send(fmt.content_chunk(delta.text, delta.logprobs))
             delta = await anext(deltas, None)
-    except EngineError as exc:
+    except EngineError as exc:  # e.g. an actor died: a finish chunk, the error, [DONE]
         err = ApiError.from_engine(exc)
         log.info("request %s failed mid-stream: %s", fmt.rid, exc.message)
+        await send(fmt.finish_chunk("error"))
         await send(error_body(err.message, type_=err.type, code=err.code))
         await resp.write(b"data: [DONE]\n\n")
         return

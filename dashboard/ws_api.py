@@ -16,11 +16,13 @@ The server answers with frames carrying the client's ``id``:
   ``{"token", "token_id", "logprob", "bytes", "top_logprobs"}`` when asked for), then
 - one ``{"id", "type": "final", "finish_reason", "usage", "text": ""}``; ``usage`` is the
   OpenAI usage object with ``prompt_tokens_details.cached_tokens``. An aborted request
-  ends with a final frame whose ``finish_reason`` is ``"abort"``.
+  ends with a final frame whose ``finish_reason`` is ``"abort"``; one the engine failed
+  after taking it (an actor died and is restarting) with ``finish_reason: "error"``,
+  ``"status"`` (503, or 500) and ``"error"`` as below.
 - ``{"id", "type": "error", "status", "error": {"message", "type", "param", "code"}}``
   for a frame that is not JSON, an unknown ``type``, bad parameters, an id already in
   flight, an unknown id to abort, a full server (``status`` 429, with ``retry_after``
-  seconds, as the HTTP API's 429 and ``Retry-After``) or an engine failure; ``status`` is
+  seconds, as the HTTP API's 429 and ``Retry-After``) or an engine rejection; ``status`` is
   the HTTP status the same error gets on the HTTP API. The socket stays open and usable.
 
 Each request holds one of the gateway's admission slots while it runs
@@ -207,7 +209,11 @@ class WsSession:
         except ApiError as err:  # refused: the server is full
             await self.send_error(job.client_id, err)
         except EngineError as exc:
-            await self.send_error(job.client_id, ApiError.from_engine(exc))
+            err = ApiError.from_engine(exc)
+            if err.status >= 500:  # the engine failed a request it took (an actor died)
+                await self._send_final(job, "error", err)
+            else:
+                await self.send_error(job.client_id, err)
         except Exception:
             log.exception("websocket request %s failed", req.rid)
             await self.send_error(
@@ -234,16 +240,18 @@ class WsSession:
                     await self.send(out)
         await self._send_final(job, job.tally.finish_reason or "abort")
 
-    async def _send_final(self, job: _Job, finish_reason: str) -> None:
-        await self.send(
-            {
-                "id": job.client_id,
-                "type": "final",
-                "finish_reason": finish_reason,
-                "usage": job.tally.usage(),
-                "text": "",
-            }
-        )
+    async def _send_final(self, job: _Job, finish_reason: str, err: ApiError | None = None) -> None:
+        frame: dict[str, Any] = {
+            "id": job.client_id,
+            "type": "final",
+            "finish_reason": finish_reason,
+            "usage": job.tally.usage(),
+            "text": "",
+        }
+        if err is not None:
+            frame["status"] = err.status
+            frame["error"] = err.body()["error"]
+        await self.send(frame)
 
     async def _abort(self, client_id: ClientId, *, explicit: bool) -> None:
         job = self._jobs.get(str(client_id)) if explicit else None

@@ -188,6 +188,7 @@ async def test_engine_failure_mid_request(api: Api) -> None:
     ) as r:
         chunks = await read_sse(r)
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == "".join(PIECES[:2])
+    assert chunks[-2]["choices"][0]["finish_reason"] == "error"
     assert assert_openai_error(chunks[-1])["code"] == "internal_error"
     assert api.in_flight == 0
 

@@ -139,7 +139,10 @@ async def test_errors_keep_the_socket_usable(api: Api) -> None:
 
         await ws.send_json({"id": "f", "prompt": "FAIL_LATER"})
         frames = (await collect(ws, {"f"}))["f"]
-        assert frames[-1]["type"] == "error" and text_of(frames[:-1]) == "".join(PIECES[:2])
+        final = frames[-1]  # one final frame: finish_reason "error", the error, its status
+        assert final["type"] == "final" and final["finish_reason"] == "error", final
+        assert final["status"] == 500 and final["error"]["message"] == "the runner died"
+        assert text_of(frames[:-1]) == "".join(PIECES[:2])
 
         await ws.send_json({"id": "c", "prompt": "CRASH"})
         err = await recv(ws)
