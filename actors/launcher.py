@@ -21,15 +21,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgspec
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.actors.kv_tier_setup import prepare_kv_tiers
+from houchu.actors.placement import PlacementError, place_actors
 from houchu.actors.supervisor import Supervisor, SupervisorStop
 from houchu.transport.channel import BadMessage, Inbox
-from houchu.transport.endpoints import Endpoints
 from houchu.transport.messages import ActorFailed, ActorReady, LauncherInbox
+from houchu.transport.security import InsecureTransport
 
 #: Start order; shutdown goes in reverse (the recorder last, to take the final flushes).
 ACTOR_ORDER = ("recorder", "runner", "scheduler", "tokenizer", "gateway")
@@ -55,13 +55,14 @@ class Launcher:
     """Owns the actor processes of one ``houchu serve``.
 
     Args:
-        config: the serving configuration (its endpoints are replaced by ipc:// sockets in
-            a fresh run directory, mode 0700).
+        config: the serving configuration (its endpoints are replaced, at ``serve``, by
+            ipc:// sockets in a fresh run directory, mode 0700, or by CURVE-secured tcp://
+            ports: ``houchu.actors.placement``).
     """
 
     def __init__(self, config: ServeConfig) -> None:
         self.run_dir = Path(tempfile.mkdtemp(prefix="houchu-"))
-        self.config = msgspec.structs.replace(config, endpoints=Endpoints.ipc(self.run_dir))
+        self.config = config
         self.host_pool = None
         if self.config.kv_tiers:
             self.config, self.host_pool = prepare_kv_tiers(self.config)
@@ -71,18 +72,25 @@ class Launcher:
     async def serve(self) -> int:
         """Start everything, serve until a signal or an unrecoverable actor failure;
         return an exit code (0 after a requested shutdown)."""
+        try:
+            self.config = place_actors(self.config, self.run_dir)
+        except (PlacementError, InsecureTransport) as e:
+            print(f"houchu: {e}", file=sys.stderr, flush=True)
+            self._clean_up()
+            return 1
         ctx = zmq.asyncio.Context()
         inbox: Inbox[LauncherInbox] = Inbox(ctx, self.config.endpoints["launcher"], LauncherInbox)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
         code = 0
-        print(f"houchu: actor sockets in {self.run_dir}", flush=True)
+        c = self.config
+        where = self.run_dir if c.actor_transport == "ipc" else f"tcp://{c.actor_host}"
+        print(f"houchu: actor sockets in {where}", flush=True)
         sup = Supervisor(ctx, self.config, self.actors)
         try:
             sup.spawn_all()
             await self._wait_ready(inbox, sup)
-            c = self.config
             print(f"houchu: serving {c.model_name()} at http://{c.host}:{c.port}", flush=True)
             print("houchu: press Ctrl-C to stop", flush=True)
             code = await self._supervise(inbox, sup)
@@ -93,10 +101,14 @@ class Launcher:
             await sup.shutdown()
             inbox.close()
             ctx.destroy(linger=0)
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-            if self.host_pool is not None:
-                self.host_pool.close()
+            self._clean_up()
         return code
+
+    def _clean_up(self) -> None:
+        """Remove the run directory (socket files) and the shared host KV pool."""
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.host_pool is not None:
+            self.host_pool.close()
 
     async def _wait_ready(self, inbox: Inbox[LauncherInbox], sup: Supervisor) -> None:
         pending = set(self.actors)
