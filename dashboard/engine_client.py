@@ -93,7 +93,8 @@ class EngineClient:
         while True:
             try:
                 msg = await self._inbox.recv()
-            except BadMessage:
+            except BadMessage as e:
+                print(f"houchu gateway: dropped a bad message: {e}", flush=True)
                 continue
             if not await self._dispatch(msg):
                 self.stopped.set()

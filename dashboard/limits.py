@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -101,7 +102,10 @@ class StreamGuard:
         limit_bytes: unsent bytes allowed in the transport's send buffer.
         what: names the stream in the log.
 
-    The transport's high-water mark is raised above ``limit_bytes`` so that a write never
+    The socket's kernel send buffer is capped at ``limit_bytes`` (``SO_SNDBUF``; Linux
+    doubles it, and otherwise grows it up to ``net.core.wmem_max``, megabytes per
+    connection), so a stalled stream holds about three times ``limit_bytes`` in all. The
+    transport's high-water mark is raised above ``limit_bytes`` so that a write never
     waits for the client; ``check`` before each write aborts the connection instead.
     """
 
@@ -111,18 +115,19 @@ class StreamGuard:
         self._transport = transport
         self.limit_bytes = limit_bytes
         self._what = what
-        if isinstance(transport, asyncio.WriteTransport):
+        if transport is not None:  # duck-typed: uvloop's transports are not asyncio's classes
             with contextlib.suppress(NotImplementedError, AttributeError):
                 transport.set_write_buffer_limits(high=2 * limit_bytes + (1 << 16))
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError, AttributeError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limit_bytes)
 
     @property
     def buffered(self) -> int:
         """Bytes waiting in the send buffer (0 when the transport cannot tell)."""
-        t = self._transport
-        if not isinstance(t, asyncio.WriteTransport):
-            return 0
         try:
-            return t.get_write_buffer_size()
+            return self._transport.get_write_buffer_size()  # type: ignore[union-attr]
         except (NotImplementedError, AttributeError):
             return 0
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import pytest
 
 from houchu.dashboard.engine_client import EngineError
-from houchu.dashboard.limits import GatewayLimits
+from houchu.dashboard.limits import GatewayLimits, SlowReader, StreamGuard
 from houchu.transport.messages import GenerateRequest, TextDelta
 
 from .test_api_basics import ANSWER, FakeEngine, assert_openai_error, read_sse, serve, wait_for
@@ -209,3 +210,38 @@ def _masked_text_frame(payload: bytes) -> bytes:
     n = len(payload)
     head = bytes([0x81, 0x80 | n]) if n < 126 else bytes([0x81, 0x80 | 126]) + n.to_bytes(2)
     return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def test_stream_guard_on_uvloop_transports() -> None:
+    """uvloop's transports are not asyncio's classes: the guard still caps the kernel
+    buffer and aborts a stalled client."""
+    uvloop = pytest.importorskip("uvloop")
+    limit = 16 * 1024
+
+    async def main() -> tuple[int, int]:
+        result: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            guard = StreamGuard(writer.transport, limit, "test")
+            sndbuf = writer.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            written = 0
+            try:
+                while written < 50 * 2**20:
+                    guard.check()
+                    writer.write(b"x" * 2048)
+                    written += 2048
+                    await asyncio.sleep(0)
+            except SlowReader:
+                result.set_result((written, sndbuf))
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        client = non_reading_socket(server.sockets[0].getsockname()[1])
+        try:
+            return await asyncio.wait_for(result, 10)
+        finally:
+            client.close()
+            server.close()
+
+    written, sndbuf = uvloop.run(main())
+    assert sndbuf <= 2 * limit  # Linux doubles what is asked for
+    assert written < 1024 * 1024  # stopped near limit + kernel buffers, not megabytes on
