@@ -26,6 +26,8 @@ import torch
 from houchu.transport.messages import SamplingParams
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy
+#: Smallest repetition penalty applied (a smaller one would overflow float32 logits).
+MIN_REPETITION_PENALTY = 1e-20
 MAX_TOP_LOGPROBS = 20
 
 
@@ -128,6 +130,7 @@ def apply_penalties(logits: torch.Tensor, states: list[RequestState]) -> torch.T
         pen = torch.tensor([states[i].params.repetition_penalty for i in rep], device=dev)[
             :, None
         ]  # [Rp, 1]
+        pen = pen.clamp_min(MIN_REPETITION_PENALTY)  # a tiny one underflows in float32
         x = out[idx]  # [Rp, V]
         out[idx] = torch.where(seen, torch.where(x > 0, x / pen, x * pen), x)
     if frq:
@@ -176,6 +179,7 @@ def apply_top_p(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # [R, V]
     drop_sorted = (mass_before >= p[:, None]) & (p[:, None] < 1.0)
+    drop_sorted[:, 0] = False  # the most likely token stays, however small p is
     drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
@@ -246,6 +250,10 @@ class Sampler:
             y = apply_top_p(y, torch.tensor([p.top_p for p in ps], device=dev))
             y = apply_min_p(y, torch.tensor([p.min_p for p in ps], device=dev))
             probs = y.softmax(dim=-1)  # [Rr, V]
+            bad = ~torch.isfinite(probs).all(dim=-1)  # [Rr]; never fail the whole batch
+            if bool(bad.any()):
+                top = x[idx][bad].argmax(dim=-1)
+                probs[bad] = torch.nn.functional.one_hot(top, probs.shape[-1]).to(probs.dtype)
             drawn = [
                 torch.multinomial(probs[j], 1, generator=states[i].generator or self.shared)
                 for j, i in enumerate(rand)
