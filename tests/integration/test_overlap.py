@@ -1,13 +1,16 @@
 """Overlap scheduler on vs off (``--disable-overlap-schedule``): identical greedy tokens
 through the API for concurrent requests that end in different ways (max_tokens, EOS, a
-stop string), and /stats shows the scheduler time the overlap hid."""
+stop string); /stats shows the scheduler time the overlap hid, and /metrics its lever."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.client import get_json, ws_generate
 from tests.integration.conftest import Server, start_server, stop_server
@@ -30,9 +33,10 @@ STOP_BODY = {
 
 
 @pytest.fixture(scope="module")
-def servers(real_model_path) -> Iterator[tuple[Server, Server]]:
-    """(overlap on — the default, overlap off)."""
-    on = start_server(real_model_path, "--kv-cache-mb", "64")
+def servers(real_model_path, tmp_path_factory) -> Iterator[tuple[Server, Server]]:
+    """(overlap on — the default, with its own telemetry database; overlap off)."""
+    db = tmp_path_factory.mktemp("overlap") / "on.db"
+    on = start_server(real_model_path, "--kv-cache-mb", "64", "--db-url", f"sqlite:///{db}")
     try:
         off = start_server(real_model_path, "--kv-cache-mb", "64", "--disable-overlap-schedule")
     except BaseException:
@@ -80,3 +84,31 @@ def test_stats_show_the_hidden_scheduler_time(servers):
     for st in (st_on, st_off):  # every page is back (free or cached), nothing runs
         assert st["num_pages_free"] + st["num_pages_cached"] == st["num_pages_total"]
         assert st["num_running"] == 0 and st["step_in_flight"] == 0
+
+
+def test_metrics_export_the_overlap_lever(servers):
+    on, _ = servers
+    asyncio.run(_together(on, BODIES))
+    lever = "houchu_lever_saved_total{lever=overlap_scheduler,unit=seconds,verb=fill}"
+    deadline = time.monotonic() + 30  # the recorder writes lever samples in batches
+    while True:
+        got = _scrape(on)
+        if got.get(lever, 0) > 0:
+            break
+        assert time.monotonic() < deadline, sorted(k for k in got if "lever" in k)
+        time.sleep(0.5)
+    assert got["houchu_overlap_hidden_seconds{}"] > 0
+
+
+def _scrape(srv: Server) -> dict[str, float]:
+    async def get() -> str:
+        async with aiohttp.ClientSession() as s, s.get(f"{srv.url}/metrics") as r:
+            assert r.status == 200
+            return await r.text()
+
+    out = {}
+    for fam in text_string_to_metric_families(asyncio.run(get())):
+        for smp in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(smp.labels.items()))
+            out[f"{smp.name}{{{labels}}}"] = smp.value
+    return out
