@@ -99,15 +99,29 @@ def main(argv: list[str] | None = None) -> None:
 
 def actor_process_main(name: str, config_json: bytes) -> None:
     """Process entry point: run actor ``name`` until shut down; exit 1 if it fails."""
+    parent = os.getppid()  # now, before a long start-up: the launcher may die meanwhile
+    _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     install_uvloop()
     config = ServeConfig.from_json(config_json)
-    code = asyncio.run(_run(name, config))
+    code = asyncio.run(_run(name, config, parent))
     sys.exit(code)
 
 
-async def _run(name: str, config: ServeConfig) -> int:
+def _die_with_parent() -> None:
+    """On Linux, have the kernel send SIGTERM to this process when the launcher dies
+    (``prctl(PR_SET_PDEATHSIG)``); elsewhere the parent watchdog alone does it."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+
+
+async def _run(name: str, config: ServeConfig, parent: int) -> int:
     ctx = zmq.asyncio.Context()
     launcher = Outbox(ctx, config.endpoints["launcher"])
     actor: Actor | None = None
@@ -117,7 +131,7 @@ async def _run(name: str, config: ServeConfig) -> int:
         info = await actor.start()
         await launcher.send(ActorReady(name=name, pid=os.getpid(), info=info))
         run = asyncio.create_task(actor.run())
-        watch = asyncio.create_task(_watch_parent(os.getppid()))
+        watch = asyncio.create_task(_watch_parent(parent))
         beat = asyncio.create_task(_heartbeat(launcher, name, actor, config.heartbeat_interval_s))
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, run.cancel)

@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -237,7 +238,11 @@ async def run_fault(srv: Server, name: str, sig: signal.Signals) -> list[dict[st
     for r in results:
         assert r["terminals"] == 1, results  # exactly one final answer per stream
         assert not r.get("late_delta"), results
+    t0 = time.monotonic()
     await wait_restarted(srv, name, pid)
+    ends = Counter(f"{r['kind']}:{r.get('finish_reason')}" for r in results)
+    print(f"\nFAULT {sig.name} {name}: streams {dict(ends)}, plain request {status}, "
+          f"restarted in {time.monotonic() - t0:.1f} s")  # fmt: skip
     return results
 
 
