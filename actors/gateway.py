@@ -39,11 +39,13 @@ class GatewayActor:
         self.runner: web.AppRunner | None = None
 
     async def start(self) -> str:
+        from houchu.actors.placement import check_placement
         from houchu.dashboard.app import make_app
         from houchu.dashboard.limits import GatewayLimits
         from houchu.gpu.config import load_model_config
 
         c = self.config
+        check_placement(c)
         model = load_model_config(c.model_path)
         max_context = min(model.max_position, c.max_context or model.max_position)
         name = c.model_name()

@@ -45,6 +45,20 @@ def check_private_dir(path: Path) -> None:
         )
 
 
+def check_placement(config: ServeConfig) -> None:
+    """Raise PlacementError unless the endpoints are of ``config.actor_transport`` (so a
+    launcher that did not place the actors fails loudly instead of ignoring the option)."""
+    want = {"ipc": ("ipc://", "inproc://"), "tcp": ("tcp://",)}.get(config.actor_transport)
+    if want is None:
+        raise PlacementError(f"unknown actor transport {config.actor_transport!r}")
+    wrong = [a for a in config.endpoints.addresses.values() if not a.startswith(want)]
+    if wrong:
+        raise PlacementError(
+            f"--actor-transport {config.actor_transport} but the actors were placed at "
+            f"{wrong[0]} (the launcher must place them with place_actors)"
+        )
+
+
 def free_ports(host: str, n: int) -> list[int]:
     """``n`` distinct TCP ports free on ``host`` right now (the OS picks them)."""
     socks = []

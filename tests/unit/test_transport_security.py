@@ -188,3 +188,13 @@ def test_garbage_frames_are_rejected_at_the_boundary(tmp_path: Path) -> None:
 
     check()
     print(f"inbox fuzz: {tried} garbage frames")
+
+
+def test_a_launcher_that_did_not_place_the_actors_is_caught(tmp_path: Path) -> None:
+    from houchu.actors.placement import check_placement
+
+    ipc = ServeConfig(model_path="m", endpoints=Endpoints.ipc(tmp_path))
+    check_placement(ipc)
+    with pytest.raises(PlacementError, match="place_actors"):
+        check_placement(msgspec.structs.replace(ipc, actor_transport="tcp"))
+    check_placement(place_actors(msgspec.structs.replace(ipc, actor_transport="tcp"), tmp_path))
