@@ -229,13 +229,13 @@ class SchedulerActor:
 
     async def _maybe_step(self) -> None:
         draft = self.draft
-        if self.runner_ready and self.core.has_work:
-            if not self.step_in_flight:
-                # with speculation, proposals may be asked for first: then wait for them
-                if draft is None or not await draft.before_plan(self.core):
-                    await self._send_plan()
-            elif self.config.overlap_schedule and self.core.can_plan_ahead():
-                await self._send_plan()  # overlap: planned while the step in flight runs
+        if self.runner_ready and self.core.has_work and not self.step_in_flight:
+            # with speculation, proposals may be asked for first: then wait for them
+            if draft is None or not await draft.before_plan(self.core):
+                await self._send_plan()
+        if self.step_in_flight == 1 and self.config.overlap_schedule and self.core.has_work:
+            if self.core.can_plan_ahead():  # overlap: planned while the step in flight runs
+                await self._send_plan()
         if draft is not None:
             await draft.flush_releases(self.core)
         if self.core.tiers is not None:

@@ -78,7 +78,10 @@ def test_stats_show_the_hidden_scheduler_time(servers):
     _, st_on = asyncio.run(get_json(f"{on.url}/stats"))
     _, st_off = asyncio.run(get_json(f"{off.url}/stats"))
     assert st_on["overlap_schedule"] == 1 and st_off["overlap_schedule"] == 0
-    assert st_on["overlap_hidden_s"] > 0 and st_on["overlap_steps_ahead"] > 0
+    assert st_on["overlap_hidden_s"] > 0
+    # after each request's first step, steps are planned ahead (a request's last token
+    # and a release-only plan are the exceptions)
+    assert st_on["overlap_steps_ahead"] > 0.7 * st_on["num_steps"], st_on
     assert 0 < st_on["overlap_hidden_fraction"] <= 1
     assert st_off["overlap_hidden_s"] == 0 and st_off["overlap_steps_ahead"] == 0
     for st in (st_on, st_off):  # every page is back (free or cached), nothing runs
