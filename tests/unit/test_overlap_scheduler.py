@@ -189,6 +189,20 @@ def test_abort_between_plan_and_result():
     check_page_tables(core)
 
 
+def test_a_failed_step_fails_its_requests_once_with_the_next_one_in_flight():
+    core = make_core(num_pages=8)
+    runner = FakeRunner()
+    add(core, "a", [10, 11, 12], max_tokens=10)
+    r0 = runner.execute(core.next_plan())
+    r1 = runner.execute(core.next_plan())
+    failed = StepResult(step_id=r0.step_id, outputs=[], duration_s=0.0, num_tokens=0,
+                        error="boom")  # fmt: skip
+    (ev,) = core.apply(failed)
+    assert ev.finish_reason == "error" and core.allocator.num_free == 8
+    assert core.apply(r1) == [] and core.overlap.discarded_tokens == 0
+    assert core.next_plan().release == ["a"]
+
+
 def test_preempted_while_in_flight_keeps_its_token_and_waits():
     def make():
         core = make_core(num_pages=7, max_running=8, chunk_size=4)
