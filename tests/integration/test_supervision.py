@@ -221,14 +221,27 @@ async def run_fault(srv: Server, name: str, sig: signal.Signals) -> list[dict[st
     stream produced text, and return how the streams ended."""
     pid = actor_pid(srv, name)
     started = [asyncio.Event() for _ in range(NUM_WS + NUM_SSE)]
-    tasks = [asyncio.create_task(ws_stream(srv, i, started[i])) for i in range(NUM_WS)]
+
+    async def timed(stream: Any) -> dict[str, Any]:
+        out = await stream
+        out["t_end"] = time.monotonic()
+        return out
+
+    tasks = [asyncio.create_task(timed(ws_stream(srv, i, started[i]))) for i in range(NUM_WS)]
     tasks += [
-        asyncio.create_task(sse_stream(srv, NUM_WS + i, started[NUM_WS + i]))
+        asyncio.create_task(timed(sse_stream(srv, NUM_WS + i, started[NUM_WS + i])))
         for i in range(NUM_SSE)
     ]
     plain = asyncio.create_task(plain_request(srv))
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 180)
+    t_fault = time.monotonic()
     os.kill(pid, sig)
+
+    async def restarted() -> float:
+        await wait_restarted(srv, name, pid)
+        return time.monotonic() - t_fault
+
+    restart = asyncio.create_task(restarted())
     results = await asyncio.wait_for(asyncio.gather(*tasks), 300)  # never a hang
     status, body = await asyncio.wait_for(plain, 300)
     if name == "gateway":
@@ -238,11 +251,11 @@ async def run_fault(srv: Server, name: str, sig: signal.Signals) -> list[dict[st
     for r in results:
         assert r["terminals"] == 1, results  # exactly one final answer per stream
         assert not r.get("late_delta"), results
-    t0 = time.monotonic()
-    await wait_restarted(srv, name, pid)
+    restart_s = await restart
     ends = Counter(f"{r['kind']}:{r.get('finish_reason')}" for r in results)
-    print(f"\nFAULT {sig.name} {name}: streams {dict(ends)}, plain request {status}, "
-          f"restarted in {time.monotonic() - t0:.1f} s")  # fmt: skip
+    last_s = max(r["t_end"] for r in results) - t_fault
+    print(f"\nFAULT {sig.name} {name}: streams {dict(ends)}, the last ended {last_s:.1f} s "
+          f"after the fault; plain request {status}; replacement ready after {restart_s:.1f} s")  # fmt: skip
     return results
 
 
