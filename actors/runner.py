@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
+from houchu.actors.heap import HeapTrimmer
 from houchu.transport.channel import BadMessage, Inbox
 from houchu.transport.messages import (
     ActorDown,
@@ -92,6 +93,7 @@ class RunnerActor:
         # all torch work on one thread: thread-local torch state stays consistent
         self.torch = ThreadPoolExecutor(1, thread_name_prefix="houchu-runner")
         self.step_started: float | None = None  # time.monotonic() of the running step
+        self.heap = HeapTrimmer()
 
     async def start(self) -> str:
         c = self.config
@@ -137,14 +139,29 @@ class RunnerActor:
         return 0.0 if started is None else time.monotonic() - started
 
     async def run(self) -> None:
+        trimmer = asyncio.create_task(self._trim_when_idle())
+        try:
+            while True:
+                try:
+                    msg = await self.inbox.recv()
+                except BadMessage as e:
+                    print(f"houchu runner: dropped a bad message: {e}", flush=True)
+                    continue
+                if not await self._handle(msg):
+                    return
+        finally:
+            trimmer.cancel()
+
+    async def _trim_when_idle(self) -> None:
+        """Return the freed heap to the OS once a busy period is over (``HeapTrimmer``);
+        on the torch thread, so it never runs beside a step."""
+        if not self.heap.available:
+            return
+        loop = asyncio.get_running_loop()
         while True:
-            try:
-                msg = await self.inbox.recv()
-            except BadMessage as e:
-                print(f"houchu runner: dropped a bad message: {e}", flush=True)
-                continue
-            if not await self._handle(msg):
-                return
+            await asyncio.sleep(self.heap.idle_s / 2)
+            if self.heap.due() and self.step_started is None:
+                await loop.run_in_executor(self.torch, self.heap.trim)
 
     async def _handle(self, msg: RunnerInbox) -> bool:
         """Act on one message; False on ``Shutdown``."""
@@ -178,6 +195,7 @@ class RunnerActor:
             result = await loop.run_in_executor(self.torch, self._execute, plan)
         finally:
             self.step_started = None
+            self.heap.note_step()
         if plan.work:
             self.telemetry.step(self.prompts.record(plan, t_wall, time.perf_counter() - t0))
         self.prompts.release(plan)

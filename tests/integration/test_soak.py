@@ -35,14 +35,21 @@ CONCURRENCY = 32
 ABORT_SHARE = 0.2
 WARMUP = 128
 #: An actor's RSS after the run may exceed its RSS after warm-up by this much (bytes) or
-#: this fraction, whichever is larger. (The model runner's grew by about 30% over the
-#: first thousand requests and then stayed flat, 1131 -> 1475 -> 1477 MiB: a level its
-#: memory settles at, which a warm-up of a hundred requests does not reach.)
+#: this fraction, whichever is larger. (The model runner's settles at a level that a
+#: warm-up of a hundred requests does not reach: the CPU matmul library keeps state per
+#: batch shape, and new shapes keep turning up for a few thousand requests. Measured
+#: every 250 requests: 1177, 1258, 1345, 1374, 1456, 1471, 1468, 1517, 1547, 1545, 1548,
+#: 1529, 1594, 1571 ... then 1585-1597 MiB from request 3,000 to 5,000.)
+#: Seconds idle before each RSS reading: the runner returns its freed heap to the OS
+#: about a second after its last step (``houchu.actors.heap``).
+IDLE_S = 2.5
 RSS_SLACK_BYTES = 96 * 2**20
 RSS_SLACK_FRACTION = 0.5
-#: ... and the second half of the run may add at most this much to the first half's.
-RSS_STEADY_BYTES = 48 * 2**20
-RSS_STEADY_FRACTION = 0.05
+#: A leak grows the RSS by the same amount per request, so in the second half of the run
+#: as in the first; a level being approached grows less and less. The second half may add
+#: at most this share of what the first half added, plus ``RSS_STEADY_BYTES``.
+RSS_STEADY_SHARE = 0.6
+RSS_STEADY_BYTES = 32 * 2**20
 
 WORDS = "soup noodle kitchen stove pan salt ginger garlic rice broth chef order".split()
 STOPS = [" the", ".", "\n", ",", "a", " and", "!", "es"]
@@ -235,17 +242,19 @@ def test_soak(srv: Server) -> None:
     async def go():
         await run_load(srv, WARMUP, 1, Tally(every=WARMUP))
         await idle_stats(srv)
+        await asyncio.sleep(IDLE_S)
         rss_warm = actor_rss(srv)
         tally = Tally()
         t0 = time.perf_counter()
         half = REQUESTS // 2
         await run_load(srv, half, 2, tally)
         await idle_stats(srv)  # no page leaks half way either
+        await asyncio.sleep(IDLE_S)
         rss_half = actor_rss(srv)
         await run_load(srv, REQUESTS - half, 3, tally)
         elapsed = time.perf_counter() - t0
         stats = await idle_stats(srv)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(IDLE_S)
         return tally, elapsed, stats, rss_warm, rss_half, actor_rss(srv)
 
     tally, elapsed, stats, rss0, rss_half, rss1 = asyncio.run(go())
@@ -268,6 +277,7 @@ def test_soak(srv: Server) -> None:
         # bounded: within a bound of the size after warm-up ...
         bound = rss0[name] + max(RSS_SLACK_BYTES, RSS_SLACK_FRACTION * rss0[name])
         assert rss1[name] <= bound, (name, growth[name])
-        # ... and no leak per request: the second half of the run adds (almost) nothing
-        steady = rss_half[name] + max(RSS_STEADY_BYTES, RSS_STEADY_FRACTION * rss_half[name])
+        # ... and no leak per request: the second half adds less than the first did
+        first = max(rss_half[name] - rss0[name], 0)
+        steady = rss_half[name] + RSS_STEADY_SHARE * first + RSS_STEADY_BYTES
         assert rss1[name] <= steady, (name, growth[name])

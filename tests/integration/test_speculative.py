@@ -65,7 +65,11 @@ def test_greedy_output_is_the_plain_servers(server, spec_servers):
     assert st["spec_acceptance_rate"] == 1.0  # the model as its own draft
     assert st["spec_forward_passes_saved"] > 0
     st = asyncio.run(stats(ngram))
-    assert st["spec_accepted_tokens"] > 10  # the copy repeats the prompt
+    print("n-gram:", {k: v for k, v in st.items() if k.startswith("spec_")})
+    # the copy repeats the prompt: most proposals are right (how many tokens each step
+    # proposes follows the measured step times, so the count of accepted ones varies)
+    assert st["spec_accepted_tokens"] >= 5
+    assert st["spec_acceptance_rate"] >= 0.5
 
 
 @pytest.mark.parametrize("kind", ["stop_string", "stop_token_id", "max_tokens"])
