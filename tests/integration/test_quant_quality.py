@@ -29,7 +29,7 @@ CONFIGS = [  # (weights, model dtype, KV dtype)
     ("int4", "bfloat16", "int8"),
 ]
 CHUNK = 48  # tokens per step: the int4/int8 weight-only kernels (< 64 rows), W8A8's GEMM (>= 32)
-MIN_TOP1_EN = {"w8a8": 0.85}  # per-token int8 activations: outlier channels (measured 0.89)
+MIN_TOP1_EN: dict[str, float] = {}  # per format; default 0.95 (W8A8 measured 0.955)
 
 
 @pytest.fixture(scope="module")

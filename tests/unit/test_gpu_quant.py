@@ -60,6 +60,27 @@ def test_quantized_linears_match_dequantized_matmul(rows):
         torch.testing.assert_close(w8a8(x), x @ w.t(), atol=tol * ref8.abs().max(), rtol=tol)
 
 
+def test_w8a8_runs_outlier_features_in_float():
+    """Two features 100x larger than the rest (as LLM activations have): with per-token
+    int8 alone they set every row's scale and the ordinary features lose their precision;
+    with the LLM.int8() decomposition the error is that of the int8 weights alone."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(64, 256, generator=g) * 0.05
+    x = torch.randn(64, 256, generator=g)
+    x[:, 3] *= 100.0
+    x[:, 200] *= -100.0
+    exact = x @ w.t()
+    plain, mixed = W8A8Linear(w, num_outliers=0), W8A8Linear(w)
+    assert mixed.num_outliers == 256 // 16
+    ref8 = F.linear(x, mixed.q.float() * mixed.wscale[:, None])  # int8 weights, float x
+
+    def err(y: torch.Tensor) -> float:
+        return float((y - exact).abs().mean())
+
+    assert err(mixed(x)) < 1.5 * err(ref8)
+    assert err(plain(x)) > 3 * err(mixed(x))
+
+
 @pytest.mark.parametrize("cls", ["int4", "int8"])
 def test_dense_copy_for_many_rows_matches_and_is_charged(cls):
     """From ``dense_min_rows`` rows a CPU layer multiplies with its prepacked dense copy:
