@@ -85,9 +85,7 @@ def test_ssd_tier_survives_a_restart(real_model_path, cold, cache):
         stop_server(srv)
 
 
-def test_corrupt_files_and_a_dead_tier_manager_only_cost_a_recompute(
-    real_model_path, cold, cache
-):
+def test_corrupt_files_and_a_dead_tier_manager_only_cost_a_recompute(real_model_path, cold, cache):
     for i, f in enumerate(sorted(cache.rglob("*.page"))):  # damage every page file
         data = bytearray(f.read_bytes())
         if i % 2:

@@ -108,7 +108,9 @@ def test_stop_string_leaves_a_correct_cache(real_model_path):
 
 def test_preemption_with_tiny_pool_gives_same_tokens(real_model_path):
     prompts = [f"Write a list of {n} animals that live in the ocean:" for n in range(3, 9)]
-    bodies = [{"prompt": p, "temperature": 0, "max_tokens": 40, "ignore_eos": True} for p in prompts]
+    bodies = [
+        {"prompt": p, "temperature": 0, "max_tokens": 40, "ignore_eos": True} for p in prompts
+    ]
 
     async def concurrent(url):
         return await asyncio.gather(*(ws_generate(url, b) for b in bodies))
