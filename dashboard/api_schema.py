@@ -193,7 +193,10 @@ class ErrorResponse(Struct):
 
 
 class Health(Struct):
-    status: Literal["ok"]
+    """``/health``: "ok" (200), else "starting" or "unavailable" (503) with a detail."""
+
+    status: Literal["ok", "starting", "unavailable"]
+    detail: str | None = None
 
 
 Stats = dict[str, int | float | str]

@@ -6,7 +6,10 @@ is an ``EngineClient`` in production and any ``EngineLike`` in tests. Routes:
 - ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``: the
   OpenAI-compatible API (``openai_api``).
 - ``GET /ws``: the streaming WebSocket API (``ws_api``).
-- ``GET /health``: ``{"status": "ok"}``.
+- ``GET /health``: readiness, ``{"status": "ok"}`` once the engine answers and its model
+  runner is ready (at start-up and while a runner is being replaced: 503
+  ``{"status": "starting"}`` with ``Retry-After``; 503 ``"unavailable"`` when the engine
+  does not answer).
 - ``GET /stats``: the engine's counters plus the gateway's ``in_flight`` requests; 503
   when the engine does not answer.
 - ``GET /dashboard`` and ``/dashboard/...``: the live dashboard and its JSON API
@@ -48,6 +51,7 @@ log = logging.getLogger(__name__)
 
 #: Longest wait for the engine's counters before ``/stats`` answers 503.
 STATS_TIMEOUT_S = 10.0
+HEALTH_TIMEOUT_S = 2.0  # /health answers 503 when the engine takes longer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -124,8 +128,25 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 async def health(request: web.Request) -> web.Response:
-    """``GET /health``: the gateway is up."""
+    """``GET /health``: 200 ``{"status": "ok"}`` when requests would be served now: the
+    engine answers within ``HEALTH_TIMEOUT_S`` seconds and its model runner is ready.
+    Else 503 with ``Retry-After``: ``"starting"`` (the runner is loading, at start-up or
+    after a restart) or ``"unavailable"`` (the engine does not answer), with a detail."""
+    engine = request.app[ENGINE_KEY]
+    try:
+        counters = await asyncio.wait_for(engine.stats(), HEALTH_TIMEOUT_S)
+    except Exception as exc:  # a timeout, an EngineError, or anything else: not ready
+        detail = str(exc) or type(exc).__name__
+        return _not_ready("unavailable", f"the engine did not answer: {detail}")
+    if not counters.get("runner_ready", 1):
+        return _not_ready("starting", "the model runner is loading")
     return json_response({"status": "ok"})
+
+
+def _not_ready(status: str, detail: str) -> web.Response:
+    resp = json_response({"status": status, "detail": detail}, status=503)
+    resp.headers["Retry-After"] = "1"
+    return resp
 
 
 async def stats(request: web.Request) -> web.Response:

@@ -91,9 +91,21 @@ def openapi_document(model_name: str | None = None, max_context: int | None = No
             )
         },
         "/health": {
-            "get": _get_op(
-                "Liveness", {"description": "up", "content": _json(refs["Health"])}, secured=False
-            )
+            "get": {
+                **_get_op(
+                    "Readiness: the engine answers and its model runner is ready",
+                    {"description": "ready", "content": _json(refs["Health"])},
+                    secured=False,
+                ),
+                "responses": {
+                    "200": {"description": "ready", "content": _json(refs["Health"])},
+                    "503": {
+                        "description": "starting, or the engine does not answer",
+                        "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+                        "content": _json(refs["Health"]),
+                    },
+                },
+            }
         },
         "/stats": {
             "get": _get_op(

@@ -254,6 +254,27 @@ async def test_stats_503_when_engine_does_not_answer(
         assert_openai_error(await r.json())
 
 
+async def test_health_is_readiness(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """503 with Retry-After while the runner loads or the engine does not answer."""
+    monkeypatch.setattr(
+        api.engine, "stats", lambda: asyncio.sleep(0, {"runner_ready": 0, "num_running": 0})
+    )
+    async with api.client.get("/health") as r:
+        assert r.status == 503 and r.headers["Retry-After"] == "1"
+        assert (await r.json())["status"] == "starting"
+    monkeypatch.undo()
+    api.engine.stats_error = EngineError("scheduler did not answer", 503, "timeout")
+    async with api.client.get("/health") as r:
+        body = await r.json()
+        assert r.status == 503 and body["status"] == "unavailable"
+        assert "scheduler did not answer" in body["detail"]
+    api.engine.stats_error = None
+    api.engine.stats_hang = True
+    monkeypatch.setattr(app_module, "HEALTH_TIMEOUT_S", 0.05)
+    async with api.client.get("/health") as r:
+        assert r.status == 503 and (await r.json())["status"] == "unavailable"
+
+
 async def test_unknown_route_and_method_are_json_errors(api: Api) -> None:
     async with api.client.get("/v1/nope") as r:
         assert r.status == 404
