@@ -54,10 +54,16 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="do not reuse the KV of cached prompt prefixes",
     )
     p.add_argument(
+        "--overlap-schedule",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="plan the next step while one runs, hiding the scheduler's time (auto: on a "
+        "CUDA GPU, or on a CPU with 2 or more cores beyond the runner's threads)",
+    )
+    p.add_argument(
         "--disable-overlap-schedule",
         action="store_true",
-        help="plan each step only after the previous one returned (by default the next "
-        "step is planned while one runs, hiding the scheduler's time)",
+        help="plan each step only after the previous one returned (same as --overlap-schedule off)",
     )
     _tier_options(p)
     p.add_argument(
@@ -421,7 +427,7 @@ def _serve(args: argparse.Namespace) -> int:
         chunk_size=args.chunked_prefill_size,
         max_running=args.max_running_requests,
         radix_cache=not args.disable_radix_cache,
-        overlap_schedule=not args.disable_overlap_schedule,
+        overlap_schedule="off" if args.disable_overlap_schedule else args.overlap_schedule,
         telemetry=not args.disable_telemetry,
         host_kv_pages=args.host_kv_pages,
         host_kv_bytes=args.host_kv_mb << 20,

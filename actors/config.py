@@ -29,7 +29,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``page_size`` tokens per page; ``max_context`` caps the model's context window
     (tokens); ``max_batch_tokens`` tokens per step; ``chunk_size`` prefill tokens per request
     per step; ``request_timeout_s`` seconds without progress before a request fails;
-    ``overlap_schedule``: plan the next step while one runs (``houchu.scheduler.overlap``).
+    ``overlap_schedule``: plan the next step while one runs (``houchu.scheduler.overlap``):
+    "on", "off", or "auto" (``scheduler.overlap.resolve_overlap``).
     Supervision (``houchu.actors.supervisor``): each actor reports a heartbeat every
     ``heartbeat_interval_s`` seconds; one silent (or busy with one step) for more than
     ``heartbeat_timeout_s`` seconds is killed and restarted, like one that died; an actor
@@ -74,7 +75,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     chunk_size: int = 512
     max_running: int = 64
     radix_cache: bool = True
-    overlap_schedule: bool = True  # plan step N+1 while step N runs (scheduler.overlap)
+    overlap_schedule: str = "auto"  # plan step N+1 while step N runs: auto | on | off
     host_kv_pages: int = 0  # host-memory KV tier, in pages (0: tiers off)
     host_kv_bytes: int = 0  # ... or in bytes (converted to pages by the launcher)
     ssd_kv_bytes: int = 0  # SSD KV tier cap, bytes (0: no SSD tier)

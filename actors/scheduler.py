@@ -17,6 +17,7 @@ lookups are dropped; draft — no proposals until ``ActorUp``.
 
 from __future__ import annotations
 
+import os
 import time
 
 import zmq.asyncio
@@ -25,6 +26,7 @@ from houchu.actors.config import ServeConfig
 from houchu.actors.draft_link import DraftLink, spec_config
 from houchu.scheduler.batcher import BatchConfig
 from houchu.scheduler.core import Rejected, SchedulerCore
+from houchu.scheduler.overlap import resolve_overlap
 from houchu.scheduler.tiers import TierClient
 from houchu.transport.channel import BadMessage, Inbox
 from houchu.transport.messages import (
@@ -69,6 +71,7 @@ class SchedulerActor:
         self.step_in_flight = 0  # steps sent whose results are not back (2 at most)
         self.step_sent_at = 0.0  # the step at the runner started about then
         self.runner_ready = False  # a runner's RunnerInfo came since its last restart
+        self.overlap = False  # plan a step while one runs (resolved at start)
         self.stuck_reported = False  # the step in flight was reported stuck
         self.draft = DraftLink(ctx, config, self.peers) if config.speculative else None
 
@@ -84,6 +87,7 @@ class SchedulerActor:
                 raise RuntimeError("shut down before the runner was ready")
             early.append(msg)
         c = self.config
+        self.overlap = resolve_overlap(c.overlap_schedule, msg, os.cpu_count() or 1)
         batch = BatchConfig(
             max_batch_tokens=c.max_batch_tokens,
             chunk_size=c.chunk_size,
@@ -97,7 +101,7 @@ class SchedulerActor:
             write_through = c.kv_write_policy == "write_through"
             tiers = TierClient(fingerprint, msg.page_size, write_through, c.tier_lookup_timeout_s)
         self.core = SchedulerCore(
-            msg, batch, c.radix_cache, self.telemetry, tiers, spec_config(c), c.overlap_schedule
+            msg, batch, c.radix_cache, self.telemetry, tiers, spec_config(c), self.overlap
         )
         self.runner_ready = True
         if self.draft is not None:
@@ -233,7 +237,7 @@ class SchedulerActor:
             # with speculation, proposals may be asked for first: then wait for them
             if draft is None or not await draft.before_plan(self.core):
                 await self._send_plan()
-        if self.step_in_flight == 1 and self.config.overlap_schedule and self.core.has_work:
+        if self.step_in_flight == 1 and self.overlap and self.core.has_work:
             if self.core.can_plan_ahead():  # overlap: planned while the step in flight runs
                 await self._send_plan()
         if draft is not None:

@@ -1,6 +1,6 @@
 """Overlap scheduler benchmark: decode tokens/s through the API with overlap on vs off.
 
-Starts two servers on the same model and flags, one with ``--disable-overlap-schedule``,
+Starts two servers on the same model and flags, ``--overlap-schedule on`` and ``off``,
 then takes turns between them for ``--rounds`` rounds (so a drifting machine load hits
 both alike): one greedy stream of ``--tokens`` tokens (decode tokens/s from its first to
 its last token), then ``--concurrency`` streams at once (output tokens/s over the wall
@@ -59,7 +59,7 @@ def main() -> None:
 
     model = args.model or fetch_default_model()
     flags = shlex.split(args.serve_flags)
-    modes = {"on": [], "off": ["--disable-overlap-schedule"]}
+    modes = {"on": ["--overlap-schedule", "on"], "off": ["--overlap-schedule", "off"]}
     rows: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     with contextlib.ExitStack() as stack:
         urls = {m: stack.enter_context(running_server(model, *flags, *f)) for m, f in modes.items()}

@@ -27,7 +27,9 @@ DEVICE = ["--num-pages", "160"]  # 2,560 tokens: one long prefix at a time
 
 
 def _prefix(tag: str) -> str:
-    return f"Record {tag}. " + " ".join(f"{tag}-{i} lorem ipsum dolor" for i in range(330))
+    return f"Record {tag}. " + " ".join(
+        f"{tag}-{i} lorem ipsum dolor" for i in range(170)
+    )  # ~2,000 tokens
 
 
 def _stats(ws_url: str) -> dict:

@@ -210,6 +210,8 @@ class ModelRunner:
             model_name=self.config.name,
             num_nonembed_params=num_parameters(self.config).non_embedding,
             attn_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
+            device_type=self.device.type,
+            num_threads=torch.get_num_threads(),
         )
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:

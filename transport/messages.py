@@ -204,6 +204,8 @@ class RunnerInfo(Struct, tag=True, kw_only=True):
     model_name: str
     num_nonembed_params: int = 0
     attn_flops_per_pair: int = 0
+    device_type: str = "cpu"  # "cpu" or "cuda": where the model runs
+    num_threads: int = 0  # the runner's CPU compute threads (0: unknown)
 
 
 # ---------------------------------------------------------------- scheduler -> tokenizer

@@ -34,9 +34,12 @@ STOP_BODY = {
 
 @pytest.fixture(scope="module")
 def servers(real_model_path, tmp_path_factory) -> Iterator[tuple[Server, Server]]:
-    """(overlap on — the default, with its own telemetry database; overlap off)."""
+    """(overlap on, with its own telemetry database; overlap off)."""
     db = tmp_path_factory.mktemp("overlap") / "on.db"
-    on = start_server(real_model_path, "--kv-cache-mb", "64", "--db-url", f"sqlite:///{db}")
+    on = start_server(
+        real_model_path, "--kv-cache-mb", "64", "--overlap-schedule", "on",
+        "--db-url", f"sqlite:///{db}",
+    )  # fmt: skip
     try:
         off = start_server(real_model_path, "--kv-cache-mb", "64", "--disable-overlap-schedule")
     except BaseException:
