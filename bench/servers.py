@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -28,6 +29,23 @@ def stop_all() -> None:
     """Stop every server started here that is still running."""
     for server in list(_LIVE):
         server.stop()
+
+
+def _exit_on_sigterm() -> None:
+    """Make SIGTERM unwind this process like Ctrl-C does (``SystemExit``, so ``finally``
+    blocks and ``atexit`` stop the servers it started) instead of ending it at once and
+    leaving them running. Only from the main thread, and only over the default
+    handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    atexit.register(stop_all)
 
 
 class ServerError(RuntimeError):
@@ -81,18 +99,20 @@ class ManagedServer:
             ServerError: it exited, or was not ready within ``timeout_s`` seconds.
         """
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        _exit_on_sigterm()
         self.proc = subprocess.Popen(
             self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
+        _LIVE.add(self)
         threading.Thread(target=self._pump, daemon=True).start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                _LIVE.discard(self)
                 raise ServerError(
                     f"{self.name} exited ({self.proc.returncode}):\n" + "".join(self._tail)
                 )
             if self._answers() and (not self.ready_line or self._ready.is_set()):
-                _LIVE.add(self)
                 return
             time.sleep(0.5)
         self.stop()

@@ -271,18 +271,19 @@ class W8A8Linear(Int8Linear):
         dequantized), the rest quantized per token. A per-token scale is set by the
         row's largest value, so one outlier feature of 100 would otherwise round every
         ordinary feature of that row to a handful of levels."""
-        xf = x.float()  # [M, K]
-        y_outliers = None
+        xf = x.float() if x.dtype != torch.float32 else x.clone()  # [M, K], ours to change
         c = min(self.num_outliers, xf.shape[1])
         if c:
             cols = xf.abs().amax(0).topk(c).indices  # [C]
-            w_cols = self.q.index_select(1, cols).float() * self.wscale[:, None]  # [N, C]
-            y_outliers = xf.index_select(1, cols) @ w_cols.t()  # [M, N]
-            xf = xf.index_fill(1, cols, 0.0)
+            x_cols = xf.index_select(1, cols)  # [M, C]
+            w_cols = self.q.index_select(1, cols).float().mul_(self.wscale[:, None])  # [N, C]
+            xf.index_fill_(1, cols, 0.0)
         xq, xs = quantize_rows_int8(xf)  # [M, K] int8, [M, 1] float32
-        acc = torch._int_mm(xq, self.q.t())  # [M, N] int32
-        y = acc.float() * xs * self.wscale  # [M, N] float32
-        return y if y_outliers is None else y + y_outliers
+        y = torch._int_mm(xq, self.q.t()) * xs  # [M, N] int32 -> float32
+        y.mul_(self.wscale)
+        if c:
+            y.addmm_(x_cols, w_cols.t())
+        return y
 
 
 def _dense_copy(w: torch.Tensor, device: torch.device, min_rows: int | None) -> torch.Tensor | None:
