@@ -31,7 +31,7 @@ class GatewayActor:
         peers = Peers(ctx, config.endpoints)
         self.telemetry = peers.track("recorder", Telemetry(ctx, address, self.name))
         self.metrics = GatewayMetrics()
-        observer = RequestObserver(self.telemetry, self.metrics)
+        observer = RequestObserver(self.telemetry, self.metrics, config.api_key is None)
         self.engine = EngineClient(
             ctx, config.endpoints, config.request_timeout_s, observer, peers=peers
         )

@@ -132,14 +132,17 @@ async def health(request: web.Request) -> web.Response:
     engine answers within ``HEALTH_TIMEOUT_S`` seconds and its model runner is ready.
     Else 503 with ``Retry-After``: ``"starting"`` (the runner is loading, at start-up or
     after a restart) or ``"unavailable"`` (the engine does not answer), with a detail."""
-    engine = request.app[ENGINE_KEY]
+    engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
     try:
         counters = await asyncio.wait_for(engine.stats(), HEALTH_TIMEOUT_S)
     except Exception as exc:  # a timeout, an EngineError, or anything else: not ready
+        if not state.engine_ready_once:  # the scheduler waits for the runner's first load
+            return _not_ready("starting", "the engine is starting (the model is loading)")
         detail = str(exc) or type(exc).__name__
         return _not_ready("unavailable", f"the engine did not answer: {detail}")
     if not counters.get("runner_ready", 1):
         return _not_ready("starting", "the model runner is loading")
+    state.engine_ready_once = True
     return json_response({"status": "ok"})
 
 

@@ -75,13 +75,20 @@ class RequestObserver:
     Args:
         telemetry: the gateway's emitter, or None.
         metrics: the gateway's metrics, or None.
+        record_previews: send the first characters of each prompt (``preview``) for the
+            dashboard's labels; off when an API key guards the APIs, since the dashboard
+            stays open without the key.
     """
 
     def __init__(
-        self, telemetry: Telemetry | None = None, metrics: GatewayMetrics | None = None
+        self,
+        telemetry: Telemetry | None = None,
+        metrics: GatewayMetrics | None = None,
+        record_previews: bool = True,
     ) -> None:
         self.telemetry = telemetry
         self.metrics = metrics
+        self.record_previews = record_previews
         self._flights: dict[str, _Flight] = {}
 
     def arrived(self, req: GenerateRequest) -> None:
@@ -89,7 +96,8 @@ class RequestObserver:
         self._flights[req.rid] = _Flight(time.monotonic())
         if self.telemetry is not None:
             t = req.arrival_time or time.time()
-            self.telemetry.event(req.rid, "arrived", t, preview=preview(req), **request_params(req))
+            label = preview(req) if self.record_previews else ""
+            self.telemetry.event(req.rid, "arrived", t, preview=label, **request_params(req))
         if self.metrics is not None:
             self.metrics.in_flight.inc()
 

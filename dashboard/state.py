@@ -52,6 +52,8 @@ class GatewayState:
         created: unix seconds when the app was built (the model's ``created``).
         limits: the gateway's limits (admission, body size, slow readers, API key).
         admission: the count of accepted, unfinished requests (``in_flight``).
+        engine_ready_once: ``/health`` has seen the engine ready (before that, an engine
+            that does not answer is still starting).
     """
 
     model_name: str
@@ -59,6 +61,7 @@ class GatewayState:
     created: int
     limits: GatewayLimits = field(default_factory=GatewayLimits)
     admission: Admission = field(init=False)
+    engine_ready_once: bool = False
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.limits.max_in_flight)

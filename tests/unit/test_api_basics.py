@@ -264,6 +264,12 @@ async def test_health_is_readiness(api: Api, monkeypatch: pytest.MonkeyPatch) ->
         assert (await r.json())["status"] == "starting"
     monkeypatch.undo()
     api.engine.stats_error = EngineError("scheduler did not answer", 503, "timeout")
+    async with api.client.get("/health") as r:  # never ready yet: still starting
+        assert r.status == 503 and (await r.json())["status"] == "starting"
+    api.engine.stats_error = None
+    async with api.client.get("/health") as r:
+        assert r.status == 200 and (await r.json()) == {"status": "ok"}
+    api.engine.stats_error = EngineError("scheduler did not answer", 503, "timeout")
     async with api.client.get("/health") as r:
         body = await r.json()
         assert r.status == 503 and body["status"] == "unavailable"

@@ -281,3 +281,20 @@ async def test_metrics_parse_and_move(tmp_path):
     assert after["houchu_lever_saved_total"][key] == 96
     assert after["houchu_telemetry_written_records_total"][()] > 0
     assert after["houchu_requests_in_flight"][()] == 0
+
+
+def test_prompt_previews_only_without_an_api_key():
+    """With a key the dashboard stays open, so no prompt text is recorded for it."""
+
+    class Events:
+        def __init__(self):
+            self.kw = []
+
+        def event(self, rid, kind, t, **kw):
+            self.kw.append(kw)
+
+    req = GenerateRequest(rid="x", prompt="my secret prompt", sampling=SamplingParams())
+    for record, want in ((True, "my secret prompt"), (False, "")):
+        ev = Events()
+        RequestObserver(ev, None, record_previews=record).arrived(req)
+        assert ev.kw[0]["preview"] == want
