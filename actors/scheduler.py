@@ -182,8 +182,10 @@ class SchedulerActor:
                 if events:
                     await self.to_tokenizer.send(TokenBatch(events))
                 core.overlap.record_work(t0, time.time(), overlapped=self.step_in_flight > 0)
-            case StatsQuery(query_id=qid):
+            case StatsQuery(query_id=qid, rid=rid):
                 stats = core.stats()
+                if rid is not None:
+                    stats["request_known"] = int(core.batcher.get(rid) is not None)
                 stats["step_in_flight"] = int(self.step_in_flight)
                 stats["runner_ready"] = int(self.runner_ready)
                 stats["telemetry_dropped"] = self.telemetry.num_dropped

@@ -165,10 +165,11 @@ class EngineClient:
                 try:
                     msg = await asyncio.wait_for(q.get(), self._timeout_s)
                 except asyncio.TimeoutError:
-                    # Quiet for a while: a long queue, or an engine that is gone? Only
-                    # the latter fails the request (a scheduler that answers is alive).
+                    # Quiet for a while: a long queue, or a request the engine lost (sent
+                    # as an actor died) or an engine that is gone? Only the latter two
+                    # fail it: a scheduler that answers and holds the request is busy.
                     try:
-                        await self.stats(timeout_s=30.0)
+                        st = await self.stats(timeout_s=30.0, rid=req.rid)
                     except EngineError:
                         raise EngineError(
                             f"no progress on request in {self._timeout_s:.0f} s and the "
@@ -176,7 +177,14 @@ class EngineClient:
                             503,
                             "timeout",
                         ) from None
-                    continue
+                    if st.get("request_known", 1) or not q.empty():
+                        continue
+                    raise EngineError(
+                        f"no progress on request in {self._timeout_s:.0f} s and the "
+                        "scheduler does not hold it (lost while an actor restarted); retry",
+                        503,
+                        "unavailable",
+                    ) from None
                 if isinstance(msg, RequestFailed):
                     finished = True
                     outcome = "failed"
@@ -201,8 +209,11 @@ class EngineClient:
         """Abort a request: its pages return to the pool, no more deltas are sent."""
         await self._to_tokenizer.send(AbortRequest(rid, "abort"))
 
-    async def stats(self, timeout_s: float = 5.0) -> dict[str, float | int | str]:
-        """The scheduler's counters (free pages, running requests, ...).
+    async def stats(
+        self, timeout_s: float = 5.0, rid: str | None = None
+    ) -> dict[str, float | int | str]:
+        """The scheduler's counters (free pages, running requests, ...); with ``rid``,
+        also ``request_known`` (1 when the scheduler holds that request, else 0).
 
         Raises:
             EngineError: (503) the scheduler did not answer within ``timeout_s`` seconds.
@@ -210,7 +221,7 @@ class EngineClient:
         qid = next(self._query_ids)
         fut: asyncio.Future[StatsReply] = asyncio.get_running_loop().create_future()
         self._stats_waiters[qid] = fut
-        await self._to_scheduler.send(StatsQuery(qid))
+        await self._to_scheduler.send(StatsQuery(qid, rid))
         try:
             reply = await asyncio.wait_for(fut, timeout_s)
         except asyncio.TimeoutError:

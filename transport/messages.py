@@ -283,9 +283,12 @@ class RequestFailed(Struct, tag=True, kw_only=True):
 
 
 class StatsQuery(Struct, tag=True):
-    """Ask the scheduler for its counters; the reply goes to the gateway."""
+    """Ask the scheduler for its counters; the reply goes to the gateway. With ``rid``,
+    the reply's ``request_known`` says whether the scheduler holds that request (1) or
+    not (0)."""
 
     query_id: int
+    rid: str | None = None
 
 
 class StatsReply(Struct, tag=True, kw_only=True):
