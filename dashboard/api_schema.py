@@ -16,6 +16,7 @@ from msgspec import Meta, Struct
 
 from houchu.dashboard.validation import (
     MAX_COMPLETION_LOGPROBS,
+    MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     MAX_TOKEN_ID,
     MAX_TOP_K,
@@ -32,7 +33,7 @@ Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=2.0)]
 # msgspec's schemas hold int64 bounds only; the validator's range is wider (uint64 top)
 Seed = Annotated[int, Meta(description=f"an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")]
-StopString = Annotated[str, Meta(min_length=1)]
+StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
 Stop = StopString | Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 

@@ -37,6 +37,7 @@ from houchu.transport.messages import ChatMessage, GenerateRequest, SamplingPara
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = 512
 MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 1024  # per stop string: each is searched in every new piece of text
 MAX_COMPLETION_LOGPROBS = 5
 MAX_TOP_LOGPROBS = 20
 MAX_TOKEN_ID = 2**31 - 1
@@ -357,4 +358,11 @@ def _stop(body: Body) -> list[str]:
         )
     if not all(stops):
         raise ApiError("'stop' strings must not be empty", param="stop", code="invalid_value")
+    longest = max((len(s) for s in stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise ApiError(
+            f"a 'stop' string has {longest} characters; at most {MAX_STOP_CHARS} are allowed",
+            param="stop",
+            code="invalid_value",
+        )
     return list(stops)

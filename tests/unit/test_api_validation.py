@@ -40,6 +40,7 @@ COMMON_BAD: list[tuple[dict[str, Any], str]] = [
     ({"stop": ""}, "stop"),
     ({"stop": [""]}, "stop"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"stop": ["x" * 1025]}, "stop"),
     ({"stop": 5}, "stop"),
     ({"stop": [1]}, "stop"),
     ({"stop_token_ids": [-1]}, "stop_token_ids"),
