@@ -61,7 +61,8 @@ def test_greedy_output_is_the_plain_servers(server, spec_servers):
     want = generate(server, messages=CHAT, max_tokens=24, ignore_eos=True)["token_ids"]
     assert generate(ngram, messages=CHAT, max_tokens=24, ignore_eos=True)["token_ids"] == want
     st = asyncio.run(stats(draft))
-    assert st["speculative"] == "draft" and st["spec_proposed_tokens"] > 20
+    # forced speculation proposes k >= 1 tokens every step (k follows measured costs)
+    assert st["speculative"] == "draft" and st["spec_proposed_tokens"] >= 10
     assert st["spec_acceptance_rate"] == 1.0  # the model as its own draft
     assert st["spec_forward_passes_saved"] > 0
     st = asyncio.run(stats(ngram))
