@@ -94,6 +94,7 @@ class RunnerActor:
         self.torch = ThreadPoolExecutor(1, thread_name_prefix="houchu-runner")
         self.step_started: float | None = None  # time.monotonic() of the running step
         self.heap = HeapTrimmer()
+        self.trimmer: asyncio.Task[None] | None = None  # _trim_when_idle, from start()
 
     async def start(self) -> str:
         c = self.config
@@ -106,6 +107,7 @@ class RunnerActor:
             self.runner.attach_host_pool(self.host_pool)
         info = self.runner.info()
         self.telemetry.start()
+        self.trimmer = asyncio.create_task(self._trim_when_idle())
         await self.to_scheduler.send(info)
         return (
             f"{info.model_name}: {info.num_pages} pages x {info.page_size} tokens, "
@@ -139,18 +141,14 @@ class RunnerActor:
         return 0.0 if started is None else time.monotonic() - started
 
     async def run(self) -> None:
-        trimmer = asyncio.create_task(self._trim_when_idle())
-        try:
-            while True:
-                try:
-                    msg = await self.inbox.recv()
-                except BadMessage as e:
-                    print(f"houchu runner: dropped a bad message: {e}", flush=True)
-                    continue
-                if not await self._handle(msg):
-                    return
-        finally:
-            trimmer.cancel()
+        while True:
+            try:
+                msg = await self.inbox.recv()
+            except BadMessage as e:
+                print(f"houchu runner: dropped a bad message: {e}", flush=True)
+                continue
+            if not await self._handle(msg):
+                return
 
     async def _trim_when_idle(self) -> None:
         """Return the freed heap to the OS once a busy period is over (``HeapTrimmer``);
@@ -220,6 +218,8 @@ class RunnerActor:
             )
 
     async def close(self) -> None:
+        if self.trimmer is not None:
+            self.trimmer.cancel()
         await self.telemetry.close()
         self.inbox.close()
         self.peers.close()
