@@ -224,8 +224,9 @@ def _speed_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--attention-backend",
         default="auto",
-        choices=["auto", "torch", "triton", "flash-attn"],
-        help="attention kernels (auto: flash-attn or Triton on CUDA, torch on CPU)",
+        choices=["auto", "torch", "cpu", "triton", "flash-attn"],
+        help="attention and fused kernels (auto: flash-attn or Triton on CUDA; on the CPU, "
+        "houchu's C++ kernels (cpu), built on first use, else torch)",
     )
     g.add_argument(
         "--compile",

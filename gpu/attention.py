@@ -299,7 +299,8 @@ def make_backend(
     """The attention backend called ``name``, checked against where it will run.
 
     "auto": on CUDA, flash-attn when installed and usable (page size a multiple of 256,
-    unquantized KV), else Triton when installed, else torch; on the CPU, torch.
+    unquantized KV), else Triton when installed, else torch; on the CPU, houchu's C++
+    kernels ("cpu") when they build here (``houchu.gpu.cpu_kernels``), else torch.
 
     Raises:
         ValueError: unknown name, or a combination the backend cannot serve.
@@ -316,6 +317,11 @@ def make_backend(
                 name = "flash-attn"
             elif triton_available():
                 name = "triton"
+        elif dev.type == "cpu":
+            from houchu.gpu import cpu_kernels
+
+            if cpu_kernels.available():
+                name = "cpu"
     if name in ("torch-sdpa", "torch"):
         return TorchSDPABackend()
     if name == "triton":
@@ -328,8 +334,14 @@ def make_backend(
 
         triton_usable(dev)
         return TritonBackend()
+    if name == "cpu":
+        if dev.type != "cpu":
+            raise ValueError(f"the cpu attention backend runs on the CPU, not {dev}")
+        from houchu.gpu.attention_cpu import CpuBackend
+
+        return CpuBackend()
     if name == "flash-attn":
         from houchu.gpu.attention_flash import FlashAttentionBackend
 
         return FlashAttentionBackend(dev, page_size, kv_dtype)
-    raise ValueError(f"unknown attention backend {name!r} (auto, torch, triton, flash-attn)")
+    raise ValueError(f"unknown attention backend {name!r} (auto, torch, cpu, triton, flash-attn)")

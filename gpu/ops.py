@@ -4,7 +4,9 @@
 float32, cast back before the weight multiply; rotate-half RoPE in the model dtype), so
 the exact path matches transformers. ``houchu.gpu.triton_ops.TritonOps`` implements the
 same interface with fused Triton kernels (one pass over memory per op) for CUDA; on the
-CPU, ``torch.compile`` fuses these same torch ops instead (``houchu.gpu.compiled``).
+CPU, ``CpuOps`` calls houchu's C++ kernels (``houchu.gpu.cpu_kernels``: one dispatch per
+op where the reference takes 3-8), and ``torch.compile`` can fuse the torch ops instead
+(``houchu.gpu.compiled``).
 """
 
 from __future__ import annotations
@@ -63,16 +65,65 @@ class TorchOps:
         return F.silu(gate) * up
 
 
+_CPU_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class CpuOps(TorchOps):
+    """The same kernels fused in C++ for the CPU (``torch.ops.houchu_cpu``; float32 and
+    bfloat16, anything else runs the torch reference). Same numerics as ``TorchOps`` up
+    to float32 summation order in the RMS. Needs ``houchu.gpu.cpu_kernels.load()``
+    first."""
+
+    name = "cpu"
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        if x.dtype in _CPU_DTYPES and x.stride(-1) == 1:
+            return torch.ops.houchu_cpu.rms_norm(x, w, eps)
+        return TorchOps.rms_norm(x, w, eps)
+
+    @classmethod
+    def add_rms_norm(
+        cls, x: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.dtype in _CPU_DTYPES and x.stride(-1) == 1 and delta.stride(-1) == 1:
+            return torch.ops.houchu_cpu.add_rms_norm(x, delta, w, eps)
+        return TorchOps.add_rms_norm(x, delta, w, eps)
+
+    @staticmethod
+    def rope(
+        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if q.dtype in _CPU_DTYPES:
+            return torch.ops.houchu_cpu.rope(q, k, cos, sin)
+        return TorchOps.rope(q, k, cos, sin)
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        if gate_up.dtype in _CPU_DTYPES and gate_up.stride(-1) == 1:
+            return torch.ops.houchu_cpu.silu_mul(gate_up)
+        return TorchOps.silu_mul(gate_up)
+
+
 def make_ops(name: str, device: torch.device) -> TorchOps:
-    """The kernel set ``name`` ("torch" or "triton") for ``device``.
+    """The kernel set ``name`` ("torch", "cpu" or "triton") for ``device``.
 
     Raises:
         ValueError: unknown name.
         RuntimeError: "triton" where Triton cannot run (no CUDA device, and not in
-            interpreter mode ``TRITON_INTERPRET=1``), or Triton is not installed.
+            interpreter mode ``TRITON_INTERPRET=1``), or Triton is not installed; "cpu"
+            off the CPU or where the C++ kernels cannot be built
+            (``houchu.gpu.cpu_kernels.CpuKernelsUnavailable``).
     """
     if name == "torch":
         return TorchOps()
+    if name == "cpu":
+        if torch.device(device).type != "cpu":
+            raise RuntimeError(f"the cpu kernel set runs on the CPU, not {device}")
+        from houchu.gpu import cpu_kernels
+
+        cpu_kernels.load()
+        return CpuOps()
     if name == "triton":
         if not triton_available():
             raise RuntimeError("Triton kernels need the triton package (pip install triton)")
@@ -80,4 +131,4 @@ def make_ops(name: str, device: torch.device) -> TorchOps:
 
         triton_usable(device)
         return TritonOps()
-    raise ValueError(f"unknown kernel set {name!r} (torch or triton)")
+    raise ValueError(f"unknown kernel set {name!r} (torch, cpu or triton)")

@@ -61,7 +61,7 @@ class ModelRunner:
             pool's capacity. None: the smaller of those two.
         num_threads: torch intra-op threads (None: torch's default).
         device: "cpu" or a CUDA device.
-        attention_backend: "auto", "torch", "triton" or "flash-attn"; see
+        attention_backend: "auto", "torch", "cpu", "triton" or "flash-attn"; see
             ``houchu.gpu.attention.make_backend``.
         seed: seed of the generator unseeded requests share (None: random).
         logprobs_mode: "raw" (log_softmax of the model's logits, vLLM's default) or

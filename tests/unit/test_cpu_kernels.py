@@ -1,0 +1,144 @@
+"""houchu's C++ CPU kernels (``houchu.gpu.cpu_kernels``) against the torch reference:
+fused RMSNorm (+ residual), RoPE on strided views, SiLU·mul, paged decode attention over
+plain and int8 pools (the AVX-512 path at D = 64 and 128, the portable one at other D),
+bad input, and a model end to end through the ``cpu`` backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from houchu.gpu import cpu_kernels
+from houchu.gpu.attention import TorchSDPABackend, _TorchMeta, make_backend
+from houchu.gpu.kv_pool import KVPool
+from houchu.gpu.ops import CpuOps, TorchOps
+from houchu.gpu.rope import rope_cos_sin
+
+_WHY = cpu_kernels.unavailable_reason()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"C++ CPU kernels: {_WHY}")
+
+DTYPES = [torch.float32, torch.bfloat16]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    torch.testing.assert_close(a.float(), b.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 576), (5, 96), (3, 200), (40, 64)])
+def test_rms_norm_and_residual(dtype, rows, hidden):
+    g = torch.Generator().manual_seed(rows * hidden)
+    x = torch.randn(rows, hidden, generator=g).to(dtype)
+    d = torch.randn(rows, hidden, generator=g).to(dtype)
+    w = torch.randn(hidden, generator=g).to(dtype)
+    close(CpuOps.rms_norm(x, w, 1e-5), TorchOps.rms_norm(x, w, 1e-5), dtype)
+    y, r = CpuOps.add_rms_norm(x, d, w, 1e-6)
+    y_ref, r_ref = TorchOps.add_rms_norm(x, d, w, 1e-6)
+    assert torch.equal(r, r_ref)  # the residual add rounds exactly as torch's
+    close(y, y_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("t", "h", "hkv", "d"), [(1, 9, 3, 64), (7, 3, 1, 128), (4, 2, 2, 12)])
+def test_rope_on_strided_qkv_views(dtype, t, h, hkv, d):
+    g = torch.Generator().manual_seed(t + h + d)
+    qkv = torch.randn(t, (h + 2 * hkv) * d, generator=g).to(dtype)
+    q, k, _ = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+    q, k = q.reshape(t, h, d), k.reshape(t, hkv, d)  # strided views, as in the model
+    pos = torch.randint(0, 5000, (t,), generator=g)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    cos, sin = rope_cos_sin(pos, inv, dtype)
+    for got, want in zip(CpuOps.rope(q, k, cos, sin), TorchOps.rope(q, k, cos, sin), strict=True):
+        assert got.is_contiguous()
+        close(got, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "inter"), [(1, 1536), (6, 160), (2, 1500), (33, 32)])
+def test_silu_mul(dtype, n, inter):
+    gu = 4 * torch.randn(n, 2 * inter, generator=torch.Generator().manual_seed(n)).to(dtype)
+    gu[0, :3] = torch.tensor([-200.0, 200.0, 0.0])  # exp's clamps
+    close(CpuOps.silu_mul(gu), TorchOps.silu_mul(gu), dtype)
+
+
+def make_pool(kv_dtype: str, dtype: torch.dtype, ps: int, hkv: int, d: int) -> KVPool:
+    return KVPool(
+        num_layers=2, num_pages=40, page_size=ps, num_kv_heads=hkv, head_dim=d,
+        dtype=dtype, device="cpu", kv_dtype=kv_dtype,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("ps", "h", "hkv", "d", "lens"),
+    [
+        (16, 9, 3, 64, [1, 17, 138]),
+        (4, 8, 2, 128, [5, 31]),
+        (8, 6, 2, 16, [16, 3]),
+        (4, 3, 3, 64, [7]),
+        (16, 32, 2, 64, [40, 2]),
+    ],
+)
+def test_paged_decode_matches_sdpa(kv_dtype, dtype, ps, h, hkv, d, lens):
+    pool = make_pool(kv_dtype, dtype, ps, hkv, d)
+    g = torch.Generator().manual_seed(sum(lens) + ps + d)
+    kv = torch.randn(2, pool.num_tokens, hkv, d, generator=g).to(dtype)
+    pool.write(0, torch.arange(pool.num_tokens), kv[0], kv[1])
+    perm = torch.randperm(pool.num_pages, generator=g)
+    n_pages = max(-(-n // ps) for n in lens)
+    bt = torch.stack([perm[i * n_pages : (i + 1) * n_pages] for i in range(len(lens))])
+    qkv = torch.randn(len(lens), 2 * h * d, generator=g).to(dtype)
+    q = qkv[:, : h * d].view(len(lens), h, d)  # a strided view, as the model passes it
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    span = torch.arange(n_pages * ps)
+    meta = _TorchMeta(
+        all_decode=True,
+        decode_pages=bt,
+        decode_mask=(span[None] < lens_t[:, None])[:, None, None],
+        decode_lens=lens_t,
+    )
+    want = TorchSDPABackend()._decode(0, q, pool, meta)
+    got = make_backend("cpu")._decode(0, q, pool, meta)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_paged_decode_rejects_bad_input():
+    pool = make_pool("auto", torch.float32, 4, 2, 64)
+    q = torch.randn(1, 4, 64)
+    k, v = pool.k[0], pool.v[0]
+    attn = torch.ops.houchu_cpu.paged_decode_attention
+    pages = torch.tensor([[0, 1]])
+    with pytest.raises(RuntimeError, match="outside"):  # longer than its pages
+        attn(q, k, v, None, None, pages, torch.tensor([9], dtype=torch.int32), 0.125)
+    with pytest.raises(RuntimeError, match="outside"):  # empty
+        attn(q, k, v, None, None, pages, torch.tensor([0], dtype=torch.int32), 0.125)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        attn(q, k, v, None, None, torch.tensor([[0, 99]]), torch.tensor([8], dtype=torch.int32), 1)
+    with pytest.raises(RuntimeError, match="int64"):
+        attn(q, k, v, None, None, pages.int(), torch.tensor([8], dtype=torch.int32), 1.0)
+    with pytest.raises(RuntimeError, match="multiple"):
+        attn(torch.randn(1, 3, 64), k, v, None, None, pages, torch.tensor([8]).int(), 1.0)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        torch.ops.houchu_cpu.rms_norm(torch.ones(2, 4).half(), torch.ones(4).half(), 1e-5)
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_runner_with_cpu_backend_matches_torch(tmp_path, kv):
+    """End to end: fused ops and paged decode vs the torch backend, greedy tokens."""
+    from houchu.gpu.runner import ModelRunner
+    from houchu.gpu.testing import make_tiny_llama
+    from tests.unit.test_gpu_quant import generate
+
+    path = make_tiny_llama(tmp_path, seed=2)
+    kw = {"page_size": 4, "num_pages": 24, "kv_cache_dtype": kv, "quiet": True}
+    cpu = ModelRunner(path, attention_backend="cpu", **kw)
+    assert cpu.backend.name == "cpu" and cpu.model.ops.name == "cpu"
+    assert generate(cpu, 6) == generate(ModelRunner(path, attention_backend="torch", **kw), 6)
+
+
+def test_auto_backend_on_cpu_is_cpu():
+    assert make_backend("auto", "cpu").name == "cpu"
+    assert make_backend("torch", "cpu").name == "torch-sdpa"
