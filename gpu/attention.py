@@ -9,6 +9,7 @@ Face's ``repeat_kv``. Scaled dot-product attention: Vaswani et al. 2017.
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -320,8 +321,11 @@ def make_backend(
         elif dev.type == "cpu":
             from houchu.gpu import cpu_kernels
 
-            if cpu_kernels.available():
+            why = cpu_kernels.unavailable_reason()
+            if why is None:
                 name = "cpu"
+            else:
+                print(f"houchu: {why}; attention runs on the torch backend", file=sys.stderr)
     if name in ("torch-sdpa", "torch"):
         return TorchSDPABackend()
     if name == "triton":

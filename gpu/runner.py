@@ -179,10 +179,15 @@ class ModelRunner:
             f"{self.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
             f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
             f"({p.bytes_per_token} B/token), max context {self.max_context}, "
-            f"attention {self.backend.name}, kernels {self.model.ops.name}, "
+            f"attention {self.backend.name}, kernels {self.model.ops.name}{self._build_note()}, "
             f"matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
             f"{torch.get_num_threads()} threads{took}; {self.levers.summary()}"
         )
+
+    def _build_note(self) -> str:
+        """ " (C++ kernels built in N s)" when this process compiled them."""
+        took = getattr(self.backend, "build_s", 0.0)
+        return f" (C++ kernels built in {took:.0f}s)" if took >= 1.0 else ""
 
     def lever_samples(self) -> list[LeverSample]:
         """What weight and KV quantization and the compiled / graph-captured decode step

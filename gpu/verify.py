@@ -72,8 +72,12 @@ def sample_and_verify(
     out: list[list[Sample]] = [[] for _ in states]
     active, j = list(range(len(states))), 0
     while active:
-        rows = torch.tensor([offsets[i] + j for i in active], device=logits.device)
-        samples = sampler.sample(logits.index_select(0, rows), [states[i] for i in active])
+        rows = [offsets[i] + j for i in active]
+        if rows == list(range(logits.shape[0])):  # every row, in order: no copy
+            wave = logits
+        else:
+            wave = logits.index_select(0, torch.tensor(rows, device=logits.device))
+        samples = sampler.sample(wave, [states[i] for i in active])
         still = []
         for i, s in zip(active, samples, strict=True):
             states[i].append(s.token_id)
