@@ -35,6 +35,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from houchu.gpu import cpu_kernels
 from houchu.gpu.linear import Linear, LinearBase, onednn_available, packed_matmul
 from houchu.gpu.quant import (
     Int4Weight,
@@ -58,6 +59,7 @@ W8A8_MIN_ROWS = 32  # rows from which the int8 GEMM beats the weight-only int8 k
 #: none, 0.934 with 16 per GEMM, 0.955 with 1/16 (36 of 576, 96 of 1536) — the same as
 #: weight-only int8 (0.955), so what is left is the weights' rounding.
 W8A8_OUTLIER_SHARE = 1 / 16
+_CPU_FUSED = (torch.float32, torch.bfloat16)  # dtypes of the C++ W8A8 kernels
 
 
 @functools.cache
@@ -238,6 +240,7 @@ class W8A8Linear(Int8Linear):
         if num_outliers is None:
             num_outliers = max(1, int(self.in_features * W8A8_OUTLIER_SHARE))
         self.num_outliers = num_outliers
+        self._q_t: torch.Tensor | None = None  # [K, N] int8, made on first fused GEMM
         if self.fmt == "fp8":
             q8, s8 = quantize_fp8(w)
             self.register_buffer("q_fp8", q8.to(dev))  # [N, K] float8_e4m3fn
@@ -271,8 +274,10 @@ class W8A8Linear(Int8Linear):
         dequantized), the rest quantized per token. A per-token scale is set by the
         row's largest value, so one outlier feature of 100 would otherwise round every
         ordinary feature of that row to a handful of levels."""
+        c = min(self.num_outliers, x.shape[1])
+        if x.device.type == "cpu" and x.dtype in _CPU_FUSED and cpu_kernels.is_loaded():
+            return self._int8_gemm_fused(x.contiguous(), c)
         xf = x.float() if x.dtype != torch.float32 else x.clone()  # [M, K], ours to change
-        c = min(self.num_outliers, xf.shape[1])
         if c:
             cols = xf.abs().amax(0).topk(c).indices  # [C]
             x_cols = xf.index_select(1, cols)  # [M, C]
@@ -284,6 +289,24 @@ class W8A8Linear(Int8Linear):
         if c:
             y.addmm_(x_cols, w_cols.t())
         return y
+
+    def _int8_gemm_fused(self, x: torch.Tensor, c: int) -> torch.Tensor:
+        """``_int8_gemm`` with houchu's C++ kernels around ``torch._int_mm`` (one pass
+        each for the column absmax, the quantization, and the epilogue). x: ``[M, K]``
+        contiguous float32/bfloat16 -> ``[M, N]`` in x's dtype."""
+        k = torch.ops.houchu_cpu
+        cols = k.col_absmax(x).topk(c).indices if c else x.new_empty(0, dtype=torch.int64)
+        xq, xs, x_cols = k.quantize_rows_int8(x, cols)  # [M, K] int8, [M, 1] fp32, [M, C]
+        acc = torch._int_mm(xq, self.q.t())  # [M, N] int32
+        extra = None
+        if c:
+            if self._q_t is None:  # the weight's columns as rows, for a cheap gather
+                self._q_t = self.q.t().contiguous()  # [K, N] int8
+            w_cols = self._q_t.index_select(0, cols).to(x.dtype).t().contiguous()  # [N, C]
+            # unscaled int8 values are exact in bfloat16; the product accumulates in
+            # float32 and is rounded once to x's dtype, as the output is
+            extra = F.linear(x_cols, w_cols)  # [M, N]
+        return k.int8_epilogue(acc, xs, self.wscale, extra, x.dtype)
 
 
 def _dense_copy(w: torch.Tensor, device: torch.device, min_rows: int | None) -> torch.Tensor | None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = ("norm_rope.cpp", "attention.cpp", "gemv.cpp")
+_SOURCES = ("norm_rope.cpp", "attention.cpp", "quant.cpp", "gemv.cpp")
 _HEADERS = ("vec.h",)
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c++17"]
 
@@ -78,8 +78,17 @@ def load(verbose: bool = False) -> float:
     return _load_once(verbose)
 
 
+_loaded = False
+
+
+def is_loaded() -> bool:
+    """Whether ``load()`` has succeeded in this process (never builds)."""
+    return _loaded
+
+
 @functools.cache
 def _load_once(verbose: bool) -> float:
+    global _loaded
     if sys.platform != "linux":
         raise CpuKernelsUnavailable(f"built only on Linux, not {sys.platform}")
     cxx = os.environ.get("CXX", "c++")
@@ -101,6 +110,7 @@ def _load_once(verbose: bool) -> float:
         fcntl.flock(lock, fcntl.LOCK_EX)
         (build / "lock").unlink(missing_ok=True)
         _build(cpp_extension, key, sources, build, verbose)
+    _loaded = True
     return time.perf_counter() - t0
 
 

@@ -142,3 +142,37 @@ def test_runner_with_cpu_backend_matches_torch(tmp_path, kv):
 def test_auto_backend_on_cpu_is_cpu():
     assert make_backend("auto", "cpu").name == "cpu"
     assert make_backend("torch", "cpu").name == "torch-sdpa"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("m", "k", "n", "outliers"), [(32, 576, 960, None), (40, 96, 72, 0)])
+def test_w8a8_fused_matches_torch_path(monkeypatch, dtype, m, k, n, outliers):
+    """W8A8's C++ quantization and epilogue vs its torch path (one output rounding apart;
+    a few large activations make outliers)."""
+    from houchu.gpu.qlinear import W8A8Linear
+
+    g = torch.Generator().manual_seed(m + k)
+    lin = W8A8Linear(torch.randn(n, k, generator=g).to(dtype) / 8, num_outliers=outliers)
+    x = torch.randn(m, k, generator=g)
+    x[:, :3] *= 40.0
+    x = x.to(dtype)
+    fused = lin(x)
+    monkeypatch.setattr(cpu_kernels, "_loaded", False)
+    ref = lin(x)
+    assert fused.dtype == ref.dtype == dtype
+    scale = ref.float().abs().amax()
+    torch.testing.assert_close(fused.float() / scale, ref.float() / scale, atol=8e-3, rtol=0)
+
+
+def test_quant_kernels_reject_bad_input():
+    k = torch.ops.houchu_cpu
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="outside"):
+        k.quantize_rows_int8(x, torch.tensor([8]))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        k.quantize_rows_int8(x.t(), torch.tensor([0]))
+    acc = torch.zeros(4, 6, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="w_scale"):
+        k.int8_epilogue(acc, torch.ones(4, 1), torch.ones(5), None, torch.float32)
+    with pytest.raises(RuntimeError, match="extra"):
+        k.int8_epilogue(acc, torch.ones(4, 1), torch.ones(6), torch.ones(4, 6), torch.bfloat16)
