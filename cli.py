@@ -16,14 +16,30 @@ from houchu.transport.channel import MAX_MESSAGE_BYTES
 MAX_REQUEST_MB = MAX_MESSAGE_BYTES // 4 // 2**20
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends with "(default: X)" where an option has a default worth showing
+    (not None, not a switch's False, not already in the text)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if d in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve a model over HTTP (OpenAI API) and WebSocket")
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over HTTP (OpenAI API) and WebSocket",
+        formatter_class=_DefaultsFormatter,
+    )
     p.add_argument(
         "--model",
         help="a .gguf file or a Hugging Face model folder (default: fetch SmolLM2-135M-Instruct)",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="HTTP and WebSocket port")
     p.add_argument("--served-model-name", help="name clients use in the `model` field")
     p.add_argument(
         "--dtype",
@@ -47,7 +63,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         default=512,
         help="most prefill tokens of one request per step; 0 disables chunking",
     )
-    p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument(
+        "--max-running-requests", type=int, default=64, help="requests decoded together at most"
+    )
     p.add_argument(
         "--disable-radix-cache",
         action="store_true",
@@ -108,8 +126,9 @@ def _supervision_options(p: argparse.ArgumentParser) -> None:
         "--heartbeat-timeout",
         type=float,
         default=120.0,
-        help="seconds an actor may go without a heartbeat (or one model step may run) "
-        "before it is killed and restarted; longer than the slowest step",
+        help="seconds an actor's event loop may go without a heartbeat before it is "
+        "killed and restarted (a model step runs on a worker thread, so a long step is "
+        "busy, not silent)",
     )
     g.add_argument(
         "--max-restarts",
@@ -329,10 +348,20 @@ def _positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names:
             parser.error(f"--{n.replace('_', '-')} must be positive, got {v}")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("houchu")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``houchu`` argument parser (defaults that come from the environment, such as
     ``HOUCHU_API_KEY``, are read now)."""
     parser = argparse.ArgumentParser(prog="houchu", description="houchu LLM serving engine")
+    parser.add_argument("--version", action="version", version=f"houchu {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("fetch", help="download the default model into the cache")

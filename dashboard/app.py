@@ -164,7 +164,9 @@ async def stats(request: web.Request) -> web.Response:
     except Exception as exc:
         log.warning("engine stats failed", exc_info=True)
         raise ApiError(f"engine stats failed: {exc}", status=503, code="engine_error") from None
-    admission = request.app[STATE_KEY].admission
+    state = request.app[STATE_KEY]
+    admission = state.admission
+    counters["model"] = state.model_name  # the id /v1/models lists, not the file's own name
     counters["in_flight"] = admission.in_flight
     counters["max_in_flight"] = admission.limit
     counters["num_refused_overload"] = admission.num_refused

@@ -142,8 +142,8 @@ class LeverCounters:
         c = self.cost
         s = (
             f"weights {c.weight_label}: {c.weight_bytes / 2**20:.1f} MiB/step "
-            f"({c.weight_bytes / c.weight_bf16_bytes:.2f}x bf16); KV {c.kv_label}: "
-            f"{c.kv_token_bytes} B/token ({c.kv_token_bytes / c.kv_token_bf16_bytes:.2f}x bf16)"
+            f"({c.weight_bytes / c.weight_bf16_bytes:.2f}x the bytes of bf16); KV {c.kv_label}: "
+            f"{c.kv_token_bytes} B/token ({c.kv_token_bytes / c.kv_token_bf16_bytes:.2f}x the bytes of bf16)"
         )
         if self.accel is not None and self.eager_step_s and self.accel_step_s:
             s += (
