@@ -225,6 +225,7 @@ async def test_stats_adds_in_flight(api: Api) -> None:
         assert await r.json() == {
             "num_running": 1,
             "num_pages_free": 10,
+            "model": MODEL,  # the served name, whatever the engine calls its weights
             "in_flight": 0,
             "max_in_flight": DEFAULT_MAX_QUEUED_REQUESTS,
             "num_refused_overload": 0,
