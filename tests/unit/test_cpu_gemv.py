@@ -1,0 +1,163 @@
+"""houchu's C++ int4 / int8 GEMV kernels (``torch.ops.houchu_cpu.int4_gemv`` and
+``int8_gemv``, ``gemv.cpp``) against the dense float32 reference ``x.float() @ w.T``,
+where ``w`` is built in float32 from the stored codes, scales and offsets: SmolLM2's
+shapes, group sizes 32 / 64 / 128, 1-11 activation rows, bfloat16 and float32
+activations and scales, padded feature blocks, strided x, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from houchu.gpu import cpu_kernels
+
+_WHY = cpu_kernels.unavailable_reason()
+if _WHY is not None:
+    pytest.skip(f"C++ CPU kernels unavailable: {_WHY}", allow_module_level=True)
+
+ops = torch.ops.houchu_cpu
+
+
+def int4_weight(n: int, k: int, group: int, dtype: torch.dtype, seed: int):
+    """Random codes [N, K] uint8, scale and offset [N, K/G] in dtype, and the dense
+    float32 weight [N, K] they stand for."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scale = (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).to(dtype)
+    offset = (-8 * scale.float() + 1e-3 * torch.randn(n, k // group, generator=g)).to(dtype)
+    dense = q.float().view(n, k // group, group) * scale.float()[..., None]
+    dense = (dense + offset.float()[..., None]).view(n, k)
+    return q, scale, offset, dense
+
+
+def int8_weight(n: int, k: int, dtype: torch.dtype, seed: int):
+    """Random int8 [N, K], per-row scale [N] in dtype, and the dense float32 weight."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    scale = (torch.rand(n, generator=g) * 0.01 + 1e-4).to(dtype)
+    return q, scale, q.float() * scale.float()[:, None]
+
+
+def check(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> None:
+    """y must equal x.float() @ dense.T up to float32 summation order (relative to
+    |x| @ |dense|.T) and then, for bfloat16 x, the rounding of the output."""
+    assert y.dtype == x.dtype and y.shape == (x.shape[0], dense.shape[0])
+    ref = x.float() @ dense.T
+    mag = x.float().abs() @ dense.abs().T
+    bound = 1e-5 * mag + 1e-30
+    if x.dtype == torch.bfloat16:
+        bound = bound + 2.0**-8 * ref.abs()
+    err = (y.float() - ref).abs()
+    worst = (err / bound).max().item()
+    assert worst <= 1.0, f"error {worst:.3g}x the bound"
+
+
+# (N, K, G): SmolLM2-135M's projections (qkv 960, o 576, gate_up 3072, down 576x1536),
+# a feature count that leaves a partial block of 16, and a small odd shape
+INT4_SHAPES = [
+    (960, 576, 32),
+    (576, 576, 64),
+    (3072, 576, 32),
+    (576, 1536, 128),
+    (192, 1536, 64),
+    (200, 576, 32),
+    (7, 64, 8),
+]
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
+@pytest.mark.parametrize(("n", "k", "group"), INT4_SHAPES)
+def test_int4_gemv_matches_dense(n, k, group, m, x_dtype):
+    q, scale, offset, dense = int4_weight(n, k, group, torch.bfloat16, seed=n + k + group)
+    packed = ops.int4_pack(q, scale, offset, group)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(x_dtype)
+    check(ops.int4_gemv(x, packed, group, n), x, dense)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_int4_gemv_float32_scales_many_rows_and_strided_x(x_dtype):
+    n, k, group = 192, 1536, 128
+    q, scale, offset, dense = int4_weight(n, k, group, torch.float32, seed=3)
+    packed = ops.int4_pack(q, scale, offset, group)
+    base = torch.randn(2 * k, 11, generator=torch.Generator().manual_seed(4)).to(x_dtype)
+    x = base[::2].T  # [11, K], neither dimension contiguous
+    check(ops.int4_gemv(x, packed, group, n), x, dense)
+    assert ops.int4_gemv(x[:0], packed, group, n).shape == (0, n)
+
+
+def test_int4_gemv_lm_head_sized():
+    n, k, group = 49152, 576, 32
+    q, scale, offset, dense = int4_weight(n, k, group, torch.bfloat16, seed=5)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(6)).bfloat16()
+    check(ops.int4_gemv(x, ops.int4_pack(q, scale, offset, group), group, n), x, dense)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 11])
+@pytest.mark.parametrize(("n", "k"), [(576, 576), (960, 1536), (200, 30)])
+@pytest.mark.parametrize("s_dtype", [torch.bfloat16, torch.float32])
+def test_int8_gemv_matches_dense(n, k, m, x_dtype, s_dtype):
+    q, scale, dense = int8_weight(n, k, s_dtype, seed=n + k)
+    packed = ops.int8_pack(q, scale)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(x_dtype)
+    check(ops.int8_gemv(x, packed, n), x, dense)
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_int8_gemv_lm_head(m):
+    n, k = 49152, 576
+    q, scale, dense = int8_weight(n, k, torch.bfloat16, seed=7)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)).bfloat16()
+    check(ops.int8_gemv(x, ops.int8_pack(q, scale), n), x, dense)
+
+
+def test_int4_bad_input_raises():
+    q, scale, offset, _ = int4_weight(64, 128, 32, torch.bfloat16, seed=9)
+    packed = ops.int4_pack(q, scale, offset, 32)
+    x = torch.randn(2, 128).bfloat16()
+    bad_pack = [
+        ((q.int(), scale, offset, 32), "uint8"),
+        ((q, scale, offset, 48), "group_size"),  # does not divide K
+        ((q, scale, offset, 12), "group_size"),  # not a multiple of 8
+        ((q, scale[:, :2], offset, 32), "scale must be"),
+        ((q, scale, offset[:32], 32), "offset must be"),
+        ((q, scale, offset.float(), 32), "bfloat16 or both float32"),
+        ((q | 16, scale, offset, 32), "0..15"),
+    ]
+    for args, msg in bad_pack:
+        with pytest.raises(RuntimeError, match=msg):
+            ops.int4_pack(*args)
+    bad_gemv = [
+        ((torch.randn(2, 96).bfloat16(), packed, 32, 64), "K = 128"),
+        ((x, packed, 32, 65), "out_features"),
+        ((x, packed, 32, 48), "out_features"),
+        ((x, packed, 64, 64), "wrong group_size"),
+        ((x.half(), packed, 32, 64), "bfloat16 or float32"),
+        ((x[0], packed, 32, 64), r"\[M, K\]"),
+        ((x, packed.view(-1), 32, 64), "int4_pack's contiguous"),
+    ]
+    for args, msg in bad_gemv:
+        with pytest.raises(RuntimeError, match=msg):
+            ops.int4_gemv(*args)
+
+
+def test_int8_bad_input_raises():
+    q, scale, _ = int8_weight(64, 128, torch.bfloat16, seed=10)
+    packed = ops.int8_pack(q, scale)
+    x = torch.randn(2, 128).bfloat16()
+    with pytest.raises(RuntimeError, match="int8 tensor"):
+        ops.int8_pack(q.to(torch.uint8), scale)
+    with pytest.raises(RuntimeError, match="scale must be"):
+        ops.int8_pack(q, scale[:10])
+    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+        ops.int8_pack(q, scale.half())
+    bad_gemv = [
+        ((torch.randn(2, 120).bfloat16(), packed, 64), "K matching"),
+        ((x, packed, 80), "out_features"),
+        ((x.double(), packed, 64), "bfloat16 or float32"),
+        ((x, packed[:, 1:], 64), "int8_pack's contiguous"),
+    ]
+    for args, msg in bad_gemv:
+        with pytest.raises(RuntimeError, match=msg):
+            ops.int8_gemv(*args)
