@@ -4,7 +4,9 @@ Piecewise, as vLLM's and SGLang's compiled CPU/GPU paths: per layer, the dense w
 before attention (RMSNorm, qkv projection, RoPE) and after it (o_proj, residual, RMSNorm,
 gate/up projection, SiLU·mul, down projection, residual), and the final norm plus LM
 head, are three compiled graphs; attention over the paged KV stays eager (its shapes
-follow the sequences' lengths). Inputs are padded to a fixed batch-size bucket, so each
+follow the sequences' lengths). The graphs call the model's own kernel set, so a step
+computes the same as eagerly; houchu's C++ CPU kernels (``houchu.gpu.cpu_kernels``) stay
+opaque calls inside them. Inputs are padded to a fixed batch-size bucket, so each
 graph is compiled once per bucket, all at startup (``warmup``); every layer reuses the
 same graphs (Dynamo lifts the layer's weights to graph inputs). Decode-only steps of at
 most the largest bucket run compiled; prefill and mixed steps, and larger batches, run
@@ -27,17 +29,16 @@ from houchu.gpu.ops import TorchOps
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
 RECOMPILE_LIMIT = 128  # compiled entries per piece, over all runners of a process
-_OPS = TorchOps()
 
 
 def _pre(
-    layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: TorchOps
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return layer.pre(x, cos, sin, _OPS)
+    return layer.pre(x, cos, sin, ops)
 
 
-def _post(layer: DecoderLayer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    return layer.post(x, o, _OPS)
+def _post(layer: DecoderLayer, x: torch.Tensor, o: torch.Tensor, ops: TorchOps) -> torch.Tensor:
+    return layer.post(x, o, ops)
 
 
 def _head(model: LlamaModel, x: torch.Tensor) -> torch.Tensor:
@@ -88,8 +89,8 @@ class CompiledDecode:
                 ids = torch.zeros(b, dtype=torch.int64, device=dev)
                 x, cos, sin = m.embed_and_rope(ids, ids)
                 for layer in m.layers:
-                    q, _, _ = self._pre(layer, x, cos, sin)
-                    x = self._post(layer, x, torch.zeros_like(q))
+                    q, _, _ = self._pre(layer, x, cos, sin, m.ops)
+                    x = self._post(layer, x, torch.zeros_like(q), m.ops)
                 self._head(m, x)
         took = time.perf_counter() - t0
         self.compile_s += took
@@ -110,9 +111,9 @@ class CompiledDecode:
         x, cos, sin = m.embed_and_rope(ids, pos)
         meta = backend.prepare(batch)
         for i, layer in enumerate(m.layers):
-            q, k, v = self._pre(layer, x, cos, sin)  # [Bp, H, D], [Bp, Hkv, D] x2
+            q, k, v = self._pre(layer, x, cos, sin, m.ops)  # [Bp, H, D], [Bp, Hkv, D] x2
             o = backend.forward(i, q[:n], k[:n], v[:n], pool, batch, meta)  # [n, H, D]
-            x = self._post(layer, x, F.pad(o, (0, 0, 0, 0, 0, pad)) if pad else o)
+            x = self._post(layer, x, F.pad(o, (0, 0, 0, 0, 0, pad)) if pad else o, m.ops)
         logits = self._head(m, x)  # [Bp, V]
         if batch.sample_rows.numel() == n:
             return logits[:n]

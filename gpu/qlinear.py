@@ -320,10 +320,10 @@ class W8A8Linear(Int8Linear):
         if c:
             if self._q_t is None:  # the weight's columns as rows, for a cheap gather
                 self._q_t = self.q.t().contiguous()  # [K, N] int8
-            w_cols = self._q_t.index_select(0, cols).to(x.dtype).t().contiguous()  # [N, C]
-            # unscaled int8 values are exact in bfloat16; the product accumulates in
-            # float32 and is rounded once to x's dtype, as the output is
-            extra = F.linear(x_cols, w_cols)  # [M, N]
+            w_cols = self._q_t.index_select(0, cols).float().t() * self.wscale[:, None]  # [N, C]
+            # in float32: rounding the outliers' share alone to bfloat16 before the sum
+            # cost 1 point of top-1 agreement
+            extra = F.linear(x_cols.float(), w_cols.contiguous())  # [M, N] float32
         return k.int8_epilogue(acc, xs, self.wscale, extra, x.dtype)
 
 

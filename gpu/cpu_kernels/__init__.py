@@ -110,6 +110,7 @@ def _load_once(verbose: bool) -> float:
         fcntl.flock(lock, fcntl.LOCK_EX)
         (build / "lock").unlink(missing_ok=True)
         _build(cpp_extension, key, sources, build, verbose)
+    _register_fakes()
     _loaded = True
     return time.perf_counter() - t0
 
@@ -130,6 +131,32 @@ def _build(cpp_extension, key: str, sources: list[Path], build: Path, verbose: b
         errors = [x for x in lines if "error" in x.lower()] or lines
         tail = "\n".join(errors[-4:])
         raise CpuKernelsUnavailable(f"building the C++ CPU kernels failed: {tail}") from e
+
+
+def _register_fakes() -> None:
+    """Shape-only versions of the operators, so ``torch.compile`` can trace through them
+    (they run as opaque calls inside a compiled graph)."""
+    lib = "houchu_cpu::"
+    reg = torch.library.register_fake
+
+    reg(lib + "rms_norm")(lambda x, w, eps: x.new_empty(x.shape))
+    reg(lib + "add_rms_norm")(lambda x, d, w, eps: (x.new_empty(x.shape), x.new_empty(x.shape)))
+    reg(lib + "rope")(lambda q, k, cos, sin: (q.new_empty(q.shape), k.new_empty(k.shape)))
+    reg(lib + "silu_mul")(lambda g: g.new_empty(g.shape[0], g.shape[1] // 2))
+    reg(lib + "paged_decode_attention")(lambda q, *rest: q.new_empty(q.shape))
+    reg(lib + "int4_gemv")(lambda x, packed, g, n: x.new_empty(x.shape[0], n))
+    reg(lib + "int8_gemv")(lambda x, packed, n: x.new_empty(x.shape[0], n))
+    reg(lib + "col_absmax")(lambda x: x.new_empty(x.shape[1], dtype=torch.float32))
+    reg(lib + "quantize_rows_int8")(
+        lambda x, cols: (
+            x.new_empty(x.shape, dtype=torch.int8),
+            x.new_empty(x.shape[0], 1, dtype=torch.float32),
+            x.new_empty(x.shape[0], cols.shape[0]),
+        )
+    )
+    reg(lib + "int8_epilogue")(
+        lambda acc, xs, ws, extra, dtype: acc.new_empty(acc.shape, dtype=dtype)
+    )
 
 
 @functools.cache

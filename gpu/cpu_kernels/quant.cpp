@@ -67,13 +67,13 @@ void quantize_rows_impl(const T* xp, int64_t m, int64_t k, const uint8_t* mask,
   });
 }
 
-// Rows [r0, r1): out = (acc * xs + extra) * ws, rounded to T (extra may be null).
+// Rows [r0, r1): out = acc * xs * ws + extra, rounded to T (extra may be null).
 template <typename T>
-void epilogue_rows(const int32_t* ap, const float* xs, const float* ws, const T* ep,
+void epilogue_rows(const int32_t* ap, const float* xs, const float* ws, const float* ep,
                    int64_t n, int64_t r0, int64_t r1, T* op) {
   for (int64_t r = r0; r < r1; ++r) {
     const int32_t* a = ap + r * n;
-    const T* e = ep ? ep + r * n : nullptr;
+    const float* e = ep ? ep + r * n : nullptr;
     T* o = op + r * n;
     int64_t i = 0;
 #ifdef HOUCHU_AVX512
@@ -82,20 +82,21 @@ void epilogue_rows(const int32_t* ap, const float* xs, const float* ws, const T*
       const __m512 sv = _mm512_set1_ps(xs[r]);
       for (; i + 16 <= n; i += 16) {
         __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(a + i)), sv);
-        if (e != nullptr) v = _mm512_add_ps(v, load16(e + i));
-        store16(o + i, _mm512_mul_ps(v, _mm512_loadu_ps(ws + i)));
+        v = _mm512_mul_ps(v, _mm512_loadu_ps(ws + i));
+        if (e != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(e + i));
+        store16(o + i, v);
       }
     }
 #endif
     for (; i < n; ++i) {
-      const float v = static_cast<float>(a[i]) * xs[r] + (e ? static_cast<float>(e[i]) : 0.f);
-      o[i] = static_cast<T>(v * ws[i]);
+      const float v = static_cast<float>(a[i]) * xs[r] * ws[i] + (e ? e[i] : 0.f);
+      o[i] = static_cast<T>(v);
     }
   }
 }
 
 template <typename T>
-void epilogue_impl(const int32_t* ap, const float* xs, const float* ws, const T* ep,
+void epilogue_impl(const int32_t* ap, const float* xs, const float* ws, const float* ep,
                    int64_t m, int64_t n, T* op) {
   at::parallel_for(0, m, 4, [&](int64_t r0, int64_t r1) {
     epilogue_rows<T>(ap, xs, ws, ep, n, r0, r1, op);
@@ -146,9 +147,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows_int8(const at::Tens
 }
 
 // acc: [M, N] int32 (x_q @ w_q^T); x_scale: [M, 1] float32; w_scale: [N] float32;
-// extra: [M, N] in `dtype` (the outlier features' product with the unscaled int8
-// weight) or None -> [M, N] in `dtype` (float32 or bfloat16):
-// (acc * x_scale + extra) * w_scale.
+// extra: [M, N] float32 (the outlier features' product with their dequantized weight
+// columns) or None -> [M, N] in `dtype` (float32 or bfloat16):
+// acc * x_scale * w_scale + extra, in W8A8Linear._int8_gemm's order.
 at::Tensor int8_epilogue(const at::Tensor& acc, const at::Tensor& x_scale,
                          const at::Tensor& w_scale, const std::optional<at::Tensor>& extra,
                          at::ScalarType dtype) {
@@ -161,9 +162,9 @@ at::Tensor int8_epilogue(const at::Tensor& acc, const at::Tensor& x_scale,
   TORCH_CHECK(w_scale.numel() == n && w_scale.scalar_type() == at::kFloat &&
                   w_scale.is_contiguous(),
               "int8_epilogue: w_scale must be [N] float32");
-  TORCH_CHECK(!extra || (extra->sizes() == acc.sizes() && extra->scalar_type() == dtype &&
+  TORCH_CHECK(!extra || (extra->sizes() == acc.sizes() && extra->scalar_type() == at::kFloat &&
                          extra->is_contiguous()),
-              "int8_epilogue: extra must be a contiguous [M, N] of the output dtype");
+              "int8_epilogue: extra must be a contiguous [M, N] float32");
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
               "int8_epilogue: float32 or bfloat16 output only");
   auto out = at::empty({m, n}, acc.options().dtype(dtype));
@@ -171,7 +172,7 @@ at::Tensor int8_epilogue(const at::Tensor& acc, const at::Tensor& x_scale,
   const float* xs = x_scale.data_ptr<float>();
   const float* ws = w_scale.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dtype, "int8_epilogue", [&] {
-    const scalar_t* ep = extra ? extra->data_ptr<scalar_t>() : nullptr;
+    const float* ep = extra ? extra->data_ptr<float>() : nullptr;
     epilogue_impl<scalar_t>(ap, xs, ws, ep, m, n, out.data_ptr<scalar_t>());
   });
   return out;

@@ -42,7 +42,12 @@ def texts(real_model_path):
 
 @pytest.fixture(scope="module")
 def models(real_model_path):
-    """Each weight format loaded once (the exact float32 model serves the KV configs)."""
+    """Each weight format loaded once (the exact float32 model serves the KV configs),
+    with the kernels a CPU server uses (houchu's C++ ones where they build), whatever
+    other tests this process ran."""
+    from houchu.gpu import cpu_kernels
+
+    cpu_kernels.available()
     out = {("none", "float32"): load_model(real_model_path, torch.float32)}
     for quant, dtype, _ in CONFIGS:
         if (quant, dtype) not in out:

@@ -175,4 +175,4 @@ def test_quant_kernels_reject_bad_input():
     with pytest.raises(RuntimeError, match="w_scale"):
         k.int8_epilogue(acc, torch.ones(4, 1), torch.ones(5), None, torch.float32)
     with pytest.raises(RuntimeError, match="extra"):
-        k.int8_epilogue(acc, torch.ones(4, 1), torch.ones(6), torch.ones(4, 6), torch.bfloat16)
+        k.int8_epilogue(acc, torch.ones(4, 1), torch.ones(6), torch.ones(4, 5), torch.bfloat16)
