@@ -14,6 +14,7 @@ CUDA graphs are always kept (they remove per-kernel launch costs a GPU step is m
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -96,7 +97,14 @@ class DecodeAccelerator:
         impl, n = self.impl, min(8, self.pool.num_pages)
         if self.kind == "compiled_decode":
             n = min(n, impl.buckets[0])
-            self.setup_s = impl.warmup(impl.buckets[:1])
+            try:
+                self.setup_s = impl.warmup(impl.buckets[:1])
+            except Exception as e:  # noqa: BLE001 (Inductor raises many kinds; "auto" survives all)
+                if self.keep_slower:  # "on": the user asked for it
+                    raise
+                msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                print(f"houchu: torch.compile failed ({msg}); decoding eagerly", file=sys.stderr)
+                impl, self.impl, self.dropped = None, None, True
         elif impl is not None:
             self.setup_s = impl.warmup()
             n = min(n, impl.buckets[-1])
@@ -109,7 +117,7 @@ class DecodeAccelerator:
             self.eager_step_s = _best_time(lambda: self.model(batch, self.pool, self.backend))
             if impl is not None:
                 self.accel_step_s = _best_time(lambda: self.forward(batch))
-        if self.kind == "compiled_decode":
+        if self.kind == "compiled_decode" and impl is not None:
             if self.accel_step_s > KEEP_BELOW * self.eager_step_s and not self.keep_slower:
                 self.impl, self.dropped = None, True
             else:

@@ -150,6 +150,5 @@ class LeverCounters:
                 f"; {self.accel} in {self.accel_setup_s:.1f}s, warm-up step eager "
                 f"{self.eager_step_s * 1e3:.1f} ms vs {self.accel_step_s * 1e3:.1f} ms"
             )
-            if self.dropped:
-                s += " (not faster: decoding eagerly)"
+            s += " (not faster: decoding eagerly)" if self.dropped else " (kept)"
         return s

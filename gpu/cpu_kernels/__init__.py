@@ -109,6 +109,8 @@ def _load_once(verbose: bool) -> float:
     with open(build / "houchu.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         (build / "lock").unlink(missing_ok=True)
+        if not any(build.glob("*.so")):
+            print(f"houchu: building the C++ CPU kernels in {build} (once)", file=sys.stderr)
         _build(cpp_extension, key, sources, build, verbose)
     _register_fakes()
     _loaded = True

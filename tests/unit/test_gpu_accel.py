@@ -39,6 +39,23 @@ def test_compile_policy_checked(tiny_dir):
         ModelRunner(tiny_dir, page_size=4, num_pages=8, compile="yes", quiet=True)
 
 
+def test_compile_failure_under_auto_decodes_eagerly(tiny_dir, monkeypatch, capsys):
+    """No working C++ compiler (or any Inductor error): "auto" serves eagerly and says
+    why; "on" raises."""
+    from houchu.gpu.compiled import CompiledDecode
+
+    def broken(self, buckets=None):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+    monkeypatch.setattr(CompiledDecode, "warmup", broken)
+    r = ModelRunner(tiny_dir, page_size=4, num_pages=24, compile="auto", quiet=True)
+    assert r.accel.impl is None and r.accel.dropped
+    assert "torch.compile failed (InvalidCxxCompiler" in capsys.readouterr().err
+    assert generate(r) == generate(ModelRunner(tiny_dir, page_size=4, num_pages=24, quiet=True))
+    with pytest.raises(RuntimeError, match="InvalidCxxCompiler"):
+        ModelRunner(tiny_dir, page_size=4, num_pages=24, compile="on", quiet=True)
+
+
 @pytest.mark.parametrize("kv", ["auto", "int8"])
 def test_static_decode_matches_eager(tiny_dir, kv):
     """The fixed-shape step CUDA graphs replay (padding rows on the scratch page)."""
