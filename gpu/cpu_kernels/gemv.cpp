@@ -171,13 +171,7 @@ inline void store_out(OutT* p, __m512 v, __mmask16 mask) {
   if constexpr (std::is_same_v<OutT, float>) {
     _mm512_mask_storeu_ps(p, mask, v);
   } else {
-    __m512i u = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-    r = _mm512_srli_epi32(r, 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
-    _mm256_mask_storeu_epi16(p, mask, _mm512_cvtepi32_epi16(r));
+    _mm256_mask_storeu_epi16(p, mask, vec::bf16_bits16(v));
   }
 }
 

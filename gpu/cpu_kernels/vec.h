@@ -20,15 +20,20 @@ inline __m512 load16(const c10::BFloat16* p) {
 
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 
-// Round to nearest even, NaN stays NaN (as c10::BFloat16's conversion).
-inline void store16(c10::BFloat16* p, __m512 v) {
-  __m512i u = _mm512_castps_si512(v);
+// The 16 bfloat16 bit patterns of v: round to nearest even, NaN stays NaN (as
+// c10::BFloat16's conversion).
+inline __m256i bf16_bits16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
   r = _mm512_srli_epi32(r, 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
   r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+inline void store16(c10::BFloat16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_bits16(v));
 }
 
 // Round every lane to T's precision and back to float32 (a no-op for float).
