@@ -84,6 +84,12 @@ class LinearBase(nn.Module):
         """What the same weight costs in bfloat16 (bytes), the ledger's baseline."""
         return 2 * self.out_features * self.in_features
 
+    def gemv_blob(self, rows: int) -> tuple[torch.Tensor, int] | None:
+        """``(packed weight, int4 group size or 0 for int8)`` in houchu's C++ GEMV layout
+        when a forward pass of ``rows`` rows runs on that kernel (CPU, kernels loaded),
+        else None. The fused decode layer (``houchu.gpu.fused_cpu``) reads it."""
+        return None
+
 
 class Linear(LinearBase):
     """Dense ``y = x Wᵀ`` without bias. weight: ``[out_features, in_features]``.

@@ -17,6 +17,7 @@ from torch import nn
 from houchu.gpu.attention import AttentionBackend
 from houchu.gpu.batch import StepBatch
 from houchu.gpu.config import ModelConfig, ModelLoadError
+from houchu.gpu.fused_cpu import FusedDecode
 from houchu.gpu.kv_pool import KVPool
 from houchu.gpu.linear import Linear, LinearBase, onednn_available
 from houchu.gpu.ops import TorchOps
@@ -153,6 +154,7 @@ class LlamaModel(nn.Module):
         dev = torch.device(device)
         dtype = w["model.embed_tokens.weight"].dtype
         self.ops: TorchOps = TorchOps()
+        self.fused: FusedDecode | None = None  # whole-layer decode kernel, set by the runner
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, w, f"model.layers.{i}", self.quant, dev, dtype)
             for i in range(cfg.num_layers)
@@ -257,7 +259,12 @@ class LlamaModel(nn.Module):
         x, cos, sin = self.embed_and_rope(batch.token_ids, batch.positions)
         meta = backend.prepare(batch)
         last, ops = len(self.layers) - 1, self.ops
+        fused = self.fused.bind(batch, pool, meta) if self.fused is not None else None
+        all_rows = batch.sample_rows.numel() == batch.num_tokens  # decode: rows in order
         for i, layer in enumerate(self.layers):
+            if fused is not None and (i < last or all_rows):
+                x = fused(i, x, cos, sin)  # [T, hidden]
+                continue
             q, k, v = layer.pre(x, cos, sin, ops)
             o = backend.forward(i, q, k, v, pool, batch, meta)  # [T, H, D]
             if i < last:

@@ -139,6 +139,11 @@ class Int4Linear(LinearBase):
             return self.out_features * self.in_features * self.act_dtype.itemsize
         return self.weight_bytes()
 
+    def gemv_blob(self, rows: int) -> tuple[torch.Tensor, int] | None:
+        if self._cpu_gemv is None or _dense_at(self, rows) or rows >= self.dequant_min_rows:
+            return None
+        return self._cpu_gemv, self.group_size
+
     def dequantize(self) -> torch.Tensor:
         """The dense weight ``[N, K]`` in the activation dtype."""
         n, k, g = self.out_features, self.in_features, self.group_size
@@ -209,6 +214,11 @@ class Int8Linear(LinearBase):
             return self.out_features * self.in_features * self.act_dtype.itemsize
         return self.weight_bytes()
 
+    def gemv_blob(self, rows: int) -> tuple[torch.Tensor, int] | None:
+        if self._cpu_gemv is None or _dense_at(self, rows) or rows >= self.dequant_min_rows:
+            return None
+        return self._cpu_gemv, 0
+
     def _weight_only(self, xa: torch.Tensor) -> torch.Tensor:
         """xa: ``[M, K]`` act dtype -> ``[M, N]`` act dtype."""
         if self.dense_min_rows is not None and xa.shape[0] >= self.dense_min_rows:
@@ -266,6 +276,9 @@ class W8A8Linear(Int8Linear):
 
     def weight_bytes_at(self, rows: int) -> int:
         return self.weight_bytes() if rows >= self.w8a8_min_rows else super().weight_bytes_at(rows)
+
+    def gemv_blob(self, rows: int) -> tuple[torch.Tensor, int] | None:
+        return None if rows >= self.w8a8_min_rows else super().gemv_blob(rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
@@ -325,6 +338,11 @@ class W8A8Linear(Int8Linear):
             # cost 1 point of top-1 agreement
             extra = F.linear(x_cols.float(), w_cols.contiguous())  # [M, N] float32
         return k.int8_epilogue(acc, xs, self.wscale, extra, x.dtype)
+
+
+def _dense_at(layer: Int4Linear | Int8Linear, rows: int) -> bool:
+    """Whether ``rows`` rows run on the layer's kept dense prepacked copy."""
+    return layer.dense_min_rows is not None and rows >= layer.dense_min_rows
 
 
 def _dense_copy(w: torch.Tensor, device: torch.device, min_rows: int | None) -> torch.Tensor | None:

@@ -36,6 +36,7 @@ from houchu.gpu.accel import DecodeAccelerator
 from houchu.gpu.attention import make_backend
 from houchu.gpu.batch import StepBatch, build_batch
 from houchu.gpu.config import ModelConfig, num_parameters, resolve_model_file
+from houchu.gpu.fused_cpu import FusedDecode
 from houchu.gpu.kv_pool import KVPool
 from houchu.gpu.kv_transfer import HostKVMirror
 from houchu.gpu.levers import LeverCounters, StepCost
@@ -75,6 +76,8 @@ class ModelRunner:
             if a warm-up step runs faster compiled) or "on" (kept regardless).
         cuda_graph: on CUDA, capture decode steps as CUDA graphs at startup.
         decode_buckets: batch sizes compiled / captured.
+        fused_layers: with the cpu attention backend, run each decoder layer of a decode
+            step as one C++ call where it applies (``houchu.gpu.fused_cpu``).
         quiet: do not print the load summary.
     Raises:
         ModelLoadError: the model cannot be loaded.
@@ -104,6 +107,7 @@ class ModelRunner:
         compile: str = "off",
         cuda_graph: bool = True,
         decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+        fused_layers: bool = True,
         quiet: bool = False,
     ) -> None:
         if num_threads is not None:
@@ -122,6 +126,8 @@ class ModelRunner:
         with torch.inference_mode():
             self.model = load_model(model_path, self.dtype, self.device, prepack, quant)
             self.model.ops = make_ops(self.backend.ops_name, self.device)
+            if fused_layers and self.backend.name == "cpu":
+                self.model.fused = FusedDecode(self.model)
             self.pool = KVPool.for_model(
                 self.config,
                 page_size=page_size,

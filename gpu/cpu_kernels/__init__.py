@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = ("norm_rope.cpp", "attention.cpp", "quant.cpp", "gemv.cpp")
-_HEADERS = ("vec.h",)
+_SOURCES = ("norm_rope.cpp", "attention.cpp", "quant.cpp", "gemv.cpp", "decode_layer.cpp")
+_HEADERS = ("vec.h", "gemv.h", "norm_rope.h", "attention.h")
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c++17"]
 
 
@@ -148,6 +148,7 @@ def _register_fakes() -> None:
     reg(lib + "paged_decode_attention")(lambda q, *rest: q.new_empty(q.shape))
     reg(lib + "int4_gemv")(lambda x, packed, g, n: x.new_empty(x.shape[0], n))
     reg(lib + "int8_gemv")(lambda x, packed, n: x.new_empty(x.shape[0], n))
+    reg(lib + "decode_layer")(lambda x, *rest: x.new_empty(x.shape))
     reg(lib + "col_absmax")(lambda x: x.new_empty(x.shape[1], dtype=torch.float32))
     reg(lib + "quantize_rows_int8")(
         lambda x, cols: (

@@ -19,88 +19,16 @@
 #include <type_traits>
 #include <vector>
 
-#include "vec.h"
+#include "attention.h"
 
 namespace houchu_cpu {
 
 namespace {
 
+using attn::attend_one;
 #ifdef HOUCHU_AVX512
-constexpr int64_t kMaxGroup = 16, kMaxDv = 16;  // query heads per KV head; D / 16
-
-// All G query heads of one KV head of one sequence, AVX-512: each K/V row is loaded and
-// widened to float32 once for the G heads. q: G rows at stride q_stride; out: [G, D]
-// contiguous. Scratch: scores [G, len].
-template <typename T, int DV>
-void attend_group_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc,
-                         const int64_t* pages, int64_t len, int64_t ps, int64_t hkv,
-                         int64_t kvh, int64_t group, float scale, T* out, float* scores) {
-  using namespace vec;
-  constexpr int64_t d = DV * 16;
-  __m512 qv[kMaxGroup][DV];
-  for (int64_t g = 0; g < group; ++g) {
-    for (int i = 0; i < DV; ++i) {
-      qv[g][i] = _mm512_mul_ps(load16(q + g * q_stride + i * 16), _mm512_set1_ps(scale));
-    }
-  }
-  const int64_t n_pages = (len + ps - 1) / ps, stride = hkv * d;
-  float mx[kMaxGroup];
-  for (int64_t g = 0; g < group; ++g) mx[g] = -std::numeric_limits<float>::infinity();
-  for (int64_t p = 0; p < n_pages; ++p) {
-    const int64_t n = std::min(ps, len - p * ps);
-    const T* k = kc + (pages[p] * ps * hkv + kvh) * d;
-    for (int64_t r = 0; r < n; ++r, k += stride) {
-      __m512 kv[DV];
-      for (int i = 0; i < DV; ++i) kv[i] = load16(k + i * 16);
-      for (int64_t g = 0; g < group; ++g) {
-        __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
-        for (int i = 1; i < DV; ++i) acc = _mm512_fmadd_ps(qv[g][i], kv[i], acc);
-        const float s = _mm512_reduce_add_ps(acc);
-        scores[g * len + p * ps + r] = s;
-        mx[g] = std::max(mx[g], s);
-      }
-    }
-  }
-  float inv[kMaxGroup];
-  for (int64_t g = 0; g < group; ++g) {
-    float* sg = scores + g * len;
-    __m512 sum = _mm512_setzero_ps();
-    const __m512 m = _mm512_set1_ps(mx[g]);
-    int64_t t = 0;
-    for (; t + 16 <= len; t += 16) {
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + t), m));
-      _mm512_storeu_ps(sg + t, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    if (t < len) {
-      const __mmask16 tail = static_cast<__mmask16>((1u << (len - t)) - 1);
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sg + t), m));
-      _mm512_mask_storeu_ps(sg + t, tail, e);
-      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(tail, e));
-    }
-    inv[g] = 1.f / _mm512_reduce_add_ps(sum);
-  }
-  __m512 acc[kMaxGroup][DV];
-  for (int64_t g = 0; g < group; ++g) {
-    for (int i = 0; i < DV; ++i) acc[g][i] = _mm512_setzero_ps();
-  }
-  for (int64_t p = 0; p < n_pages; ++p) {
-    const int64_t n = std::min(ps, len - p * ps);
-    const T* v = vc + (pages[p] * ps * hkv + kvh) * d;
-    for (int64_t r = 0; r < n; ++r, v += stride) {
-      __m512 vv[DV];
-      for (int i = 0; i < DV; ++i) vv[i] = load16(v + i * 16);
-      for (int64_t g = 0; g < group; ++g) {
-        const __m512 pr = _mm512_set1_ps(scores[g * len + p * ps + r]);
-        for (int i = 0; i < DV; ++i) acc[g][i] = _mm512_fmadd_ps(pr, vv[i], acc[g][i]);
-      }
-    }
-  }
-  for (int64_t g = 0; g < group; ++g) {
-    const __m512 s = _mm512_set1_ps(inv[g]);
-    for (int i = 0; i < DV; ++i) store16(out + g * d + i * 16, _mm512_mul_ps(acc[g][i], s));
-  }
-}
+using attn::attend_group_avx512;
+using attn::kMaxGroup;
 
 // The AVX-512 path if it applies (unquantized pool, D in {64, 128}, G <= 16).
 template <typename T>
@@ -139,69 +67,6 @@ bool decode_attention_avx512(const at::Tensor& q, const at::Tensor& k_cache,
 }
 #endif
 
-// Rows [n, D] of one page (stride `stride` elements) to float32 `out` [n, D]; int8 rows
-// are dequantized with their float16 scales and rounded to T, as dequantize_kv does.
-template <typename T, typename C>
-inline void rows_to_float(const C* src, int64_t stride, const c10::Half* scale,
-                          int64_t scale_stride, int64_t n, int64_t d, float* out) {
-  for (int64_t r = 0; r < n; ++r) {
-    const C* x = src + r * stride;
-    float* o = out + r * d;
-    if (scale != nullptr) {
-      const float s = static_cast<float>(scale[r * scale_stride]);
-#pragma omp simd
-      for (int64_t j = 0; j < d; ++j) {
-        o[j] = static_cast<float>(static_cast<T>(static_cast<float>(x[j]) * s));
-      }
-    } else {
-#pragma omp simd
-      for (int64_t j = 0; j < d; ++j) o[j] = static_cast<float>(x[j]);
-    }
-  }
-}
-
-// One query head of one sequence, page by page. q: [D]; out: [D]. Scratch: scores
-// [len], acc [D], qf [D], tile [page_size, D] floats.
-template <typename T, typename C>
-void attend_one(const T* q, const C* kc, const C* vc, const c10::Half* ks, const c10::Half* vs,
-                const int64_t* pages, int64_t len, int64_t ps, int64_t hkv, int64_t kvh,
-                int64_t d, float scale, T* out, float* scores, float* acc, float* qf,
-                float* tile) {
-  for (int64_t j = 0; j < d; ++j) qf[j] = static_cast<float>(q[j]) * scale;
-  const int64_t n_pages = (len + ps - 1) / ps, stride = hkv * d;
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t p = 0; p < n_pages; ++p) {
-    const int64_t n = std::min(ps, len - p * ps), first = pages[p] * ps * hkv + kvh;
-    rows_to_float<T, C>(kc + first * d, stride, ks ? ks + first : nullptr, hkv, n, d, tile);
-    for (int64_t r = 0; r < n; ++r) {
-      const float* k = tile + r * d;
-      float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < d; ++j) dot += qf[j] * k[j];
-      scores[p * ps + r] = dot;
-      mx = std::max(mx, dot);
-    }
-  }
-  float denom = 0.f;
-#pragma omp simd reduction(+ : denom)
-  for (int64_t t = 0; t < len; ++t) {
-    scores[t] = std::exp(scores[t] - mx);
-    denom += scores[t];
-  }
-  std::fill(acc, acc + d, 0.f);
-  for (int64_t p = 0; p < n_pages; ++p) {
-    const int64_t n = std::min(ps, len - p * ps), first = pages[p] * ps * hkv + kvh;
-    rows_to_float<T, C>(vc + first * d, stride, vs ? vs + first : nullptr, hkv, n, d, tile);
-    for (int64_t r = 0; r < n; ++r) {
-      const float pr = scores[p * ps + r];
-      const float* v = tile + r * d;
-#pragma omp simd
-      for (int64_t j = 0; j < d; ++j) acc[j] += pr * v[j];
-    }
-  }
-  const float inv = 1.f / denom;
-  for (int64_t j = 0; j < d; ++j) out[j] = static_cast<T>(acc[j] * inv);
-}
 
 template <typename T, typename C>
 void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

@@ -14,23 +14,9 @@
 #include <tuple>
 #include <type_traits>
 
-#include "vec.h"
+#include "norm_rope.h"
 
 namespace houchu_cpu {
-
-template <typename T>
-constexpr bool kVec =
-#ifdef HOUCHU_AVX512
-    std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
-#else
-    false;
-#endif
-
-// Round a float32 to the storage type T and back (a no-op for float).
-template <typename T>
-inline float round_to(float x) {
-  return static_cast<float>(static_cast<T>(x));
-}
 
 template <typename T>
 void rms_norm_rows(const T* x, int64_t x_stride, const T* w, T* out, int64_t out_stride,
@@ -39,57 +25,9 @@ void rms_norm_rows(const T* x, int64_t x_stride, const T* w, T* out, int64_t out
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     std::vector<float> buf(hidden);
     for (int64_t r = r0; r < r1; ++r) {
-      const T* xr = x + r * x_stride;
-#ifdef HOUCHU_AVX512
-      if constexpr (kVec<T>) {
-        if (hidden % 16 == 0) {
-          using namespace vec;
-          __m512 acc = _mm512_setzero_ps();
-          for (int64_t i = 0; i < hidden; i += 16) {
-            __m512 f = load16(xr + i);
-            if (delta != nullptr) {  // the residual add, rounded as x + delta is
-              f = round16<T>(_mm512_add_ps(f, load16(delta + r * delta_stride + i)));
-              store16(sum_out + r * out_stride + i, f);
-            }
-            _mm512_storeu_ps(buf.data() + i, f);
-            acc = _mm512_fmadd_ps(f, f, acc);
-          }
-          const float ms = _mm512_reduce_add_ps(acc) / static_cast<float>(hidden);
-          const __m512 inv = _mm512_set1_ps(1.f / std::sqrt(ms + static_cast<float>(eps)));
-          for (int64_t i = 0; i < hidden; i += 16) {
-            const __m512 n = round16<T>(_mm512_mul_ps(_mm512_loadu_ps(buf.data() + i), inv));
-            store16(out + r * out_stride + i, _mm512_mul_ps(load16(w + i), n));
-          }
-          continue;
-        }
-      }
-#endif
-      float ss = 0.f;
-      if (delta != nullptr) {  // residual add, rounded as the reference's x + delta
-        const T* dr = delta + r * delta_stride;
-        T* sr = sum_out + r * out_stride;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < hidden; ++i) {
-          T s = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(dr[i]));
-          sr[i] = s;
-          float f = static_cast<float>(s);
-          buf[i] = f;
-          ss += f * f;
-        }
-      } else {
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < hidden; ++i) {
-          float f = static_cast<float>(xr[i]);
-          buf[i] = f;
-          ss += f * f;
-        }
-      }
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(hidden) + static_cast<float>(eps));
-      T* o = out + r * out_stride;
-#pragma omp simd
-      for (int64_t i = 0; i < hidden; ++i) {
-        o[i] = static_cast<T>(static_cast<float>(w[i]) * round_to<T>(buf[i] * inv));
-      }
+      rms_norm_row<T>(x + r * x_stride, w, out + r * out_stride, hidden, eps,
+                      delta ? sum_out + r * out_stride : nullptr,
+                      delta ? delta + r * delta_stride : nullptr, buf.data());
     }
   });
 }
@@ -137,7 +75,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 template <typename T>
 void rope_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                 at::Tensor& out) {
-  const int64_t t = x.size(0), h = x.size(1), d = x.size(2), half = d / 2;
+  const int64_t t = x.size(0), h = x.size(1), d = x.size(2);
   const T* xp = x.data_ptr<T>();
   const T* cp = cos.data_ptr<T>();
   const T* sp = sin.data_ptr<T>();
@@ -146,35 +84,7 @@ void rope_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   at::parallel_for(0, t * h, 64, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i) {
       const int64_t ti = i / h, hi = i % h;
-      const T* xr = xp + ti * xs0 + hi * xs1;
-      const T* c = cp + ti * cs0;
-      const T* s = sp + ti * ss0;
-      T* o = op + i * d;
-#ifdef HOUCHU_AVX512
-      if constexpr (kVec<T>) {
-        if (half % 16 == 0) {
-          using namespace vec;
-          const __m512 neg = _mm512_set1_ps(-1.f);
-          for (int64_t j = 0; j < d; j += 16) {
-            const __m512 rot = j < half ? _mm512_mul_ps(neg, load16(xr + j + half))
-                                        : load16(xr + j - half);
-            const __m512 a1 = round16<T>(_mm512_mul_ps(load16(xr + j), load16(c + j)));
-            const __m512 a2 = round16<T>(_mm512_mul_ps(rot, load16(s + j)));
-            store16(o + j, _mm512_add_ps(a1, a2));
-          }
-          continue;
-        }
-      }
-#endif
-      // x * cos + rotate_half(x) * sin, each product rounded to T as the reference does
-#pragma omp simd
-      for (int64_t j = 0; j < d; ++j) {
-        const float rot = j < half ? -static_cast<float>(xr[j + half])
-                                   : static_cast<float>(xr[j - half]);
-        const float a1 = round_to<T>(static_cast<float>(xr[j]) * static_cast<float>(c[j]));
-        const float a2 = round_to<T>(rot * static_cast<float>(s[j]));
-        o[j] = static_cast<T>(a1 + a2);
-      }
+      rope_row<T>(xp + ti * xs0 + hi * xs1, cp + ti * cs0, sp + ti * ss0, op + i * d, d);
     }
   });
 }
@@ -205,30 +115,7 @@ template <typename T>
 void silu_mul_rows(const T* g, int64_t gs, T* o, int64_t n, int64_t inter) {
   at::parallel_for(0, n, 8, [&](int64_t a, int64_t b) {
     for (int64_t r = a; r < b; ++r) {
-      const T* gr = g + r * gs;
-      const T* ur = gr + inter;
-      T* orow = o + r * inter;
-#ifdef HOUCHU_AVX512
-      if constexpr (kVec<T>) {
-        if (inter % 16 == 0) {
-          using namespace vec;
-          const __m512 one = _mm512_set1_ps(1.f);
-          for (int64_t i = 0; i < inter; i += 16) {
-            const __m512 x = load16(gr + i);
-            const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
-            const __m512 act = round16<T>(_mm512_div_ps(x, _mm512_add_ps(one, e)));
-            store16(orow + i, _mm512_mul_ps(act, load16(ur + i)));
-          }
-          continue;
-        }
-      }
-#endif
-#pragma omp simd
-      for (int64_t i = 0; i < inter; ++i) {
-        const float x = static_cast<float>(gr[i]);
-        const float act = round_to<T>(x / (1.f + std::exp(-x)));
-        orow[i] = static_cast<T>(act * static_cast<float>(ur[i]));
-      }
+      silu_mul_span<T>(g + r * gs, g + r * gs + inter, o + r * inter, 0, inter);
     }
   });
 }

@@ -1,0 +1,482 @@
+// Kernels of houchu's weight-only int4 / int8 GEMV (gemv.cpp has the operators and the
+// layouts' description; decode_layer.cpp calls these from inside its own threads).
+#pragma once
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "vec.h"
+
+namespace houchu_cpu {
+namespace gemv {
+
+constexpr int64_t kBlock = 16;  // output features per block (one 512-bit lane each)
+constexpr int64_t kMaxTile = 8;  // bfloat16 activation rows per pass over the weights
+
+inline uint16_t bf16_bits(c10::BFloat16 v) {
+  uint16_t b;
+  std::memcpy(&b, &v, 2);
+  return b;
+}
+
+inline float bits_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round-to-nearest-even float32 -> bfloat16 bits (NaN stays NaN), as c10::BFloat16.
+inline uint16_t to_bf16_bits(float f) { return bf16_bits(c10::BFloat16(f)); }
+
+// The activations as bfloat16 rows: x bfloat16 -> the same values, R = 1 row each;
+// x float32 -> R = 3 rows each (hi, mid, lo; hi + mid + lo == x exactly unless a term
+// falls into the denormal range). Also the per-group sums of every row. The buffers are
+// the calling thread's, reused from call to call (a heap allocation costs more than a
+// small GEMV's arithmetic): kernels only read them, and the thread's next Acts
+// overwrites them.
+struct Acts {
+  int64_t rows = 0, R = 1, k = 0, ld = 0;  // rows = M * R, ld = row stride of bits
+  const uint16_t* bits = nullptr;          // [rows, ld] bfloat16 bit patterns, zero past k
+  const float* xf = nullptr;               // [M, k] x as float32 (scalar path only)
+  const float* gsum = nullptr;             // [rows, ngroups] sum of each group's values
+
+  // x: [m, k] float32 or bfloat16 at strides (s0, s1) elements; kpad >= k: the padded
+  // row length the packed weight expects; group: int4 group size, or 0 (no group sums).
+  template <typename T>
+  Acts(const T* x, int64_t m, int64_t k_, int64_t s0, int64_t s1, int64_t kpad, int64_t group) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>);
+    thread_local std::vector<uint16_t> bits_buf;
+    thread_local std::vector<float> float_buf;
+    k = k_;
+    ld = kpad;
+    R = std::is_same_v<T, float> ? 3 : 1;
+    rows = m * R;
+    const int64_t ng = group > 0 ? kpad / group : 0;
+#ifdef HOUCHU_AVX512
+    const int64_t nxf = 0;
+#else
+    const int64_t nxf = m * k;
+#endif
+    if (static_cast<int64_t>(bits_buf.size()) < rows * ld) bits_buf.resize(rows * ld);
+    if (static_cast<int64_t>(float_buf.size()) < nxf + rows * ng)
+      float_buf.resize(nxf + rows * ng);
+    uint16_t* b = bits_buf.data();
+    float* f = float_buf.data();
+    float* gs = f + nxf;
+    for (int64_t i = 0; i < m; ++i) {
+      uint16_t* row = b + i * R * ld;
+      const T* p = x + i * s0;
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (s1 == 1)
+          std::memcpy(row, p, 2 * k);
+        else
+          for (int64_t j = 0; j < k; ++j) row[j] = bf16_bits(p[j * s1]);
+      } else {
+        for (int64_t j = 0; j < k; ++j) {
+          float r = p[j * s1];
+          for (int64_t t = 0; t < 3; ++t) {  // r - bf16(r) is exact in float32
+            const uint16_t h = to_bf16_bits(r);
+            row[t * ld + j] = h;
+            r -= bits_bf16(h);
+          }
+        }
+      }
+      if (nxf > 0)
+        for (int64_t j = 0; j < k; ++j) f[i * k + j] = static_cast<float>(p[j * s1]);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      std::fill(b + r * ld + k, b + (r + 1) * ld, uint16_t{0});
+      for (int64_t g = 0; g < ng; ++g) {
+        float sum = 0.f;
+        for (int64_t j = g * group; j < (g + 1) * group; ++j) sum += bits_bf16(b[r * ld + j]);
+        gs[r * ng + g] = sum;
+      }
+    }
+    bits = b;
+    xf = f;
+    gsum = gs;
+  }
+};
+
+// Acts of a [M, K] float32 or bfloat16 tensor (any strides).
+inline Acts acts_of(const at::Tensor& x, int64_t kpad, int64_t group) {
+  if (x.scalar_type() == at::kBFloat16)
+    return Acts(x.data_ptr<c10::BFloat16>(), x.size(0), x.size(1), x.stride(0), x.stride(1),
+                kpad, group);
+  return Acts(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), x.stride(1), kpad, group);
+}
+
+
+// Split M activation rows into passes of at most kMaxTile bfloat16 rows (whole R-groups),
+// as even as possible: calls f(first original row, original rows in the pass).
+template <typename F>
+void for_tiles(int64_t m, int64_t R, F&& f) {
+  const int64_t per = kMaxTile / R;  // original rows per pass (8 or 2)
+  const int64_t n = (m + per - 1) / per;
+  int64_t r0 = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t len = (m - r0) / (n - t) + ((m - r0) % (n - t) ? 1 : 0);
+    f(r0, len);
+    r0 += len;
+  }
+}
+
+// Contiguous ranges of at least ~32 KiB of weights per task: smaller ones cost more in
+// thread wake-up than they save.
+inline int64_t grain_for(int64_t block_bytes) {
+  return std::max<int64_t>(1, (32 << 10) / std::max<int64_t>(1, block_bytes));
+}
+
+#ifdef HOUCHU_AVX512
+
+inline __m512 dp_bf16(__m512 acc, __m512i w, __m512i x) {
+#ifdef __AVX512BF16__
+  return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x);
+#else  // acc += w_even * x_even + w_odd * x_odd, both products exact in float32
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(w, hi)),
+                        _mm512_castsi512_ps(_mm512_and_si512(x, hi)), acc);
+  return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)),
+                         _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), acc);
+#endif
+}
+
+inline __m512i bcast_pair(const uint16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <typename OutT>
+inline void store_out(OutT* p, __m512 v, __mmask16 mask) {
+  if constexpr (std::is_same_v<OutT, float>) {
+    _mm512_mask_storeu_ps(p, mask, v);
+  } else {
+    _mm256_mask_storeu_epi16(p, mask, vec::bf16_bits16(v));
+  }
+}
+
+// Independent accumulator chains per activation row: enough to cover vdpbf16ps latency.
+constexpr int chains_for(int mt) { return mt == 1 ? 8 : mt <= 2 ? 4 : (mt <= 4 ? 2 : 1); }
+
+// int4: row blocks [b0, b1) for MT bfloat16 rows (R of them per output row).
+template <int MT, int R, bool F32S, typename OutT>
+void int4_tile(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, int64_t ng,
+               int64_t G, const uint16_t* xb, int64_t ldx, const float* gs, OutT* out,
+               int64_t ldo, int64_t n) {
+  constexpr int A = chains_for(MT);
+  static_assert(MT % R == 0, "whole R-groups per tile");
+  // word i -> bfloat16(i & 15): vpermw reads only the low 5 bits of each index word, so
+  // a nibble's neighbour bit above it does not matter
+  alignas(64) uint16_t tbl[32];
+  for (int i = 0; i < 32; ++i) tbl[i] = to_bf16_bits(static_cast<float>(i & 15));
+  const __m512i T = _mm512_load_si512(tbl);
+  const __m512i hi16 = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t chunks = G / 8;
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* p = w + b * blk_bytes;
+    __m512 acc[MT];
+    for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+      __m512 s, o;
+      if constexpr (F32S) {
+        s = _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+        o = _mm512_loadu_ps(reinterpret_cast<const float*>(p + 64));
+        p += 128;
+      } else {  // dword = offset bits << 16 | scale bits
+        const __m512i so = _mm512_loadu_si512(p);
+        s = _mm512_castsi512_ps(_mm512_slli_epi32(so, 16));
+        o = _mm512_castsi512_ps(_mm512_and_si512(so, hi16));
+        p += 64;
+      }
+      __m512 d[MT][A];
+      for (int m = 0; m < MT; ++m)
+        for (int a = 0; a < A; ++a) d[m][a] = _mm512_setzero_ps();
+      const uint16_t* xg = xb + g * G;
+      auto chunk = [&](int64_t c, auto slot_) {
+        constexpr int slot = decltype(slot_)::value;
+        const __m512i v = _mm512_loadu_si512(p);
+        p += 64;
+        __m512i wt[4];
+        wt[0] = _mm512_permutexvar_epi16(v, T);
+        wt[1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), T);
+        wt[2] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), T);
+        wt[3] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), T);
+        const uint16_t* xc = xg + c * 8;
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t)
+#pragma GCC unroll 8
+          for (int m = 0; m < MT; ++m) {
+            const int a = (slot * 4 + t) % A;
+            d[m][a] = dp_bf16(d[m][a], wt[t], bcast_pair(xc + m * ldx + 2 * t));
+          }
+      };
+      int64_t c = 0;
+      if constexpr (A > 4) {
+        for (; c + 2 <= chunks; c += 2) {
+          chunk(c, std::integral_constant<int, 0>{});
+          chunk(c + 1, std::integral_constant<int, 1>{});
+        }
+      }
+      for (; c < chunks; ++c) chunk(c, std::integral_constant<int, 0>{});
+      for (int m = 0; m < MT; ++m) {
+        __m512 dm = d[m][0];
+        for (int a = 1; a < A; ++a) dm = _mm512_add_ps(dm, d[m][a]);
+        acc[m] = _mm512_fmadd_ps(s, dm, acc[m]);
+        acc[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(gs[m * ng + g]), acc[m]);
+      }
+    }
+    const int64_t n0 = b * kBlock;
+    const __mmask16 mask =
+        n - n0 >= kBlock ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - n0)) - 1);
+    for (int r = 0; r < MT / R; ++r) {
+      __m512 y = acc[r * R];
+      for (int j = 1; j < R; ++j) y = _mm512_add_ps(y, acc[r * R + j]);
+      store_out(out + r * ldo + n0, y, mask);
+    }
+  }
+}
+
+// int8: row blocks [b0, b1); after a block's scales, chunk c holds k = 4c..4c+3.
+template <int MT, int R, typename OutT>
+void int8_tile(const int8_t* w, int64_t b0, int64_t b1, int64_t nchunks, const uint16_t* xb,
+               int64_t ldx, OutT* out, int64_t ldo, int64_t n) {
+  constexpr int A = MT == 1 ? 4 : (MT <= 2 ? 2 : 1);  // chunks in flight (2 chains each)
+  for (int64_t b = b0; b < b1; ++b) {
+    const int8_t* hdr = w + b * (1 + nchunks) * 64;  // 16 float32 scales
+    const int8_t* p = hdr + 64;
+    __m512 d[MT][2 * A];
+    for (int m = 0; m < MT; ++m)
+      for (int a = 0; a < 2 * A; ++a) d[m][a] = _mm512_setzero_ps();
+    auto chunk = [&](int64_t c, auto slot_) {
+      constexpr int slot = decltype(slot_)::value;
+      const int8_t* q = p + c * 64;
+      __m512 f[4];
+      for (int j = 0; j < 4; ++j)
+        f[j] = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * j))));
+      __m512i wt[2];
+#ifdef __AVX512BF16__
+      wt[0] = (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0]);
+      wt[1] = (__m512i)_mm512_cvtne2ps_pbh(f[3], f[2]);
+#else  // int8 values are exact in bfloat16: keep the high halves of the float32 lanes
+      const __m512i sel = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39,
+                                           37, 35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13,
+                                           11, 9, 7, 5, 3, 1);
+      wt[0] = _mm512_permutex2var_epi16(_mm512_castps_si512(f[0]), sel, _mm512_castps_si512(f[1]));
+      wt[1] = _mm512_permutex2var_epi16(_mm512_castps_si512(f[2]), sel, _mm512_castps_si512(f[3]));
+#endif
+      const uint16_t* xc = xb + c * 4;
+#pragma GCC unroll 2
+      for (int t = 0; t < 2; ++t)
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m)
+          d[m][slot * 2 + t] = dp_bf16(d[m][slot * 2 + t], wt[t], bcast_pair(xc + m * ldx + 2 * t));
+    };
+    int64_t c = 0;
+    for (; c + A <= nchunks; c += A) {
+      chunk(c, std::integral_constant<int, 0>{});
+      if constexpr (A > 1) chunk(c + 1, std::integral_constant<int, 1 % A>{});
+      if constexpr (A > 2) chunk(c + 2, std::integral_constant<int, 2 % A>{});
+      if constexpr (A > 3) chunk(c + 3, std::integral_constant<int, 3 % A>{});
+    }
+    for (; c < nchunks; ++c) chunk(c, std::integral_constant<int, 0>{});
+    const int64_t n0 = b * kBlock;
+    const __mmask16 mask =
+        n - n0 >= kBlock ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - n0)) - 1);
+    const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(hdr));
+    for (int r = 0; r < MT / R; ++r) {
+      __m512 y = _mm512_setzero_ps();
+      for (int j = 0; j < R; ++j)
+        for (int a = 0; a < 2 * A; ++a) y = _mm512_add_ps(y, d[r * R + j][a]);
+      store_out(out + r * ldo + n0, _mm512_mul_ps(y, sc), mask);
+    }
+  }
+}
+
+// Calls f(std::integral_constant<int, MT>) for MT in 1..8 (runtime mt).
+template <typename F>
+void with_mt(int64_t mt, F&& f) {
+  switch (mt) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
+
+#endif  // HOUCHU_AVX512
+
+// Byte and shift of code (feature i in its block, k % 8 = kk) inside a 64-byte chunk:
+// 16-bit word 2i + (kk & 1) holds k pairs t = kk / 2 = 0..3 in bits 4t..4t+3.
+inline int64_t int4_byte(int64_t i, int64_t kk) { return 4 * i + 2 * (kk & 1) + ((kk >> 1) >> 1); }
+inline int int4_shift(int64_t kk) { return 4 * ((kk >> 1) & 1); }
+
+template <typename OutT>
+void int4_scalar(const uint8_t* w, int64_t b0, int64_t b1, int64_t ng, int64_t G, int64_t H,
+                 const Acts& xa, int64_t m, OutT* out, int64_t n) {
+  const int64_t gbytes = H + 8 * G, k = ng * G;
+  for (int64_t b = b0; b < b1; ++b)
+    for (int64_t i = 0; i < kBlock && b * kBlock + i < n; ++i)
+      for (int64_t r = 0; r < m; ++r) {
+        const float* x = xa.xf + r * k;
+        float acc = 0.f;
+        for (int64_t g = 0; g < ng; ++g) {
+          const uint8_t* h = w + (b * ng + g) * gbytes;
+          float s, o;
+          if (H == 128) {
+            std::memcpy(&s, h + 4 * i, 4);
+            std::memcpy(&o, h + 64 + 4 * i, 4);
+          } else {
+            uint32_t d;
+            std::memcpy(&d, h + 4 * i, 4);
+            s = bits_bf16(static_cast<uint16_t>(d & 0xFFFF));
+            o = bits_bf16(static_cast<uint16_t>(d >> 16));
+          }
+          float dq = 0.f, xs = 0.f;
+          for (int64_t kk = 0; kk < G; ++kk) {
+            const uint8_t byte = h[H + 64 * (kk / 8) + int4_byte(i, kk % 8)];
+            const float xv = x[g * G + kk];
+            dq += xv * static_cast<float>((byte >> int4_shift(kk % 8)) & 15);
+            xs += xv;
+          }
+          acc += s * dq + o * xs;
+        }
+        out[r * n + b * kBlock + i] = static_cast<OutT>(acc);
+      }
+}
+
+template <typename OutT>
+void int8_scalar(const int8_t* w, int64_t b0, int64_t b1, int64_t nc, const Acts& xa, int64_t m,
+                 OutT* out, int64_t n) {
+  const int64_t k = xa.k;
+  for (int64_t b = b0; b < b1; ++b)
+    for (int64_t i = 0; i < kBlock && b * kBlock + i < n; ++i) {
+      const int8_t* blk = w + b * (1 + nc) * 64;
+      float scale;
+      std::memcpy(&scale, blk + 4 * i, 4);
+      for (int64_t r = 0; r < m; ++r) {
+        const float* x = xa.xf + r * k;
+        float acc = 0.f;
+        for (int64_t kk = 0; kk < k; ++kk)
+          acc += x[kk] *
+                 static_cast<float>(blk[64 * (1 + kk / 4) + 32 * ((kk % 4) / 2) + 2 * i + kk % 2]);
+        out[r * n + b * kBlock + i] = static_cast<OutT>(acc * scale);
+      }
+    }
+}
+
+// A packed weight as the kernels read it: int4_pack's uint8 blob [ceil(N/16), K/G, H + 8G]
+// or int8_pack's int8 blob [ceil(N/16), 1 + ceil(K/4), 64]. Checked once (`of`), then
+// `run_blocks` computes any range of its 16-feature blocks on the calling thread.
+struct PackedLinear {
+  bool int4 = true;
+  const uint8_t* w = nullptr;
+  int64_t nb = 0, n = 0;     // blocks of 16 output features; output features
+  int64_t kpad = 0;          // activation row length the layout holds (int8: 4-aligned)
+  int64_t G = 0, ng = 0;     // int4: group size and groups per row
+  int64_t H = 0;             // int4: header bytes per group (64 bfloat16, 128 float32)
+  int64_t nc = 0;            // int8: 4-column chunks per row
+  int64_t blk_bytes = 0;     // bytes per block
+
+  // Whether x's width k fits this layout.
+  bool fits(int64_t k) const { return int4 ? k == kpad : k > kpad - 4 && k <= kpad; }
+
+  // Raises c10::Error (a RuntimeError in Python) naming `who` on a malformed blob.
+  static PackedLinear of(const at::Tensor& blob, int64_t group_size, int64_t out_features,
+                         const char* who) {
+    PackedLinear p;
+    TORCH_CHECK(blob.dim() == 3 && blob.is_contiguous() &&
+                    (blob.scalar_type() == at::kByte || blob.scalar_type() == at::kChar),
+                who, ": packed must be int4_pack's contiguous uint8 [N/16, K/G, H + 8G] or ",
+                "int8_pack's contiguous int8 [N/16, 1 + K/4, 64] blob");
+    p.int4 = blob.scalar_type() == at::kByte;
+    p.w = reinterpret_cast<const uint8_t*>(blob.data_ptr());
+    p.nb = blob.size(0);
+    p.n = out_features;
+    if (p.int4) {
+      p.G = group_size;
+      TORCH_CHECK(p.G > 0 && p.G % 8 == 0, who,
+                  ": group_size must be a positive multiple of 8, got ", p.G);
+      p.ng = blob.size(1);
+      p.H = blob.size(2) - 8 * p.G;
+      TORCH_CHECK(p.H == 64 || p.H == 128, who, ": packed has ", blob.size(2),
+                  " bytes per group, not 64 or 128 + 8 * group_size (", p.G,
+                  "): wrong group_size?");
+      p.kpad = p.ng * p.G;
+      p.blk_bytes = p.ng * blob.size(2);
+    } else {
+      TORCH_CHECK(blob.size(1) >= 2 && blob.size(2) == 64, who,
+                  ": packed must be int8_pack's contiguous int8 [N/16, 1 + K/4, 64]");
+      p.nc = blob.size(1) - 1;
+      p.kpad = p.nc * 4;
+      p.blk_bytes = (1 + p.nc) * 64;
+    }
+    TORCH_CHECK(p.n > (p.nb - 1) * kBlock && p.n <= p.nb * kBlock, who, ": out_features ", p.n,
+                " does not match the packed weight's ", p.nb, " blocks of 16 features");
+    return p;
+  }
+};
+
+// out[r, 16 b0 .. 16 b1) = x[r] @ W[16 b0 .. 16 b1).T for the m rows of xa (built with
+// kpad = p.kpad and, for int4, group = p.G); out is [m, p.n] row-major.
+template <typename OutT>
+void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int64_t b0,
+                int64_t b1) {
+  if (b0 >= b1) return;
+  const int64_t n = p.n;
+#ifdef HOUCHU_AVX512
+  for_tiles(m, xa.R, [&](int64_t r0, int64_t len) {
+    const int64_t mt = len * xa.R;
+    const uint16_t* xb = xa.bits + r0 * xa.R * xa.ld;
+    OutT* o = out + r0 * n;
+    with_mt(mt, [&](auto MT_) {
+      constexpr int MT = decltype(MT_)::value;
+      if (p.int4) {
+        const float* gs = xa.gsum + r0 * xa.R * p.ng;
+        if constexpr (MT % 3 == 0) {
+          if (xa.R == 3) {
+            if (p.H == 128)
+              int4_tile<MT, 3, true>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xb, xa.ld, gs, o, n, n);
+            else
+              int4_tile<MT, 3, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xb, xa.ld, gs, o, n, n);
+            return;
+          }
+        }
+        if (p.H == 128)
+          int4_tile<MT, 1, true>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xb, xa.ld, gs, o, n, n);
+        else
+          int4_tile<MT, 1, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xb, xa.ld, gs, o, n, n);
+      } else {
+        const int8_t* w = reinterpret_cast<const int8_t*>(p.w);
+        if constexpr (MT % 3 == 0) {
+          if (xa.R == 3) {
+            int8_tile<MT, 3>(w, b0, b1, p.nc, xb, xa.ld, o, n, n);
+            return;
+          }
+        }
+        int8_tile<MT, 1>(w, b0, b1, p.nc, xb, xa.ld, o, n, n);
+      }
+    });
+  });
+#else
+  if (p.int4)
+    int4_scalar(p.w, b0, b1, p.ng, p.G, p.H, xa, m, out, n);
+  else
+    int8_scalar(reinterpret_cast<const int8_t*>(p.w), b0, b1, p.nc, xa, m, out, n);
+#endif
+}
+
+}  // namespace gemv
+}  // namespace houchu_cpu

@@ -1,0 +1,145 @@
+"""The fused decode layer (``houchu.gpu.fused_cpu``, ``decode_layer.cpp``) against the
+per-op path it replaces: bit-equal logits and KV, where it applies and where it does not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from houchu.gpu import cpu_kernels
+from houchu.gpu.batch import build_batch
+from houchu.gpu.runner import ModelRunner
+from houchu.gpu.testing import make_tiny_llama
+from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+
+pytestmark = pytest.mark.skipif(
+    not cpu_kernels.available(), reason="the C++ CPU kernels do not build here"
+)
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = {"a": [1, 5, 9, 33, 70, 2, 8], "b": [7, 7, 100], "c": [3], "d": [4, 4, 4, 4, 9]}
+#: head_dim 16 takes the portable attention loop, 64 the AVX-512 group kernel
+SHAPES = {
+    "d16": {},
+    "d64": {"hidden_size": 256, "intermediate_size": 192, "num_attention_heads": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return {
+        name: make_tiny_llama(tmp_path_factory.mktemp(name), seed=3, **cfg)
+        for name, cfg in SHAPES.items()
+    }
+
+
+def _runner(path, **kw) -> ModelRunner:
+    args = {"page_size": 4, "num_pages": 40, "attention_backend": "cpu", "quiet": True}
+    return ModelRunner(path, **(args | kw))
+
+
+def _prefill_then_decode_batch(r: ModelRunner, rows: int):
+    """Prefill ``rows`` prompts, then the StepBatch of one decode token each."""
+    rids = list(PROMPTS)[:rows]
+    tables = {x: list(range(i * 8, i * 8 + 8)) for i, x in enumerate(rids)}
+    init = [SeqInit(rid=x, sampling=GREEDY, prompt_ids=PROMPTS[x]) for x in rids]
+    work = [
+        SeqWork(rid=x, token_ids=PROMPTS[x], start_pos=0, page_table=tables[x], sample=True)
+        for x in rids
+    ]
+    r.execute(StepPlan(step_id=0, init=init, work=work))
+    decode = [
+        SeqWork(
+            rid=x,
+            token_ids=[11 + i],
+            start_pos=len(PROMPTS[x]),
+            page_table=tables[x],
+            sample=True,
+        )
+        for i, x in enumerate(rids)
+    ]
+    return build_batch(
+        decode,
+        page_size=r.pool.page_size,
+        num_pages=r.pool.num_pages,
+        max_context=r.max_context,
+        vocab_size=r.config.vocab_size,
+    )
+
+
+def _both_paths(r: ModelRunner, rows: int):
+    """Logits and KV pool after the decode step, per-op then fused (same pool state)."""
+    batch = _prefill_then_decode_batch(r, rows)
+    fused, out = r.model.fused, []
+    with torch.inference_mode():
+        for f in (None, fused):
+            r.model.fused = f
+            logits = r.model(batch, r.pool, r.backend)
+            out.append((logits, r.pool.k.clone(), r.pool.v.clone()))
+    r.model.fused = fused
+    return out
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("quant", ["int4", "int8", "w8a8"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_fused_equals_per_op(models, shape, dtype, quant, rows):
+    r = _runner(models[shape], dtype=dtype, quantization=quant)
+    before = r.model.fused.steps
+    (l0, k0, v0), (l1, k1, v1) = _both_paths(r, rows)
+    assert r.model.fused.steps == before + 1, "the fused kernel did not run"
+    assert l0.shape == (rows, r.config.vocab_size)
+    assert torch.equal(l0, l1)
+    assert torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"quantization": "none"},  # dense projections: no GEMV blob
+        {"quantization": "int4", "kv_cache_dtype": "int8"},  # quantized pool
+        {"quantization": "int4", "attention_backend": "torch"},
+        {"quantization": "int4", "fused_layers": False},
+    ],
+)
+def test_fused_stays_off_where_it_does_not_apply(models, kw):
+    r = _runner(models["d16"], **kw)
+    steps = r.model.fused.steps if r.model.fused else 0
+    (l0, *_), (l1, *_) = _both_paths(r, 2)
+    assert (r.model.fused.steps if r.model.fused else 0) == steps
+    assert torch.equal(l0, l1)
+
+
+def test_fused_greedy_tokens_through_the_runner(models):
+    """Decode steps through ``execute``: the same greedy tokens fused and per-op."""
+    from tests.unit.test_gpu_quant import generate
+
+    on = _runner(models["d64"], quantization="int4", dtype="bfloat16")
+    off = _runner(models["d64"], quantization="int4", dtype="bfloat16", fused_layers=False)
+    assert generate(on, 8) == generate(off, 8)
+    assert on.model.fused.steps >= 7
+
+
+def test_decode_layer_rejects_bad_input(models):
+    r = _runner(models["d16"], quantization="int4")
+    batch = _prefill_then_decode_batch(r, 1)
+    meta = r.backend.prepare(batch)
+    run = r.model.fused.bind(batch, r.pool, meta)
+    assert run is not None
+    x = torch.randn(1, r.config.hidden_size)
+    cos = sin = torch.ones(1, 1, r.config.head_dim)
+    run(0, x, cos, sin)  # well formed
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        run(0, x.half(), cos, sin)
+    with pytest.raises(RuntimeError, match=r"\[B, 1, D\]"):
+        run(0, x, cos[:, :, :4], sin)
+    with pytest.raises(RuntimeError, match=r"\[B, hidden\]"):
+        run(0, torch.randn(1, 2 * x.shape[1])[:, ::2], cos, sin)  # strided
+    meta.decode_lens[0] = 10_000  # past the row's pages
+    with pytest.raises(RuntimeError, match="outside"):
+        run(0, x, cos, sin)
+    meta.decode_lens[0] = 2
+    meta.decode_pages[0, 0] = r.pool.num_pages  # a page the pool does not have
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        run(0, x, cos, sin)
