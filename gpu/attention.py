@@ -119,10 +119,19 @@ class _TorchMeta:
     all_decode: bool
     decode_rows: torch.Tensor | None = None  # [B] int64 rows of T (q_len == 1 sequences)
     decode_pages: torch.Tensor | None = None  # [B, n_pages] int64
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, n_pages * page_size] bool
     decode_lens: torch.Tensor | None = None  # [B] int32 KV length of each decode row
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, L] bool, made by length_mask
     prefill: list[_PrefillSeq] = field(default_factory=list)
     multi: _MultiQuery | None = None
+
+    def length_mask(self, span: int) -> torch.Tensor:
+        """``[B, 1, 1, span]`` bool, True at each decode row's first ``decode_lens``
+        positions; made on first use (once per step), as a kernel that reads the lengths
+        itself never needs it."""
+        if self.decode_mask is None:
+            pos = torch.arange(span, device=self.decode_lens.device)  # [L]
+            self.decode_mask = (pos[None, :] < self.decode_lens[:, None])[:, None, None, :]
+        return self.decode_mask
 
 
 class TorchSDPABackend(AttentionBackend):
@@ -153,10 +162,7 @@ class TorchSDPABackend(AttentionBackend):
                 [batch.q_starts[i] for i in decode], dtype=torch.int64, device=dev
             )
             meta.decode_pages = batch.page_tables[idx, :n_pages].contiguous()
-            span = torch.arange(n_pages * ps, device=dev)  # [L]
-            lens_t = torch.tensor(lens, dtype=torch.int64, device=dev)
-            meta.decode_mask = (span[None, :] < lens_t[:, None])[:, None, None, :]
-            meta.decode_lens = lens_t.to(torch.int32)
+            meta.decode_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
         multi = [
             i
             for i in range(batch.num_seqs)
@@ -285,7 +291,7 @@ class TorchSDPABackend(AttentionBackend):
             q.reshape(b, hkv, h // hkv, d),  # [B, Hkv, G, D]: the G query heads of each group
             kp.transpose(1, 2),  # [B, Hkv, L, D]
             vp.transpose(1, 2),  # [B, Hkv, L, D]
-            attn_mask=meta.decode_mask,  # [B, 1, 1, L]
+            attn_mask=meta.length_mask(kp.shape[1]),  # [B, 1, 1, L]
         )  # [B, Hkv, G, D]
         return o.reshape(b, h, d)
 

@@ -140,20 +140,21 @@ def build_batch(
             sample_rows.extend(range(q_starts[-1] - 1 - w.num_draft, q_starts[-1]))
             sample_counts.append(w.num_draft + 1)
 
-    pt = torch.zeros(len(work), max_pages, dtype=torch.int64)  # [S, max_pages]
-    for i, w in enumerate(work):
-        pt[i, : len(w.page_table)] = torch.tensor(w.page_table, dtype=torch.int64)
-    pos = torch.tensor(positions, dtype=torch.int64)  # [T]
-    seq_of_token = torch.repeat_interleave(
-        torch.arange(len(work)), torch.tensor(_lens(q_starts))
-    )  # [T]
-    slots = pt[seq_of_token, pos // page_size] * page_size + pos % page_size  # [T]
-    if torch.unique(slots).numel() != slots.numel():
+    slots = [  # [T] KV slot of each new token
+        w.page_table[p // page_size] * page_size + p % page_size
+        for w in work
+        for p in range(w.start_pos, w.start_pos + len(w.token_ids))
+    ]
+    if len(set(slots)) != len(slots):
         raise ValueError("two tokens of this step write the same KV slot (shared page?)")
+    pt = torch.tensor(  # [S, max_pages]
+        [list(w.page_table) + [0] * (max_pages - len(w.page_table)) for w in work],
+        dtype=torch.int64,
+    )
     return StepBatch(
         token_ids=torch.tensor(tokens, dtype=torch.int64, device=device),
-        positions=pos.to(device),
-        slot_mapping=slots.to(device),
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         page_tables=pt.to(device),
         sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=device),
         q_starts=q_starts,
@@ -163,7 +164,3 @@ def build_batch(
         page_size=page_size,
         sample_counts=sample_counts,
     )
-
-
-def _lens(q_starts: list[int]) -> list[int]:
-    return [b - a for a, b in zip(q_starts[:-1], q_starts[1:], strict=True)]

@@ -243,7 +243,7 @@ class LlamaModel(nn.Module):
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: x ``[R, hidden]`` -> ``[R, vocab]`` float32 logits."""
-        return self.lm_head(self.norm(x)).float()
+        return self.lm_head(self.ops.rms_norm(x, self.norm.weight, self.norm.eps)).float()
 
     def forward(self, batch: StepBatch, pool: KVPool, backend: AttentionBackend) -> torch.Tensor:
         """Run one step: write every new token's K/V into the pool, return sampled logits.
