@@ -6,7 +6,7 @@
 // Why: at batch 1 a layer is ten small kernels of 5-40 us each, and what the per-op path
 // pays besides them (an operator dispatch, a thread-team wake-up and a few allocations
 // per op, several hundred per step) is as large as the kernels' own time. Here the
-// threads stay in one team for the whole layer and meet at four barriers; each GEMV
+// threads stay in one team for the whole layer and meet at five barriers; each GEMV
 // splits its 16-feature blocks over the threads, work that every thread needs (the
 // norms) is done by each thread for itself, and the SiLU·mul and the final residual add
 // run on the thread that computed their inputs.
@@ -97,34 +97,44 @@ void gemv_blocks(const PackedLinear& p, const T* in, int64_t B, int64_t k, T* ou
   }
 }
 
-// RoPE, KV store and attention for row b and KV head kvh: its G query heads and its key
-// are rotated, the key and value written to the row's newest KV slot, then the G heads
-// attend over the row's lens[b] positions (the new one included).
+// The new token's key (rotated) and value for row b and KV head kvh, written to the
+// row's newest KV slot (position lens[b] - 1).
 template <typename T>
-void attend_item(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t kvh) {
-  const int64_t H = L.H, Hkv = L.Hkv, D = L.D, G = H / Hkv, nq = (H + 2 * Hkv) * D;
+void store_kv(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t kvh) {
+  const int64_t H = L.H, Hkv = L.Hkv, D = L.D, nq = (H + 2 * Hkv) * D;
   const T* row = S.qkv + b * nq;
+  const int64_t pos = L.lens[b] - 1;
+  const int64_t slot = L.pages[b * L.n_pages + pos / L.ps] * L.ps + pos % L.ps;
   const T* c = static_cast<const T*>(L.cos) + b * L.cos_stride;
   const T* s = static_cast<const T*>(L.sin) + b * L.sin_stride;
-  T* q = S.q + (b * H + kvh * G) * D;
-  for (int64_t g = 0; g < G; ++g) rope_row<T>(row + (kvh * G + g) * D, c, s, q + g * D, D);
-  const int64_t len = L.lens[b], pos = len - 1;
+  rope_row<T>(row + (H + kvh) * D, c, s, static_cast<T*>(L.k_cache) + (slot * Hkv + kvh) * D, D);
+  std::memcpy(static_cast<T*>(L.v_cache) + (slot * Hkv + kvh) * D, row + (H + Hkv + kvh) * D,
+              D * sizeof(T));
+}
+
+// Query heads [h0, h1) of row b, all of KV head h0 / G: rotated, then attending over the
+// row's lens[b] positions (the new one, stored by store_kv, included).
+template <typename T>
+void attend_heads(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t h0, int64_t h1) {
+  const int64_t H = L.H, Hkv = L.Hkv, D = L.D, G = H / Hkv, nq = (H + 2 * Hkv) * D;
+  const int64_t kvh = h0 / G, n = h1 - h0, len = L.lens[b];
+  const T* c = static_cast<const T*>(L.cos) + b * L.cos_stride;
+  const T* s = static_cast<const T*>(L.sin) + b * L.sin_stride;
+  T* q = S.q + (b * H + h0) * D;
+  for (int64_t h = h0; h < h1; ++h) rope_row<T>(S.qkv + b * nq + h * D, c, s, q + (h - h0) * D, D);
   const int64_t* pages = L.pages + b * L.n_pages;
-  const int64_t slot = pages[pos / L.ps] * L.ps + pos % L.ps;
-  T* kc = static_cast<T*>(L.k_cache);
-  T* vc = static_cast<T*>(L.v_cache);
-  rope_row<T>(row + (H + kvh) * D, c, s, kc + (slot * Hkv + kvh) * D, D);
-  std::memcpy(vc + (slot * Hkv + kvh) * D, row + (H + Hkv + kvh) * D, D * sizeof(T));
-  T* out = S.attn + (b * H + kvh * G) * D;
+  const T* kc = static_cast<const T*>(L.k_cache);
+  const T* vc = static_cast<const T*>(L.v_cache);
+  T* out = S.attn + (b * H + h0) * D;
 #ifdef HOUCHU_AVX512
   if constexpr (kVec<T>) {
-    if ((D == 64 || D == 128) && G <= attn::kMaxGroup) {
-      std::vector<float>& sc = scratch<float>(kScores, G * L.max_len);
+    if ((D == 64 || D == 128) && n <= attn::kMaxGroup) {
+      std::vector<float>& sc = scratch<float>(kScores, n * L.max_len);
       if (D == 64)
-        attn::attend_group_avx512<T, 4>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, G, L.scale,
+        attn::attend_group_avx512<T, 4>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, n, L.scale,
                                         out, sc.data());
       else
-        attn::attend_group_avx512<T, 8>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, G, L.scale,
+        attn::attend_group_avx512<T, 8>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, n, L.scale,
                                         out, sc.data());
       return;
     }
@@ -133,7 +143,7 @@ void attend_item(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t kvh)
   // acc [D], qf [D], tile [page_size, D], scores [len]
   std::vector<float>& sc = scratch<float>(kScores, L.max_len + (2 + L.ps) * D);
   float* f = sc.data();
-  for (int64_t g = 0; g < G; ++g)
+  for (int64_t g = 0; g < n; ++g)
     attn::attend_one<T, T>(q + g * D, kc, vc, nullptr, nullptr, pages, len, L.ps, Hkv, kvh, D,
                            L.scale, out + g * D, f + (2 + L.ps) * D, f, f + D, f + 2 * D);
 }
@@ -156,8 +166,19 @@ void layer_thread(const LayerArgs& L, const Shared<T>& S, int t, int nt) {
   auto [q0, q1] = share(L.qkv.nb, t, nt);
   gemv_blocks<T, A>(L.qkv, h.data(), B, hid, S.qkv, q0, q1);
 #pragma omp barrier
-  auto [i0, i1] = share(B * L.Hkv, t, nt);
-  for (int64_t i = i0; i < i1; ++i) attend_item<T>(L, S, i / L.Hkv, i % L.Hkv);
+  auto [k0, k1] = share(B * L.Hkv, t, nt);
+  for (int64_t i = k0; i < k1; ++i) store_kv<T>(L, S, i / L.Hkv, i % L.Hkv);
+#pragma omp barrier
+  // attention items: a KV head's G query heads share each K/V load, but with fewer
+  // groups than a few per thread they are split into chunks of heads to balance
+  const int64_t G = L.H / L.Hkv, groups = B * L.Hkv;
+  const int64_t chunks = std::min<int64_t>(G, (4 * nt + groups - 1) / groups);
+  auto [a0, a1] = share(groups * chunks, t, nt);
+  for (int64_t i = a0; i < a1; ++i) {
+    const int64_t grp = i / chunks, ch = i % chunks;
+    const int64_t b = grp / L.Hkv, first = grp % L.Hkv * G;
+    attend_heads<T>(L, S, b, first + G * ch / chunks, first + G * (ch + 1) / chunks);
+  }
 #pragma omp barrier
   auto [o0, o1] = share(L.o.nb, t, nt);
   gemv_blocks<T, A>(L.o, S.attn, B, HD, S.o, o0, o1);
