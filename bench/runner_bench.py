@@ -131,7 +131,7 @@ def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:
     print(f"  {fmt} {mode}: ready in {time.perf_counter() - t0:.1f}s; {runner.levers.summary()}")
     b = Bench(runner, args.context)
     rows = [b.decode(n, args.steps) for n in args.batches]
-    if mode == "eager":
+    if mode == "eager" and args.prefill > 0:
         rows.append(b.prefill(args.prefill, 3))
     for row in rows:
         row.fmt, row.mode = fmt, mode
@@ -166,10 +166,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,8,32", help="decode batch sizes")
     p.add_argument("--context", type=int, default=128, help="KV tokens per sequence")
     p.add_argument("--steps", type=int, default=8, help="timed decode steps (best taken)")
-    p.add_argument("--prefill", type=int, default=512, help="prefill prompt length")
+    p.add_argument(
+        "--prefill", type=int, default=512, help="prefill prompt length (0: no prefill row)"
+    )
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     args = p.parse_args(argv)
-    args.batches = [int(b) for b in args.batches.split(",")]
+    try:
+        args.batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        p.error(f"--batches must be comma-separated integers, got {args.batches!r}")
+    unknown = set(args.formats.split(",")) - set(FORMATS)
+    if unknown:
+        p.error(
+            f"unknown format(s) {', '.join(sorted(unknown))} (choose from {', '.join(FORMATS)})"
+        )
+    if min(args.batches) < 1 or args.context < 1 or args.steps < 1 or args.prefill < 0:
+        p.error("--batches, --context and --steps must be positive, --prefill not negative")
     if args.model is None:
         from houchu.fetch import fetch_default_model
 

@@ -54,7 +54,7 @@ from houchu.gpu.quant import (
 
 INT4_DEQUANT_MIN_ROWS = 128  # rows from which int4 dequantize-then-matmul is faster
 INT8_DEQUANT_MIN_ROWS = 64  # same for the int8 weight-only kernel
-CPU_DENSE_MIN_ROWS = 8  # CPU: rows from which a kept dense prepacked copy is faster
+CPU_DENSE_MIN_ROWS = 64  # CPU: rows from which a kept dense prepacked copy beats houchu's GEMV
 W8A8_MIN_ROWS = 32  # rows from which the int8 GEMM beats the weight-only int8 kernel
 #: W8A8: share of input features per GEMM that skip int8 and run in float32, the ones of
 #: largest magnitude in the batch (after LLM.int8(), Dettmers et al. 2022, which picks
