@@ -265,6 +265,12 @@ def _speed_options(p: argparse.ArgumentParser) -> None:
         help="batch-size buckets the compiled / graph-captured decode step is built for",
     )
     g.add_argument(
+        "--disable-fused-layers",
+        action="store_true",
+        help="cpu attention backend: run decode steps op by op instead of one C++ call per "
+        "decoder layer",
+    )
+    g.add_argument(
         "--disable-cuda-graph",
         action="store_true",
         help="do not capture decode steps as CUDA graphs (CUDA only)",
@@ -476,6 +482,7 @@ def _serve(args: argparse.Namespace) -> int:
         compile="off" if args.disable_compile else args.compile,
         decode_batch_sizes=args.decode_batch_sizes,
         cuda_graph=not args.disable_cuda_graph,
+        fused_layers=not args.disable_fused_layers,
         request_timeout_s=args.request_timeout,
         heartbeat_timeout_s=args.heartbeat_timeout,
         max_restarts=args.max_restarts,

@@ -67,6 +67,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     compile: str = "auto"  # torch.compile the decode step: off | auto (if faster) | on
     decode_batch_sizes: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     cuda_graph: bool = True  # capture decode steps as CUDA graphs (CUDA only)
+    fused_layers: bool = True  # cpu backend: one C++ call per decoder layer in decode steps
     page_size: int = 16
     num_pages: int | None = None
     kv_cache_memory_bytes: int = 1 << 30

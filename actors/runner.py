@@ -133,6 +133,7 @@ class RunnerActor:
             compile=c.compile,
             decode_buckets=tuple(c.decode_batch_sizes),
             cuda_graph=c.cuda_graph,
+            fused_layers=c.fused_layers,
         )
 
     def busy_s(self) -> float:

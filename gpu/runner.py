@@ -185,7 +185,8 @@ class ModelRunner:
             f"{self.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
             f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
             f"({p.bytes_per_token} B/token), max context {self.max_context}, "
-            f"attention {self.backend.name}, kernels {self.model.ops.name}{self._build_note()}, "
+            f"attention {self.backend.name}, kernels {self.model.ops.name}{self._build_note()}"
+            f"{' with fused decode layers' if self.model.fused else ''}, "
             f"matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
             f"{torch.get_num_threads()} threads{took}; {self.levers.summary()}"
         )
