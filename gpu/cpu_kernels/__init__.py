@@ -2,10 +2,12 @@
 
 The ``*.cpp`` files beside this module register operators in the ``houchu_cpu`` library
 (``torch.ops.houchu_cpu.*``): fused RMSNorm, residual add + RMSNorm, RoPE and SiLU·mul
-(``norm_rope.cpp``), paged decode attention (``attention.cpp``) and int4/int8 GEMV
-(``gemv.cpp``). They remove what dominates an eager CPU decode step at small batch
-sizes: hundreds of small torch ops per step, each a few microseconds of dispatch, and the
-KV-page gather before attention.
+(``norm_rope.cpp``), paged decode attention (``attention.cpp``), int4/int8 GEMV
+(``gemv.cpp``), W8A8's quantization and epilogue (``quant.cpp``), and a whole decoder
+layer of a decode step in one call (``decode_layer.cpp``, reusing the others' kernels
+from the ``*.h`` headers). They remove what dominates an eager CPU decode step at small
+batch sizes: hundreds of small torch ops per step, each a few microseconds of dispatch,
+and the KV-page gather before attention.
 
 ``load()`` compiles them once per machine with ``torch.utils.cpp_extension`` (g++ with
 ``-O3 -march=native`` and ninja; about 30 s on 2 cores) into
