@@ -1,11 +1,11 @@
-"""Fused decode layers for the CPU: a whole Llama layer in one C++ call.
+"""Fused decode layers for the CPU: all the Llama layers of a decode step in one C++ call.
 
 At batch 1 a decoder layer is ten small kernels of 5-40 µs each, and the per-op path
 pays about as much again around them (operator dispatch, thread-team wake-ups,
-allocations). ``torch.ops.houchu_cpu.decode_layer`` (``cpu_kernels/decode_layer.cpp``)
-runs the layer's norms, projections, RoPE, KV store, attention and MLP in one parallel
-region with the per-op path's own kernels and roundings, so its output equals the
-per-op path bit for bit.
+allocations). ``torch.ops.houchu_cpu.decode_layers`` (``cpu_kernels/decode_layers.cpp``)
+runs every layer's norms, projections, RoPE, KV store, attention and MLP in one
+parallel region with the per-op path's own kernels and roundings, so its output equals
+the per-op path bit for bit.
 
 It applies to a step whose rows all decode (one new token each) when every projection of
 the model runs on houchu's int4/int8 GEMV at that row count (weight-only int4 or int8, or
@@ -17,7 +17,8 @@ model dtype (an int8 or fp8 pool takes the per-op path). Turned off with
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -25,7 +26,7 @@ from houchu.gpu.attention import _TorchMeta
 from houchu.gpu.batch import StepBatch
 from houchu.gpu.kv_pool import KVPool
 
-LayerFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+LayersFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class FusedDecode:
@@ -37,59 +38,70 @@ class FusedDecode:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self._weights: dict[int, list[tuple] | None] = {}  # rows -> per-layer arguments
+        self._weights: dict[tuple[int, int], _Weights | None] = {}  # (rows, layers) ->
         self.steps = 0  # decode steps that ran fused
 
-    def _layer_weights(self, rows: int) -> list[tuple] | None:
-        """Per layer ``(in_norm, post_norm, blobs, group_sizes, out_features)`` when every
+    def _layer_weights(self, rows: int, layers: int) -> _Weights | None:
+        """The kernel's weight arguments for the first ``layers`` layers when every
         projection runs on the C++ GEMV at ``rows`` rows, else None (memoized)."""
-        if rows not in self._weights:
-            self._weights[rows] = self._collect(rows)
-        return self._weights[rows]
+        key = (rows, layers)
+        if key not in self._weights:
+            self._weights[key] = _collect(self.model.layers[:layers], rows)
+        return self._weights[key]
 
-    def _collect(self, rows: int) -> list[tuple] | None:
-        out, acts = [], set()
-        for layer in self.model.layers:
-            lins = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
-            blobs = [lin.gemv_blob(rows) for lin in lins]
-            if any(b is None for b in blobs) or layer.gate_up.out_features % 32:
-                return None
-            acts |= {lin.act_dtype for lin in lins}
-            out.append(
-                (
-                    layer.input_norm.weight,
-                    layer.post_norm.weight,
-                    [b[0] for b in blobs],
-                    [b[1] for b in blobs],
-                    [lin.out_features for lin in lins],
-                )
-            )
-        if len(acts) != 1:
-            return None
-        self.act_dtype = acts.pop()
-        return out
-
-    def bind(self, batch: StepBatch, pool: KVPool, meta: object) -> LayerFn | None:
-        """``fn(layer, x [B, hidden], cos [B, 1, D], sin [B, 1, D]) -> [B, hidden]`` for
-        this step, or None when the fused kernel does not apply to it."""
+    def bind(self, batch: StepBatch, pool: KVPool, meta: object) -> LayersFn | None:
+        """``fn(layers, x [B, hidden], cos [B, 1, D], sin [B, 1, D]) -> [B, hidden]``, which
+        runs the first ``layers`` layers of this step, or None when the fused kernel does
+        not apply to it."""
         model = self.model
         if not isinstance(meta, _TorchMeta) or not meta.all_decode or meta.decode_pages is None:
             return None
         if pool.quantized or pool.k.dtype != model.dtype:
             return None
-        weights = self._layer_weights(batch.num_tokens)
-        if weights is None:
+        rows = batch.num_tokens
+        if self._layer_weights(rows, len(model.layers)) is None:
             return None
         eps, scale = model.cfg.rms_norm_eps, 1.0 / math.sqrt(model.cfg.head_dim)
-        pages, lens, act = meta.decode_pages, meta.decode_lens, self.act_dtype
-        kernel = torch.ops.houchu_cpu.decode_layer
+        pages, lens = meta.decode_pages, meta.decode_lens
+        kernel = torch.ops.houchu_cpu.decode_layers
         self.steps += 1
 
-        def run(i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-            in_norm, post_norm, blobs, groups, outs = weights[i]
+        def run(layers: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+            w = self._layer_weights(rows, layers)
+            assert w is not None  # a prefix of layers that all apply
             return kernel(
-                x, cos, sin, in_norm, post_norm, eps, *blobs, groups, outs, act,
-                pool.k[i], pool.v[i], pages, lens, scale,
+                x, cos, sin, w.norms, eps, w.linears, w.group_sizes, w.out_features,
+                w.act_dtype, pool.k, pool.v, pages, lens, scale,
             )  # fmt: skip
 
         return run
+
+
+class _Weights(NamedTuple):
+    """``decode_layers``' per-layer arguments, flattened in layer order."""
+
+    norms: list[torch.Tensor]  # 2 per layer: input norm, post-attention norm, [hidden]
+    linears: list[torch.Tensor]  # 4 per layer: qkv, o_proj, gate_up, down GEMV blobs
+    group_sizes: list[int]  # 4 per layer: int4 group size, 0 for int8
+    out_features: list[int]  # 4 per layer
+    act_dtype: torch.dtype  # the linears' activation dtype (one for all)
+
+
+def _collect(layers: Sequence[torch.nn.Module], rows: int) -> _Weights | None:
+    """The arguments for ``layers`` at ``rows`` rows, or None when one of the projections
+    has no GEMV blob there, a gate_up is not a multiple of 32 wide, or the linears differ
+    in activation dtype."""
+    norms, linears, groups, outs, acts = [], [], [], [], set()
+    for layer in layers:
+        lins = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+        blobs = [lin.gemv_blob(rows) for lin in lins]
+        if any(b is None for b in blobs) or layer.gate_up.out_features % 32:
+            return None
+        acts |= {lin.act_dtype for lin in lins}
+        norms += [layer.input_norm.weight, layer.post_norm.weight]
+        linears += [b[0] for b in blobs]
+        groups += [b[1] for b in blobs]
+        outs += [lin.out_features for lin in lins]
+    if len(acts) != 1:
+        return None
+    return _Weights(norms, linears, groups, outs, acts.pop())

@@ -154,7 +154,7 @@ class LlamaModel(nn.Module):
         dev = torch.device(device)
         dtype = w["model.embed_tokens.weight"].dtype
         self.ops: TorchOps = TorchOps()
-        self.fused: FusedDecode | None = None  # whole-layer decode kernel, set by the runner
+        self.fused: FusedDecode | None = None  # fused decode layers, set by the runner
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, w, f"model.layers.{i}", self.quant, dev, dtype)
             for i in range(cfg.num_layers)
@@ -259,12 +259,16 @@ class LlamaModel(nn.Module):
         x, cos, sin = self.embed_and_rope(batch.token_ids, batch.positions)
         meta = backend.prepare(batch)
         last, ops = len(self.layers) - 1, self.ops
+        first = 0  # layers [0, first) ran fused
         fused = self.fused.bind(batch, pool, meta) if self.fused is not None else None
-        all_rows = batch.sample_rows.numel() == batch.num_tokens  # decode: rows in order
-        for i, layer in enumerate(self.layers):
-            if fused is not None and (i < last or all_rows):
-                x = fused(i, x, cos, sin)  # [T, hidden]
-                continue
+        if fused is not None:
+            # decode rows in order: the last layer too when every row is sampled
+            first = last + (batch.sample_rows.numel() == batch.num_tokens)
+            x = fused(first, x, cos, sin) if first else x  # [T, hidden]
+            if first > last:
+                return self.head(x)  # [R, V]
+        for i in range(first, last + 1):
+            layer = self.layers[i]
             q, k, v = layer.pre(x, cos, sin, ops)
             o = backend.forward(i, q, k, v, pool, batch, meta)  # [T, H, D]
             if i < last:

@@ -1,4 +1,4 @@
-// Kernels of paged decode attention (attention.cpp has the operator; decode_layer.cpp
+// Kernels of paged decode attention (attention.cpp has the operator; decode_layers.cpp
 // calls these from inside its own threads). Softmax attention (Vaswani et al. 2017) of
 // one new query token over its KV positions, read in place from the page pool; grouped
 // KV heads (Ainslie et al. 2023). Scores, softmax and the weighted sum are float32.

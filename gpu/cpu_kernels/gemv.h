@@ -1,5 +1,5 @@
 // Kernels of houchu's weight-only int4 / int8 GEMV (gemv.cpp has the operators and the
-// layouts' description; decode_layer.cpp calls these from inside its own threads).
+// layouts' description; decode_layers.cpp calls these from inside its own threads).
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>

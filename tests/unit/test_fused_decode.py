@@ -1,4 +1,4 @@
-"""The fused decode layer (``houchu.gpu.fused_cpu``, ``decode_layer.cpp``) against the
+"""The fused decode layers (``houchu.gpu.fused_cpu``, ``decode_layers.cpp``) against the
 per-op path it replaces: bit-equal logits and KV, where it applies and where it does not."""
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def test_fused_greedy_tokens_through_the_runner(models):
     assert on.model.fused.steps >= 7
 
 
-def test_decode_layer_rejects_bad_input(models):
+def test_decode_layers_rejects_bad_input(models):
     r = _runner(models["d16"], quantization="int4")
     batch = _prefill_then_decode_batch(r, 1)
     meta = r.backend.prepare(batch)
@@ -129,17 +129,29 @@ def test_decode_layer_rejects_bad_input(models):
     assert run is not None
     x = torch.randn(1, r.config.hidden_size)
     cos = sin = torch.ones(1, 1, r.config.head_dim)
-    run(0, x, cos, sin)  # well formed
+    run(1, x, cos, sin)  # well formed
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
-        run(0, x.half(), cos, sin)
+        run(1, x.half(), cos, sin)
     with pytest.raises(RuntimeError, match=r"\[B, 1, D\]"):
-        run(0, x, cos[:, :, :4], sin)
+        run(1, x, cos[:, :, :4], sin)
     with pytest.raises(RuntimeError, match=r"\[B, hidden\]"):
-        run(0, torch.randn(1, 2 * x.shape[1])[:, ::2], cos, sin)  # strided
+        run(1, torch.randn(1, 2 * x.shape[1])[:, ::2], cos, sin)  # strided
     meta.decode_lens[0] = 10_000  # past the row's pages
     with pytest.raises(RuntimeError, match="outside"):
-        run(0, x, cos, sin)
+        run(1, x, cos, sin)
     meta.decode_lens[0] = 2
     meta.decode_pages[0, 0] = r.pool.num_pages  # a page the pool does not have
     with pytest.raises(RuntimeError, match="outside the pool"):
-        run(0, x, cos, sin)
+        run(1, x, cos, sin)
+    meta.decode_pages[0, 0] = 0
+    kernel, w = torch.ops.houchu_cpu.decode_layers, r.model.fused._layer_weights(1, 2)
+    args = [x, cos, sin, w.norms, 1e-5, w.linears, w.group_sizes, w.out_features]
+    tail = [w.act_dtype, r.pool.k, r.pool.v, meta.decode_pages, meta.decode_lens, 0.25]
+    with pytest.raises(RuntimeError, match="4 entries per layer"):
+        kernel(*args[:5], w.linears[:-1], *args[6:], *tail)
+    with pytest.raises(RuntimeError, match="2 tensors per layer"):
+        kernel(*args[:3], w.norms[:-1], *args[4:], *tail)
+    swap = [0, 3, 2, 1, *range(4, len(w.linears))]  # o_proj and down swapped
+    with pytest.raises(RuntimeError, match="do not chain"):
+        kernel(*args[:5], [w.linears[i] for i in swap], [w.group_sizes[i] for i in swap],
+               [w.out_features[i] for i in swap], *tail)  # fmt: skip

@@ -1,0 +1,416 @@
+// The decoder layers of a decode step (every row one new token), all in one operator
+// call and one parallel region. Each layer: RMSNorm -> qkv GEMV -> RoPE -> KV store ->
+// paged attention -> o_proj GEMV -> residual add + RMSNorm -> gate_up GEMV -> SiLU·mul
+// -> down GEMV -> residual add.
+//
+// Why: at batch 1 a layer is ten small kernels of 5-40 us each, and what the per-op path
+// pays besides them (an operator dispatch, a thread-team wake-up and a few allocations
+// per op, several hundred per step) is as large as the kernels' own time. Here the
+// threads stay in one team for the whole step and meet at six barriers per layer; each
+// GEMV splits its 16-feature blocks over the threads, work that every thread needs (the
+// norms) is done by each thread for itself, and the SiLU·mul and the final residual add
+// run on the thread that computed their inputs.
+//
+// The kernels are the per-op operators' own (gemv.h, norm_rope.h, attention.h), called
+// in the same order with the same roundings, and every output element is computed by one
+// thread whichever thread it is, so the result equals the per-op path's
+// (houchu/gpu/llama.py's DecoderLayer.pre, the cpu attention backend, DecoderLayer.post)
+// bit for bit, including the casts to and from the linear layers' activation dtype.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <omp.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "attention.h"
+#include "gemv.h"
+#include "norm_rope.h"
+
+namespace houchu_cpu {
+namespace {
+
+using gemv::Acts;
+using gemv::kBlock;
+using gemv::PackedLinear;
+
+// Everything one layer reads and writes, checked by decode_layers.
+struct LayerArgs {
+  int64_t B = 0, hidden = 0, H = 0, Hkv = 0, D = 0, I = 0, ps = 0, n_pages = 0, max_len = 0;
+  float eps = 0.f, scale = 0.f;
+  PackedLinear qkv, o, gate_up, down;
+  const void *cos = nullptr, *sin = nullptr, *in_norm = nullptr, *post_norm = nullptr;
+  int64_t cos_stride = 0, sin_stride = 0;
+  void *k_cache = nullptr, *v_cache = nullptr;  // this layer's [P, page_size, Hkv, D]
+  const int64_t* pages = nullptr;               // [B, n_pages]
+  const int32_t* lens = nullptr;                // [B]
+};
+
+// The shared intermediates, all [B, width] row-major in the model dtype T.
+template <typename T>
+struct Shared {
+  T *qkv, *q, *attn, *o, *gate_up, *act;
+};
+
+// Thread t's contiguous share [first, second) of n items over nt threads. Static shares
+// beat handing out chunks dynamically here: each thread then streams one contiguous
+// range of weights, which the hardware prefetchers follow (guided scheduling measured
+// ~25% slower at batch 1).
+inline std::pair<int64_t, int64_t> share(int64_t n, int t, int nt) {
+  return {n * t / nt, n * (t + 1) / nt};
+}
+
+// Per-thread buffers, reused from call to call; one slot per use, so that no two uses
+// share a buffer whatever the types.
+enum Slot { kActIn, kActOut, kScores, kNorm, kResid, kNormed, kDown, kShared, kSlots };
+
+template <typename T>
+inline std::vector<T>& scratch(Slot slot, int64_t n) {
+  thread_local std::vector<T> bufs[kSlots];
+  if (static_cast<int64_t>(bufs[slot].size()) < n) bufs[slot].resize(n);
+  return bufs[slot];
+}
+
+// A GEMV's input on the calling thread: in [B, k] (T) cast to the linear layer's
+// activation dtype A and laid out for the kernels once, then any block range computed
+// with `run`. The product is computed and rounded in A, then cast to T (x.to(A), the
+// GEMV, y.to(T), as the Python linear layers do).
+template <typename T, typename A>
+class GemvInput {
+ public:
+  GemvInput(const PackedLinear& p, const T* in, int64_t B, int64_t k)
+      : p_(p), B_(B), xa_(cast(in, B * k), B, k, k, 1, p.kpad, p.int4 ? p.G : 0) {}
+
+  // out[:, 16 b0 .. 16 b1) = in @ W.T for the blocks [b0, b1); out is [B, p.n].
+  void run(T* out, int64_t b0, int64_t b1) const {
+    if (b0 >= b1) return;
+    if constexpr (std::is_same_v<T, A>) {
+      gemv::run_blocks<T>(p_, xa_, B_, out, b0, b1);
+    } else {
+      std::vector<A>& y = scratch<A>(kActOut, B_ * p_.n);
+      gemv::run_blocks<A>(p_, xa_, B_, y.data(), b0, b1);
+      const int64_t c1 = std::min(p_.n, b1 * kBlock);
+      for (int64_t r = 0; r < B_; ++r)
+        for (int64_t c = b0 * kBlock; c < c1; ++c)
+          out[r * p_.n + c] = static_cast<T>(static_cast<float>(y[r * p_.n + c]));
+    }
+  }
+
+ private:
+  static const A* cast(const T* in, int64_t n) {
+    if constexpr (std::is_same_v<T, A>) {
+      return in;
+    } else {
+      std::vector<A>& xin = scratch<A>(kActIn, n);
+      for (int64_t i = 0; i < n; ++i) xin[i] = static_cast<A>(static_cast<float>(in[i]));
+      return xin.data();
+    }
+  }
+
+  const PackedLinear& p_;
+  int64_t B_;
+  Acts xa_;
+};
+
+// The new token's key (rotated) and value for row b and KV head kvh, written to the
+// row's newest KV slot (position lens[b] - 1).
+template <typename T>
+void store_kv(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t kvh) {
+  const int64_t H = L.H, Hkv = L.Hkv, D = L.D, nq = (H + 2 * Hkv) * D;
+  const T* row = S.qkv + b * nq;
+  const int64_t pos = L.lens[b] - 1;
+  const int64_t slot = L.pages[b * L.n_pages + pos / L.ps] * L.ps + pos % L.ps;
+  const T* c = static_cast<const T*>(L.cos) + b * L.cos_stride;
+  const T* s = static_cast<const T*>(L.sin) + b * L.sin_stride;
+  rope_row<T>(row + (H + kvh) * D, c, s, static_cast<T*>(L.k_cache) + (slot * Hkv + kvh) * D, D);
+  std::memcpy(static_cast<T*>(L.v_cache) + (slot * Hkv + kvh) * D, row + (H + Hkv + kvh) * D,
+              D * sizeof(T));
+}
+
+// Query heads [h0, h1) of row b, all of KV head h0 / G: rotated, then attending over the
+// row's lens[b] positions (the new one, stored by store_kv, included).
+template <typename T>
+void attend_heads(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t h0, int64_t h1) {
+  const int64_t H = L.H, Hkv = L.Hkv, D = L.D, G = H / Hkv, nq = (H + 2 * Hkv) * D;
+  const int64_t kvh = h0 / G, n = h1 - h0, len = L.lens[b];
+  const T* c = static_cast<const T*>(L.cos) + b * L.cos_stride;
+  const T* s = static_cast<const T*>(L.sin) + b * L.sin_stride;
+  T* q = S.q + (b * H + h0) * D;
+  for (int64_t h = h0; h < h1; ++h) rope_row<T>(S.qkv + b * nq + h * D, c, s, q + (h - h0) * D, D);
+  const int64_t* pages = L.pages + b * L.n_pages;
+  const T* kc = static_cast<const T*>(L.k_cache);
+  const T* vc = static_cast<const T*>(L.v_cache);
+  T* out = S.attn + (b * H + h0) * D;
+#ifdef HOUCHU_AVX512
+  if constexpr (kVec<T>) {
+    if ((D == 64 || D == 128) && n <= attn::kMaxGroup) {
+      std::vector<float>& sc = scratch<float>(kScores, n * L.max_len);
+      if (D == 64)
+        attn::attend_group_avx512<T, 4>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, n, L.scale,
+                                        out, sc.data());
+      else
+        attn::attend_group_avx512<T, 8>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, n, L.scale,
+                                        out, sc.data());
+      return;
+    }
+  }
+#endif
+  // acc [D], qf [D], tile [page_size, D], scores [len]
+  std::vector<float>& sc = scratch<float>(kScores, L.max_len + (2 + L.ps) * D);
+  float* f = sc.data();
+  for (int64_t g = 0; g < n; ++g)
+    attn::attend_one<T, T>(q + g * D, kc, vc, nullptr, nullptr, pages, len, L.ps, Hkv, kvh, D,
+                           L.scale, out + g * D, f + (2 + L.ps) * D, f, f + D, f + 2 * D);
+}
+
+// Attention items of a layer: a KV head's G query heads share each K/V load, but with
+// fewer groups than a few per thread they are split into chunks of heads to balance.
+inline int64_t head_chunks(const LayerArgs& L, int nt) {
+  const int64_t G = L.H / L.Hkv, groups = L.B * L.Hkv;
+  return std::min<int64_t>(G, (4 * nt + groups - 1) / groups);
+}
+
+// Layer L on thread t of nt (called inside the parallel region): reads the residual
+// stream x [B, hidden], writes the layer's output to out [B, hidden] (out may be x: x is
+// last read before the barrier that precedes the first write).
+template <typename T, typename A>
+void layer_thread(const LayerArgs& L, const Shared<T>& S, const T* x, T* out, int t, int nt) {
+  const int64_t B = L.B, hid = L.hidden, HD = L.H * L.D, I = L.I;
+  const T* in_norm = static_cast<const T*>(L.in_norm);
+  const T* post_norm = static_cast<const T*>(L.post_norm);
+  std::vector<float>& fbuf = scratch<float>(kNorm, hid);
+  std::vector<T>& resid = scratch<T>(kResid, B * hid);  // x + o_proj(attention)
+  std::vector<T>& h = scratch<T>(kNormed, B * hid);      // a normed copy, this thread's own
+
+  // input norm (every thread, all rows), then qkv blocks
+  for (int64_t r = 0; r < B; ++r)
+    rms_norm_row<T>(x + r * hid, in_norm, h.data() + r * hid, hid, L.eps, nullptr, nullptr,
+                    fbuf.data());
+  {
+    const GemvInput<T, A> in(L.qkv, h.data(), B, hid);
+    const auto [b0, b1] = share(L.qkv.nb, t, nt);
+    in.run(S.qkv, b0, b1);
+  }
+#pragma omp barrier
+  const int64_t kv_items = B * L.Hkv;
+  for (int64_t i = kv_items * t / nt; i < kv_items * (t + 1) / nt; ++i)
+    store_kv<T>(L, S, i / L.Hkv, i % L.Hkv);
+#pragma omp barrier
+  const int64_t G = L.H / L.Hkv, chunks = head_chunks(L, nt);
+  const auto [a0, a1] = share(L.B * L.Hkv * chunks, t, nt);
+  for (int64_t i = a0; i < a1; ++i) {
+    const int64_t grp = i / chunks, ch = i % chunks;
+    const int64_t b = grp / L.Hkv, first = grp % L.Hkv * G;
+    attend_heads<T>(L, S, b, first + G * ch / chunks, first + G * (ch + 1) / chunks);
+  }
+#pragma omp barrier
+  {
+    const GemvInput<T, A> in(L.o, S.attn, B, HD);
+    const auto [b0, b1] = share(L.o.nb, t, nt);
+    in.run(S.o, b0, b1);
+  }
+#pragma omp barrier
+  // residual add + post-attention norm (every thread), gate and up blocks of the same
+  // features, and their SiLU·mul
+  for (int64_t r = 0; r < B; ++r)
+    rms_norm_row<T>(x + r * hid, post_norm, h.data() + r * hid, hid, L.eps,
+                    resid.data() + r * hid, S.o + r * hid, fbuf.data());
+  {
+    const int64_t half = I / kBlock;
+    const GemvInput<T, A> in(L.gate_up, h.data(), B, hid);
+    const auto [g0, g1] = share(half, t, nt);
+    in.run(S.gate_up, g0, g1);
+    in.run(S.gate_up, half + g0, half + g1);
+    for (int64_t r = 0; r < B; ++r)
+      silu_mul_span<T>(S.gate_up + r * 2 * I, S.gate_up + r * 2 * I + I, S.act + r * I,
+                       g0 * kBlock, g1 * kBlock);
+  }
+#pragma omp barrier
+  // down blocks, added to the residual
+  std::vector<T>& y = scratch<T>(kDown, B * hid);
+  const GemvInput<T, A> in(L.down, S.act, B, I);
+  const auto [d0, d1] = share(L.down.nb, t, nt);
+  in.run(y.data(), d0, d1);
+  const int64_t c1 = std::min(hid, d1 * kBlock);
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t c = d0 * kBlock; c < c1; ++c)
+      out[r * hid + c] = static_cast<T>(static_cast<float>(resid[r * hid + c]) +
+                                        static_cast<float>(y[r * hid + c]));
+}
+
+// All layers, x [B, hidden] -> out [B, hidden], in one parallel region.
+template <typename T, typename A>
+void run_layers(const std::vector<LayerArgs>& layers, const T* x, T* out) {
+  const LayerArgs& L0 = layers.front();
+  const int64_t B = L0.B, HD = L0.H * L0.D, nq = (L0.H + 2 * L0.Hkv) * L0.D;
+  std::vector<T>& buf = scratch<T>(kShared, B * (nq + 3 * HD + L0.hidden + 3 * L0.I));
+  T* p = buf.data();
+  Shared<T> S;
+  S.qkv = p;
+  S.q = S.qkv + B * nq;
+  S.attn = S.q + B * HD;
+  S.o = S.attn + B * HD;
+  S.gate_up = S.o + B * L0.hidden;
+  S.act = S.gate_up + B * 2 * L0.I;
+  const int nt = std::max(1, at::get_num_threads());
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), team = omp_get_num_threads();
+    for (size_t l = 0; l < layers.size(); ++l) {
+      layer_thread<T, A>(layers[l], S, l == 0 ? x : out, out, t, team);
+#pragma omp barrier
+    }
+  }
+}
+
+}  // namespace
+
+// The first n decoder layers for B decode rows (one new token each), n = norms.size() / 2.
+// Shapes and dtypes:
+//   x: [B, hidden] residual stream, float32 or bfloat16 (T; contiguous);
+//   cos, sin: [B, 1, D] RoPE tables in T;
+//   norms: 2 n tensors [hidden] in T, layer l's input norm at 2 l, post-attention at 2 l + 1;
+//   linears: 4 n int4_pack or int8_pack blobs, layer l's at 4 l .. 4 l + 3: qkv
+//     [(H + 2 Hkv) D, hidden], o_proj [hidden, H D], gate_up [2 I, hidden] (gate | up,
+//     I % 16 == 0) and down [hidden, I];
+//   group_sizes: 4 n int4 group sizes (ignored for int8); out_features: 4 n output widths;
+//   act_dtype: the linear layers' activation dtype (float32 or bfloat16);
+//   k_cache, v_cache: [L, P, page_size, Hkv, D] in T, the pool (L >= n; layer l uses
+//     [l]; written: each row's key and value at position lens[b] - 1);
+//   pages: [B, n_pages] int64; lens: [B] int32, KV length with the new token;
+//   scale: softmax scale.
+// Returns [B, hidden] in T: the residual stream after layer n - 1.
+// Raises c10::Error (RuntimeError) on malformed arguments.
+at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                         at::TensorList norms, double eps, at::TensorList linears,
+                         at::IntArrayRef group_sizes, at::IntArrayRef out_features,
+                         at::ScalarType act_dtype, const at::Tensor& k_cache,
+                         const at::Tensor& v_cache, const at::Tensor& pages,
+                         const at::Tensor& lens, double scale) {
+  const char* who = "decode_layers";
+  const auto T = x.scalar_type();
+  TORCH_CHECK(T == at::kFloat || T == at::kBFloat16, who, ": x must be float32 or bfloat16");
+  TORCH_CHECK(act_dtype == at::kFloat || act_dtype == at::kBFloat16, who,
+              ": act_dtype must be float32 or bfloat16");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(0) >= 1, who,
+              ": x must be a contiguous [B, hidden] with B >= 1, got ", x.sizes());
+  const int64_t n = static_cast<int64_t>(norms.size()) / 2;
+  TORCH_CHECK(n >= 1 && norms.size() == static_cast<size_t>(2 * n), who,
+              ": norms must hold 2 tensors per layer, got ", norms.size());
+  TORCH_CHECK(linears.size() == static_cast<size_t>(4 * n) &&
+                  group_sizes.size() == static_cast<size_t>(4 * n) &&
+                  out_features.size() == static_cast<size_t>(4 * n),
+              who, ": linears, group_sizes and out_features need 4 entries per layer (",
+              4 * n, ")");
+  TORCH_CHECK(k_cache.dim() == 5 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes() && k_cache.scalar_type() == T &&
+                  v_cache.scalar_type() == T,
+              who, ": caches must be contiguous [L, P, page_size, Hkv, D] in x's dtype");
+  TORCH_CHECK(k_cache.size(0) >= n, who, ": the pool has ", k_cache.size(0), " layers, not ",
+              n);
+  const int64_t B = x.size(0), hidden = x.size(1);
+  TORCH_CHECK(k_cache.size(4) % 2 == 0, who, ": head_dim must be even");
+  for (const at::Tensor* c : {&cos, &sin})
+    TORCH_CHECK(c->dim() == 3 && c->size(0) == B && c->size(2) == k_cache.size(4) &&
+                    c->stride(2) == 1 && c->scalar_type() == T,
+                who, ": cos and sin must be [B, 1, D] in x's dtype");
+  TORCH_CHECK(pages.dim() == 2 && pages.size(0) == B && pages.is_contiguous() &&
+                  pages.scalar_type() == at::kLong,
+              who, ": pages must be a contiguous [B, n_pages] int64");
+  TORCH_CHECK(lens.dim() == 1 && lens.size(0) == B && lens.is_contiguous() &&
+                  lens.scalar_type() == at::kInt,
+              who, ": lens must be a contiguous [B] int32");
+  const int64_t ps = k_cache.size(2), n_pages = pages.size(1);
+  const int64_t* pg = pages.data_ptr<int64_t>();
+  const int32_t* ln = lens.data_ptr<int32_t>();
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = ln[b];
+    TORCH_CHECK(len >= 1 && len <= n_pages * ps, who, ": len ", len, " outside [1, ",
+                n_pages * ps, "]");
+    max_len = std::max(max_len, len);
+    for (int64_t j = 0; j < (len + ps - 1) / ps; ++j)
+      TORCH_CHECK(pg[b * n_pages + j] >= 0 && pg[b * n_pages + j] < k_cache.size(1), who,
+                  ": page ", pg[b * n_pages + j], " outside the pool");
+  }
+  const int64_t layer_elems = k_cache[0].numel(), esize = k_cache.element_size();
+  std::vector<LayerArgs> layers(n);
+  for (int64_t l = 0; l < n; ++l) {
+    LayerArgs& L = layers[l];
+    L.B = B;
+    L.hidden = hidden;
+    L.ps = ps;
+    L.Hkv = k_cache.size(3);
+    L.D = k_cache.size(4);
+    for (const at::Tensor& w : {norms[2 * l], norms[2 * l + 1]})
+      TORCH_CHECK(w.dim() == 1 && w.size(0) == hidden && w.is_contiguous() &&
+                      w.scalar_type() == T,
+                  who, ": norm weights must be contiguous [hidden] in x's dtype");
+    L.in_norm = norms[2 * l].data_ptr();
+    L.post_norm = norms[2 * l + 1].data_ptr();
+    L.qkv = PackedLinear::of(linears[4 * l], group_sizes[4 * l], out_features[4 * l], who);
+    L.o = PackedLinear::of(linears[4 * l + 1], group_sizes[4 * l + 1], out_features[4 * l + 1],
+                           who);
+    L.gate_up = PackedLinear::of(linears[4 * l + 2], group_sizes[4 * l + 2],
+                                 out_features[4 * l + 2], who);
+    L.down = PackedLinear::of(linears[4 * l + 3], group_sizes[4 * l + 3],
+                              out_features[4 * l + 3], who);
+    const int64_t nq = L.qkv.n;
+    TORCH_CHECK(nq % L.D == 0 && nq / L.D > 2 * L.Hkv && (nq / L.D - 2 * L.Hkv) % L.Hkv == 0,
+                who, ": qkv's ", nq, " outputs are not (H + 2 Hkv) * D for Hkv = ", L.Hkv,
+                ", D = ", L.D);
+    L.H = nq / L.D - 2 * L.Hkv;
+    L.I = L.gate_up.n / 2;
+    TORCH_CHECK(L.qkv.fits(hidden) && L.o.n == hidden && L.o.fits(L.H * L.D) &&
+                    L.gate_up.n % 2 == 0 && L.I % kBlock == 0 && L.gate_up.fits(hidden) &&
+                    L.down.n == hidden && L.down.fits(L.I),
+                who, ": layer ", l, "'s linears do not chain (hidden ", hidden, ", H*D ",
+                L.H * L.D, ", gate_up ", L.gate_up.n,
+                " outputs, which must be 2 I with I % 16 == 0)");
+    TORCH_CHECK(l == 0 || (L.H == layers[0].H && L.I == layers[0].I), who,
+                ": every layer must have the same shapes");
+    L.n_pages = n_pages;
+    L.pages = pg;
+    L.lens = ln;
+    L.max_len = max_len;
+    L.eps = static_cast<float>(eps);
+    L.scale = static_cast<float>(scale);
+    L.cos = cos.data_ptr();
+    L.sin = sin.data_ptr();
+    L.cos_stride = cos.stride(0);
+    L.sin_stride = sin.stride(0);
+    L.k_cache = static_cast<char*>(k_cache.data_ptr()) + l * layer_elems * esize;
+    L.v_cache = static_cast<char*>(v_cache.data_ptr()) + l * layer_elems * esize;
+  }
+  auto out = at::empty_like(x);
+  const bool act_bf16 = act_dtype == at::kBFloat16;
+  using BF = c10::BFloat16;
+  if (T == at::kBFloat16) {
+    const BF* xi = x.data_ptr<BF>();
+    BF* o = out.data_ptr<BF>();
+    act_bf16 ? run_layers<BF, BF>(layers, xi, o) : run_layers<BF, float>(layers, xi, o);
+  } else {
+    const float* xi = x.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    act_bf16 ? run_layers<float, BF>(layers, xi, o) : run_layers<float, float>(layers, xi, o);
+  }
+  return out;
+}
+
+}  // namespace houchu_cpu
+
+TORCH_LIBRARY_FRAGMENT(houchu_cpu, m) {
+  m.def(
+      "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor[] norms, float eps, "
+      "Tensor[] linears, int[] group_sizes, int[] out_features, ScalarType act_dtype, "
+      "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor pages, Tensor lens, float scale) "
+      "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(houchu_cpu, CPU, m) {
+  m.impl("decode_layers", &houchu_cpu::decode_layers);
+}
