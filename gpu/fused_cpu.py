@@ -26,7 +26,7 @@ from houchu.gpu.attention import _TorchMeta
 from houchu.gpu.batch import StepBatch
 from houchu.gpu.kv_pool import KVPool
 
-LayersFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+LayersFn = Callable[..., torch.Tensor]
 
 
 class FusedDecode:
@@ -50,9 +50,10 @@ class FusedDecode:
         return self._weights[key]
 
     def bind(self, batch: StepBatch, pool: KVPool, meta: object) -> LayersFn | None:
-        """``fn(layers, x [B, hidden], cos [B, 1, D], sin [B, 1, D]) -> [B, hidden]``, which
-        runs the first ``layers`` layers of this step, or None when the fused kernel does
-        not apply to it."""
+        """``fn(layers, x [B, hidden], cos [B, 1, D], sin [B, 1, D], head=False)``, which
+        runs the first ``layers`` layers of this step and returns ``[B, hidden]``, or with
+        ``head`` (all layers, every row sampled) the final norm and LM head too and returns
+        ``[B, vocab]`` float32 logits; None when the fused kernel does not apply."""
         model = self.model
         if not isinstance(meta, _TorchMeta) or not meta.all_decode or meta.decode_pages is None:
             return None
@@ -66,15 +67,29 @@ class FusedDecode:
         kernel = torch.ops.houchu_cpu.decode_layers
         self.steps += 1
 
-        def run(layers: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        def run(
+            layers: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head: bool = False
+        ) -> torch.Tensor:
             w = self._layer_weights(rows, layers)
             assert w is not None  # a prefix of layers that all apply
-            return kernel(
+            args = (
                 x, cos, sin, w.norms, eps, w.linears, w.group_sizes, w.out_features,
                 w.act_dtype, pool.k, pool.v, pages, lens, scale,
             )  # fmt: skip
+            blob = self._head(rows, w.act_dtype) if head else None
+            if blob is None:
+                x = kernel(*args)
+                return model.head(x) if head else x
+            return kernel(*args, model.norm.weight, blob[0], blob[1], model.cfg.vocab_size)
 
         return run
+
+    def _head(self, rows: int, act_dtype: torch.dtype) -> tuple[torch.Tensor, int] | None:
+        """The LM head's GEMV blob and group size when it runs on the C++ GEMV at ``rows``
+        rows with the layers' activation dtype, else None."""
+        lm = self.model.lm_head
+        blob = lm.gemv_blob(rows)
+        return blob if blob is not None and lm.act_dtype == act_dtype else None
 
 
 class _Weights(NamedTuple):

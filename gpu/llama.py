@@ -23,9 +23,12 @@ from houchu.gpu.linear import Linear, LinearBase, onednn_available
 from houchu.gpu.ops import TorchOps
 from houchu.gpu.qlinear import fuse_weights, make_linear
 from houchu.gpu.quant import Int4Weight, QuantSpec
-from houchu.gpu.rope import rope_cos_sin, rope_inv_freq
+from houchu.gpu.rope import RopeTable, rope_cos_sin, rope_inv_freq
 
 Weights = dict[str, "torch.Tensor | Int4Weight"]
+
+#: positions the RoPE table covers at most (8192 × head_dim × 2 values)
+ROPE_TABLE_MAX = 8192
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
@@ -169,6 +172,7 @@ class LlamaModel(nn.Module):
             self.lm_head = make_linear(head.data, self.quant, dev, dtype=dtype, head=True)
         inv = rope_inv_freq(cfg, w.get("rope_freqs"))
         self.register_buffer("inv_freq", inv, persistent=False)  # [D/2] fp32
+        self._rope_table: RopeTable | None = None  # built on first use
         self.to(dev)
         self._num_params = sum(p.numel() for p in self.parameters()) + sum(
             m.out_features * m.in_features
@@ -233,11 +237,20 @@ class LlamaModel(nn.Module):
         return self._bytes_at[key]
 
     def embed_and_rope(
-        self, token_ids: torch.Tensor, positions: torch.Tensor
+        self, token_ids: torch.Tensor, positions: torch.Tensor, max_pos: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """token_ids, positions: ``[T]`` int64 -> ``(x [T, hidden], cos [T, 1, D],
-        sin [T, 1, D])`` in the model dtype."""
+        sin [T, 1, D])`` in the model dtype. ``max_pos``, when given, bounds the positions:
+        below the model's trained context (and ``ROPE_TABLE_MAX``) cos and sin are then
+        looked up in a table (the same values as computing them)."""
         x = F.embedding(token_ids, self.embed)  # [T, hidden]
+        n = min(self.cfg.max_position, ROPE_TABLE_MAX)
+        if max_pos is not None and max_pos < n:
+            table = self._rope_table
+            if table is None or table.cos.dtype != x.dtype or table.cos.device != x.device:
+                table = RopeTable(self.inv_freq, x.dtype, n)
+                self._rope_table = table
+            return x, *table.lookup(positions)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)  # [T, 1, D] each
         return x, cos, sin
 
@@ -256,7 +269,8 @@ class LlamaModel(nn.Module):
         Returns:
             ``[R, vocab]`` float32 logits for ``batch.sample_rows`` (R may be 0).
         """
-        x, cos, sin = self.embed_and_rope(batch.token_ids, batch.positions)
+        max_pos = max(batch.kv_lens, default=0) - 1
+        x, cos, sin = self.embed_and_rope(batch.token_ids, batch.positions, max_pos)
         meta = backend.prepare(batch)
         last, ops = len(self.layers) - 1, self.ops
         first = 0  # layers [0, first) ran fused
@@ -264,9 +278,9 @@ class LlamaModel(nn.Module):
         if fused is not None:
             # decode rows in order: the last layer too when every row is sampled
             first = last + (batch.sample_rows.numel() == batch.num_tokens)
-            x = fused(first, x, cos, sin) if first else x  # [T, hidden]
             if first > last:
-                return self.head(x)  # [R, V]
+                return fused(first, x, cos, sin, head=True)  # [R, V]
+            x = fused(first, x, cos, sin) if first else x  # [T, hidden]
         for i in range(first, last + 1):
             layer = self.layers[i]
             q, k, v = layer.pre(x, cos, sin, ops)

@@ -60,6 +60,30 @@ def rope_cos_sin(
     return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
 
 
+class RopeTable:
+    """cos and sin of positions ``[0, n)``, computed once by ``rope_cos_sin`` and looked
+    up per step (one ``index_select`` each instead of six small ops).
+
+    Args:
+        inv_freq: ``[D/2]`` float32 from ``rope_inv_freq``.
+        dtype: dtype of the tables (the model dtype).
+        n: positions covered (``n * D * 2`` elements in all).
+    """
+
+    def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype, n: int) -> None:
+        self.n = n
+        pos = torch.arange(n, device=inv_freq.device)
+        self.cos, self.sin = rope_cos_sin(pos, inv_freq, dtype)  # [n, 1, D] each
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: ``[T]`` int64, each below ``n`` -> ``(cos, sin)``, ``[T, 1, D]`` each.
+
+        Raises:
+            IndexError: a position outside ``[0, n)``.
+        """
+        return self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` by its positions: ``x * cos + rotate_half(x) * sin``.
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from houchu.gpu import cpu_kernels
 from houchu.transport.messages import SamplingParams
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy
@@ -200,6 +201,16 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < thresh, float("-inf"))
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` for ``[R, V]`` logits -> ``[R]`` int64 (the first maximum; a NaN
+    counts as the maximum), on houchu's C++ kernel for float32 CPU rows (torch's CPU
+    argmax over a 49k vocabulary takes ~45 µs, the kernel a few µs)."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and cpu_kernels.is_loaded():
+        if x.dim() == 2 and x.shape[1] > 0 and (x.stride(1) == 1 or x.shape[1] == 1):
+            return torch.ops.houchu_cpu.argmax_rows(x)
+    return x.argmax(dim=-1)
+
+
 class Sampler:
     """Samples one token per row. ``seed`` seeds the generator shared by unseeded rows
     (None: nondeterministic). ``logprobs_mode``: "raw" or "processed".
@@ -240,7 +251,7 @@ class Sampler:
         x = apply_penalties(logits, states)  # [R, V]
         temps = [s.params.temperature for s in states]
         rand = [i for i, t in enumerate(temps) if t >= GREEDY_EPS]
-        tokens = x.argmax(dim=-1)  # [R] int64 (greedy rows keep this)
+        tokens = argmax_rows(x)  # [R] int64 (greedy rows keep this)
         processed = x
         if rand:
             idx = torch.tensor(rand, device=dev)

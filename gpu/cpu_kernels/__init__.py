@@ -3,8 +3,9 @@
 The ``*.cpp`` files beside this module register operators in the ``houchu_cpu`` library
 (``torch.ops.houchu_cpu.*``): fused RMSNorm, residual add + RMSNorm, RoPE and SiLU·mul
 (``norm_rope.cpp``), paged decode attention (``attention.cpp``), int4/int8 GEMV
-(``gemv.cpp``), W8A8's quantization and epilogue (``quant.cpp``), and all the decoder
-layers of a decode step in one call (``decode_layers.cpp``, reusing the others' kernels
+(``gemv.cpp``), W8A8's quantization and epilogue (``quant.cpp``), greedy sampling's
+argmax (``argmax.cpp``), and all the decoder layers of a decode step, with the LM head,
+in one call (``decode_layers.cpp``, reusing the others' kernels
 from the ``*.h`` headers). They remove what dominates an eager CPU decode step at small
 batch sizes: hundreds of small torch ops per step, each a few microseconds of dispatch,
 and the KV-page gather before attention.
@@ -32,7 +33,14 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = ("norm_rope.cpp", "attention.cpp", "quant.cpp", "gemv.cpp", "decode_layers.cpp")
+_SOURCES = (
+    "norm_rope.cpp",
+    "attention.cpp",
+    "quant.cpp",
+    "gemv.cpp",
+    "decode_layers.cpp",
+    "argmax.cpp",
+)
 _HEADERS = ("vec.h", "gemv.h", "norm_rope.h", "attention.h")
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c++17"]
 
@@ -150,7 +158,8 @@ def _register_fakes() -> None:
     reg(lib + "paged_decode_attention")(lambda q, *rest: q.new_empty(q.shape))
     reg(lib + "int4_gemv")(lambda x, packed, g, n: x.new_empty(x.shape[0], n))
     reg(lib + "int8_gemv")(lambda x, packed, n: x.new_empty(x.shape[0], n))
-    reg(lib + "decode_layers")(lambda x, *rest: x.new_empty(x.shape))
+    reg(lib + "decode_layers")(_decode_layers_fake)
+    reg(lib + "argmax_rows")(lambda x: x.new_empty(x.shape[0], dtype=torch.int64))
     reg(lib + "col_absmax")(lambda x: x.new_empty(x.shape[1], dtype=torch.float32))
     reg(lib + "quantize_rows_int8")(
         lambda x, cols: (
@@ -162,6 +171,31 @@ def _register_fakes() -> None:
     reg(lib + "int8_epilogue")(
         lambda acc, xs, ws, extra, dtype: acc.new_empty(acc.shape, dtype=dtype)
     )
+
+
+def _decode_layers_fake(  # noqa: PLR0913 (the operator's schema)
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norms: list[torch.Tensor],
+    eps: float,
+    linears: list[torch.Tensor],
+    group_sizes: list[int],
+    out_features: list[int],
+    act_dtype: torch.dtype,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pages: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    final_norm: torch.Tensor | None = None,
+    lm_head: torch.Tensor | None = None,
+    head_group_size: int = 0,
+    vocab_size: int = 0,
+) -> torch.Tensor:
+    if lm_head is None:
+        return x.new_empty(x.shape)
+    return x.new_empty(x.shape[0], vocab_size, dtype=torch.float32)
 
 
 @functools.cache

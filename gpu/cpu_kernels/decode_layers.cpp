@@ -23,6 +23,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <optional>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -242,9 +243,44 @@ void layer_thread(const LayerArgs& L, const Shared<T>& S, const T* x, T* out, in
                                         static_cast<float>(y[r * hid + c]));
 }
 
-// All layers, x [B, hidden] -> out [B, hidden], in one parallel region.
+// The model's final RMSNorm and LM head, when the call computes them.
+struct HeadArgs {
+  bool on = false;
+  const void* norm = nullptr;  // [hidden] in T
+  PackedLinear p;              // [V, hidden]
+  float* logits = nullptr;     // [B, V]
+};
+
+// logits[:, this thread's blocks] = head(RMSNorm(x)), rounded as the per-op path rounds:
+// the product in A, cast to T, then to float32 (lm_head(x).float()).
 template <typename T, typename A>
-void run_layers(const std::vector<LayerArgs>& layers, const T* x, T* out) {
+void head_thread(const HeadArgs& H, const T* x, int64_t B, int64_t hid, float eps, int t,
+                 int nt) {
+  std::vector<float>& fbuf = scratch<float>(kNorm, hid);
+  std::vector<T>& h = scratch<T>(kNormed, B * hid);
+  for (int64_t r = 0; r < B; ++r)
+    rms_norm_row<T>(x + r * hid, static_cast<const T*>(H.norm), h.data() + r * hid, hid, eps,
+                    nullptr, nullptr, fbuf.data());
+  const GemvInput<T, A> in(H.p, h.data(), B, hid);
+  const int64_t V = H.p.n;
+  // a few hundred KiB at a time, so the T copy stays in cache before its float32 write
+  const auto [b0, b1] = share(H.p.nb, t, nt);
+  const int64_t step = 64;
+  std::vector<T>& y = scratch<T>(kDown, B * V);
+  for (int64_t c0 = b0; c0 < b1; c0 += step) {
+    const int64_t c1 = std::min(b1, c0 + step);
+    in.run(y.data(), c0, c1);
+    const int64_t e1 = std::min(V, c1 * kBlock);
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t c = c0 * kBlock; c < e1; ++c)
+        H.logits[r * V + c] = static_cast<float>(y[r * V + c]);
+  }
+}
+
+// All layers, x [B, hidden] -> out [B, hidden], then the head if H.on, in one parallel
+// region.
+template <typename T, typename A>
+void run_layers(const std::vector<LayerArgs>& layers, const HeadArgs& H, const T* x, T* out) {
   const LayerArgs& L0 = layers.front();
   const int64_t B = L0.B, HD = L0.H * L0.D, nq = (L0.H + 2 * L0.Hkv) * L0.D;
   std::vector<T>& buf = scratch<T>(kShared, B * (nq + 3 * HD + L0.hidden + 3 * L0.I));
@@ -264,6 +300,7 @@ void run_layers(const std::vector<LayerArgs>& layers, const T* x, T* out) {
       layer_thread<T, A>(layers[l], S, l == 0 ? x : out, out, t, team);
 #pragma omp barrier
     }
+    if (H.on) head_thread<T, A>(H, out, B, L0.hidden, L0.eps, t, team);
   }
 }
 
@@ -282,15 +319,22 @@ void run_layers(const std::vector<LayerArgs>& layers, const T* x, T* out) {
 //   k_cache, v_cache: [L, P, page_size, Hkv, D] in T, the pool (L >= n; layer l uses
 //     [l]; written: each row's key and value at position lens[b] - 1);
 //   pages: [B, n_pages] int64; lens: [B] int32, KV length with the new token;
-//   scale: softmax scale.
-// Returns [B, hidden] in T: the residual stream after layer n - 1.
+//   scale: softmax scale;
+//   final_norm, lm_head, head_group_size, vocab_size (optional, together): the model's
+//     final norm weight [hidden] in T and its LM head as an int4_pack or int8_pack blob of
+//     [vocab_size, hidden] (as the linears above).
+// Returns [B, hidden] in T: the residual stream after layer n - 1; with the head, [B,
+// vocab_size] float32 logits instead.
 // Raises c10::Error (RuntimeError) on malformed arguments.
 at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                          at::TensorList norms, double eps, at::TensorList linears,
                          at::IntArrayRef group_sizes, at::IntArrayRef out_features,
                          at::ScalarType act_dtype, const at::Tensor& k_cache,
                          const at::Tensor& v_cache, const at::Tensor& pages,
-                         const at::Tensor& lens, double scale) {
+                         const at::Tensor& lens, double scale,
+                         const std::optional<at::Tensor>& final_norm,
+                         const std::optional<at::Tensor>& lm_head, int64_t head_group_size,
+                         int64_t vocab_size) {
   const char* who = "decode_layers";
   const auto T = x.scalar_type();
   TORCH_CHECK(T == at::kFloat || T == at::kBFloat16, who, ": x must be float32 or bfloat16");
@@ -386,19 +430,35 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::T
     L.k_cache = static_cast<char*>(k_cache.data_ptr()) + l * layer_elems * esize;
     L.v_cache = static_cast<char*>(v_cache.data_ptr()) + l * layer_elems * esize;
   }
+  HeadArgs H;
+  at::Tensor logits;
+  TORCH_CHECK(final_norm.has_value() == lm_head.has_value(), who,
+              ": final_norm and lm_head come together");
+  if (lm_head.has_value()) {
+    TORCH_CHECK(final_norm->dim() == 1 && final_norm->size(0) == hidden &&
+                    final_norm->is_contiguous() && final_norm->scalar_type() == T,
+                who, ": final_norm must be a contiguous [hidden] in x's dtype");
+    H.on = true;
+    H.norm = final_norm->data_ptr();
+    H.p = PackedLinear::of(*lm_head, head_group_size, vocab_size, who);
+    TORCH_CHECK(H.p.fits(hidden), who, ": lm_head must be a blob of [vocab_size, hidden]");
+    logits = at::empty({B, vocab_size}, x.options().dtype(at::kFloat));
+    H.logits = logits.data_ptr<float>();
+  }
   auto out = at::empty_like(x);
   const bool act_bf16 = act_dtype == at::kBFloat16;
   using BF = c10::BFloat16;
   if (T == at::kBFloat16) {
     const BF* xi = x.data_ptr<BF>();
     BF* o = out.data_ptr<BF>();
-    act_bf16 ? run_layers<BF, BF>(layers, xi, o) : run_layers<BF, float>(layers, xi, o);
+    act_bf16 ? run_layers<BF, BF>(layers, H, xi, o) : run_layers<BF, float>(layers, H, xi, o);
   } else {
     const float* xi = x.data_ptr<float>();
     float* o = out.data_ptr<float>();
-    act_bf16 ? run_layers<float, BF>(layers, xi, o) : run_layers<float, float>(layers, xi, o);
+    act_bf16 ? run_layers<float, BF>(layers, H, xi, o)
+             : run_layers<float, float>(layers, H, xi, o);
   }
-  return out;
+  return H.on ? logits : out;
 }
 
 }  // namespace houchu_cpu
@@ -407,7 +467,8 @@ TORCH_LIBRARY_FRAGMENT(houchu_cpu, m) {
   m.def(
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor[] norms, float eps, "
       "Tensor[] linears, int[] group_sizes, int[] out_features, ScalarType act_dtype, "
-      "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor pages, Tensor lens, float scale) "
+      "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor pages, Tensor lens, float scale, "
+      "Tensor? final_norm=None, Tensor? lm_head=None, int head_group_size=0, int vocab_size=0) "
       "-> Tensor");
 }
 

@@ -1,7 +1,7 @@
 """houchu's C++ CPU kernels (``houchu.gpu.cpu_kernels``) against the torch reference:
 fused RMSNorm (+ residual), RoPE on strided views, SiLU·mul, paged decode attention over
 plain and int8 pools (the AVX-512 path at D = 64 and 128, the portable one at other D),
-bad input, and a model end to end through the ``cpu`` backend."""
+greedy argmax, bad input, and a model end to end through the ``cpu`` backend."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from houchu.gpu.attention import TorchSDPABackend, _TorchMeta, make_backend
 from houchu.gpu.kv_pool import KVPool
 from houchu.gpu.ops import CpuOps, TorchOps
 from houchu.gpu.rope import rope_cos_sin
+from houchu.gpu.sampling import argmax_rows
 
 _WHY = cpu_kernels.unavailable_reason()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"C++ CPU kernels: {_WHY}")
@@ -176,3 +177,31 @@ def test_quant_kernels_reject_bad_input():
         k.int8_epilogue(acc, torch.ones(4, 1), torch.ones(5), None, torch.float32)
     with pytest.raises(RuntimeError, match="extra"):
         k.int8_epilogue(acc, torch.ones(4, 1), torch.ones(6), torch.ones(4, 5), torch.bfloat16)
+
+
+@pytest.mark.parametrize("v", [1, 15, 16, 17, 1000, 49152])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_argmax_rows_matches_torch(v, rows):
+    """Random rows, ties (the first maximum wins), NaN (wins), ±inf, strided rows."""
+    g = torch.Generator().manual_seed(v * 7 + rows)
+    x = torch.randn(rows, v, generator=g)
+    cases = [x, x.round(), torch.full((rows, v), -float("inf")), torch.zeros(rows, v)]
+    y = x.clone()
+    y[0, v // 2] = float("inf")
+    y[-1, (3 * v) // 4] = float("nan")
+    y[-1, v - 1] = float("nan")
+    cases += [y, torch.randn(rows, 2 * v, generator=g)[:, ::2].contiguous()]
+    wide = torch.randn(rows, v + 3, generator=g)[:, :v]  # rows at a stride
+    cases.append(wide)
+    for c in cases:
+        assert torch.equal(torch.ops.houchu_cpu.argmax_rows(c), c.argmax(dim=-1))
+    assert torch.equal(argmax_rows(x.bfloat16()), x.bfloat16().argmax(dim=-1))  # torch's
+
+
+def test_argmax_rows_rejects_bad_input():
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.houchu_cpu.argmax_rows(torch.zeros(2, 3, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="V >= 1"):
+        torch.ops.houchu_cpu.argmax_rows(torch.zeros(2, 0))
+    with pytest.raises(RuntimeError, match=r"\[R, V\]"):
+        torch.ops.houchu_cpu.argmax_rows(torch.zeros(3))

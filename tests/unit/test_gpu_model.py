@@ -166,3 +166,18 @@ def test_sharded_checkpoint_and_llama3_rope(tmp_path):
     ids = prompt(9, 45)
     got = Runner(model).step([("a", ids, 0)])[0]
     torch.testing.assert_close(got, hf_logits(hf, ids)[-1], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("d", [16, 64, 80])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_table_equals_computed(d, dtype):
+    """The decode step's RoPE table lookup gives exactly the computed cos and sin."""
+    from houchu.gpu.rope import RopeTable, rope_cos_sin
+
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    table = RopeTable(inv, dtype, 4096)
+    for pos in (torch.tensor([7]), torch.tensor([0, 4095]), torch.randint(0, 4096, (37,))):
+        cos, sin = rope_cos_sin(pos, inv, dtype)
+        assert all(map(torch.equal, (cos, sin), table.lookup(pos)))
+    with pytest.raises(IndexError):
+        table.lookup(torch.tensor([4096]))
