@@ -80,6 +80,7 @@ def make_pool(kv_dtype: str, dtype: torch.dtype, ps: int, hkv: int, d: int) -> K
         (8, 6, 2, 16, [16, 3]),
         (4, 3, 3, 64, [7]),
         (16, 32, 2, 64, [40, 2]),
+        (32, 4, 1, 64, [70, 33, 32]),  # pages of two 16-key blocks, one cut short
     ],
 )
 def test_paged_decode_matches_sdpa(kv_dtype, dtype, ps, h, hkv, d, lens):
