@@ -10,7 +10,7 @@ the per-op path bit for bit.
 It applies to a step whose rows all decode (one new token each) when every projection of
 the model runs on houchu's int4/int8 GEMV at that row count (weight-only int4 or int8, or
 W8A8 below its GEMM threshold; see ``LinearBase.gemv_blob``) and the KV pool holds the
-model dtype (an int8 or fp8 pool takes the per-op path). Turned off with
+model dtype or int8 (an fp8 pool takes the per-op path). Turned off with
 ``ModelRunner(fused_layers=False)`` / ``serve --disable-fused-layers``.
 """
 
@@ -57,8 +57,10 @@ class FusedDecode:
         model = self.model
         if not isinstance(meta, _TorchMeta) or not meta.all_decode or meta.decode_pages is None:
             return None
-        if pool.quantized or pool.k.dtype != model.dtype:
+        int8_pool = pool.quantized and pool.k.dtype == torch.int8
+        if pool.k.dtype != model.dtype and not int8_pool:
             return None
+        scales = {"k_scale": pool.k_scale, "v_scale": pool.v_scale} if int8_pool else {}
         rows = batch.num_tokens
         if self._layer_weights(rows, len(model.layers)) is None:
             return None
@@ -78,9 +80,11 @@ class FusedDecode:
             )  # fmt: skip
             blob = self._head(rows, w.act_dtype) if head else None
             if blob is None:
-                x = kernel(*args)
+                x = kernel(*args, **scales)
                 return model.head(x) if head else x
-            return kernel(*args, model.norm.weight, blob[0], blob[1], model.cfg.vocab_size)
+            return kernel(
+                *args, model.norm.weight, blob[0], blob[1], model.cfg.vocab_size, **scales
+            )
 
         return run
 

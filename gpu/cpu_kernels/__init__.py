@@ -192,6 +192,8 @@ def _decode_layers_fake(  # noqa: PLR0913 (the operator's schema)
     lm_head: torch.Tensor | None = None,
     head_group_size: int = 0,
     vocab_size: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if lm_head is None:
         return x.new_empty(x.shape)

@@ -19,10 +19,12 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <omp.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <cstring>
 #include <type_traits>
@@ -47,6 +49,7 @@ struct LayerArgs {
   const void *cos = nullptr, *sin = nullptr, *in_norm = nullptr, *post_norm = nullptr;
   int64_t cos_stride = 0, sin_stride = 0;
   void *k_cache = nullptr, *v_cache = nullptr;  // this layer's [P, page_size, Hkv, D]
+  c10::Half *k_scale = nullptr, *v_scale = nullptr;  // int8 pool: [P, page_size, Hkv]
   const int64_t* pages = nullptr;               // [B, n_pages]
   const int32_t* lens = nullptr;                // [B]
 };
@@ -67,7 +70,7 @@ inline std::pair<int64_t, int64_t> share(int64_t n, int t, int nt) {
 
 // Per-thread buffers, reused from call to call; one slot per use, so that no two uses
 // share a buffer whatever the types.
-enum Slot { kActIn, kActOut, kScores, kNorm, kResid, kNormed, kDown, kShared, kSlots };
+enum Slot { kActIn, kActOut, kScores, kNorm, kResid, kNormed, kDown, kKey, kShared, kSlots };
 
 template <typename T>
 inline std::vector<T>& scratch(Slot slot, int64_t n) {
@@ -117,19 +120,43 @@ class GemvInput {
   Acts xa_;
 };
 
+// Per-(token, head) symmetric int8 quantization of one row x [D], exactly as
+// houchu/gpu/kv_pool.py's quantize_kv: scale = clamp(amax|x| / 127, 2^-14, 65504) rounded
+// to float16, q = round_half_even(clamp(x / scale, -127, 127)).
+template <typename T>
+void quantize_kv_row(const T* x, int64_t d, int8_t* q, c10::Half* scale) {
+  float amax = 0.f;
+  for (int64_t j = 0; j < d; ++j) amax = std::max(amax, std::abs(static_cast<float>(x[j])));
+  const c10::Half h(std::min(std::max(amax / 127.f, 0x1p-14f), 65504.f));
+  const float sf = static_cast<float>(h);
+  for (int64_t j = 0; j < d; ++j) {
+    const float y = std::min(std::max(static_cast<float>(x[j]) / sf, -127.f), 127.f);
+    q[j] = static_cast<int8_t>(std::nearbyint(y));
+  }
+  *scale = h;
+}
+
 // The new token's key (rotated) and value for row b and KV head kvh, written to the
-// row's newest KV slot (position lens[b] - 1).
+// row's newest KV slot (position lens[b] - 1), quantized in an int8 pool.
 template <typename T>
 void store_kv(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t kvh) {
   const int64_t H = L.H, Hkv = L.Hkv, D = L.D, nq = (H + 2 * Hkv) * D;
   const T* row = S.qkv + b * nq;
   const int64_t pos = L.lens[b] - 1;
   const int64_t slot = L.pages[b * L.n_pages + pos / L.ps] * L.ps + pos % L.ps;
+  const int64_t at = slot * Hkv + kvh;  // the (slot, head) row of the pool
   const T* c = static_cast<const T*>(L.cos) + b * L.cos_stride;
   const T* s = static_cast<const T*>(L.sin) + b * L.sin_stride;
-  rope_row<T>(row + (H + kvh) * D, c, s, static_cast<T*>(L.k_cache) + (slot * Hkv + kvh) * D, D);
-  std::memcpy(static_cast<T*>(L.v_cache) + (slot * Hkv + kvh) * D, row + (H + Hkv + kvh) * D,
-              D * sizeof(T));
+  const T* v = row + (H + Hkv + kvh) * D;
+  if (L.k_scale == nullptr) {
+    rope_row<T>(row + (H + kvh) * D, c, s, static_cast<T*>(L.k_cache) + at * D, D);
+    std::memcpy(static_cast<T*>(L.v_cache) + at * D, v, D * sizeof(T));
+    return;
+  }
+  std::vector<T>& k = scratch<T>(kKey, D);
+  rope_row<T>(row + (H + kvh) * D, c, s, k.data(), D);
+  quantize_kv_row<T>(k.data(), D, static_cast<int8_t*>(L.k_cache) + at * D, L.k_scale + at);
+  quantize_kv_row<T>(v, D, static_cast<int8_t*>(L.v_cache) + at * D, L.v_scale + at);
 }
 
 // Query heads [h0, h1) of row b, all of KV head h0 / G: rotated, then attending over the
@@ -143,9 +170,21 @@ void attend_heads(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t h0,
   T* q = S.q + (b * H + h0) * D;
   for (int64_t h = h0; h < h1; ++h) rope_row<T>(S.qkv + b * nq + h * D, c, s, q + (h - h0) * D, D);
   const int64_t* pages = L.pages + b * L.n_pages;
+  T* out = S.attn + (b * H + h0) * D;
+  // acc [D], qf [D], tile [page_size, D], scores [len]: the portable kernel's scratch
+  const int64_t one = L.max_len + (2 + L.ps) * D;
+  if (L.k_scale != nullptr) {  // int8 pool: dequantized page by page, as the per-op path
+    const int8_t* kc = static_cast<const int8_t*>(L.k_cache);
+    const int8_t* vc = static_cast<const int8_t*>(L.v_cache);
+    float* f = scratch<float>(kScores, one).data();
+    for (int64_t g = 0; g < n; ++g)
+      attn::attend_one<T, int8_t>(q + g * D, kc, vc, L.k_scale, L.v_scale, pages, len, L.ps, Hkv,
+                                  kvh, D, L.scale, out + g * D, f + (2 + L.ps) * D, f, f + D,
+                                  f + 2 * D);
+    return;
+  }
   const T* kc = static_cast<const T*>(L.k_cache);
   const T* vc = static_cast<const T*>(L.v_cache);
-  T* out = S.attn + (b * H + h0) * D;
 #ifdef HOUCHU_AVX512
   if constexpr (kVec<T>) {
     if ((D == 64 || D == 128) && n <= attn::kMaxGroup) {
@@ -160,9 +199,7 @@ void attend_heads(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t h0,
     }
   }
 #endif
-  // acc [D], qf [D], tile [page_size, D], scores [len]
-  std::vector<float>& sc = scratch<float>(kScores, L.max_len + (2 + L.ps) * D);
-  float* f = sc.data();
+  float* f = scratch<float>(kScores, one).data();
   for (int64_t g = 0; g < n; ++g)
     attn::attend_one<T, T>(q + g * D, kc, vc, nullptr, nullptr, pages, len, L.ps, Hkv, kvh, D,
                            L.scale, out + g * D, f + (2 + L.ps) * D, f, f + D, f + 2 * D);
@@ -317,12 +354,15 @@ void run_layers(const std::vector<LayerArgs>& layers, const HeadArgs& H, const T
 //   group_sizes: 4 n int4 group sizes (ignored for int8); out_features: 4 n output widths;
 //   act_dtype: the linear layers' activation dtype (float32 or bfloat16);
 //   k_cache, v_cache: [L, P, page_size, Hkv, D] in T, the pool (L >= n; layer l uses
-//     [l]; written: each row's key and value at position lens[b] - 1);
+//     [l]; written: each row's key and value at position lens[b] - 1), or int8 with
+//     k_scale and v_scale (houchu/gpu/kv_pool.py's int8 pool);
 //   pages: [B, n_pages] int64; lens: [B] int32, KV length with the new token;
 //   scale: softmax scale;
 //   final_norm, lm_head, head_group_size, vocab_size (optional, together): the model's
 //     final norm weight [hidden] in T and its LM head as an int4_pack or int8_pack blob of
-//     [vocab_size, hidden] (as the linears above).
+//     [vocab_size, hidden] (as the linears above);
+//   k_scale, v_scale (optional, together): [L, P, page_size, Hkv] float16, an int8 pool's
+//     per-(token, head) scales (written with the new keys and values).
 // Returns [B, hidden] in T: the residual stream after layer n - 1; with the head, [B,
 // vocab_size] float32 logits instead.
 // Raises c10::Error (RuntimeError) on malformed arguments.
@@ -334,7 +374,8 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::T
                          const at::Tensor& lens, double scale,
                          const std::optional<at::Tensor>& final_norm,
                          const std::optional<at::Tensor>& lm_head, int64_t head_group_size,
-                         int64_t vocab_size) {
+                         int64_t vocab_size, const std::optional<at::Tensor>& k_scale,
+                         const std::optional<at::Tensor>& v_scale) {
   const char* who = "decode_layers";
   const auto T = x.scalar_type();
   TORCH_CHECK(T == at::kFloat || T == at::kBFloat16, who, ": x must be float32 or bfloat16");
@@ -350,10 +391,20 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::T
                   out_features.size() == static_cast<size_t>(4 * n),
               who, ": linears, group_sizes and out_features need 4 entries per layer (",
               4 * n, ")");
+  const bool int8_pool = k_scale.has_value();
+  const auto C = int8_pool ? at::kChar : T;
+  TORCH_CHECK(k_scale.has_value() == v_scale.has_value(), who,
+              ": give both KV scales or neither");
   TORCH_CHECK(k_cache.dim() == 5 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  v_cache.sizes() == k_cache.sizes() && k_cache.scalar_type() == T &&
-                  v_cache.scalar_type() == T,
-              who, ": caches must be contiguous [L, P, page_size, Hkv, D] in x's dtype");
+                  v_cache.sizes() == k_cache.sizes() && k_cache.scalar_type() == C &&
+                  v_cache.scalar_type() == C,
+              who, ": caches must be contiguous [L, P, page_size, Hkv, D] in x's dtype, or ",
+              "int8 with k_scale and v_scale");
+  if (int8_pool)
+    for (const at::Tensor* sc : {&*k_scale, &*v_scale})
+      TORCH_CHECK(sc->is_contiguous() && sc->scalar_type() == at::kHalf &&
+                      sc->sizes() == k_cache.sizes().slice(0, 4),
+                  who, ": KV scales must be contiguous [L, P, page_size, Hkv] float16");
   TORCH_CHECK(k_cache.size(0) >= n, who, ": the pool has ", k_cache.size(0), " layers, not ",
               n);
   const int64_t B = x.size(0), hidden = x.size(1);
@@ -429,6 +480,11 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::T
     L.sin_stride = sin.stride(0);
     L.k_cache = static_cast<char*>(k_cache.data_ptr()) + l * layer_elems * esize;
     L.v_cache = static_cast<char*>(v_cache.data_ptr()) + l * layer_elems * esize;
+    if (int8_pool) {
+      const int64_t per_layer = layer_elems / L.D;
+      L.k_scale = k_scale->data_ptr<c10::Half>() + l * per_layer;
+      L.v_scale = v_scale->data_ptr<c10::Half>() + l * per_layer;
+    }
   }
   HeadArgs H;
   at::Tensor logits;
@@ -468,8 +524,8 @@ TORCH_LIBRARY_FRAGMENT(houchu_cpu, m) {
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor[] norms, float eps, "
       "Tensor[] linears, int[] group_sizes, int[] out_features, ScalarType act_dtype, "
       "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor pages, Tensor lens, float scale, "
-      "Tensor? final_norm=None, Tensor? lm_head=None, int head_group_size=0, int vocab_size=0) "
-      "-> Tensor");
+      "Tensor? final_norm=None, Tensor? lm_head=None, int head_group_size=0, int vocab_size=0, "
+      "Tensor(c!)? k_scale=None, Tensor(d!)? v_scale=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(houchu_cpu, CPU, m) {

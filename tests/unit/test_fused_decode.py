@@ -75,7 +75,8 @@ def _both_paths(r: ModelRunner, rows: int):
         for f in (None, fused):
             r.model.fused = f
             logits = r.model(batch, r.pool, r.backend)
-            out.append((logits, r.pool.k.clone(), r.pool.v.clone()))
+            scales = (r.pool.k_scale, r.pool.v_scale) if r.pool.quantized else ()
+            out.append((logits, r.pool.k.clone(), r.pool.v.clone(), [t.clone() for t in scales]))
     r.model.fused = fused
     return out
 
@@ -84,21 +85,24 @@ def _both_paths(r: ModelRunner, rows: int):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("quant", ["int4", "int8", "w8a8"])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_fused_equals_per_op(models, shape, dtype, quant, rows):
-    r = _runner(models[shape], dtype=dtype, quantization=quant)
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_fused_equals_per_op(models, shape, dtype, quant, rows, kv):
+    r = _runner(models[shape], dtype=dtype, quantization=quant, kv_cache_dtype=kv)
     before = r.model.fused.steps
-    (l0, k0, v0), (l1, k1, v1) = _both_paths(r, rows)
+    (l0, k0, v0, s0), (l1, k1, v1, s1) = _both_paths(r, rows)
     assert r.model.fused.steps == before + 1, "the fused kernel did not run"
     assert l0.shape == (rows, r.config.vocab_size)
     assert torch.equal(l0, l1)
     assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    if kv == "int8":
+        assert all(map(torch.equal, s0, s1))
 
 
 @pytest.mark.parametrize(
     "kw",
     [
         {"quantization": "none"},  # dense projections: no GEMV blob
-        {"quantization": "int4", "kv_cache_dtype": "int8"},  # quantized pool
+        {"quantization": "int4", "kv_cache_dtype": "fp8"},  # an fp8 pool
         {"quantization": "int4", "attention_backend": "torch"},
         {"quantization": "int4", "fused_layers": False},
     ],
@@ -111,12 +115,14 @@ def test_fused_stays_off_where_it_does_not_apply(models, kw):
     assert torch.equal(l0, l1)
 
 
-def test_fused_greedy_tokens_through_the_runner(models):
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_fused_greedy_tokens_through_the_runner(models, kv):
     """Decode steps through ``execute``: the same greedy tokens fused and per-op."""
     from tests.unit.test_gpu_quant import generate
 
-    on = _runner(models["d64"], quantization="int4", dtype="bfloat16")
-    off = _runner(models["d64"], quantization="int4", dtype="bfloat16", fused_layers=False)
+    kw = {"quantization": "int4", "dtype": "bfloat16", "kv_cache_dtype": kv}
+    on = _runner(models["d64"], **kw)
+    off = _runner(models["d64"], fused_layers=False, **kw)
     assert generate(on, 8) == generate(off, 8)
     assert on.model.fused.steps >= 7
 
