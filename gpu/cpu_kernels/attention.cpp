@@ -30,10 +30,12 @@ using attn::attend_one;
 using attn::attend_group_avx512;
 using attn::kMaxGroup;
 
-// The AVX-512 path if it applies (unquantized pool, D in {64, 128}, G <= 16).
-template <typename T>
+// The AVX-512 path if it applies (D in {64, 128}, G <= 16); C: T, or int8_t with scales.
+template <typename T, typename C>
 bool decode_attention_avx512(const at::Tensor& q, const at::Tensor& k_cache,
-                             const at::Tensor& v_cache, const at::Tensor& pages,
+                             const at::Tensor& v_cache,
+                             const std::optional<at::Tensor>& k_scale,
+                             const std::optional<at::Tensor>& v_scale, const at::Tensor& pages,
                              const at::Tensor& lens, double scale, at::Tensor& out) {
   const int64_t b = q.size(0), h = q.size(1), d = q.size(2);
   const int64_t ps = k_cache.size(1), hkv = k_cache.size(2), group = h / hkv;
@@ -43,8 +45,10 @@ bool decode_attention_avx512(const at::Tensor& q, const at::Tensor& k_cache,
   int64_t max_len = 0;
   for (int64_t i = 0; i < b; ++i) max_len = std::max<int64_t>(max_len, lp[i]);
   const T* qp = q.data_ptr<T>();
-  const T* kc = k_cache.data_ptr<T>();
-  const T* vc = v_cache.data_ptr<T>();
+  const C* kc = k_cache.data_ptr<C>();
+  const C* vc = v_cache.data_ptr<C>();
+  const c10::Half* ks = k_scale ? k_scale->data_ptr<c10::Half>() : nullptr;
+  const c10::Half* vs = v_scale ? v_scale->data_ptr<c10::Half>() : nullptr;
   const int64_t* pp = pages.data_ptr<int64_t>();
   T* op = out.data_ptr<T>();
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
@@ -55,11 +59,13 @@ bool decode_attention_avx512(const at::Tensor& q, const at::Tensor& k_cache,
       const T* qi = qp + bi * qs0 + kvh * group * qs1;
       T* oi = op + (bi * h + kvh * group) * d;
       if (d == 64) {
-        attend_group_avx512<T, 4>(qi, qs1, kc, vc, pp + bi * n_pages, lp[bi], ps, hkv, kvh,
-                                  group, static_cast<float>(scale), oi, scores.data());
+        attend_group_avx512<T, 4, C>(qi, qs1, kc, vc, pp + bi * n_pages, lp[bi], ps, hkv, kvh,
+                                     group, static_cast<float>(scale), oi, scores.data(), ks,
+                                     vs);
       } else {
-        attend_group_avx512<T, 8>(qi, qs1, kc, vc, pp + bi * n_pages, lp[bi], ps, hkv, kvh,
-                                  group, static_cast<float>(scale), oi, scores.data());
+        attend_group_avx512<T, 8, C>(qi, qs1, kc, vc, pp + bi * n_pages, lp[bi], ps, hkv, kvh,
+                                     group, static_cast<float>(scale), oi, scores.data(), ks,
+                                     vs);
       }
     }
   });
@@ -155,8 +161,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "paged_decode_attention", [&] {
 #ifdef HOUCHU_AVX512
     if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, c10::BFloat16>) {
-      if (!quantized &&
-          decode_attention_avx512<scalar_t>(q, k_cache, v_cache, pages, lens, scale, out)) {
+      if (quantized ? decode_attention_avx512<scalar_t, int8_t>(q, k_cache, v_cache, k_scale,
+                                                                v_scale, pages, lens, scale, out)
+                    : decode_attention_avx512<scalar_t, scalar_t>(
+                          q, k_cache, v_cache, k_scale, v_scale, pages, lens, scale, out)) {
         return;
       }
     }

@@ -85,13 +85,31 @@ void scores_bf16(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16* 
 }
 #endif
 
+// One K or V row [16 DV] as float32: a T row widened, or an int8 row dequantized with its
+// float16 scale and rounded to T (as rows_to_float and dequantize_kv do).
+template <typename T, typename C, int DV>
+inline void load_row(const C* x, const c10::Half* scale, __m512 out[DV]) {
+  if constexpr (std::is_same_v<C, int8_t>) {
+    const __m512 s = _mm512_set1_ps(static_cast<float>(*scale));
+    for (int i = 0; i < DV; ++i) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i * 16));
+      out[i] = vec::round16<T>(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s));
+    }
+  } else {
+    for (int i = 0; i < DV; ++i) out[i] = vec::load16(x + i * 16);
+  }
+}
+
 // All G query heads of one KV head of one sequence, AVX-512: each K/V row is loaded and
-// widened to float32 once for the G heads (bfloat16 keys: see scores_bf16). q: G rows at stride q_stride; out: [G, D]
+// widened to float32 once for the G heads (bfloat16 keys: see scores_bf16). C: the
+// cache's element type, T or int8_t (then ks, vs: the pool's [P, page_size, Hkv] float16
+// scales, which the rows are dequantized with). q: G rows at stride q_stride; out: [G, D]
 // contiguous. Scratch: scores [G, len].
-template <typename T, int DV>
-void attend_group_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc,
+template <typename T, int DV, typename C = T>
+void attend_group_avx512(const T* q, int64_t q_stride, const C* kc, const C* vc,
                          const int64_t* pages, int64_t len, int64_t ps, int64_t hkv,
-                         int64_t kvh, int64_t group, float scale, T* out, float* scores) {
+                         int64_t kvh, int64_t group, float scale, T* out, float* scores,
+                         const c10::Half* ks = nullptr, const c10::Half* vs = nullptr) {
   using namespace vec;
   constexpr int64_t d = DV * 16;
   __m512 qv[kMaxGroup][DV];
@@ -103,7 +121,7 @@ void attend_group_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc,
   const int64_t n_pages = (len + ps - 1) / ps, stride = hkv * d;
   float mx[kMaxGroup];
 #ifdef __AVX512BF16__
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, T>) {
     scores_bf16<DV>(q, q_stride, kc, pages, len, ps, hkv, kvh, group, scale, scores, mx);
   } else
 #endif
@@ -111,10 +129,11 @@ void attend_group_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc,
     for (int64_t g = 0; g < group; ++g) mx[g] = -std::numeric_limits<float>::infinity();
     for (int64_t p = 0; p < n_pages; ++p) {
       const int64_t n = std::min(ps, len - p * ps);
-      const T* k = kc + (pages[p] * ps * hkv + kvh) * d;
+      const int64_t first = pages[p] * ps * hkv + kvh;  // (slot, head) row of the page's first
+      const C* k = kc + first * d;
       for (int64_t r = 0; r < n; ++r, k += stride) {
         __m512 kv[DV];
-        for (int i = 0; i < DV; ++i) kv[i] = load16(k + i * 16);
+        load_row<T, C, DV>(k, ks ? ks + first + r * hkv : nullptr, kv);
         for (int64_t g = 0; g < group; ++g) {
           __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
           for (int i = 1; i < DV; ++i) acc = _mm512_fmadd_ps(qv[g][i], kv[i], acc);
@@ -150,10 +169,11 @@ void attend_group_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc,
   }
   for (int64_t p = 0; p < n_pages; ++p) {
     const int64_t n = std::min(ps, len - p * ps);
-    const T* v = vc + (pages[p] * ps * hkv + kvh) * d;
+    const int64_t first = pages[p] * ps * hkv + kvh;
+    const C* v = vc + first * d;
     for (int64_t r = 0; r < n; ++r, v += stride) {
       __m512 vv[DV];
-      for (int i = 0; i < DV; ++i) vv[i] = load16(v + i * 16);
+      load_row<T, C, DV>(v, vs ? vs + first + r * hkv : nullptr, vv);
       for (int64_t g = 0; g < group; ++g) {
         const __m512 pr = _mm512_set1_ps(scores[g * len + p * ps + r]);
         for (int i = 0; i < DV; ++i) acc[g][i] = _mm512_fmadd_ps(pr, vv[i], acc[g][i]);

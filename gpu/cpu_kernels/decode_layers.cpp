@@ -173,9 +173,25 @@ void attend_heads(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t h0,
   T* out = S.attn + (b * H + h0) * D;
   // acc [D], qf [D], tile [page_size, D], scores [len]: the portable kernel's scratch
   const int64_t one = L.max_len + (2 + L.ps) * D;
-  if (L.k_scale != nullptr) {  // int8 pool: dequantized page by page, as the per-op path
+  if (L.k_scale != nullptr) {  // int8 pool: rows dequantized as the per-op path does
     const int8_t* kc = static_cast<const int8_t*>(L.k_cache);
     const int8_t* vc = static_cast<const int8_t*>(L.v_cache);
+#ifdef HOUCHU_AVX512
+    if constexpr (kVec<T>) {
+      if ((D == 64 || D == 128) && n <= attn::kMaxGroup) {
+        std::vector<float>& sc = scratch<float>(kScores, n * L.max_len);
+        if (D == 64)
+          attn::attend_group_avx512<T, 4, int8_t>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, n,
+                                                  L.scale, out, sc.data(), L.k_scale,
+                                                  L.v_scale);
+        else
+          attn::attend_group_avx512<T, 8, int8_t>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, n,
+                                                  L.scale, out, sc.data(), L.k_scale,
+                                                  L.v_scale);
+        return;
+      }
+    }
+#endif
     float* f = scratch<float>(kScores, one).data();
     for (int64_t g = 0; g < n; ++g)
       attn::attend_one<T, int8_t>(q + g * D, kc, vc, L.k_scale, L.v_scale, pages, len, L.ps, Hkv,
