@@ -41,7 +41,7 @@ _SOURCES = (
     "decode_layers.cpp",
     "argmax.cpp",
 )
-_HEADERS = ("vec.h", "gemv.h", "norm_rope.h", "attention.h")
+_HEADERS = ("vec.h", "gemv.h", "norm_rope.h", "attention.h", "decode_layers.h")
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c++17"]
 
 
