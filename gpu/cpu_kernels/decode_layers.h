@@ -300,7 +300,8 @@ void head_thread(const HeadArgs& H, const T* x, int64_t B, int64_t hid, float ep
                     nullptr, nullptr, fbuf.data());
   const GemvInput<T, A> in(H.p, h.data(), B, hid);
   const int64_t V = H.p.n;
-  // a few hundred KiB at a time, so the T copy stays in cache before its float32 write
+  // 64 blocks (1,024 logits per row) at a time, so each T value is still in cache when
+  // it is widened to float32
   const auto [b0, b1] = share(H.p.nb, t, nt);
   const int64_t step = 64;
   std::vector<T>& y = scratch<T>(kDown, B * V);
