@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from houchu.bench import runner_limits
+from houchu.gpu.qlinear import W8A8_MIN_ROWS
 from houchu.gpu.runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 
@@ -150,7 +151,7 @@ def print_table(rows: list[Row], lim: runner_limits.Limits, header: bool = True)
     for r in rows:
         gbs = r.bytes / r.step_s / 1e9
         fl = r.flops / r.step_s
-        peak_fmt = r.fmt if (r.fmt != "w8a8" or r.tokens >= 32) else "bf16"
+        peak_fmt = r.fmt if (r.fmt != "w8a8" or r.tokens >= W8A8_MIN_ROWS) else "bf16"
         print(
             f"{r.fmt:6} {r.mode:8} {r.what:13} {r.tokens / r.step_s:9.1f} {r.step_s * 1e3:8.2f} "
             f"{r.bytes / 1e6:8.1f} {gbs:6.2f} {100 * gbs / lim.copy_gbs:5.1f} {fl / 1e9:8.1f} "

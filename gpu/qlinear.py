@@ -55,7 +55,11 @@ from houchu.gpu.quant import (
 INT4_DEQUANT_MIN_ROWS = 128  # rows from which int4 dequantize-then-matmul is faster
 INT8_DEQUANT_MIN_ROWS = 64  # same for the int8 weight-only kernel
 CPU_DENSE_MIN_ROWS = 64  # CPU: rows from which a kept dense prepacked copy beats houchu's GEMV
-W8A8_MIN_ROWS = 32  # rows from which the int8 GEMM beats the weight-only int8 kernel
+#: W8A8: rows from which the int8 GEMM runs; below, the weight-only int8 GEMV (fused into
+#: the decode layers on the CPU), which at 32 rows took 37 ms per SmolLM2 step to the
+#: GEMM's 96 ms (runner_bench; at K = 576 the GEMM's quantize, outlier and epilogue
+#: passes outweigh its int8 rate)
+W8A8_MIN_ROWS = 64
 #: W8A8: share of input features per GEMM that skip int8 and run in float32, the ones of
 #: largest magnitude in the batch (after LLM.int8(), Dettmers et al. 2022, which picks
 #: them by a threshold of 6.0; a fixed count keeps the shapes static for torch.compile).
