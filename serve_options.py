@@ -265,8 +265,8 @@ def _speed_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--disable-fused-layers",
         action="store_true",
-        help="cpu attention backend: run decode steps op by op instead of one C++ call per "
-        "decoder layer",
+        help="cpu attention backend: run decode steps op by op instead of one C++ call for "
+        "all the decoder layers and the LM head",
     )
     g.add_argument(
         "--disable-cuda-graph",

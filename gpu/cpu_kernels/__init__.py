@@ -12,9 +12,9 @@ and the KV-page gather before attention.
 
 ``load()`` compiles them once per machine with ``torch.utils.cpp_extension`` (g++ with
 ``-O3 -march=native`` and ninja; about 30 s on 2 cores) into
-``~/.cache/houchu/cpu_kernels/<key>``, where the key hashes the sources, the torch
-version and this CPU's feature flags, and loads the shared library into the process.
-Later processes only load it. Where no compiler is found, or the build fails,
+``~/.cache/houchu/cpu_kernels/<key>``, where the key hashes the sources (their paths and
+contents), the torch version and this CPU's feature flags, and loads the shared library
+into the process. Later processes only load it. Where no compiler is found, or the build fails,
 ``load()`` raises ``CpuKernelsUnavailable`` with the reason and callers fall back to the
 torch kernels.
 """
@@ -69,6 +69,9 @@ def _cpu_flags() -> str:
 def _key(sources: list[Path]) -> str:
     h = hashlib.sha256()
     for p in sources:
+        # the path too: the build folder's build.ninja names the sources by absolute
+        # path, so two checkouts sharing one key would rebuild each other's build
+        h.update(str(p.resolve()).encode())
         h.update(p.read_bytes())
     h.update(" ".join(_CFLAGS).encode())
     h.update(torch.__version__.encode())
