@@ -143,6 +143,36 @@ void store_kv(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t kvh) {
   quantize_kv_row<T>(v, D, static_cast<int8_t*>(L.v_cache) + at * D, L.v_scale + at);
 }
 
+// n query heads q [n, D] of KV head kvh over len positions of this layer's pool, whose
+// elements are C (T, or int8_t with L's scales): the AVX-512 group kernel where it
+// applies, else the portable one head by head. out: [n, D].
+template <typename T, typename C>
+void attend_pool(const LayerArgs& L, const T* q, int64_t n, const int64_t* pages, int64_t len,
+                 int64_t kvh, T* out) {
+  const int64_t Hkv = L.Hkv, D = L.D;
+  const C* kc = static_cast<const C*>(L.k_cache);
+  const C* vc = static_cast<const C*>(L.v_cache);
+#ifdef HOUCHU_AVX512
+  if constexpr (kVec<T>) {
+    if ((D == 64 || D == 128) && n <= attn::kMaxGroup) {
+      std::vector<float>& sc = scratch<float>(kScores, n * L.max_len);
+      if (D == 64)
+        attn::attend_group_avx512<T, 4, C>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, n, L.scale,
+                                           out, sc.data(), L.k_scale, L.v_scale);
+      else
+        attn::attend_group_avx512<T, 8, C>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, n, L.scale,
+                                           out, sc.data(), L.k_scale, L.v_scale);
+      return;
+    }
+  }
+#endif
+  // acc [D], qf [D], tile [page_size, D], scores [len]
+  float* f = scratch<float>(kScores, L.max_len + (2 + L.ps) * D).data();
+  for (int64_t g = 0; g < n; ++g)
+    attn::attend_one<T, C>(q + g * D, kc, vc, L.k_scale, L.v_scale, pages, len, L.ps, Hkv, kvh,
+                           D, L.scale, out + g * D, f + (2 + L.ps) * D, f, f + D, f + 2 * D);
+}
+
 // Query heads [h0, h1) of row b, all of KV head h0 / G: rotated, then attending over the
 // row's lens[b] positions (the new one, stored by store_kv, included).
 template <typename T>
@@ -155,54 +185,10 @@ void attend_heads(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t h0,
   for (int64_t h = h0; h < h1; ++h) rope_row<T>(S.qkv + b * nq + h * D, c, s, q + (h - h0) * D, D);
   const int64_t* pages = L.pages + b * L.n_pages;
   T* out = S.attn + (b * H + h0) * D;
-  // acc [D], qf [D], tile [page_size, D], scores [len]: the portable kernel's scratch
-  const int64_t one = L.max_len + (2 + L.ps) * D;
-  if (L.k_scale != nullptr) {  // int8 pool: rows dequantized as the per-op path does
-    const int8_t* kc = static_cast<const int8_t*>(L.k_cache);
-    const int8_t* vc = static_cast<const int8_t*>(L.v_cache);
-#ifdef HOUCHU_AVX512
-    if constexpr (kVec<T>) {
-      if ((D == 64 || D == 128) && n <= attn::kMaxGroup) {
-        std::vector<float>& sc = scratch<float>(kScores, n * L.max_len);
-        if (D == 64)
-          attn::attend_group_avx512<T, 4, int8_t>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, n,
-                                                  L.scale, out, sc.data(), L.k_scale,
-                                                  L.v_scale);
-        else
-          attn::attend_group_avx512<T, 8, int8_t>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, n,
-                                                  L.scale, out, sc.data(), L.k_scale,
-                                                  L.v_scale);
-        return;
-      }
-    }
-#endif
-    float* f = scratch<float>(kScores, one).data();
-    for (int64_t g = 0; g < n; ++g)
-      attn::attend_one<T, int8_t>(q + g * D, kc, vc, L.k_scale, L.v_scale, pages, len, L.ps, Hkv,
-                                  kvh, D, L.scale, out + g * D, f + (2 + L.ps) * D, f, f + D,
-                                  f + 2 * D);
-    return;
-  }
-  const T* kc = static_cast<const T*>(L.k_cache);
-  const T* vc = static_cast<const T*>(L.v_cache);
-#ifdef HOUCHU_AVX512
-  if constexpr (kVec<T>) {
-    if ((D == 64 || D == 128) && n <= attn::kMaxGroup) {
-      std::vector<float>& sc = scratch<float>(kScores, n * L.max_len);
-      if (D == 64)
-        attn::attend_group_avx512<T, 4>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, n, L.scale,
-                                        out, sc.data());
-      else
-        attn::attend_group_avx512<T, 8>(q, D, kc, vc, pages, len, L.ps, Hkv, kvh, n, L.scale,
-                                        out, sc.data());
-      return;
-    }
-  }
-#endif
-  float* f = scratch<float>(kScores, one).data();
-  for (int64_t g = 0; g < n; ++g)
-    attn::attend_one<T, T>(q + g * D, kc, vc, nullptr, nullptr, pages, len, L.ps, Hkv, kvh, D,
-                           L.scale, out + g * D, f + (2 + L.ps) * D, f, f + D, f + 2 * D);
+  if (L.k_scale != nullptr)  // int8 pool: rows dequantized as the per-op path does
+    attend_pool<T, int8_t>(L, q, n, pages, len, kvh, out);
+  else
+    attend_pool<T, T>(L, q, n, pages, len, kvh, out);
 }
 
 // Attention items of a layer: a KV head's G query heads share each K/V load, but with
