@@ -10,7 +10,8 @@ tokens of KV each) at each batch size through ``ModelRunner.execute`` (sampling
 included) and a ``--prefill``-token prompt; measures the limits again at the end, and
 divides by the better of the two measurements. Per decode step it reports bytes moved
 (matmul weights as stored + KV read + KV written), achieved GB/s and FLOP/s (2 × matmul
-weights × tokens + attention 4 × layers × heads × head_dim × KV tokens), each as a
+weights × tokens + attention 4 × layers × heads × head_dim × KV tokens; a prefill runs
+the LM head on its last token only), each as a
 fraction of the limit: bandwidth for GB/s, the peak of the format it computes in (fp32;
 int8 for w8a8's prefill; bf16 otherwise) for FLOP/s. Printed, not asserted.
 """
@@ -60,7 +61,9 @@ class Bench:
         cfg = runner.config
         self.attn_per_kv_token = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim
         self.weight_bytes, _ = runner.model.weight_bytes()
-        self.matmul_params = sum(m.out_features * m.in_features for m in runner.model.linears())
+        linears = runner.model.linears()  # the LM head last
+        self.matmul_params = sum(m.out_features * m.in_features for m in linears)
+        self.head_params = linears[-1].out_features * linears[-1].in_features
 
     def _plan(self, **kw) -> StepPlan:  # noqa: ANN003
         self.step += 1
@@ -110,7 +113,8 @@ class Bench:
             best = min(best, time.perf_counter() - t0)
             r.execute(self._plan(work=[], release=[rid]))
         kv = r.pool.bytes_per_token * n
-        flops = 2 * self.matmul_params * n + self.attn_per_kv_token * n * (n + 1) // 2
+        layers = self.matmul_params - self.head_params  # the LM head runs on the last row only
+        flops = 2 * (layers * n + self.head_params) + self.attn_per_kv_token * n * (n + 1) // 2
         return Row("", "", f"prefill {n}", best, n, self.weight_bytes + kv, flops)
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from houchu.gpu.loader import load_model
+from houchu.gpu.qlinear import W8A8_MIN_ROWS
 from houchu.gpu.quality import agreement, text_logprobs
 from houchu.gpu.quant import QuantSpec
 from houchu.text.tokenizer import load_tokenizer
@@ -28,7 +29,8 @@ CONFIGS = [  # (weights, model dtype, KV dtype)
     ("none", "float32", "fp8"),
     ("int4", "bfloat16", "int8"),
 ]
-CHUNK = 48  # tokens per step: the int4/int8 weight-only kernels (< 64 rows), W8A8's GEMM (>= 32)
+CHUNK = 48  # tokens per step: the int4/int8 weight-only kernels (< 64 rows)
+CHUNK_W8A8 = W8A8_MIN_ROWS  # W8A8's int8 GEMM (it runs from W8A8_MIN_ROWS rows)
 MIN_TOP1_EN: dict[str, float] = {}  # per format; default 0.95 (W8A8 measured 0.955)
 
 
@@ -68,7 +70,8 @@ def test_agreement_with_exact_path(models, texts, exact, quant, dtype, kv):
     model = models[quant, dtype]
     results = {}
     for name, ids in texts.items():
-        got = text_logprobs(model, ids, kv_dtype=kv, chunk=CHUNK)
+        chunk = CHUNK_W8A8 if quant == "w8a8" else CHUNK
+        got = text_logprobs(model, ids, kv_dtype=kv, chunk=chunk)
         results[name] = a = agreement(exact[name], got, ids)
         print(
             f"\n[quality] weights={quant} dtype={dtype} kv={kv} text={name}: top-1 "
