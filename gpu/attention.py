@@ -213,15 +213,7 @@ class TorchSDPABackend(AttentionBackend):
                 ks, vs = k[a:b], v[a:b]  # [n, Hkv, D], identical to what the pool holds
             else:
                 ks, vs = pool.gather(layer, s.pages, s.kv_len)  # [L, Hkv, D]
-            o = F.scaled_dot_product_attention(
-                q[a:b].transpose(0, 1).unsqueeze(0),  # [1, H, n, D]
-                ks.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
-                vs.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
-                attn_mask=s.mask,
-                is_causal=s.mask is None,
-                enable_gqa=True,
-            )  # [1, H, n, D]
-            out[a:b] = o[0].transpose(0, 1)
+            out[a:b] = self._prefill(q[a:b], ks, vs, s)
         if meta.decode_rows is not None:
             rows = meta.decode_rows
             out[rows] = self._decode(layer, q.index_select(0, rows), pool, meta)
@@ -260,6 +252,21 @@ class TorchSDPABackend(AttentionBackend):
             pages=batch.page_tables[idx, :n_pages].contiguous(),
             mask=(span[None, None, :] <= pos[:, :, None])[:, None],
         )
+
+    def _prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: _PrefillSeq
+    ) -> torch.Tensor:
+        """Causal attention of one sequence's new tokens. q: ``[n, H, D]``; k, v:
+        ``[L, Hkv, D]`` (its whole KV, cached prefix first) -> ``[n, H, D]``."""
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),  # [1, H, n, D]
+            k.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
+            v.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
+            attn_mask=seq.mask,
+            is_causal=seq.mask is None,
+            enable_gqa=True,
+        )  # [1, H, n, D]
+        return o[0].transpose(0, 1)
 
     @staticmethod
     def store(

@@ -2,7 +2,9 @@
 
 Decode rows attend in place over the paged pool through their page tables
 (``torch.ops.houchu_cpu.paged_decode_attention``: no gather into a padded copy, no mask
-tensor, one call per layer); prefill chunks and speculative verification run through the
+tensor, one call per layer); prefill chunks run through the tiled causal kernel
+(``torch.ops.houchu_cpu.prefill_attention``: no mask tensor, key blocks past the diagonal
+skipped, about 3x torch's SDPA on bfloat16); speculative verification runs through the
 torch backend's SDPA path (``TorchSDPABackend``), which this class extends. Its kernel
 set is ``houchu.gpu.ops.CpuOps`` (fused RMSNorm, RoPE, SiLU·mul). An fp8 pool, which the
 C++ kernel does not read, decodes through the torch path.
@@ -14,12 +16,12 @@ import math
 
 import torch
 
-from houchu.gpu.attention import TorchSDPABackend, _TorchMeta
+from houchu.gpu.attention import TorchSDPABackend, _PrefillSeq, _TorchMeta
 from houchu.gpu.kv_pool import KVPool
 
 
 class CpuBackend(TorchSDPABackend):
-    """C++ paged decode attention; torch SDPA for prefill chunks. CPU only.
+    """C++ paged decode and causal prefill attention; torch SDPA for verification. CPU only.
 
     Raises (at construction):
         houchu.gpu.cpu_kernels.CpuKernelsUnavailable: the kernels cannot be built here.
@@ -46,4 +48,15 @@ class CpuBackend(TorchSDPABackend):
             meta.decode_pages,  # [B, n_pages] int64
             meta.decode_lens,  # [B] int32
             1.0 / math.sqrt(q.shape[-1]),
+        )
+
+    def _prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: _PrefillSeq
+    ) -> torch.Tensor:
+        """Causal attention of one sequence's new tokens. q: ``[n, H, D]``; k, v:
+        ``[L, Hkv, D]`` (its whole KV, cached prefix first) -> ``[n, H, D]``."""
+        if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype:
+            return super()._prefill(q, k, v, seq)
+        return torch.ops.houchu_cpu.prefill_attention(
+            q, k, v, seq.start, 1.0 / math.sqrt(q.shape[-1])
         )

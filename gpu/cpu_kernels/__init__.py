@@ -2,7 +2,8 @@
 
 The ``*.cpp`` files beside this module register operators in the ``houchu_cpu`` library
 (``torch.ops.houchu_cpu.*``): fused RMSNorm, residual add + RMSNorm, RoPE and SiLU·mul
-(``norm_rope.cpp``), paged decode attention (``attention.cpp``), int4/int8 GEMV
+(``norm_rope.cpp``), paged decode attention (``attention.cpp``), causal prefill attention
+(``prefill_attention.cpp``), int4/int8 GEMV
 (``gemv.cpp``), W8A8's quantization and epilogue (``quant.cpp``), greedy sampling's
 argmax (``argmax.cpp``), and all the decoder layers of a decode step, with the LM head,
 in one call (``decode_layers.cpp``, reusing the others' kernels
@@ -40,6 +41,7 @@ _SOURCES = (
     "gemv.cpp",
     "decode_layers.cpp",
     "argmax.cpp",
+    "prefill_attention.cpp",
 )
 _HEADERS = ("vec.h", "gemv.h", "norm_rope.h", "attention.h", "decode_layers.h")
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c++17"]
@@ -159,6 +161,7 @@ def _register_fakes() -> None:
     reg(lib + "rope")(lambda q, k, cos, sin: (q.new_empty(q.shape), k.new_empty(k.shape)))
     reg(lib + "silu_mul")(lambda g: g.new_empty(g.shape[0], g.shape[1] // 2))
     reg(lib + "paged_decode_attention")(lambda q, *rest: q.new_empty(q.shape))
+    reg(lib + "prefill_attention")(lambda q, k, v, start, scale: q.new_empty(q.shape))
     reg(lib + "int4_gemv")(lambda x, packed, g, n: x.new_empty(x.shape[0], n))
     reg(lib + "int8_gemv")(lambda x, packed, n: x.new_empty(x.shape[0], n))
     reg(lib + "decode_layers")(_decode_layers_fake)

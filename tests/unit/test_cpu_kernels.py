@@ -1,7 +1,8 @@
 """houchu's C++ CPU kernels (``houchu.gpu.cpu_kernels``) against the torch reference:
 fused RMSNorm (+ residual), RoPE on strided views, SiLU·mul, paged decode attention over
 plain and int8 pools (the AVX-512 path at D = 64 and 128, the portable one at other D),
-greedy argmax, bad input, and a model end to end through the ``cpu`` backend."""
+causal prefill attention (the tiled path at D = 32, 64 and 128, the portable one at other
+D), greedy argmax, bad input, and a model end to end through the ``cpu`` backend."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from houchu.gpu import cpu_kernels
-from houchu.gpu.attention import TorchSDPABackend, _TorchMeta, make_backend
+from houchu.gpu.attention import TorchSDPABackend, _PrefillSeq, _TorchMeta, make_backend
 from houchu.gpu.kv_pool import KVPool
 from houchu.gpu.ops import CpuOps, TorchOps
 from houchu.gpu.rope import rope_cos_sin
@@ -125,6 +126,51 @@ def test_paged_decode_rejects_bad_input():
         attn(torch.randn(1, 3, 64), k, v, None, None, pages, torch.tensor([8]).int(), 1.0)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         torch.ops.houchu_cpu.rms_norm(torch.ones(2, 4).half(), torch.ones(4).half(), 1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("n", "start", "h", "hkv", "d"),
+    [
+        (512, 0, 9, 3, 64),  # the default model's prefill: many key blocks, GQA 3
+        (37, 0, 9, 3, 64),  # rows not a multiple of the 16-position task
+        (100, 50, 9, 3, 64),  # a chunk after a cached prefix
+        (1, 30, 4, 2, 128),  # one token after a prefix
+        (70, 0, 8, 8, 32),  # no grouping, D = 32
+        (200, 17, 4, 1, 128),  # MQA, D = 128 (two rows per P·V tile)
+        (5, 3, 6, 2, 48),  # D = 48: the portable path
+    ],
+)
+def test_prefill_attention_matches_sdpa(dtype, n, start, h, hkv, d):
+    """Causal prefill over strided q (a view of a fused qkv row, as the model passes it)
+    against the torch backend's SDPA path with its offset causal mask."""
+    g = torch.Generator().manual_seed(n + start + d)
+    qkv = torch.randn(n, (h + 2 * hkv) * d, generator=g).to(dtype)
+    q = qkv[:, : h * d].view(n, h, d)
+    k, v = torch.randn(2, start + n, hkv, d, generator=g).to(dtype)
+    pos = torch.arange(start, start + n)[:, None]  # [n, 1]
+    mask = torch.arange(start + n)[None, :] <= pos if start else None  # [n, L]
+    seq = _PrefillSeq(rows=(0, n), start=start, kv_len=start + n, pages=None, mask=mask)
+    want = TorchSDPABackend()._prefill(q, k, v, seq)
+    got = make_backend("cpu")._prefill(q, k, v, seq)
+    assert got.shape == (n, h, d) and got.dtype == dtype
+    close(got, want, dtype)
+
+
+def test_prefill_attention_rejects_bad_input():
+    attn = torch.ops.houchu_cpu.prefill_attention
+    q, k = torch.randn(4, 6, 64), torch.randn(4, 2, 64)
+    with pytest.raises(RuntimeError, match="exceeds"):  # more queries than keys
+        attn(q, k, k, 1, 0.125)
+    with pytest.raises(RuntimeError, match="multiple"):
+        attn(torch.randn(4, 5, 64), k, k, 0, 0.125)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        attn(q, k.bfloat16(), k, 0, 0.125)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        attn(q.half(), k.half(), k.half(), 0, 0.125)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        attn(q.transpose(1, 2), k, k, 0, 0.125)
+    assert attn(q[:0], k, k, 0, 0.125).shape == (0, 6, 64)
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8"])
