@@ -12,6 +12,7 @@ lever ledger.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -89,6 +90,14 @@ class LinearBase(nn.Module):
         when a forward pass of ``rows`` rows runs on that kernel (CPU, kernels loaded),
         else None. The fused decode layer (``houchu.gpu.fused_cpu``) reads it."""
         return None
+
+    def forward_silu_mul(
+        self, x: torch.Tensor, silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """``silu_mul(self(x))`` for a gate_up projection (gate and up outputs side by
+        side): x ``[M, in_features]`` -> ``[M, out_features / 2]``, x's dtype. A layer
+        whose epilogue can apply the activation itself overrides this (same values)."""
+        return silu_mul(self(x))
 
 
 class Linear(LinearBase):

@@ -130,7 +130,7 @@ class DecoderLayer(nn.Module):
         if rows is not None:
             x, a = x.index_select(0, rows), a.index_select(0, rows)
         h, x = ops.add_rms_norm(x, a, self.post_norm.weight, self.eps)
-        return x + self.down(ops.silu_mul(self.gate_up(h)))
+        return x + self.down(self.gate_up.forward_silu_mul(h, ops.silu_mul))
 
 
 class LlamaModel(nn.Module):

@@ -35,6 +35,7 @@ CUDA GPU with bf16), else float32; inputs of another dtype are cast in and out.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -272,7 +273,6 @@ class W8A8Linear(Int8Linear):
         if num_outliers is None:
             num_outliers = max(1, int(self.in_features * W8A8_OUTLIER_SHARE))
         self.num_outliers = num_outliers
-        self._q_t: torch.Tensor | None = None  # [K, N] int8, made on first fused GEMM
         if self.fmt == "fp8":
             q8, s8 = quantize_fp8(w)
             self.register_buffer("q_fp8", q8.to(dev))  # [N, K] float8_e4m3fn
@@ -302,46 +302,60 @@ class W8A8Linear(Int8Linear):
             return y.to(x.dtype)
         return self._int8_gemm(x).to(x.dtype)
 
+    def forward_silu_mul(
+        self, x: torch.Tensor, silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """``silu_mul(self(x))``: x ``[M, K]`` -> ``[M, N / 2]``, x's dtype; on the C++
+        GEMM path the activation runs in the epilogue's pass (same values: both halves
+        are rounded to x's dtype before it)."""
+        if x.shape[0] < self.w8a8_min_rows or not self._fused_at(x):
+            return super().forward_silu_mul(x, silu_mul)
+        c = min(self.num_outliers, x.shape[1])
+        return self._int8_gemm_fused(x.contiguous(), c, silu_mul=True)
+
+    def _fused_at(self, x: torch.Tensor) -> bool:
+        """Whether the int8 GEMM of x runs on houchu's C++ kernels."""
+        return (
+            self.fmt == "int8"
+            and x.device.type == "cpu"
+            and x.dtype in _CPU_FUSED
+            and cpu_kernels.is_loaded()
+        )
+
     def _int8_gemm(self, x: torch.Tensor) -> torch.Tensor:
-        """x: ``[M, K]`` -> ``[M, N]`` float32 through ``torch._int_mm``, with LLM.int8()'s
-        mixed-precision decomposition: the ``num_outliers`` input features of largest
-        magnitude in the batch are multiplied in float32 (with the int8 weight's columns
-        dequantized), the rest quantized per token. A per-token scale is set by the
+        """x: ``[M, K]`` -> ``[M, N]`` through ``torch._int_mm`` (float32 on the torch
+        path, x's dtype on the fused one), with LLM.int8()'s mixed-precision
+        decomposition: the ``num_outliers`` input features of largest magnitude in the
+        batch are not quantized but multiplied as they are with the int8 weight's
+        columns (exact products, summed in float32), the rest quantized per token;
+        ``y = (acc · s_x + x_out · w_qᵀ[cols]) · s_w``. A per-token scale is set by the
         row's largest value, so one outlier feature of 100 would otherwise round every
         ordinary feature of that row to a handful of levels."""
         c = min(self.num_outliers, x.shape[1])
-        if x.device.type == "cpu" and x.dtype in _CPU_FUSED and cpu_kernels.is_loaded():
+        if self._fused_at(x):
             return self._int8_gemm_fused(x.contiguous(), c)
         xf = x.float() if x.dtype != torch.float32 else x.clone()  # [M, K], ours to change
         if c:
             cols = xf.abs().amax(0).topk(c).indices  # [C]
             x_cols = xf.index_select(1, cols)  # [M, C]
-            w_cols = self.q.index_select(1, cols).float().mul_(self.wscale[:, None])  # [N, C]
+            w_cols = self.q.index_select(1, cols).float()  # [N, C], int8 values (exact)
             xf.index_fill_(1, cols, 0.0)
         xq, xs = quantize_rows_int8(xf)  # [M, K] int8, [M, 1] float32
         y = torch._int_mm(xq, self.q.t()) * xs  # [M, N] int32 -> float32
-        y.mul_(self.wscale)
         if c:
             y.addmm_(x_cols, w_cols.t())
-        return y
+        return y.mul_(self.wscale)
 
-    def _int8_gemm_fused(self, x: torch.Tensor, c: int) -> torch.Tensor:
+    def _int8_gemm_fused(self, x: torch.Tensor, c: int, silu_mul: bool = False) -> torch.Tensor:
         """``_int8_gemm`` with houchu's C++ kernels around ``torch._int_mm`` (one pass
-        each for the column absmax, the quantization, and the epilogue). x: ``[M, K]``
-        contiguous float32/bfloat16 -> ``[M, N]`` in x's dtype."""
+        each for the column absmax and the quantization; the outliers' product, and with
+        ``silu_mul`` the activation, in the epilogue's pass). x: ``[M, K]`` contiguous
+        float32/bfloat16 -> ``[M, N]`` (``[M, N / 2]`` with silu_mul) in x's dtype."""
         k = torch.ops.houchu_cpu
         cols = k.col_absmax(x).topk(c).indices if c else x.new_empty(0, dtype=torch.int64)
         xq, xs, x_cols = k.quantize_rows_int8(x, cols)  # [M, K] int8, [M, 1] fp32, [M, C]
         acc = torch._int_mm(xq, self.q.t())  # [M, N] int32
-        extra = None
-        if c:
-            if self._q_t is None:  # the weight's columns as rows, for a cheap gather
-                self._q_t = self.q.t().contiguous()  # [K, N] int8
-            w_cols = self._q_t.index_select(0, cols).float().t() * self.wscale[:, None]  # [N, C]
-            # in float32: rounding the outliers' share alone to bfloat16 before the sum
-            # cost 1 point of top-1 agreement
-            extra = F.linear(x_cols.float(), w_cols.contiguous())  # [M, N] float32
-        return k.int8_epilogue(acc, xs, self.wscale, extra, x.dtype)
+        return k.int8_epilogue(acc, xs, self.wscale, x_cols, self.q, cols, silu_mul)
 
 
 def _dense_at(layer: Int4Linear | Int8Linear, rows: int) -> bool:

@@ -175,7 +175,9 @@ def _register_fakes() -> None:
         )
     )
     reg(lib + "int8_epilogue")(
-        lambda acc, xs, ws, extra, dtype: acc.new_empty(acc.shape, dtype=dtype)
+        lambda acc, xs, ws, outliers, w, cols, silu_mul=False: acc.new_empty(
+            acc.shape[0], acc.shape[1] // 2 if silu_mul else acc.shape[1], dtype=outliers.dtype
+        )
     )
 
 

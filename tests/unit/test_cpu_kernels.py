@@ -193,10 +193,20 @@ def test_auto_backend_on_cpu_is_cpu():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("m", "k", "n", "outliers"), [(32, 576, 960, None), (40, 96, 72, 0)])
+@pytest.mark.parametrize(
+    ("m", "k", "n", "outliers"),
+    [
+        (64, 576, 960, None),
+        (40, 96, 72, 0),
+        (7, 100, 200, 5),
+        (65, 1536, 576, None),
+        (66, 64, 384, 3),
+    ],
+)
 def test_w8a8_fused_matches_torch_path(monkeypatch, dtype, m, k, n, outliers):
     """W8A8's C++ quantization and epilogue vs its torch path (one output rounding apart;
-    a few large activations make outliers)."""
+    a few large activations make outliers), and the epilogue's fused SiLU·mul against the
+    separate op (bit-equal)."""
     from houchu.gpu.qlinear import W8A8Linear
 
     g = torch.Generator().manual_seed(m + k)
@@ -205,9 +215,11 @@ def test_w8a8_fused_matches_torch_path(monkeypatch, dtype, m, k, n, outliers):
     x[:, :3] *= 40.0
     x = x.to(dtype)
     fused = lin(x)
+    fused_act = lin.forward_silu_mul(x, torch.ops.houchu_cpu.silu_mul)  # in the epilogue
+    assert torch.equal(fused_act, torch.ops.houchu_cpu.silu_mul(fused))  # same values
     monkeypatch.setattr(cpu_kernels, "_loaded", False)
     ref = lin(x)
-    assert fused.dtype == ref.dtype == dtype
+    assert fused.dtype == ref.dtype == fused_act.dtype == dtype
     scale = ref.float().abs().amax()
     torch.testing.assert_close(fused.float() / scale, ref.float() / scale, atol=8e-3, rtol=0)
 
@@ -220,10 +232,17 @@ def test_quant_kernels_reject_bad_input():
     with pytest.raises(RuntimeError, match="contiguous"):
         k.quantize_rows_int8(x.t(), torch.tensor([0]))
     acc = torch.zeros(4, 6, dtype=torch.int32)
+    xs, w, cols = torch.ones(4, 1), torch.ones(6, 8, dtype=torch.int8), torch.tensor([1, 7])
     with pytest.raises(RuntimeError, match="w_scale"):
-        k.int8_epilogue(acc, torch.ones(4, 1), torch.ones(5), None, torch.float32)
-    with pytest.raises(RuntimeError, match="extra"):
-        k.int8_epilogue(acc, torch.ones(4, 1), torch.ones(6), torch.ones(4, 5), torch.bfloat16)
+        k.int8_epilogue(acc, xs, torch.ones(5), torch.ones(4, 2), w, cols)
+    with pytest.raises(RuntimeError, match="outliers must be"):  # C differs from len(cols)
+        k.int8_epilogue(acc, xs, torch.ones(6), torch.ones(4, 3), w, cols)
+    with pytest.raises(RuntimeError, match="outside"):
+        k.int8_epilogue(acc, xs, torch.ones(6), torch.ones(4, 2), w, torch.tensor([1, 8]))
+    with pytest.raises(RuntimeError, match="int8 weight"):
+        k.int8_epilogue(acc, xs, torch.ones(6), torch.ones(4, 2), w.float(), cols)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        k.int8_epilogue(acc, xs, torch.ones(6), torch.ones(4, 2).half(), w, cols)
 
 
 @pytest.mark.parametrize("v", [1, 15, 16, 17, 1000, 49152])
