@@ -205,6 +205,18 @@ inline void pv_tile(const T* prob, const T* vblock, float* o) {
     for (int c = 0; c < DV; ++c) _mm512_storeu_ps(o + r * d + c * 16, acc[r][c]);
 }
 
+inline void store_prob(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+
+// 16 probabilities rounded to bfloat16 (nearest even; one vcvtneps2bf16 where the CPU
+// has AVX512-BF16, the only case the tiled bfloat16 path runs).
+inline void store_prob(c10::BFloat16* p, __m512 v) {
+#ifdef __AVX512BF16__
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+  vec::store16(p, v);
+#endif
+}
+
 // Online softmax of one row's block scores (keys k0..k0+63; those past pos masked):
 // rescales the row's running output by exp(m_old - m_new) and writes the probabilities.
 template <typename T>
@@ -228,7 +240,7 @@ inline void softmax_row(float* s, int64_t k0, int64_t pos, float scale, float& m
   for (int t = 0; t < 4; ++t) {
     const __m512 e = _mm512_maskz_mov_ps(keep[t], vec::exp16(_mm512_sub_ps(v[t], mv)));
     sum = _mm512_add_ps(sum, e);
-    vec::store16(prob + t * 16, e);
+    store_prob(prob + t * 16, e);
   }
   l = l * alpha + _mm512_reduce_add_ps(sum);
   m = m_new;
