@@ -117,17 +117,33 @@ void quantize_rows_impl(const T* xp, int64_t m, int64_t k, const uint8_t* mask,
 // The outlier features' weights, gathered from the int8 weight's columns: w: [N, K]
 // int8 -> float32 [C][N], or for bfloat16 activations [ceil(C/2)][N][2] bfloat16 (pairs
 // along C, vdpbf16ps's operand layout; an odd C's last pair padded with 0). int8 values
-// are exact in both.
+// are exact in both. Returns the calling thread's buffer (valid until its next call).
 template <typename T>
-std::vector<T> gather_outlier_weights(const int8_t* w, int64_t n, int64_t k, const int64_t* cp,
-                                      int64_t c) {
+const T* gather_outlier_weights(const int8_t* w, int64_t n, int64_t k, const int64_t* cp,
+                               int64_t c) {
   constexpr int64_t pw = std::is_same_v<T, float> ? 1 : 2;  // elements per slot
   const int64_t slots = (c + pw - 1) / pw;
-  std::vector<T> out(slots * n * pw, T(0));
+  // the calling thread's buffer, kept between calls: a fresh allocation of this size is
+  // an mmap whose page faults cost as much as the gather
+  thread_local std::vector<T> buffer;
+  buffer.resize(std::max<size_t>(buffer.size(), slots * n * pw));
+  T* out = buffer.data();  // (a lambda naming `buffer` would get each worker's own)
   at::parallel_for(0, n, 256, [&](int64_t n0, int64_t n1) {
-    for (int64_t i = n0; i < n1; ++i)
-      for (int64_t j = 0; j < c; ++j)
-        out[((j / pw) * n + i) * pw + j % pw] = static_cast<T>(static_cast<float>(w[i * k + cp[j]]));
+    for (int64_t i = n0; i < n1; ++i) {
+      const int8_t* wi = w + i * k;
+      if constexpr (std::is_same_v<T, float>) {
+        for (int64_t j = 0; j < c; ++j) out[j * n + i] = wi[cp[j]];
+      } else {  // a pair as one 32-bit store; an int8's bfloat16 is its float's top half
+        uint32_t* o32 = reinterpret_cast<uint32_t*>(out);
+        for (int64_t s = 0; s < slots; ++s) {
+          const float lo = wi[cp[2 * s]], hi = 2 * s + 1 < c ? wi[cp[2 * s + 1]] : 0.f;
+          uint32_t lb, hb;
+          std::memcpy(&lb, &lo, 4);
+          std::memcpy(&hb, &hi, 4);
+          o32[s * n + i] = (lb >> 16) | (hb & 0xFFFF0000u);
+        }
+      }
+    }
   });
   return out;
 }
@@ -342,11 +358,11 @@ at::Tensor int8_epilogue(const at::Tensor& acc, const at::Tensor& x_scale,
   const float* ws = w_scale.data_ptr<float>();
   dispatch_acts(outliers.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
-    const auto w_out = gather_outlier_weights<scalar_t>(w.data_ptr<int8_t>(), n, k, cp, c);
+    const scalar_t* w_out = gather_outlier_weights<scalar_t>(w.data_ptr<int8_t>(), n, k, cp, c);
     const scalar_t* xo = outliers.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, m, 4, [&](int64_t r0, int64_t r1) {
-      epilogue_rows<scalar_t>(ap, xs, ws, xo, w_out.data(), c, n, silu_mul, r0, r1, op);
+      epilogue_rows<scalar_t>(ap, xs, ws, xo, w_out, c, n, silu_mul, r0, r1, op);
     });
   });
   return out;
