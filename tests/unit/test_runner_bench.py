@@ -1,0 +1,47 @@
+"""The model-runner benchmark's accounting (``houchu.bench.runner_bench``): the ops a
+prefill counts (the LM head on its last token only) and %peak against the peak of the
+format each part of a step computes in."""
+
+from __future__ import annotations
+
+import pytest
+
+from houchu.bench import runner_bench
+from houchu.bench.runner_bench import Bench, Row, print_table
+from houchu.bench.runner_limits import Limits
+from houchu.gpu.runner import ModelRunner
+from houchu.gpu.testing import make_tiny_llama
+
+LIMITS = Limits(copy_gbs=40.0, fp32_flops=200e9, bf16_flops=400e9, int8_ops=800e9)
+
+
+def peak_column(capsys: pytest.CaptureFixture[str], row: Row) -> float:
+    print_table([row], LIMITS, header=False)
+    return float(capsys.readouterr().out.split()[-1])
+
+
+def test_prefill_counts_the_lm_head_once(tmp_path):
+    path = make_tiny_llama(tmp_path)
+    runner = ModelRunner(str(path), page_size=4, num_pages=16, quiet=True)
+    b = Bench(runner, context=4)
+    row = b.prefill(20, reps=1)
+    cfg = runner.config
+    head = cfg.vocab_size * cfg.hidden_size
+    layers = sum(m.out_features * m.in_features for m in runner.model.linears()) - head
+    attn = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * 20 * 21 // 2
+    assert row.attn_flops == attn
+    assert row.flops == 2 * (layers * 20 + head) + attn
+    assert row.tokens == 20 and row.step_s > 0
+
+
+def test_peak_charges_each_part_at_its_format(capsys):
+    # 1 s of work at the peaks: 0.8e12 int8 GEMM ops (1 s) + 0.4e12 bf16 attention (1 s)
+    w8a8 = Row("w8a8", "eager", "prefill 512", 4.0, 512, 1e6, 1.2e12, 0.4e12)
+    assert peak_column(capsys, w8a8) == pytest.approx(50.0, abs=0.05)  # 2 s ideal / 4 s
+    # bf16: everything at the bf16 peak (1.2e12 / 400e9 = 3 s of 4 s)
+    bf16 = Row("bf16", "eager", "prefill 512", 4.0, 512, 1e6, 1.2e12, 0.4e12)
+    assert peak_column(capsys, bf16) == pytest.approx(75.0, abs=0.05)
+    # w8a8 below W8A8_MIN_ROWS runs the weight-only kernel: bf16's peak
+    small = Row("w8a8", "eager", "decode b=8", 4.0, 8, 1e6, 1.2e12, 0.4e12)
+    assert runner_bench.W8A8_MIN_ROWS > 8
+    assert peak_column(capsys, small) == pytest.approx(75.0, abs=0.05)
