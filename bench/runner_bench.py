@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"houchu runner benchmark: {args.model}, {torch.get_num_threads()} threads")
     before = runner_limits.measure()
     print(f"limits (start): {before.line()}")
+    print("progress, against the start limits (the final table uses the best of start and end):")
     rows: list[Row] = []
     for fmt in args.formats.split(","):
         for mode in args.modes.split(","):
@@ -220,9 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"limits used (best of both): {lim.line()}\n")
     print_table(rows, lim)
     print(
-        "%BW: bytes moved per step / step time, over the copy bandwidth; %peak: the step's "
-        "time at the matmul peak of the format each part computes in (w8a8 prefill: GEMMs "
-        "int8, attention bf16), over its measured time"
+        "%BW: bytes moved per step / step time, over the copy bandwidth; %peak: the time "
+        "the step's work would take at the matmul peak of the format each part computes in "
+        "(w8a8 prefill: GEMMs int8, attention bf16; fp32: fp32; else bf16), over the "
+        "measured time"
     )
     return 0
 

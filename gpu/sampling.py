@@ -287,5 +287,7 @@ class Sampler:
             for j, i in enumerate(want):
                 k = states[i].params.top_logprobs
                 out[i].logprob = chosen[j]
-                out[i].top_logprobs = list(zip(top_i[j][:k], top_v[j][:k], strict=True))
+                pairs = zip(top_i[j][:k], top_v[j][:k], strict=True)
+                # ties by token id, as greedy's argmax breaks them (topk's order is arbitrary)
+                out[i].top_logprobs = sorted(pairs, key=lambda p: (-p[1], p[0]))
         return out

@@ -139,6 +139,14 @@ def test_logprobs_are_raw_log_softmax():
     assert c.logprob is None and c.top_logprobs is None
 
 
+def test_top_logprobs_break_ties_as_greedy_does():
+    x = torch.zeros(1, V)
+    x[0, [31, 7, 19]] = 5.0  # a three-way tie for the top
+    (out,) = Sampler(seed=0).sample(x, [state(temperature=0.0, logprobs=True, top_logprobs=4)])
+    assert out.token_id == 7  # argmax: the first maximum
+    assert [t for t, _ in out.top_logprobs][:3] == [7, 19, 31]
+
+
 def test_processed_logprobs_mode():
     x = logits(1, seed=5)
     s = state(temperature=0.5, top_k=2, logprobs=True, seed=0)
