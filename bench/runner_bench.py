@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from houchu.bench import runner_limits
-from houchu.gpu.qlinear import W8A8_MIN_ROWS
 from houchu.gpu.runner import ModelRunner
+from houchu.gpu.w8a8 import W8A8_MIN_ROWS
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 
 FORMATS = {  # name: (model dtype, quantization)

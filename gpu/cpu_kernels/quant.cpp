@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cstring>
 #include <cmath>
-#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <vector>

@@ -207,7 +207,7 @@ def test_w8a8_fused_matches_torch_path(monkeypatch, dtype, m, k, n, outliers):
     """W8A8's C++ quantization and epilogue vs its torch path (one output rounding apart;
     a few large activations make outliers), and the epilogue's fused SiLU·mul against the
     separate op (bit-equal)."""
-    from houchu.gpu.qlinear import W8A8Linear
+    from houchu.gpu.w8a8 import W8A8Linear
 
     g = torch.Generator().manual_seed(m + k)
     lin = W8A8Linear(torch.randn(n, k, generator=g).to(dtype) / 8, num_outliers=outliers)

@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from houchu.gpu.kv_pool import KVPool, token_bytes
-from houchu.gpu.qlinear import Int4Linear, Int8Linear, W8A8Linear, make_linear
+from houchu.gpu.qlinear import Int4Linear, Int8Linear, make_linear
 from houchu.gpu.quant import QuantSpec, gguf_q4_to_int4, quantize_int4
 from houchu.gpu.runner import ModelRunner
 from houchu.gpu.testing import make_tiny_llama
+from houchu.gpu.w8a8 import W8A8Linear
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 
 GREEDY = SamplingParams(temperature=0.0)
