@@ -1,9 +1,9 @@
 """Attention backend on houchu's C++ CPU kernels (``houchu.gpu.cpu_kernels``).
 
 Decode rows attend in place over the paged pool through their page tables
-(``torch.ops.houchu_cpu.paged_decode_attention``: no gather into a padded copy, no mask
+(``cpu_kernels.ops().paged_decode_attention``: no gather into a padded copy, no mask
 tensor, one call per layer); prefill chunks run through the tiled causal kernel
-(``torch.ops.houchu_cpu.prefill_attention``: no mask tensor, key blocks past the diagonal
+(``cpu_kernels.ops().prefill_attention``: no mask tensor, key blocks past the diagonal
 skipped, about 3x torch's SDPA on bfloat16); speculative verification runs through the
 torch backend's SDPA path (``TorchSDPABackend``), which this class extends. Its kernel
 set is ``houchu.gpu.ops.CpuOps`` (fused RMSNorm, RoPE, SiLU·mul). An fp8 pool, which the
@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from houchu.gpu import cpu_kernels
 from houchu.gpu.attention import TorchSDPABackend, _PrefillSeq, _TorchMeta
 from houchu.gpu.kv_pool import KVPool
 
@@ -31,8 +32,6 @@ class CpuBackend(TorchSDPABackend):
     ops_name = "cpu"
 
     def __init__(self) -> None:
-        from houchu.gpu import cpu_kernels
-
         self.build_s = cpu_kernels.load()
 
     def _decode(self, layer: int, q: torch.Tensor, pool: KVPool, meta: _TorchMeta) -> torch.Tensor:
@@ -40,7 +39,7 @@ class CpuBackend(TorchSDPABackend):
         if pool.k.dtype not in (q.dtype, torch.int8):
             return super()._decode(layer, q, pool, meta)
         scales = (pool.k_scale[layer], pool.v_scale[layer]) if pool.quantized else (None, None)
-        return torch.ops.houchu_cpu.paged_decode_attention(
+        return cpu_kernels.ops().paged_decode_attention(
             q,
             pool.k[layer],  # [P, page_size, Hkv, D]
             pool.v[layer],
@@ -57,6 +56,4 @@ class CpuBackend(TorchSDPABackend):
         ``[L, Hkv, D]`` (its whole KV, cached prefix first) -> ``[n, H, D]``."""
         if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype:
             return super()._prefill(q, k, v, seq)
-        return torch.ops.houchu_cpu.prefill_attention(
-            q, k, v, seq.start, 1.0 / math.sqrt(q.shape[-1])
-        )
+        return cpu_kernels.ops().prefill_attention(q, k, v, seq.start, 1.0 / math.sqrt(q.shape[-1]))

@@ -2,7 +2,7 @@
 
 At batch 1 a decoder layer is ten small kernels of 5-40 µs each, and the per-op path
 pays about as much again around them (operator dispatch, thread-team wake-ups,
-allocations). ``torch.ops.houchu_cpu.decode_layers`` (``cpu_kernels/decode_layers.cpp``)
+allocations). ``cpu_kernels.ops().decode_layers`` (``cpu_kernels/decode_layers.cpp``)
 runs every layer's norms, projections, RoPE, KV store, attention and MLP in one
 parallel region with the per-op path's own kernels and roundings, so its output equals
 the per-op path bit for bit.
@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import torch
 
+from houchu.gpu import cpu_kernels
 from houchu.gpu.attention import _TorchMeta
 from houchu.gpu.batch import StepBatch
 from houchu.gpu.kv_pool import KVPool
@@ -66,7 +67,7 @@ class FusedDecode:
             return None
         eps, scale = model.cfg.rms_norm_eps, 1.0 / math.sqrt(model.cfg.head_dim)
         pages, lens = meta.decode_pages, meta.decode_lens
-        kernel = torch.ops.houchu_cpu.decode_layers
+        kernel = cpu_kernels.ops().decode_layers
         self.steps += 1
 
         def run(

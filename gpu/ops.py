@@ -17,6 +17,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
+from houchu.gpu import cpu_kernels
 from houchu.gpu.rope import apply_rope
 
 
@@ -79,7 +80,7 @@ class CpuOps(TorchOps):
     @staticmethod
     def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         if x.dtype in _CPU_DTYPES and x.stride(-1) == 1:
-            return torch.ops.houchu_cpu.rms_norm(x, w, eps)
+            return cpu_kernels.ops().rms_norm(x, w, eps)
         return TorchOps.rms_norm(x, w, eps)
 
     @classmethod
@@ -87,7 +88,7 @@ class CpuOps(TorchOps):
         cls, x: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if x.dtype in _CPU_DTYPES and x.stride(-1) == 1 and delta.stride(-1) == 1:
-            return torch.ops.houchu_cpu.add_rms_norm(x, delta, w, eps)
+            return cpu_kernels.ops().add_rms_norm(x, delta, w, eps)
         return TorchOps.add_rms_norm(x, delta, w, eps)
 
     @staticmethod
@@ -95,13 +96,13 @@ class CpuOps(TorchOps):
         q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if q.dtype in _CPU_DTYPES:
-            return torch.ops.houchu_cpu.rope(q, k, cos, sin)
+            return cpu_kernels.ops().rope(q, k, cos, sin)
         return TorchOps.rope(q, k, cos, sin)
 
     @staticmethod
     def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         if gate_up.dtype in _CPU_DTYPES and gate_up.stride(-1) == 1:
-            return torch.ops.houchu_cpu.silu_mul(gate_up)
+            return cpu_kernels.ops().silu_mul(gate_up)
         return TorchOps.silu_mul(gate_up)
 
 
@@ -120,8 +121,6 @@ def make_ops(name: str, device: torch.device) -> TorchOps:
     if name == "cpu":
         if torch.device(device).type != "cpu":
             raise RuntimeError(f"the cpu kernel set runs on the CPU, not {device}")
-        from houchu.gpu import cpu_kernels
-
         cpu_kernels.load()
         return CpuOps()
     if name == "triton":

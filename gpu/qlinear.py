@@ -3,7 +3,7 @@
 
 Kernels: on the CPU, where houchu's C++ kernels are loaded (``houchu.gpu.cpu_kernels``,
 ``gemv.cpp``), decode-sized row counts use its AVX-512 int4 / int8 GEMV
-(``torch.ops.houchu_cpu.int4_gemv`` / ``int8_gemv``: exact products of the activations
+(``cpu_kernels.ops().int4_gemv`` / ``int8_gemv``: exact products of the activations
 with the stored codes, float32 sums; 1.4-1.8x torch's int4 kernel and 3.5x its int8 one
 on SmolLM2's shapes at one row). Otherwise torch's own:
 
@@ -110,7 +110,7 @@ class Int4Linear(LinearBase):
         self.dense_min_rows = dense_min_rows if self._dense is not None else None
         self._cpu_gemv: torch.Tensor | None = None  # houchu's C++ GEMV layout (opaque)
         if dev.type == "cpu" and cpu_kernels.is_loaded() and w.group_size % 8 == 0:
-            self._cpu_gemv = torch.ops.houchu_cpu.int4_pack(
+            self._cpu_gemv = cpu_kernels.ops().int4_pack(
                 w.q.to(torch.uint8), self.scale, self.offset, w.group_size
             )
 
@@ -141,9 +141,7 @@ class Int4Linear(LinearBase):
         elif x.shape[0] >= self.dequant_min_rows:
             y = F.linear(xa, self.dequantize())
         elif self._cpu_gemv is not None:
-            y = torch.ops.houchu_cpu.int4_gemv(
-                xa, self._cpu_gemv, self.group_size, self.out_features
-            )
+            y = cpu_kernels.ops().int4_gemv(xa, self._cpu_gemv, self.group_size, self.out_features)
         elif self.packed.device.type == "cuda":
             y = torch.ops.aten._weight_int4pack_mm(xa, self.packed, self.group_size, self.sz)
         else:
@@ -187,7 +185,7 @@ class Int8Linear(LinearBase):
         self.dense_min_rows = dense_min_rows if self._dense is not None else None
         self._cpu_gemv: torch.Tensor | None = None  # houchu's C++ GEMV layout (opaque)
         if dev.type == "cpu" and cpu_kernels.is_loaded():
-            self._cpu_gemv = torch.ops.houchu_cpu.int8_pack(self.q, self.wscale_act)
+            self._cpu_gemv = cpu_kernels.ops().int8_pack(self.q, self.wscale_act)
 
     def weight_bytes(self) -> int:
         return self.q.numel() + self.wscale_act.numel() * self.wscale_act.element_size()
@@ -207,7 +205,7 @@ class Int8Linear(LinearBase):
         if self.dense_min_rows is not None and xa.shape[0] >= self.dense_min_rows:
             return packed_matmul(xa, self._dense, self.out_features)
         if self._cpu_gemv is not None and xa.shape[0] < self.dequant_min_rows:
-            return torch.ops.houchu_cpu.int8_gemv(xa, self._cpu_gemv, self.out_features)
+            return cpu_kernels.ops().int8_gemv(xa, self._cpu_gemv, self.out_features)
         if self.kernel and xa.shape[0] < self.dequant_min_rows:
             return torch.ops.aten._weight_int8pack_mm(xa, self.q, self.wscale_act)
         return F.linear(xa, self.q.to(xa.dtype)) * self.wscale_act  # int8 is exact in bf16

@@ -152,7 +152,7 @@ class W8A8Linear(Int8Linear):
         each for the column absmax and the quantization; the outliers' product, and with
         ``silu_mul`` the activation, in the epilogue's pass). x: ``[M, K]`` contiguous
         float32/bfloat16 -> ``[M, N]`` (``[M, N / 2]`` with silu_mul) in x's dtype."""
-        k = torch.ops.houchu_cpu
+        k = cpu_kernels.ops()
         cols = k.col_absmax(x).topk(c).indices if c else x.new_empty(0, dtype=torch.int64)
         xq, xs, x_cols = k.quantize_rows_int8(x, cols)  # [M, K] int8, [M, 1] fp32, [M, C]
         acc = torch._int_mm(xq, self.q.t())  # [M, N] int32

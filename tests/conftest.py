@@ -13,3 +13,29 @@ from houchu.fetch import fetch_default_model
 def real_model_path() -> Path:
     """Path of the default model's GGUF (SmolLM2-135M-Instruct Q4_1), fetched if needed."""
     return fetch_default_model(quiet=True)
+
+
+from houchu.gpu import cpu_kernels  # noqa: E402
+from houchu.gpu.cpu_kernels import isa  # noqa: E402
+
+KERNEL_LEVELS = [lv.name for lv in isa.LEVELS if lv.kernels]
+
+
+@pytest.fixture(params=KERNEL_LEVELS)
+def cpu_isa(request: pytest.FixtureRequest):
+    """Each ISA level of houchu's C++ CPU kernels in turn, made the active one for the
+    test (``cpu_kernels.select``); a level this CPU cannot run, or whose build fails, is
+    skipped with the reason. So an AVX-512 machine tests its AVX2 kernels too."""
+    level = request.param
+    lv = isa.level(level)
+    if not isa.runs(lv):
+        pytest.skip(isa.why_not(lv))
+    why = cpu_kernels.unavailable_reason(level)
+    if why is not None:
+        pytest.skip(f"{level}: {why}")
+    before = cpu_kernels.active_level()
+    cpu_kernels.select(level)
+    try:
+        yield level
+    finally:
+        cpu_kernels.select(before)

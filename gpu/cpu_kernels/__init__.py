@@ -1,21 +1,26 @@
-"""houchu's C++ CPU kernels, built on first use and cached.
+"""houchu's C++ CPU kernels, built per instruction-set level on first use and cached.
 
-The ``*.cpp`` files beside this module register operators in the ``houchu_cpu`` library
-(``torch.ops.houchu_cpu.*``): fused RMSNorm, residual add + RMSNorm, RoPE and SiLU·mul
+The ``*.cpp`` files beside this module register operators in one library per ISA level
+(``torch.ops.houchu_cpu_<level>.*``, e.g. ``houchu_cpu_avx2``; ``ops()`` is the level this
+process uses): fused RMSNorm, residual add + RMSNorm, RoPE and SiLU·mul
 (``norm_rope.cpp``), paged decode attention (``attention.cpp``), causal prefill attention
-(``prefill_attention.cpp``), int4/int8 GEMV
-(``gemv.cpp``), W8A8's quantization and epilogue (``quant.cpp``), greedy sampling's
-argmax (``argmax.cpp``), and all the decoder layers of a decode step, with the LM head,
-in one call (``decode_layers.cpp``, reusing the others' kernels
-from the ``*.h`` headers). They remove what dominates an eager CPU decode step at small
-batch sizes: hundreds of small torch ops per step, each a few microseconds of dispatch,
-and the KV-page gather before attention.
+(``prefill_attention.cpp``), int4/int8 GEMV (``gemv.cpp``), W8A8's quantization and
+epilogue (``quant.cpp``), greedy sampling's argmax (``argmax.cpp``), and all the decoder
+layers of a decode step, with the LM head, in one call (``decode_layers.cpp``, reusing the
+others' kernels from the ``*.h`` headers). They remove what dominates an eager CPU decode
+step at small batch sizes: hundreds of small torch ops per step, each a few microseconds
+of dispatch, and the KV-page gather before attention.
 
-``load()`` compiles them once per machine with ``torch.utils.cpp_extension`` (g++ with
-``-O3 -march=native`` and ninja; about 30 s on 2 cores) into
-``~/.cache/houchu/cpu_kernels/<key>``, where the key hashes the sources (their paths and
-contents), the torch version and this CPU's feature flags, and loads the shared library
-into the process. Later processes only load it. Where no compiler is found, or the build fails,
+The level (``isa.py``: ``avx512_bf16``, ``avx512``, ``avx2``, or ``generic``:
+torch's ops only) is detected from the CPU at startup or forced with ``--cpu-isa`` /
+``$HOUCHU_CPU_ISA``. ``load()`` compiles that level's build once per machine with
+``torch.utils.cpp_extension`` (g++ with the level's own target flags, not
+``-march=native``, and ninja; about 30 s on 2 cores) into
+``~/.cache/houchu/cpu_kernels/<level>-<key>``, where the key hashes the level, the
+sources (their paths and contents), the flags and the torch version, and loads the shared
+library into the process. Later processes only load it. A build is loaded only on a CPU
+that runs its level, so a cache shared between machines never hands a CPU code it cannot
+execute. Where no compiler is found, the build fails, or the level is ``generic``,
 ``load()`` raises ``CpuKernelsUnavailable`` with the reason and callers fall back to the
 torch kernels.
 """
@@ -26,13 +31,14 @@ import fcntl
 import functools
 import hashlib
 import os
-import platform
 import shutil
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from houchu.gpu.cpu_kernels import isa
 
 _SOURCES = (
     "norm_rope.cpp",
@@ -43,8 +49,25 @@ _SOURCES = (
     "argmax.cpp",
     "prefill_attention.cpp",
 )
-_HEADERS = ("vec.h", "gemv.h", "norm_rope.h", "attention.h", "decode_layers.h")
-_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c++17"]
+_HEADERS = (
+    "library.h",
+    "vec.h",
+    "simd.h",
+    "gemv.h",
+    "norm_rope.h",
+    "attention.h",
+    "decode_layers.h",
+)
+# hidden visibility: each level's library binds its own copies of the shared inline
+# kernels, so two levels loaded in one process (the tests load every level) never mix
+_CFLAGS = [
+    "-O3",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-std=c++17",
+    "-fvisibility=hidden",
+    "-fvisibility-inlines-hidden",
+]
 
 
 class CpuKernelsUnavailable(RuntimeError):
@@ -58,52 +81,107 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "houchu" / "cpu_kernels"
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _key(sources: list[Path]) -> str:
+def build_key(level: str, sources: list[Path]) -> str:
+    """The cache folder's name of ``level``'s build of ``sources``: ``<level>-<hash>``,
+    the hash over the level, the sources' paths and contents, the compiler flags and the
+    torch version."""
     h = hashlib.sha256()
+    h.update(level.encode())
     for p in sources:
         # the path too: the build folder's build.ninja names the sources by absolute
         # path, so two checkouts sharing one key would rebuild each other's build
         h.update(str(p.resolve()).encode())
         h.update(p.read_bytes())
-    h.update(" ".join(_CFLAGS).encode())
+    h.update(" ".join(_flags(level)).encode())
     h.update(torch.__version__.encode())
-    h.update(_cpu_flags().encode())
-    return h.hexdigest()[:16]
+    return f"{level}-{h.hexdigest()[:16]}"
 
 
-def load(verbose: bool = False) -> float:
-    """Build (first time on this machine) and load the kernels into this process.
+def _flags(level: str) -> list[str]:
+    return [*_CFLAGS, *isa.level(level).cflags, f"-DHOUCHU_LIB=houchu_cpu_{level}"]
+
+
+_active: str | None = None  # the level this process uses, once chosen
+_loaded: bool = False  # whether the active level's kernels are loaded
+
+
+def active_level() -> str:
+    """The ISA level this process uses (``select``'s choice; chosen with
+    ``isa.choose()`` on first call when nothing was selected)."""
+    global _active
+    if _active is None:
+        _active = isa.choose()
+    return _active
+
+
+def select(level: str | None) -> str:
+    """Use ``level`` (None or "auto": ``$HOUCHU_CPU_ISA`` or the best this CPU runs) for
+    this process's kernels from now on; returns the level chosen. Already-built models
+    keep working (every level shares the packed weight layouts).
+
+    Raises:
+        ValueError: an unknown level or one this CPU cannot run.
+    """
+    global _active, _loaded
+    _active = isa.choose(None if level == "auto" else level)
+    _loaded = _active in _built_levels
+    return _active
+
+
+def ops(level: str | None = None):  # noqa: ANN201 (a torch.ops namespace)
+    """The operator namespace of ``level`` (default: the active one):
+    ``torch.ops.houchu_cpu_<level>``. Load it first (``load``)."""
+    name = level or _active or active_level()
+    ns = _namespaces.get(name)
+    if ns is None:
+        ns = _namespaces[name] = getattr(torch.ops, f"houchu_cpu_{name}")
+    return ns
+
+
+_namespaces: dict[str, object] = {}
+
+
+def load(verbose: bool = False, level: str | None = None) -> float:
+    """Build (first time on this machine) and load ``level``'s kernels (default: the
+    active level) into this process.
 
     Returns:
         seconds it took (build and load; a cached build loads in well under a second).
     Raises:
-        CpuKernelsUnavailable: not Linux/x86-64 or arm64, no C++ compiler or ninja, or
-            the build failed (the compiler's last lines are in the message).
+        CpuKernelsUnavailable: the level is ``generic``, this CPU cannot run it, not
+            Linux, no C++ compiler or ninja, or the build failed (the compiler's last
+            lines are in the message).
     """
-    return _load_once(verbose)
+    global _loaded
+    name = level or active_level()
+    if name in _failed:  # tried once in this process: the same answer, not another build
+        raise CpuKernelsUnavailable(_failed[name])
+    try:
+        t = _load_once(name, verbose)
+    except CpuKernelsUnavailable as e:
+        _failed[name] = str(e)
+        raise
+    if name == active_level():
+        _loaded = True
+    return t
 
 
-_loaded = False
+_built_levels: set[str] = set()
+_failed: dict[str, str] = {}
 
 
 def is_loaded() -> bool:
-    """Whether ``load()`` has succeeded in this process (never builds)."""
+    """Whether the active level's kernels are loaded in this process (never builds)."""
     return _loaded
 
 
 @functools.cache
-def _load_once(verbose: bool) -> float:
-    global _loaded
+def _load_once(level: str, verbose: bool) -> float:
+    lv = isa.level(level)
+    if not lv.kernels:
+        raise CpuKernelsUnavailable(f"CPU ISA level {level}: torch's kernels only")
+    if not isa.runs(lv):
+        raise CpuKernelsUnavailable(isa.why_not(lv))
     if sys.platform != "linux":
         raise CpuKernelsUnavailable(f"built only on Linux, not {sys.platform}")
     cxx = os.environ.get("CXX", "c++")
@@ -115,7 +193,7 @@ def _load_once(verbose: bool) -> float:
         raise CpuKernelsUnavailable("ninja is not installed (pip install ninja)")
     here = Path(__file__).parent
     sources = [here / s for s in _SOURCES]
-    key = _key(sources + [here / h for h in _HEADERS])
+    key = build_key(level, sources + [here / h for h in _HEADERS])
     build = cache_dir() / key
     build.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -125,19 +203,34 @@ def _load_once(verbose: bool) -> float:
         fcntl.flock(lock, fcntl.LOCK_EX)
         (build / "lock").unlink(missing_ok=True)
         if not any(build.glob("*.so")):
-            print(f"houchu: building the C++ CPU kernels in {build} (once)", file=sys.stderr)
-        _build(cpp_extension, key, sources, build, verbose)
-    _register_fakes()
-    _loaded = True
+            print(
+                f"houchu: building the {level} C++ CPU kernels in {build} (once)", file=sys.stderr
+            )
+        _build(cpp_extension, key, level, sources, build, verbose)
+    _register_fakes(level)
+    _built_levels.add(level)
     return time.perf_counter() - t0
 
 
-def _build(cpp_extension, key: str, sources: list[Path], build: Path, verbose: bool) -> None:  # noqa: ANN001
+def is_built(level: str | None = None) -> bool:
+    """Whether ``level``'s build (default: the active level) is in the cache already,
+    so ``load`` would only load it (never builds)."""
+    name = level or active_level()
+    if not isa.level(name).kernels:
+        return False
+    here = Path(__file__).parent
+    key = build_key(name, [here / s for s in _SOURCES] + [here / h for h in _HEADERS])
+    return any((cache_dir() / key).glob("*.so"))
+
+
+def _build(
+    cpp_extension, key: str, level: str, sources: list[Path], build: Path, verbose: bool
+) -> None:  # noqa: ANN001
     try:
         cpp_extension.load(
-            name=f"houchu_cpu_{key}",
+            name=f"houchu_cpu_{key.replace('-', '_')}",
             sources=[str(s) for s in sources],
-            extra_cflags=_CFLAGS,
+            extra_cflags=_flags(level),
             extra_ldflags=["-fopenmp"],
             build_directory=str(build),
             is_python_module=False,
@@ -150,10 +243,10 @@ def _build(cpp_extension, key: str, sources: list[Path], build: Path, verbose: b
         raise CpuKernelsUnavailable(f"building the C++ CPU kernels failed: {tail}") from e
 
 
-def _register_fakes() -> None:
-    """Shape-only versions of the operators, so ``torch.compile`` can trace through them
-    (they run as opaque calls inside a compiled graph)."""
-    lib = "houchu_cpu::"
+def _register_fakes(level: str) -> None:
+    """Shape-only versions of ``level``'s operators, so ``torch.compile`` can trace
+    through them (they run as opaque calls inside a compiled graph)."""
+    lib = f"houchu_cpu_{level}::"
     reg = torch.library.register_fake
 
     reg(lib + "rms_norm")(lambda x, w, eps: x.new_empty(x.shape))
@@ -208,17 +301,16 @@ def _decode_layers_fake(  # noqa: PLR0913 (the operator's schema)
     return x.new_empty(x.shape[0], vocab_size, dtype=torch.float32)
 
 
-@functools.cache
-def unavailable_reason() -> str | None:
-    """None if the kernels load here (building them if needed), else why not; never
-    raises, and tries only once per process."""
+def unavailable_reason(level: str | None = None) -> str | None:
+    """None if ``level``'s kernels (default: the active level's) load here, building
+    them if needed, else why not; never raises, and tries only once per level."""
     try:
-        load()
+        load(level=level)
     except CpuKernelsUnavailable as e:
         return str(e)
     return None
 
 
-def available() -> bool:
-    """Whether the kernels load here (see ``unavailable_reason``)."""
-    return unavailable_reason() is None
+def available(level: str | None = None) -> bool:
+    """Whether ``level``'s kernels load here (see ``unavailable_reason``)."""
+    return unavailable_reason(level) is None

@@ -5,7 +5,7 @@
 // AVX-512 passes over the row (the maximum, then its first index) take a few us.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
+#include "library.h"
 
 #include <cmath>
 #include <cstdint>
@@ -68,6 +68,6 @@ at::Tensor argmax_rows(const at::Tensor& x) {
 }  // namespace
 }  // namespace houchu_cpu
 
-TORCH_LIBRARY_FRAGMENT(houchu_cpu, m) { m.def("argmax_rows(Tensor x) -> Tensor"); }
+HOUCHU_FRAGMENT(m) { m.def("argmax_rows(Tensor x) -> Tensor"); }
 
-TORCH_LIBRARY_IMPL(houchu_cpu, CPU, m) { m.impl("argmax_rows", &houchu_cpu::argmax_rows); }
+HOUCHU_IMPL(m) { m.impl("argmax_rows", &houchu_cpu::argmax_rows); }

@@ -10,7 +10,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
-#include <torch/library.h>
+#include "library.h"
 
 #include <algorithm>
 #include <cmath>
@@ -182,12 +182,12 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 
 }  // namespace houchu_cpu
 
-TORCH_LIBRARY_FRAGMENT(houchu_cpu, m) {
+HOUCHU_FRAGMENT(m) {
   m.def(
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? k_scale, "
       "Tensor? v_scale, Tensor pages, Tensor lens, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(houchu_cpu, CPU, m) {
+HOUCHU_IMPL(m) {
   m.impl("paged_decode_attention", &houchu_cpu::paged_decode_attention);
 }

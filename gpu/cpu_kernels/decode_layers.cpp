@@ -17,7 +17,7 @@
 // (houchu/gpu/llama.py's DecoderLayer.pre, the cpu attention backend, DecoderLayer.post)
 // bit for bit, including the casts to and from the linear layers' activation dtype.
 #include <ATen/ATen.h>
-#include <torch/library.h>
+#include "library.h"
 
 #include <optional>
 #include <vector>
@@ -208,7 +208,7 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::T
 
 }  // namespace houchu_cpu
 
-TORCH_LIBRARY_FRAGMENT(houchu_cpu, m) {
+HOUCHU_FRAGMENT(m) {
   m.def(
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor[] norms, float eps, "
       "Tensor[] linears, int[] group_sizes, int[] out_features, ScalarType act_dtype, "
@@ -217,6 +217,6 @@ TORCH_LIBRARY_FRAGMENT(houchu_cpu, m) {
       "Tensor(c!)? k_scale=None, Tensor(d!)? v_scale=None) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(houchu_cpu, CPU, m) {
+HOUCHU_IMPL(m) {
   m.impl("decode_layers", &houchu_cpu::decode_layers);
 }

@@ -22,7 +22,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
-#include <torch/library.h>
+#include "library.h"
 
 #include "gemv.h"
 
@@ -185,14 +185,14 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& blob, int64_t out_fe
 }  // namespace houchu_cpu
 
 
-TORCH_LIBRARY_FRAGMENT(houchu_cpu, m) {
+HOUCHU_FRAGMENT(m) {
   m.def("int4_pack(Tensor q, Tensor scale, Tensor offset, int group_size) -> Tensor");
   m.def("int4_gemv(Tensor x, Tensor packed, int group_size, int out_features) -> Tensor");
   m.def("int8_pack(Tensor q, Tensor scale) -> Tensor");
   m.def("int8_gemv(Tensor x, Tensor packed, int out_features) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(houchu_cpu, CPU, m) {
+HOUCHU_IMPL(m) {
   m.impl("int4_pack", &houchu_cpu::gemv::int4_pack);
   m.impl("int4_gemv", &houchu_cpu::gemv::int4_gemv);
   m.impl("int8_pack", &houchu_cpu::gemv::int8_pack);

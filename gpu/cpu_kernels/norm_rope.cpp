@@ -8,7 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
-#include <torch/library.h>
+#include "library.h"
 
 #include <cmath>
 #include <tuple>
@@ -137,14 +137,14 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 
 }  // namespace houchu_cpu
 
-TORCH_LIBRARY_FRAGMENT(houchu_cpu, m) {
+HOUCHU_FRAGMENT(m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor delta, Tensor w, float eps) -> (Tensor, Tensor)");
   m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(houchu_cpu, CPU, m) {
+HOUCHU_IMPL(m) {
   m.impl("rms_norm", &houchu_cpu::rms_norm);
   m.impl("add_rms_norm", &houchu_cpu::add_rms_norm);
   m.impl("rope", &houchu_cpu::rope);

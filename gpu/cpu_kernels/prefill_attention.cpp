@@ -17,7 +17,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
-#include <torch/library.h>
+#include "library.h"
 
 #include <algorithm>
 #include <cmath>
@@ -379,10 +379,10 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
 
 }  // namespace houchu_cpu
 
-TORCH_LIBRARY_FRAGMENT(houchu_cpu, m) {
+HOUCHU_FRAGMENT(m) {
   m.def("prefill_attention(Tensor q, Tensor k, Tensor v, int start, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(houchu_cpu, CPU, m) {
+HOUCHU_IMPL(m) {
   m.impl("prefill_attention", &houchu_cpu::prefill_attention);
 }

@@ -10,7 +10,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
-#include <torch/library.h>
+#include "library.h"
 
 #include "norm_rope.h"
 #include "vec.h"
@@ -369,7 +369,7 @@ at::Tensor int8_epilogue(const at::Tensor& acc, const at::Tensor& x_scale,
 
 }  // namespace houchu_cpu
 
-TORCH_LIBRARY_FRAGMENT(houchu_cpu, m) {
+HOUCHU_FRAGMENT(m) {
   m.def("col_absmax(Tensor x) -> Tensor");
   m.def("quantize_rows_int8(Tensor x, Tensor cols) -> (Tensor, Tensor, Tensor)");
   m.def(
@@ -377,7 +377,7 @@ TORCH_LIBRARY_FRAGMENT(houchu_cpu, m) {
       "Tensor cols, bool silu_mul=False) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(houchu_cpu, CPU, m) {
+HOUCHU_IMPL(m) {
   m.impl("col_absmax", &houchu_cpu::col_absmax);
   m.impl("quantize_rows_int8", &houchu_cpu::quantize_rows_int8);
   m.impl("int8_epilogue", &houchu_cpu::int8_epilogue);

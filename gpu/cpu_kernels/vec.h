@@ -75,3 +75,5 @@ inline __m512 exp16(__m512 x) {
 
 }  // namespace houchu_cpu::vec
 #endif
+
+#include "simd.h"  // the AVX2 + FMA helpers, where AVX-512 is not targeted

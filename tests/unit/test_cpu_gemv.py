@@ -1,4 +1,4 @@
-"""houchu's C++ int4 / int8 GEMV kernels (``torch.ops.houchu_cpu.int4_gemv`` and
+"""houchu's C++ int4 / int8 GEMV kernels (``cpu_kernels.ops().int4_gemv`` and
 ``int8_gemv``, ``gemv.cpp``) against the dense float32 reference ``x.float() @ w.T``,
 where ``w`` is built in float32 from the stored codes, scales and offsets: SmolLM2's
 shapes, group sizes 32 / 64 / 128, 1-11 activation rows, bfloat16 and float32
@@ -11,11 +11,7 @@ import torch
 
 from houchu.gpu import cpu_kernels
 
-_WHY = cpu_kernels.unavailable_reason()
-if _WHY is not None:
-    pytest.skip(f"C++ CPU kernels unavailable: {_WHY}", allow_module_level=True)
-
-ops = torch.ops.houchu_cpu
+pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 
 
 def int4_weight(n: int, k: int, group: int, dtype: torch.dtype, seed: int):
@@ -70,27 +66,33 @@ INT4_SHAPES = [
 @pytest.mark.parametrize(("n", "k", "group"), INT4_SHAPES)
 def test_int4_gemv_matches_dense(n, k, group, m, x_dtype):
     q, scale, offset, dense = int4_weight(n, k, group, torch.bfloat16, seed=n + k + group)
-    packed = ops.int4_pack(q, scale, offset, group)
+    packed = cpu_kernels.ops().int4_pack(q, scale, offset, group)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(x_dtype)
-    check(ops.int4_gemv(x, packed, group, n), x, dense)
+    check(cpu_kernels.ops().int4_gemv(x, packed, group, n), x, dense)
 
 
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 def test_int4_gemv_float32_scales_many_rows_and_strided_x(x_dtype):
     n, k, group = 192, 1536, 128
     q, scale, offset, dense = int4_weight(n, k, group, torch.float32, seed=3)
-    packed = ops.int4_pack(q, scale, offset, group)
+    packed = cpu_kernels.ops().int4_pack(q, scale, offset, group)
     base = torch.randn(2 * k, 11, generator=torch.Generator().manual_seed(4)).to(x_dtype)
     x = base[::2].T  # [11, K], neither dimension contiguous
-    check(ops.int4_gemv(x, packed, group, n), x, dense)
-    assert ops.int4_gemv(x[:0], packed, group, n).shape == (0, n)
+    check(cpu_kernels.ops().int4_gemv(x, packed, group, n), x, dense)
+    assert cpu_kernels.ops().int4_gemv(x[:0], packed, group, n).shape == (0, n)
 
 
 def test_int4_gemv_lm_head_sized():
     n, k, group = 49152, 576, 32
     q, scale, offset, dense = int4_weight(n, k, group, torch.bfloat16, seed=5)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(6)).bfloat16()
-    check(ops.int4_gemv(x, ops.int4_pack(q, scale, offset, group), group, n), x, dense)
+    check(
+        cpu_kernels.ops().int4_gemv(
+            x, cpu_kernels.ops().int4_pack(q, scale, offset, group), group, n
+        ),
+        x,
+        dense,
+    )
 
 
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
@@ -99,9 +101,9 @@ def test_int4_gemv_lm_head_sized():
 @pytest.mark.parametrize("s_dtype", [torch.bfloat16, torch.float32])
 def test_int8_gemv_matches_dense(n, k, m, x_dtype, s_dtype):
     q, scale, dense = int8_weight(n, k, s_dtype, seed=n + k)
-    packed = ops.int8_pack(q, scale)
+    packed = cpu_kernels.ops().int8_pack(q, scale)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(x_dtype)
-    check(ops.int8_gemv(x, packed, n), x, dense)
+    check(cpu_kernels.ops().int8_gemv(x, packed, n), x, dense)
 
 
 @pytest.mark.parametrize("m", [1, 8])
@@ -109,12 +111,12 @@ def test_int8_gemv_lm_head(m):
     n, k = 49152, 576
     q, scale, dense = int8_weight(n, k, torch.bfloat16, seed=7)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)).bfloat16()
-    check(ops.int8_gemv(x, ops.int8_pack(q, scale), n), x, dense)
+    check(cpu_kernels.ops().int8_gemv(x, cpu_kernels.ops().int8_pack(q, scale), n), x, dense)
 
 
 def test_int4_bad_input_raises():
     q, scale, offset, _ = int4_weight(64, 128, 32, torch.bfloat16, seed=9)
-    packed = ops.int4_pack(q, scale, offset, 32)
+    packed = cpu_kernels.ops().int4_pack(q, scale, offset, 32)
     x = torch.randn(2, 128).bfloat16()
     bad_pack = [
         ((q.int(), scale, offset, 32), "uint8"),
@@ -127,7 +129,7 @@ def test_int4_bad_input_raises():
     ]
     for args, msg in bad_pack:
         with pytest.raises(RuntimeError, match=msg):
-            ops.int4_pack(*args)
+            cpu_kernels.ops().int4_pack(*args)
     bad_gemv = [
         ((torch.randn(2, 96).bfloat16(), packed, 32, 64), "K = 128"),
         ((x, packed, 32, 65), "out_features"),
@@ -139,19 +141,19 @@ def test_int4_bad_input_raises():
     ]
     for args, msg in bad_gemv:
         with pytest.raises(RuntimeError, match=msg):
-            ops.int4_gemv(*args)
+            cpu_kernels.ops().int4_gemv(*args)
 
 
 def test_int8_bad_input_raises():
     q, scale, _ = int8_weight(64, 128, torch.bfloat16, seed=10)
-    packed = ops.int8_pack(q, scale)
+    packed = cpu_kernels.ops().int8_pack(q, scale)
     x = torch.randn(2, 128).bfloat16()
     with pytest.raises(RuntimeError, match="int8 tensor"):
-        ops.int8_pack(q.to(torch.uint8), scale)
+        cpu_kernels.ops().int8_pack(q.to(torch.uint8), scale)
     with pytest.raises(RuntimeError, match="scale must be"):
-        ops.int8_pack(q, scale[:10])
+        cpu_kernels.ops().int8_pack(q, scale[:10])
     with pytest.raises(RuntimeError, match="bfloat16 or float32"):
-        ops.int8_pack(q, scale.half())
+        cpu_kernels.ops().int8_pack(q, scale.half())
     bad_gemv = [
         ((torch.randn(2, 120).bfloat16(), packed, 64), "K matching"),
         ((x, packed, 80), "out_features"),
@@ -160,4 +162,4 @@ def test_int8_bad_input_raises():
     ]
     for args, msg in bad_gemv:
         with pytest.raises(RuntimeError, match=msg):
-            ops.int8_gemv(*args)
+            cpu_kernels.ops().int8_gemv(*args)

@@ -16,8 +16,7 @@ from houchu.gpu.ops import CpuOps, TorchOps
 from houchu.gpu.rope import rope_cos_sin
 from houchu.gpu.sampling import argmax_rows
 
-_WHY = cpu_kernels.unavailable_reason()
-pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"C++ CPU kernels: {_WHY}")
+pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 
 DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -112,7 +111,7 @@ def test_paged_decode_rejects_bad_input():
     pool = make_pool("auto", torch.float32, 4, 2, 64)
     q = torch.randn(1, 4, 64)
     k, v = pool.k[0], pool.v[0]
-    attn = torch.ops.houchu_cpu.paged_decode_attention
+    attn = cpu_kernels.ops().paged_decode_attention
     pages = torch.tensor([[0, 1]])
     with pytest.raises(RuntimeError, match="outside"):  # longer than its pages
         attn(q, k, v, None, None, pages, torch.tensor([9], dtype=torch.int32), 0.125)
@@ -125,7 +124,7 @@ def test_paged_decode_rejects_bad_input():
     with pytest.raises(RuntimeError, match="multiple"):
         attn(torch.randn(1, 3, 64), k, v, None, None, pages, torch.tensor([8]).int(), 1.0)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
-        torch.ops.houchu_cpu.rms_norm(torch.ones(2, 4).half(), torch.ones(4).half(), 1e-5)
+        cpu_kernels.ops().rms_norm(torch.ones(2, 4).half(), torch.ones(4).half(), 1e-5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -158,7 +157,7 @@ def test_prefill_attention_matches_sdpa(dtype, n, start, h, hkv, d):
 
 
 def test_prefill_attention_rejects_bad_input():
-    attn = torch.ops.houchu_cpu.prefill_attention
+    attn = cpu_kernels.ops().prefill_attention
     q, k = torch.randn(4, 6, 64), torch.randn(4, 2, 64)
     with pytest.raises(RuntimeError, match="exceeds"):  # more queries than keys
         attn(q, k, k, 1, 0.125)
@@ -215,8 +214,8 @@ def test_w8a8_fused_matches_torch_path(monkeypatch, dtype, m, k, n, outliers):
     x[:, :3] *= 40.0
     x = x.to(dtype)
     fused = lin(x)
-    fused_act = lin.forward_silu_mul(x, torch.ops.houchu_cpu.silu_mul)  # in the epilogue
-    assert torch.equal(fused_act, torch.ops.houchu_cpu.silu_mul(fused))  # same values
+    fused_act = lin.forward_silu_mul(x, cpu_kernels.ops().silu_mul)  # in the epilogue
+    assert torch.equal(fused_act, cpu_kernels.ops().silu_mul(fused))  # same values
     monkeypatch.setattr(cpu_kernels, "_loaded", False)
     ref = lin(x)
     assert fused.dtype == ref.dtype == fused_act.dtype == dtype
@@ -225,7 +224,7 @@ def test_w8a8_fused_matches_torch_path(monkeypatch, dtype, m, k, n, outliers):
 
 
 def test_quant_kernels_reject_bad_input():
-    k = torch.ops.houchu_cpu
+    k = cpu_kernels.ops()
     x = torch.randn(4, 8)
     with pytest.raises(RuntimeError, match="outside"):
         k.quantize_rows_int8(x, torch.tensor([8]))
@@ -260,14 +259,14 @@ def test_argmax_rows_matches_torch(v, rows):
     wide = torch.randn(rows, v + 3, generator=g)[:, :v]  # rows at a stride
     cases.append(wide)
     for c in cases:
-        assert torch.equal(torch.ops.houchu_cpu.argmax_rows(c), c.argmax(dim=-1))
+        assert torch.equal(cpu_kernels.ops().argmax_rows(c), c.argmax(dim=-1))
     assert torch.equal(argmax_rows(x.bfloat16()), x.bfloat16().argmax(dim=-1))  # torch's
 
 
 def test_argmax_rows_rejects_bad_input():
     with pytest.raises(RuntimeError, match="float32"):
-        torch.ops.houchu_cpu.argmax_rows(torch.zeros(2, 3, dtype=torch.float16))
+        cpu_kernels.ops().argmax_rows(torch.zeros(2, 3, dtype=torch.float16))
     with pytest.raises(RuntimeError, match="V >= 1"):
-        torch.ops.houchu_cpu.argmax_rows(torch.zeros(2, 0))
+        cpu_kernels.ops().argmax_rows(torch.zeros(2, 0))
     with pytest.raises(RuntimeError, match=r"\[R, V\]"):
-        torch.ops.houchu_cpu.argmax_rows(torch.zeros(3))
+        cpu_kernels.ops().argmax_rows(torch.zeros(3))

@@ -12,9 +12,7 @@ from houchu.gpu.runner import ModelRunner
 from houchu.gpu.testing import make_tiny_llama
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 
-pytestmark = pytest.mark.skipif(
-    not cpu_kernels.available(), reason="the C++ CPU kernels do not build here"
-)
+pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = {"a": [1, 5, 9, 33, 70, 2, 8], "b": [7, 7, 100], "c": [3], "d": [4, 4, 4, 4, 9]}
@@ -150,7 +148,7 @@ def test_decode_layers_rejects_bad_input(models):
     with pytest.raises(RuntimeError, match="outside the pool"):
         run(1, x, cos, sin)
     meta.decode_pages[0, 0] = 0
-    kernel, w = torch.ops.houchu_cpu.decode_layers, r.model.fused._layer_weights(1, 2)
+    kernel, w = cpu_kernels.ops().decode_layers, r.model.fused._layer_weights(1, 2)
     args = [x, cos, sin, w.norms, 1e-5, w.linears, w.group_sizes, w.out_features]
     tail = [w.act_dtype, r.pool.k, r.pool.v, meta.decode_pages, meta.decode_lens, 0.25]
     with pytest.raises(RuntimeError, match="4 entries per layer"):

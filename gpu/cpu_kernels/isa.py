@@ -1,0 +1,132 @@
+"""Instruction-set levels of houchu's C++ CPU kernels, and which of them this CPU runs.
+
+Each level is one build of the same sources with its own compiler target flags (not
+``-march=native``), so a build runs on every CPU that has the level's features, and the
+level is picked at run time from the CPU's feature flags (``/proc/cpuinfo``), as
+llama.cpp's per-ISA CPU backends and PyTorch's ``CPU_CAPABILITY`` dispatch do:
+
+| level | x86-64 / aarch64 features it needs | compiler target |
+|---|---|---|
+| ``avx512_bf16`` | AVX-512 F/BW/VL/DQ/CD + AVX512-BF16 + AVX512-VNNI | x86-64-v4 + bf16, vnni |
+| ``avx512`` | AVX-512 F/BW/VL/DQ/CD | x86-64-v4 |
+| ``avx2`` | AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE | x86-64-v3 |
+| ``generic`` | none: houchu's C++ kernels are not used, torch's vectorized ops serve | — |
+
+houchu has no NEON kernels yet, so an aarch64 CPU runs ``generic`` (torch's own NEON
+kernels) rather than scalar C++ loops.
+
+``--cpu-isa`` (or ``HOUCHU_CPU_ISA``) forces a level; a level the CPU cannot run is an
+error, never a crash in an illegal instruction.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Level:
+    """One instruction-set level.
+
+    Attributes:
+        name: the level's name (``--cpu-isa`` takes it).
+        arch: ``platform.machine()`` values it exists on.
+        needs: CPU feature flags (as ``/proc/cpuinfo`` spells them) it needs.
+        cflags: compiler target flags of its build.
+        kernels: whether houchu has C++ kernels of its own at this level (``generic``:
+            none, torch's ops serve).
+    """
+
+    name: str
+    arch: tuple[str, ...]
+    needs: frozenset[str]
+    cflags: tuple[str, ...]
+    kernels: bool = True
+
+
+_X86 = ("x86_64", "AMD64")
+_V3 = frozenset({"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"})
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
+
+#: Best first: ``best()`` picks the first one the CPU runs.
+LEVELS: tuple[Level, ...] = (
+    Level(
+        "avx512_bf16",
+        _X86,
+        _V4 | {"avx512_bf16", "avx512_vnni"},
+        ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni"),
+    ),
+    Level("avx512", _X86, _V4, ("-march=x86-64-v4",)),
+    Level("avx2", _X86, _V3, ("-march=x86-64-v3",)),
+    Level("generic", (), frozenset(), (), kernels=False),
+)
+NAMES = tuple(lv.name for lv in LEVELS)
+
+
+def level(name: str) -> Level:
+    """The level called ``name``.
+
+    Raises:
+        ValueError: no such level (the message lists them).
+    """
+    for lv in LEVELS:
+        if lv.name == name:
+            return lv
+    raise ValueError(f"unknown CPU ISA level {name!r} (one of {', '.join(NAMES)})")
+
+
+def cpu_features(cpuinfo: str | None = None) -> frozenset[str]:
+    """This CPU's feature flags: the ``flags`` (x86) or ``Features`` (arm) line of
+    ``/proc/cpuinfo`` (or of the ``cpuinfo`` text given), empty where there is none."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return frozenset()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def runs(lv: Level, features: frozenset[str] | None = None, machine: str | None = None) -> bool:
+    """Whether a CPU with ``features`` (default: this one's) on ``machine`` (default:
+    this one) can run level ``lv``'s build."""
+    if not lv.kernels:
+        return True
+    machine = machine if machine is not None else platform.machine()
+    features = features if features is not None else cpu_features()
+    return machine in lv.arch and lv.needs <= features
+
+
+def usable(features: frozenset[str] | None = None, machine: str | None = None) -> list[str]:
+    """The levels this CPU runs, best first (``generic`` always last)."""
+    return [lv.name for lv in LEVELS if runs(lv, features, machine)]
+
+
+def why_not(lv: Level, features: frozenset[str] | None = None) -> str:
+    """Why this CPU cannot run ``lv`` (for skip reasons and errors)."""
+    if platform.machine() not in lv.arch:
+        return f"{lv.name} is a level of {'/'.join(lv.arch)}, this CPU is {platform.machine()}"
+    missing = sorted(lv.needs - (features if features is not None else cpu_features()))
+    return f"this CPU lacks {' '.join(missing)} (needed by {lv.name})"
+
+
+def choose(requested: str | None = None) -> str:
+    """The level this process uses: ``requested``, else ``$HOUCHU_CPU_ISA``, else the
+    best this CPU runs (``auto`` means the same as none).
+
+    Raises:
+        ValueError: an unknown level, or one this CPU cannot run.
+    """
+    name = requested or os.environ.get("HOUCHU_CPU_ISA") or "auto"
+    if name == "auto":
+        return usable()[0]
+    lv = level(name)
+    if not runs(lv):
+        raise ValueError(f"--cpu-isa {name}: {why_not(lv)}")
+    return name
