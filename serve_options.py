@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from houchu.gpu import cpu_isa as isa
 from houchu.transport.channel import MAX_MESSAGE_BYTES
 
 #: Largest --max-request-mb: a request must fit well inside one actor message.
@@ -269,6 +270,13 @@ def _speed_options(p: argparse.ArgumentParser) -> None:
         "all the decoder layers and the LM head",
     )
     g.add_argument(
+        "--cpu-isa",
+        default="auto",
+        choices=["auto", *isa.NAMES],
+        help="instruction-set level of houchu's C++ CPU kernels (auto: the best this CPU "
+        "runs, or $HOUCHU_CPU_ISA; generic: torch's kernels only, no C++ build)",
+    )
+    g.add_argument(
         "--disable-cuda-graph",
         action="store_true",
         help="do not capture decode steps as CUDA graphs (CUDA only)",
@@ -381,6 +389,9 @@ def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if args.retention_requests < 0 or not args.retention_days >= 0:
         parser.error("--retention-requests and --retention-days must be >= 0 (0 keeps all)")
     _check_spec(parser, args)
+    if args.cpu_isa != "auto":
+        if not isa.runs(isa.level(args.cpu_isa)):
+            parser.error(f"--cpu-isa {args.cpu_isa}: {isa.why_not(isa.level(args.cpu_isa))}")
     _check_limits(parser, args)
     _check_supervision(parser, args)
     args.decode_batch_sizes = _batch_sizes(parser, args.decode_batch_sizes)

@@ -134,6 +134,7 @@ class RunnerActor:
             decode_buckets=tuple(c.decode_batch_sizes),
             cuda_graph=c.cuda_graph,
             fused_layers=c.fused_layers,
+            cpu_isa=c.cpu_isa,
         )
 
     def busy_s(self) -> float:

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from houchu.cache_tiers.host_pool import HostPool
+from houchu.gpu import cpu_kernels
 from houchu.gpu.accel import DecodeAccelerator
 from houchu.gpu.attention import make_backend
 from houchu.gpu.batch import StepBatch, build_batch
@@ -78,10 +79,13 @@ class ModelRunner:
         decode_buckets: batch sizes compiled / captured.
         fused_layers: with the cpu attention backend, run each decoder layer of a decode
             step as one C++ call where it applies (``houchu.gpu.fused_cpu``).
+        cpu_isa: instruction-set level of houchu's C++ CPU kernels
+            (``houchu.gpu.cpu_isa``): "auto" ($HOUCHU_CPU_ISA or the best this CPU
+            runs), a level, or "generic" (torch's kernels only).
         quiet: do not print the load summary.
     Raises:
         ModelLoadError: the model cannot be loaded.
-        ValueError: bad dtype, page size, quantization, KV dtype or backend, or a KV
+        ValueError: bad dtype, page size, quantization, KV dtype, backend or CPU ISA level, or a KV
             budget below one page.
         RuntimeError: a backend that cannot run here (flash-attn or Triton missing).
     """
@@ -108,10 +112,12 @@ class ModelRunner:
         cuda_graph: bool = True,
         decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
         fused_layers: bool = True,
+        cpu_isa: str = "auto",
         quiet: bool = False,
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        self.cpu_isa = cpu_kernels.select(cpu_isa)
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         t0 = time.perf_counter()
@@ -185,7 +191,8 @@ class ModelRunner:
             f"{self.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
             f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
             f"({p.bytes_per_token} B/token), max context {self.max_context}, "
-            f"attention {self.backend.name}, kernels {self.model.ops.name}{self._build_note()}"
+            f"attention {self.backend.name}, kernels {self.model.ops.name} "
+            f"(CPU ISA {self.cpu_isa}){self._build_note()}"
             f"{' with fused decode layers' if self.model.fused else ''}, "
             f"matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
             f"{torch.get_num_threads()} threads{took}; {self.levers.summary()}"

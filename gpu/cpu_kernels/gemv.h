@@ -35,16 +35,23 @@ inline float bits_bf16(uint16_t b) {
 // Round-to-nearest-even float32 -> bfloat16 bits (NaN stays NaN), as c10::BFloat16.
 inline uint16_t to_bf16_bits(float f) { return bf16_bits(c10::BFloat16(f)); }
 
-// The activations as bfloat16 rows: x bfloat16 -> the same values, R = 1 row each;
-// x float32 -> R = 3 rows each (hi, mid, lo; hi + mid + lo == x exactly unless a term
-// falls into the denormal range). Also the per-group sums of every row. The buffers are
-// the calling thread's, reused from call to call (a heap allocation costs more than a
-// small GEMV's arithmetic): kernels only read them, and the thread's next Acts
-// overwrites them.
+// The activations as the calling level's kernels read them, with the per-group sums of
+// every row. The buffers are the calling thread's, reused from call to call (a heap
+// allocation costs more than a small GEMV's arithmetic): kernels only read them, and the
+// thread's next Acts overwrites them.
+//   AVX-512: bfloat16 rows. x bfloat16 -> the same values, R = 1 row each; x float32 ->
+//     R = 3 rows each (hi, mid, lo; hi + mid + lo == x exactly unless a term falls into
+//     the denormal range); group sums over those rows.
+//   AVX2: float32 rows, R = 1 (x widened exactly). For int4 (group > 0) element k is
+//     stored times 2^-4t, t = (k % 8) / 2, so that a code masked in place at bit 4t of its
+//     lane, converted to float32 (code * 2^4t), gives the exact product with x (see
+//     int4_tile_avx2); the group sums are of x itself.
+//   portable: x as float32 [M, k] (xf), group sums of the bfloat16 rows as AVX-512.
 struct Acts {
-  int64_t rows = 0, R = 1, k = 0, ld = 0;  // rows = M * R, ld = row stride of bits
-  const uint16_t* bits = nullptr;          // [rows, ld] bfloat16 bit patterns, zero past k
-  const float* xf = nullptr;               // [M, k] x as float32 (scalar path only)
+  int64_t rows = 0, R = 1, k = 0, ld = 0;  // rows = M * R, ld = row stride of bits / xf
+  const uint16_t* bits = nullptr;          // AVX-512: [rows, ld] bfloat16 bits, zero past k
+  const float* xf = nullptr;               // AVX2: [M, ld] (scaled for int4), zero past k;
+                                           // portable: [M, k]
   const float* gsum = nullptr;             // [rows, ngroups] sum of each group's values
 
   // x: [m, k] float32 or bfloat16 at strides (s0, s1) elements; kpad >= k: the padded
@@ -56,9 +63,33 @@ struct Acts {
     thread_local std::vector<float> float_buf;
     k = k_;
     ld = kpad;
+    const int64_t ng = group > 0 ? kpad / group : 0;
+#ifdef HOUCHU_AVX2
+    R = 1;
+    rows = m;
+    if (static_cast<int64_t>(float_buf.size()) < rows * (ld + ng)) float_buf.resize(rows * (ld + ng));
+    float* f = float_buf.data();
+    float* gs = f + rows * ld;
+    for (int64_t i = 0; i < m; ++i) {
+      const T* p = x + i * s0;
+      float* row = f + i * ld;
+      for (int64_t j = 0; j < k; ++j) row[j] = static_cast<float>(p[j * s1]);
+      std::fill(row + k, row + ld, 0.f);
+      for (int64_t g = 0; g < ng; ++g) {
+        float sum = 0.f;
+        for (int64_t j = g * group; j < (g + 1) * group; ++j) sum += row[j];
+        gs[i * ng + g] = sum;
+      }
+      if (group > 0) {
+        constexpr float kScale[8] = {1.f, 1.f, 0x1p-4f, 0x1p-4f, 0x1p-8f, 0x1p-8f, 0x1p-12f, 0x1p-12f};
+        for (int64_t j = 0; j < k; ++j) row[j] *= kScale[j % 8];
+      }
+    }
+    xf = f;
+    gsum = gs;
+#else
     R = std::is_same_v<T, float> ? 3 : 1;
     rows = m * R;
-    const int64_t ng = group > 0 ? kpad / group : 0;
 #ifdef HOUCHU_AVX512
     const int64_t nxf = 0;
 #else
@@ -102,6 +133,7 @@ struct Acts {
     bits = b;
     xf = f;
     gsum = gs;
+#endif
   }
 };
 
@@ -318,6 +350,157 @@ void with_mt(int64_t mt, F&& f) {
 
 #endif  // HOUCHU_AVX512
 
+#ifdef HOUCHU_AVX2
+
+// AVX2 + FMA, float32 arithmetic: each 16-feature block is two 8-lane halves.
+constexpr int64_t kMaxTile2 = 4;  // activation rows per pass over the weights
+
+// Stores the 8 lanes [0, n) of v (n <= 8) at p.
+template <typename OutT>
+inline void store_out8(OutT* p, __m256 v, int64_t n) {
+  if constexpr (std::is_same_v<OutT, float>) {
+    if (n >= 8)
+      _mm256_storeu_ps(p, v);
+    else
+      _mm256_maskstore_ps(p, simd::lanes8(n), v);
+  } else {
+    alignas(16) uint16_t b[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(b), simd::bf16_pack8(v));
+    std::memcpy(p, b, 2 * std::min<int64_t>(n, 8));
+  }
+}
+
+// int4, MT activation rows (xs: Acts' scaled float32 rows, gs: their group sums): row
+// blocks [b0, b1). Lane i of a chunk's half holds feature i's 8 codes: k = 2t at bits
+// 4t, k = 2t + 1 at bits 16 + 4t. Masking a code in place and converting gives
+// code * 2^4t, and xs holds x * 2^-4t, so each FMA adds the exact product code * x.
+template <int MT, bool F32S, typename OutT>
+void int4_tile_avx2(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, int64_t ng,
+                    int64_t G, const float* xs, int64_t ldx, const float* gs, OutT* out,
+                    int64_t ldo, int64_t n) {
+  constexpr int A = MT == 1 ? 2 : 1;  // accumulator chains per (row, half)
+  const __m256i hi16 = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t chunks = G / 8;
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* p = w + b * blk_bytes;
+    __m256 acc[MT][2];
+    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+      __m256 s[2], o[2];
+      if constexpr (F32S) {
+        for (int h = 0; h < 2; ++h) {
+          s[h] = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * h);
+          o[h] = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 64) + 8 * h);
+        }
+        p += 128;
+      } else {  // dword = offset bits << 16 | scale bits
+        for (int h = 0; h < 2; ++h) {
+          const __m256i so = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + h);
+          s[h] = _mm256_castsi256_ps(_mm256_slli_epi32(so, 16));
+          o[h] = _mm256_castsi256_ps(_mm256_and_si256(so, hi16));
+        }
+        p += 64;
+      }
+      __m256 d[MT][2][A];
+      for (int m = 0; m < MT; ++m)
+        for (int h = 0; h < 2; ++h)
+          for (int a = 0; a < A; ++a) d[m][h][a] = _mm256_setzero_ps();
+      const float* xg = xs + g * G;
+      for (int64_t c = 0; c < chunks; ++c, p += 64) {
+        __m256i src[2][2];  // [half][k parity]
+        for (int h = 0; h < 2; ++h) {
+          src[h][0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + h);
+          src[h][1] = _mm256_srli_epi32(src[h][0], 16);
+        }
+        const float* xc = xg + c * 8;
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) {
+          const __m256i mask = _mm256_set1_epi32(15 << (4 * t));
+#pragma GCC unroll 2
+          for (int par = 0; par < 2; ++par) {
+            const __m256 w0 = _mm256_cvtepi32_ps(_mm256_and_si256(src[0][par], mask));
+            const __m256 w1 = _mm256_cvtepi32_ps(_mm256_and_si256(src[1][par], mask));
+            constexpr int a = 0;
+#pragma GCC unroll 4
+            for (int m = 0; m < MT; ++m) {
+              const __m256 xv = _mm256_broadcast_ss(xc + m * ldx + 2 * t + par);
+              const int aa = A == 1 ? a : par;
+              d[m][0][aa] = _mm256_fmadd_ps(w0, xv, d[m][0][aa]);
+              d[m][1][aa] = _mm256_fmadd_ps(w1, xv, d[m][1][aa]);
+            }
+          }
+        }
+      }
+      for (int m = 0; m < MT; ++m)
+        for (int h = 0; h < 2; ++h) {
+          __m256 dm = d[m][h][0];
+          for (int a = 1; a < A; ++a) dm = _mm256_add_ps(dm, d[m][h][a]);
+          acc[m][h] = _mm256_fmadd_ps(s[h], dm, acc[m][h]);
+          acc[m][h] = _mm256_fmadd_ps(o[h], _mm256_set1_ps(gs[m * ng + g]), acc[m][h]);
+        }
+    }
+    const int64_t n0 = b * kBlock;
+    for (int m = 0; m < MT; ++m)
+      for (int h = 0; h < 2; ++h)
+        if (n0 + 8 * h < n) store_out8(out + m * ldo + n0 + 8 * h, acc[m][h], n - n0 - 8 * h);
+  }
+}
+
+// int8, MT float32 activation rows: row blocks [b0, b1). A chunk's first 32 bytes hold
+// (k = 4c, 4c + 1) for features 0..15 as pairs, the next 32 bytes (4c + 2, 4c + 3); 8
+// bytes widened to float32 are 4 features' pairs, multiplied by the broadcast pair of x,
+// and the pair lanes are added at the end.
+template <int MT, typename OutT>
+void int8_tile_avx2(const int8_t* w, int64_t b0, int64_t b1, int64_t nchunks, const float* xf,
+                    int64_t ldx, OutT* out, int64_t ldo, int64_t n) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const int8_t* hdr = w + b * (1 + nchunks) * 64;  // 16 float32 scales
+    const int8_t* p = hdr + 64;
+    __m256 q[MT][4];  // [row][features 4j .. 4j + 3 as (k even, k odd) pairs]
+    for (int m = 0; m < MT; ++m)
+      for (int j = 0; j < 4; ++j) q[m][j] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < nchunks; ++c, p += 64) {
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {
+        __m256 wf[4];
+        for (int j = 0; j < 4; ++j)
+          wf[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 32 * half + 8 * j))));
+#pragma GCC unroll 4
+        for (int m = 0; m < MT; ++m) {
+          const __m256 xp = _mm256_castpd_ps(
+              _mm256_broadcast_sd(reinterpret_cast<const double*>(xf + m * ldx + 4 * c + 2 * half)));
+          for (int j = 0; j < 4; ++j) q[m][j] = _mm256_fmadd_ps(wf[j], xp, q[m][j]);
+        }
+      }
+    }
+    const int64_t n0 = b * kBlock;
+    const __m256 sc[2] = {_mm256_loadu_ps(reinterpret_cast<const float*>(hdr)),
+                          _mm256_loadu_ps(reinterpret_cast<const float*>(hdr) + 8)};
+    for (int m = 0; m < MT; ++m)
+      for (int h = 0; h < 2; ++h) {
+        // hadd: [f0 f1 f4 f5 | f2 f3 f6 f7] of this half; 64-bit lanes 0, 2, 1, 3 in order
+        const __m256 y = _mm256_castpd_ps(_mm256_permute4x64_pd(
+            _mm256_castps_pd(_mm256_hadd_ps(q[m][2 * h], q[m][2 * h + 1])), 0xD8));
+        if (n0 + 8 * h < n)
+          store_out8(out + m * ldo + n0 + 8 * h, _mm256_mul_ps(y, sc[h]), n - n0 - 8 * h);
+      }
+  }
+}
+
+// Calls f(std::integral_constant<int, MT>) for MT in 1..4 (runtime mt).
+template <typename F>
+void with_mt4(int64_t mt, F&& f) {
+  switch (mt) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return f(std::integral_constant<int, 4>{});
+  }
+}
+
+#endif  // HOUCHU_AVX2
+
 // Byte and shift of code (feature i in its block, k % 8 = kk) inside a 64-byte chunk:
 // 16-bit word 2i + (kk & 1) holds k pairs t = kk / 2 = 0..3 in bits 4t..4t+3.
 inline int64_t int4_byte(int64_t i, int64_t kk) { return 4 * i + 2 * (kk & 1) + ((kk >> 1) >> 1); }
@@ -470,6 +653,24 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
       }
     });
   });
+#elif defined(HOUCHU_AVX2)
+  for (int64_t r0 = 0; r0 < m; r0 += kMaxTile2) {
+    const int64_t mt = std::min(kMaxTile2, m - r0);
+    const float* xs = xa.xf + r0 * xa.ld;
+    OutT* o = out + r0 * n;
+    with_mt4(mt, [&](auto MT_) {
+      constexpr int MT = decltype(MT_)::value;
+      if (p.int4) {
+        const float* gs = xa.gsum + r0 * p.ng;
+        if (p.H == 128)
+          int4_tile_avx2<MT, true>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xs, xa.ld, gs, o, n, n);
+        else
+          int4_tile_avx2<MT, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xs, xa.ld, gs, o, n, n);
+      } else {
+        int8_tile_avx2<MT>(reinterpret_cast<const int8_t*>(p.w), b0, b1, p.nc, xs, xa.ld, o, n, n);
+      }
+    });
+  }
 #else
   if (p.int4)
     int4_scalar(p.w, b0, b1, p.ng, p.G, p.H, xa, m, out, n);
