@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from houchu.fetch import fetch_default_model
+from houchu.gpu import cpu_isa as isa
+from houchu.gpu import cpu_kernels
 
 
 @pytest.fixture(scope="session")
@@ -14,9 +16,6 @@ def real_model_path() -> Path:
     """Path of the default model's GGUF (SmolLM2-135M-Instruct Q4_1), fetched if needed."""
     return fetch_default_model(quiet=True)
 
-
-from houchu.gpu import cpu_kernels  # noqa: E402
-from houchu.gpu.cpu_kernels import isa  # noqa: E402
 
 KERNEL_LEVELS = [lv.name for lv in isa.LEVELS if lv.kernels]
 
