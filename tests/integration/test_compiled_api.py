@@ -47,10 +47,16 @@ def test_compiled_equals_eager_through_api(real_model_path):
     assert "compiled_decode" not in log
     assert compiled == eager
     # serve's defaults: the Q4_1 GGUF's projections stay int4 (quantization auto) and the
-    # decode step is compiled if that is faster; the greedy start agrees with the exact path
+    # decode step is compiled if that is faster; the greedy start agrees with the exact
+    # path where the exact path has no near-tie. The second prompt has one at its first
+    # token: " def" 21.810 against " fib" 21.773 (exact logits); int4 moves logits by a
+    # few hundredths, and with float32 activations (CPUs without native bfloat16) it
+    # measured " fib" 21.832 against " def" 21.789, so it may open either way.
     default, log = _serve_tokens(real_model_path, compile=True, exact=False)
     assert "weights int4-g32" in log and "compiled_decode in" in log
-    assert [t[:4] for t in default] == [t[:4] for t in eager], (default, eager)
+    for i, (d, e) in enumerate(zip(default, eager, strict=True)):
+        want = [e[:4], e[1:5]] if i == 1 else [e[:4]]  # 1: " def fib..." or " fib..."
+        assert d[:4] in want, (i, default, eager)
 
 
 @pytest.mark.parametrize("flags", [("--quantization", "int4", "--kv-cache-dtype", "int8")])
