@@ -2,7 +2,7 @@
 // first index of the maximum, and a NaN counts as the maximum (the first NaN's index).
 //
 // torch's CPU argmax over one 49,152-wide row takes ~45 us (a scalar compare loop); two
-// AVX-512 passes over the row (the maximum, then its first index) take a few us.
+// AVX-512 (or AVX2) passes over the row (the maximum, then its first index) take a few us.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include "library.h"
@@ -38,6 +38,31 @@ int64_t argmax_row(const float* x, int64_t n) {
       if (eq) return i + __builtin_ctz(eq);
     }
     for (int64_t i = n16; i < n; ++i)
+      if (x[i] == best) return i;
+  }
+#elif defined(HOUCHU_AVX2)
+  // the same two passes, 8 lanes at a time
+  const int64_t n8 = n / 8 * 8;
+  __m256 mx = _mm256_set1_ps(-INFINITY);
+  __m256 nan = _mm256_setzero_ps();  // lanes that saw a NaN: all ones
+  for (int64_t i = 0; i < n8; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    mx = _mm256_max_ps(mx, v);
+  }
+  bool any_nan = _mm256_movemask_ps(nan) != 0;
+  float best = simd::hmax8(mx);
+  for (int64_t i = n8; i < n; ++i) {
+    if (std::isnan(x[i])) any_nan = true;
+    best = x[i] > best ? x[i] : best;
+  }
+  if (!any_nan) {
+    const __m256 b = _mm256_set1_ps(best);
+    for (int64_t i = 0; i < n8; i += 8) {
+      const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), b, _CMP_EQ_OQ));
+      if (eq) return i + __builtin_ctz(eq);
+    }
+    for (int64_t i = n8; i < n; ++i)
       if (x[i] == best) return i;
   }
 #endif

@@ -26,17 +26,17 @@ namespace houchu_cpu {
 namespace {
 
 using attn::attend_one;
-#ifdef HOUCHU_AVX512
-using attn::attend_group_avx512;
+#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2)
 using attn::kMaxGroup;
 
-// The AVX-512 path if it applies (D in {64, 128}, G <= 16); C: T, or int8_t with scales.
+// The group kernel (AVX-512's, or AVX2's) if it applies (D in {64, 128}, G <= 16); C: T,
+// or int8_t with scales.
 template <typename T, typename C>
-bool decode_attention_avx512(const at::Tensor& q, const at::Tensor& k_cache,
-                             const at::Tensor& v_cache,
-                             const std::optional<at::Tensor>& k_scale,
-                             const std::optional<at::Tensor>& v_scale, const at::Tensor& pages,
-                             const at::Tensor& lens, double scale, at::Tensor& out) {
+bool decode_attention_group(const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache,
+                            const std::optional<at::Tensor>& k_scale,
+                            const std::optional<at::Tensor>& v_scale, const at::Tensor& pages,
+                            const at::Tensor& lens, double scale, at::Tensor& out) {
   const int64_t b = q.size(0), h = q.size(1), d = q.size(2);
   const int64_t ps = k_cache.size(1), hkv = k_cache.size(2), group = h / hkv;
   if ((d != 64 && d != 128) || group > kMaxGroup) return false;
@@ -58,15 +58,8 @@ bool decode_attention_avx512(const at::Tensor& q, const at::Tensor& k_cache,
       const int64_t bi = i / hkv, kvh = i % hkv;
       const T* qi = qp + bi * qs0 + kvh * group * qs1;
       T* oi = op + (bi * h + kvh * group) * d;
-      if (d == 64) {
-        attend_group_avx512<T, 4, C>(qi, qs1, kc, vc, pp + bi * n_pages, lp[bi], ps, hkv, kvh,
-                                     group, static_cast<float>(scale), oi, scores.data(), ks,
-                                     vs);
-      } else {
-        attend_group_avx512<T, 8, C>(qi, qs1, kc, vc, pp + bi * n_pages, lp[bi], ps, hkv, kvh,
-                                     group, static_cast<float>(scale), oi, scores.data(), ks,
-                                     vs);
-      }
+      attn::attend_group<T, C>(qi, qs1, kc, vc, pp + bi * n_pages, lp[bi], ps, hkv, kvh, group,
+                               d, static_cast<float>(scale), oi, scores.data(), ks, vs);
     }
   });
   return true;
@@ -159,11 +152,11 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                 "paged_decode_attention: cache dtype must match q (or be int8 with scales)");
   }
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "paged_decode_attention", [&] {
-#ifdef HOUCHU_AVX512
+#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2)
     if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, c10::BFloat16>) {
-      if (quantized ? decode_attention_avx512<scalar_t, int8_t>(q, k_cache, v_cache, k_scale,
-                                                                v_scale, pages, lens, scale, out)
-                    : decode_attention_avx512<scalar_t, scalar_t>(
+      if (quantized ? decode_attention_group<scalar_t, int8_t>(q, k_cache, v_cache, k_scale,
+                                                               v_scale, pages, lens, scale, out)
+                    : decode_attention_group<scalar_t, scalar_t>(
                           q, k_cache, v_cache, k_scale, v_scale, pages, lens, scale, out)) {
         return;
       }

@@ -187,6 +187,203 @@ void attend_group_avx512(const T* q, int64_t q_stride, const C* kc, const C* vc,
 }
 #endif  // HOUCHU_AVX512
 
+#ifdef HOUCHU_AVX2
+constexpr int64_t kMaxGroup = 16;  // query heads per KV head, as the AVX-512 kernel takes
+constexpr int64_t kTileRows = 16;  // K/V rows widened at a time (scores: 8 at a time)
+
+// The 8 horizontal sums of v[0..7] as one vector: lane j = v[j][0] + ... + v[j][7]
+// (two rounds of pairwise adds within each 128-bit half, then the halves added: 9
+// instructions instead of 8 separate reductions).
+inline __m256 sum8x8(const __m256 v[8]) {
+  // per 128-bit half h: pair sums of v[0] | v[1] (of lanes 4h..4h+3), likewise below
+  const __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 c = _mm256_hadd_ps(v[4], v[5]), e = _mm256_hadd_ps(v[6], v[7]);
+  // half h: the sums of v[0..3]'s (v[4..7]'s) lanes 4h..4h+3
+  const __m256 lo = _mm256_hadd_ps(a, b), hi = _mm256_hadd_ps(c, e);
+  return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
+// Rows [0, m) (m <= kTileRows) of a page's K or V at stride `stride` as float32 row
+// pointers rows[0, m): a float32 pool's rows in place; bfloat16 rows widened, int8 rows
+// dequantized with their float16 scales (scale[r * scale_stride]) and rounded to T (as
+// load_row and rows_to_float do), both into tile [m, 8 DV].
+template <typename T, typename C, int DV>
+inline void tile_rows(const C* x, int64_t stride, const c10::Half* scale, int64_t scale_stride,
+                      int64_t m, float* tile, const float** rows) {
+  constexpr int64_t d = DV * 8;
+  for (int64_t r = 0; r < m; ++r) {
+    const C* xr = x + r * stride;
+    if constexpr (std::is_same_v<C, float>) {
+      rows[r] = xr;
+    } else {
+      float* o = tile + r * d;
+      if constexpr (std::is_same_v<C, int8_t>) {
+        const __m256 s = _mm256_set1_ps(static_cast<float>(scale[r * scale_stride]));
+        for (int i = 0; i < DV; ++i) {
+          const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(xr + i * 8));
+          __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+          if constexpr (std::is_same_v<T, c10::BFloat16>) {
+            // round to nearest even bfloat16 as round8, less its NaN case: an int8 times
+            // a finite float16 scale is finite
+            const __m256i u = _mm256_castps_si256(f);
+            const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+            const __m256i up = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF));
+            f = _mm256_castsi256_ps(
+                _mm256_and_si256(_mm256_add_epi32(u, up), _mm256_set1_epi32(-65536)));
+          }
+          _mm256_store_ps(o + i * 8, f);
+        }
+      } else {
+        for (int i = 0; i < DV; ++i) simd::store8(o + i * 8, simd::load8(xr + i * 8));
+      }
+      rows[r] = o;
+    }
+  }
+}
+
+// All G query heads of one KV head of one sequence, AVX2 + FMA: attend_group_avx512's
+// computation in 8-lane vectors (the same rounding points: q * scale, scores, softmax and
+// the weighted sum in float32, int8 rows dequantized and rounded to T, the output rounded
+// to T once). Each block of K/V rows is widened to float32 once for the G heads (tile_rows);
+// a head's scores are 8 keys at a time, its 8 dot products reduced together (sum8x8); its
+// output accumulates 8 vectors (64 dimensions) at a time over a block's rows, so the
+// accumulators stay in the 16 ymm registers. A head's result does not depend on the other
+// heads of the call (the fused decode layers pass chunks of a group). C: the cache's
+// element type, T or int8_t (then ks, vs: the pool's [P, page_size, Hkv] float16 scales).
+// q: G rows at stride q_stride; out: [G, D] contiguous. Scratch: scores [G, len].
+template <typename T, int DV, typename C = T>
+void attend_group_avx2(const T* q, int64_t q_stride, const C* kc, const C* vc,
+                       const int64_t* pages, int64_t len, int64_t ps, int64_t hkv, int64_t kvh,
+                       int64_t group, float scale, T* out, float* scores,
+                       const c10::Half* ks = nullptr, const c10::Half* vs = nullptr) {
+  using namespace simd;
+  constexpr int64_t d = DV * 8;
+  constexpr int CW = DV < 8 ? DV : 8;  // output vectors per accumulation pass
+  static_assert(DV % CW == 0);
+  alignas(32) float qf[kMaxGroup][d];  // q * scale
+  alignas(32) float acc[kMaxGroup][d];  // the unnormalized weighted sums
+  alignas(32) float tile[kTileRows][d];
+  const float* rows[kTileRows];
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int64_t g = 0; g < group; ++g) {
+    for (int i = 0; i < DV; ++i)
+      store8(qf[g] + i * 8, _mm256_mul_ps(load8(q + g * q_stride + i * 8), sc));
+  }
+  const int64_t n_pages = (len + ps - 1) / ps, stride = hkv * d;
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 best[kMaxGroup];
+  for (int64_t g = 0; g < group; ++g) best[g] = ninf;
+  for (int64_t p = 0; p < n_pages; ++p) {
+    const int64_t n = std::min(ps, len - p * ps);
+    const int64_t first = pages[p] * ps * hkv + kvh;  // (slot, head) row of the page's first
+    for (int64_t r0 = 0; r0 < n; r0 += kTileRows) {
+      const int64_t m = std::min(kTileRows, n - r0);
+      tile_rows<T, C, DV>(kc + (first + r0 * hkv) * d, stride,
+                          ks ? ks + first + r0 * hkv : nullptr, hkv, m, tile[0], rows);
+      for (int64_t j0 = 0; j0 < m; j0 += 8) {
+        const int64_t m8 = std::min<int64_t>(8, m - j0);
+        const float* kr[8];  // lanes past m8 repeat the first row; their scores are dropped
+        for (int j = 0; j < 8; ++j) kr[j] = rows[j0 + (j < m8 ? j : 0)];
+        for (int64_t g = 0; g < group; ++g) {
+          __m256 dots[8];
+          const __m256 q0 = _mm256_load_ps(qf[g]);
+          for (int j = 0; j < 8; ++j) dots[j] = _mm256_mul_ps(q0, _mm256_loadu_ps(kr[j]));
+          for (int i = 1; i < DV; ++i) {
+            const __m256 qi = _mm256_load_ps(qf[g] + i * 8);
+            for (int j = 0; j < 8; ++j)
+              dots[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(kr[j] + i * 8), dots[j]);
+          }
+          const __m256 s = sum8x8(dots);
+          float* dst = scores + g * len + p * ps + r0 + j0;
+          if (m8 == 8) {
+            _mm256_storeu_ps(dst, s);
+            best[g] = _mm256_max_ps(best[g], s);
+          } else {
+            const __m256i keep = lanes8(m8);
+            _mm256_maskstore_ps(dst, keep, s);
+            best[g] = _mm256_max_ps(best[g], _mm256_blendv_ps(ninf, s, _mm256_castsi256_ps(keep)));
+          }
+        }
+      }
+    }
+  }
+  float inv[kMaxGroup];
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores + g * len;
+    __m256 sum = _mm256_setzero_ps();
+    const __m256 mx = _mm256_set1_ps(hmax8(best[g]));
+    int64_t t = 0;
+    for (; t + 8 <= len; t += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), mx));
+      _mm256_storeu_ps(sg + t, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    if (t < len) {
+      const __m256i tail = lanes8(len - t);
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(sg + t, tail), mx));
+      _mm256_maskstore_ps(sg + t, tail, e);
+      sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(tail)));
+    }
+    inv[g] = 1.f / hsum8(sum);
+    std::fill(acc[g], acc[g] + d, 0.f);
+  }
+  for (int64_t p = 0; p < n_pages; ++p) {
+    const int64_t n = std::min(ps, len - p * ps);
+    const int64_t first = pages[p] * ps * hkv + kvh;
+    for (int64_t r0 = 0; r0 < n; r0 += kTileRows) {
+      const int64_t m = std::min(kTileRows, n - r0);
+      tile_rows<T, C, DV>(vc + (first + r0 * hkv) * d, stride,
+                          vs ? vs + first + r0 * hkv : nullptr, hkv, m, tile[0], rows);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* pr = scores + g * len + p * ps + r0;
+        for (int c0 = 0; c0 < DV; c0 += CW) {
+          __m256 a[CW];
+          for (int c = 0; c < CW; ++c) a[c] = _mm256_load_ps(acc[g] + (c0 + c) * 8);
+          for (int64_t j = 0; j < m; ++j) {
+            const __m256 w = _mm256_broadcast_ss(pr + j);
+            for (int c = 0; c < CW; ++c)
+              a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(rows[j] + (c0 + c) * 8), a[c]);
+          }
+          for (int c = 0; c < CW; ++c) _mm256_store_ps(acc[g] + (c0 + c) * 8, a[c]);
+        }
+      }
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const __m256 s = _mm256_set1_ps(inv[g]);
+    for (int i = 0; i < DV; ++i)
+      store8(out + g * d + i * 8, _mm256_mul_ps(_mm256_load_ps(acc[g] + i * 8), s));
+  }
+}
+#endif  // HOUCHU_AVX2
+
+#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2)
+// The group kernel of this build, for D = 64 or 128 and G <= kMaxGroup: AVX-512's
+// (16-lane vectors, DV = D / 16), else AVX2's (8 lanes, DV = D / 8). The per-op operator
+// and the fused decode layers both call this, so both paths compute alike.
+template <typename T, typename C>
+inline void attend_group(const T* q, int64_t q_stride, const C* kc, const C* vc,
+                         const int64_t* pages, int64_t len, int64_t ps, int64_t hkv,
+                         int64_t kvh, int64_t group, int64_t d, float scale, T* out,
+                         float* scores, const c10::Half* ks, const c10::Half* vs) {
+#ifdef HOUCHU_AVX512
+  if (d == 64)
+    attend_group_avx512<T, 4, C>(q, q_stride, kc, vc, pages, len, ps, hkv, kvh, group, scale,
+                                 out, scores, ks, vs);
+  else
+    attend_group_avx512<T, 8, C>(q, q_stride, kc, vc, pages, len, ps, hkv, kvh, group, scale,
+                                 out, scores, ks, vs);
+#else
+  if (d == 64)
+    attend_group_avx2<T, 8, C>(q, q_stride, kc, vc, pages, len, ps, hkv, kvh, group, scale,
+                               out, scores, ks, vs);
+  else
+    attend_group_avx2<T, 16, C>(q, q_stride, kc, vc, pages, len, ps, hkv, kvh, group, scale,
+                                out, scores, ks, vs);
+#endif
+}
+#endif
+
 // Rows [n, D] of one page (stride `stride` elements) to float32 `out` [n, D]; int8 rows
 // are dequantized with their float16 scales and rounded to T, as dequantize_kv does.
 template <typename T, typename C>

@@ -12,9 +12,10 @@
 
 namespace houchu_cpu {
 
+// Whether T has a vector path (AVX-512's 16 lanes or AVX2's 8) in this build.
 template <typename T>
 constexpr bool kVec =
-#ifdef HOUCHU_AVX512
+#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2)
     std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
 #else
     false;
@@ -51,6 +52,29 @@ void rms_norm_row(const T* xr, const T* w, T* out, int64_t hidden, double eps, T
       for (int64_t i = 0; i < hidden; i += 16) {
         const __m512 n = round16<T>(_mm512_mul_ps(_mm512_loadu_ps(buf + i), inv));
         store16(out + i, _mm512_mul_ps(load16(w + i), n));
+      }
+      return;
+    }
+  }
+#elif defined(HOUCHU_AVX2)
+  if constexpr (kVec<T>) {
+    if (hidden % 8 == 0) {  // as the AVX-512 path, 8 lanes at a time
+      using namespace simd;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t i = 0; i < hidden; i += 8) {
+        __m256 f = load8(xr + i);
+        if (delta != nullptr) {  // the residual add, rounded as x + delta is
+          f = round8<T>(_mm256_add_ps(f, load8(delta + i)));
+          store8(sum_out + i, f);
+        }
+        _mm256_storeu_ps(buf + i, f);
+        acc = _mm256_fmadd_ps(f, f, acc);
+      }
+      const float ms = hsum8(acc) / static_cast<float>(hidden);
+      const __m256 inv = _mm256_set1_ps(1.f / std::sqrt(ms + static_cast<float>(eps)));
+      for (int64_t i = 0; i < hidden; i += 8) {
+        const __m256 n = round8<T>(_mm256_mul_ps(_mm256_loadu_ps(buf + i), inv));
+        store8(out + i, _mm256_mul_ps(load8(w + i), n));
       }
       return;
     }
@@ -101,6 +125,21 @@ void rope_row(const T* xr, const T* c, const T* s, T* o, int64_t d) {
       return;
     }
   }
+#elif defined(HOUCHU_AVX2)
+  if constexpr (kVec<T>) {
+    if (half % 8 == 0) {  // 8 lanes never straddle the halves
+      using namespace simd;
+      const __m256 neg = _mm256_set1_ps(-1.f);
+      for (int64_t j = 0; j < d; j += 8) {
+        const __m256 rot =
+            j < half ? _mm256_mul_ps(neg, load8(xr + j + half)) : load8(xr + j - half);
+        const __m256 a1 = round8<T>(_mm256_mul_ps(load8(xr + j), load8(c + j)));
+        const __m256 a2 = round8<T>(_mm256_mul_ps(rot, load8(s + j)));
+        store8(o + j, _mm256_add_ps(a1, a2));
+      }
+      return;
+    }
+  }
 #endif
 #pragma omp simd
   for (int64_t j = 0; j < d; ++j) {
@@ -113,7 +152,8 @@ void rope_row(const T* xr, const T* c, const T* s, T* o, int64_t d) {
 }
 
 // SwiGLU's gating over columns [i0, i1) of one row: o[i] = silu(g[i]) * u[i], the
-// activation rounded to T. i1 - i0 a multiple of 16 takes the AVX-512 path.
+// activation rounded to T. i1 - i0 a multiple of 16 takes the AVX-512 path (of 8, the
+// AVX2 one).
 template <typename T>
 void silu_mul_span(const T* g, const T* u, T* o, int64_t i0, int64_t i1) {
 #ifdef HOUCHU_AVX512
@@ -126,6 +166,20 @@ void silu_mul_span(const T* g, const T* u, T* o, int64_t i0, int64_t i1) {
         const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
         const __m512 act = round16<T>(_mm512_div_ps(x, _mm512_add_ps(one, e)));
         store16(o + i, _mm512_mul_ps(act, load16(u + i)));
+      }
+      return;
+    }
+  }
+#elif defined(HOUCHU_AVX2)
+  if constexpr (kVec<T>) {
+    if ((i1 - i0) % 8 == 0) {
+      using namespace simd;
+      const __m256 one = _mm256_set1_ps(1.f);
+      for (int64_t i = i0; i < i1; i += 8) {
+        const __m256 x = load8(g + i);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        const __m256 act = round8<T>(_mm256_div_ps(x, _mm256_add_ps(one, e)));
+        store8(o + i, _mm256_mul_ps(act, load8(u + i)));
       }
       return;
     }

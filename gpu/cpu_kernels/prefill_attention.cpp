@@ -14,6 +14,9 @@
 // K and V are first repacked per KV head into the layouts the dot products read (a key
 // block's 16 keys side by side per head dimension; a V pair of keys side by side per head
 // dimension): one pass over K/V, read kBQ·G rows at a time afterwards from L1/L2.
+//
+// The AVX2 level runs the same tiling in 8-lane float32 vectors (K/V packed as float32,
+// bfloat16 widened; see prefill_avx2).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -327,6 +330,203 @@ bool prefill_avx512(const Problem<T>& p) {
       return false;
   }
 }
+#elif defined(HOUCHU_AVX2)
+// The AVX2 + FMA tiled path: the AVX-512 path's tiling and online softmax in 8-lane
+// float32 vectors. bfloat16 inputs are widened to float32 (exactly) when K/V are packed
+// and when a task's queries are copied, so both products are float32 FMAs of the same
+// exact products vdpbf16ps forms; the probabilities are rounded to bfloat16 before P·V,
+// as the AVX-512 path (and torch's CPU flash attention) does.
+constexpr int64_t kBQ = 16;  // query positions per task
+constexpr int64_t kBK = 64;  // keys per block: eight 8-key tiles
+constexpr int64_t kRB = 4;   // query rows per score tile and per P·V tile
+
+// Packed K/V of every KV head in float32, zero past the last key: K as [Hkv][tiles][D][8]
+// (a tile's 8 keys side by side per dimension), V as [Hkv][Lp][D]. Lp: L rounded up to
+// kBK.
+struct Packed8 {
+  std::vector<float> k, v;
+  int64_t lp;
+};
+
+template <typename T>
+Packed8 pack8(const Problem<T>& p) {
+  Packed8 pk;
+  pk.lp = (p.len + kBK - 1) / kBK * kBK;
+  const int64_t d = p.dim, tiles = pk.lp / 8;
+  pk.k.assign(p.kv_heads * pk.lp * d, 0.f);
+  pk.v.assign(p.kv_heads * pk.lp * d, 0.f);
+  at::parallel_for(0, p.kv_heads * tiles, 1, [&](int64_t a, int64_t e) {
+    for (int64_t x = a; x < e; ++x) {
+      const int64_t h = x / tiles, tile = x % tiles;
+      float* kt = pk.k.data() + (h * tiles + tile) * 8 * d;
+      float* vt = pk.v.data() + (h * pk.lp + tile * 8) * d;
+      for (int64_t t = 0; t < 8 && tile * 8 + t < p.len; ++t) {
+        const int64_t j = tile * 8 + t;
+        const T* kj = p.k + j * p.ks0 + h * p.ks1;
+        const T* vj = p.v + j * p.vs0 + h * p.vs1;
+        for (int64_t c = 0; c < d; ++c) kt[c * 8 + t] = static_cast<float>(kj[c]);
+        for (int64_t c = 0; c < d; ++c) vt[t * d + c] = static_cast<float>(vj[c]);
+      }
+    }
+  });
+  return pk;
+}
+
+// Per-thread working set of one task: rows are (query position, head of the group).
+struct Scratch8 {
+  // queries [R][D] in float32 (zero for padding rows), scores [R][kBK], output [R][D],
+  // max, sum [R], probabilities [R][kBK] (rounded to T)
+  std::vector<float> q, s, o, m, l, prob;
+  std::vector<int64_t> pos;  // [R] absolute position of each row
+  Scratch8(int64_t rows, int64_t d)
+      : q(rows * d), s(rows * kBK), o(rows * d), m(rows), l(rows), prob(rows * kBK), pos(rows) {}
+};
+
+// Scores of kRB query rows q [kRB][D] against the block's 64 keys (8 packed tiles):
+// out [kRB][kBK] (unscaled). Two tiles at a time: 8 accumulators, 2 key loads and 4
+// broadcasts per dimension.
+inline void score_tile8(const float* q, const float* kblock, int64_t d, float* out) {
+  for (int64_t tp = 0; tp < kBK / 16; ++tp) {
+    const float* k0 = kblock + 2 * tp * 8 * d;
+    const float* k1 = k0 + 8 * d;
+    __m256 acc[kRB][2];
+    for (auto& row : acc)
+      for (auto& a : row) a = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; ++c) {
+      const __m256 kv0 = _mm256_loadu_ps(k0 + c * 8), kv1 = _mm256_loadu_ps(k1 + c * 8);
+      for (int r = 0; r < kRB; ++r) {
+        const __m256 qb = _mm256_broadcast_ss(q + r * d + c);
+        acc[r][0] = _mm256_fmadd_ps(qb, kv0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(qb, kv1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < kRB; ++r) {
+      _mm256_storeu_ps(out + r * kBK + tp * 16, acc[r][0]);
+      _mm256_storeu_ps(out + r * kBK + tp * 16 + 8, acc[r][1]);
+    }
+  }
+}
+
+// o[r] += P[r] · V_block for kRB rows, 16 dimensions at a time (8 accumulators, 2 V
+// loads and 4 broadcasts per key); D a multiple of 16.
+inline void pv_tile8(const float* prob, const float* vblock, int64_t d, float* o) {
+  for (int64_t c = 0; c < d; c += 16) {
+    __m256 acc[kRB][2];
+    for (int r = 0; r < kRB; ++r) {
+      acc[r][0] = _mm256_loadu_ps(o + r * d + c);
+      acc[r][1] = _mm256_loadu_ps(o + r * d + c + 8);
+    }
+    for (int64_t j = 0; j < kBK; ++j) {
+      const __m256 v0 = _mm256_loadu_ps(vblock + j * d + c);
+      const __m256 v1 = _mm256_loadu_ps(vblock + j * d + c + 8);
+      for (int r = 0; r < kRB; ++r) {
+        const __m256 pb = _mm256_broadcast_ss(prob + r * kBK + j);
+        acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(pb, v1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < kRB; ++r) {
+      _mm256_storeu_ps(o + r * d + c, acc[r][0]);
+      _mm256_storeu_ps(o + r * d + c + 8, acc[r][1]);
+    }
+  }
+}
+
+// Online softmax of one row's block scores (keys k0..k0+63; those past pos masked), as
+// the AVX-512 softmax_row: rescales the row's running output by exp(m_old - m_new), sums
+// the unrounded probabilities and writes them rounded to T.
+template <typename T>
+inline void softmax_row8(float* s, int64_t k0, int64_t pos, float scale, float& m, float& l,
+                         float* o, int64_t d, float* prob) {
+  const __m256 ninf = _mm256_set1_ps(kNegInf), sc = _mm256_set1_ps(scale);
+  __m256 v[8], keep[8];
+  __m256 mx = ninf;
+  for (int t = 0; t < 8; ++t) {
+    const int64_t visible = pos - (k0 + t * 8) + 1;  // keys of this tile at or before pos
+    keep[t] = _mm256_castsi256_ps(simd::lanes8(std::clamp<int64_t>(visible, 0, 8)));
+    v[t] = _mm256_and_ps(keep[t], _mm256_mul_ps(_mm256_loadu_ps(s + t * 8), sc));
+    mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, v[t], keep[t]));
+  }
+  const float m_new = std::max(m, simd::hmax8(mx));  // finite: key 0 is visible
+  const float alpha = std::exp(m - m_new);            // 0 on the first block (m = -inf)
+  const __m256 mv = _mm256_set1_ps(m_new);
+  __m256 sum = _mm256_setzero_ps();
+  for (int t = 0; t < 8; ++t) {
+    const __m256 e = _mm256_and_ps(keep[t], simd::exp8(_mm256_sub_ps(v[t], mv)));
+    sum = _mm256_add_ps(sum, e);
+    _mm256_storeu_ps(prob + t * 8, simd::round8<T>(e));
+  }
+  l = l * alpha + simd::hsum8(sum);
+  m = m_new;
+  if (alpha != 1.f) {
+    const __m256 av = _mm256_set1_ps(alpha);
+    for (int64_t c = 0; c < d; c += 8)
+      _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(o + c), av));
+  }
+}
+
+// One task: positions [i0, i1) of KV head h's query group.
+template <typename T>
+void run_task8(const Problem<T>& p, const Packed8& pk, int64_t h, int64_t i0, int64_t i1,
+               Scratch8& w) {
+  const int64_t d = p.dim;
+  const int64_t real = (i1 - i0) * p.group;
+  const int64_t rows = (real + kRB - 1) / kRB * kRB;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t rr = std::min(r, real - 1);
+    const int64_t i = i0 + rr / p.group, head = h * p.group + rr % p.group;
+    float* qf = w.q.data() + r * d;
+    if (r < real) {
+      const T* qi = p.q + i * p.qs0 + head * p.qs1;
+      for (int64_t c = 0; c < d; c += 8) simd::store8(qf + c, simd::load8(qi + c));
+    } else {
+      std::fill(qf, qf + d, 0.f);
+    }
+    w.pos[r] = p.start + i;
+    w.m[r] = kNegInf;
+    w.l[r] = 0.f;
+  }
+  std::fill(w.o.begin(), w.o.begin() + rows * d, 0.f);
+  const float* kh = pk.k.data() + h * pk.lp * d;
+  const float* vh = pk.v.data() + h * pk.lp * d;
+  const int64_t keys = p.start + i1;  // keys the last position sees
+  for (int64_t k0 = 0; k0 < keys; k0 += kBK) {
+    for (int64_t r = 0; r < rows; r += kRB)
+      score_tile8(w.q.data() + r * d, kh + k0 * d, d, w.s.data() + r * kBK);
+    for (int64_t r = 0; r < rows; ++r)
+      softmax_row8<T>(w.s.data() + r * kBK, k0, w.pos[r], p.scale, w.m[r], w.l[r],
+                      w.o.data() + r * d, d, w.prob.data() + r * kBK);
+    for (int64_t r = 0; r < rows; r += kRB)
+      pv_tile8(w.prob.data() + r * kBK, vh + k0 * d, d, w.o.data() + r * d);
+  }
+  for (int64_t r = 0; r < real; ++r) {
+    const int64_t i = i0 + r / p.group, head = h * p.group + r % p.group;
+    T* out = p.out + (i * p.heads + head) * d;
+    const __m256 inv = _mm256_set1_ps(1.f / w.l[r]);
+    for (int64_t c = 0; c < d; c += 8)
+      simd::store8(out + c, _mm256_mul_ps(_mm256_loadu_ps(w.o.data() + r * d + c), inv));
+  }
+}
+
+// The tiled path if it applies: D in {32, 64, 128}, as the AVX-512 one.
+template <typename T>
+bool prefill_avx2(const Problem<T>& p) {
+  if (p.dim != 32 && p.dim != 64 && p.dim != 128) return false;
+  const Packed8 pk = pack8(p);
+  const int64_t blocks = (p.n + kBQ - 1) / kBQ, tasks = blocks * p.kv_heads;
+  const int64_t rows = (kBQ * p.group + kRB - 1) / kRB * kRB;
+  // later query blocks see more keys: hand them out first, dynamically
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    Scratch8 w(rows, p.dim);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t b = blocks - 1 - t / p.kv_heads, h = t % p.kv_heads;
+      run_task8<T>(p, pk, h, b * kBQ, std::min(p.n, (b + 1) * kBQ), w);
+    }
+  }
+  return true;
+}
 #endif
 
 template <typename T>
@@ -334,6 +534,10 @@ void prefill_dispatch(const Problem<T>& p) {
 #ifdef HOUCHU_AVX512
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
     if (prefill_avx512(p)) return;
+  }
+#elif defined(HOUCHU_AVX2)
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+    if (prefill_avx2(p)) return;
   }
 #endif
   prefill_reference(p);

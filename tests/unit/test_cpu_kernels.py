@@ -1,8 +1,10 @@
 """houchu's C++ CPU kernels (``houchu.gpu.cpu_kernels``) against the torch reference:
-fused RMSNorm (+ residual), RoPE on strided views, SiLU·mul, paged decode attention over
-plain and int8 pools (the AVX-512 path at D = 64 and 128, the portable one at other D),
-causal prefill attention (the tiled path at D = 32, 64 and 128, the portable one at other
-D), greedy argmax, bad input, and a model end to end through the ``cpu`` backend."""
+fused RMSNorm (+ residual), RoPE on strided views, SiLU·mul (the vector paths at widths
+that are multiples of the level's lanes, the portable ones elsewhere), paged decode
+attention over plain and int8 pools (the AVX-512 or AVX2 group kernel at D = 64 and 128,
+the portable one at other D), causal prefill attention (the tiled path at D = 32, 64 and
+128, the portable one at other D), greedy argmax, bad input, and a model end to end
+through the ``cpu`` backend."""
 
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("rows", "hidden"), [(1, 576), (5, 96), (3, 200), (40, 64)])
+@pytest.mark.parametrize(
+    ("rows", "hidden"), [(1, 576), (5, 96), (3, 200), (40, 64), (2, 100)]
+)  # 200: AVX2's 8 lanes but not AVX-512's 16; 100: the portable path
 def test_rms_norm_and_residual(dtype, rows, hidden):
     g = torch.Generator().manual_seed(rows * hidden)
     x = torch.randn(rows, hidden, generator=g).to(dtype)
@@ -41,7 +45,9 @@ def test_rms_norm_and_residual(dtype, rows, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("t", "h", "hkv", "d"), [(1, 9, 3, 64), (7, 3, 1, 128), (4, 2, 2, 12)])
+@pytest.mark.parametrize(
+    ("t", "h", "hkv", "d"), [(1, 9, 3, 64), (7, 3, 1, 128), (4, 2, 2, 12), (3, 4, 2, 16)]
+)  # d = 16: half 8, AVX2's vector path only
 def test_rope_on_strided_qkv_views(dtype, t, h, hkv, d):
     g = torch.Generator().manual_seed(t + h + d)
     qkv = torch.randn(t, (h + 2 * hkv) * d, generator=g).to(dtype)
@@ -56,7 +62,9 @@ def test_rope_on_strided_qkv_views(dtype, t, h, hkv, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("n", "inter"), [(1, 1536), (6, 160), (2, 1500), (33, 32)])
+@pytest.mark.parametrize(
+    ("n", "inter"), [(1, 1536), (6, 160), (2, 1500), (33, 32), (3, 40)]
+)  # 40: AVX2's vector path only; 1500: the portable path
 def test_silu_mul(dtype, n, inter):
     gu = 4 * torch.randn(n, 2 * inter, generator=torch.Generator().manual_seed(n)).to(dtype)
     gu[0, :3] = torch.tensor([-200.0, 200.0, 0.0])  # exp's clamps

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = {"a": [1, 5, 9, 33, 70, 2, 8], "b": [7, 7, 100], "c": [3], "d": [4, 4, 4, 4, 9]}
-#: head_dim 16 takes the portable attention loop, 64 the AVX-512 group kernel
+#: head_dim 16 takes the portable attention loop, 64 the group kernel (AVX-512 or AVX2)
 SHAPES = {
     "d16": {},
     "d64": {"hidden_size": 256, "intermediate_size": 192, "num_attention_heads": 4},
