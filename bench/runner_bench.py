@@ -3,6 +3,15 @@ against this machine's measured limits.
 
     python -m houchu.bench.runner_bench [--model PATH] [--formats fp32,bf16,int8,int4,w8a8]
         [--modes eager,compiled] [--batches 1,8,32] [--context 128] [--prefill 512]
+        [--cpu-isa all|LEVEL[,LEVEL...]]
+
+One table per CPU ISA level (``houchu.gpu.cpu_isa``; default: every level this CPU runs,
+e.g. avx512_bf16, avx512, avx2 and generic on an AVX512-BF16 host), each measured in a
+fresh process of its own: houchu's kernels at that level, and torch's own kernels (ATen,
+oneDNN, MKL) held to it too where it is below the CPU's best (``cpu_isa.torch_env``), so
+a forced level measures what a CPU of that level runs. Every row names its level and
+kernel path. The quantized formats compute in bfloat16 where the level has native
+bfloat16, else in float32, as the runner's linear layers do.
 
 First measures memory copy bandwidth and the fp32 / bf16 / int8 matmul peaks, then for
 each format and mode times decode steps (one new token per sequence, ``--context``
@@ -14,30 +23,37 @@ weights × tokens + attention 4 × layers × heads × head_dim × KV tokens; a p
 the LM head on its last token only), each as a
 fraction of the limit: bandwidth for GB/s; for FLOP/s, the time the step's ops would take
 at the peak of the format each computes in (fp32; bf16; w8a8's GEMMs from W8A8_MIN_ROWS
-rows at the int8 peak, its attention at the bf16 one) over the measured time. Printed,
-not asserted.
+rows at the int8 peak, its attention at the bf16 one) over the measured time, only where
+the level computes that format natively (else "-": a peak measured on emulation is no
+peak). Printed, not asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
 import torch
 
 from houchu.bench import runner_limits
+from houchu.gpu import cpu_isa, cpu_kernels
+from houchu.gpu.qlinear import quant_act_dtype
 from houchu.gpu.runner import ModelRunner
 from houchu.gpu.w8a8 import W8A8_MIN_ROWS
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 
-FORMATS = {  # name: (model dtype, quantization)
+FORMATS = {  # name: (model dtype, quantization); "act": the linear layers' activation dtype
     "fp32": ("float32", "none"),
     "bf16": ("bfloat16", "none"),
-    "int8": ("bfloat16", "int8"),
-    "int4": ("bfloat16", "int4"),
-    "w8a8": ("bfloat16", "w8a8"),
+    "int8": ("act", "int8"),
+    "int4": ("act", "int4"),
+    "w8a8": ("act", "w8a8"),
 }
+_CHILD = "HOUCHU_RUNNER_BENCH_LEVEL"  # set in the per-level child processes
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 
 
@@ -53,7 +69,9 @@ class Row:
     tokens: int
     bytes: float
     flops: float
-    attn_flops: float = 0.0  # the part of flops in attention (bf16, or fp32 for fp32)
+    attn_flops: float = 0.0  # the part of flops in attention
+    compute: str = "bf16"  # the format the step computes in: fp32 or bf16 (w8a8: GEMMs int8)
+    kernels: str = ""  # the CPU ISA level and the kernel path, e.g. "avx2 fused"
 
 
 class Bench:
@@ -126,6 +144,8 @@ class Bench:
 
 def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:
     dtype, quant = FORMATS[fmt]
+    if dtype == "act":
+        dtype = str(quant_act_dtype("cpu")).removeprefix("torch.")
     pages = max(args.batches) * (-(-(args.context + args.steps + 2) // 16)) + 64
     t0 = time.perf_counter()
     runner = ModelRunner(
@@ -144,16 +164,26 @@ def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:
     rows = [b.decode(n, args.steps) for n in args.batches]
     if mode == "eager" and args.prefill > 0:
         rows.append(b.prefill(args.prefill, 3))
+    path = "fused" if runner.model.fused else runner.model.ops.name
     for row in rows:
         row.fmt, row.mode = fmt, mode
+        row.compute = "fp32" if dtype == "float32" else "bf16"
+        row.kernels = f"{runner.cpu_isa} {path}"
     return rows
 
 
-def print_table(rows: list[Row], lim: runner_limits.Limits, header: bool = True) -> None:
-    """One line per row: speed, bytes and ops per step, and their fractions of ``lim``."""
+def print_table(
+    rows: list[Row],
+    lim: runner_limits.Limits,
+    header: bool = True,
+    units: frozenset[str] = frozenset({"fp32", "bf16", "int8"}),
+) -> None:
+    """One line per row: speed, bytes and ops per step, and their fractions of ``lim``;
+    %peak only where every format the step computes in is in ``units`` (the CPU's native
+    matmul formats, ``cpu_isa.native_units``), else "-"."""
     head = (
-        f"{'format':6} {'mode':8} {'step':13} {'tok/s':>9} {'ms/step':>8} {'MB/step':>8} "
-        f"{'GB/s':>6} {'%BW':>5} {'GFLOP/s':>8} {'%peak':>6}"
+        f"{'format':6} {'mode':8} {'kernels':18} {'step':13} {'tok/s':>9} {'ms/step':>8} "
+        f"{'MB/step':>8} {'GB/s':>6} {'%BW':>5} {'GFLOP/s':>8} {'%peak':>6}"
     )
     if header:
         print(head)
@@ -161,17 +191,17 @@ def print_table(rows: list[Row], lim: runner_limits.Limits, header: bool = True)
     for r in rows:
         gbs = r.bytes / r.step_s / 1e9
         fl = r.flops / r.step_s
-        peak_fmt = r.fmt if (r.fmt != "w8a8" or r.tokens >= W8A8_MIN_ROWS) else "bf16"
-        attn_fmt = "fp32" if r.fmt == "fp32" else "bf16"
+        gemm_fmt = "int8" if (r.fmt == "w8a8" and r.tokens >= W8A8_MIN_ROWS) else r.compute
         # the step's time at the peaks of the formats its parts compute in: only w8a8's
-        # int8 GEMMs differ from its (bfloat16) attention
-        ideal_s = (r.flops - r.attn_flops) / lim.compute_peak(peak_fmt) + r.attn_flops / (
-            lim.compute_peak(attn_fmt)
+        # int8 GEMMs differ from its attention
+        ideal_s = (r.flops - r.attn_flops) / lim.compute_peak(gemm_fmt) + r.attn_flops / (
+            lim.compute_peak(r.compute)
         )
+        peak = f"{100 * ideal_s / r.step_s:6.1f}" if {gemm_fmt, r.compute} <= units else "     -"
         print(
-            f"{r.fmt:6} {r.mode:8} {r.what:13} {r.tokens / r.step_s:9.1f} {r.step_s * 1e3:8.2f} "
-            f"{r.bytes / 1e6:8.1f} {gbs:6.2f} {100 * gbs / lim.copy_gbs:5.1f} {fl / 1e9:8.1f} "
-            f"{100 * ideal_s / r.step_s:6.1f}"
+            f"{r.fmt:6} {r.mode:8} {r.kernels:18} {r.what:13} {r.tokens / r.step_s:9.1f} "
+            f"{r.step_s * 1e3:8.2f} {r.bytes / 1e6:8.1f} {gbs:6.2f} "
+            f"{100 * gbs / lim.copy_gbs:5.1f} {fl / 1e9:8.1f} {peak}"
         )
 
 
@@ -187,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
         "--prefill", type=int, default=512, help="prefill prompt length (0: no prefill row)"
     )
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--cpu-isa",
+        default="all",
+        help="comma-separated CPU ISA levels, one table each (all: every level this CPU "
+        f"runs; levels: {', '.join(cpu_isa.NAMES)})",
+    )
     args = p.parse_args(argv)
     try:
         args.batches = [int(b) for b in args.batches.split(",")]
@@ -199,32 +235,57 @@ def main(argv: list[str] | None = None) -> int:
         )
     if min(args.batches) < 1 or args.context < 1 or args.steps < 1 or args.prefill < 0:
         p.error("--batches, --context and --steps must be positive, --prefill not negative")
+    levels = cpu_isa.usable() if args.cpu_isa == "all" else args.cpu_isa.split(",")
+    for lv in levels:
+        try:
+            cpu_isa.choose(lv)
+        except ValueError as e:
+            p.error(str(e))
     if args.model is None:
         from houchu.fetch import fetch_default_model
 
         args.model = str(fetch_default_model(quiet=True))
+    if os.environ.get(_CHILD):
+        return run_level(os.environ[_CHILD], args)
+    status = 0
+    for lv in levels:  # each level in a fresh process: torch reads its ISA caps at load
+        env = {**os.environ, **cpu_isa.torch_env_for(lv), _CHILD: lv, "HOUCHU_CPU_ISA": lv}
+        cmd = [sys.executable, "-m", "houchu.bench.runner_bench", *(argv or sys.argv[1:])]
+        status |= subprocess.run([*cmd, "--model", args.model], env=env, check=False).returncode
+    return status
+
+
+def run_level(level: str, args: argparse.Namespace) -> int:
+    """All formats and modes at one CPU ISA level, in this process."""
+    cpu_kernels.select(level)
+    units = cpu_isa.native_units(level)
     if args.threads:
         torch.set_num_threads(args.threads)
+    held = cpu_isa.torch_env_for(level)
+    print(
+        f"\n== CPU ISA {level} (CPU flags: {' '.join(sorted(cpu_isa.isa_flags()))}"
+        f"{'; torch held to it: ' + ' '.join(f'{k}={v}' for k, v in held.items()) if held else ''})"
+    )
     print(f"houchu runner benchmark: {args.model}, {torch.get_num_threads()} threads")
     before = runner_limits.measure()
-    print(f"limits (start): {before.line()}")
+    print(f"limits (start): {before.line(units)}")
     print("progress, against the start limits (the final table uses the best of start and end):")
     rows: list[Row] = []
     for fmt in args.formats.split(","):
         for mode in args.modes.split(","):
             new = run_format(fmt, mode, args)
-            print_table(new, before, header=False)  # progress, against the start limits
+            print_table(new, before, header=False, units=units)
             rows += new
     after = runner_limits.measure()
-    print(f"limits (end):   {after.line()}")
+    print(f"limits (end):   {after.line(units)}")
     lim = before.best(after)
-    print(f"limits used (best of both): {lim.line()}\n")
-    print_table(rows, lim)
+    print(f"limits used (best of both): {lim.line(units)}\n")
+    print_table(rows, lim, units=units)
     print(
         "%BW: bytes moved per step / step time, over the copy bandwidth; %peak: the time "
         "the step's work would take at the matmul peak of the format each part computes in "
-        "(w8a8 prefill: GEMMs int8, attention bf16; fp32: fp32; else bf16), over the "
-        "measured time"
+        "(w8a8 prefill: GEMMs int8; else the row's activation format), over the measured "
+        "time; '-' where the CPU has no unit for that format at this level"
     )
     return 0
 

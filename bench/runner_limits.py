@@ -36,13 +36,21 @@ class Limits:
 
     def compute_peak(self, fmt: str) -> float:
         """The peak of the arithmetic format ``fmt`` computes in (FLOP/s or OP/s)."""
-        return {"fp32": self.fp32_flops, "w8a8": self.int8_ops}.get(fmt, self.bf16_flops)
+        return {"fp32": self.fp32_flops, "int8": self.int8_ops, "w8a8": self.int8_ops}.get(
+            fmt, self.bf16_flops
+        )
 
-    def line(self) -> str:
+    def line(self, units: frozenset[str] = frozenset({"fp32", "bf16", "int8"})) -> str:
+        """The limits in words; a matmul format outside ``units`` (the CPU's native
+        formats) is marked as emulated: its figure is no peak."""
+
+        def mark(fmt: str) -> str:
+            return "" if fmt in units else " (emulated, no unit)"
+
         return (
             f"copy {self.copy_gbs:.1f} GB/s, fp32 matmul {self.fp32_flops / 1e9:.0f} GFLOP/s, "
-            f"bf16 matmul {self.bf16_flops / 1e9:.0f} GFLOP/s, int8 matmul "
-            f"{self.int8_ops / 1e9:.0f} GOP/s"
+            f"bf16 matmul {self.bf16_flops / 1e9:.0f} GFLOP/s{mark('bf16')}, int8 matmul "
+            f"{self.int8_ops / 1e9:.0f} GOP/s{mark('int8')}"
         )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,3 +131,58 @@ def choose(requested: str | None = None) -> str:
     if not runs(lv):
         raise ValueError(f"--cpu-isa {name}: {why_not(lv)}")
     return name
+
+
+#: Environment that keeps torch's own CPU kernels (ATen's dispatch, oneDNN, MKL) at or
+#: below a level, so that on a bigger CPU a forced level measures what a CPU of that
+#: level would run. Read when torch loads: set it in a fresh process.
+_TORCH_ENV = {
+    "avx2": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
+    "avx512": {
+        "ATEN_CPU_CAPABILITY": "avx512",
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+    },
+}
+
+
+def torch_env(name: str) -> dict[str, str]:
+    """Environment variables that hold torch's own kernels to level ``name`` (none for
+    the best levels and ``generic``, which use what torch picks on this CPU)."""
+    return dict(_TORCH_ENV.get(name, {}))
+
+
+def native_units(name: str, features: frozenset[str] | None = None) -> frozenset[str]:
+    """The matmul number formats torch's kernels compute natively at level ``name`` on
+    this CPU: ``fp32`` always; ``bf16`` with AVX512-BF16 or AMX; ``int8`` with
+    AVX512-VNNI, AVX-VNNI or AMX. A level forced below the CPU's best (with
+    ``torch_env``) gives up every unit beyond fp32."""
+    f = features if features is not None else cpu_features()
+    if name not in ("generic", usable(f)[0]):
+        return frozenset({"fp32"})
+    units = {"fp32"}
+    if f & {"avx512_bf16", "amx_bf16"}:
+        units.add("bf16")
+    if f & {"avx512_vnni", "avx_vnni", "amx_int8"}:
+        units.add("int8")
+    return frozenset(units)
+
+
+def torch_env_for(name: str, features: frozenset[str] | None = None) -> dict[str, str]:
+    """``torch_env(name)`` where ``name`` is below this CPU's best level, else nothing
+    (torch then picks for this CPU as it would anyway)."""
+    return {} if name in ("generic", usable(features)[0]) else torch_env(name)
+
+
+_REPORTED = re.compile(r"^(avx2|avx512\w*|fma|avx_vnni|amx\w*|asimd|asimddp)$")
+
+
+def isa_flags(features: frozenset[str] | None = None) -> frozenset[str]:
+    """The CPU flags houchu's figures depend on (AVX2, FMA, AVX-512*, AVX-VNNI, AMX*;
+    NEON / dotprod on arm), for reports beside every figure."""
+    f = features if features is not None else cpu_features()
+    return frozenset(x for x in f if _REPORTED.match(x))

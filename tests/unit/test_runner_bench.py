@@ -45,3 +45,29 @@ def test_peak_charges_each_part_at_its_format(capsys):
     small = Row("w8a8", "eager", "decode b=8", 4.0, 8, 1e6, 1.2e12, 0.4e12)
     assert runner_bench.W8A8_MIN_ROWS > 8
     assert peak_column(capsys, small) == pytest.approx(75.0, abs=0.05)
+
+
+def test_peak_only_against_units_the_cpu_has(capsys):
+    """No %peak for a format the level computes without a native unit (an AVX2 CPU's
+    bfloat16 and int8); a row computing in float32 is charged at the fp32 peak."""
+    bf16 = Row("bf16", "eager", "decode b=1", 4.0, 1, 1e6, 1.2e12, 0.4e12)
+    print_table([bf16], LIMITS, header=False, units=frozenset({"fp32"}))
+    assert capsys.readouterr().out.split()[-1] == "-"
+    int4 = Row("int4", "eager", "decode b=1", 4.0, 1, 1e6, 0.8e12, 0.0, compute="fp32")
+    print_table([int4], LIMITS, header=False, units=frozenset({"fp32"}))
+    assert float(capsys.readouterr().out.split()[-1]) == pytest.approx(100.0, abs=0.05)
+
+
+def test_native_units_follow_the_level():
+    from houchu.gpu import cpu_isa
+
+    avx512 = frozenset(
+        "avx avx2 fma f16c bmi1 bmi2 abm movbe avx512f avx512bw avx512vl avx512dq "
+        "avx512cd avx512_bf16 avx512_vnni".split()
+    )
+    avx2_vnni = frozenset("avx avx2 fma f16c bmi1 bmi2 abm movbe avx_vnni".split())
+    assert cpu_isa.native_units("avx512_bf16", avx512) == {"fp32", "bf16", "int8"}
+    assert cpu_isa.native_units("avx2", avx512) == {"fp32"}  # forced below the best
+    assert cpu_isa.native_units("avx2", avx2_vnni) == {"fp32", "int8"}  # its best
+    assert cpu_isa.torch_env_for("avx2", avx512)["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert cpu_isa.torch_env_for("avx2", avx2_vnni) == {}
