@@ -91,7 +91,15 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     _spec_options(p)
     _speed_options(p)
     _limit_options(p)
-    p.add_argument("--threads", type=int, help="torch threads of the model runner")
+    p.add_argument(
+        "--threads", type=int, help="torch threads of the model runner (the most, see below)"
+    )
+    p.add_argument(
+        "--fixed-threads",
+        action="store_true",
+        help="keep the runner's thread count; by default a CPU runner uses fewer threads "
+        "while other processes contend for the cores, and probes back up when they free",
+    )
     p.add_argument(
         "--db-url",
         help="SQLAlchemy URL of the telemetry and benchmark database "

@@ -45,6 +45,7 @@ from houchu.gpu.loader import load_model, parse_dtype
 from houchu.gpu.ops import make_ops
 from houchu.gpu.quant import QuantSpec, resolve_quant_mode
 from houchu.gpu.sampling import RequestState, Sampler
+from houchu.gpu.threads import ThreadGovernor
 from houchu.gpu.verify import sample_and_verify
 from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
 from houchu.transport.telemetry import LeverSample
@@ -82,6 +83,9 @@ class ModelRunner:
         cpu_isa: instruction-set level of houchu's C++ CPU kernels
             (``houchu.gpu.cpu_isa``): "auto" ($HOUCHU_CPU_ISA or the best this CPU
             runs), a level, or "generic" (torch's kernels only).
+        adapt_threads: on the CPU, use fewer threads while other processes contend
+            for the cores (``houchu.gpu.threads.ThreadGovernor``; ``num_threads`` or
+            torch's count stays the most).
         quiet: do not print the load summary.
     Raises:
         ModelLoadError: the model cannot be loaded.
@@ -113,6 +117,7 @@ class ModelRunner:
         decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
         fused_layers: bool = True,
         cpu_isa: str = "auto",
+        adapt_threads: bool = True,
         quiet: bool = False,
     ) -> None:
         if num_threads is not None:
@@ -173,6 +178,8 @@ class ModelRunner:
         self.kv_bytes_saved = 0  # device -> host, bytes
         self.kv_bytes_loaded = 0  # host -> device, bytes
         self.num_params = self.model.num_params()
+        on_cpu = self.device.type == "cpu" and adapt_threads
+        self.governor = ThreadGovernor(torch.get_num_threads()) if on_cpu else None
         if not quiet:
             print(self.summary(time.perf_counter() - t0), flush=True)
 
@@ -202,6 +209,20 @@ class ModelRunner:
         """ " (C++ kernels built in N s)" when this process compiled them."""
         took = getattr(self.backend, "build_s", 0.0)
         return f" (C++ kernels built in {took:.0f}s)" if took >= 1.0 else ""
+
+    def _timed_forward(self, batch: StepBatch) -> torch.Tensor:
+        """``_forward``, with the thread governor told about the step."""
+        g = self.governor
+        if g is None:
+            return self._forward(batch)
+        before = g.threads
+        g.begin()
+        logits = self._forward(batch)
+        g.end()
+        if g.threads != before:
+            why = "cores contended" if g.threads < before else "probing free cores"
+            print(f"houchu runner: {why}: {before} -> {g.threads} threads", flush=True)
+        return logits
 
     def lever_samples(self) -> list[LeverSample]:
         """What weight and KV quantization and the compiled / graph-captured decode step
@@ -299,7 +320,7 @@ class ModelRunner:
             self.states.update(new)
             outputs: list[SeqOutput] = []
             if batch is not None:
-                logits = self._forward(batch)  # [R, V] fp32
+                logits = self._timed_forward(batch)  # [R, V] fp32
                 ws = [plan.work[i] for i in batch.sampled]
                 states = [self.states[w.rid] for w in ws]
                 drafts = [w.token_ids[len(w.token_ids) - w.num_draft :] for w in ws]
