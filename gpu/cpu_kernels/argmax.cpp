@@ -3,7 +3,7 @@
 //
 // torch's CPU argmax over one 49,152-wide row takes ~45 us (a scalar compare loop); two
 // AVX-512 (or AVX2) passes over the row (the maximum, then its first index) take a few us.
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 #include "library.h"
 

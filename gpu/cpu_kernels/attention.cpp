@@ -6,7 +6,7 @@
 // 2023: query head h reads KV head h / (H / Hkv)). Scores, softmax and the weighted sum
 // are float32; an int8 pool is dequantized per token and head (value * scale, rounded to
 // the model dtype, as houchu.gpu.kv_pool.dequantize_kv does).
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>

@@ -16,7 +16,7 @@
 // thread whichever thread it is, so the result equals the per-op path's
 // (houchu/gpu/llama.py's DecoderLayer.pre, the cpu attention backend, DecoderLayer.post)
 // bit for bit, including the casts to and from the linear layers' activation dtype.
-#include <ATen/ATen.h>
+#include "aten.h"
 #include "library.h"
 
 #include <optional>

@@ -19,7 +19,7 @@
 // per group g, sum_k x_k (q_k s + o) = s * sum_k x_k q_k + o * sum_k x_k, with sum_k x_k
 // computed once per call. Without AVX512_BF16 the dot product is emulated with two FMAs;
 // without AVX-512 a scalar path decodes the same layouts.
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include "library.h"

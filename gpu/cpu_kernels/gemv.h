@@ -1,7 +1,7 @@
 // Kernels of houchu's weight-only int4 / int8 GEMV (gemv.cpp has the operators and the
 // layouts' description; decode_layers.cpp calls these from inside its own threads).
 #pragma once
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>

@@ -5,7 +5,7 @@
 // (houchu/gpu/ops.py, TorchOps) takes 3-8 ops. Numerics follow the reference op by op:
 // math in float32, rounded to the tensor dtype wherever the reference rounds, so
 // bfloat16 results differ from it at most by float32 summation order in the RMS.
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include "library.h"

@@ -17,7 +17,7 @@
 //
 // The AVX2 level runs the same tiling in 8-lane float32 vectors (K/V packed as float32,
 // bfloat16 widened; see prefill_avx2).
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include "library.h"

@@ -7,7 +7,7 @@
 // Numerics follow houchu.gpu.quant.quantize_rows_int8 and W8A8Linear._int8_gemm:
 // scale = max(absmax / 127, 1e-10), q = clamp(round_half_even(x / scale), -127, 127);
 // y = (acc * x_scale + x[:, cols] · w_q[:, cols]^T) * w_scale.
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include "library.h"
