@@ -106,6 +106,7 @@ def _serve(args: argparse.Namespace) -> int:
         cuda_graph=not args.disable_cuda_graph,
         fused_layers=not args.disable_fused_layers,
         cpu_isa=args.cpu_isa,
+        decode_paths=args.decode_paths,
         adapt_threads=not args.fixed_threads,
         request_timeout_s=args.request_timeout,
         heartbeat_timeout_s=args.heartbeat_timeout,

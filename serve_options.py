@@ -278,6 +278,14 @@ def _speed_options(p: argparse.ArgumentParser) -> None:
         "all the decoder layers and the LM head",
     )
     g.add_argument(
+        "--decode-paths",
+        default="auto",
+        choices=["auto", "rules"],
+        help="CPU: auto times the fused C++ layers, houchu's GEMV, torch's packed kernels "
+        "and oneDNN dense copies per decode batch bucket at startup (cached) and keeps the "
+        "fastest; rules: fixed row thresholds",
+    )
+    g.add_argument(
         "--cpu-isa",
         default="auto",
         choices=["auto", *isa.NAMES],

@@ -69,6 +69,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     cuda_graph: bool = True  # capture decode steps as CUDA graphs (CUDA only)
     fused_layers: bool = True  # cpu backend: one C++ call per decoder layer in decode steps
     adapt_threads: bool = True  # CPU runner: fewer threads while the cores are contended
+    decode_paths: str = "auto"  # CPU decode kernel paths: auto (measured) | rules
     cpu_isa: str = "auto"  # ISA level of the C++ CPU kernels (gpu.cpu_isa): auto | a level
     page_size: int = 16
     num_pages: int | None = None

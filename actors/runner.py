@@ -135,6 +135,7 @@ class RunnerActor:
             cuda_graph=c.cuda_graph,
             fused_layers=c.fused_layers,
             cpu_isa=c.cpu_isa,
+            decode_paths=c.decode_paths,
             adapt_threads=c.adapt_threads,
         )
 

@@ -63,6 +63,9 @@ class FusedDecode:
             return None
         scales = {"k_scale": pool.k_scale, "v_scale": pool.v_scale} if int8_pool else {}
         rows = batch.num_tokens
+        route = getattr(model, "route", None)  # the measured decode paths (gpu.autotune)
+        if route is not None and route.path_for(rows) not in (None, "fused"):
+            return None
         if self._layer_weights(rows, len(model.layers)) is None:
             return None
         eps, scale = model.cfg.rms_norm_eps, 1.0 / math.sqrt(model.cfg.head_dim)

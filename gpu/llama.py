@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from houchu.gpu.attention import AttentionBackend
+from houchu.gpu.autotune import DecodeRoute
 from houchu.gpu.batch import StepBatch
 from houchu.gpu.config import ModelConfig, ModelLoadError
 from houchu.gpu.fused_cpu import FusedDecode
@@ -158,6 +159,7 @@ class LlamaModel(nn.Module):
         dtype = w["model.embed_tokens.weight"].dtype
         self.ops: TorchOps = TorchOps()
         self.fused: FusedDecode | None = None  # fused decode layers, set by the runner
+        self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, w, f"model.layers.{i}", self.quant, dev, dtype)
             for i in range(cfg.num_layers)

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from houchu.gpu import cpu_kernels
+from houchu.gpu.autotune import DecodeRoute
 from houchu.gpu.linear import Linear, LinearBase, onednn_available, packed_matmul
 from houchu.gpu.quant import (
     Int4Weight,
@@ -109,6 +110,7 @@ class Int4Linear(LinearBase):
         self._dense = _dense_copy(self.dequantize(), dev, dense_min_rows)  # opaque, not a buffer
         self.dense_min_rows = dense_min_rows if self._dense is not None else None
         self._cpu_gemv: torch.Tensor | None = None  # houchu's C++ GEMV layout (opaque)
+        self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
         if dev.type == "cpu" and cpu_kernels.is_loaded() and w.group_size % 8 == 0:
             self._cpu_gemv = cpu_kernels.ops().int4_pack(
                 w.q.to(torch.uint8), self.scale, self.offset, w.group_size
@@ -123,7 +125,7 @@ class Int4Linear(LinearBase):
         return self.weight_bytes()
 
     def gemv_blob(self, rows: int) -> tuple[torch.Tensor, int] | None:
-        if self._cpu_gemv is None or _dense_at(self, rows) or rows >= self.dequant_min_rows:
+        if not _gemv_at(self, rows):
             return None
         return self._cpu_gemv, self.group_size
 
@@ -136,11 +138,12 @@ class Int4Linear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
         xa = x.to(self.act_dtype)
-        if self.dense_min_rows is not None and x.shape[0] >= self.dense_min_rows:
+        path = _route(self, x.shape[0])
+        if path == "dense" or (path is None and _dense_at(self, x.shape[0])):
             y = packed_matmul(xa, self._dense, self.out_features)
-        elif x.shape[0] >= self.dequant_min_rows:
+        elif path is None and x.shape[0] >= self.dequant_min_rows:
             y = F.linear(xa, self.dequantize())
-        elif self._cpu_gemv is not None:
+        elif self._cpu_gemv is not None and path != "torch":
             y = cpu_kernels.ops().int4_gemv(xa, self._cpu_gemv, self.group_size, self.out_features)
         elif self.packed.device.type == "cuda":
             y = torch.ops.aten._weight_int4pack_mm(xa, self.packed, self.group_size, self.sz)
@@ -184,6 +187,7 @@ class Int8Linear(LinearBase):
         self._dense = _dense_copy(dense, dev, dense_min_rows)  # opaque, not a buffer
         self.dense_min_rows = dense_min_rows if self._dense is not None else None
         self._cpu_gemv: torch.Tensor | None = None  # houchu's C++ GEMV layout (opaque)
+        self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
         if dev.type == "cpu" and cpu_kernels.is_loaded():
             self._cpu_gemv = cpu_kernels.ops().int8_pack(self.q, self.wscale_act)
 
@@ -196,23 +200,47 @@ class Int8Linear(LinearBase):
         return self.weight_bytes()
 
     def gemv_blob(self, rows: int) -> tuple[torch.Tensor, int] | None:
-        if self._cpu_gemv is None or _dense_at(self, rows) or rows >= self.dequant_min_rows:
+        if not _gemv_at(self, rows):
             return None
         return self._cpu_gemv, 0
 
     def _weight_only(self, xa: torch.Tensor) -> torch.Tensor:
         """xa: ``[M, K]`` act dtype -> ``[M, N]`` act dtype."""
-        if self.dense_min_rows is not None and xa.shape[0] >= self.dense_min_rows:
+        path = _route(self, xa.shape[0])
+        if path == "dense" or (path is None and _dense_at(self, xa.shape[0])):
             return packed_matmul(xa, self._dense, self.out_features)
-        if self._cpu_gemv is not None and xa.shape[0] < self.dequant_min_rows:
-            return cpu_kernels.ops().int8_gemv(xa, self._cpu_gemv, self.out_features)
-        if self.kernel and xa.shape[0] < self.dequant_min_rows:
+        if path in ("gemv", "fused") or (path is None and xa.shape[0] < self.dequant_min_rows):
+            if self._cpu_gemv is not None:
+                return cpu_kernels.ops().int8_gemv(xa, self._cpu_gemv, self.out_features)
+        if self.kernel and (path == "torch" or xa.shape[0] < self.dequant_min_rows):
             return torch.ops.aten._weight_int8pack_mm(xa, self.q, self.wscale_act)
         return F.linear(xa, self.q.to(xa.dtype)) * self.wscale_act  # int8 is exact in bf16
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
         return self._weight_only(x.to(self.act_dtype)).to(x.dtype)
+
+
+def _route(layer: Int4Linear | Int8Linear, rows: int) -> str | None:
+    """The path the model's measured decode route (``houchu.gpu.autotune``) gives a step
+    of ``rows`` rows ("fused", "gemv", "torch" or "dense"), or None: the layer's own
+    row thresholds decide."""
+    route = layer.route
+    path = route.path_for(rows) if route is not None else None
+    if path == "dense" and layer._dense is None:  # noqa: SLF001 (its own module's layers)
+        return None
+    return path
+
+
+def _gemv_at(layer: Int4Linear | Int8Linear, rows: int) -> bool:
+    """Whether ``rows`` rows run on houchu's C++ GEMV (the route's choice, else below the
+    dense and dequantize thresholds)."""
+    if layer._cpu_gemv is None:  # noqa: SLF001
+        return False
+    path = _route(layer, rows)
+    if path is not None:
+        return path in ("gemv", "fused")
+    return not _dense_at(layer, rows) and rows < layer.dequant_min_rows
 
 
 def _dense_at(layer: Int4Linear | Int8Linear, rows: int) -> bool:

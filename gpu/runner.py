@@ -35,8 +35,10 @@ from houchu.cache_tiers.host_pool import HostPool
 from houchu.gpu import cpu_kernels
 from houchu.gpu.accel import DecodeAccelerator
 from houchu.gpu.attention import make_backend
+from houchu.gpu.autotune import Tuned, tune
 from houchu.gpu.batch import StepBatch, build_batch
 from houchu.gpu.config import ModelConfig, num_parameters, resolve_model_file
+from houchu.gpu.decisions import DecisionCache, model_key
 from houchu.gpu.fused_cpu import FusedDecode
 from houchu.gpu.kv_pool import KVPool
 from houchu.gpu.kv_transfer import HostKVMirror
@@ -47,7 +49,7 @@ from houchu.gpu.quant import QuantSpec, resolve_quant_mode
 from houchu.gpu.sampling import RequestState, Sampler
 from houchu.gpu.threads import ThreadGovernor
 from houchu.gpu.verify import sample_and_verify
-from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
+from houchu.transport.messages import RunnerInfo, SeqOutput, SeqWork, StepPlan, StepResult
 from houchu.transport.telemetry import LeverSample
 
 
@@ -83,6 +85,9 @@ class ModelRunner:
         cpu_isa: instruction-set level of houchu's C++ CPU kernels
             (``houchu.gpu.cpu_isa``): "auto" ($HOUCHU_CPU_ISA or the best this CPU
             runs), a level, or "generic" (torch's kernels only).
+        decode_paths: "rules" (each quantized layer's row thresholds) or "auto" (on the
+            CPU, time the fused, GEMV, torch-packed and dense paths per decode bucket at
+            startup and keep the fastest: ``houchu.gpu.autotune``; cached).
         adapt_threads: on the CPU, use fewer threads while other processes contend
             for the cores (``houchu.gpu.threads.ThreadGovernor``; ``num_threads`` or
             torch's count stays the most).
@@ -118,6 +123,7 @@ class ModelRunner:
         fused_layers: bool = True,
         cpu_isa: str = "auto",
         adapt_threads: bool = True,
+        decode_paths: str = "rules",
         quiet: bool = False,
     ) -> None:
         if num_threads is not None:
@@ -149,6 +155,11 @@ class ModelRunner:
                 kv_dtype=kv_cache_dtype,
                 scratch_pages=1 if graphs else 0,
             )
+        if decode_paths not in ("rules", "auto"):
+            raise ValueError(f"decode_paths must be rules or auto, got {decode_paths!r}")
+        self.tuned = None
+        if decode_paths == "auto" and self.device.type == "cpu":
+            self.tuned = self._tune(model_path, quant, decode_buckets)
         self.accel = DecodeAccelerator(
             self.model,
             self.pool,
@@ -203,12 +214,56 @@ class ModelRunner:
             f"{' with fused decode layers' if self.model.fused else ''}, "
             f"matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
             f"{torch.get_num_threads()} threads{took}; {self.levers.summary()}"
+            f"{'; decode paths ' + self.decode_paths() if self.tuned else ''}"
         )
+
+    def decode_paths(self) -> str:
+        """The measured decode path per bucket and the times measured ("" when not
+        tuned), e.g. "b<=1 fused 2.4 ms (gemv 3.1, torch 9.0, dense 21.0); ..."."""
+        t = self.tuned
+        if t is None:
+            return ""
+        how = "cached measurement" if t.cached else f"measured in {t.took_s:.1f}s"
+        return f"{t.route.describe(t.times)} [{how}]"
 
     def _build_note(self) -> str:
         """ " (C++ kernels built in N s)" when this process compiled them."""
         took = getattr(self.backend, "build_s", 0.0)
         return f" (C++ kernels built in {took:.0f}s)" if took >= 1.0 else ""
+
+    def _tune(
+        self, model_path: str | Path, quant: QuantSpec, buckets: tuple[int, ...]
+    ) -> Tuned | None:
+        """Measure the decode paths per bucket (or read the cached measurement)."""
+        buckets = tuple(b for b in buckets if b <= self.pool.num_pages)
+        cache, kind = DecisionCache(), "decode_paths"
+        key = model_key(
+            resolve_model_file(model_path), quant.label(), self.dtype, self.pool.k.dtype,
+            self.backend.name, self.model.fused is not None, buckets,
+        )  # fmt: skip
+
+        def step(rows: int) -> None:
+            work = [
+                SeqWork(rid=f"t{i}", token_ids=[1 + i], start_pos=0, page_table=[i], sample=True)
+                for i in range(rows)
+            ]
+            batch = build_batch(
+                work,
+                page_size=self.pool.page_size,
+                num_pages=self.pool.num_pages,
+                max_context=1,
+                vocab_size=self.config.vocab_size,
+            )
+            self.model(batch, self.pool, self.backend)
+
+        with torch.inference_mode():
+            return tune(
+                self.model,
+                buckets,
+                step,
+                cache_get=lambda: cache.get(kind, key),
+                cache_put=lambda v: cache.put(kind, key, v),
+            )
 
     def _timed_forward(self, batch: StepBatch) -> torch.Tensor:
         """``_forward``, with the thread governor told about the step."""
@@ -252,6 +307,8 @@ class ModelRunner:
             attn_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
             device_type=self.device.type,
             num_threads=torch.get_num_threads(),
+            cpu_isa=self.cpu_isa if self.device.type == "cpu" else "",
+            decode_paths=self.tuned.route.describe(self.tuned.times) if self.tuned else "",
         )
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:

@@ -305,6 +305,8 @@ class SchedulerCore(Results, Recovery):
             "kv_bytes_reserved": reserved,
             "kv_bytes_max_length": max_len * bpt,
             "max_context": self.runner.max_context,
+            "cpu_isa": self.runner.cpu_isa,
+            "decode_paths": self.runner.decode_paths,
             "num_steps": self.num_steps,
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_generated_tokens": self.num_generated_tokens,

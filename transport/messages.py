@@ -206,6 +206,8 @@ class RunnerInfo(Struct, tag=True, kw_only=True):
     attn_flops_per_pair: int = 0
     device_type: str = "cpu"  # "cpu" or "cuda": where the model runs
     num_threads: int = 0  # the runner's CPU compute threads (0: unknown)
+    cpu_isa: str = ""  # ISA level of the CPU kernels (houchu.gpu.cpu_isa); "" off the CPU
+    decode_paths: str = ""  # the measured decode path per batch bucket, with its times
 
 
 # ---------------------------------------------------------------- scheduler -> tokenizer

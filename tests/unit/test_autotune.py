@@ -1,0 +1,98 @@
+"""Decode paths chosen by measurement (``houchu.gpu.autotune``): every path a route names
+really runs and gives the same greedy tokens, the choice is the fastest measured, and a
+second start reads it from the cache instead of measuring."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from houchu.gpu.autotune import DecodeRoute, attach
+from houchu.gpu.batch import build_batch
+from houchu.gpu.runner import ModelRunner
+from houchu.gpu.testing import make_tiny_llama
+from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+
+pytestmark = pytest.mark.usefixtures("cpu_isa")
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOUCHU_DECISION_CACHE", str(tmp_path / "decisions.json"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=5)
+
+
+def _runner(path, **kw) -> ModelRunner:
+    args = {"page_size": 4, "num_pages": 48, "quiet": True, "quantization": "int4"}
+    return ModelRunner(path, **(args | kw), decode_buckets=(1, 2, 4))
+
+
+def _decode_logits(r: ModelRunner) -> torch.Tensor:
+    """Logits ``[2, V]`` of one decode step of two sequences after their prefill."""
+    prompts = {"a": [1, 5, 9, 33], "b": [7, 7, 100, 4, 2]}
+    tables = {x: list(range(i * 8, i * 8 + 8)) for i, x in enumerate(prompts)}
+    g = SamplingParams(temperature=0.0, ignore_eos=True)
+    init = [SeqInit(rid=x, sampling=g, prompt_ids=p) for x, p in prompts.items()]
+    work = [
+        SeqWork(rid=x, token_ids=p, start_pos=0, page_table=tables[x], sample=True)
+        for x, p in prompts.items()
+    ]
+    r.execute(StepPlan(step_id=0, init=init, work=work))
+    work = [
+        SeqWork(rid=x, token_ids=[11], start_pos=len(p), page_table=tables[x], sample=True)
+        for x, p in prompts.items()
+    ]
+    batch = build_batch(
+        work,
+        page_size=r.pool.page_size,
+        num_pages=r.pool.num_pages,
+        max_context=r.max_context,
+        vocab_size=r.config.vocab_size,
+    )
+    with torch.inference_mode():
+        return r.model(batch, r.pool, r.backend).float()
+
+
+def test_auto_measures_then_reads_the_cache(tiny):
+    r = _runner(tiny, decode_paths="auto")
+    assert r.tuned is not None and not r.tuned.cached
+    t = r.tuned
+    assert set(t.times) == {1, 2, 4}
+    for b, by_path in t.times.items():  # the fastest measured is the one kept
+        assert t.route.table[b] == min(by_path, key=by_path.get)
+        assert {"fused", "gemv", "torch"} <= set(by_path) or b > 1
+    assert "decode paths b<=1" in r.summary()
+    again = _runner(tiny, decode_paths="auto")
+    assert again.tuned.cached and again.tuned.route == t.route
+    info = again.info()
+    assert info.decode_paths and info.cpu_isa
+
+
+@pytest.mark.parametrize("path", ["fused", "gemv", "torch", "dense"])
+def test_every_path_runs_and_agrees(tiny, path):
+    """The path a route names is the one that runs, and computes the same logits as the
+    threshold rules up to the activation dtype's rounding (bfloat16 here where the CPU
+    has it: greedy tokens of a tiny random model can then flip at exact ties)."""
+    ref = _decode_logits(_runner(tiny, decode_paths="rules"))
+    r = _runner(tiny)
+    attach(r.model, DecodeRoute({4: path}))
+    before = r.model.fused.steps
+    got = _decode_logits(r)
+    assert (r.model.fused.steps > before) == (path == "fused")
+    scale = ref.abs().amax()
+    torch.testing.assert_close(got / scale, ref / scale, atol=2e-2, rtol=0)
+
+
+def test_route_lookup():
+    route = DecodeRoute({1: "fused", 8: "gemv", 32: "dense"})
+    assert [route.path_for(n) for n in (1, 2, 8, 9, 32, 33)] == [
+        "fused", "gemv", "gemv", "dense", "dense", None,
+    ]  # fmt: skip
+    assert route.describe() == "b<=1 fused; b<=8 gemv; b<=32 dense"
+    times = {1: {"fused": 0.002, "gemv": 0.003}}
+    assert DecodeRoute({1: "fused"}).describe(times) == "b<=1 fused 2.0 ms (gemv 3.0)"
+    assert torch.get_num_threads() >= 1
