@@ -22,6 +22,7 @@ import torch
 
 from houchu.gpu.attention import AttentionBackend
 from houchu.gpu.batch import StepBatch, build_batch
+from houchu.gpu.decisions import DecisionCache
 from houchu.gpu.kv_pool import KVPool, dequantize_kv, quantize_kv
 from houchu.gpu.llama import LlamaModel
 from houchu.transport.messages import SeqWork
@@ -57,6 +58,8 @@ class DecodeAccelerator:
         cuda_graph: capture CUDA graphs (CUDA only; needs a backend with a static
             decode path).
         buckets: batch sizes compiled / captured.
+        verdicts, verdict_key: where "auto"'s verdict (compiled faster or not) is kept
+            between starts, and its key: a cached "not faster" skips the compilation.
     Raises:
         ValueError: an unknown ``compile`` policy.
     """
@@ -70,6 +73,8 @@ class DecodeAccelerator:
         compile: str,
         cuda_graph: bool,
         buckets: tuple[int, ...],
+        verdicts: DecisionCache | None = None,
+        verdict_key: str = "",
     ) -> None:
         self.model, self.pool, self.backend = model, pool, backend
         self.keep_slower = compile == "on"
@@ -91,10 +96,19 @@ class DecodeAccelerator:
         self.accel_step_s: float | None = None
         self.kv_rel_error: float | None = None
         self.dropped = False  # compiled, measured slower, not used
+        self.cached = False  # the verdict came from the cache (nothing compiled)
+        self.verdicts, self.verdict_key = verdicts, verdict_key
 
     def setup(self) -> None:
         """Compile / capture, time a warm-up step both ways, keep what pays."""
         impl, n = self.impl, min(8, self.pool.num_pages)
+        known = self._known_verdict()
+        if known is not None:  # measured slower at an earlier start: not compiled again
+            self.impl, self.dropped, self.cached = None, True, True
+            self.eager_step_s, self.accel_step_s = known["eager_s"], known["compiled_s"]
+            if self.pool.quantized:
+                self._probe_kv_error(self._warmup_batch(n))
+            return
         if self.kind == "compiled_decode":
             n = min(n, impl.buckets[0])
             try:
@@ -111,9 +125,7 @@ class DecodeAccelerator:
         batch = self._warmup_batch(n)
         with torch.inference_mode():
             if self.pool.quantized:
-                probe = _ErrorProbe(self.backend, self.pool)
-                self.model(batch, self.pool, probe)
-                self.kv_rel_error = (probe.err2 / max(probe.ref2, 1e-30)) ** 0.5
+                self._probe_kv_error(batch)
             self.eager_step_s = _best_time(lambda: self.model(batch, self.pool, self.backend))
             if impl is not None:
                 self.accel_step_s = _best_time(lambda: self.forward(batch))
@@ -122,6 +134,25 @@ class DecodeAccelerator:
                 self.impl, self.dropped = None, True
             else:
                 self.setup_s += impl.warmup(impl.buckets[1:])
+            if self.verdicts is not None and not self.keep_slower:
+                verdict = {"keep": not self.dropped, "eager_s": self.eager_step_s}
+                self.verdicts.put(
+                    "compile", self.verdict_key, verdict | {"compiled_s": self.accel_step_s}
+                )
+
+    def _known_verdict(self) -> dict | None:
+        """A cached "compiled is not faster" for "auto", else None."""
+        if self.kind != "compiled_decode" or self.keep_slower or self.verdicts is None:
+            return None
+        v = self.verdicts.get("compile", self.verdict_key)
+        return v if isinstance(v, dict) and v.get("keep") is False else None
+
+    def _probe_kv_error(self, batch: StepBatch) -> None:
+        """The quantized KV pool's relative RMS error on one step's real K/V."""
+        with torch.inference_mode():
+            probe = _ErrorProbe(self.backend, self.pool)
+            self.model(batch, self.pool, probe)
+            self.kv_rel_error = (probe.err2 / max(probe.ref2, 1e-30)) ** 0.5
 
     def _warmup_batch(self, n: int) -> StepBatch:
         """n one-token sequences on pages 0..n-1 (their garbage K/V is never read: a real

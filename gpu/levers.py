@@ -47,6 +47,7 @@ class LeverCounters:
         kv_rel_error: relative RMS error of quantized K/V measured at startup, or None.
         dropped: the accelerated step was built but measured slower, so decode runs
             eagerly (the setup time is still reported as spent).
+        cached: the startup timings are an earlier start's (cached, nothing compiled).
     """
 
     def __init__(
@@ -58,8 +59,9 @@ class LeverCounters:
         accel_setup_s: float = 0.0,
         kv_rel_error: float | None = None,
         dropped: bool = False,
+        cached: bool = False,
     ) -> None:
-        self.cost, self.accel, self.dropped = cost, accel, dropped
+        self.cost, self.accel, self.dropped, self.cached = cost, accel, dropped, cached
         self.eager_step_s, self.accel_step_s = eager_step_s, accel_step_s
         self.accel_setup_s, self.kv_rel_error = accel_setup_s, kv_rel_error
         self._setup_reported = False
@@ -151,4 +153,5 @@ class LeverCounters:
                 f"{self.eager_step_s * 1e3:.1f} ms vs {self.accel_step_s * 1e3:.1f} ms"
             )
             s += " (not faster: decoding eagerly)" if self.dropped else " (kept)"
+            s += " [cached measurement: not compiled again]" if self.cached else ""
         return s

@@ -167,6 +167,17 @@ class ModelRunner:
             compile=compile,
             cuda_graph=graphs,
             buckets=decode_buckets,
+            verdicts=DecisionCache() if self.device.type == "cpu" else None,
+            verdict_key=model_key(
+                resolve_model_file(model_path),
+                quant.label(),
+                self.dtype,
+                self.pool.k.dtype,
+                self.backend.name,
+                self.model.fused is not None,
+                decode_buckets,
+                self.tuned.route.table if self.tuned else None,
+            ),  # fmt: skip
         )
         self.accel.setup()
         wb, wb16 = self.model.weight_bytes()
@@ -176,8 +187,9 @@ class ModelRunner:
         )
         a = self.accel
         self.levers = LeverCounters(
-            cost, a.kind, a.eager_step_s, a.accel_step_s, a.setup_s, a.kv_rel_error, a.dropped
-        )
+            cost, a.kind, a.eager_step_s, a.accel_step_s, a.setup_s, a.kv_rel_error, a.dropped,
+            cached=a.cached,
+        )  # fmt: skip
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
         limit = min(self.config.max_position, self.pool.num_tokens)
         self.max_context = limit if max_context is None else min(max_context, limit)

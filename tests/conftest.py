@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,20 @@ from houchu.gpu import cpu_kernels
 def real_model_path() -> Path:
     """Path of the default model's GGUF (SmolLM2-135M-Instruct Q4_1), fetched if needed."""
     return fetch_default_model(quiet=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _decision_cache(tmp_path_factory: pytest.TempPathFactory):
+    """The startup measurements (decode paths, compile verdicts) of this test session
+    are kept in a file of its own (servers the tests start inherit it), not the user's."""
+    path = tmp_path_factory.mktemp("decisions") / "decisions.json"
+    before = os.environ.get("HOUCHU_DECISION_CACHE")
+    os.environ["HOUCHU_DECISION_CACHE"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("HOUCHU_DECISION_CACHE", None)
+    else:
+        os.environ["HOUCHU_DECISION_CACHE"] = before
 
 
 KERNEL_LEVELS = [lv.name for lv in isa.LEVELS if lv.kernels]

@@ -88,3 +88,20 @@ def test_static_decode_matches_eager(tiny_dir, kv):
         got = static.forward(step, pools[1], backend, 4)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(pools[1].k[:, :16], pools[0].k[:, :16])  # scratch page aside
+
+
+@pytest.mark.slow
+def test_a_known_slower_compile_is_not_measured_again(tiny_dir, monkeypatch, tmp_path):
+    """compile "auto": a verdict "not faster" is cached, and the next start skips the
+    compilation and says so."""
+    import houchu.gpu.accel as accel
+
+    monkeypatch.setenv("HOUCHU_DECISION_CACHE", str(tmp_path / "decisions.json"))
+    monkeypatch.setattr(accel, "KEEP_BELOW", 0.0)  # compiled is never faster enough
+    kw = {"page_size": 4, "num_pages": 24, "compile": "auto", "decode_buckets": (1, 2)}
+    first = ModelRunner(tiny_dir, quiet=True, **kw)
+    assert first.accel.dropped and not first.accel.cached and first.accel.setup_s > 0
+    second = ModelRunner(tiny_dir, quiet=True, **kw)
+    assert second.accel.dropped and second.accel.cached and second.accel.setup_s == 0
+    assert "cached measurement" in second.levers.summary()
+    assert second.accel.eager_step_s == first.accel.eager_step_s
