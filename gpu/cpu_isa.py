@@ -118,13 +118,14 @@ def why_not(lv: Level, features: frozenset[str] | None = None) -> str:
 
 
 def choose(requested: str | None = None) -> str:
-    """The level this process uses: ``requested``, else ``$HOUCHU_CPU_ISA``, else the
-    best this CPU runs (``auto`` means the same as none).
+    """The level this process uses: ``requested``, else (None or "auto")
+    ``$HOUCHU_CPU_ISA``, else the best this CPU runs.
 
     Raises:
         ValueError: an unknown level, or one this CPU cannot run.
     """
-    name = requested or os.environ.get("HOUCHU_CPU_ISA") or "auto"
+    name = requested if requested not in (None, "auto") else None
+    name = name or os.environ.get("HOUCHU_CPU_ISA") or "auto"
     if name == "auto":
         return usable()[0]
     lv = level(name)

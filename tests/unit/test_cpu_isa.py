@@ -1,0 +1,87 @@
+"""ISA levels of the C++ CPU kernels (``houchu.gpu.cpu_isa``, ``houchu.gpu.cpu_kernels``):
+detection from the CPU's flags, the forced level, and a kernel cache keyed by level that
+never hands a CPU a build it cannot run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from houchu.gpu import cpu_isa, cpu_kernels
+
+V3 = "fpu sse2 avx avx2 fma f16c bmi1 bmi2 abm movbe"
+AVX512 = V3 + " avx512f avx512bw avx512vl avx512dq avx512cd"
+CPUINFO = "processor\t: 0\nflags\t\t: {}\n\nprocessor\t: 1\nflags\t\t: {}\n"
+
+
+def features(flags: str) -> frozenset[str]:
+    return cpu_isa.cpu_features(CPUINFO.format(flags, flags))
+
+
+def test_levels_follow_the_cpu_flags():
+    x86 = "x86_64"
+    assert cpu_isa.usable(features(V3), x86) == ["avx2", "generic"]
+    assert cpu_isa.usable(features(AVX512), x86) == ["avx512", "avx2", "generic"]
+    bf16 = features(AVX512 + " avx512_bf16 avx512_vnni")
+    assert cpu_isa.usable(bf16, x86) == ["avx512_bf16", "avx512", "avx2", "generic"]
+    assert cpu_isa.usable(features("fpu sse2 sse4_2"), x86) == ["generic"]
+    assert cpu_isa.usable(features(AVX512), "aarch64") == ["generic"]  # no NEON kernels yet
+    arm = cpu_isa.cpu_features("processor\t: 0\nFeatures\t: fp asimd asimddp\n")
+    assert arm == {"fp", "asimd", "asimddp"}
+    assert cpu_isa.isa_flags(bf16) == {
+        "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
+        "avx512_bf16", "avx512_vnni",
+    }  # fmt: skip
+
+
+def test_forced_level(monkeypatch):
+    v3 = features(V3)
+    monkeypatch.setattr(cpu_isa, "cpu_features", lambda cpuinfo=None: v3)
+    monkeypatch.setattr(cpu_isa.platform, "machine", lambda: "x86_64")
+    assert cpu_isa.choose() == "avx2"
+    assert cpu_isa.choose("generic") == "generic"
+    monkeypatch.setenv("HOUCHU_CPU_ISA", "generic")
+    assert cpu_isa.choose() == "generic" and cpu_isa.choose("auto") == "generic"
+    with pytest.raises(ValueError, match="lacks avx512bw avx512cd avx512dq avx512f avx512vl"):
+        cpu_isa.choose("avx512")
+    with pytest.raises(ValueError, match="unknown CPU ISA level 'sse9'"):
+        cpu_isa.choose("sse9")
+
+
+def test_cache_key_names_the_level():
+    here = Path(cpu_kernels.__file__).parent
+    srcs = [here / "gemv.cpp", here / "gemv.h"]
+    keys = {lv: cpu_kernels.build_key(lv, srcs) for lv in ("avx512_bf16", "avx512", "avx2")}
+    assert len(set(keys.values())) == 3
+    for lv, key in keys.items():
+        assert key.startswith(f"{lv}-")
+    # the level's own target flags are in its build, never -march=native
+    assert "-march=x86-64-v3" in cpu_kernels._flags("avx2")  # noqa: SLF001
+    assert not any("native" in f for lv in keys for f in cpu_kernels._flags(lv))  # noqa: SLF001
+
+
+def test_a_cached_build_is_not_loaded_on_a_cpu_without_its_level(monkeypatch, tmp_path):
+    """Even with the level's build in the (shared) cache folder, a CPU that lacks the
+    level gets CpuKernelsUnavailable, not the library."""
+    monkeypatch.setenv("HOUCHU_KERNEL_CACHE", str(tmp_path))
+    here = Path(cpu_kernels.__file__).parent
+    srcs = [here / s for s in cpu_kernels._SOURCES] + [here / h for h in cpu_kernels._HEADERS]  # noqa: SLF001
+    key = cpu_kernels.build_key("avx512", srcs)
+    (tmp_path / key).mkdir()
+    (tmp_path / key / f"houchu_cpu_{key}.so").write_bytes(b"not for this CPU")
+    assert cpu_kernels.is_built("avx512")
+    v3 = features(V3)
+    monkeypatch.setattr(cpu_isa, "cpu_features", lambda cpuinfo=None: v3)
+    monkeypatch.setattr(cpu_kernels, "_failed", {})
+    cpu_kernels._load_once.cache_clear()  # noqa: SLF001
+    with pytest.raises(cpu_kernels.CpuKernelsUnavailable, match="lacks .*avx512f"):
+        cpu_kernels.load(level="avx512")
+    cpu_kernels._load_once.cache_clear()  # noqa: SLF001
+    monkeypatch.undo()
+
+
+def test_generic_level_has_no_cpp_kernels():
+    assert (
+        cpu_kernels.unavailable_reason("generic") == "CPU ISA level generic: torch's kernels only"
+    )
