@@ -111,9 +111,17 @@ class Int4Linear(LinearBase):
         self.dense_min_rows = dense_min_rows if self._dense is not None else None
         self._cpu_gemv: torch.Tensor | None = None  # houchu's C++ GEMV layout (opaque)
         self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
-        if dev.type == "cpu" and cpu_kernels.is_loaded() and w.group_size % 8 == 0:
+        self.prepare_cpu_gemv()
+
+    def prepare_cpu_gemv(self) -> None:
+        """Lay the weight out for houchu's C++ GEMV, on the CPU once the kernels are
+        loaded (a layer built before they were gets it here)."""
+        if self._cpu_gemv is not None or self.scale.device.type != "cpu":
+            return
+        if cpu_kernels.is_loaded() and self.group_size % 8 == 0:
+            q = unpack_nibbles(self.nibbles).view(self.out_features, self.in_features)
             self._cpu_gemv = cpu_kernels.ops().int4_pack(
-                w.q.to(torch.uint8), self.scale, self.offset, w.group_size
+                q, self.scale, self.offset, self.group_size
             )
 
     def weight_bytes(self) -> int:
@@ -188,7 +196,12 @@ class Int8Linear(LinearBase):
         self.dense_min_rows = dense_min_rows if self._dense is not None else None
         self._cpu_gemv: torch.Tensor | None = None  # houchu's C++ GEMV layout (opaque)
         self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
-        if dev.type == "cpu" and cpu_kernels.is_loaded():
+        self.prepare_cpu_gemv()
+
+    def prepare_cpu_gemv(self) -> None:
+        """Lay the weight out for houchu's C++ GEMV, on the CPU once the kernels are
+        loaded (a layer built before they were gets it here)."""
+        if self._cpu_gemv is None and self.q.device.type == "cpu" and cpu_kernels.is_loaded():
             self._cpu_gemv = cpu_kernels.ops().int8_pack(self.q, self.wscale_act)
 
     def weight_bytes(self) -> int:

@@ -136,12 +136,22 @@ class ModelRunner:
         self.dtype = parse_dtype(dtype)
         mode = resolve_quant_mode(quantization, resolve_model_file(model_path))
         quant = QuantSpec(mode, group_size)
+        # the C++ kernels build (first start at this ISA level) while the weights load
+        building = None
+        if self.device.type == "cpu" and attention_backend in ("auto", "cpu"):
+            building = cpu_kernels.load_in_background()
+        with torch.inference_mode():
+            self.model = load_model(model_path, self.dtype, self.device, prepack, quant)
+        if building is not None:
+            building.result()  # never raises: make_backend reports why the kernels are out
         self.backend = make_backend(
             attention_backend, self.device, page_size=page_size, kv_dtype=kv_cache_dtype
         )
         graphs = cuda_graph and self.device.type == "cuda"
         with torch.inference_mode():
-            self.model = load_model(model_path, self.dtype, self.device, prepack, quant)
+            for m in self.model.modules():  # layers built before the kernels were loaded
+                if hasattr(m, "prepare_cpu_gemv"):
+                    m.prepare_cpu_gemv()
             self.model.ops = make_ops(self.backend.ops_name, self.device)
             if fused_layers and self.backend.name == "cpu":
                 self.model.fused = FusedDecode(self.model)

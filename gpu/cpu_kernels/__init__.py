@@ -33,7 +33,9 @@ import hashlib
 import os
 import shutil
 import sys
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -210,6 +212,35 @@ def _load_once(level: str, verbose: bool) -> float:
     _register_fakes(level)
     _built_levels.add(level)
     return time.perf_counter() - t0
+
+
+def load_in_background(level: str | None = None, every_s: float = 10.0) -> Future[str | None]:
+    """Start ``load(level)`` on a thread of its own (the build is compiler processes, so
+    the caller's work goes on meanwhile); a build prints how long it has run every
+    ``every_s`` seconds. The future's result is ``unavailable_reason``'s (never raises).
+    """
+    name = level or active_level()
+    done = threading.Event()
+
+    def work() -> str | None:
+        try:
+            return unavailable_reason(name)
+        finally:
+            done.set()
+
+    if isa.level(name).kernels and not is_built(name):
+        t0 = time.perf_counter()
+
+        def progress() -> None:
+            while not done.wait(every_s):
+                took = time.perf_counter() - t0
+                print(f"houchu: building the {name} C++ CPU kernels: {took:.0f} s", file=sys.stderr)
+
+        threading.Thread(target=progress, name="houchu-kernel-build-progress", daemon=True).start()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="houchu-kernel-build")
+    future = pool.submit(work)
+    pool.shutdown(wait=False)
+    return future
 
 
 def is_built(level: str | None = None) -> bool:
