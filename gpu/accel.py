@@ -21,11 +21,10 @@ from typing import Any
 import torch
 
 from houchu.gpu.attention import AttentionBackend
-from houchu.gpu.batch import StepBatch, build_batch
+from houchu.gpu.batch import StepBatch, warmup_batch
 from houchu.gpu.decisions import DecisionCache
 from houchu.gpu.kv_pool import KVPool, dequantize_kv, quantize_kv
 from houchu.gpu.llama import LlamaModel
-from houchu.transport.messages import SeqWork
 
 KEEP_BELOW = 0.9  # "auto" keeps the compiled step only if at least 10% faster
 
@@ -155,17 +154,11 @@ class DecodeAccelerator:
             self.kv_rel_error = (probe.err2 / max(probe.ref2, 1e-30)) ** 0.5
 
     def _warmup_batch(self, n: int) -> StepBatch:
-        """n one-token sequences on pages 0..n-1 (their garbage K/V is never read: a real
-        step rewrites a position before any sequence attends to it)."""
-        work = [
-            SeqWork(rid=f"warmup{i}", token_ids=[1 + i], start_pos=0, page_table=[i], sample=True)
-            for i in range(n)
-        ]
-        return build_batch(
-            work,
+        """n one-token sequences on pages 0..n-1 (``batch.warmup_batch``)."""
+        return warmup_batch(
+            n,
             page_size=self.pool.page_size,
             num_pages=self.pool.num_pages,
-            max_context=1,
             vocab_size=self.model.cfg.vocab_size,
             device=self.model.embed.device,
         )

@@ -164,3 +164,23 @@ def build_batch(
         page_size=page_size,
         sample_counts=sample_counts,
     )
+
+
+def warmup_batch(
+    n: int, *, page_size: int, num_pages: int, vocab_size: int, device: torch.device | str = "cpu"
+) -> StepBatch:
+    """A decode step of ``n`` one-token sequences on pages ``0 .. n-1``, for timing at
+    startup (their garbage K/V is never read: a real step rewrites a position before
+    any sequence attends to it). ``n`` <= ``num_pages``."""
+    work = [
+        SeqWork(rid=f"warmup{i}", token_ids=[1 + i], start_pos=0, page_table=[i], sample=True)
+        for i in range(n)
+    ]
+    return build_batch(
+        work,
+        page_size=page_size,
+        num_pages=num_pages,
+        max_context=1,
+        vocab_size=vocab_size,
+        device=device,
+    )

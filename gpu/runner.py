@@ -36,7 +36,7 @@ from houchu.gpu import cpu_kernels
 from houchu.gpu.accel import DecodeAccelerator
 from houchu.gpu.attention import make_backend
 from houchu.gpu.autotune import Tuned, tune
-from houchu.gpu.batch import StepBatch, build_batch
+from houchu.gpu.batch import StepBatch, build_batch, warmup_batch
 from houchu.gpu.config import ModelConfig, num_parameters, resolve_model_file
 from houchu.gpu.decisions import DecisionCache, model_key
 from houchu.gpu.fused_cpu import FusedDecode
@@ -49,7 +49,7 @@ from houchu.gpu.quant import QuantSpec, resolve_quant_mode
 from houchu.gpu.sampling import RequestState, Sampler
 from houchu.gpu.threads import ThreadGovernor
 from houchu.gpu.verify import sample_and_verify
-from houchu.transport.messages import RunnerInfo, SeqOutput, SeqWork, StepPlan, StepResult
+from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
 from houchu.transport.telemetry import LeverSample
 
 
@@ -265,15 +265,11 @@ class ModelRunner:
         )  # fmt: skip
 
         def step(rows: int) -> None:
-            work = [
-                SeqWork(rid=f"t{i}", token_ids=[1 + i], start_pos=0, page_table=[i], sample=True)
-                for i in range(rows)
-            ]
-            batch = build_batch(
-                work,
-                page_size=self.pool.page_size,
-                num_pages=self.pool.num_pages,
-                max_context=1,
+            p = self.pool
+            batch = warmup_batch(
+                rows,
+                page_size=p.page_size,
+                num_pages=p.num_pages,
                 vocab_size=self.config.vocab_size,
             )
             self.model(batch, self.pool, self.backend)
