@@ -94,11 +94,21 @@ def cpu_features(cpuinfo: str | None = None) -> frozenset[str]:
     return frozenset()
 
 
-def runs(lv: Level, features: frozenset[str] | None = None, machine: str | None = None) -> bool:
+def runs(
+    lv: Level,
+    features: frozenset[str] | None = None,
+    machine: str | None = None,
+    capped: bool = True,
+) -> bool:
     """Whether a CPU with ``features`` (default: this one's) on ``machine`` (default:
-    this one) can run level ``lv``'s build."""
+    this one) can run level ``lv``'s build. ``$HOUCHU_CPU_ISA_MAX`` caps the levels
+    (e.g. ``avx2``: this CPU is treated as one without AVX-512, as a cluster of mixed
+    CPUs or a test of the AVX2 machines' suite wants)."""
     if not lv.kernels:
         return True
+    cap = os.environ.get("HOUCHU_CPU_ISA_MAX") if capped else None
+    if cap and NAMES.index(lv.name) < NAMES.index(level(cap).name):
+        return False
     machine = machine if machine is not None else platform.machine()
     features = features if features is not None else cpu_features()
     return machine in lv.arch and lv.needs <= features
@@ -111,6 +121,9 @@ def usable(features: frozenset[str] | None = None, machine: str | None = None) -
 
 def why_not(lv: Level, features: frozenset[str] | None = None) -> str:
     """Why this CPU cannot run ``lv`` (for skip reasons and errors)."""
+    cap = os.environ.get("HOUCHU_CPU_ISA_MAX")
+    if cap and NAMES.index(lv.name) < NAMES.index(level(cap).name):
+        return f"{lv.name} is above HOUCHU_CPU_ISA_MAX={cap}"
     if platform.machine() not in lv.arch:
         return f"{lv.name} is a level of {'/'.join(lv.arch)}, this CPU is {platform.machine()}"
     missing = sorted(lv.needs - (features if features is not None else cpu_features()))
@@ -161,9 +174,9 @@ def native_units(name: str, features: frozenset[str] | None = None) -> frozenset
     """The matmul number formats torch's kernels compute natively at level ``name`` on
     this CPU: ``fp32`` always; ``bf16`` with AVX512-BF16 or AMX; ``int8`` with
     AVX512-VNNI, AVX-VNNI or AMX. A level forced below the CPU's best (with
-    ``torch_env``) gives up every unit beyond fp32."""
+    ``torch_env``, or capped by ``$HOUCHU_CPU_ISA_MAX``) gives up every unit beyond fp32."""
     f = features if features is not None else cpu_features()
-    if name not in ("generic", usable(f)[0]):
+    if name not in ("generic", _best_uncapped(f)):
         return frozenset({"fp32"})
     units = {"fp32"}
     if f & {"avx512_bf16", "amx_bf16"}:
@@ -176,7 +189,12 @@ def native_units(name: str, features: frozenset[str] | None = None) -> frozenset
 def torch_env_for(name: str, features: frozenset[str] | None = None) -> dict[str, str]:
     """``torch_env(name)`` where ``name`` is below this CPU's best level, else nothing
     (torch then picks for this CPU as it would anyway)."""
-    return {} if name in ("generic", usable(features)[0]) else torch_env(name)
+    return {} if name in ("generic", _best_uncapped(features)) else torch_env(name)
+
+
+def _best_uncapped(features: frozenset[str] | None) -> str:
+    """The CPU's best level, ignoring ``$HOUCHU_CPU_ISA_MAX``."""
+    return next(lv.name for lv in LEVELS if runs(lv, features, capped=False))
 
 
 _REPORTED = re.compile(r"^(avx2|avx512\w*|fma|avx_vnni|amx\w*|asimd|asimddp)$")

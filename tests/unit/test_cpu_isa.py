@@ -85,3 +85,10 @@ def test_generic_level_has_no_cpp_kernels():
     assert (
         cpu_kernels.unavailable_reason("generic") == "CPU ISA level generic: torch's kernels only"
     )
+
+
+def test_levels_can_be_capped(monkeypatch):
+    bf16 = features(AVX512 + " avx512_bf16 avx512_vnni")
+    monkeypatch.setenv("HOUCHU_CPU_ISA_MAX", "avx2")
+    assert cpu_isa.usable(bf16, "x86_64") == ["avx2", "generic"]
+    assert "above HOUCHU_CPU_ISA_MAX=avx2" in cpu_isa.why_not(cpu_isa.level("avx512"), bf16)
