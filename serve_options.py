@@ -405,9 +405,10 @@ def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if args.retention_requests < 0 or not args.retention_days >= 0:
         parser.error("--retention-requests and --retention-days must be >= 0 (0 keeps all)")
     _check_spec(parser, args)
-    if args.cpu_isa != "auto":
-        if not isa.runs(isa.level(args.cpu_isa)):
-            parser.error(f"--cpu-isa {args.cpu_isa}: {isa.why_not(isa.level(args.cpu_isa))}")
+    try:  # the flag, or $HOUCHU_CPU_ISA under --cpu-isa auto
+        isa.choose(args.cpu_isa)
+    except ValueError as e:
+        parser.error(str(e))
     _check_limits(parser, args)
     _check_supervision(parser, args)
     args.decode_batch_sizes = _batch_sizes(parser, args.decode_batch_sizes)

@@ -236,11 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.batches) < 1 or args.context < 1 or args.steps < 1 or args.prefill < 0:
         p.error("--batches, --context and --steps must be positive, --prefill not negative")
     levels = cpu_isa.usable() if args.cpu_isa == "all" else args.cpu_isa.split(",")
+    levels = [cpu_isa.usable()[0] if lv == "auto" else lv for lv in levels]
     for lv in levels:
-        try:
-            cpu_isa.choose(lv)
-        except ValueError as e:
-            p.error(str(e))
+        if lv not in cpu_isa.NAMES:
+            p.error(f"--cpu-isa: unknown level {lv!r} (all, auto, {', '.join(cpu_isa.NAMES)})")
+        if not cpu_isa.runs(cpu_isa.level(lv)):
+            p.error(f"--cpu-isa {lv}: {cpu_isa.why_not(cpu_isa.level(lv))}")
+    levels = list(dict.fromkeys(levels))  # each level once
     if args.model is None:
         from houchu.fetch import fetch_default_model
 

@@ -27,7 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
+from houchu.gpu.threads import usage as _usage
+
 PATHS = ("fused", "gemv", "torch", "dense")
+CONTENDED_SHARE = 0.75  # of the threads' cores: below it (and preempted) a measurement is not kept
 DROP_ABOVE = 4.0  # a path this many times slower than a bucket's best is not timed further
 
 
@@ -97,12 +100,15 @@ def attach(model: torch.nn.Module, route: DecodeRoute | None) -> None:
 @dataclass
 class Tuned:
     """``tune``'s answer: the route, the measured step times (bucket -> path -> seconds),
-    the seconds measuring took (0 when read from the cache), and whether it was cached."""
+    the seconds measuring took (0 when read from the cache), whether it was read from
+    the cache, and whether the cores were contended while it measured (then it is not
+    stored, and the next start measures again)."""
 
     route: DecodeRoute
     times: dict[int, dict[str, float]]
     took_s: float
     cached: bool
+    contended: bool = False  # measured while the cores were contended: not cached
 
 
 def tune(
@@ -134,6 +140,7 @@ def tune(
         attach(model, route)
         return Tuned(route, times, 0.0, True)
     t0 = time.perf_counter()
+    cpu0, preempted0 = _usage()
     times: dict[int, dict[str, float]] = {}
     live = list(paths)  # a path DROP_ABOVE x slower than the best is not timed further up
     for b in buckets:
@@ -151,5 +158,10 @@ def tune(
         live = [p for p in live if times[b][p] <= DROP_ABOVE * fastest]
     route = DecodeRoute({b: min(t, key=t.get) for b, t in times.items()})
     attach(model, route)
-    cache_put({"paths": paths, "times": {str(b): t for b, t in times.items()}})
-    return Tuned(route, times, time.perf_counter() - t0, False)
+    took = time.perf_counter() - t0
+    cpu, preempted = _usage()
+    share = (cpu - cpu0) / max(took * torch.get_num_threads(), 1e-9)
+    contended = preempted > preempted0 and share < CONTENDED_SHARE
+    if not contended:  # a measurement taken while other processes held the cores is not kept
+        cache_put({"paths": paths, "times": {str(b): t for b, t in times.items()}})
+    return Tuned(route, times, took, False, contended)

@@ -138,12 +138,17 @@ def choose(requested: str | None = None) -> str:
         ValueError: an unknown level, or one this CPU cannot run.
     """
     name = requested if requested not in (None, "auto") else None
-    name = name or os.environ.get("HOUCHU_CPU_ISA") or "auto"
-    if name == "auto":
+    source = "--cpu-isa"
+    if name is None and os.environ.get("HOUCHU_CPU_ISA"):
+        name, source = os.environ["HOUCHU_CPU_ISA"], "HOUCHU_CPU_ISA"
+    if name is None or name == "auto":
         return usable()[0]
-    lv = level(name)
+    try:
+        lv = level(name)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
     if not runs(lv):
-        raise ValueError(f"--cpu-isa {name}: {why_not(lv)}")
+        raise ValueError(f"{source} {name}: {why_not(lv)}")
     return name
 
 
@@ -205,3 +210,9 @@ def isa_flags(features: frozenset[str] | None = None) -> frozenset[str]:
     NEON / dotprod on arm), for reports beside every figure."""
     f = features if features is not None else cpu_features()
     return frozenset(x for x in f if _REPORTED.match(x))
+
+
+def forced_below_best(name: str) -> bool:
+    """Whether level ``name`` (with kernels) is below this CPU's best level (ignoring
+    ``$HOUCHU_CPU_ISA_MAX``): a level forced for a test or a comparison."""
+    return level(name).kernels and name != _best_uncapped(None)

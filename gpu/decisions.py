@@ -18,16 +18,20 @@ import torch
 
 from houchu.gpu import cpu_kernels
 
+VERSION = 2  # of the measurements' code: a change that alters answers bumps it
 MAX_ENTRIES = 200  # per kind: one per model, format and CPU level tried on this machine
 
 
 def model_key(model_path: str | Path, *parts: object) -> str:
     """A cache key: the model file's resolved path, size and mtime, the active ISA
-    level, torch's thread count and version, then ``parts``."""
+    level and its kernel build's key (sources, flags), the measurements' ``VERSION``,
+    torch's thread count and version, then ``parts``."""
     p = Path(model_path).resolve()
     st = p.stat()
     head = [str(p), st.st_size, int(st.st_mtime)]
-    tail = [cpu_kernels.active_level(), torch.get_num_threads(), torch.__version__]
+    level = cpu_kernels.active_level()
+    build = cpu_kernels.current_build_key(level)  # the kernels' sources and flags
+    tail = [level, build, VERSION, torch.get_num_threads(), torch.__version__]
     return "|".join(str(x) for x in (*head, *tail, *parts))
 
 

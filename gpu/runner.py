@@ -38,6 +38,7 @@ from houchu.gpu.attention import make_backend
 from houchu.gpu.autotune import Tuned, tune
 from houchu.gpu.batch import StepBatch, build_batch, warmup_batch
 from houchu.gpu.config import ModelConfig, num_parameters, resolve_model_file
+from houchu.gpu.cpu_isa import forced_below_best as cpu_isa_forced_below_best
 from houchu.gpu.decisions import DecisionCache, model_key
 from houchu.gpu.fused_cpu import FusedDecode
 from houchu.gpu.kv_pool import KVPool
@@ -165,6 +166,19 @@ class ModelRunner:
                 kv_dtype=kv_cache_dtype,
                 scratch_pages=1 if graphs else 0,
             )
+        if (
+            compile == "auto"
+            and self.device.type == "cpu"
+            and cpu_isa_forced_below_best(self.cpu_isa)
+        ):
+            # known bug: houchu's kernels at a forced lower level inside graphs Inductor
+            # compiled for this CPU's own (higher) level have corrupted the heap
+            print(
+                f"houchu runner: --compile auto skipped at the forced CPU ISA level "
+                f"{self.cpu_isa} (below this CPU's best); decoding eagerly",
+                flush=True,
+            )
+            compile = "off"
         if decode_paths not in ("rules", "auto"):
             raise ValueError(f"decode_paths must be rules or auto, got {decode_paths!r}")
         self.tuned = None
@@ -246,6 +260,7 @@ class ModelRunner:
         if t is None:
             return ""
         how = "cached measurement" if t.cached else f"measured in {t.took_s:.1f}s"
+        how += "; cores contended: not cached" if t.contended else ""
         return f"{t.route.describe(t.times)} [{how}]"
 
     def _build_note(self) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 
-def _usage() -> tuple[float, int]:
+def usage() -> tuple[float, int]:
     """(CPU seconds of the process, its involuntary context switches so far)."""
     u = resource.getrusage(resource.RUSAGE_SELF)
     return u.ru_utime + u.ru_stime, u.ru_nivcsw
@@ -36,7 +36,7 @@ class ThreadGovernor:
         probe_every_s: seconds between tries of one thread more.
         min_step_s: shorter steps are not judged (too little time to measure).
         set_threads, clock, usage: for tests; torch's, ``time.perf_counter`` and
-            ``_usage`` (process CPU seconds and involuntary context switches).
+            ``usage`` (process CPU seconds and involuntary context switches).
     """
 
     def __init__(
@@ -49,7 +49,7 @@ class ThreadGovernor:
         min_step_s: float = 0.5e-3,
         set_threads: Callable[[int], None] = torch.set_num_threads,
         clock: Callable[[], float] = time.perf_counter,
-        usage: Callable[[], tuple[float, int]] = _usage,
+        usage: Callable[[], tuple[float, int]] = usage,
     ) -> None:
         self.max_threads = max(1, max_threads)
         self.threads = self.max_threads

@@ -243,15 +243,23 @@ def load_in_background(level: str | None = None, every_s: float = 10.0) -> Futur
     return future
 
 
+def current_build_key(level: str | None = None) -> str:
+    """The cache folder name ``level``'s build (default: the active one) has with the
+    sources as they are now ("" for ``generic``)."""
+    name = level or active_level()
+    if not isa.level(name).kernels:
+        return ""
+    here = Path(__file__).parent
+    return build_key(name, [here / s for s in _SOURCES] + [here / h for h in _HEADERS])
+
+
 def is_built(level: str | None = None) -> bool:
     """Whether ``level``'s build (default: the active level) is in the cache already,
     so ``load`` would only load it (never builds)."""
     name = level or active_level()
     if not isa.level(name).kernels:
         return False
-    here = Path(__file__).parent
-    key = build_key(name, [here / s for s in _SOURCES] + [here / h for h in _HEADERS])
-    return any((cache_dir() / key).glob("*.so"))
+    return any((cache_dir() / current_build_key(name)).glob("*.so"))
 
 
 def _build(

@@ -57,7 +57,10 @@ def _decode_logits(r: ModelRunner) -> torch.Tensor:
         return r.model(batch, r.pool, r.backend).float()
 
 
-def test_auto_measures_then_reads_the_cache(tiny):
+def test_auto_measures_then_reads_the_cache(tiny, monkeypatch):
+    import houchu.gpu.autotune as autotune
+
+    monkeypatch.setattr(autotune, "CONTENDED_SHARE", 0.0)  # however busy this machine is
     r = _runner(tiny, decode_paths="auto")
     assert r.tuned is not None and not r.tuned.cached
     t = r.tuned
@@ -96,3 +99,14 @@ def test_route_lookup():
     times = {1: {"fused": 0.002, "gemv": 0.003}}
     assert DecodeRoute({1: "fused"}).describe(times) == "b<=1 fused 2.0 ms (gemv 3.0)"
     assert torch.get_num_threads() >= 1
+
+
+def test_a_measurement_under_contention_is_not_kept(tiny, monkeypatch):
+    import houchu.gpu.autotune as autotune
+
+    calls = iter(range(1000))
+    monkeypatch.setattr(autotune, "_usage", lambda: (0.0, next(calls)))  # preempted, no CPU
+    r = _runner(tiny, decode_paths="auto")
+    assert r.tuned.contended and "cores contended: not cached" in r.decode_paths()
+    again = _runner(tiny, decode_paths="auto")
+    assert not again.tuned.cached  # measured anew
