@@ -214,5 +214,8 @@ def isa_flags(features: frozenset[str] | None = None) -> frozenset[str]:
 
 def forced_below_best(name: str) -> bool:
     """Whether level ``name`` (with kernels) is below this CPU's best level (ignoring
-    ``$HOUCHU_CPU_ISA_MAX``): a level forced for a test or a comparison."""
-    return level(name).kernels and name != _best_uncapped(None)
+    ``$HOUCHU_CPU_ISA_MAX``) while torch's own kernels are not held to it
+    (``torch_env``): a level forced for a test or a comparison."""
+    if not level(name).kernels or name == _best_uncapped(None):
+        return False
+    return any(os.environ.get(k) != v for k, v in torch_env(name).items())
