@@ -11,6 +11,8 @@ float8_e4m3fn with row-wise scales instead.
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable
 
 import torch
@@ -88,7 +90,7 @@ class W8A8Linear(Int8Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
         m = x.shape[0]
-        if m < self.w8a8_min_rows:
+        if m < self.w8a8_min_rows or not self._int8_gemm_here(x):
             return super().forward(x)
         if self.fmt == "fp8":
             pad = (-m) % 16  # FP8 GEMMs want 16-aligned shapes
@@ -109,10 +111,15 @@ class W8A8Linear(Int8Linear):
         """``silu_mul(self(x))``: x ``[M, K]`` -> ``[M, N / 2]``, x's dtype; on the C++
         GEMM path the activation runs in the epilogue's pass (same values: both halves
         are rounded to x's dtype before it)."""
-        if x.shape[0] < self.w8a8_min_rows or not self._fused_at(x):
+        if x.shape[0] < self.w8a8_min_rows or not self._fused_at(x) or not self._int8_gemm_here(x):
             return super().forward_silu_mul(x, silu_mul)
         c = min(self.num_outliers, x.shape[1])
         return self._int8_gemm_fused(x.contiguous(), c, silu_mul=True)
+
+    def _int8_gemm_here(self, x: torch.Tensor) -> bool:
+        """Whether the quantized-activation GEMM runs for x: FP8 always; int8 only where
+        ``torch._int_mm`` is exact (``int_mm_exact``), else the rows run weight-only."""
+        return self.fmt != "int8" or x.device.type != "cpu" or int_mm_exact()
 
     def _fused_at(self, x: torch.Tensor) -> bool:
         """Whether the int8 GEMM of x runs on houchu's C++ kernels."""
@@ -157,3 +164,23 @@ class W8A8Linear(Int8Linear):
         xq, xs, x_cols = k.quantize_rows_int8(x, cols)  # [M, K] int8, [M, 1] fp32, [M, C]
         acc = torch._int_mm(xq, self.q.t())  # [M, N] int32
         return k.int8_epilogue(acc, xs, self.wscale, x_cols, self.q, cols, silu_mul)
+
+
+@functools.cache
+def int_mm_exact() -> bool:
+    """Whether the CPU's ``torch._int_mm`` is exact on int8 extremes (probed once). On a
+    CPU without int8 dot products (no AVX512-VNNI / AVX-VNNI / AMX), oneDNN multiplies
+    with ``vpmaddubsw``, whose 16-bit pair sums saturate: W8A8's int8 GEMM is then wrong
+    as well as slow, and W8A8 layers run their int8 weights weight-only instead (printed
+    once)."""
+    k = 64
+    a = torch.full((8, k), 127, dtype=torch.int8)
+    b = torch.full((k, 8), 127, dtype=torch.int8)
+    exact = bool((torch._int_mm(a, b) == k * 127 * 127).all())
+    if not exact:
+        print(
+            "houchu: torch._int_mm saturates on this CPU (no int8 dot products): W8A8 layers "
+            "run their int8 weights weight-only",
+            file=sys.stderr,
+        )
+    return exact

@@ -15,6 +15,12 @@ AVX512 = V3 + " avx512f avx512bw avx512vl avx512dq avx512cd"
 CPUINFO = "processor\t: 0\nflags\t\t: {}\n\nprocessor\t: 1\nflags\t\t: {}\n"
 
 
+@pytest.fixture(autouse=True)
+def _no_cap(monkeypatch):
+    monkeypatch.delenv("HOUCHU_CPU_ISA_MAX", raising=False)  # the CPU as it is
+    monkeypatch.delenv("HOUCHU_CPU_ISA", raising=False)
+
+
 def features(flags: str) -> frozenset[str]:
     return cpu_isa.cpu_features(CPUINFO.format(flags, flags))
 
