@@ -20,8 +20,10 @@ from typing import Any
 
 import torch
 
+from houchu.gpu import cpu_kernels
 from houchu.gpu.attention import AttentionBackend
 from houchu.gpu.batch import StepBatch, warmup_batch
+from houchu.gpu.cpu_isa import forced_below_best
 from houchu.gpu.decisions import DecisionCache
 from houchu.gpu.kv_pool import KVPool, dequantize_kv, quantize_kv
 from houchu.gpu.llama import LlamaModel
@@ -80,6 +82,20 @@ class DecodeAccelerator:
         self.impl: Any = None
         self.kind: str | None = None
         dev = model.embed.device
+        if (
+            compile == "auto"
+            and dev.type == "cpu"
+            and forced_below_best(cpu_kernels.active_level())
+        ):
+            # houchu's kernels at a forced lower level inside graphs Inductor compiled for
+            # this CPU's own (higher) level have corrupted the heap (not with torch held
+            # to the level too, as on a CPU of that level): auto does not compile there
+            print(
+                f"houchu runner: --compile auto skipped at the forced CPU ISA level "
+                f"{cpu_kernels.active_level()} (below this CPU's best); decoding eagerly",
+                flush=True,
+            )
+            compile = "off"
         if dev.type == "cuda" and cuda_graph and getattr(backend, "supports_static", False):
             from houchu.gpu.cuda_graph import CudaGraphDecode
 

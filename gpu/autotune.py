@@ -24,10 +24,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from houchu.gpu.threads import usage as _usage
+
+if TYPE_CHECKING:
+    from houchu.gpu.attention import AttentionBackend
+    from houchu.gpu.decisions import DecisionCache
+    from houchu.gpu.kv_pool import KVPool
 
 PATHS = ("fused", "gemv", "torch", "dense")
 CONTENDED_SHARE = 0.75  # of the threads' cores: below it (and preempted) a measurement is not kept
@@ -165,3 +171,37 @@ def tune(
     if not contended:  # a measurement taken while other processes held the cores is not kept
         cache_put({"paths": paths, "times": {str(b): t for b, t in times.items()}})
     return Tuned(route, times, took, False, contended)
+
+
+def tune_model(
+    model: torch.nn.Module,
+    pool: KVPool,
+    backend: AttentionBackend,
+    buckets: tuple[int, ...],
+    cache: DecisionCache,
+    key: str,
+) -> Tuned | None:
+    """``tune`` on ``model``'s eager decode steps of one-token sequences
+    (``batch.warmup_batch``), the buckets that fit ``pool``, kept in ``cache`` under
+    ``key``."""
+    from houchu.gpu.batch import warmup_batch
+
+    fit = tuple(b for b in buckets if b <= pool.num_pages)
+
+    def step(rows: int) -> None:
+        batch = warmup_batch(
+            rows,
+            page_size=pool.page_size,
+            num_pages=pool.num_pages,
+            vocab_size=model.cfg.vocab_size,
+        )
+        model(batch, pool, backend)
+
+    with torch.inference_mode():
+        return tune(
+            model,
+            fit,
+            step,
+            cache_get=lambda: cache.get("decode_paths", key),
+            cache_put=lambda v: cache.put("decode_paths", key, v),
+        )

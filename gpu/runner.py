@@ -35,10 +35,9 @@ from houchu.cache_tiers.host_pool import HostPool
 from houchu.gpu import cpu_kernels
 from houchu.gpu.accel import DecodeAccelerator
 from houchu.gpu.attention import make_backend
-from houchu.gpu.autotune import Tuned, tune
-from houchu.gpu.batch import StepBatch, build_batch, warmup_batch
+from houchu.gpu.autotune import Tuned, tune_model
+from houchu.gpu.batch import StepBatch, build_batch
 from houchu.gpu.config import ModelConfig, num_parameters, resolve_model_file
-from houchu.gpu.cpu_isa import forced_below_best as cpu_isa_forced_below_best
 from houchu.gpu.decisions import DecisionCache, model_key
 from houchu.gpu.fused_cpu import FusedDecode
 from houchu.gpu.kv_pool import KVPool
@@ -166,19 +165,6 @@ class ModelRunner:
                 kv_dtype=kv_cache_dtype,
                 scratch_pages=1 if graphs else 0,
             )
-        if (
-            compile == "auto"
-            and self.device.type == "cpu"
-            and cpu_isa_forced_below_best(self.cpu_isa)
-        ):
-            # known bug: houchu's kernels at a forced lower level inside graphs Inductor
-            # compiled for this CPU's own (higher) level have corrupted the heap
-            print(
-                f"houchu runner: --compile auto skipped at the forced CPU ISA level "
-                f"{self.cpu_isa} (below this CPU's best); decoding eagerly",
-                flush=True,
-            )
-            compile = "off"
         if decode_paths not in ("rules", "auto"):
             raise ValueError(f"decode_paths must be rules or auto, got {decode_paths!r}")
         self.tuned = None
@@ -272,45 +258,17 @@ class ModelRunner:
         self, model_path: str | Path, quant: QuantSpec, buckets: tuple[int, ...]
     ) -> Tuned | None:
         """Measure the decode paths per bucket (or read the cached measurement)."""
-        buckets = tuple(b for b in buckets if b <= self.pool.num_pages)
-        cache, kind = DecisionCache(), "decode_paths"
         key = model_key(
             resolve_model_file(model_path), quant.label(), self.dtype, self.pool.k.dtype,
             self.backend.name, self.model.fused is not None, buckets,
         )  # fmt: skip
-
-        def step(rows: int) -> None:
-            p = self.pool
-            batch = warmup_batch(
-                rows,
-                page_size=p.page_size,
-                num_pages=p.num_pages,
-                vocab_size=self.config.vocab_size,
-            )
-            self.model(batch, self.pool, self.backend)
-
-        with torch.inference_mode():
-            return tune(
-                self.model,
-                buckets,
-                step,
-                cache_get=lambda: cache.get(kind, key),
-                cache_put=lambda v: cache.put(kind, key, v),
-            )
+        return tune_model(self.model, self.pool, self.backend, buckets, DecisionCache(), key)
 
     def _timed_forward(self, batch: StepBatch) -> torch.Tensor:
         """``_forward``, with the thread governor told about the step."""
-        g = self.governor
-        if g is None:
+        if self.governor is None:
             return self._forward(batch)
-        before = g.threads
-        g.begin()
-        logits = self._forward(batch)
-        g.end()
-        if g.threads != before:
-            why = "cores contended" if g.threads < before else "probing free cores"
-            print(f"houchu runner: {why}: {before} -> {g.threads} threads", flush=True)
-        return logits
+        return self.governor.run(lambda: self._forward(batch))
 
     def lever_samples(self) -> list[LeverSample]:
         """What weight and KV quantization and the compiled / graph-captured decode step

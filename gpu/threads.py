@@ -15,8 +15,11 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 def usage() -> tuple[float, int]:
@@ -85,6 +88,18 @@ class ThreadGovernor:
         self._low = 0
         if self.threads < self.max_threads and now - self._last_change >= self.probe_every_s:
             self._change(self.threads + 1, now)  # kept unless its steps are contended
+
+    def run(self, step: Callable[[], T]) -> T:
+        """``step()`` between ``begin`` and ``end``; a change of the thread count is
+        printed (the runner's log says why its speed changed)."""
+        before = self.threads
+        self.begin()
+        out = step()
+        self.end()
+        if self.threads != before:
+            why = "cores contended" if self.threads < before else "probing free cores"
+            print(f"houchu runner: {why}: {before} -> {self.threads} threads", flush=True)
+        return out
 
     def _change(self, n: int, now: float) -> None:
         self.threads = n
