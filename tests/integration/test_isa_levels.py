@@ -8,42 +8,9 @@ import pytest
 
 from houchu.gpu import cpu_isa, cpu_kernels
 from houchu.gpu.runner import ModelRunner
-from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+from tests.unit.test_gpu_quant import generate
 
 pytestmark = pytest.mark.slow
-
-PROMPTS = {  # token ids of three short English / code prompts (SmolLM2's tokenizer)
-    "a": [504, 3575, 282, 4649, 314],
-    "b": [767, 28610, 30, 94, 392],
-    "c": [16508, 2056, 253, 655, 28, 281, 253, 1165],
-}
-
-
-def _greedy(r: ModelRunner, steps: int = 16) -> dict[str, list[int]]:
-    g = SamplingParams(temperature=0.0, ignore_eos=True)
-    tables = {x: list(range(i * 4, i * 4 + 4)) for i, x in enumerate(PROMPTS)}
-    init = [SeqInit(rid=x, sampling=g, prompt_ids=p) for x, p in PROMPTS.items()]
-    work = [
-        SeqWork(rid=x, token_ids=p, start_pos=0, page_table=tables[x], sample=True)
-        for x, p in PROMPTS.items()
-    ]
-    out: dict[str, list[int]] = {x: [] for x in PROMPTS}
-    for o in r.execute(StepPlan(step_id=0, init=init, work=work)).outputs:
-        out[o.rid].append(o.token_id)
-    for s in range(steps):
-        work = [
-            SeqWork(
-                rid=x,
-                token_ids=[out[x][-1]],
-                start_pos=len(p) + s,
-                page_table=tables[x],
-                sample=True,
-            )
-            for x, p in PROMPTS.items()
-        ]
-        for o in r.execute(StepPlan(step_id=s + 1, work=work)).outputs:
-            out[o.rid].append(o.token_id)
-    return out
 
 
 def test_exact_path_is_identical_at_every_level(real_model_path):
@@ -52,10 +19,10 @@ def test_exact_path_is_identical_at_every_level(real_model_path):
     try:
         for level in cpu_isa.usable():
             r = ModelRunner(
-                real_model_path, quantization="none", num_pages=16, cpu_isa=level, quiet=True
+                real_model_path, quantization="none", num_pages=24, cpu_isa=level, quiet=True
             )
             kernels[level] = r.backend.name
-            tokens[level] = _greedy(r)
+            tokens[level] = generate(r, n=17)
     finally:
         cpu_kernels.select(before)
     assert kernels["generic"] == "torch-sdpa"  # the fallback really runs torch's kernels
