@@ -51,11 +51,15 @@ class DecodeRoute:
 
     table: dict[int, str]
 
+    def __post_init__(self) -> None:
+        # every quantized linear asks on every step: the buckets sorted once
+        self._order = sorted(self.table.items())
+
     def path_for(self, rows: int) -> str | None:
         """The path for a step of ``rows`` rows, or None (no choice made for it)."""
-        for b in sorted(self.table):
+        for b, path in self._order:
             if rows <= b:
-                return self.table[b]
+                return path
         return None
 
     def describe(self, times: dict[int, dict[str, float]] | None = None) -> str:
