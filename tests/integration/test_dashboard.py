@@ -82,11 +82,16 @@ def test_requests_reach_the_dashboard_endpoints(dash):
         kinds = {e["kind"] for e in d["events"]}
         assert {"arrived", "tokenized", "queued", "scheduled", "first_token", "finished"} <= kinds
         assert {e["actor"] for e in d["events"]} >= {"gateway", "tokenizer", "scheduler"}
-        status, listed = await get_json(f"{dash.url}/dashboard/api/requests?limit=50")
-        assert status == 200
-        previews = {r["preview"]: r for r in listed["requests"]}
+        deadline = time.monotonic() + 20
+        while True:  # the WebSocket request's record may still be on its way to the recorder
+            status, listed = await get_json(f"{dash.url}/dashboard/api/requests?limit=50")
+            assert status == 200
+            previews = [r["preview"] or "" for r in listed["requests"]]
+            if any("unique-ws-request" in p for p in previews):
+                break
+            assert time.monotonic() < deadline, previews
+            await asyncio.sleep(0.3)
         assert http["id"] in {r["rid"] for r in listed["requests"]}
-        assert any("unique-ws-request" in (p or "") for p in previews)
         deadline = time.monotonic() + 20
         while True:  # the WebSocket request's telemetry may still be on its way
             status, live = await get_json(f"{dash.url}/dashboard/api/live")
