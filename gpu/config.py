@@ -1,9 +1,17 @@
 """Model configuration: the architecture numbers a Llama-family model needs, read from a
 GGUF file's metadata or a Hugging Face directory's ``config.json``.
 
-Only the Llama architecture (Touvron et al. 2023: RMSNorm, RoPE, grouped-query
-attention, SwiGLU MLP) is supported; anything else raises ``ModelLoadError`` here, at
-load time, never later as a wrong answer.
+Supported: the Llama architecture (Touvron et al. 2023: RMSNorm, RoPE, grouped-query
+attention, SwiGLU MLP) and the families built from the same parts with small variations,
+each a flag of ``ModelConfig``:
+
+| family | HF ``model_type`` / GGUF arch | variation |
+|---|---|---|
+| Llama | ``llama`` | none |
+| Qwen2, Qwen2.5 (Qwen Team 2024) | ``qwen2`` | bias on the q, k and v projections |
+| Qwen3 (Qwen Team 2025) | ``qwen3`` | RMSNorm over each q and k head before RoPE (QK-norm) |
+
+Anything else raises ``ModelLoadError`` here, at load time, never later as a wrong answer.
 """
 
 from __future__ import annotations
@@ -42,6 +50,12 @@ class ModelConfig:
         rope_low_freq_factor / rope_high_freq_factor / rope_original_max_position:
             Llama 3.1 frequency-smoothing parameters (only for rope_type "llama3").
         source: "gguf" or "hf".
+        architecture: the family: "llama", "qwen2" or "qwen3" (see the module table).
+        attention_bias: the q, k and v projections add a bias (Qwen2; Qwen3 where its
+            config says so).
+        qk_norm: an RMSNorm of width head_dim over each q and k head before RoPE (Qwen3).
+        o_proj_bias: the attention output projection adds a bias (Qwen3 with
+            ``attention_bias``).
 
     Raises:
         ModelLoadError: num_heads not a multiple of num_kv_heads, odd head_dim, or an
@@ -68,6 +82,10 @@ class ModelConfig:
     rope_high_freq_factor: float = 4.0
     rope_original_max_position: int = 8192
     source: str = "hf"
+    architecture: str = "llama"
+    attention_bias: bool = False
+    qk_norm: bool = False
+    o_proj_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads != 0:
@@ -79,10 +97,28 @@ class ModelConfig:
             raise ModelLoadError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.rope_type not in ("default", "linear", "llama3"):
             raise ModelLoadError(f"unsupported RoPE scaling type {self.rope_type!r}")
+        if self.architecture not in ARCHITECTURES:
+            raise ModelLoadError(f"unsupported architecture {self.architecture!r}")
+
+    @property
+    def plain_llama_layers(self) -> bool:
+        """Whether every block is a plain Llama block (no projection bias, no QK-norm):
+        what the fused C++ decode layers compute."""
+        return not (self.attention_bias or self.qk_norm or self.o_proj_bias)
 
     def kv_bytes_per_token(self, element_size: int) -> int:
         """Bytes of K plus V for one token over all layers, at ``element_size`` bytes each."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+
+
+#: The families houchu runs: HF ``model_type`` / GGUF ``general.architecture`` values.
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+#: HF ``architectures`` class names per family.
+_HF_CLASSES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
 
 
 class ParamCount(NamedTuple):
@@ -103,7 +139,10 @@ def num_parameters(cfg: ModelConfig) -> ParamCount:
     h, d = cfg.hidden_size, cfg.head_dim
     attn = h * cfg.num_heads * d * 2 + h * cfg.num_kv_heads * d * 2  # q, o, k, v
     mlp = 3 * h * cfg.intermediate_size
-    layer = attn + mlp + 2 * h  # two RMSNorm weight vectors
+    bias = (cfg.num_heads + 2 * cfg.num_kv_heads) * d if cfg.attention_bias else 0
+    bias += h if cfg.o_proj_bias else 0
+    qk_norm = 2 * d if cfg.qk_norm else 0
+    layer = attn + mlp + 2 * h + bias + qk_norm  # two RMSNorm weight vectors
     body = cfg.num_layers * layer + h  # final norm
     embed = cfg.vocab_size * h
     head = 0 if cfg.tie_word_embeddings else embed
@@ -120,7 +159,7 @@ def load_model_config(path: str | Path) -> ModelConfig:
         The ``ModelConfig``.
     Raises:
         ModelLoadError: the path does not exist, the metadata is incomplete, or the
-            architecture is not Llama.
+            architecture is not one of ``ARCHITECTURES``.
     """
     p = Path(path)
     if p.is_file() and p.suffix == ".gguf":
@@ -171,23 +210,27 @@ def _config_from_gguf(path: Path) -> ModelConfig:
 def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelConfig:
     """Build a ``ModelConfig`` from an open ``gguf.GGUFReader`` (see ``load_model_config``)."""
     arch = gguf_field(reader, "general.architecture")
-    if arch != "llama":
+    if arch not in ARCHITECTURES:
         raise ModelLoadError(
-            f"{path}: architecture {arch!r} is not supported (houchu runs 'llama' models)"
+            f"{path}: architecture {arch!r} is not supported (houchu runs "
+            f"{', '.join(repr(a) for a in ARCHITECTURES)} models)"
         )
 
     def need(key: str) -> Any:
-        v = gguf_field(reader, f"llama.{key}")
+        v = gguf_field(reader, f"{arch}.{key}")
         if v is None:
-            raise ModelLoadError(f"{path}: GGUF metadata lacks llama.{key}")
+            raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.{key}")
         return v
+
+    def opt(key: str, default: Any) -> Any:
+        return gguf_field(reader, f"{arch}.{key}", default)
 
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))
-    kv_heads = int(gguf_field(reader, "llama.attention.head_count_kv", heads))
-    head_dim = int(gguf_field(reader, "llama.attention.key_length", hidden // heads))
+    kv_heads = int(opt("attention.head_count_kv", heads))
+    head_dim = int(opt("attention.key_length", hidden // heads))
     tensor_names = {t.name for t in reader.tensors}
-    vocab = gguf_field(reader, "llama.vocab_size")
+    vocab = opt("vocab_size", None)
     if vocab is None:
         tokens = gguf_field(reader, "tokenizer.ggml.tokens")
         vocab = len(tokens) if tokens is not None else None
@@ -198,10 +241,10 @@ def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelCo
         vocab = int(emb.shape[1])
     eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
     bos = gguf_field(reader, "tokenizer.ggml.bos_token_id")
-    scaling = gguf_field(reader, "llama.rope.scaling.type", "none")
+    scaling = opt("rope.scaling.type", "none")
     rope_type, rope_factor = "default", 1.0
     if scaling == "linear":
-        rope_type, rope_factor = "linear", float(gguf_field(reader, "llama.rope.scaling.factor"))
+        rope_type, rope_factor = "linear", float(opt("rope.scaling.factor", 1.0))
     elif scaling not in ("none", None):
         raise ModelLoadError(f"{path}: unsupported RoPE scaling {scaling!r}")
     return ModelConfig(
@@ -213,15 +256,19 @@ def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelCo
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=float(gguf_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(gguf_field(reader, "llama.rope.freq_base", 10000.0)),
-        max_position=int(gguf_field(reader, "llama.context_length", 2048)),
+        rms_norm_eps=float(opt("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(opt("rope.freq_base", 10000.0)),
+        max_position=int(opt("context_length", 2048)),
         tie_word_embeddings="output.weight" not in tensor_names,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
         rope_type=rope_type,
         rope_factor=rope_factor,
         source="gguf",
+        architecture=arch,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+        o_proj_bias="blk.0.attn_output.bias" in tensor_names,
     )
 
 
@@ -234,14 +281,20 @@ def _config_from_hf(path: Path) -> ModelConfig:
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"{path}/config.json: unreadable ({e})") from e
     archs = raw.get("architectures") or []
-    if raw.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
+    family = raw.get("model_type")
+    if family not in ARCHITECTURES:
+        family = next((_HF_CLASSES[a] for a in archs if a in _HF_CLASSES), None)
+    if family is None:
         raise ModelLoadError(
             f"{path}: model_type {raw.get('model_type')!r} / architectures {archs} is not "
-            "supported (houchu runs LlamaForCausalLM)"
+            f"supported (houchu runs {', '.join(_HF_CLASSES)})"
         )
-    for flag in ("attention_bias", "mlp_bias"):
-        if raw.get(flag):
-            raise ModelLoadError(f"{path}: {flag}=true is not supported")
+    if raw.get("mlp_bias"):
+        raise ModelLoadError(f"{path}: mlp_bias=true is not supported")
+    if family == "llama" and raw.get("attention_bias"):
+        raise ModelLoadError(f"{path}: attention_bias=true is not supported for llama")
+    if raw.get("use_sliding_window"):
+        raise ModelLoadError(f"{path}: use_sliding_window=true is not supported")
     if raw.get("hidden_act", "silu") != "silu":
         raise ModelLoadError(f"{path}: hidden_act {raw.get('hidden_act')!r} is not supported")
     try:
@@ -273,6 +326,11 @@ def _config_from_hf(path: Path) -> ModelConfig:
             rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
             rope_original_max_position=int(rope.get("original_max_position_embeddings", 8192)),
             source="hf",
+            architecture=family,
+            # Qwen2's q/k/v projections always carry a bias (its config has no flag)
+            attention_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            o_proj_bias=family == "qwen3" and bool(raw.get("attention_bias", False)),
         )
     except KeyError as e:
         raise ModelLoadError(f"{path}/config.json lacks {e.args[0]!r}") from e

@@ -1,4 +1,6 @@
-"""The Llama decoder (Touvron et al. 2023) over a flattened, paged batch.
+"""The Llama decoder (Touvron et al. 2023) over a flattened, paged batch, with the
+variations of the families built from its parts (``ModelConfig.architecture``): Qwen2's
+q/k/v projection bias and Qwen3's per-head QK-norm.
 
 Per block: RMSNorm (Zhang & Sennrich 2019) → attention with RoPE (Su et al. 2021) and
 grouped-query KV heads (Ainslie et al. 2023) → residual → RMSNorm → SwiGLU MLP
@@ -88,6 +90,21 @@ class DecoderLayer(nn.Module):
         self.o_proj = lin([w.pop(f"{a}.o_proj.weight")])
         self.gate_up = lin([w.pop(f"{m}.gate_proj.weight"), w.pop(f"{m}.up_proj.weight")])
         self.down = lin([w.pop(f"{m}.down_proj.weight")])
+        # Qwen2: the q/k/v biases fused as the projection is: [(H + 2·Hkv)·D]
+        self.qkv_bias = (
+            _param(torch.cat([w.pop(f"{a}.{n}_proj.bias") for n in "qkv"]).to(dtype))
+            if cfg.attention_bias
+            else None
+        )
+        # Qwen3 with attention_bias: the output projection's bias, [hidden]
+        self.o_bias = _param(w.pop(f"{a}.o_proj.bias").to(dtype)) if cfg.o_proj_bias else None
+        # Qwen3: RMSNorm over each head of q and of k before RoPE, weights [D]
+        self.q_norm = (
+            RMSNorm(w.pop(f"{a}.q_norm.weight"), cfg.rms_norm_eps) if cfg.qk_norm else None
+        )
+        self.k_norm = (
+            RMSNorm(w.pop(f"{a}.k_norm.weight"), cfg.rms_norm_eps) if cfg.qk_norm else None
+        )
 
     def pre(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: TorchOps
@@ -104,7 +121,12 @@ class DecoderLayer(nn.Module):
         t = x.shape[0]
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv(ops.rms_norm(x, self.input_norm.weight, self.eps))  # [T, (H+2Hkv)*D]
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
         q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+        if self.q_norm is not None and self.k_norm is not None:  # per head: [T·H, D] rows
+            q = ops.rms_norm(q.reshape(t * h, d), self.q_norm.weight, self.eps)
+            k = ops.rms_norm(k.reshape(t * hkv, d), self.k_norm.weight, self.eps)
         q, k = ops.rope(q.reshape(t, h, d), k.reshape(t, hkv, d), cos, sin)
         return q, k, v.reshape(t, hkv, d)
 
@@ -128,6 +150,8 @@ class DecoderLayer(nn.Module):
             ``[T, hidden]`` (or ``[R, hidden]``) residual stream.
         """
         a = self.o_proj(o.reshape(o.shape[0], -1))  # [T, hidden]
+        if self.o_bias is not None:
+            a = a + self.o_bias
         if rows is not None:
             x, a = x.index_select(0, rows), a.index_select(0, rows)
         h, x = ops.add_rms_norm(x, a, self.post_norm.weight, self.eps)
@@ -315,6 +339,16 @@ def _check_shapes(cfg: ModelConfig, w: Weights) -> None:
             f"{p}.mlp.up_proj.weight": (i, h),
             f"{p}.mlp.down_proj.weight": (h, i),
         }
+        if cfg.attention_bias:
+            want |= {
+                f"{p}.self_attn.q_proj.bias": (cfg.num_heads * d,),
+                f"{p}.self_attn.k_proj.bias": (cfg.num_kv_heads * d,),
+                f"{p}.self_attn.v_proj.bias": (cfg.num_kv_heads * d,),
+            }
+        if cfg.o_proj_bias:
+            want[f"{p}.self_attn.o_proj.bias"] = (h,)
+        if cfg.qk_norm:
+            want |= {f"{p}.self_attn.q_norm.weight": (d,), f"{p}.self_attn.k_norm.weight": (d,)}
     if not cfg.tie_word_embeddings:
         want["lm_head.weight"] = (cfg.vocab_size, h)
     for name, shape in want.items():

@@ -153,7 +153,7 @@ class ModelRunner:
                 if hasattr(m, "prepare_cpu_gemv"):
                     m.prepare_cpu_gemv()
             self.model.ops = make_ops(self.backend.ops_name, self.device)
-            if fused_layers and self.backend.name == "cpu":
+            if fused_layers and self.backend.name == "cpu" and self.config.plain_llama_layers:
                 self.model.fused = FusedDecode(self.model)
             self.pool = KVPool.for_model(
                 self.config,

@@ -1,4 +1,4 @@
-"""Load a Llama model's tensors from a GGUF file (the llama.cpp format).
+"""Load a Llama-family model's tensors from a GGUF file (the llama.cpp format).
 
 Tensors are read with ``gguf.GGUFReader`` (memory-mapped) and dequantized with
 ``gguf.quants.dequantize`` to float32, then cast to the requested dtype one tensor at a
@@ -45,8 +45,10 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3's QK-norm
+    "attn_k_norm": "self_attn.k_norm",
 }
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
 def gguf_to_hf_name(name: str) -> str:
@@ -59,7 +61,7 @@ def gguf_to_hf_name(name: str) -> str:
         return _GLOBAL_NAMES[name]
     m = _BLOCK_RE.match(name)
     if m and m.group(2) in _BLOCK_NAMES:
-        return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.weight"
+        return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
     raise ModelLoadError(f"unsupported GGUF tensor {name!r} (not a dense Llama weight)")
 
 
@@ -110,7 +112,8 @@ def iter_gguf_tensors(
 ) -> Iterator[tuple[str, torch.Tensor | Int4Weight]]:
     """Yield ``(hf_name, tensor)`` for every tensor of an open ``gguf.GGUFReader``.
 
-    q and k projections come out un-permuted (see module docstring). Tensors are dense,
+    A Llama file's q and k projections come out un-permuted (see module docstring);
+    llama.cpp's converter leaves Qwen2/Qwen3's rows in rotate-half order already. Tensors are dense,
     contiguous, on CPU, in ``dtype`` (``rope_freqs`` stays float32). With ``keep_q4``,
     Q4_0/Q4_1 projection weights come out as ``Int4Weight`` instead (not the embedding,
     whose rows are looked up densely).
@@ -122,9 +125,9 @@ def iter_gguf_tensors(
             w: torch.Tensor | Int4Weight = gguf_q4_to_int4(t.data, t.tensor_type.name, shape)
         else:
             w = torch.from_numpy(dequantize_tensor(t))
-        if name.endswith("q_proj.weight"):
+        if cfg.architecture == "llama" and name.endswith("q_proj.weight"):
             w = _unpermute(w, cfg.num_heads)
-        elif name.endswith("k_proj.weight"):
+        elif cfg.architecture == "llama" and name.endswith("k_proj.weight"):
             w = _unpermute(w, cfg.num_kv_heads)
         if isinstance(w, torch.Tensor):
             w = (w if name == "rope_freqs" else w.to(dtype)).contiguous()
