@@ -96,7 +96,9 @@ class DecodeAccelerator:
                 flush=True,
             )
             compile = "off"
-        if dev.type == "cuda" and cuda_graph and getattr(backend, "supports_static", False):
+        # a MoE step's shapes depend on its routing (tokens per expert): not capturable
+        static = getattr(backend, "supports_static", False) and not model.cfg.moe_layers
+        if dev.type == "cuda" and cuda_graph and static:
             from houchu.gpu.cuda_graph import CudaGraphDecode
 
             self.impl, self.kind = CudaGraphDecode(model, pool, backend, buckets), "cuda_graph"

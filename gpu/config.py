@@ -10,6 +10,7 @@ each a flag of ``ModelConfig``:
 | Llama | ``llama`` | none |
 | Qwen2, Qwen2.5 (Qwen Team 2024) | ``qwen2`` | bias on the q, k and v projections |
 | Qwen3 (Qwen Team 2025) | ``qwen3`` | RMSNorm over each q and k head before RoPE (QK-norm) |
+| Qwen3-MoE | ``qwen3_moe`` (HF only) | QK-norm; top-k routed SwiGLU experts (``gpu.moe``) |
 
 Anything else raises ``ModelLoadError`` here, at load time, never later as a wrong answer.
 """
@@ -56,6 +57,11 @@ class ModelConfig:
         qk_norm: an RMSNorm of width head_dim over each q and k head before RoPE (Qwen3).
         o_proj_bias: the attention output projection adds a bias (Qwen3 with
             ``attention_bias``).
+        num_experts: routed experts of a MoE layer (0: a dense model).
+        num_experts_per_tok: experts each token runs through (top-k).
+        moe_intermediate_size: one expert's SwiGLU inner width.
+        norm_topk_prob: renormalize the top-k router probabilities to sum to 1.
+        moe_layers: indices of the layers whose MLP is the MoE (the rest are dense).
 
     Raises:
         ModelLoadError: num_heads not a multiple of num_kv_heads, odd head_dim, or an
@@ -86,6 +92,11 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     o_proj_bias: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads != 0:
@@ -104,7 +115,7 @@ class ModelConfig:
     def plain_llama_layers(self) -> bool:
         """Whether every block is a plain Llama block (no projection bias, no QK-norm):
         what the fused C++ decode layers compute."""
-        return not (self.attention_bias or self.qk_norm or self.o_proj_bias)
+        return not (self.attention_bias or self.qk_norm or self.o_proj_bias or self.moe_layers)
 
     def kv_bytes_per_token(self, element_size: int) -> int:
         """Bytes of K plus V for one token over all layers, at ``element_size`` bytes each."""
@@ -112,12 +123,15 @@ class ModelConfig:
 
 
 #: The families houchu runs: HF ``model_type`` / GGUF ``general.architecture`` values.
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+#: The GGUF ``general.architecture`` values houchu reads (MoE GGUFs not yet).
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 #: HF ``architectures`` class names per family.
 _HF_CLASSES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 
 
@@ -126,7 +140,8 @@ class ParamCount(NamedTuple):
 
     ``total``: every weight. ``non_embedding``: total minus the token-embedding table and
     an untied LM head (Kaplan et al. 2020's N). ``matmul_per_token``: weights used in
-    matrix multiplies for one token, LM head included (FLOPs/token ≈ 2 × this).
+    matrix multiplies for one token, LM head included (FLOPs/token ≈ 2 × this); in a MoE
+    model only the ``num_experts_per_tok`` experts a token runs (and the router) count.
     """
 
     total: int
@@ -138,15 +153,21 @@ def num_parameters(cfg: ModelConfig) -> ParamCount:
     """Count a Llama model's parameters from its config alone (no weights needed)."""
     h, d = cfg.hidden_size, cfg.head_dim
     attn = h * cfg.num_heads * d * 2 + h * cfg.num_kv_heads * d * 2  # q, o, k, v
-    mlp = 3 * h * cfg.intermediate_size
+    dense_mlp = 3 * h * cfg.intermediate_size
+    expert = 3 * h * cfg.moe_intermediate_size
+    n_moe = len(cfg.moe_layers)
+    # per layer on average: the MoE layers hold E experts and a router [E, hidden]
+    moe_total = n_moe * (cfg.num_experts * expert + cfg.num_experts * h)
+    moe_active = n_moe * (cfg.num_experts_per_tok * expert + cfg.num_experts * h)
+    dense_layers = cfg.num_layers - n_moe
     bias = (cfg.num_heads + 2 * cfg.num_kv_heads) * d if cfg.attention_bias else 0
     bias += h if cfg.o_proj_bias else 0
     qk_norm = 2 * d if cfg.qk_norm else 0
-    layer = attn + mlp + 2 * h + bias + qk_norm  # two RMSNorm weight vectors
-    body = cfg.num_layers * layer + h  # final norm
+    layer = attn + 2 * h + bias + qk_norm  # two RMSNorm weight vectors
+    body = cfg.num_layers * layer + dense_layers * dense_mlp + moe_total + h  # final norm
     embed = cfg.vocab_size * h
     head = 0 if cfg.tie_word_embeddings else embed
-    matmul = cfg.num_layers * (attn + mlp) + embed
+    matmul = cfg.num_layers * attn + dense_layers * dense_mlp + moe_active + embed
     return ParamCount(total=body + embed + head, non_embedding=body, matmul_per_token=matmul)
 
 
@@ -210,10 +231,10 @@ def _config_from_gguf(path: Path) -> ModelConfig:
 def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelConfig:
     """Build a ``ModelConfig`` from an open ``gguf.GGUFReader`` (see ``load_model_config``)."""
     arch = gguf_field(reader, "general.architecture")
-    if arch not in ARCHITECTURES:
+    if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
             f"{path}: architecture {arch!r} is not supported (houchu runs "
-            f"{', '.join(repr(a) for a in ARCHITECTURES)} models)"
+            f"{', '.join(repr(a) for a in GGUF_ARCHITECTURES)} GGUF models)"
         )
 
     def need(key: str) -> Any:
@@ -305,12 +326,20 @@ def _config_from_hf(path: Path) -> ModelConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        layers = int(raw["num_hidden_layers"])
+        n_exp = raw.get("num_experts") or raw.get("num_local_experts") or 0
+        experts = int(n_exp) if family == "qwen3_moe" else 0
+        step = int(raw.get("decoder_sparse_step") or 1)
+        dense_only = set(raw.get("mlp_only_layers") or [])
+        moe_layers = tuple(
+            i for i in range(layers) if experts and i not in dense_only and (i + 1) % step == 0
+        )
         return ModelConfig(
             name=str(raw.get("_name_or_path") or path.name),
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(raw["intermediate_size"]),
-            num_layers=int(raw["num_hidden_layers"]),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or hidden // heads),
@@ -329,8 +358,13 @@ def _config_from_hf(path: Path) -> ModelConfig:
             architecture=family,
             # Qwen2's q/k/v projections always carry a bias (its config has no flag)
             attention_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
-            qk_norm=family == "qwen3",
-            o_proj_bias=family == "qwen3" and bool(raw.get("attention_bias", False)),
+            qk_norm=family in ("qwen3", "qwen3_moe"),
+            o_proj_bias=family != "qwen2" and bool(raw.get("attention_bias", False)),
+            num_experts=experts,
+            num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0) if experts else 0,
+            moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0) if experts else 0,
+            norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+            moe_layers=moe_layers,
         )
     except KeyError as e:
         raise ModelLoadError(f"{path}/config.json lacks {e.args[0]!r}") from e

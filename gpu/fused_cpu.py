@@ -113,11 +113,13 @@ class _Weights(NamedTuple):
 def _collect(layers: Sequence[torch.nn.Module], rows: int) -> _Weights | None:
     """The arguments for ``layers`` at ``rows`` rows, or None when one of the projections
     has no GEMV blob there, a gate_up is not a multiple of 32 wide, the linears differ
-    in activation dtype, or a block is not a plain Llama block (a q/k/v bias or QK-norm,
-    which the fused layers do not compute)."""
+    in activation dtype, or a block is not a plain Llama block (a projection bias,
+    QK-norm or MoE, which the fused layers do not compute)."""
     norms, linears, groups, outs, acts = [], [], [], [], set()
     for layer in layers:
-        if layer.qkv_bias is not None or layer.o_bias is not None or layer.q_norm is not None:
+        if layer.moe is not None or layer.qkv_bias is not None or layer.o_bias is not None:
+            return None
+        if layer.q_norm is not None:
             return None
         lins = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
         blobs = [lin.gemv_blob(rows) for lin in lins]

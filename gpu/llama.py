@@ -1,6 +1,7 @@
 """The Llama decoder (Touvron et al. 2023) over a flattened, paged batch, with the
 variations of the families built from its parts (``ModelConfig.architecture``): Qwen2's
-q/k/v projection bias and Qwen3's per-head QK-norm.
+q/k/v projection bias, Qwen3's per-head QK-norm and Qwen3-MoE's routed experts
+(``houchu.gpu.moe``) in place of the dense MLP.
 
 Per block: RMSNorm (Zhang & Sennrich 2019) → attention with RoPE (Su et al. 2021) and
 grouped-query KV heads (Ainslie et al. 2023) → residual → RMSNorm → SwiGLU MLP
@@ -23,6 +24,7 @@ from houchu.gpu.config import ModelConfig, ModelLoadError
 from houchu.gpu.fused_cpu import FusedDecode
 from houchu.gpu.kv_pool import KVPool
 from houchu.gpu.linear import Linear, LinearBase, onednn_available
+from houchu.gpu.moe import MoEMLP
 from houchu.gpu.ops import TorchOps
 from houchu.gpu.qlinear import fuse_weights, make_linear
 from houchu.gpu.quant import Int4Weight, QuantSpec
@@ -69,6 +71,7 @@ class DecoderLayer(nn.Module):
         spec: QuantSpec,
         device: torch.device,
         dtype: torch.dtype,
+        moe: bool = False,
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -88,8 +91,13 @@ class DecoderLayer(nn.Module):
 
         self.qkv = lin([w.pop(f"{a}.{n}_proj.weight") for n in "qkv"])
         self.o_proj = lin([w.pop(f"{a}.o_proj.weight")])
-        self.gate_up = lin([w.pop(f"{m}.gate_proj.weight"), w.pop(f"{m}.up_proj.weight")])
-        self.down = lin([w.pop(f"{m}.down_proj.weight")])
+        #: the routed experts where this layer's MLP is a MoE (then gate_up/down are None)
+        self.moe = _moe(cfg, w, m, dtype) if moe else None
+        self.gate_up: LinearBase | None = None
+        self.down: LinearBase | None = None
+        if self.moe is None:
+            self.gate_up = lin([w.pop(f"{m}.gate_proj.weight"), w.pop(f"{m}.up_proj.weight")])
+            self.down = lin([w.pop(f"{m}.down_proj.weight")])
         # Qwen2: the q/k/v biases fused as the projection is: [(H + 2·Hkv)·D]
         self.qkv_bias = (
             _param(torch.cat([w.pop(f"{a}.{n}_proj.bias") for n in "qkv"]).to(dtype))
@@ -155,6 +163,9 @@ class DecoderLayer(nn.Module):
         if rows is not None:
             x, a = x.index_select(0, rows), a.index_select(0, rows)
         h, x = ops.add_rms_norm(x, a, self.post_norm.weight, self.eps)
+        if self.moe is not None:
+            return x + self.moe(h, ops.silu_mul)
+        assert self.gate_up is not None and self.down is not None
         return x + self.down(self.gate_up.forward_silu_mul(h, ops.silu_mul))
 
 
@@ -185,7 +196,7 @@ class LlamaModel(nn.Module):
         self.fused: FusedDecode | None = None  # fused decode layers, set by the runner
         self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, w, f"model.layers.{i}", self.quant, dev, dtype)
+            DecoderLayer(cfg, w, f"model.layers.{i}", self.quant, dev, dtype, i in cfg.moe_layers)
             for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(w.pop("model.norm.weight"), cfg.rms_norm_eps)
@@ -247,9 +258,12 @@ class LlamaModel(nn.Module):
 
     def weight_bytes(self) -> tuple[int, int]:
         """``(bytes, bf16_bytes)``: matmul weight bytes one decode step reads, as stored
-        and as they would be in bfloat16 (the lever ledger's baseline)."""
+        and as they would be in bfloat16 (the lever ledger's baseline); a MoE layer counts
+        the experts one token runs (``MoEMLP.active_params_per_token``)."""
         ls = self.linears()
-        return sum(m.weight_bytes() for m in ls), sum(m.bf16_bytes() for m in ls)
+        moe = sum(m.active_params_per_token() for m in self.modules() if isinstance(m, MoEMLP))
+        stored = sum(m.weight_bytes() for m in ls) + moe * self.embed.element_size()
+        return stored, sum(m.bf16_bytes() for m in ls) + 2 * moe
 
     def weight_bytes_at(self, rows: int, head_rows: int) -> int:
         """Matmul weight bytes a step of ``rows`` tokens sampling ``head_rows`` of them
@@ -320,6 +334,31 @@ class LlamaModel(nn.Module):
         return self.head(x)  # [R, V]
 
 
+def _moe(cfg: ModelConfig, w: Weights, prefix: str, dtype: torch.dtype) -> MoEMLP:
+    """The MoE of the MLP at ``prefix`` from HF's per-expert tensors
+    (``experts.{e}.{gate,up,down}_proj.weight``, ``gate.weight`` the router); consumed.
+
+    Raises:
+        ModelLoadError: an expert's tensor is quantized (experts are kept dense).
+    """
+    gate_up, down = [], []
+    for e in range(cfg.num_experts):
+        parts = [w.pop(f"{prefix}.experts.{e}.{n}_proj.weight") for n in ("gate", "up", "down")]
+        if not all(isinstance(t, torch.Tensor) for t in parts):
+            raise ModelLoadError(f"{prefix}.experts.{e}: quantized experts are not supported")
+        gate_up.append(torch.cat(parts[:2]).to(dtype))  # [2I, hidden]
+        down.append(parts[2].to(dtype))  # [hidden, I]
+    router = w.pop(f"{prefix}.gate.weight")
+    assert isinstance(router, torch.Tensor)
+    return MoEMLP(
+        router.to(dtype),
+        torch.stack(gate_up),  # [E, 2I, hidden]
+        torch.stack(down),  # [E, hidden, I]
+        cfg.num_experts_per_tok,
+        cfg.norm_topk_prob,
+    )
+
+
 def _check_shapes(cfg: ModelConfig, w: Weights) -> None:
     h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     want: dict[str, tuple[int, ...]] = {
@@ -335,10 +374,23 @@ def _check_shapes(cfg: ModelConfig, w: Weights) -> None:
             f"{p}.self_attn.k_proj.weight": (cfg.num_kv_heads * d, h),
             f"{p}.self_attn.v_proj.weight": (cfg.num_kv_heads * d, h),
             f"{p}.self_attn.o_proj.weight": (h, cfg.num_heads * d),
-            f"{p}.mlp.gate_proj.weight": (i, h),
-            f"{p}.mlp.up_proj.weight": (i, h),
-            f"{p}.mlp.down_proj.weight": (h, i),
         }
+        if n in cfg.moe_layers:
+            mi = cfg.moe_intermediate_size
+            want[f"{p}.mlp.gate.weight"] = (cfg.num_experts, h)
+            for e in range(cfg.num_experts):
+                q = f"{p}.mlp.experts.{e}"
+                want |= {
+                    f"{q}.gate_proj.weight": (mi, h),
+                    f"{q}.up_proj.weight": (mi, h),
+                    f"{q}.down_proj.weight": (h, mi),
+                }
+        else:
+            want |= {
+                f"{p}.mlp.gate_proj.weight": (i, h),
+                f"{p}.mlp.up_proj.weight": (i, h),
+                f"{p}.mlp.down_proj.weight": (h, i),
+            }
         if cfg.attention_bias:
             want |= {
                 f"{p}.self_attn.q_proj.bias": (cfg.num_heads * d,),

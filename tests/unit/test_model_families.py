@@ -1,8 +1,11 @@
-"""Qwen2 (q/k/v bias) and Qwen3 (QK-norm) against transformers' own classes: tiny random
-models from ``AutoModelForCausalLM.from_config``, loaded by houchu from the Hugging Face
-directory and from the GGUF that llama.cpp's converter would write."""
+"""Qwen2 (q/k/v bias), Qwen3 (QK-norm) and Qwen3-MoE (routed experts) against
+transformers' own classes: tiny random models from ``AutoModelForCausalLM.from_config``,
+loaded by houchu from the Hugging Face directory and (dense families) from the GGUF that
+llama.cpp's converter would write."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -18,6 +21,19 @@ FAMILIES = {
     "qwen2": {},
     "qwen3": {"head_dim": 24},  # Qwen3 sets head_dim apart from hidden / heads
     "qwen3-bias": {"head_dim": 16, "attention_bias": True},
+    # 8 experts, top-2, layer 0 dense (mlp_only_layers), normalized top-k weights
+    "qwen3_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 48,
+        "mlp_only_layers": [0],
+        "norm_topk_prob": True,
+    },
+    "qwen3_moe-unnormalized": {
+        "num_experts": 4,
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 32,
+    },
 }
 
 
@@ -30,20 +46,20 @@ def family(request, tmp_path_factory):
     kind = name.split("-")[0]
     base = tmp_path_factory.mktemp(name)
     path = make_tiny_model(base / "hf", kind, seed=7, **FAMILIES[name])
-    gguf_path = write_llama_gguf(path, base / "model.gguf")
+    gguf_path = None if "moe" in kind else write_llama_gguf(path, base / "model.gguf")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return kind, path, gguf_path, hf
 
 
 def test_config_and_param_count(family):
     kind, path, gguf_path, hf = family
-    for p in (path, gguf_path):
+    for p in (path, gguf_path) if gguf_path else (path,):
         cfg = load_model_config(p)
         assert cfg.architecture == kind
         c = hf.config
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         assert cfg.attention_bias == (kind == "qwen2" or bool(getattr(c, "attention_bias", 0)))
-        assert cfg.qk_norm == (kind == "qwen3")
+        assert cfg.qk_norm == kind.startswith("qwen3")
         assert cfg.head_dim == head_dim
         assert not cfg.plain_llama_layers
         assert num_parameters(cfg).total == sum(p.numel() for p in hf.parameters())
@@ -52,6 +68,8 @@ def test_config_and_param_count(family):
 @pytest.mark.parametrize("source", ["hf", "gguf"])
 def test_prefill_and_decode_logits_match_transformers(family, source):
     _, path, gguf_path, hf = family
+    if source == "gguf" and gguf_path is None:
+        pytest.skip("houchu reads MoE models from Hugging Face folders only")
     with torch.inference_mode():
         model = load_model(path if source == "hf" else gguf_path)
     ids = prompt(3, 29)
@@ -86,3 +104,26 @@ def test_runner_greedy_equals_transformers(family):
         pos = len(ids) + step
         work = SeqWork(rid="a", token_ids=[got[-1]], start_pos=pos, page_table=table, sample=True)
     assert got == want
+
+
+def test_moe_counts_active_params_and_skips_idle_experts(family):
+    """The MoE's parameter counts (total against active per token) and expert load: a
+    step of one token touches top_k experts, the rest get no tokens."""
+    kind, path, _, _ = family
+    if "moe" not in kind:
+        pytest.skip("a dense family")
+    cfg = load_model_config(path)
+    mi, h = cfg.moe_intermediate_size, cfg.hidden_size
+    idle = len(cfg.moe_layers) * (cfg.num_experts - cfg.num_experts_per_tok) * 3 * h * mi
+    every_expert = dataclasses.replace(cfg, num_experts_per_tok=cfg.num_experts)
+    active, dense = num_parameters(cfg), num_parameters(every_expert)
+    assert idle > 0 and dense.matmul_per_token - active.matmul_per_token == idle
+    assert dense.total == active.total
+    with torch.inference_mode():
+        model = load_model(path)
+    moes = [m.moe for m in model.layers if m.moe is not None]
+    assert len(moes) == len(cfg.moe_layers) > 0
+    Runner(model).step([("a", [5], 0)])
+    for moe in moes:
+        assert int(moe.last_load.sum()) == cfg.num_experts_per_tok
+        assert int((moe.last_load == 0).sum()) == cfg.num_experts - cfg.num_experts_per_tok
