@@ -79,10 +79,14 @@ async def shared_prefix(url: str, n: int) -> dict[str, float]:
 
 async def long_prompt_arrival(url: str) -> dict[str, float]:
     streams = [
-        {"prompt": f"Story {i}: once upon a time", "max_tokens": 120, "temperature": 0,
-         "ignore_eos": True}
+        {
+            "prompt": f"Story {i}: once upon a time",
+            "max_tokens": 120,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         for i in range(8)
-    ]  # fmt: skip
+    ]
     long_body = {"prompt": SYSTEM_SENTENCE * 75, "max_tokens": 4, "temperature": 0}
     stamps: list[list[float]] = [[] for _ in streams]
     tasks = [asyncio.create_task(_one(url, b, stamps[i])) for i, b in enumerate(streams)]

@@ -168,14 +168,27 @@ def main() -> None:
                 for mode in modes:
                     runs = sorted(rounds[mode], key=lambda r: r["stream_tok_s"])
                     r = results[(w, b, mode)] = runs[len(runs) // 2]
-                    print(f"  {mode:<13} {w:<7} batch {b:>3}: {r['stream_tok_s']:7.2f} tok/s "
-                          f"per stream, acceptance {r['acceptance']:.2f}", flush=True)  # fmt: skip
+                    print(
+                        f"  {mode:<13} {w:<7} batch {b:>3}: {r['stream_tok_s']:7.2f} tok/s "
+                        f"per stream, acceptance {r['acceptance']:.2f}",
+                        flush=True,
+                    )
     print(
         f"\nGreedy decode, {args.max_tokens} tokens per request, median of {args.repeats} "
         f"rounds; draft model: {draft}"
     )
-    head = ("workload", "batch", "mode", "tok/s/stream", "tok/s total", "vs off",
-            "accept", "mean len", "verify steps", "break-even")  # fmt: skip
+    head = (
+        "workload",
+        "batch",
+        "mode",
+        "tok/s/stream",
+        "tok/s total",
+        "vs off",
+        "accept",
+        "mean len",
+        "verify steps",
+        "break-even",
+    )
     print("{:<8}{:>6}  {:<14}{:>13}{:>12}{:>8}{:>8}{:>10}{:>14}{:>12}".format(*head))
     order = sorted(results, key=lambda k: (workloads.index(k[0]), k[1], modes.index(k[2])))
     for w, b, mode in order:

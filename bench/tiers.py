@@ -90,10 +90,12 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="houchu-kvbench-") as d:
         for label, flags in [
-            ("tiers on", [*DEVICE, "--host-kv-pages", "512", "--ssd-kv-mb", "1024",
-                          "--kv-cache-dir", d]),
+            (
+                "tiers on",
+                [*DEVICE, "--host-kv-pages", "512", "--ssd-kv-mb", "1024", "--kv-cache-dir", d],
+            ),
             ("tiers off", DEVICE),
-        ]:  # fmt: skip
+        ]:
             with running_server(model, *flags) as url:
                 rows.append((label, asyncio.run(multi_turn(url))))
     print("\nMulti-turn chat, history beyond the device pool (6 conversations x 4 turns)")

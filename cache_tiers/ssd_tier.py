@@ -80,9 +80,13 @@ class SsdTier:
         if size > self.capacity_bytes:
             return False
         header = _HEADER.pack(
-            MAGIC, VERSION, h, self.fingerprint, len(payload),
+            MAGIC,
+            VERSION,
+            h,
+            self.fingerprint,
+            len(payload),
             hashlib.blake2b(payload, digest_size=16).digest(),
-        )  # fmt: skip
+        )
         path = self._path(h)
         tmp = path.with_suffix(f".tmp{threading.get_ident()}")
         with open(tmp, "wb") as f:
@@ -117,10 +121,14 @@ class SsdTier:
             return self._bad(h)
         magic, version, fh, fp, n, checksum = _HEADER.unpack(header)
         ok = (
-            magic == MAGIC and version == VERSION and fh == h and fp == self.fingerprint
-            and n == len(payload) and n <= len(out)
+            magic == MAGIC
+            and version == VERSION
+            and fh == h
+            and fp == self.fingerprint
+            and n == len(payload)
+            and n <= len(out)
             and hashlib.blake2b(payload, digest_size=16).digest() == checksum
-        )  # fmt: skip
+        )
         if not ok:
             return self._bad(h)
         out[:n] = payload

@@ -108,9 +108,15 @@ class StaticDecode:
     def _run(self, bucket: int) -> torch.Tensor:
         """The static step on the first ``bucket`` rows of the buffers -> ``[bucket, V]``."""
         return forward_static(
-            self.model, self.backend, self.pool, self.ids[:bucket], self.pos[:bucket],
-            self.slots[:bucket], self.table[:bucket], self.lens[:bucket],
-        )  # fmt: skip
+            self.model,
+            self.backend,
+            self.pool,
+            self.ids[:bucket],
+            self.pos[:bucket],
+            self.slots[:bucket],
+            self.table[:bucket],
+            self.lens[:bucket],
+        )
 
     def warmup(self) -> float:
         """Run every bucket once (compiles lazily built kernels); returns seconds."""

@@ -79,9 +79,21 @@ class FusedDecode:
             w = self._layer_weights(rows, layers)
             assert w is not None  # a prefix of layers that all apply
             args = (
-                x, cos, sin, w.norms, eps, w.linears, w.group_sizes, w.out_features,
-                w.act_dtype, pool.k, pool.v, pages, lens, scale,
-            )  # fmt: skip
+                x,
+                cos,
+                sin,
+                w.norms,
+                eps,
+                w.linears,
+                w.group_sizes,
+                w.out_features,
+                w.act_dtype,
+                pool.k,
+                pool.v,
+                pages,
+                lens,
+                scale,
+            )
             blob = self._head(rows, w.act_dtype) if head else None
             if blob is None:
                 x = kernel(*args, **scales)

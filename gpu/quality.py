@@ -60,9 +60,13 @@ def text_logprobs(
     n_pages = -(-len(ids) // page_size)
     dev = model.embed.device
     pool = KVPool.for_model(
-        model.cfg, page_size=page_size, dtype=model.dtype, device=dev, num_pages=n_pages,
+        model.cfg,
+        page_size=page_size,
+        dtype=model.dtype,
+        device=dev,
+        num_pages=n_pages,
         kv_dtype=kv_dtype,
-    )  # fmt: skip
+    )
     backend = backend or TorchSDPABackend()
     table = list(range(n_pages))
     out = []
@@ -73,9 +77,13 @@ def text_logprobs(
                 SeqWork(rid="t", token_ids=piece, start_pos=start, page_table=table, sample=True)
             ]
             b = build_batch(
-                work, page_size=page_size, num_pages=n_pages, max_context=len(ids),
-                vocab_size=model.cfg.vocab_size, device=dev,
-            )  # fmt: skip
+                work,
+                page_size=page_size,
+                num_pages=n_pages,
+                max_context=len(ids),
+                vocab_size=model.cfg.vocab_size,
+                device=dev,
+            )
             b.sample_rows = torch.arange(len(piece), device=dev)  # every position
             out.append(model(b, pool, backend).log_softmax(-1))
     return torch.cat(out)  # [n, V]

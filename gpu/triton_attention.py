@@ -19,10 +19,26 @@ import triton.language as tl
 
 
 @triton.jit
-def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, len_ptr, o_ptr,
-                         sm_scale, bt_stride, n_kv_heads, G: tl.constexpr, D: tl.constexpr,
-                         PS: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
-                         PS_PAD: tl.constexpr, QUANT: tl.constexpr):  # fmt: skip
+def _paged_decode_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    bt_ptr,
+    len_ptr,
+    o_ptr,
+    sm_scale,
+    bt_stride,
+    n_kv_heads,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    PS: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+    PS_PAD: tl.constexpr,
+    QUANT: tl.constexpr,
+):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     g = tl.arange(0, G_PAD)
@@ -89,8 +105,23 @@ def paged_decode(
     ks = pool.k_scale[layer] if pool.quantized else kc
     vs = pool.v_scale[layer] if pool.quantized else vc
     _paged_decode_kernel[(b, hkv)](
-        q, kc, vc, ks, vs, bt, seq_lens.contiguous(), out, 1.0 / math.sqrt(d), bt.stride(0),
-        hkv, g, d, ps, triton.next_power_of_2(g), triton.next_power_of_2(d),
-        triton.next_power_of_2(ps), pool.quantized,
-    )  # fmt: skip
+        q,
+        kc,
+        vc,
+        ks,
+        vs,
+        bt,
+        seq_lens.contiguous(),
+        out,
+        1.0 / math.sqrt(d),
+        bt.stride(0),
+        hkv,
+        g,
+        d,
+        ps,
+        triton.next_power_of_2(g),
+        triton.next_power_of_2(d),
+        triton.next_power_of_2(ps),
+        pool.quantized,
+    )
     return out

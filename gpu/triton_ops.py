@@ -36,8 +36,9 @@ def _pow2(n: int) -> int:
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, d_ptr, w_ptr, y_ptr, r_ptr, n, eps, HAS_RES: tl.constexpr,
-                     BLOCK: tl.constexpr):  # fmt: skip
+def _rms_norm_kernel(
+    x_ptr, d_ptr, w_ptr, y_ptr, r_ptr, n, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     m = cols < n
@@ -53,8 +54,9 @@ def _rms_norm_kernel(x_ptr, d_ptr, w_ptr, y_ptr, r_ptr, n, eps, HAS_RES: tl.cons
 
 
 @triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, o_ptr, sx_t, sx_h, n_heads, HALF: tl.constexpr,
-                 BLOCK: tl.constexpr):  # fmt: skip
+def _rope_kernel(
+    x_ptr, cos_ptr, sin_ptr, o_ptr, sx_t, sx_h, n_heads, HALF: tl.constexpr, BLOCK: tl.constexpr
+):
     t = tl.program_id(0)
     h = tl.program_id(1)
     i = tl.arange(0, BLOCK)
@@ -84,9 +86,20 @@ def _silu_mul_kernel(gu_ptr, o_ptr, inter, s_row, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _kv_store_kernel(x_ptr, slot_ptr, c_ptr, s_ptr, sx_t, sx_h, n_heads, D: tl.constexpr,
-                     QMAX: tl.constexpr, QUANT: tl.constexpr, ROUND: tl.constexpr,
-                     BLOCK: tl.constexpr):  # fmt: skip
+def _kv_store_kernel(
+    x_ptr,
+    slot_ptr,
+    c_ptr,
+    s_ptr,
+    sx_t,
+    sx_h,
+    n_heads,
+    D: tl.constexpr,
+    QMAX: tl.constexpr,
+    QUANT: tl.constexpr,
+    ROUND: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     t = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK)
@@ -181,6 +194,16 @@ def store_kv(pool, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Te
     ):
         x = x if x.stride(2) == 1 else x.contiguous()
         _kv_store_kernel[(t, hkv)](
-            x, slots, cache, scale if quant else cache, x.stride(0), x.stride(1), hkv, d,
-            qmax, quant, pool.k.dtype == torch.int8, _pow2(d),
-        )  # fmt: skip
+            x,
+            slots,
+            cache,
+            scale if quant else cache,
+            x.stride(0),
+            x.stride(1),
+            hkv,
+            d,
+            qmax,
+            quant,
+            pool.k.dtype == torch.int8,
+            _pow2(d),
+        )

@@ -59,11 +59,20 @@ class SpecCounters:
             return []
         t = now or time.time()
         return [
-            LeverSample(LEVER, VERB, float(self.forward_passes_saved), "forward_passes",
-                        self.draft_s, "seconds", t, rid),
-            LeverSample(LEVER, VERB, 0.0, "forward_passes",
-                        float(self.num_rejected), "tokens", t, rid),
-        ]  # fmt: skip
+            LeverSample(
+                LEVER,
+                VERB,
+                float(self.forward_passes_saved),
+                "forward_passes",
+                self.draft_s,
+                "seconds",
+                t,
+                rid,
+            ),
+            LeverSample(
+                LEVER, VERB, 0.0, "forward_passes", float(self.num_rejected), "tokens", t, rid
+            ),
+        ]
 
     def stats(self, prefix: str = "spec_") -> dict[str, float | int]:
         return {

@@ -93,8 +93,13 @@ def test_every_path_runs_and_agrees(tiny, path):
 def test_route_lookup():
     route = DecodeRoute({1: "fused", 8: "gemv", 32: "dense"})
     assert [route.path_for(n) for n in (1, 2, 8, 9, 32, 33)] == [
-        "fused", "gemv", "gemv", "dense", "dense", None,
-    ]  # fmt: skip
+        "fused",
+        "gemv",
+        "gemv",
+        "dense",
+        "dense",
+        None,
+    ]
     assert route.describe() == "b<=1 fused; b<=8 gemv; b<=32 dense"
     times = {1: {"fused": 0.002, "gemv": 0.003}}
     assert DecodeRoute({1: "fused"}).describe(times) == "b<=1 fused 2.0 ms (gemv 3.0)"

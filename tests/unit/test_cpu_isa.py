@@ -36,9 +36,16 @@ def test_levels_follow_the_cpu_flags():
     arm = cpu_isa.cpu_features("processor\t: 0\nFeatures\t: fp asimd asimddp\n")
     assert arm == {"fp", "asimd", "asimddp"}
     assert cpu_isa.isa_flags(bf16) == {
-        "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
-        "avx512_bf16", "avx512_vnni",
-    }  # fmt: skip
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512dq",
+        "avx512cd",
+        "avx512_bf16",
+        "avx512_vnni",
+    }
 
 
 def test_forced_level(monkeypatch):

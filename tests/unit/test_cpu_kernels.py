@@ -73,9 +73,15 @@ def test_silu_mul(dtype, n, inter):
 
 def make_pool(kv_dtype: str, dtype: torch.dtype, ps: int, hkv: int, d: int) -> KVPool:
     return KVPool(
-        num_layers=2, num_pages=40, page_size=ps, num_kv_heads=hkv, head_dim=d,
-        dtype=dtype, device="cpu", kv_dtype=kv_dtype,
-    )  # fmt: skip
+        num_layers=2,
+        num_pages=40,
+        page_size=ps,
+        num_kv_heads=hkv,
+        head_dim=d,
+        dtype=dtype,
+        device="cpu",
+        kv_dtype=kv_dtype,
+    )
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8"])

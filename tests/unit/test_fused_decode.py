@@ -157,5 +157,10 @@ def test_decode_layers_rejects_bad_input(models):
         kernel(*args[:3], w.norms[:-1], *args[4:], *tail)
     swap = [0, 3, 2, 1, *range(4, len(w.linears))]  # o_proj and down swapped
     with pytest.raises(RuntimeError, match="do not chain"):
-        kernel(*args[:5], [w.linears[i] for i in swap], [w.group_sizes[i] for i in swap],
-               [w.out_features[i] for i in swap], *tail)  # fmt: skip
+        kernel(
+            *args[:5],
+            [w.linears[i] for i in swap],
+            [w.group_sizes[i] for i in swap],
+            [w.out_features[i] for i in swap],
+            *tail,
+        )

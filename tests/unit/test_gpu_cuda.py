@@ -18,8 +18,14 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     # head_dim 64 and 8 KV heads' worth of rows keep the CUDA int4 kernel's shape rules
-    return make_tiny_llama(tmp_path_factory.mktemp("cuda"), seed=7, hidden_size=256,
-                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=512)  # fmt: skip
+    return make_tiny_llama(
+        tmp_path_factory.mktemp("cuda"),
+        seed=7,
+        hidden_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+    )
 
 
 def runner(path, **kw) -> ModelRunner:

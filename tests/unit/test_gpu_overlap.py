@@ -33,17 +33,33 @@ def new_runner(tiny_dir) -> ModelRunner:
 
 
 def work(rid, ids, start, pages, last=False) -> SeqWork:
-    return SeqWork(rid=rid, token_ids=ids, start_pos=start, page_table=pages, sample=True,
-                   use_last_sampled=last)  # fmt: skip
+    return SeqWork(
+        rid=rid,
+        token_ids=ids,
+        start_pos=start,
+        page_table=pages,
+        sample=True,
+        use_last_sampled=last,
+    )
 
 
 def test_placeholder_is_the_previous_steps_token(tiny_dir):
     prompt, pages = [5, 9, 17, 33, 4], [0, 1, 2]
     plain, over = new_runner(tiny_dir), new_runner(tiny_dir)
-    a = plain.execute(StepPlan(step_id=0, init=[SeqInit(rid="a", sampling=GREEDY,
-                      prompt_ids=prompt)], work=[work("a", prompt, 0, pages)]))  # fmt: skip
-    b = over.execute(StepPlan(step_id=0, init=[SeqInit(rid="a", sampling=GREEDY,
-                     prompt_ids=prompt)], work=[work("a", prompt, 0, pages)]))  # fmt: skip
+    a = plain.execute(
+        StepPlan(
+            step_id=0,
+            init=[SeqInit(rid="a", sampling=GREEDY, prompt_ids=prompt)],
+            work=[work("a", prompt, 0, pages)],
+        )
+    )
+    b = over.execute(
+        StepPlan(
+            step_id=0,
+            init=[SeqInit(rid="a", sampling=GREEDY, prompt_ids=prompt)],
+            work=[work("a", prompt, 0, pages)],
+        )
+    )
     toks, placeheld = [a.outputs[0].token_id], [b.outputs[0].token_id]
     for i in range(6):
         pos = len(prompt) + i
@@ -87,16 +103,24 @@ def test_core_over_a_real_runner_overlapped_equals_step_by_step(tiny_dir):
         info = new_runner(tiny_dir)
         meta = info.info()
         core = SchedulerCore(
-            RunnerInfo(num_pages=meta.num_pages, page_size=meta.page_size,
-                       max_context=meta.max_context, kv_bytes_per_token=8, num_params=1,
-                       model_name="tiny"),
-            BatchConfig(max_batch_tokens=12, chunk_size=5), radix_cache=True, overlap=overlap,
-        )  # fmt: skip
+            RunnerInfo(
+                num_pages=meta.num_pages,
+                page_size=meta.page_size,
+                max_context=meta.max_context,
+                kv_bytes_per_token=8,
+                num_params=1,
+                model_name="tiny",
+            ),
+            BatchConfig(max_batch_tokens=12, chunk_size=5),
+            radix_cache=True,
+            overlap=overlap,
+        )
         for rid, prompt, sp, m in specs:
             stops = stop_ids if rid == "a" else []
             params = SamplingParams(**{**_fields(sp), "max_tokens": m, "stop_token_ids": stops})
-            core.add(TokenizedRequest(rid=rid, prompt_ids=prompt, sampling=params,
-                                      eos_token_ids=[2]))  # fmt: skip
+            core.add(
+                TokenizedRequest(rid=rid, prompt_ids=prompt, sampling=params, eos_token_ids=[2])
+            )
         return drive(core, info, overlap=overlap), core
 
     plain, _ = run(False, [])

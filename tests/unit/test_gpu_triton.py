@@ -69,9 +69,15 @@ def test_silu_mul(dtype, n, inter):
 
 def make_pool(kv_dtype: str, dtype=torch.float32, ps: int = 4, hkv: int = 2, d: int = 16):
     return KVPool(
-        num_layers=2, num_pages=12, page_size=ps, num_kv_heads=hkv, head_dim=d,
-        dtype=dtype, device=DEV, kv_dtype=kv_dtype,
-    )  # fmt: skip
+        num_layers=2,
+        num_pages=12,
+        page_size=ps,
+        num_kv_heads=hkv,
+        head_dim=d,
+        dtype=dtype,
+        device=DEV,
+        kv_dtype=kv_dtype,
+    )
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8", "fp8"])
