@@ -21,14 +21,13 @@ the layers' own rules.
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-
-from houchu.gpu.threads import usage as _usage
 
 if TYPE_CHECKING:
     from houchu.gpu.attention import AttentionBackend
@@ -76,6 +75,12 @@ class DecodeRoute:
                 text += f" {times[b][path] * 1e3:.1f} ms" + (f" ({others})" if others else "")
             parts.append(text)
         return "; ".join(parts)
+
+
+def _usage() -> tuple[float, int]:
+    """(CPU seconds of the process, its involuntary context switches so far)."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime, u.ru_nivcsw
 
 
 def available_paths(model: torch.nn.Module) -> list[str]:

@@ -47,7 +47,7 @@ from houchu.gpu.loader import load_model, parse_dtype
 from houchu.gpu.ops import make_ops
 from houchu.gpu.quant import QuantSpec, resolve_quant_mode
 from houchu.gpu.sampling import RequestState, Sampler
-from houchu.gpu.threads import ThreadGovernor
+from houchu.gpu.threads import ThreadGovernor, step_key
 from houchu.gpu.verify import sample_and_verify
 from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
 from houchu.transport.telemetry import LeverSample
@@ -268,7 +268,9 @@ class ModelRunner:
         """``_forward``, with the thread governor told about the step."""
         if self.governor is None:
             return self._forward(batch)
-        return self.governor.run(lambda: self._forward(batch))
+        n = batch.num_tokens
+        key = step_key(n, all_decode=n == batch.num_seqs)
+        return self.governor.run(lambda: self._forward(batch), key, n)
 
     def lever_samples(self) -> list[LeverSample]:
         """What weight and KV quantization and the compiled / graph-captured decode step

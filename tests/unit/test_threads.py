@@ -1,85 +1,110 @@
-"""The CPU runner's thread governor (``houchu.gpu.threads``): steps down while the cores
-are contended, probes back up when they are free, and leaves a quiet machine alone."""
+"""The CPU runner's thread governor (``houchu.gpu.threads``): per step kind it keeps the
+thread count whose measured cycle time per token is lowest, follows a change of the
+machine's load, never measures idle gaps, and judges each kind on its own."""
 
 from __future__ import annotations
 
-from houchu.gpu.threads import ThreadGovernor
+from collections.abc import Callable
+
+from houchu.gpu.threads import ThreadGovernor, step_key
 
 
 class FakeMachine:
-    """A clock, process CPU time and involuntary context switches that the test drives:
-    each step lasts 10 ms and gets ``share`` of the governor's threads' cores."""
+    """A clock the test drives. ``cost(kind, threads)`` gives a step's seconds and the gap
+    after it (the actors' time before the next step starts)."""
 
-    def __init__(self) -> None:
-        self.now, self.cpu, self.preempted = 0.0, 0.0, 0
+    def __init__(self, cost: Callable[[str, int], tuple[float, float]]) -> None:
+        self.now = 0.0
+        self.cost = cost
         self.set_calls: list[int] = []
-
-    def step(self, g: ThreadGovernor, share: float, preemptions: int) -> None:
-        g.begin()
-        self.now += 0.01
-        self.cpu += 0.01 * g.threads * share
-        self.preempted += preemptions
-        g.end()
-
-    def governor(self, threads: int = 2) -> ThreadGovernor:
-        return ThreadGovernor(
-            threads,
-            probe_every_s=1.0,
-            set_threads=self.set_calls.append,
-            clock=lambda: self.now,
-            usage=lambda: (self.cpu, self.preempted),
+        self.g = ThreadGovernor(
+            2, probe_every_s=1.0, set_threads=self.set_calls.append, clock=lambda: self.now
         )
 
+    def step(self, kind: str = "decode<=1", tokens: int = 1) -> int:
+        """One step of ``kind``; returns the thread count it ran with."""
+        ran: list[int] = []
 
-def test_quiet_machine_keeps_its_threads():
-    m = FakeMachine()
-    g = m.governor()
+        def body() -> None:
+            ran.append(self.g.threads)
+            self.now += self.cost(kind, self.g.threads)[0]
+
+        self.g.run(body, kind, tokens)
+        self.now += self.cost(kind, ran[0])[1]
+        return ran[0]
+
+    def run_for(self, seconds: float, **kw: object) -> list[int]:
+        end, used = self.now + seconds, []
+        while self.now < end:
+            used.append(self.step(**kw))
+        return used
+
+
+def test_step_key_buckets_decode_and_prefill():
+    assert step_key(1, all_decode=True) == "decode<=1"
+    assert step_key(3, all_decode=True) == "decode<=4"
+    assert step_key(16, all_decode=True) == "decode<=16"
+    assert step_key(300, all_decode=False) == "prefill<=512"
+
+
+def test_more_threads_kept_where_they_are_faster():
+    m = FakeMachine(lambda kind, t: (0.010 / t, 0.001))  # 2 threads twice as fast
+    used = m.run_for(10.0)
+    assert m.g.chosen() == {"decode<=1": 2} and m.g.changes == 0
+    assert 1 in used  # it did try one thread (each probe), and went back
+    assert used.count(1) < 0.05 * len(used)  # trials are a small share of the steps
+
+
+def test_fewer_threads_chosen_when_they_serve_faster():
+    """2 threads step faster alone but collide with the actors' work: the cycle is longer."""
+    m = FakeMachine(lambda kind, t: (0.0033, 0.0025) if t == 2 else (0.0037, 0.0005))
+    m.run_for(3.0)
+    assert m.g.chosen() == {"decode<=1": 1} and m.g.changes == 1
+    assert m.run_for(1.0)[-1] == 1
+
+
+def test_follows_the_load_both_ways():
+    busy = {"on": True}
+
+    def cost(kind: str, t: int) -> tuple[float, float]:
+        if busy["on"]:  # another process on the cores: a second thread stalls the barriers
+            return (0.020, 0.002) if t == 2 else (0.009, 0.002)
+        return (0.005, 0.001) if t == 2 else (0.009, 0.001)
+
+    m = FakeMachine(cost)
+    m.run_for(3.0)
+    assert m.g.chosen() == {"decode<=1": 1}
+    busy["on"] = False
+    m.run_for(3.0)
+    assert m.g.chosen() == {"decode<=1": 2} and m.g.changes == 2
+
+
+def test_idle_gaps_are_not_measured():
+    # every step is followed by 0.2 s of idleness: nothing is ever judged
+    m = FakeMachine(lambda kind, t: (0.0033, 0.2) if t == 2 else (0.001, 0.2))
+    m.run_for(20.0)
+    assert m.g.chosen() == {"decode<=1": 2} and m.g.changes == 0
+    assert m.g.kinds["decode<=1"].samples == {}
+
+
+def test_each_kind_is_judged_on_its_own():
+    def cost(kind: str, t: int) -> tuple[float, float]:
+        if kind == "decode<=1":  # bandwidth-bound: one thread serves faster
+            return (0.0033, 0.0025) if t == 2 else (0.0037, 0.0005)
+        return (0.011, 0.002) if t == 2 else (0.020, 0.001)  # batch 16: two threads
+
+    m = FakeMachine(cost)
+    end = m.now + 6.0
+    while m.now < end:
+        m.step("decode<=1", 1)
+        m.step("decode<=16", 16)
+    assert m.g.chosen() == {"decode<=1": 1, "decode<=16": 2}
+
+
+def test_one_thread_never_probes():
+    calls: list[int] = []
+    now = [0.0]
+    g = ThreadGovernor(1, set_threads=calls.append, clock=lambda: now[0])
     for _ in range(500):
-        m.step(g, share=0.97, preemptions=0)
-    for _ in range(50):  # an idle worker (low share) but never preempted: not contention
-        m.step(g, share=0.6, preemptions=0)
-    for _ in range(50):  # a stray preemption with a full share: not contention either
-        m.step(g, share=0.95, preemptions=1)
-    assert g.threads == 2 and m.set_calls == [] and g.changes == 0
-
-
-def test_contention_steps_down_then_free_cores_step_back_up():
-    m = FakeMachine()
-    g = m.governor(4)
-    for _ in range(3):
-        m.step(g, share=0.5, preemptions=2)
-    assert g.threads == 3 and m.set_calls == [3]
-    for _ in range(6):
-        m.step(g, share=0.5, preemptions=2)
-    assert g.threads == 1 and m.set_calls == [3, 2, 1]
-    for _ in range(20):  # 1 thread is never stepped below
-        m.step(g, share=0.5, preemptions=2)
-    assert g.threads == 1
-    for _ in range(350):  # the load is gone: a probe each second, each kept
-        m.step(g, share=0.98, preemptions=0)
-    assert g.threads == 4 and m.set_calls == [3, 2, 1, 2, 3, 4]
-
-
-def test_a_probe_into_contention_is_undone():
-    m = FakeMachine()
-    g = m.governor(2)
-    for _ in range(3):
-        m.step(g, share=0.4, preemptions=3)
-    assert g.threads == 1
-    for _ in range(110):  # at 1 thread the cores suffice; after 1 s it probes 2
-        m.step(g, share=0.9, preemptions=0)
-    assert m.set_calls[-1] == 2
-    for _ in range(3):  # still contended at 2: back to 1
-        m.step(g, share=0.45, preemptions=2)
-    assert g.threads == 1 and m.set_calls == [1, 2, 1]
-
-
-def test_steps_too_short_to_measure_are_not_judged():
-    m = FakeMachine()
-    g = m.governor(2)
-    for _ in range(10):
-        g.begin()
-        m.now += 1e-4
-        m.preempted += 1
-        g.end()
-    assert g.threads == 2
+        g.run(lambda: now.__setitem__(0, now[0] + 0.01), "decode<=1", 1)
+    assert calls == [] and g.chosen() == {"decode<=1": 1}
