@@ -93,7 +93,7 @@ class SchedulerActor:
             max_queued_tokens=c.max_queued_tokens,
         )
         self.telemetry.start()
-        tiers = None  # off
+        tiers = None
         if c.kv_tiers:
             fingerprint = bytes.fromhex(c.kv_fingerprint)
             write_through = c.kv_write_policy == "write_through"
