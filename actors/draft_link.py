@@ -93,7 +93,7 @@ class DraftLink:
         if reply.query_id != self.waiting:
             # A release, or a reply that came too late: only its pool counters are news
             # (after a failure there, the next awaited reply fails too and resyncs).
-            core.spec.on_pool_stats(reply)
+            core.on_draft_stats(reply)
             return
         core.attach_drafts(reply, time.perf_counter() - self.sent_at)
         self.waiting, self.ready = None, True
@@ -101,12 +101,12 @@ class DraftLink:
     def on_timeout(self, core: SchedulerCore) -> None:
         """The awaited reply did not come in time: plan without proposals."""
         self.num_timeouts += 1
-        core.spec.abandon()
+        core.abandon_drafts()
         self.waiting, self.ready = None, True
 
     async def flush_releases(self, core: SchedulerCore) -> None:
         """Tell the draft about requests that left (frees their draft KV now)."""
-        req = core.spec.release_request()
+        req = core.draft_release()
         if req is not None and self.is_up:
             await self.out.send(req)
 
@@ -114,13 +114,10 @@ class DraftLink:
         """The draft actor died: stop waiting, speculate no more until it is back, and
         resend every request's tokens to its replacement (which starts empty)."""
         if self.waiting is not None:
-            core.spec.abandon()
+            core.abandon_drafts()
             self.waiting = None
         self.is_up, self.ready = False, False
-        core.spec.pending_release.clear()
-        for req in core.batcher.running.values():
-            req.spec.num_synced = 0
-            req.spec.draft_ids = []
+        core.on_draft_down()
 
     def on_up(self) -> None:
         """The draft actor's replacement is ready: speculate again."""
@@ -142,13 +139,10 @@ class DraftLink:
             RuntimeError: the runner failed a calibration step or did not answer within
                 ``timeout_s`` seconds, or a shutdown came.
         """
-        spec = core.spec
-        limit = min(core.runner.max_context, core.batcher.config.max_batch_tokens)
-        sizes = calibration_sizes(limit)
-        need = core.allocator.pages_for(sizes[-1])
-        if not core.allocator.can_allocate(need):
+        sizes = calibration_sizes(core.calibration_tokens())
+        pages = core.lend_pages(sizes[-1])
+        if not pages:
             return 0
-        pages = core.allocator.allocate(need)
         plans = calibration_plans(sizes, pages)
         seconds: list[float] = []
         try:
@@ -167,8 +161,6 @@ class DraftLink:
                 if plan.work:
                     seconds.append(msg.duration_s)
         finally:
-            core.allocator.free(pages)
-        for t, s in best_times(sizes, seconds).items():
-            spec.controller.observe_target(t, s)
-        spec.controller.update_break_even()
+            core.return_pages(pages)
+        core.seed_spec_costs(best_times(sizes, seconds))
         return len(sizes)

@@ -68,8 +68,6 @@ class SchedulerActor:
         self.core: SchedulerCore | None = None
         address = ep["recorder"] if config.telemetry else None
         self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
-        self.step_in_flight = 0  # steps sent whose results are not back (2 at most)
-        self.step_sent_at = 0.0  # the step at the runner started about then
         self.runner_ready = False  # a runner's RunnerInfo came since its last restart
         self.overlap = False  # plan a step while one runs (resolved at start)
         self.stuck_reported = False  # the step in flight was reported stuck
@@ -132,12 +130,12 @@ class SchedulerActor:
     def _wake_in(self) -> float | None:
         """Seconds until something waited for times out (None: nothing is waited for)."""
         waits = []
-        if self.core.tiers is not None and self.core.tiers.lookups:
+        if self.core.is_looking_up():
             waits.append(0.05)  # lower-tier lookups time out: look now and then
         if self.draft is not None and self.draft.is_waiting:
             waits.append(max(self.draft.time_left(), 0.0))
-        if self.step_in_flight and not self.stuck_reported:
-            left = self.step_sent_at + self.config.heartbeat_timeout_s - time.perf_counter()
+        if self.core.num_in_flight and not self.stuck_reported:
+            left = self.config.heartbeat_timeout_s - self.core.at_runner_s()
             waits.append(max(left, 0.0))
         return min(waits) if waits else None
 
@@ -145,8 +143,8 @@ class SchedulerActor:
         """Nothing arrived in time: give up on late proposals, report a stuck runner."""
         if self.draft is not None and self.draft.is_waiting and self.draft.time_left() <= 0:
             self.draft.on_timeout(self.core)
-        waited = time.perf_counter() - self.step_sent_at
-        if self.step_in_flight and not self.stuck_reported:
+        waited = self.core.at_runner_s()
+        if self.core.num_in_flight and not self.stuck_reported:
             if waited > self.config.heartbeat_timeout_s:
                 self.stuck_reported = True
                 reason = f"the scheduler has waited {waited:.0f} s for a step result"
@@ -175,33 +173,25 @@ class SchedulerActor:
                 if not core.is_in_flight(step_id):
                     return True  # from a runner that was replaced: stale
                 t0 = time.time()
-                self.step_in_flight -= 1
-                if self.step_in_flight:  # the step sent ahead starts at the runner now
-                    self.step_sent_at = time.perf_counter()
                 events = core.apply(msg)
                 if events:
                     await self.to_tokenizer.send(TokenBatch(events))
-                core.overlap.record_work(t0, time.time(), overlapped=self.step_in_flight > 0)
+                core.record_work(t0, time.time(), overlapped=core.num_in_flight > 0)
             case StatsQuery(query_id=qid, rid=rid):
                 stats = core.stats()
                 if rid is not None:
-                    stats["request_known"] = int(core.batcher.get(rid) is not None)
-                stats["step_in_flight"] = int(self.step_in_flight)
+                    stats["request_known"] = int(core.knows(rid))
+                stats["step_in_flight"] = core.num_in_flight
                 stats["runner_ready"] = int(self.runner_ready)
                 stats["telemetry_dropped"] = self.telemetry.num_dropped
                 await self.to_gateway.send(StatsReply(query_id=qid, stats=stats))
-            case HostSlotGrant():
-                core.tiers.on_grant(msg)
-            case TierLookupResult():
-                core.tiers.on_result(msg)
-            case TierStats(stats=stats):
-                core.tiers.tier_stats = stats
+            case HostSlotGrant() | TierLookupResult() | TierStats():
+                core.on_tier_reply(msg)
             case DraftReply():
                 self.draft.on_reply(core, msg)
             case RunnerInfo():
                 if not self.runner_ready:  # the replacement of a runner that died
-                    if msg != core.runner:
-                        core.reset_pool(msg)
+                    core.on_runner_info(msg)
                     self.runner_ready = True
             case ActorDown(name=name):
                 if not await drain(self.inbox, self._handle, self.name):
@@ -224,8 +214,8 @@ class SchedulerActor:
                 await self.to_tokenizer.send(TokenBatch(events))
             if self.draft is not None:
                 await self.draft.flush_releases(core)
-            core.reset_pool(core.runner)
-            self.step_in_flight = self.stuck_reported = self.runner_ready = False
+            core.restart_pool()
+            self.stuck_reported = self.runner_ready = False
         elif name == "tokenizer":  # nobody can receive these requests' text any more
             core.abort_all()
         elif name == "kv_tiers":
@@ -234,34 +224,30 @@ class SchedulerActor:
             self.draft.on_down(core)
 
     async def _maybe_step(self) -> None:
-        draft = self.draft
-        if self.runner_ready and self.core.has_work and not self.step_in_flight:
+        draft, core = self.draft, self.core
+        if self.runner_ready and core.has_work and not core.num_in_flight:
             # with speculation, proposals may be asked for first: then wait for them
-            if draft is None or not await draft.before_plan(self.core):
+            if draft is None or not await draft.before_plan(core):
                 await self._send_plan()
-        if self.step_in_flight == 1 and self.overlap and self.core.has_work:
-            if self.core.can_plan_ahead():  # overlap: planned while the step in flight runs
+        if core.num_in_flight == 1 and self.overlap and core.has_work:
+            if core.can_plan_ahead():  # overlap: planned while the step in flight runs
                 await self._send_plan()
         if draft is not None:
-            await draft.flush_releases(self.core)
-        if self.core.tiers is not None:
-            for m in self.core.tiers.drain():
-                await self.to_tiers.send(m)
+            await draft.flush_releases(core)
+        for m in core.tier_messages():
+            await self.to_tiers.send(m)
 
     async def _send_plan(self) -> None:
         """Plan the next step and send it (timed for the overlap scheduler's ledger)."""
         t0 = time.time()
-        ahead = self.step_in_flight > 0
+        ahead = self.core.num_in_flight > 0
         plan = self.core.next_plan()
         if self.draft is not None:
             self.draft.after_plan()
         if plan is not None:
-            if not ahead:
-                self.step_sent_at = time.perf_counter()
-            self.step_in_flight += 1
             self.stuck_reported = False
             await self.to_runner.send(plan)
-        self.core.overlap.record_work(t0, time.time(), overlapped=ahead)
+        self.core.record_work(t0, time.time(), overlapped=ahead)
 
     async def close(self) -> None:
         await self.telemetry.close()

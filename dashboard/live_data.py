@@ -98,10 +98,12 @@ def kv_tiers(stats: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 async def live_numbers(app: web.Application) -> dict[str, Any]:
     """Live state: engine counters (may be None), KV tiers, and the database's recent
-    rates, request stats, series and recorder counters. Raises ApiError (503) when the
-    database cannot answer."""
+    rates, request stats, series and recorder counters. The rates' ``round_trip_ms`` is
+    the scheduler's (its stats; None when it does not answer or ran no step lately).
+    Raises ApiError (503) when the database cannot answer."""
     store = store_of(app)
     (stats, why), db = await asyncio.gather(engine_stats(app), store.live())
+    db["rates"]["round_trip_ms"] = (stats or {}).get("round_trip_ms")
     return {**db, "engine": stats, "engine_error": why, "kv": kv_tiers(stats)}
 
 

@@ -208,8 +208,6 @@ class ModelRunner:
         self.states: dict[str, RequestState] = {}
         self.last_sampled: dict[str, int] = {}  # rid -> token sampled by the previous call
         self.host_kv: HostKVMirror | None = None  # the shared host KV pool, when tiers are on
-        self.kv_bytes_saved = 0  # device -> host, bytes
-        self.kv_bytes_loaded = 0  # host -> device, bytes
         self.num_params = self.model.num_params()
         on_cpu = self.device.type == "cpu" and adapt_threads
         self.governor = ThreadGovernor(torch.get_num_threads()) if on_cpu else None
@@ -363,8 +361,8 @@ class ModelRunner:
                 raise ValueError("plan copies KV pages but no host pool is attached")
             # ---- commit
             if self.host_kv is not None:
-                self.kv_bytes_saved += self.host_kv.save(plan.kv_saves)
-                self.kv_bytes_loaded += self.host_kv.load(plan.kv_loads)
+                self.host_kv.save(plan.kv_saves)
+                self.host_kv.load(plan.kv_loads)
             for rid in plan.release:
                 self.states.pop(rid, None)
             self.states.update(new)

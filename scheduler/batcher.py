@@ -21,10 +21,10 @@ from collections import deque
 import msgspec
 
 from houchu.cache_tiers.page_allocator import PageAllocator
-from houchu.cache_tiers.radix_tree import Node, RadixTree
+from houchu.scheduler.no_tiers import Tiers
+from houchu.scheduler.prefix_cache import NoPrefixCache, PrefixCache
 from houchu.scheduler.request import Request, Status
-from houchu.scheduler.tiers import TierClient
-from houchu.spec.scheduling import add_drafts
+from houchu.spec.scheduling import add_drafts, free_pages_past
 from houchu.transport.messages import PageCopy, SeqInit, SeqWork, StepPlan
 
 #: The token id sent in place of a token the scheduler has not seen yet.
@@ -54,28 +54,40 @@ class Batcher:
     Args:
         allocator: the device page allocator (shared with nobody else).
         config: batching limits.
+        prefix: the radix prefix cache over the allocator's pool (or ``NoPrefixCache``).
+        tiers: the KV tiers' client (or ``NoTiers``).
     """
 
     def __init__(
         self,
         allocator: PageAllocator,
         config: BatchConfig,
-        tree: RadixTree | None = None,
-        tiers: TierClient | None = None,
+        prefix: PrefixCache | NoPrefixCache,
+        tiers: Tiers,
     ) -> None:
         self.allocator = allocator
         self.config = config
-        self.tree = tree
+        self.prefix = prefix
         self.tiers = tiers
-        if tiers is not None and tree is not None:
-            tree.on_evict = self._on_evict
-            if tiers.write_through:
-                tree.on_insert = self._on_insert
         self.waiting: deque[Request] = deque()
         self.running: dict[str, Request] = {}  # insertion order = admission order
         self.pending_release: list[str] = []
         self.num_preemptions = 0
+        self._preempted: list[Request] = []  # since the last take_preempted()
         self._step_ids = itertools.count()
+
+    def restart(self, allocator: PageAllocator, prefix: PrefixCache | NoPrefixCache) -> None:
+        """Start over on a new, empty device pool (the runner was replaced). Step ids
+        keep counting up and preemptions keep adding up; releases for the old runner
+        are dropped.
+
+        Raises:
+            RuntimeError: requests are still queued or running.
+        """
+        if self.running or self.waiting:
+            raise RuntimeError("restart with requests still queued or running")
+        self.allocator, self.prefix = allocator, prefix
+        self.pending_release = []
 
     # ------------------------------------------------------------------ queue changes
 
@@ -84,9 +96,14 @@ class Batcher:
         self.waiting.append(req)
 
     def get(self, rid: str) -> Request | None:
+        """The queued or running request ``rid`` (None: unknown, or it left)."""
         if rid in self.running:
             return self.running[rid]
         return next((r for r in self.waiting if r.rid == rid), None)
+
+    def knows(self, rid: str) -> bool:
+        """Whether ``rid`` is queued or running."""
+        return rid in self.running or any(r.rid == rid for r in self.waiting)
 
     def remove(self, req: Request) -> None:
         """Take a request out (finished, aborted or failed): free its pages and drop the
@@ -96,8 +113,7 @@ class Batcher:
         elif req in self.waiting:
             self.waiting.remove(req)
         self._drop_pages(req)
-        if self.tiers is not None:
-            self.tiers.forget(req.rid)
+        self.tiers.forget(req.rid)
         req.status = Status.FINISHED
         if req.is_registered:
             self.pending_release.append(req.rid)
@@ -105,6 +121,7 @@ class Batcher:
 
     @property
     def has_work(self) -> bool:
+        """Requests are queued or running, or releases wait for the next plan."""
         return bool(self.running or self.waiting or self.pending_release)
 
     # ------------------------------------------------------------------ planning
@@ -146,12 +163,13 @@ class Batcher:
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_running:
                 break
-            if self.tiers is not None and self.tiers.is_pending(req.rid):
+            if self.tiers.is_pending(req.rid):
                 continue  # its lower-tier lookup is in flight; others may go first
             if req.is_in_flight:
                 continue  # preempted while in a step in flight: its tokens are not all known
-            self._match_prefix(req)
-            if self._start_lookup(req):
+            self.prefix.match(req)
+            if self.tiers.begin_lookup(req):
+                self._drop_pages(req)  # matched again once the answer is in
                 continue
             n, num_loaded = self._plan_prefix(req, budget)
             if not self._reserve(req, req.plan_computed + n, preempt=False):
@@ -169,12 +187,10 @@ class Batcher:
             budget -= n
 
         release, self.pending_release = self.pending_release, []
-        has_saves = self.tiers is not None and bool(self.tiers.saves)
-        if not work and not release and not has_saves:
+        if not work and not release and not self.tiers.has_saves:
             return None, []
         plan = StepPlan(step_id=next(self._step_ids), work=work, init=init, release=release)
-        if self.tiers is not None:
-            plan.kv_saves, plan.kv_loads = self.tiers.plan_copies(plan.step_id, loads)
+        plan.kv_saves, plan.kv_loads = self.tiers.plan_copies(plan.step_id, loads)
         return plan, scheduled
 
     def _chunk(self, req: Request, budget: int) -> int:
@@ -190,7 +206,6 @@ class Batcher:
             raise RuntimeError(f"request {req.rid!r}: {n} tokens planned after a pending one")
         ids = [PLACEHOLDER_TOKEN] if placeholder else req.all_ids()[start : start + n]
         sample = start + n == req.plan_tokens
-        req.num_scheduled = n
         return SeqWork(
             rid=req.rid,
             token_ids=ids,
@@ -209,8 +224,8 @@ class Batcher:
         need = self.allocator.pages_for(num_tokens) - len(req.page_table)
         if need <= 0:
             return True
-        if not self.allocator.can_allocate(need) and self.tree is not None:
-            self.tree.evict(need - self.allocator.num_free)
+        if not self.allocator.can_allocate(need):
+            self.prefix.evict(need - self.allocator.num_free)
         while not self.allocator.can_allocate(need):
             if not preempt:
                 return False
@@ -230,85 +245,43 @@ class Batcher:
         req.is_tier_checked = False  # its pages may have been written back: look again
         req.num_preemptions += 1
         self.num_preemptions += 1
+        self._preempted.append(req)
         self.waiting.appendleft(req)
 
-    # ------------------------------------------------------------------ prefix cache
+    def take_preempted(self) -> list[Request]:
+        """The requests preempted since the last call, in order."""
+        out, self._preempted = self._preempted, []
+        return out
 
-    def _match_prefix(self, req: Request) -> None:
-        """Start a request that holds no pages from its longest cached prefix (at most
-        all tokens but one: the last one must be computed to sample from)."""
-        if self.tree is None or req.page_table:
-            return
-        pages, node = self.tree.match(req.all_ids(), req.num_tokens - 1)
-        self.allocator.share(pages)
-        req.page_table = pages
-        req.num_computed = req.num_tree_pages = len(pages)
-        req.num_computed *= self.allocator.page_size
-        req.tree_node = node
-        if req.num_preemptions == 0:
-            req.cached_tokens = req.num_computed
+    # ------------------------------------------------------------------ after a step
 
     def index_computed(self, req: Request) -> None:
-        """Put ``req``'s newly completed full pages into the radix tree, so that other
+        """Put ``req``'s newly completed full pages into the prefix cache, so that other
         requests (and this one, if it is preempted) can reuse them."""
-        if self.tree is None:
-            return
-        num_full = req.num_computed // self.allocator.page_size
-        if num_full <= req.num_tree_pages:
-            return
-        full = req.page_table[:num_full]
-        node = req.tree_node or self.tree.root
-        req.tree_node = self.tree.insert(req.all_ids(), full, req.num_tree_pages, node)
-        req.page_table[:num_full] = full
-        req.num_tree_pages = num_full
+        self.prefix.index(req)
+
+    def free_rejected(self, req: Request) -> None:
+        """Free ``req``'s pages past its tokens: those of proposals the runner rejected."""
+        free_pages_past(req, self.allocator, req.num_tokens)
 
     # ------------------------------------------------------------------ lower tiers
-
-    def _start_lookup(self, req: Request) -> bool:
-        """Ask the tier manager for the full pages after the device hit, once per
-        admission. True when a lookup was started (the request waits for its answer)."""
-        if self.tiers is None or req.is_tier_checked:
-            return False
-        first = len(req.page_table)
-        last = (req.num_tokens - 1) // self.allocator.page_size
-        if last <= first:
-            return False
-        req.is_tier_checked = True
-        self.tiers.start_lookup(req.rid, req.all_ids(), first, last)
-        self._drop_pages(req)
-        return True
 
     def _plan_prefix(self, req: Request, budget: int) -> tuple[int, int]:
         """(tokens to compute this step, pages to load from a lower tier). Sets
         ``num_computed`` past the pages to load; ``_drop_pages`` undoes it."""
-        num_loaded = 0
-        if self.tiers is not None:
-            num_loaded = self.tiers.num_usable(req.rid, len(req.page_table))
-            req.num_computed += num_loaded * self.allocator.page_size
+        num_loaded = self.tiers.num_usable(req.rid, len(req.page_table))
+        req.num_computed += num_loaded * self.allocator.page_size
         return self._chunk(req, budget), num_loaded
 
     def _take_loads(self, req: Request, num_loaded: int) -> list[PageCopy]:
         """Commit the lower-tier hit: copies into the request's freshly reserved pages."""
-        if self.tiers is None:
-            return []
         first = req.num_computed // self.allocator.page_size - num_loaded  # device-hit pages
         slots, tiers = self.tiers.take(req.rid, first)
         for t in tiers:
-            self.tiers.pages_loaded[t] += 1
             req.tier_pages[t] = req.tier_pages.get(t, 0) + 1
         if req.num_preemptions == 0:
             req.cached_tokens = req.num_computed
         return [PageCopy(req.page_table[first + i], s) for i, s in enumerate(slots)]
-
-    def _on_evict(self, node: Node) -> None:
-        """Write-back: a cached page leaves the device; copy it to the host tier."""
-        if not node.is_saved:
-            self.tiers.save(node.page, node.hash)
-            node.is_saved = True
-
-    def _on_insert(self, node: Node) -> None:
-        """Write-through: every newly cached page is copied to the host tier."""
-        node.is_saved = self.tiers.save(node.page, node.hash)
 
     def _drop_pages(self, req: Request) -> None:
         if req.page_table:

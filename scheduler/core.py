@@ -1,6 +1,6 @@
 """The scheduler's domain logic: admit, plan, apply results, finish — no sockets.
 
-The scheduler actor (``actors/scheduler.py``) drives it::
+The scheduler actor (``actors/scheduler.py``) drives it, through its methods only::
 
     core.add(request)              # TokenizedRequest arrived
     plan = core.next_plan()        # when no step is in flight, or (overlap) while one
@@ -8,33 +8,55 @@ The scheduler actor (``actors/scheduler.py``) drives it::
     events = core.apply(result)    # StepResult arrived -> TokenEvents for the tokenizer
     core.abort(rid)                # client gone, or a stop string matched
 
+The core is a composition of small parts, each of which is a real object or a null one
+when its feature is off (never None):
+
+- ``Batcher`` (``scheduler.batcher``): the waiting queue, the running set, the next plan;
+- ``PrefixCache`` / ``NoPrefixCache`` (``scheduler.prefix_cache``): the radix tree;
+- ``TierClient`` / ``NoTiers`` (``scheduler.tiers``, ``scheduler.no_tiers``): the KV tiers;
+- ``SpecScheduler`` / ``NoSpeculation`` (``scheduler.speculation``): speculative decoding;
+- ``StepTracker`` (``scheduler.steps``): the steps in flight;
+- ``Planner`` (``scheduler.planner``): the next plan, launched as a step in flight;
+- ``ResultApplier`` (``scheduler.results``): what a result does to its requests;
+- ``SchedulerLedger``, ``OverlapLedger``, ``SchedulerCounters``: levers and totals;
+- a telemetry sink (``NullTelemetry`` when off).
+
 Results come back in plan order. With the overlap scheduler a plan is built while one
 earlier step is still in flight; what that step holds is kept per step (``Slot``s) and
 as an overlay on each request (``scheduler.overlap``).
+
+When a peer is replaced (``houchu.actors.supervisor``): the runner — ``fail_all``, then
+``reset_pool`` on its new, empty pool (counters, the tiers' client and the speculation
+controller are kept); the tokenizer — ``abort_all``; the KV-tier manager —
+``reset_tiers``.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Protocol
-
 from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.cache_tiers.radix_tree import RadixTree
 from houchu.scheduler.batcher import BatchConfig, Batcher
+from houchu.scheduler.counters import SchedulerCounters
 from houchu.scheduler.ledger import SchedulerLedger
-from houchu.scheduler.overlap import OverlapLedger, Slot
-from houchu.scheduler.recovery import Recovery
+from houchu.scheduler.no_tiers import NoTiers, Tiers
+from houchu.scheduler.overlap import OverlapLedger
+from houchu.scheduler.planner import Planner
+from houchu.scheduler.prefix_cache import prefix_cache
 from houchu.scheduler.request import Request
-from houchu.scheduler.results import Results
-from houchu.scheduler.tiers import TierClient
-from houchu.spec.scheduling import SpecConfig, SpecScheduler
+from houchu.scheduler.results import ResultApplier
+from houchu.scheduler.speculation import speculation
+from houchu.scheduler.steps import StepTracker
+from houchu.scheduler.telemetry import NullTelemetry, TelemetrySink
+from houchu.scheduler.tiers import TierClient, TierReply
+from houchu.spec.scheduling import SpecConfig
 from houchu.transport.messages import (
     RunnerInfo,
     StepPlan,
+    StepResult,
+    TokenEvent,
     TokenizedRequest,
 )
 from houchu.transport.spec_messages import DraftReply, DraftRequest
-from houchu.transport.telemetry import LeverSample, StepRecord
 
 
 class Rejected(Exception):
@@ -52,45 +74,21 @@ class Overloaded(Rejected):
     status = 429
 
 
-class TelemetrySink(Protocol):
-    """Where lifecycle events and lever samples go (``transport.telemetry.Telemetry``)."""
-
-    def event(
-        self, rid: str, kind: str, t: float | None = None, **data: float | int | str
-    ) -> None: ...
-    def step(self, record: StepRecord) -> None: ...
-    def lever(self, sample: LeverSample) -> None: ...
-
-
-class NullTelemetry:
-    """A sink that keeps nothing (telemetry off, and unit tests)."""
-
-    def event(self, rid: str, kind: str, t: float | None = None, **data: float | int | str) -> None:
-        pass
-
-    def step(self, record: StepRecord) -> None:
-        pass
-
-    def lever(self, sample: LeverSample) -> None:
-        pass
-
-
-class SchedulerCore(Results, Recovery):
+class SchedulerCore:
     """Continuous-batching scheduler over a paged KV pool with a radix prefix cache.
-
-    Applying results comes from ``houchu.scheduler.results``; recovery from a peer's
-    restart (fail or abort everything, start over on a new runner's pool) from
-    ``houchu.scheduler.recovery``.
 
     Args:
         runner: the runner's pool geometry, context length and model size.
         config: batching limits.
         radix_cache: reuse cached prefixes (``--disable-radix-cache`` turns it off).
-        tiers: the host / SSD KV tiers' client, or None (they need the radix cache).
-        telemetry: where lifecycle events and lever samples go.
+        telemetry: where lifecycle events and lever samples go (None: nowhere).
+        tiers: the host / SSD KV tiers' client, or None (off; they need the radix cache).
         spec: speculative decoding settings, or None (off).
         overlap: the actor plans a step while the previous one runs (only reported in
             the stats here; ``can_plan_ahead`` says when that is allowed).
+
+    Raises:
+        ValueError: ``spec`` is invalid.
     """
 
     def __init__(
@@ -104,28 +102,28 @@ class SchedulerCore(Results, Recovery):
         overlap: bool = False,
     ) -> None:
         self.runner = runner
+        self.telemetry: TelemetrySink = telemetry or NullTelemetry()
+        self.tiers: Tiers = (tiers or NoTiers()) if radix_cache else NoTiers()
         self.allocator = PageAllocator(runner.num_pages, runner.page_size)
-        fingerprint = tiers.fingerprint if tiers is not None else None
-        self.tree = RadixTree(self.allocator, fingerprint) if radix_cache else None
-        self.tiers = tiers if radix_cache else None
-        self.batcher = Batcher(self.allocator, config, self.tree, self.tiers)
+        self.prefix = prefix_cache(radix_cache, self.allocator, self.tiers)
+        self.batcher = Batcher(self.allocator, config, self.prefix, self.tiers)
+        self.spec = speculation(spec, runner.max_context, config.max_running)
+        self.steps = StepTracker()
         self.ledger = SchedulerLedger(runner)
-        self.telemetry = telemetry or NullTelemetry()
-        self.spec = None
-        if spec is not None:
-            self.spec = SpecScheduler(spec, runner.max_context, config.max_running)
-        self._in_flight: dict[int, list[Slot]] = {}  # step id -> its requests' shares
         self.overlap = OverlapLedger(overlap)
-        self._sent_at: dict[int, float] = {}
-        self.num_steps = 0
-        self.num_prompt_tokens = 0
-        self.num_generated_tokens = 0
-        self.num_finished = 0
-        self.num_aborted = 0
-        self.num_refused = 0
-        self.num_failed = 0
-        self.busy_s = 0.0
-        self.started = time.time()
+        self.counters = SchedulerCounters()
+        self._wire()
+
+    def _wire(self) -> None:
+        """(Re)build the plan and result sides over the current parts and runner."""
+        b, sp, led, ov, tel = self.batcher, self.spec, self.ledger, self.overlap, self.telemetry
+        self.planner = Planner(self.runner, b, self.steps, sp, led, ov, tel)
+        self.results = ResultApplier(self.runner, b, sp, led, ov, tel, self.counters)
+
+    @property
+    def tree(self) -> RadixTree | None:
+        """The radix tree, for inspection (None: the radix cache is off)."""
+        return self.prefix.tree
 
     # ------------------------------------------------------------------ inputs
 
@@ -157,7 +155,7 @@ class SchedulerCore(Results, Recovery):
             raise Rejected(f"request id {msg.rid!r} is already queued")
         self._check_queue(len(msg.prompt_ids))
         req = Request(msg.rid, msg.prompt_ids, msg.sampling, msg.eos_token_ids, msg.arrival_time)
-        self.num_prompt_tokens += len(msg.prompt_ids)
+        self.counters.prompt_tokens += len(msg.prompt_ids)
         self.batcher.add(req)
         self.telemetry.event(req.rid, "queued", prompt_tokens=req.num_prompt)
 
@@ -170,7 +168,7 @@ class SchedulerCore(Results, Recovery):
             return
         queued = sum(r.num_prompt for r in waiting)
         if queued + num_prompt > bound:
-            self.num_refused += 1
+            self.counters.refused += 1
             raise Overloaded(
                 f"the scheduler's queue holds {queued} prompt tokens (limit {bound}); retry later"
             )
@@ -185,103 +183,175 @@ class SchedulerCore(Results, Recovery):
         if req is None:
             return False
         req.is_aborted = True
-        self._leave(req)
+        self.results.leave(req)
         if reason == "stop":
-            self.num_finished += 1
-            self.telemetry.event(rid, "finished", finish_reason="stop",
-                                 completion_tokens=len(req.output_ids))  # fmt: skip
+            self.counters.finished += 1
+            self.telemetry.event(
+                rid, "finished", finish_reason="stop", completion_tokens=len(req.output_ids)
+            )
         else:
-            self.num_aborted += 1
+            self.counters.aborted += 1
             self.telemetry.event(rid, "aborted", completion_tokens=len(req.output_ids))
         return True
 
+    def knows(self, rid: str) -> bool:
+        """Whether request ``rid`` is queued or running."""
+        return self.batcher.knows(rid)
+
+    # ------------------------------------------------------------------ steps
+
     @property
     def has_work(self) -> bool:
+        """Requests are queued or running, or releases wait for the next plan."""
         return self.batcher.has_work
 
     @property
     def num_in_flight(self) -> int:
-        """Steps planned whose results have not been applied."""
-        return len(self._in_flight)
+        """Steps planned whose results have not been applied (2 at most)."""
+        return len(self.steps)
+
+    def is_in_flight(self, step_id: int) -> bool:
+        """Whether ``step_id`` was planned and its result has not been applied (a result
+        for any other step id is stale: it comes from a runner that was replaced)."""
+        return step_id in self.steps
+
+    def at_runner_s(self) -> float:
+        """Seconds the oldest step in flight has been at the runner (0: none)."""
+        return self.steps.at_runner_s()
 
     def can_plan_ahead(self) -> bool:
-        """Whether the next plan may be built now, with one step in flight (overlap).
-
-        Not when no step or two are in flight, when the step in flight verifies
-        proposals (how many it accepts is unknown until it returns), or when speculation
-        may propose for the next step (proposals need every token known; such steps run
-        without overlap): with speculation on, only while the decoding batch is larger
-        than the size at which speculation is off."""
-        if len(self._in_flight) != 1:
-            return False
-        (slots,) = self._in_flight.values()
-        if any(s.num_draft for s in slots):
-            return False
-        if self.spec is not None:
-            running = self.batcher.running.values()
-            decoding = sum(1 for r in running if not r.plan_prefilling)
-            if decoding and decoding <= self.spec.controller.cutoff:
-                return False
-        return True
+        """Whether the next plan may be built with one step in flight
+        (``Planner.can_plan_ahead``)."""
+        return self.planner.can_plan_ahead()
 
     def next_plan(self) -> StepPlan | None:
-        """The next step's plan, or None when idle. It may be built while one step is in
-        flight (see ``can_plan_ahead``); never while two are."""
-        if len(self._in_flight) > 1:
-            raise RuntimeError("two steps are in flight: apply a result before planning")
-        waiting_before = {r.rid for r in self.batcher.waiting}
-        plan, scheduled = self.batcher.schedule()
-        if plan is None:
-            return None
-        slots = [
-            Slot(req, len(w.token_ids), w.sample, w.num_draft, req.plan_prefilling)
-            for req, w in zip(scheduled, plan.work, strict=True)
-        ]
-        for slot in slots:
-            slot.enter()
-        self.overlap.steps_ahead += bool(self._in_flight)
-        self._in_flight[plan.step_id] = slots
-        self._sent_at[plan.step_id] = time.time()
-        for req in scheduled:
-            if req.rid in waiting_before:
-                self._on_admitted(req)
-        return plan
+        """The next step's plan, or None when idle (``Planner.next_plan``).
 
-    def _on_admitted(self, req: Request) -> None:
-        if req.num_preemptions:
-            self.telemetry.event(req.rid, "resumed", cached_tokens=req.num_computed)
-            return
-        if req.cached_tokens:
-            tier = max(req.tier_pages, key=req.tier_pages.get) if req.tier_pages else "device"
-            self.telemetry.event(req.rid, "prefix_matched", cached_tokens=req.cached_tokens,
-                                 tier=tier)  # fmt: skip
-        for tier, pages in req.tier_pages.items():
-            page_bytes = self.runner.page_size * self.runner.kv_bytes_per_token
-            self.telemetry.lever(
-                LeverSample(f"kv_tier_{tier}", "skip", float(pages * self.runner.page_size), "tokens",
-                            float(pages * page_bytes), "bytes", time.time(), req.rid)
-            )  # fmt: skip
-        self.telemetry.event(req.rid, "scheduled")
-        for sample in self.ledger.on_admitted(req):
-            self.telemetry.lever(sample)
+        Raises:
+            RuntimeError: two steps are in flight.
+        """
+        return self.planner.next_plan()
 
-    # ------------------------------------------------------------------ leaving
+    def apply(self, result: StepResult) -> list[TokenEvent]:
+        """Apply a step's result (``ResultApplier.apply``); returns the events to send
+        to the tokenizer."""
+        slots = self.steps.land(result)
+        self.tiers.on_step_done(result.step_id, result.error is None)
+        return self.results.apply(result, slots)
 
-    def _leave(self, req: Request) -> None:
-        """Take ``req`` out of the batch, accounting what paging saved for it."""
-        held = len(req.page_table) * self.runner.page_size * self.runner.kv_bytes_per_token
-        for sample in self.ledger.on_finished(req, held):
-            self.telemetry.lever(sample)
-        if self.spec is not None:
-            for sample in self.spec.on_leave(req):
-                self.telemetry.lever(sample)
-        self.batcher.remove(req)
+    def record_work(self, t0: float, t1: float, overlapped: bool) -> None:
+        """The actor worked on a result or a plan from ``t0`` to ``t1`` (time.time());
+        ``overlapped``: a step was in flight all along (``OverlapLedger.record_work``)."""
+        self.overlap.record_work(t0, t1, overlapped)
+
+    # ------------------------------------------------------------------ KV tiers
+
+    def on_tier_reply(self, msg: TierReply) -> None:
+        """A message of the KV-tier manager: slots granted, a lookup answered, counters."""
+        self.tiers.receive(msg)
+
+    def is_looking_up(self) -> bool:
+        """Lower-tier lookups are outstanding (they time out: look now and then)."""
+        return self.tiers.is_looking_up
+
+    def tier_messages(self) -> list:
+        """The messages for the KV-tier manager queued since the last call."""
+        return self.tiers.drain()
+
+    # ------------------------------------------------------------------ speculation
+
+    def draft_request(self) -> DraftRequest | None:
+        """Proposals to ask the draft actor for before the next plan (None: none)."""
+        return self.spec.draft_request(self.batcher.running.values())
+
+    def attach_drafts(self, reply: DraftReply, seconds: float) -> None:
+        """The draft's answer (``seconds`` after asking): proposals for the next plan."""
+        self.spec.on_reply(reply, self.batcher.running.get, seconds)
+
+    def on_draft_stats(self, reply: DraftReply) -> None:
+        """A draft reply nobody waits for: keep only its pool counters."""
+        self.spec.on_pool_stats(reply)
+
+    def abandon_drafts(self) -> None:
+        """The awaited proposals did not come in time: plan without them."""
+        self.spec.abandon()
+
+    def draft_release(self) -> DraftRequest | None:
+        """A request releasing the draft state of requests that left (None: none)."""
+        return self.spec.release_request()
+
+    def on_draft_down(self) -> None:
+        """The draft actor was replaced: resend every running request's tokens."""
+        self.spec.resync(self.batcher.running.values())
+
+    def calibration_tokens(self) -> int:
+        """The longest pass calibration may time: the context or the step budget."""
+        return min(self.runner.max_context, self.batcher.config.max_batch_tokens)
+
+    def lend_pages(self, num_tokens: int) -> list[int]:
+        """Free pages for ``num_tokens`` positions, for calibration passes ([]: the pool
+        has not that many free); give them back with ``return_pages``."""
+        need = self.allocator.pages_for(num_tokens)
+        return self.allocator.allocate(need) if self.allocator.can_allocate(need) else []
+
+    def return_pages(self, pages: list[int]) -> None:
+        """Give back pages from ``lend_pages``."""
+        self.allocator.free(pages)
+
+    def seed_spec_costs(self, times: dict[int, float]) -> None:
+        """Timed target passes (tokens -> seconds) for speculation's cost model."""
+        self.spec.calibrate(times)
+
+    # ------------------------------------------------------------------ recovery
+
+    def fail_all(self, error: str, status: int = 503) -> list[TokenEvent]:
+        """Fail every request, running or waiting; forget the steps in flight (their
+        host-slot copies are returned unused). Returns the error events to send."""
+        for step_id in self.steps.lose_all():
+            self.tiers.on_step_done(step_id, False)
+        requests = [*self.batcher.running.values(), *self.batcher.waiting]
+        return self.results.fail(requests, error, status)
+
+    def abort_all(self) -> int:
+        """Abort every request (their pages return to the pool); returns how many."""
+        rids = [*self.batcher.running, *(r.rid for r in self.batcher.waiting)]
+        return sum(self.abort(rid) for rid in rids)
+
+    def reset_pool(self, runner: RunnerInfo) -> None:
+        """Start over on a new runner's empty KV pool: a fresh page allocator and radix
+        tree (call ``fail_all`` first). Step ids keep counting up.
+
+        Raises:
+            RuntimeError: requests are still queued or running.
+        """
+        allocator = PageAllocator(runner.num_pages, runner.page_size)
+        prefix = self.prefix.renew(allocator, self.tiers)
+        self.batcher.restart(allocator, prefix)
+        self.runner, self.allocator, self.prefix = runner, allocator, prefix
+        self.tiers.drop_saves()  # the device pages they would copy are gone
+        self._wire()
+
+    def restart_pool(self) -> None:
+        """The runner died: start over on an empty pool of the same geometry until its
+        replacement's ``RunnerInfo`` comes (``on_runner_info``)."""
+        self.reset_pool(self.runner)
+
+    def on_runner_info(self, runner: RunnerInfo) -> None:
+        """A replacement runner is ready: start over on its pool if it differs from the
+        one planned for (``reset_pool``)."""
+        if runner != self.runner:
+            self.reset_pool(runner)
+
+    def reset_tiers(self) -> None:
+        """The KV-tier manager was replaced: drop grants, pins and pending lookups (they
+        become misses); every cached page may be written back again."""
+        self.tiers.reset()
+        self.prefix.forget_saved()
 
     # ------------------------------------------------------------------ stats
 
     def stats(self) -> dict[str, float | int | str]:
         """Counters for the stats endpoint (pages are KV pages of ``page_size`` tokens)."""
-        up = max(time.time() - self.started, 1e-9)
         running = self.batcher.running.values()
         bpt = self.runner.kv_bytes_per_token
         reserved = sum(len(r.page_table) for r in running) * self.runner.page_size * bpt
@@ -293,13 +363,9 @@ class SchedulerCore(Results, Recovery):
             "num_running": len(self.batcher.running),
             "num_waiting": len(self.batcher.waiting),
             "num_waiting_tokens": sum(r.num_prompt for r in self.batcher.waiting),
-            "num_refused_queue_full": self.num_refused,
             "num_pages_total": self.allocator.num_pages,
             "num_pages_free": self.allocator.num_free,
             "num_pages_used": self.allocator.num_used,
-            "num_pages_cached": self.tree.num_pages if self.tree else 0,
-            "num_pages_evicted": self.tree.num_evicted if self.tree else 0,
-            "radix_cache": int(self.tree is not None),
             "page_size": self.allocator.page_size,
             "kv_bytes_per_token": bpt,
             "kv_bytes_reserved": reserved,
@@ -307,28 +373,12 @@ class SchedulerCore(Results, Recovery):
             "max_context": self.runner.max_context,
             "cpu_isa": self.runner.cpu_isa,
             "decode_paths": self.runner.decode_paths,
-            "num_steps": self.num_steps,
-            "num_prompt_tokens": self.num_prompt_tokens,
-            "num_generated_tokens": self.num_generated_tokens,
-            "num_finished": self.num_finished,
-            "num_aborted": self.num_aborted,
-            "num_failed": self.num_failed,
             "num_preemptions": self.batcher.num_preemptions,
-            "busy_fraction": self.busy_s / up,
+            **self.counters.stats(),
+            **self.prefix.stats(),
+            **self.steps.stats(),
             **self.ledger.stats(),
             **self.overlap.stats(),
-            **(self.tiers.stats() if self.tiers is not None else {}),
-            **(self.spec.stats() if self.spec is not None else {"speculative": "off"}),
+            **self.tiers.stats(),
+            **self.spec.stats(),
         }
-
-    # ------------------------------------------------------------------ speculation
-
-    def draft_request(self) -> DraftRequest | None:
-        """Proposals to ask the draft actor for before the next plan (None: none)."""
-        if self.spec is None:
-            return None
-        return self.spec.draft_request(self.batcher.running.values())
-
-    def attach_drafts(self, reply: DraftReply, seconds: float) -> None:
-        """The draft's answer (``seconds`` after asking): proposals for the next plan."""
-        self.spec.on_reply(reply, self.batcher.running.get, seconds)

@@ -66,23 +66,38 @@ class SchedulerLedger:
         self.pages_shared += pages
         now = time.time()
         return [
-            LeverSample("radix_prefix_cache", "skip", float(req.cached_tokens), "tokens",
-                        float(pages), "pages", now, req.rid),
-            LeverSample("radix_prefix_cache", "skip", flops, "flops", 0.0, "pages", now,
-                        req.rid),
-        ]  # fmt: skip
+            LeverSample(
+                lever="radix_prefix_cache",
+                verb="skip",
+                saved=float(req.cached_tokens),
+                saved_unit="tokens",
+                spent=float(pages),
+                spent_unit="pages",
+                t=now,
+                rid=req.rid,
+            ),
+            LeverSample("radix_prefix_cache", "skip", flops, "flops", 0.0, "pages", now, req.rid),
+        ]
 
-    def on_step(self, batch: list[Request], num_tokens: int, now: float) -> LeverSample | None:
-        """One forward pass of ``batch`` computing ``num_tokens`` tokens."""
+    def on_step(self, batch: list[Request], num_tokens: int, now: float) -> list[LeverSample]:
+        """One forward pass of ``batch`` computing ``num_tokens`` tokens: the continuous
+        batching sample (none for a batch of one)."""
         self.forward_passes += 1
         self.tokens_computed += num_tokens
         self.requests_stepped += len(batch)
         if len(batch) <= 1:
-            return None
-        return LeverSample(
-            "continuous_batching", "fill", float(len(batch) - 1), "forward_passes",
-            0.0, "seconds", now,
-        )  # fmt: skip
+            return []
+        return [
+            LeverSample(
+                lever="continuous_batching",
+                verb="fill",
+                saved=float(len(batch) - 1),
+                saved_unit="forward_passes",
+                spent=0.0,
+                spent_unit="seconds",
+                t=now,
+            )
+        ]
 
     def on_token(self, req: Request, now: float) -> None:
         """A decode token of ``req`` arrived at ``now`` (seconds): track the longest gap."""
@@ -102,21 +117,32 @@ class SchedulerLedger:
         reserved_max = max_len * r.kv_bytes_per_token
         out = [
             LeverSample(
-                "paged_kv", "occupy_less", float(max(reserved_max - kv_bytes_held, 0)), "bytes",
-                float(kv_bytes_held // max(r.page_size * r.kv_bytes_per_token, 1)),
-                "page_table_entries", now, req.rid,
+                lever="paged_kv",
+                verb="occupy_less",
+                saved=float(max(reserved_max - kv_bytes_held, 0)),
+                saved_unit="bytes",
+                spent=float(kv_bytes_held // max(r.page_size * r.kv_bytes_per_token, 1)),
+                spent_unit="page_table_entries",
+                t=now,
+                rid=req.rid,
             )
-        ]  # fmt: skip
+        ]
         if req.num_chunks > 1:
             chunked = req.num_prompt - req.cached_tokens
             self.chunked_tokens += chunked
             self.extra_chunk_steps += req.num_chunks - 1
             out.append(
                 LeverSample(
-                    "chunked_prefill", "fill", float(chunked), "tokens",
-                    float(req.num_chunks - 1), "steps", now, req.rid,
+                    lever="chunked_prefill",
+                    verb="fill",
+                    saved=float(chunked),
+                    saved_unit="tokens",
+                    spent=float(req.num_chunks - 1),
+                    spent_unit="steps",
+                    t=now,
+                    rid=req.rid,
                 )
-            )  # fmt: skip
+            )
         return out
 
     def window_max_itl(self, window_s: float = 60.0) -> float:

@@ -118,6 +118,10 @@ class OverlapLedger:
         self._unsent_discarded = 0
         self._sent_at = time.monotonic()
 
+    def on_planned(self, ahead: bool) -> None:
+        """A plan was built; ``ahead``: while another step was in flight."""
+        self.steps_ahead += int(ahead)
+
     def record_work(self, t0: float, t1: float, overlapped: bool) -> None:
         """The scheduler worked on results or a plan from ``t0`` to ``t1`` (time.time()).
 

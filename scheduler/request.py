@@ -72,7 +72,6 @@ class Request:
         self.num_chunks = 0  # prefill steps taken
         self.is_tier_checked = False  # lower tiers were asked for its prefix
         self.tier_pages: dict[str, int] = {}  # pages loaded from each lower tier
-        self.num_scheduled = 0  # tokens of this request in the step planned last
         self.num_ahead = 0  # positions computed by steps in flight, not applied yet
         self.num_pending = 0  # tokens sampled by steps in flight, not applied yet
         self.cached_tokens = 0
@@ -80,7 +79,6 @@ class Request:
         self.is_registered = False  # runner holds its sampling state
         self.is_aborted = False
         self.finish_reason: str | None = None
-        self.sent_first_event = False
         self.spec = SpecState()  # speculative decoding: proposals, counters
 
     @property

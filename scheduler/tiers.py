@@ -14,14 +14,20 @@ from __future__ import annotations
 import time
 
 from houchu.cache_tiers.page_hash import chain_hashes
+from houchu.cache_tiers.radix_tree import Node, RadixTree
+from houchu.scheduler.request import Request
 from houchu.transport.messages import PageCopy
 from houchu.transport.tier_messages import (
     HostSlotGrant,
     TierLookup,
     TierLookupResult,
     TierRelease,
+    TierStats,
     TierStore,
 )
+
+#: What the tier manager sends the scheduler.
+TierReply = HostSlotGrant | TierLookupResult | TierStats
 
 
 class Lookup:
@@ -64,9 +70,43 @@ class TierClient:
         self.num_lookups = 0
         self.num_timeouts = 0
 
+    def receive(self, msg: TierReply) -> None:
+        """Take in a message of the tier manager: host slots granted, a lookup's answer,
+        or its counters (shown in the stats)."""
+        match msg:
+            case HostSlotGrant():
+                self.on_grant(msg)
+            case TierLookupResult():
+                self.on_result(msg)
+            case TierStats(stats=stats):
+                self.tier_stats = stats
+
+    @property
+    def is_looking_up(self) -> bool:
+        """Some lookup was sent and not taken yet (lookups time out: look now and then)."""
+        return bool(self.lookups)
+
     # ------------------------------------------------------------------ write side
 
+    def watch(self, tree: RadixTree) -> None:
+        """Copy the radix tree's pages to the host tier as they leave the device
+        (write-back), or as soon as they are cached (write-through)."""
+        tree.on_evict = self._on_evict
+        if self.write_through:
+            tree.on_insert = self._on_insert
+
+    def _on_evict(self, node: Node) -> None:
+        """Write-back: a cached page leaves the device; copy it to the host tier."""
+        if not node.is_saved:
+            self.save(node.page, node.hash)
+            node.is_saved = True
+
+    def _on_insert(self, node: Node) -> None:
+        """Write-through: every newly cached page is copied to the host tier."""
+        node.is_saved = self.save(node.page, node.hash)
+
     def on_grant(self, msg: HostSlotGrant) -> None:
+        """Host slots granted by the tier manager, to write pages into."""
         self.stash.extend(msg.slots)
 
     def save(self, device_page: int, page_hash: bytes) -> bool:
@@ -80,7 +120,22 @@ class TierClient:
     # ------------------------------------------------------------------ read side
 
     def hashes(self, tokens: list[int], num_pages: int) -> list[bytes]:
+        """The chained hashes of the first ``num_pages`` full pages of ``tokens``."""
         return chain_hashes(self.fingerprint, tokens, self.page_size, num_pages)
+
+    def begin_lookup(self, req: Request) -> bool:
+        """Ask for ``req``'s full pages after its device hit, once per admission. True
+        when a lookup was started (the request waits for its answer; the caller gives
+        its device pages back, matched again once the answer is in)."""
+        if req.is_tier_checked:
+            return False
+        first = len(req.page_table)
+        last = (req.num_tokens - 1) // self.page_size
+        if last <= first:
+            return False
+        req.is_tier_checked = True
+        self.start_lookup(req.rid, req.all_ids(), first, last)
+        return True
 
     def start_lookup(self, rid: str, tokens: list[int], start_page: int, end_page: int) -> None:
         """Ask for pages ``start_page .. end_page - 1`` of ``tokens``."""
@@ -133,6 +188,8 @@ class TierClient:
             return [], []
         if skip:
             self.outbox.append(TierRelease(slots[:skip]))
+        for tier in tiers[skip:]:
+            self.pages_loaded[tier] += 1
         return slots[skip:], tiers[skip:]
 
     def forget(self, rid: str) -> None:
@@ -142,6 +199,12 @@ class TierClient:
             self.outbox.append(TierRelease(lookup.result.slots))
 
     # ------------------------------------------------------------------ per step
+
+    @property
+    def has_saves(self) -> bool:
+        """Pages are queued for saving: the next plan carries them even if it has no
+        work."""
+        return bool(self.saves)
 
     def plan_copies(
         self, step_id: int, loads: list[PageCopy]
@@ -185,10 +248,12 @@ class TierClient:
             lookup.result = TierLookupResult(rid, [], [])
 
     def drain(self) -> list:
+        """The messages for the tier manager queued since the last call."""
         out, self.outbox = self.outbox, []
         return out
 
     def stats(self) -> dict[str, float | int]:
+        """The tier manager's counters and the scheduler's (tokens and pages)."""
         ps = self.page_size
         return {
             **self.tier_stats,

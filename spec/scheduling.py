@@ -187,7 +187,28 @@ class SpecScheduler:
         req.spec.draft_ids = []
         return req.spec.counters.samples(req.rid)
 
+    def resync(self, running: Iterable[Request]) -> None:
+        """The draft actor was replaced (it starts empty): forget the releases queued for
+        the old one and resend every running request's tokens with its next query."""
+        self.pending_release.clear()
+        for req in running:
+            req.spec.num_synced = 0
+            req.spec.draft_ids = []
+
+    def calibrate(self, times: dict[int, float]) -> None:
+        """Seed the cost model with timed target passes (``times``: tokens -> seconds)
+        and update the break-even batch size."""
+        for num_tokens, seconds in times.items():
+            self.controller.observe_target(num_tokens, seconds)
+        self.controller.update_break_even()
+
+    def blocks_overlap(self, num_decoding: int) -> bool:
+        """Whether the next plan may carry proposals for a decoding batch of this size
+        (then it must not be planned ahead: proposals need every token known)."""
+        return 0 < num_decoding <= self.controller.cutoff
+
     def stats(self) -> dict[str, float | int | str]:
+        """Speculation's counters for the stats endpoint."""
         c = self.controller
         return {
             "speculative": self.config.method,
@@ -238,6 +259,5 @@ def add_drafts(
             w.page_table = list(req.page_table)
         w.token_ids = w.token_ids + draft
         w.num_draft = req.spec.num_draft = len(draft)
-        req.num_scheduled += len(draft)
         budget -= len(draft)
     return budget

@@ -1,9 +1,9 @@
 """Reading live numbers from the database: step throughput, batch size, step time,
 requests in flight, prefix hit rate, as recent values and as small time series.
 
-Steps are recorded by the runner (compute time) and the scheduler (round trip); tokens
-are counted from one source only (the runner's when there are any, to avoid counting a
-step twice). Times are seconds since the epoch; rates are per second.
+Steps are recorded by the runner, one ``StepRecord`` per forward pass (its compute
+time); the scheduler's round trip per step is one of its stats (``round_trip_ms``), not
+stored here. Times are seconds since the epoch; rates are per second.
 """
 
 from __future__ import annotations
@@ -21,17 +21,8 @@ from houchu.storage.timeline import STALE_AFTER_S
 MAX_HORIZON_S = 3600.0
 
 
-def _steps(session: Session, since: float) -> dict[str, list[StepRow]]:
-    by_actor: dict[str, list[StepRow]] = {}
-    for s in session.scalars(select(StepRow).where(StepRow.t >= since).order_by(StepRow.t)):
-        by_actor.setdefault(s.actor, []).append(s)
-    return by_actor
-
-
-def _token_source(by_actor: dict[str, list[StepRow]]) -> list[StepRow]:
-    if "runner" in by_actor:
-        return by_actor["runner"]
-    return max(by_actor.values(), key=len, default=[])
+def _steps(session: Session, since: float) -> list[StepRow]:
+    return list(session.scalars(select(StepRow).where(StepRow.t >= since).order_by(StepRow.t)))
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -44,7 +35,7 @@ def step_series(
     """Per-bucket series over the last ``horizon_s`` seconds.
 
     Returns ``{"t": [bucket start...], "prefill_tps", "decode_tps", "batch_size",
-    "step_ms", "round_trip_ms", "in_flight"}`` (None where a bucket had no step).
+    "step_ms", "in_flight"}`` (None where a bucket had no step).
 
     Raises:
         ValueError: ``horizon_s`` not in (0, MAX_HORIZON_S] or ``bucket_s`` not positive
@@ -58,16 +49,11 @@ def step_series(
     end = math.floor(now / bucket_s) * bucket_s + bucket_s
     start = end - n * bucket_s
     with Session(engine) as session:
-        by_actor = _steps(session, start)
+        steps = _steps(session, start)
         flights = _in_flight_spans(session, start)
-    main = _token_source(by_actor)
-    sched = by_actor.get("scheduler", [])
     buckets: list[list[StepRow]] = [[] for _ in range(n)]
-    for s in main:
+    for s in steps:
         buckets[min(int((s.t - start) // bucket_s), n - 1)].append(s)
-    trips: list[list[float]] = [[] for _ in range(n)]
-    for s in sched:
-        trips[min(int((s.t - start) // bucket_s), n - 1)].append(s.duration_s * 1000)
     ts = [start + i * bucket_s for i in range(n)]
     return {
         "t": ts,
@@ -76,7 +62,6 @@ def step_series(
         "decode_tps": [sum(s.num_decode_tokens for s in b) / bucket_s for b in buckets],
         "batch_size": [_mean([s.batch_size for s in b]) for b in buckets],
         "step_ms": [_mean([s.duration_s * 1000 for s in b]) for b in buckets],
-        "round_trip_ms": [_mean(x) for x in trips],
         "in_flight": [
             sum(1 for a, z in flights if a <= t + bucket_s and (z is None or z >= t)) for t in ts
         ],
@@ -97,17 +82,14 @@ def _in_flight_spans(session: Session, since: float) -> list[tuple[float, float 
 def recent_rates(engine: Engine, now: float, window_s: float = 10.0) -> dict[str, Any]:
     """Throughput, batch size and step time over the last ``window_s`` seconds."""
     with Session(engine) as session:
-        by_actor = _steps(session, now - window_s)
-    main = _token_source(by_actor)
-    sched = by_actor.get("scheduler", [])
+        steps = _steps(session, now - window_s)
     return {
         "window_s": window_s,
-        "steps_per_s": len(main) / window_s,
-        "prefill_tps": sum(s.num_prefill_tokens for s in main) / window_s,
-        "decode_tps": sum(s.num_decode_tokens for s in main) / window_s,
-        "batch_size": _mean([s.batch_size for s in main]),
-        "step_ms": _mean([s.duration_s * 1000 for s in main]),
-        "round_trip_ms": _mean([s.duration_s * 1000 for s in sched]),
+        "steps_per_s": len(steps) / window_s,
+        "prefill_tps": sum(s.num_prefill_tokens for s in steps) / window_s,
+        "decode_tps": sum(s.num_decode_tokens for s in steps) / window_s,
+        "batch_size": _mean([s.batch_size for s in steps]),
+        "step_ms": _mean([s.duration_s * 1000 for s in steps]),
     }
 
 

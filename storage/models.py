@@ -9,7 +9,7 @@ Tables:
 
 - ``requests``: one row per request, its summary (kept up to date as events arrive).
 - ``events``: lifecycle events (``transport.telemetry.EVENT_KINDS``).
-- ``steps``: forward passes, as the runner and the scheduler saw them.
+- ``steps``: forward passes, as the runner ran them (one row per step).
 - ``lever_samples``: what a lever saved and spent, per request or engine-wide.
 - ``ledger_totals``: all-time sums of lever samples (not pruned by retention).
 - ``counters``: the recorder's own counters (records written, dropped).

@@ -110,10 +110,6 @@ class RequestText:
         tail, stopped = self.stops.feed(tail)
         return tail if stopped else tail + self.stops.flush()
 
-    @property
-    def stopped_by_string(self) -> bool:
-        return self.stops is not None and self.stops.stopped
-
     def _logprobs(self, ids: list[int], ev: TokenEvent) -> list[TokenLogprob] | None:
         if not ev.logprobs:
             return None

@@ -364,10 +364,6 @@ class ActorUp(Struct, tag=True, kw_only=True):
     generation: int
 
 
-#: What every actor's inbox accepts from the launcher besides ``Shutdown``.
-Lifecycle = ActorDown | ActorUp
-
-
 GatewayInbox = TextDelta | RequestFailed | StatsReply | Shutdown | ActorDown | ActorUp
 TokenizerInbox = GenerateRequest | AbortRequest | TokenBatch | Shutdown | ActorDown | ActorUp
 SchedulerInbox = (

@@ -2,7 +2,7 @@
 "use strict";
 
 const Live = (() => {
-  const history = { t: [], running: [], waiting: [], pages: [] }; // pushed engine counters
+  const history = { t: [], running: [], waiting: [], pages: [], roundTrip: [] }; // pushed engine counters
   const HISTORY_S = 120;
 
   function tile(id, label, value, sub) {
@@ -63,6 +63,7 @@ const Live = (() => {
     history.running.push(e.num_running);
     history.waiting.push(e.num_waiting);
     history.pages.push((e.num_pages_used || 0) + (e.num_pages_cached || 0));
+    history.roundTrip.push(e.round_trip_ms === undefined ? null : e.round_trip_ms);
     while (history.t.length && history.t[0] < now - HISTORY_S * 1000) {
       for (const k of Object.keys(history)) history[k].shift();
     }
@@ -89,7 +90,7 @@ const Live = (() => {
     const x = s.t.map((t) => t * 1000 - new Date().getTimezoneOffset() * 60000);
     spark("spark-tps", [line(x, s.prefill_tps, "in (prefill)", "#3b82f6"), line(x, s.decode_tps, "out (decode)", "#10b981")]);
     spark("spark-batch", [line(x, s.batch_size, "batch", "#8b5cf6")]);
-    spark("spark-step", [line(x, s.step_ms, "compute", "#0ea5e9"), line(x, s.round_trip_ms, "round trip", "#94a3b8")]);
+    spark("spark-step", [line(x, s.step_ms, "compute", "#0ea5e9"), line(history.t, history.roundTrip, "round trip", "#94a3b8")]);
     spark("spark-req", [line(x, s.in_flight, "in flight", "#f59e0b"),
       line(history.t, history.running, "running", "#10b981"), line(history.t, history.waiting, "queued", "#ef4444"),
       line(history.t, history.pages, "KV pages", "#64748b", { yaxis: "y", line: { dash: "dot", color: "#64748b", width: 1.2 } })]);

@@ -128,6 +128,40 @@ def test_repeated_prompt_shows_prefix_cache_savings(dash):
     asyncio.run(go())
 
 
+def test_preemptions_show_on_the_dashboard(real_model_path, tmp_path):
+    """Six requests at once in a pool too small for them: the scheduler preempts some, and
+    the dashboard counts every preemption on its request and marks it on its timeline."""
+    db = tmp_path / "houchu.db"
+    flags = ["--num-pages", "12", "--disable-radix-cache", "--db-url", f"sqlite:///{db}"]
+    srv = start_server(real_model_path, *flags)
+    prompts = [f"Write a list of {n} animals that live in the ocean:" for n in range(3, 9)]
+
+    async def go():
+        kw = {"max_tokens": 40, "ignore_eos": True}
+        bodies = await asyncio.gather(*(_complete(srv, p, **kw) for p in prompts))
+        _, stats = await get_json(f"{srv.url}/stats")
+        assert stats["num_preemptions"] > 0  # 6 x ~50 tokens need ~24 pages of 16
+        rids = {b["id"] for b in bodies}
+        deadline = time.monotonic() + 30
+        while True:  # the scheduler's events may still be on their way to the recorder
+            _, listed = await get_json(f"{srv.url}/dashboard/api/requests?limit=50")
+            counts = {r["rid"]: r["num_preemptions"] for r in listed["requests"]}
+            if sum(counts.get(rid, 0) for rid in rids) == stats["num_preemptions"]:
+                break
+            assert time.monotonic() < deadline, (counts, stats["num_preemptions"])
+            await asyncio.sleep(0.3)
+        rid = max(rids, key=lambda r: counts[r])
+        d = await _wait_request(srv, rid)
+        assert d["num_preemptions"] == counts[rid] > 0
+        assert "preempted" in {m["kind"] for m in d["markers"]}
+        assert "preempted" in {s["stage"] for s in d["segments"]}
+
+    try:
+        asyncio.run(go())
+    finally:
+        stop_server(srv)
+
+
 def _scrape(srv: Server) -> dict[str, float]:
     async def get() -> str:
         async with aiohttp.ClientSession() as s, s.get(f"{srv.url}/metrics") as r:

@@ -100,7 +100,7 @@ def request_batches(
 
 
 def step_batches(t0: float, n: int = 30) -> list[TelemetryBatch]:
-    """``n`` steps from the runner and the scheduler, 50 ms apart, with batching samples."""
+    """``n`` steps from the runner, 50 ms apart, with the scheduler's batching samples."""
     runner = [
         StepRecord(
             i,
@@ -113,10 +113,6 @@ def step_batches(t0: float, n: int = 30) -> list[TelemetryBatch]:
         )
         for i in range(n)
     ]
-    sched = [
-        StepRecord(i, t0 + 0.05 * i, 0.04, 4, r.num_prefill_tokens, 4, r.phase)
-        for i, r in enumerate(runner)
-    ]
     levers = [
         LeverSample(
             "continuous_batching", "fill", 3.0, "forward_passes", 0.0, "seconds", t0 + 0.05 * i
@@ -125,7 +121,7 @@ def step_batches(t0: float, n: int = 30) -> list[TelemetryBatch]:
     ]
     return [
         TelemetryBatch(actor="runner", steps=runner),
-        TelemetryBatch(actor="scheduler", steps=sched, levers=levers),
+        TelemetryBatch(actor="scheduler", levers=levers),
     ]
 
 

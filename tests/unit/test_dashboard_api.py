@@ -22,6 +22,7 @@ from tests.unit.test_api_basics import FakeEngine
 
 STATS = {"model": "fake", "num_running": 2, "num_waiting": 1, "num_pages_total": 100}
 STATS |= {"num_pages_used": 10, "num_pages_cached": 5, "num_pages_free": 85}
+STATS |= {"round_trip_ms": 40.0}
 
 
 class StatsEngine(FakeEngine):
@@ -151,6 +152,7 @@ async def test_live_numbers(client):
     assert live["kv"] == [{"tier": "device", "total": 100, "used": 10, "cached": 5, "free": 85}]
     assert live["requests"]["by_status"] == {"finished": 5, "running": 1}
     assert live["counters"]["records_written"] > 0
+    assert live["rates"]["round_trip_ms"] == 40.0  # the scheduler's, from its stats
     assert len(live["series"]["t"]) == 60
 
 

@@ -47,7 +47,7 @@ def serve(target, proposer, num_pages: int = 64, max_tokens: int = 24):
     spec = SpecConfig(method="draft", num_tokens=4) if proposer is not None else None
     batch = BatchConfig(max_batch_tokens=48, chunk_size=16, max_running=8)
     core = SchedulerCore(runner.info(), batch, radix_cache=True, spec=spec)
-    if core.spec is not None:  # always the most proposals: the costs of a tiny model are noise
+    if spec is not None:  # always the most proposals: the costs of a tiny model are noise
         core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, 4)
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     for rid, p in PROMPTS.items():

@@ -1,0 +1,48 @@
+"""The scheduler's running totals since start, for the stats endpoint."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SchedulerCounters:
+    """Totals since the scheduler started.
+
+    Attributes:
+        steps: step results applied.
+        prompt_tokens: prompt tokens of the requests queued.
+        generated_tokens: output tokens sent to the tokenizer.
+        finished: requests finished (EOS, stop token or string, length).
+        aborted: requests aborted (client gone, tokenizer replaced).
+        refused: requests refused because the waiting queue was full.
+        failed: requests failed (a step failed, the runner was replaced).
+        busy_s: seconds the runner reported computing steps.
+        started: wall-clock seconds (``time.time()``) at start.
+    """
+
+    steps: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    finished: int = 0
+    aborted: int = 0
+    refused: int = 0
+    failed: int = 0
+    busy_s: float = 0.0
+    started: float = field(default_factory=time.time)
+
+    def stats(self) -> dict[str, float | int]:
+        """The totals under their stats names; ``busy_fraction`` is busy seconds per
+        second since start."""
+        up = max(time.time() - self.started, 1e-9)
+        return {
+            "num_refused_queue_full": self.refused,
+            "num_steps": self.steps,
+            "num_prompt_tokens": self.prompt_tokens,
+            "num_generated_tokens": self.generated_tokens,
+            "num_finished": self.finished,
+            "num_aborted": self.aborted,
+            "num_failed": self.failed,
+            "busy_fraction": self.busy_s / up,
+        }
