@@ -216,9 +216,8 @@ class Supervisor:
         self.payload = config.to_json()
         self.procs: dict[str, ActorProcess] = {}
         self.outboxes = {name: Outbox(ctx, config.endpoints[name]) for name in actors}
-        self.budgets = {
-            n: RestartBudget(config.max_restarts, config.restart_window_s) for n in actors
-        }
+        s = config.supervision
+        self.budgets = {n: RestartBudget(s.max_restarts, s.restart_window) for n in actors}
         self.pending: dict[str, tuple[float, int]] = {}  # name -> (restart time, generation)
         self.given_up: set[str] = set()
         self.num_restarts = 0
@@ -284,16 +283,17 @@ class Supervisor:
             SupervisorStop: an essential actor's restart budget is spent.
         """
         now = time.monotonic()
-        c = self.config
+        heartbeat_timeout = self.config.supervision.heartbeat_timeout
+        ready_timeout_s = self.config.timings.ready_timeout_s
         for ap in list(self.procs.values()):
             if ap.proc.poll() is not None:
                 await self._on_death(ap)
-            elif ap.ready and now - ap.last_beat > c.heartbeat_timeout_s:
+            elif ap.ready and now - ap.last_beat > heartbeat_timeout:
                 ap.kill(f"no heartbeat for {now - ap.last_beat:.0f} s")
-            elif ap.ready and ap.busy_s > c.heartbeat_timeout_s:
+            elif ap.ready and ap.busy_s > heartbeat_timeout:
                 ap.kill(f"one step has run for {ap.busy_s:.0f} s")
-            elif not ap.ready and now - ap.started_at > c.ready_timeout_s:
-                ap.kill(f"not ready after {c.ready_timeout_s:.0f} s")
+            elif not ap.ready and now - ap.started_at > ready_timeout_s:
+                ap.kill(f"not ready after {ready_timeout_s:.0f} s")
         for name, (at, generation) in list(self.pending.items()):
             if now >= at:
                 del self.pending[name]

@@ -20,14 +20,16 @@ from typing import Protocol
 
 from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.cache_tiers.radix_tree import RadixTree
-from houchu.scheduler.batcher import BatchConfig, Batcher
+from houchu.options.batching import BatchingOptions
+from houchu.options.speculation import SpeculativeOptions
+from houchu.scheduler.batcher import Batcher
 from houchu.scheduler.ledger import SchedulerLedger
 from houchu.scheduler.overlap import OverlapLedger, Slot
 from houchu.scheduler.recovery import Recovery
 from houchu.scheduler.request import Request
 from houchu.scheduler.results import Results
 from houchu.scheduler.tiers import TierClient
-from houchu.spec.scheduling import SpecConfig, SpecScheduler
+from houchu.spec.scheduling import SpecScheduler
 from houchu.transport.messages import (
     RunnerInfo,
     StepPlan,
@@ -96,11 +98,11 @@ class SchedulerCore(Results, Recovery):
     def __init__(
         self,
         runner: RunnerInfo,
-        config: BatchConfig,
+        config: BatchingOptions,
         radix_cache: bool = True,
         telemetry: TelemetrySink | None = None,
         tiers: TierClient | None = None,
-        spec: SpecConfig | None = None,
+        spec: SpeculativeOptions | None = None,
         overlap: bool = False,
     ) -> None:
         self.runner = runner
@@ -113,7 +115,7 @@ class SchedulerCore(Results, Recovery):
         self.telemetry = telemetry or NullTelemetry()
         self.spec = None
         if spec is not None:
-            self.spec = SpecScheduler(spec, runner.max_context, config.max_running)
+            self.spec = SpecScheduler(spec, runner.max_context, config.max_running_requests)
         self._in_flight: dict[int, list[Slot]] = {}  # step id -> its requests' shares
         self.overlap = OverlapLedger(overlap)
         self._sent_at: dict[int, float] = {}
