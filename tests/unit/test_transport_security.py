@@ -118,8 +118,9 @@ def test_ipc_placement_needs_a_private_dir() -> None:
         os.chmod(run_dir, 0o755)
         with pytest.raises(PlacementError, match="0700"):
             place_actors(config, run_dir)
+        udp = PlacementOptions(actor_transport="udp")  # type: ignore[arg-type]
         with pytest.raises(PlacementError, match="transport"):
-            place_actors(msgspec.structs.replace(config, actor_transport="udp"), run_dir)
+            place_actors(msgspec.structs.replace(config, placement=udp), run_dir)
     finally:
         os.rmdir(run_dir)
 
