@@ -8,16 +8,16 @@ a process boundary). Its inbox address never changes, so a replacement binds the
 socket as the process it replaces. The launcher's ``Supervisor`` watches each process:
 
 - **Death.** A process that exits (crash, kill, out of memory) is restarted after a
-  backoff (0 s, then 1, 2, 4, ... up to 10 s), at most ``max_restarts`` times within
-  ``restart_window_s`` seconds; one more death stops the server with a message naming the
+  backoff (0 s, then 1, 2, 4, ... up to 10 s), at most ``--max-restarts`` times within
+  ``--restart-window`` seconds; one more death stops the server with a message naming the
   actor. The recorder, the KV-tier manager and the draft are optional: when their budget
   runs out the server serves on without them (no telemetry, no lower KV tiers, no
   speculation).
 - **Hang.** Each actor's event loop sends a ``Heartbeat`` about once a second, with the
   seconds its current blocking unit of work has run (``busy_s``: the runner's model
   step, which runs on a worker thread so that the loop stays responsive). An actor whose
-  last heartbeat is older than ``heartbeat_timeout_s``, or whose one step has run longer,
-  is killed (SIGKILL, which also ends a SIGSTOP'd process) and then handled as a death.
+  last heartbeat is older than ``--heartbeat-timeout`` seconds, or whose one step has run
+  longer, is killed (SIGKILL, which also ends a SIGSTOP'd process) and then handled as a death.
   A peer that waited too long on an actor (the scheduler on a step result) may report it
   with ``ActorStuck``; the launcher kills that actor the same way.
 - **Announcements.** Right after a death the launcher sends ``ActorDown(name,
