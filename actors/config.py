@@ -97,7 +97,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
         return self.launch.endpoints
 
     def recorder_address(self) -> str | None:
-        """The recorder's inbox, or None when telemetry is off."""
+        """The recorder's inbox address, or None when telemetry is off
+        (``--disable-telemetry``): what each actor's ``Telemetry`` sends to."""
         return self.launch.endpoints["recorder"] if self.telemetry.enabled else None
 
     def model_name(self) -> str:

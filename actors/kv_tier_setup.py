@@ -34,7 +34,7 @@ def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
     )
     fingerprint = model_fingerprint(config.model, layout)
     name = f"houchu-kv-{os.getpid()}"
-    pages = tiers.host_kv_pages or max((tiers.host_kv_mb << 20) // slot_bytes, 1)
+    pages = tiers.host_kv_pages or max(tiers.host_kv_bytes // slot_bytes, 1)
     pool = HostPool(name, pages, slot_bytes, create=True)
     config = config.with_launch(
         host_pool_pages=pages,

@@ -55,10 +55,10 @@ class Launcher:
     """Owns the actor processes of one ``houchu serve``.
 
     Args:
-        config: the serving configuration (its ``launch`` part is filled in: the host KV
-            pool here, and at ``serve`` the endpoints,
-            ipc:// sockets in a fresh run directory, mode 0700, or by CURVE-secured tcp://
-            ports: ``houchu.actors.placement``).
+        config: the serving configuration; the launcher fills in its ``launch`` part:
+            the host KV pool here, and at ``serve`` the endpoints (ipc:// sockets in a
+            fresh run directory, mode 0700, or CURVE-secured tcp:// ports:
+            ``houchu.actors.placement``).
     """
 
     def __init__(self, config: ServeConfig) -> None:

@@ -6,9 +6,9 @@ while one is, when the core allows it, so that applying results and planning run
 the runner executes (``houchu.scheduler.overlap``). The domain logic lives in
 ``houchu.scheduler``.
 
-Every wait has a bound: lower-tier lookups (``Timings.tier_lookup_timeout_s``), draft proposals
-(``Timings.draft_timeout_s``), and the step in flight (``--heartbeat-timeout``: past it the runner
-is reported stuck to the launcher, which restarts it). When a peer is replaced
+Every wait has a bound: lower-tier lookups (``Timings.tier_lookup_timeout_s``), draft
+proposals (``Timings.draft_timeout_s``), and the step in flight (``--heartbeat-timeout``:
+past it the runner is reported stuck to the launcher, which restarts it). When a peer is replaced
 (``ActorDown``, see ``houchu.actors.supervisor``): runner — every request fails with 503,
 the page pool and radix tree start over, and planning waits for the new runner's
 ``RunnerInfo``; tokenizer — every request is aborted; KV-tier manager — grants and

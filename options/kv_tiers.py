@@ -38,6 +38,11 @@ class KVTierOptions(msgspec.Struct, frozen=True, kw_only=True):
         return self.kv_write_policy == "write_through"
 
     @property
+    def host_kv_bytes(self) -> int:
+        """The host tier's size in bytes by ``host_kv_mb`` (``host_kv_pages`` wins)."""
+        return self.host_kv_mb << 20
+
+    @property
     def ssd_kv_bytes(self) -> int:
         """The SSD tier cap in bytes (0: no SSD tier)."""
         return self.ssd_kv_mb << 20
