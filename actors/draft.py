@@ -16,6 +16,7 @@ import traceback
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
+from houchu.options.runner import RunnerOptions
 from houchu.spec.proposers import NgramProposer, Proposer, ProtocolError
 from houchu.transport.channel import BadMessage, Inbox
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown
@@ -23,36 +24,47 @@ from houchu.transport.peers import Peers, drain
 from houchu.transport.spec_messages import DraftInbox, DraftProposal, DraftReply, DraftRequest
 
 
+def draft_runner_options(target: RunnerOptions) -> RunnerOptions:
+    """The draft model's runner options: the target's device, dtype, KV pool size,
+    context cap and threads; the rest at the exact, eager settings (no quantization, no
+    compiled step, fixed decode paths), as a draft always ran."""
+    return RunnerOptions(
+        device=target.device,
+        dtype=target.dtype,
+        page_size=target.page_size,
+        num_pages=target.num_pages,
+        kv_cache_mb=target.kv_cache_mb,
+        max_context=target.max_context,
+        threads=target.threads,
+        quantization="none",
+        compile="off",
+        decode_paths="rules",
+    )
+
+
 def make_proposer(config: ServeConfig) -> tuple[Proposer, str]:
-    """The proposer ``config`` asks for, and a one-line description.
+    """The proposer ``config.speculation`` asks for, and a one-line description.
 
     Raises:
         ValueError: an unknown method, "draft" without a draft model, or a draft model
             whose vocabulary does not cover the target's.
         ModelLoadError: the draft model cannot be loaded.
+        houchu.gpu.device.DeviceError: the device torch cannot use here.
     """
-    if config.speculative == "ngram":
+    spec = config.speculation
+    if spec.speculative == "ngram":
         p = NgramProposer()
         return p, f"n-gram prompt lookup (n = {p.max_n} .. {p.min_n})"
-    if config.speculative != "draft":
-        raise ValueError(f"unknown speculative method {config.speculative!r}")
-    if not config.draft_model_path:
+    if spec.speculative != "draft":
+        raise ValueError(f"unknown speculative method {spec.speculative!r}")
+    if not spec.draft_model:
         raise ValueError("--speculative draft needs --draft-model PATH")
     from houchu.gpu.config import load_model_config
     from houchu.gpu.runner import ModelRunner
     from houchu.spec.draft_model import DraftModelProposer
 
-    target = load_model_config(config.model_path)
-    runner = ModelRunner(
-        config.draft_model_path,
-        dtype=config.dtype,
-        page_size=config.page_size,
-        num_pages=config.num_pages,
-        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
-        max_context=config.max_context,
-        num_threads=config.num_threads,
-        quiet=True,
-    )
+    target = load_model_config(config.model)
+    runner = ModelRunner(spec.draft_model, draft_runner_options(config.runner), quiet=True)
     p = DraftModelProposer(runner, target.vocab_size)
     used, total = p.pool_usage()
     return p, f"draft model {runner.config.name!r}: {total} pages x {p.page_size} tokens"

@@ -17,24 +17,18 @@ import time
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
+from houchu.options.speculation import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.spec.calibrate import best_times, calibration_plans, calibration_sizes
-from houchu.spec.scheduling import SpecConfig
 from houchu.transport.channel import Inbox, Outbox
 from houchu.transport.messages import Shutdown, StepResult
 from houchu.transport.peers import Peers
 from houchu.transport.spec_messages import DraftReply
 
 
-def spec_config(config: ServeConfig) -> SpecConfig | None:
-    """The scheduler's speculation settings from the serving configuration (None: off)."""
-    if not config.speculative:
-        return None
-    return SpecConfig(
-        method=config.speculative,
-        num_tokens=config.num_speculative_tokens,
-        max_batch=config.speculative_max_batch,
-    )
+def spec_config(config: ServeConfig) -> SpeculativeOptions | None:
+    """The scheduler's speculation settings (None: off)."""
+    return config.speculation if config.speculation.enabled else None
 
 
 class DraftLink:
@@ -55,7 +49,7 @@ class DraftLink:
         else:
             self.out = Outbox(ctx, config.endpoints["draft"])
         self.is_up = True  # False from the draft actor's death until its replacement is up
-        self.timeout_s = config.draft_timeout_s
+        self.timeout_s = config.timings.draft_timeout_s
         self.waiting: int | None = None  # query id the next plan waits for
         self.sent_at = 0.0  # time.perf_counter() of that query
         self.ready = False  # proposals for the next plan are attached (or none wanted)

@@ -27,14 +27,13 @@ class GatewayActor:
 
     def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
         self.config = config
-        address = config.endpoints["recorder"] if config.telemetry else None
+        address = config.recorder_address()
         peers = Peers(ctx, config.endpoints)
         self.telemetry = peers.track("recorder", Telemetry(ctx, address, self.name))
         self.metrics = GatewayMetrics()
-        observer = RequestObserver(self.telemetry, self.metrics, config.api_key is None)
-        self.engine = EngineClient(
-            ctx, config.endpoints, config.request_timeout_s, observer, peers=peers
-        )
+        gw = config.gateway
+        observer = RequestObserver(self.telemetry, self.metrics, gw.api_key is None)
+        self.engine = EngineClient(ctx, config.endpoints, gw.request_timeout, observer, peers=peers)
         self.store: DashboardStore | None = None
         self.runner: web.AppRunner | None = None
 
@@ -45,13 +44,14 @@ class GatewayActor:
         from houchu.gpu.config import load_model_config
 
         c = self.config
+        gw = c.gateway
         check_placement(c)
-        model = load_model_config(c.model_path)
-        max_context = min(model.max_position, c.max_context or model.max_position)
+        model = load_model_config(c.model)
+        max_context = min(model.max_position, c.runner.max_context or model.max_position)
         name = c.model_name()
         self.engine.start()
         self.telemetry.start()
-        self.store = DashboardStore.open(c.db_url)
+        self.store = DashboardStore.open(c.telemetry.db_url)
         app = make_app(
             self.engine,
             model_name=name,
@@ -59,10 +59,10 @@ class GatewayActor:
             store=self.store,
             gateway_metrics=self.metrics,
             limits=GatewayLimits(
-                max_in_flight=c.max_queued_requests,
-                max_body_bytes=c.max_request_bytes,
-                stream_buffer_bytes=c.stream_buffer_bytes,
-                api_key=c.api_key,
+                max_in_flight=gw.max_queued_requests,
+                max_body_bytes=gw.max_request_bytes,
+                stream_buffer_bytes=gw.stream_buffer_bytes,
+                api_key=gw.api_key,
             ),
         )
         # handler_cancellation: a client that goes away while its request is queued or
@@ -71,10 +71,10 @@ class GatewayActor:
             app, handle_signals=False, access_log=None, handler_cancellation=True
         )
         await self.runner.setup()
-        site = web.TCPSite(self.runner, c.host, c.port)
+        site = web.TCPSite(self.runner, gw.host, gw.port)
         await site.start()
-        key = ", API key required" if c.api_key else ""
-        return f"http://{c.host}:{c.port} serving {name}{key}"
+        key = ", API key required" if gw.api_key else ""
+        return f"http://{gw.host}:{gw.port} serving {name}{key}"
 
     async def run(self) -> None:
         await self.engine.stopped.wait()

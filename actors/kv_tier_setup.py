@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 
-import msgspec
-
 from houchu.actors.config import ServeConfig
 from houchu.cache_tiers.host_pool import HostPool
 from houchu.cache_tiers.page_hash import model_fingerprint
@@ -15,8 +13,8 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
-    """Create the host pool and return the config with its name, slot size and the model
-    fingerprint filled in.
+    """Create the host pool and return the config with its name, pages, slot size and the
+    model fingerprint filled in (``config.launch``).
 
     A slot holds one page of K and V over all layers at the model dtype:
     ``2 * layers * page_size * kv_heads * head_dim * dtype bytes``.
@@ -26,21 +24,21 @@ def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
     """
     from houchu.gpu.config import load_model_config
 
-    m = load_model_config(config.model_path)
-    elem = _DTYPE_BYTES[config.dtype]
-    slot_bytes = 2 * m.num_layers * config.page_size * m.num_kv_heads * m.head_dim * elem
+    r, tiers = config.runner, config.kv_tiers
+    m = load_model_config(config.model)
+    elem = _DTYPE_BYTES[r.dtype]
+    slot_bytes = 2 * m.num_layers * r.page_size * m.num_kv_heads * m.head_dim * elem
     layout = (
-        f"llama L{m.num_layers} kv{m.num_kv_heads} d{m.head_dim} ps{config.page_size} "
-        f"{config.dtype} kv:{getattr(config, 'kv_cache_dtype', 'auto')}"
+        f"llama L{m.num_layers} kv{m.num_kv_heads} d{m.head_dim} ps{r.page_size} "
+        f"{r.dtype} kv:{r.kv_cache_dtype}"
     )
-    fingerprint = model_fingerprint(config.model_path, layout)
+    fingerprint = model_fingerprint(config.model, layout)
     name = f"houchu-kv-{os.getpid()}"
-    pages = config.host_kv_pages or max(config.host_kv_bytes // slot_bytes, 1)
+    pages = tiers.host_kv_pages or max(tiers.host_kv_bytes // slot_bytes, 1)
     pool = HostPool(name, pages, slot_bytes, create=True)
-    config = msgspec.structs.replace(
-        config,
-        host_kv_pages=pages,
-        host_kv_name=name,
+    config = config.with_launch(
+        host_pool_pages=pages,
+        host_pool_name=name,
         host_slot_bytes=slot_bytes,
         kv_fingerprint=fingerprint.hex(),
     )

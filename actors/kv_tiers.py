@@ -56,9 +56,10 @@ class KVTierActor:
         self.to_scheduler = self.peers.outbox("scheduler")
         # Slots kept granted to the scheduler: one eviction burst can write back this many
         # pages; the rest of the host tier serves lookups and SSD loads.
-        self.stash = max(4, min(512, config.host_kv_pages // 2))
+        pages = config.launch.host_pool_pages
+        self.stash = max(4, min(512, pages // 2))
         self.pool: HostPool | None = None
-        self.host = HostTier(config.host_kv_pages)
+        self.host = HostTier(pages)
         self.ssd: SsdTier | None = None
         self.host_hits = 0
         self.host_misses = 0
@@ -66,19 +67,16 @@ class KVTierActor:
         self.spill_bytes = 0
 
     async def start(self) -> str:
-        c = self.config
-        self.pool = HostPool(c.host_kv_name, c.host_kv_pages, c.host_slot_bytes)
-        if c.ssd_kv_bytes > 0:
+        c, launch = self.config.kv_tiers, self.config.launch
+        self.pool = HostPool(launch.host_pool_name, launch.host_pool_pages, launch.host_slot_bytes)
+        if c.ssd_kv_mb > 0:
             root = Path(c.kv_cache_dir) if c.kv_cache_dir else cache_dir() / "kv"
-            fp = bytes.fromhex(c.kv_fingerprint)
+            fp = bytes.fromhex(launch.kv_fingerprint)
             self.ssd = await asyncio.to_thread(SsdTier, root, fp, c.ssd_kv_bytes)
         await self._refill()
-        ssd = (
-            f", SSD {c.ssd_kv_bytes >> 20} MiB ({len(self.ssd.index)} pages found)"
-            if self.ssd
-            else ""
-        )
-        return f"host {c.host_kv_pages} pages x {c.host_slot_bytes} B{ssd}, {c.kv_write_policy}"
+        ssd = f", SSD {c.ssd_kv_mb} MiB ({len(self.ssd.index)} pages found)" if self.ssd else ""
+        pages = f"{launch.host_pool_pages} pages x {launch.host_slot_bytes} B"
+        return f"host {pages}{ssd}, {c.kv_write_policy}"
 
     async def run(self) -> None:
         last_stats = 0.0
@@ -130,7 +128,7 @@ class KVTierActor:
         self.host.give_back(unused)
         for h, slot in entries:
             kept = self.host.store(h, slot)
-            if kept and self.ssd is not None and self.config.kv_write_policy == "write_through":
+            if kept and self.ssd is not None and self.config.kv_tiers.write_through:
                 await self._write_ssd(h, slot)
         await self._refill()
 

@@ -41,9 +41,9 @@ def active_actors(config: ServeConfig) -> tuple[str, ...]:
     """The actors this configuration runs, in start order (optional ones after the
     recorder, so they are stopped after the core actors; the draft actor only when
     speculative decoding is on)."""
-    optional = ("kv_tiers",) if config.kv_tiers else ()
-    draft = ("draft",) if config.speculative else ()
-    recorder = ACTOR_ORDER[:1] if config.telemetry else ()
+    optional = ("kv_tiers",) if config.kv_tiers.enabled else ()
+    draft = ("draft",) if config.speculation.enabled else ()
+    recorder = ACTOR_ORDER[:1] if config.telemetry.enabled else ()
     return (*recorder, *optional, *draft, *ACTOR_ORDER[1:])
 
 
@@ -55,16 +55,17 @@ class Launcher:
     """Owns the actor processes of one ``houchu serve``.
 
     Args:
-        config: the serving configuration (its endpoints are replaced, at ``serve``, by
-            ipc:// sockets in a fresh run directory, mode 0700, or by CURVE-secured tcp://
-            ports: ``houchu.actors.placement``).
+        config: the serving configuration; the launcher fills in its ``launch`` part:
+            the host KV pool here, and at ``serve`` the endpoints (ipc:// sockets in a
+            fresh run directory, mode 0700, or CURVE-secured tcp:// ports:
+            ``houchu.actors.placement``).
     """
 
     def __init__(self, config: ServeConfig) -> None:
         self.run_dir = Path(tempfile.mkdtemp(prefix="houchu-"))
         self.config = config
         self.host_pool = None
-        if self.config.kv_tiers:
+        if self.config.kv_tiers.enabled:
             self.config, self.host_pool = prepare_kv_tiers(self.config)
         self.actors = active_actors(self.config)
         self._stop = asyncio.Event()
@@ -84,14 +85,15 @@ class Launcher:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
         code = 0
-        c = self.config
-        where = self.run_dir if c.actor_transport == "ipc" else f"tcp://{c.actor_host}"
+        c, p = self.config, self.config.placement
+        where = self.run_dir if p.actor_transport == "ipc" else f"tcp://{p.actor_host}"
         print(f"houchu: actor sockets in {where}", flush=True)
         sup = Supervisor(ctx, self.config, self.actors)
         try:
             sup.spawn_all()
             await self._wait_ready(inbox, sup)
-            print(f"houchu: serving {c.model_name()} at http://{c.host}:{c.port}", flush=True)
+            url = f"http://{c.gateway.host}:{c.gateway.port}"
+            print(f"houchu: serving {c.model_name()} at {url}", flush=True)
             print("houchu: press Ctrl-C to stop", flush=True)
             code = await self._supervise(inbox, sup)
         except LaunchError as e:
@@ -112,7 +114,8 @@ class Launcher:
 
     async def _wait_ready(self, inbox: Inbox[LauncherInbox], sup: Supervisor) -> None:
         pending = set(self.actors)
-        deadline = time.monotonic() + self.config.ready_timeout_s
+        ready_timeout_s = self.config.timings.ready_timeout_s
+        deadline = time.monotonic() + ready_timeout_s
         while pending:
             if self._stop.is_set():
                 raise LaunchError("interrupted while starting")
@@ -121,8 +124,7 @@ class Launcher:
                 raise LaunchError(f"actor {dead[0]} exited while starting (see its error above)")
             if time.monotonic() > deadline:
                 raise LaunchError(
-                    f"actors not ready after {self.config.ready_timeout_s:.0f} s: "
-                    f"{', '.join(sorted(pending))}"
+                    f"actors not ready after {ready_timeout_s:.0f} s: {', '.join(sorted(pending))}"
                 )
             if not await inbox.poll(TICK_S):
                 continue

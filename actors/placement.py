@@ -1,7 +1,7 @@
 """Where the actors' inboxes live: ipc:// in a private run directory, or tcp:// with CURVE.
 
 ``place_actors(config, run_dir)`` is what the launcher calls once per run: it returns the
-configuration with its ``endpoints`` filled in for ``config.actor_transport``:
+configuration with its ``launch.endpoints`` filled in for ``--actor-transport``:
 
 - ``"ipc"`` (the default): ``ipc://RUN_DIR/NAME.sock``; ``RUN_DIR`` must be a directory
   only its owner can enter (mode 0700, as ``tempfile.mkdtemp`` makes it), so no other
@@ -17,8 +17,6 @@ import os
 import socket
 import stat
 from pathlib import Path
-
-import msgspec
 
 from houchu.actors.config import ServeConfig
 from houchu.transport.endpoints import ACTORS, Endpoints
@@ -46,15 +44,16 @@ def check_private_dir(path: Path) -> None:
 
 
 def check_placement(config: ServeConfig) -> None:
-    """Raise PlacementError unless the endpoints are of ``config.actor_transport`` (so a
+    """Raise PlacementError unless the endpoints are of ``--actor-transport`` (so a
     launcher that did not place the actors fails loudly instead of ignoring the option)."""
-    want = {"ipc": ("ipc://", "inproc://"), "tcp": ("tcp://",)}.get(config.actor_transport)
+    transport = config.placement.actor_transport
+    want = {"ipc": ("ipc://", "inproc://"), "tcp": ("tcp://",)}.get(transport)
     if want is None:
-        raise PlacementError(f"unknown actor transport {config.actor_transport!r}")
+        raise PlacementError(f"unknown actor transport {transport!r}")
     wrong = [a for a in config.endpoints.addresses.values() if not a.startswith(want)]
     if wrong:
         raise PlacementError(
-            f"--actor-transport {config.actor_transport} but the actors were placed at "
+            f"--actor-transport {transport} but the actors were placed at "
             f"{wrong[0]} (the launcher must place them with place_actors)"
         )
 
@@ -74,7 +73,7 @@ def free_ports(host: str, n: int) -> list[int]:
 
 
 def place_actors(config: ServeConfig, run_dir: Path) -> ServeConfig:
-    """``config`` with endpoints for its ``actor_transport``.
+    """``config`` with endpoints for its ``--actor-transport`` (``config.launch``).
 
     Args:
         config: the serving configuration.
@@ -84,15 +83,16 @@ def place_actors(config: ServeConfig, run_dir: Path) -> ServeConfig:
         PlacementError: unknown transport, or ``run_dir`` is not private.
         houchu.transport.security.InsecureTransport: tcp without CURVE support in libzmq.
     """
-    if config.actor_transport == "ipc":
+    p = config.placement
+    if p.actor_transport == "ipc":
         check_private_dir(run_dir)
         endpoints = Endpoints.ipc(run_dir)
-    elif config.actor_transport == "tcp":
+    elif p.actor_transport == "tcp":
         keys = CurveKeys.generate()
-        ports = dict(zip(ACTORS, free_ports(config.actor_host, len(ACTORS)), strict=True))
-        endpoints = Endpoints.tcp(config.actor_host, ports, keys)
+        ports = dict(zip(ACTORS, free_ports(p.actor_host, len(ACTORS)), strict=True))
+        endpoints = Endpoints.tcp(p.actor_host, ports, keys)
     else:
         raise PlacementError(
-            f"unknown actor transport {config.actor_transport!r}; expected one of {TRANSPORTS}"
+            f"unknown actor transport {p.actor_transport!r}; expected one of {TRANSPORTS}"
         )
-    return msgspec.structs.replace(config, endpoints=endpoints)
+    return config.with_launch(endpoints=endpoints)

@@ -27,15 +27,17 @@ DRAIN_S = 0.5
 
 
 def retention_of(config: ServeConfig) -> Retention:
-    """The retention policy of ``config`` (requests kept, days kept).
+    """The retention policy of ``config.telemetry`` (requests kept, days kept; 0 or None
+    keeps all).
 
-    Raises ValueError if a bound is not positive.
+    Raises ValueError if a bound is negative.
     """
-    days = config.retention_days
+    requests = config.telemetry.retention_requests or None
+    days = config.telemetry.retention_days or None
     return Retention(
-        max_requests=config.retention_requests,
+        max_requests=requests,
         max_age_s=None if days is None else days * 86400.0,
-        max_steps=None if config.retention_requests is None else 50 * config.retention_requests,
+        max_steps=None if requests is None else 50 * requests,
     )
 
 
@@ -68,7 +70,7 @@ class RecorderActor:
         """
         from houchu.storage.db import head_revision, open_db, redact, resolve_url
 
-        url = resolve_url(self.config.db_url)
+        url = resolve_url(self.config.telemetry.db_url)
         engine = await asyncio.to_thread(open_db, url)
         self.writer = TelemetryWriter(
             engine, retention_of(self.config), max_pending=self.max_pending

@@ -86,7 +86,7 @@ class RunnerActor:
         self.peers = Peers(ctx, config.endpoints)
         self.to_scheduler = self.peers.outbox("scheduler")
         self.runner = None
-        address = config.endpoints["recorder"] if config.telemetry else None
+        address = config.recorder_address()
         self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
         self.prompts = PromptLengths()
         self.levers_sent_at = 0.0
@@ -97,13 +97,15 @@ class RunnerActor:
         self.trimmer: asyncio.Task[None] | None = None  # _trim_when_idle, from start()
 
     async def start(self) -> str:
-        c = self.config
+        launch = self.config.launch
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(self.torch, self._load)
-        if c.kv_tiers:
+        if self.config.kv_tiers.enabled:
             from houchu.cache_tiers.host_pool import HostPool
 
-            self.host_pool = HostPool(c.host_kv_name, c.host_kv_pages, c.host_slot_bytes)
+            self.host_pool = HostPool(
+                launch.host_pool_name, launch.host_pool_pages, launch.host_slot_bytes
+            )
             self.runner.attach_host_pool(self.host_pool)
         info = self.runner.info()
         self.telemetry.start()
@@ -115,29 +117,11 @@ class RunnerActor:
         )
 
     def _load(self) -> ModelRunner:
+        """The model runner of ``config.model`` with the runner options (``--device``
+        and the rest of the "model runner" flags)."""
         from houchu.gpu.runner import ModelRunner
 
-        c = self.config
-        return ModelRunner(
-            c.model_path,
-            dtype=c.dtype,
-            page_size=c.page_size,
-            num_pages=c.num_pages,
-            kv_cache_memory_bytes=c.kv_cache_memory_bytes,
-            max_context=c.max_context,
-            num_threads=c.num_threads,
-            quantization=c.quantization,
-            group_size=c.quant_group_size,
-            kv_cache_dtype=c.kv_cache_dtype,
-            attention_backend=c.attention_backend,
-            compile=c.compile,
-            decode_buckets=tuple(c.decode_batch_sizes),
-            cuda_graph=c.cuda_graph,
-            fused_layers=c.fused_layers,
-            cpu_isa=c.cpu_isa,
-            decode_paths=c.decode_paths,
-            adapt_threads=c.adapt_threads,
-        )
+        return ModelRunner(self.config.model, self.config.runner)
 
     def busy_s(self) -> float:
         """Seconds the current step has run (0 between steps); sent with heartbeats."""

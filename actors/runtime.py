@@ -132,7 +132,8 @@ async def _run(name: str, config: ServeConfig, parent: int) -> int:
         await launcher.send(ActorReady(name=name, pid=os.getpid(), info=info))
         run = asyncio.create_task(actor.run())
         watch = asyncio.create_task(_watch_parent(parent))
-        beat = asyncio.create_task(_heartbeat(launcher, name, actor, config.heartbeat_interval_s))
+        interval_s = config.timings.heartbeat_interval_s
+        beat = asyncio.create_task(_heartbeat(launcher, name, actor, interval_s))
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, run.cancel)
         done, _ = await asyncio.wait({run, watch, beat}, return_when=asyncio.FIRST_COMPLETED)

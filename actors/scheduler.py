@@ -1,14 +1,14 @@
 """The scheduler actor: the loop that admits requests, plans steps and routes tokens.
 
 receive -> (admit | abort | apply result | answer stats) -> if no step is in flight, send
-the next plan; with the overlap scheduler (on unless ``--disable-overlap-schedule``) also
+the next plan; with the overlap scheduler (unless ``--overlap-schedule off``) also
 while one is, when the core allows it, so that applying results and planning run while
 the runner executes (``houchu.scheduler.overlap``). The domain logic lives in
 ``houchu.scheduler``.
 
-Every wait has a bound: lower-tier lookups (``tier_lookup_timeout_s``), draft proposals
-(``draft_timeout_s``), and the step in flight (``heartbeat_timeout_s``: past it the runner
-is reported stuck to the launcher, which restarts it). When a peer is replaced
+Every wait has a bound: lower-tier lookups (``Timings.tier_lookup_timeout_s``), draft
+proposals (``Timings.draft_timeout_s``), and the step in flight (``--heartbeat-timeout``:
+past it the runner is reported stuck to the launcher, which restarts it). When a peer is replaced
 (``ActorDown``, see ``houchu.actors.supervisor``): runner — every request fails with 503,
 the page pool and radix tree start over, and planning waits for the new runner's
 ``RunnerInfo``; tokenizer — every request is aborted; KV-tier manager — grants and
@@ -24,7 +24,6 @@ import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.actors.draft_link import DraftLink, spec_config
-from houchu.scheduler.batcher import BatchConfig
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.scheduler.overlap import resolve_overlap
 from houchu.scheduler.tiers import TierClient
@@ -66,12 +65,12 @@ class SchedulerActor:
         self.to_tiers = self.peers.outbox("kv_tiers")
         self.to_launcher = self.peers.outbox("launcher")
         self.core: SchedulerCore | None = None
-        address = ep["recorder"] if config.telemetry else None
+        address = config.recorder_address()
         self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
         self.runner_ready = False  # a runner's RunnerInfo came since its last restart
         self.overlap = False  # plan a step while one runs (resolved at start)
         self.stuck_reported = False  # the step in flight was reported stuck
-        self.draft = DraftLink(ctx, config, self.peers) if config.speculative else None
+        self.draft = DraftLink(ctx, config, self.peers) if config.speculation.enabled else None
 
     async def start(self) -> str:
         """Wait for the runner's pool geometry, then build the core (messages that arrive
@@ -85,31 +84,27 @@ class SchedulerActor:
                 raise RuntimeError("shut down before the runner was ready")
             early.append(msg)
         c = self.config
-        self.overlap = resolve_overlap(c.overlap_schedule, msg, os.cpu_count() or 1)
-        batch = BatchConfig(
-            max_batch_tokens=c.max_batch_tokens,
-            chunk_size=c.chunk_size,
-            max_running=c.max_running,
-            max_queued_tokens=c.max_queued_tokens,
-        )
+        batch = c.batching
+        self.overlap = resolve_overlap(batch.overlap_schedule, msg, os.cpu_count() or 1)
         self.telemetry.start()
         tiers = None
-        if c.kv_tiers:
-            fingerprint = bytes.fromhex(c.kv_fingerprint)
-            write_through = c.kv_write_policy == "write_through"
-            tiers = TierClient(fingerprint, msg.page_size, write_through, c.tier_lookup_timeout_s)
+        if c.kv_tiers.enabled:
+            fingerprint = bytes.fromhex(c.launch.kv_fingerprint)
+            timeout_s = c.timings.tier_lookup_timeout_s
+            tiers = TierClient(fingerprint, msg.page_size, c.kv_tiers.write_through, timeout_s)
+        radix_cache = not batch.disable_radix_cache
         self.core = SchedulerCore(
-            msg, batch, c.radix_cache, self.telemetry, tiers, spec_config(c), self.overlap
+            msg, batch, radix_cache, self.telemetry, tiers, spec_config(c), self.overlap
         )
         self.runner_ready = True
         if self.draft is not None:
             await self.draft.calibrate(
-                self.core, self.to_runner, self.inbox, early, c.heartbeat_timeout_s
+                self.core, self.to_runner, self.inbox, early, c.supervision.heartbeat_timeout
             )
         for m in early:
             if not await self._handle(m):
                 raise RuntimeError("shut down while starting")
-        return f"{msg.num_pages} pages, batch budget {c.max_batch_tokens} tokens"
+        return f"{msg.num_pages} pages, batch budget {batch.max_batch_tokens} tokens"
 
     async def run(self) -> None:
         while True:
@@ -135,7 +130,7 @@ class SchedulerActor:
         if self.draft is not None and self.draft.is_waiting:
             waits.append(max(self.draft.time_left(), 0.0))
         if self.core.num_in_flight and not self.stuck_reported:
-            left = self.config.heartbeat_timeout_s - self.core.at_runner_s()
+            left = self.config.supervision.heartbeat_timeout - self.core.at_runner_s()
             waits.append(max(left, 0.0))
         return min(waits) if waits else None
 
@@ -145,7 +140,7 @@ class SchedulerActor:
             self.draft.on_timeout(self.core)
         waited = self.core.at_runner_s()
         if self.core.num_in_flight and not self.stuck_reported:
-            if waited > self.config.heartbeat_timeout_s:
+            if waited > self.config.supervision.heartbeat_timeout:
                 self.stuck_reported = True
                 reason = f"the scheduler has waited {waited:.0f} s for a step result"
                 await self.to_launcher.send(ActorStuck(name="runner", reason=reason))

@@ -8,16 +8,16 @@ a process boundary). Its inbox address never changes, so a replacement binds the
 socket as the process it replaces. The launcher's ``Supervisor`` watches each process:
 
 - **Death.** A process that exits (crash, kill, out of memory) is restarted after a
-  backoff (0 s, then 1, 2, 4, ... up to 10 s), at most ``max_restarts`` times within
-  ``restart_window_s`` seconds; one more death stops the server with a message naming the
+  backoff (0 s, then 1, 2, 4, ... up to 10 s), at most ``--max-restarts`` times within
+  ``--restart-window`` seconds; one more death stops the server with a message naming the
   actor. The recorder, the KV-tier manager and the draft are optional: when their budget
   runs out the server serves on without them (no telemetry, no lower KV tiers, no
   speculation).
 - **Hang.** Each actor's event loop sends a ``Heartbeat`` about once a second, with the
   seconds its current blocking unit of work has run (``busy_s``: the runner's model
   step, which runs on a worker thread so that the loop stays responsive). An actor whose
-  last heartbeat is older than ``heartbeat_timeout_s``, or whose one step has run longer,
-  is killed (SIGKILL, which also ends a SIGSTOP'd process) and then handled as a death.
+  last heartbeat is older than ``--heartbeat-timeout`` seconds, or whose one step has run
+  longer, is killed (SIGKILL, which also ends a SIGSTOP'd process) and then handled as a death.
   A peer that waited too long on an actor (the scheduler on a step result) may report it
   with ``ActorStuck``; the launcher kills that actor the same way.
 - **Announcements.** Right after a death the launcher sends ``ActorDown(name,
@@ -216,9 +216,8 @@ class Supervisor:
         self.payload = config.to_json()
         self.procs: dict[str, ActorProcess] = {}
         self.outboxes = {name: Outbox(ctx, config.endpoints[name]) for name in actors}
-        self.budgets = {
-            n: RestartBudget(config.max_restarts, config.restart_window_s) for n in actors
-        }
+        s = config.supervision
+        self.budgets = {n: RestartBudget(s.max_restarts, s.restart_window) for n in actors}
         self.pending: dict[str, tuple[float, int]] = {}  # name -> (restart time, generation)
         self.given_up: set[str] = set()
         self.num_restarts = 0
@@ -284,16 +283,17 @@ class Supervisor:
             SupervisorStop: an essential actor's restart budget is spent.
         """
         now = time.monotonic()
-        c = self.config
+        heartbeat_timeout = self.config.supervision.heartbeat_timeout
+        ready_timeout_s = self.config.timings.ready_timeout_s
         for ap in list(self.procs.values()):
             if ap.proc.poll() is not None:
                 await self._on_death(ap)
-            elif ap.ready and now - ap.last_beat > c.heartbeat_timeout_s:
+            elif ap.ready and now - ap.last_beat > heartbeat_timeout:
                 ap.kill(f"no heartbeat for {now - ap.last_beat:.0f} s")
-            elif ap.ready and ap.busy_s > c.heartbeat_timeout_s:
+            elif ap.ready and ap.busy_s > heartbeat_timeout:
                 ap.kill(f"one step has run for {ap.busy_s:.0f} s")
-            elif not ap.ready and now - ap.started_at > c.ready_timeout_s:
-                ap.kill(f"not ready after {c.ready_timeout_s:.0f} s")
+            elif not ap.ready and now - ap.started_at > ready_timeout_s:
+                ap.kill(f"not ready after {ready_timeout_s:.0f} s")
         for name, (at, generation) in list(self.pending.items()):
             if now >= at:
                 del self.pending[name]

@@ -61,7 +61,7 @@ class TokenizerActor:
         self.tasks: set[asyncio.Task[None]] = set()
         self.tokenizer = None
         self.max_context = 0
-        address = ep["recorder"] if config.telemetry else None
+        address = config.recorder_address()
         self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
         self.first_token_t: dict[str, float] = {}  # rid -> wall-clock s of its first token
 
@@ -70,9 +70,10 @@ class TokenizerActor:
         from houchu.text.tokenizer import load_tokenizer
 
         loop = asyncio.get_running_loop()
-        self.tokenizer = await loop.run_in_executor(None, load_tokenizer, self.config.model_path)
-        model = load_model_config(self.config.model_path)
-        self.max_context = min(model.max_position, self.config.max_context or model.max_position)
+        self.tokenizer = await loop.run_in_executor(None, load_tokenizer, self.config.model)
+        model = load_model_config(self.config.model)
+        cap = self.config.runner.max_context
+        self.max_context = min(model.max_position, cap or model.max_position)
         # No token is longer than this many characters, so a prompt with more characters
         # than max_context * longest cannot fit: reject it without tokenizing it.
         tok = self.tokenizer

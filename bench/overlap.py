@@ -8,9 +8,9 @@ time). Prints the medians, and the overlap server's scheduler seconds and how ma
 them ran hidden behind the runner's steps (``/stats``). Run::
 
     python -m houchu.bench.overlap [--model PATH] [--tokens 128] [--concurrency 8]
-        [--rounds 3] [--serve-flags "--disable-compile"]
+        [--rounds 3] [--serve-flags "--compile off"]
 
-By default both servers decode eagerly (``--disable-compile``), so that they run the same
+By default both servers decode eagerly (``--compile off``), so that they run the same
 step and differ only in scheduling; pass other ``--serve-flags`` to compare otherwise.
 """
 
@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--serve-flags", default="--disable-compile", help="flags of both servers")
+    ap.add_argument("--serve-flags", default="--compile off", help="flags of both servers")
     args = ap.parse_args()
     if args.tokens < 2 or args.concurrency < 1 or args.rounds < 1:
         ap.error("--tokens must be >= 2, --concurrency and --rounds >= 1")

@@ -44,6 +44,7 @@ from houchu.gpu import cpu_isa, cpu_kernels
 from houchu.gpu.qlinear import quant_act_dtype
 from houchu.gpu.runner import ModelRunner
 from houchu.gpu.w8a8 import W8A8_MIN_ROWS
+from houchu.options.runner import RunnerOptions
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 
 FORMATS = {  # name: (model dtype, quantization); "act": the linear layers' activation dtype
@@ -148,17 +149,18 @@ def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:
         dtype = str(quant_act_dtype("cpu")).removeprefix("torch.")
     pages = max(args.batches) * (-(-(args.context + args.steps + 2) // 16)) + 64
     t0 = time.perf_counter()
-    runner = ModelRunner(
-        args.model,
+    options = RunnerOptions(
+        device="cpu",
         dtype=dtype,
         quantization=quant,
         page_size=16,
         num_pages=max(pages, -(-args.prefill // 16) + 1),
-        num_threads=args.threads,
+        threads=args.threads,
         compile="on" if mode == "compiled" else "off",
-        decode_buckets=tuple(args.batches),
-        quiet=True,
+        decode_batch_sizes=tuple(args.batches),
+        decode_paths="rules",
     )
+    runner = ModelRunner(args.model, options, quiet=True)
     print(f"  {fmt} {mode}: ready in {time.perf_counter() - t0:.1f}s; {runner.levers.summary()}")
     b = Bench(runner, args.context)
     rows = [b.decode(n, args.steps) for n in args.batches]

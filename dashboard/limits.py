@@ -26,12 +26,12 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from houchu.actors.config import (
+from houchu.dashboard.errors import ApiError
+from houchu.options.gateway import (
     DEFAULT_MAX_QUEUED_REQUESTS,
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_STREAM_BUFFER_BYTES,
 )
-from houchu.dashboard.errors import ApiError
 
 log = logging.getLogger(__name__)
 

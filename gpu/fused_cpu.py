@@ -11,7 +11,7 @@ It applies to a step whose rows all decode (one new token each) when every proje
 the model runs on houchu's int4/int8 GEMV at that row count (weight-only int4 or int8, or
 W8A8 below its GEMM threshold; see ``LinearBase.gemv_blob``) and the KV pool holds the
 model dtype or int8 (an fp8 pool takes the per-op path). Turned off with
-``ModelRunner(fused_layers=False)`` / ``serve --disable-fused-layers``.
+``RunnerOptions(disable_fused_layers=True)`` / ``serve --disable-fused-layers``.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from houchu.gpu.autotune import Tuned, tune_model
 from houchu.gpu.batch import StepBatch, build_batch
 from houchu.gpu.config import ModelConfig, num_parameters, resolve_model_file
 from houchu.gpu.decisions import DecisionCache, model_key
+from houchu.gpu.device import resolve_device
 from houchu.gpu.fused_cpu import FusedDecode
 from houchu.gpu.kv_pool import KVPool
 from houchu.gpu.kv_transfer import HostKVMirror
@@ -49,6 +50,7 @@ from houchu.gpu.quant import QuantSpec, resolve_quant_mode
 from houchu.gpu.sampling import RequestState, Sampler
 from houchu.gpu.threads import ThreadGovernor, step_key
 from houchu.gpu.verify import sample_and_verify
+from houchu.options.runner import RunnerOptions
 from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
 from houchu.transport.telemetry import LeverSample
 
@@ -58,41 +60,16 @@ class ModelRunner:
 
     Args:
         model_path: a ``.gguf`` file or a Hugging Face Llama directory.
-        dtype: weight, activation and KV dtype: "float32", "bfloat16" or "float16".
-        page_size: tokens per KV page.
-        num_pages: KV pool size in pages; None sizes it from ``kv_cache_memory_bytes``.
-        kv_cache_memory_bytes: KV pool budget in bytes (used when ``num_pages`` is None).
-        max_context: tokens per request; capped by the model's trained context and by the
-            pool's capacity. None: the smaller of those two.
-        num_threads: torch intra-op threads (None: torch's default).
-        device: "cpu" or a CUDA device.
-        attention_backend: "auto", "torch", "cpu", "triton" or "flash-attn"; see
-            ``houchu.gpu.attention.make_backend``.
+        options: how to load and run it (``houchu.options.runner.RunnerOptions``: the
+            device, dtype, KV pool, threads, quantization, kernels and compiled step;
+            ``houchu serve``'s "model runner" flags; None: their defaults).
         seed: seed of the generator unseeded requests share (None: random).
         logprobs_mode: "raw" (log_softmax of the model's logits, vLLM's default) or
             "processed" (after penalties, temperature and filters).
         prepack: on CPU, keep matmul weights in oneDNN's packed layout (faster).
-        quantization: "none", "int4", "int8" or "w8a8" (``houchu.gpu.quant.QuantSpec``),
-            or "auto" (a GGUF's Q4_0/Q4_1 model as int4, else none: ``resolve_quant_mode``).
-        group_size: int4 group size (32, 64 or 128).
-        kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8".
-        compile: ``torch.compile`` the decode step at startup: "off", "auto" (kept only
-            if a warm-up step runs faster compiled) or "on" (kept regardless).
-        cuda_graph: on CUDA, capture decode steps as CUDA graphs at startup.
-        decode_buckets: batch sizes compiled / captured.
-        fused_layers: with the cpu attention backend, run each decoder layer of a decode
-            step as one C++ call where it applies (``houchu.gpu.fused_cpu``).
-        cpu_isa: instruction-set level of houchu's C++ CPU kernels
-            (``houchu.gpu.cpu_isa``): "auto" ($HOUCHU_CPU_ISA or the best this CPU
-            runs), a level, or "generic" (torch's kernels only).
-        decode_paths: "rules" (each quantized layer's row thresholds) or "auto" (on the
-            CPU, time the fused, GEMV, torch-packed and dense paths per decode bucket at
-            startup and keep the fastest: ``houchu.gpu.autotune``; cached).
-        adapt_threads: on the CPU, use fewer threads while other processes contend
-            for the cores (``houchu.gpu.threads.ThreadGovernor``; ``num_threads`` or
-            torch's count stays the most).
         quiet: do not print the load summary.
     Raises:
+        houchu.gpu.device.DeviceError: a device torch cannot use here.
         ModelLoadError: the model cannot be loaded.
         ValueError: bad dtype, page size, quantization, KV dtype, backend or CPU ISA level, or a KV
             budget below one page.
@@ -102,81 +79,70 @@ class ModelRunner:
     def __init__(
         self,
         model_path: str | Path,
+        options: RunnerOptions | None = None,
         *,
-        dtype: str = "float32",
-        page_size: int = 16,
-        num_pages: int | None = None,
-        kv_cache_memory_bytes: int = 1 << 30,
-        max_context: int | None = None,
-        num_threads: int | None = None,
-        device: str = "cpu",
-        attention_backend: str = "auto",
         seed: int | None = None,
         logprobs_mode: str = "raw",
         prepack: bool = True,
-        quantization: str = "none",
-        group_size: int = 32,
-        kv_cache_dtype: str = "auto",
-        compile: str = "off",
-        cuda_graph: bool = True,
-        decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
-        fused_layers: bool = True,
-        cpu_isa: str = "auto",
-        adapt_threads: bool = True,
-        decode_paths: str = "rules",
         quiet: bool = False,
     ) -> None:
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
-        self.cpu_isa = cpu_kernels.select(cpu_isa)
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        o = self.options = options if options is not None else RunnerOptions()
+        self.device = torch.device(resolve_device(o.device))
+        if o.threads is not None:
+            torch.set_num_threads(o.threads)
+        self.cpu_isa = cpu_kernels.select(o.cpu_isa)
+        if o.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {o.page_size}")
         t0 = time.perf_counter()
-        self.device = torch.device(device)
-        self.dtype = parse_dtype(dtype)
-        mode = resolve_quant_mode(quantization, resolve_model_file(model_path))
-        quant = QuantSpec(mode, group_size)
+        self.dtype = parse_dtype(o.dtype)
+        mode = resolve_quant_mode(o.quantization, resolve_model_file(model_path))
+        quant = QuantSpec(mode, o.quant_group_size)
         # the C++ kernels build (first start at this ISA level) while the weights load
         building = None
-        if self.device.type == "cpu" and attention_backend in ("auto", "cpu"):
+        if self.device.type == "cpu" and o.attention_backend in ("auto", "cpu"):
             building = cpu_kernels.load_in_background()
         with torch.inference_mode():
             self.model = load_model(model_path, self.dtype, self.device, prepack, quant)
         if building is not None:
             building.result()  # never raises: make_backend reports why the kernels are out
         self.backend = make_backend(
-            attention_backend, self.device, page_size=page_size, kv_dtype=kv_cache_dtype
+            o.attention_backend, self.device, page_size=o.page_size, kv_dtype=o.kv_cache_dtype
         )
-        graphs = cuda_graph and self.device.type == "cuda"
+        graphs = not o.disable_cuda_graph and self.device.type == "cuda"
         with torch.inference_mode():
             for m in self.model.modules():  # layers built before the kernels were loaded
                 if hasattr(m, "prepare_cpu_gemv"):
                     m.prepare_cpu_gemv()
             self.model.ops = make_ops(self.backend.ops_name, self.device)
-            if fused_layers and self.backend.name == "cpu" and self.config.plain_llama_layers:
+            if (
+                not o.disable_fused_layers
+                and self.backend.name == "cpu"
+                and self.config.plain_llama_layers
+            ):
                 self.model.fused = FusedDecode(self.model)
             self.pool = KVPool.for_model(
                 self.config,
-                page_size=page_size,
+                page_size=o.page_size,
                 dtype=self.dtype,
                 device=self.device,
-                num_pages=num_pages,
-                memory_bytes=kv_cache_memory_bytes,
-                kv_dtype=kv_cache_dtype,
+                num_pages=o.num_pages,
+                memory_bytes=o.kv_cache_bytes,
+                kv_dtype=o.kv_cache_dtype,
                 scratch_pages=1 if graphs else 0,
             )
-        if decode_paths not in ("rules", "auto"):
-            raise ValueError(f"decode_paths must be rules or auto, got {decode_paths!r}")
+        if o.decode_paths not in ("rules", "auto"):
+            raise ValueError(f"decode_paths must be rules or auto, got {o.decode_paths!r}")
         self.tuned = None
-        if decode_paths == "auto" and self.device.type == "cpu":
-            self.tuned = self._tune(model_path, quant, decode_buckets)
+        buckets = tuple(o.decode_batch_sizes)
+        if o.decode_paths == "auto" and self.device.type == "cpu":
+            self.tuned = self._tune(model_path, quant, buckets)
         self.accel = DecodeAccelerator(
             self.model,
             self.pool,
             self.backend,
-            compile=compile,
+            compile=o.compile,
             cuda_graph=graphs,
-            buckets=decode_buckets,
+            buckets=buckets,
             verdicts=DecisionCache() if self.device.type == "cpu" else None,
             verdict_key=model_key(
                 resolve_model_file(model_path),
@@ -185,7 +151,7 @@ class ModelRunner:
                 self.pool.k.dtype,
                 self.backend.name,
                 self.model.fused is not None,
-                decode_buckets,
+                buckets,
                 self.tuned.route.table if self.tuned else None,
             ),  # fmt: skip
         )
@@ -193,7 +159,7 @@ class ModelRunner:
         wb, wb16 = self.model.weight_bytes()
         p = self.pool
         cost = StepCost(
-            wb, wb16, p.bytes_per_token, p.bf16_bytes_per_token, quant.label(), kv_cache_dtype
+            wb, wb16, p.bytes_per_token, p.bf16_bytes_per_token, quant.label(), o.kv_cache_dtype
         )
         a = self.accel
         self.levers = LeverCounters(
@@ -202,14 +168,14 @@ class ModelRunner:
         )  # fmt: skip
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
         limit = min(self.config.max_position, self.pool.num_tokens)
-        self.max_context = limit if max_context is None else min(max_context, limit)
+        self.max_context = limit if o.max_context is None else min(o.max_context, limit)
         if self.max_context < 1:
-            raise ValueError(f"max_context must be >= 1, got {max_context}")
+            raise ValueError(f"max_context must be >= 1, got {o.max_context}")
         self.states: dict[str, RequestState] = {}
         self.last_sampled: dict[str, int] = {}  # rid -> token sampled by the previous call
         self.host_kv: HostKVMirror | None = None  # the shared host KV pool, when tiers are on
         self.num_params = self.model.num_params()
-        on_cpu = self.device.type == "cpu" and adapt_threads
+        on_cpu = self.device.type == "cpu" and not o.fixed_threads
         self.governor = ThreadGovernor(torch.get_num_threads()) if on_cpu else None
         if not quiet:
             print(self.summary(time.perf_counter() - t0), flush=True)

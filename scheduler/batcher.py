@@ -18,9 +18,8 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-import msgspec
-
 from houchu.cache_tiers.page_allocator import PageAllocator
+from houchu.options.batching import BatchingOptions
 from houchu.scheduler.no_tiers import Tiers
 from houchu.scheduler.prefix_cache import NoPrefixCache, PrefixCache
 from houchu.scheduler.request import Request, Status
@@ -31,29 +30,13 @@ from houchu.transport.messages import PageCopy, SeqInit, SeqWork, StepPlan
 PLACEHOLDER_TOKEN = -1
 
 
-class BatchConfig(msgspec.Struct, frozen=True):
-    """Batching limits.
-
-    ``max_batch_tokens``: tokens computed per step (decode tokens + prefill chunks).
-    ``chunk_size``: most prefill tokens of one request per step (0: no chunking, the whole
-    prompt in one step, which then may exceed the budget for that step only).
-    ``max_running``: requests holding pages at once.
-    ``max_queued_tokens``: prompt tokens the waiting queue may hold (None: no bound); a
-    request that would exceed it is refused (HTTP 429), unless the queue is empty.
-    """
-
-    max_batch_tokens: int = 512
-    chunk_size: int = 512
-    max_running: int = 64
-    max_queued_tokens: int | None = None
-
-
 class Batcher:
     """The waiting queue, the running set and the plan of the next step.
 
     Args:
         allocator: the device page allocator (shared with nobody else).
-        config: batching limits.
+        config: batching limits (``--max-batch-tokens``, ``--chunked-prefill-size``,
+            ``--max-running-requests``, ``--max-queued-tokens``).
         prefix: the radix prefix cache over the allocator's pool (or ``NoPrefixCache``).
         tiers: the KV tiers' client (or ``NoTiers``).
     """
@@ -61,7 +44,7 @@ class Batcher:
     def __init__(
         self,
         allocator: PageAllocator,
-        config: BatchConfig,
+        config: BatchingOptions,
         prefix: PrefixCache | NoPrefixCache,
         tiers: Tiers,
     ) -> None:
@@ -161,7 +144,7 @@ class Batcher:
 
         loads: list[PageCopy] = []
         for req in list(self.waiting):
-            if budget <= 0 or len(self.running) >= self.config.max_running:
+            if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 break
             if self.tiers.is_pending(req.rid):
                 continue  # its lower-tier lookup is in flight; others may go first
@@ -195,8 +178,8 @@ class Batcher:
 
     def _chunk(self, req: Request, budget: int) -> int:
         n = req.plan_tokens - req.plan_computed
-        if self.config.chunk_size > 0:
-            n = min(n, self.config.chunk_size, budget)
+        if self.config.chunked_prefill_size > 0:
+            n = min(n, self.config.chunked_prefill_size, budget)
         return n
 
     def _work(self, req: Request, n: int) -> SeqWork:

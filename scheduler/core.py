@@ -35,7 +35,9 @@ from __future__ import annotations
 
 from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.cache_tiers.radix_tree import RadixTree
-from houchu.scheduler.batcher import BatchConfig, Batcher
+from houchu.options.batching import BatchingOptions
+from houchu.options.speculation import SpeculativeOptions
+from houchu.scheduler.batcher import Batcher
 from houchu.scheduler.counters import SchedulerCounters
 from houchu.scheduler.ledger import SchedulerLedger
 from houchu.scheduler.no_tiers import NoTiers, Tiers
@@ -48,7 +50,6 @@ from houchu.scheduler.speculation import speculation
 from houchu.scheduler.steps import StepTracker
 from houchu.scheduler.telemetry import NullTelemetry, TelemetrySink
 from houchu.scheduler.tiers import TierClient, TierReply
-from houchu.spec.scheduling import SpecConfig
 from houchu.transport.messages import (
     RunnerInfo,
     StepPlan,
@@ -94,11 +95,11 @@ class SchedulerCore:
     def __init__(
         self,
         runner: RunnerInfo,
-        config: BatchConfig,
+        config: BatchingOptions,
         radix_cache: bool = True,
         telemetry: TelemetrySink | None = None,
         tiers: TierClient | None = None,
-        spec: SpecConfig | None = None,
+        spec: SpeculativeOptions | None = None,
         overlap: bool = False,
     ) -> None:
         self.runner = runner
@@ -107,7 +108,7 @@ class SchedulerCore:
         self.allocator = PageAllocator(runner.num_pages, runner.page_size)
         self.prefix = prefix_cache(radix_cache, self.allocator, self.tiers)
         self.batcher = Batcher(self.allocator, config, self.prefix, self.tiers)
-        self.spec = speculation(spec, runner.max_context, config.max_running)
+        self.spec = speculation(spec, runner.max_context, config.max_running_requests)
         self.steps = StepTracker()
         self.ledger = SchedulerLedger(runner)
         self.overlap = OverlapLedger(overlap)

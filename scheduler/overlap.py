@@ -1,7 +1,7 @@
 """The overlap scheduler's bookkeeping: what each step in flight holds, and its ledger.
 
 With overlap on (``--overlap-schedule on``, or ``auto`` where it pays:
-``resolve_overlap``; ``off`` or ``--disable-overlap-schedule`` turns it off) the scheduler
+``resolve_overlap``; ``--overlap-schedule off`` turns it off) the scheduler
 actor sends step N+1's plan while step N still runs, so applying N's result and planning
 N+2 happen while the runner executes N+1 (SGLang's "zero-overhead" overlap scheduler;
 mini-sglang's overlap loop). At most two steps are in flight; a plan is built with at

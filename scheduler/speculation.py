@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from houchu.options.speculation import SpeculativeOptions
 from houchu.scheduler.request import Request
-from houchu.spec.scheduling import SpecConfig, SpecScheduler
+from houchu.spec.scheduling import SpecScheduler
 from houchu.transport.spec_messages import DraftReply, DraftRequest
 from houchu.transport.telemetry import LeverSample
 
@@ -62,11 +63,13 @@ class NoSpeculation:
 Speculation = SpecScheduler | NoSpeculation
 
 
-def speculation(config: SpecConfig | None, max_context: int, max_running: int) -> Speculation:
+def speculation(
+    config: SpeculativeOptions | None, max_context: int, max_running: int
+) -> Speculation:
     """The speculation part for ``config`` (None: off).
 
     Raises:
-        ValueError: ``config`` is invalid (``SpecConfig.validate``).
+        ValueError: ``config`` is invalid (``SpeculativeOptions.validate``).
     """
     if config is None:
         return NoSpeculation()

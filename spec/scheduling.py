@@ -17,9 +17,8 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from houchu.cache_tiers.page_allocator import PageAllocator
+from houchu.options.speculation import SpeculativeOptions
 from houchu.spec.adaptive import PRIOR_WEIGHT, SpecController
 from houchu.spec.ledger import SpecCounters
 from houchu.transport.messages import SeqWork
@@ -31,45 +30,24 @@ if TYPE_CHECKING:
 
 #: Every this many draft decisions, speculate even where the cost model says no.
 PROBE_EVERY = 64
-METHODS = ("ngram", "draft")
-
-
-class SpecConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """``method``: "ngram" or "draft"; ``num_tokens``: most proposals per request per
-    step; ``max_batch``: decoding batch size above which not to speculate (None: the
-    measured break-even).
-
-    Raises:
-        ValueError: (``validate``) an unknown method or a non-positive size.
-    """
-
-    method: str
-    num_tokens: int = 4
-    max_batch: int | None = None
-
-    def validate(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
-        if self.num_tokens < 1:
-            raise ValueError(f"num_tokens must be >= 1, got {self.num_tokens}")
-        if self.max_batch is not None and self.max_batch < 0:
-            raise ValueError(f"max_batch must be >= 0, got {self.max_batch}")
 
 
 class SpecScheduler:
     """Speculative bookkeeping of one scheduler.
 
     Args:
-        config: the speculation settings.
+        config: the speculation settings (``--speculative`` and the rest of its group).
         max_context: tokens per request (proposals never pass it).
         max_running: the largest batch (bounds the break-even search).
     """
 
-    def __init__(self, config: SpecConfig, max_context: int, max_running: int) -> None:
+    def __init__(self, config: SpeculativeOptions, max_context: int, max_running: int) -> None:
         config.validate()
         self.config = config
         self.max_context = max_context
-        self.controller = SpecController(config.num_tokens, config.max_batch, max_running)
+        self.controller = SpecController(
+            config.num_speculative_tokens, config.speculative_max_batch, max_running
+        )
         self.totals = SpecCounters()
         self.pending_release: list[str] = []
         self._query_ids = itertools.count(1)
@@ -211,8 +189,8 @@ class SpecScheduler:
         """Speculation's counters for the stats endpoint."""
         c = self.controller
         return {
-            "speculative": self.config.method,
-            "spec_max_tokens": self.config.num_tokens,
+            "speculative": self.config.speculative,
+            "spec_max_tokens": self.config.num_speculative_tokens,
             "spec_break_even_batch": c.break_even,
             "spec_max_batch": c.cutoff,
             "spec_acceptance_estimate": c.global_acceptance(),

@@ -40,10 +40,10 @@ class Server:
 
 
 def _compile_flag(extra: tuple[str, ...], compile: bool) -> list[str]:
-    """``--disable-compile`` unless compiling was asked for (here or in ``extra``)."""
-    if compile or any(a.startswith("--compile") or a == "--disable-compile" for a in extra):
+    """``--compile off`` unless compiling was asked for (here or in ``extra``)."""
+    if compile or any(a.startswith("--compile") for a in extra):
         return []
-    return ["--disable-compile"]
+    return ["--compile", "off"]
 
 
 def _quant_flag(extra: tuple[str, ...], exact: bool) -> list[str]:
@@ -62,7 +62,7 @@ def start_server(
 ) -> Server:
     """Start ``houchu serve`` and wait until it prints that it is serving.
 
-    ``compile=False`` adds ``--disable-compile``: compiling the decode step at start-up
+    ``compile=False`` adds ``--compile off``: compiling the decode step at start-up
     costs tens of seconds on 2 cores, and the golden tests check the plain (eager) path
     against transformers; compiled vs eager is checked in ``test_compiled_api.py``.
     ``exact=True`` adds ``--quantization none`` (serve's default, auto, keeps a Q4 GGUF's

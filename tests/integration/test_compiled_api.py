@@ -43,7 +43,7 @@ def test_compiled_equals_eager_through_api(real_model_path):
         real_model_path, "--compile", "on", "--decode-batch-sizes", "1,2,4"
     )
     assert "compiled_decode in" in log and "not faster" not in log
-    eager, log = _serve_tokens(real_model_path, "--disable-compile")
+    eager, log = _serve_tokens(real_model_path, "--compile", "off")
     assert "compiled_decode" not in log
     assert compiled == eager
     # serve's defaults: the Q4_1 GGUF's projections stay int4 (quantization auto) and the
@@ -61,6 +61,6 @@ def test_compiled_equals_eager_through_api(real_model_path):
 
 @pytest.mark.parametrize("flags", [("--quantization", "int4", "--kv-cache-dtype", "int8")])
 def test_quantized_server_answers(real_model_path, flags):
-    tokens, log = _serve_tokens(real_model_path, "--dtype", "bfloat16", "--disable-compile", *flags)
+    tokens, log = _serve_tokens(real_model_path, "--dtype", "bfloat16", "--compile", "off", *flags)
     assert "weights int4-g32" in log and "KV int8" in log
     assert all(len(t) == 24 for t in tokens)

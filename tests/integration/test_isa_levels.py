@@ -8,6 +8,7 @@ import pytest
 
 from houchu.gpu import cpu_isa, cpu_kernels
 from houchu.gpu.runner import ModelRunner
+from tests.runner_options import exact
 from tests.unit.test_gpu_quant import generate
 
 pytestmark = pytest.mark.slow
@@ -19,7 +20,7 @@ def test_exact_path_is_identical_at_every_level(real_model_path):
     try:
         for level in cpu_isa.usable():
             r = ModelRunner(
-                real_model_path, quantization="none", num_pages=24, cpu_isa=level, quiet=True
+                real_model_path, exact(quantization="none", num_pages=24, cpu_isa=level), quiet=True
             )
             kernels[level] = r.backend.name
             tokens[level] = generate(r, n=17)
@@ -36,5 +37,7 @@ def test_exact_path_is_identical_at_every_level(real_model_path):
 def test_a_level_the_cpu_lacks_is_refused(real_model_path, monkeypatch):
     monkeypatch.setattr(cpu_isa, "cpu_features", lambda cpuinfo=None: frozenset({"sse2"}))
     with pytest.raises(ValueError, match="lacks .*avx2"):
-        ModelRunner(real_model_path, quantization="none", num_pages=16, cpu_isa="avx2", quiet=True)
+        ModelRunner(
+            real_model_path, exact(quantization="none", num_pages=16, cpu_isa="avx2"), quiet=True
+        )
     assert cpu_isa.usable() == ["generic"]

@@ -1,4 +1,4 @@
-"""Overlap scheduler on vs off (``--disable-overlap-schedule``): identical greedy tokens
+"""Overlap scheduler on vs off (``--overlap-schedule off``): identical greedy tokens
 through the API for concurrent requests that end in different ways (max_tokens, EOS, a
 stop string); /stats shows the scheduler time the overlap hid, and /metrics its lever."""
 
@@ -41,7 +41,7 @@ def servers(real_model_path, tmp_path_factory) -> Iterator[tuple[Server, Server]
         "--db-url", f"sqlite:///{db}",
     )  # fmt: skip
     try:
-        off = start_server(real_model_path, "--kv-cache-mb", "64", "--disable-overlap-schedule")
+        off = start_server(real_model_path, "--kv-cache-mb", "64", "--overlap-schedule", "off")
     except BaseException:
         stop_server(on)
         raise

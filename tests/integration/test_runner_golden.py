@@ -12,6 +12,7 @@ import torch
 
 from houchu.gpu.runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+from tests.runner_options import exact
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +84,7 @@ def runner_generate(runner: ModelRunner, prompts: list[list[int]]) -> list[list[
 
 def test_greedy_matches_transformers(real_model_path, hf, prompts):
     _, model = hf
-    runner = ModelRunner(str(real_model_path), page_size=PAGE, num_pages=64)
+    runner = ModelRunner(str(real_model_path), exact(page_size=PAGE, num_pages=64))
     got = runner_generate(runner, prompts)
     eos = set(runner.config.eos_token_ids)
     for ids, ours in zip(prompts, got, strict=True):

@@ -22,7 +22,7 @@ REPEAT = (
     "black, white.\nCopy 1: red, green, blue, yellow, purple, orange, black, white.\nCopy 2:"
 )
 CHAT = [{"role": "user", "content": "Explain what a CPU cache is, in two sentences."}]
-FORCE = ("--speculative-max-batch", "8", "--disable-compile")  # speculate whatever it costs
+FORCE = ("--speculative-max-batch", "8", "--compile", "off")  # speculate whatever it costs
 
 
 @pytest.fixture(scope="module")

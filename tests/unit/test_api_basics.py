@@ -17,10 +17,10 @@ import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 
-from houchu.actors.config import DEFAULT_MAX_QUEUED_REQUESTS
 from houchu.dashboard import app as app_module
 from houchu.dashboard.app import STATE_KEY, GatewayLimits, make_app
 from houchu.dashboard.engine_client import EngineError
+from houchu.options.gateway import DEFAULT_MAX_QUEUED_REQUESTS
 from houchu.transport.messages import GenerateRequest, TextDelta, TokenLogprob
 
 MODEL = "fake-model"

@@ -12,6 +12,7 @@ from houchu.gpu.batch import build_batch
 from houchu.gpu.runner import ModelRunner
 from houchu.gpu.testing import make_tiny_llama
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+from tests.runner_options import exact
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")
 
@@ -27,8 +28,8 @@ def tiny(tmp_path_factory):
 
 
 def _runner(path, **kw) -> ModelRunner:
-    args = {"page_size": 4, "num_pages": 48, "quiet": True, "quantization": "int4"}
-    return ModelRunner(path, **(args | kw), decode_buckets=(1, 2, 4))
+    args = {"page_size": 4, "num_pages": 48, "quantization": "int4"}
+    return ModelRunner(path, exact(**(args | kw), decode_batch_sizes=(1, 2, 4)), quiet=True)
 
 
 def _decode_logits(r: ModelRunner) -> torch.Tensor:

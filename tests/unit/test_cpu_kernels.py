@@ -191,13 +191,15 @@ def test_runner_with_cpu_backend_matches_torch(tmp_path, kv):
     """End to end: fused ops and paged decode vs the torch backend, greedy tokens."""
     from houchu.gpu.runner import ModelRunner
     from houchu.gpu.testing import make_tiny_llama
+    from tests.runner_options import exact
     from tests.unit.test_gpu_quant import generate
 
     path = make_tiny_llama(tmp_path, seed=2)
-    kw = {"page_size": 4, "num_pages": 24, "kv_cache_dtype": kv, "quiet": True}
-    cpu = ModelRunner(path, attention_backend="cpu", **kw)
+    kw = {"page_size": 4, "num_pages": 24, "kv_cache_dtype": kv}
+    cpu = ModelRunner(path, exact(attention_backend="cpu", **kw), quiet=True)
     assert cpu.backend.name == "cpu" and cpu.model.ops.name == "cpu"
-    assert generate(cpu, 6) == generate(ModelRunner(path, attention_backend="torch", **kw), 6)
+    torch_ = ModelRunner(path, exact(attention_backend="torch", **kw), quiet=True)
+    assert generate(cpu, 6) == generate(torch_, 6)
 
 
 def test_auto_backend_on_cpu_is_cpu():

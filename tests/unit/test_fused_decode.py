@@ -11,6 +11,7 @@ from houchu.gpu.batch import build_batch
 from houchu.gpu.runner import ModelRunner
 from houchu.gpu.testing import make_tiny_llama
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+from tests.runner_options import exact
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 
@@ -32,8 +33,8 @@ def models(tmp_path_factory):
 
 
 def _runner(path, **kw) -> ModelRunner:
-    args = {"page_size": 4, "num_pages": 40, "attention_backend": "cpu", "quiet": True}
-    return ModelRunner(path, **(args | kw))
+    args = {"page_size": 4, "num_pages": 40, "attention_backend": "cpu"}
+    return ModelRunner(path, exact(**(args | kw)), quiet=True)
 
 
 def _prefill_then_decode_batch(r: ModelRunner, rows: int):
@@ -102,7 +103,7 @@ def test_fused_equals_per_op(models, shape, dtype, quant, rows, kv):
         {"quantization": "none"},  # dense projections: no GEMV blob
         {"quantization": "int4", "kv_cache_dtype": "fp8"},  # an fp8 pool
         {"quantization": "int4", "attention_backend": "torch"},
-        {"quantization": "int4", "fused_layers": False},
+        {"quantization": "int4", "disable_fused_layers": True},
     ],
 )
 def test_fused_stays_off_where_it_does_not_apply(models, kw):
@@ -120,7 +121,7 @@ def test_fused_greedy_tokens_through_the_runner(models, kv):
 
     kw = {"quantization": "int4", "dtype": "bfloat16", "kv_cache_dtype": kv}
     on = _runner(models["d64"], **kw)
-    off = _runner(models["d64"], fused_layers=False, **kw)
+    off = _runner(models["d64"], disable_fused_layers=True, **kw)
     assert generate(on, 8) == generate(off, 8)
     assert on.model.fused.steps >= 7
 

@@ -14,6 +14,7 @@ from houchu.gpu.loader import load_model
 from houchu.gpu.runner import ModelRunner
 from houchu.gpu.testing import make_tiny_llama
 from houchu.transport.messages import SeqWork
+from tests.runner_options import exact
 from tests.unit.test_gpu_quant import generate
 
 
@@ -24,9 +25,11 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.mark.slow
 def test_compiled_decode_gives_identical_greedy_tokens(tiny_dir):
-    eager = ModelRunner(tiny_dir, page_size=4, num_pages=24, quiet=True)
+    eager = ModelRunner(tiny_dir, exact(page_size=4, num_pages=24), quiet=True)
     comp = ModelRunner(
-        tiny_dir, page_size=4, num_pages=24, compile="on", decode_buckets=(4,), quiet=True
+        tiny_dir,
+        exact(page_size=4, num_pages=24, compile="on", decode_batch_sizes=(4,)),
+        quiet=True,
     )
     assert comp.accel.kind == "compiled_decode" and comp.accel.setup_s > 0
     assert generate(comp) == generate(eager)
@@ -36,7 +39,7 @@ def test_compiled_decode_gives_identical_greedy_tokens(tiny_dir):
 
 def test_compile_policy_checked(tiny_dir):
     with pytest.raises(ValueError, match="compile must be"):
-        ModelRunner(tiny_dir, page_size=4, num_pages=8, compile="yes", quiet=True)
+        ModelRunner(tiny_dir, exact(page_size=4, num_pages=8, compile="yes"), quiet=True)
 
 
 def test_compile_failure_under_auto_decodes_eagerly(tiny_dir, monkeypatch, capsys):
@@ -48,12 +51,14 @@ def test_compile_failure_under_auto_decodes_eagerly(tiny_dir, monkeypatch, capsy
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
 
     monkeypatch.setattr(CompiledDecode, "warmup", broken)
-    r = ModelRunner(tiny_dir, page_size=4, num_pages=24, compile="auto", quiet=True)
+    r = ModelRunner(tiny_dir, exact(page_size=4, num_pages=24, compile="auto"), quiet=True)
     assert r.accel.impl is None and r.accel.dropped
     assert "torch.compile failed (InvalidCxxCompiler" in capsys.readouterr().err
-    assert generate(r) == generate(ModelRunner(tiny_dir, page_size=4, num_pages=24, quiet=True))
+    assert generate(r) == generate(
+        ModelRunner(tiny_dir, exact(page_size=4, num_pages=24), quiet=True)
+    )
     with pytest.raises(RuntimeError, match="InvalidCxxCompiler"):
-        ModelRunner(tiny_dir, page_size=4, num_pages=24, compile="on", quiet=True)
+        ModelRunner(tiny_dir, exact(page_size=4, num_pages=24, compile="on"), quiet=True)
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8"])
@@ -98,10 +103,10 @@ def test_a_known_slower_compile_is_not_measured_again(tiny_dir, monkeypatch, tmp
 
     monkeypatch.setenv("HOUCHU_DECISION_CACHE", str(tmp_path / "decisions.json"))
     monkeypatch.setattr(accel, "KEEP_BELOW", 0.0)  # compiled is never faster enough
-    kw = {"page_size": 4, "num_pages": 24, "compile": "auto", "decode_buckets": (1, 2)}
-    first = ModelRunner(tiny_dir, quiet=True, **kw)
+    options = exact(page_size=4, num_pages=24, compile="auto", decode_batch_sizes=(1, 2))
+    first = ModelRunner(tiny_dir, options, quiet=True)
     assert first.accel.dropped and not first.accel.cached and first.accel.setup_s > 0
-    second = ModelRunner(tiny_dir, quiet=True, **kw)
+    second = ModelRunner(tiny_dir, options, quiet=True)
     assert second.accel.dropped and second.accel.cached and second.accel.setup_s == 0
     assert "cached measurement" in second.levers.summary()
     assert second.accel.eager_step_s == first.accel.eager_step_s

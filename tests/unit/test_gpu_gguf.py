@@ -14,6 +14,7 @@ from houchu.gpu.testing import make_tiny_llama, permute_qk, write_llama_gguf
 from houchu.gpu.weights_gguf import dequantize_tensor, load_gguf, unpermute_qk
 from houchu.gpu.weights_hf import load_hf
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+from tests.runner_options import exact
 
 Q = gguf.GGMLQuantizationType
 QUANTIZABLE = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
@@ -92,7 +93,7 @@ def test_f32_gguf_logits_match_hf(tiny_dirs, tmp_path, kind):
     assert cfg.source == "gguf" and cfg.num_kv_heads == 2
     hf = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     ids = [5, 17, 99, 3, 64, 8, 127, 40, 41, 42, 7]
-    runner = ModelRunner(str(path), num_pages=8, page_size=4, quiet=True)
+    runner = ModelRunner(str(path), exact(num_pages=8, page_size=4), quiet=True)
     init = SeqInit(rid="a", sampling=SamplingParams(temperature=0, logprobs=True), prompt_ids=ids)
     out = runner.execute(
         StepPlan(
@@ -159,7 +160,7 @@ def test_auto_quantization_keeps_4bit_gguf_4bit(tiny_dirs, tmp_path, qtype, want
     assert resolve_quant_mode("auto", path) == want
     assert resolve_quant_mode("w8a8", path) == "w8a8"  # an explicit mode is kept
     assert resolve_quant_mode("auto", tiny_dirs["untied"]) == "none"  # safetensors: dense
-    runner = ModelRunner(path, quantization="auto", num_pages=8, quiet=True)
+    runner = ModelRunner(path, exact(quantization="auto", num_pages=8), quiet=True)
     assert runner.levers.cost.weight_label == ("int4-g32" if want == "int4" else "none")
     with pytest.raises(ValueError, match="quantization must be"):
         resolve_quant_mode("int3", path)

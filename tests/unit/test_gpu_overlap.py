@@ -8,7 +8,8 @@ import pytest
 
 from houchu.gpu.runner import ModelRunner
 from houchu.gpu.testing import make_tiny_llama
-from houchu.scheduler.batcher import PLACEHOLDER_TOKEN, BatchConfig
+from houchu.options.batching import BatchingOptions
+from houchu.scheduler.batcher import PLACEHOLDER_TOKEN
 from houchu.scheduler.core import SchedulerCore
 from houchu.transport.messages import (
     RunnerInfo,
@@ -18,6 +19,7 @@ from houchu.transport.messages import (
     StepPlan,
     TokenizedRequest,
 )
+from tests.runner_options import exact
 from tests.unit.test_overlap_scheduler import drive
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -29,7 +31,7 @@ def tiny_dir(tmp_path_factory):
 
 
 def new_runner(tiny_dir) -> ModelRunner:
-    return ModelRunner(str(tiny_dir), page_size=4, num_pages=64, quiet=True)
+    return ModelRunner(str(tiny_dir), exact(page_size=4, num_pages=64), quiet=True)
 
 
 def work(rid, ids, start, pages, last=False) -> SeqWork:
@@ -111,7 +113,7 @@ def test_core_over_a_real_runner_overlapped_equals_step_by_step(tiny_dir):
                 num_params=1,
                 model_name="tiny",
             ),
-            BatchConfig(max_batch_tokens=12, chunk_size=5),
+            BatchingOptions(max_batch_tokens=12, chunked_prefill_size=5),
             radix_cache=True,
             overlap=overlap,
         )

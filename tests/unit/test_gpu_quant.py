@@ -15,6 +15,7 @@ from houchu.gpu.runner import ModelRunner
 from houchu.gpu.testing import make_tiny_llama
 from houchu.gpu.w8a8 import W8A8Linear
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+from tests.runner_options import exact
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -177,11 +178,13 @@ def generate(runner: ModelRunner, n: int = 12) -> dict[str, list[int]]:
 )
 def test_runner_quantized_generates_and_reports_levers(tiny_dir, quant, kv):
     r = ModelRunner(
-        tiny_dir, page_size=4, num_pages=24, quantization=quant, kv_cache_dtype=kv, quiet=True
+        tiny_dir,
+        exact(page_size=4, num_pages=24, quantization=quant, kv_cache_dtype=kv),
+        quiet=True,
     )
-    exact = generate(ModelRunner(tiny_dir, page_size=4, num_pages=24, quiet=True))
+    dense = generate(ModelRunner(tiny_dir, exact(page_size=4, num_pages=24), quiet=True))
     got = generate(r)
-    agree = sum(a == b for r_ in exact for a, b in zip(exact[r_], got[r_], strict=True))
+    agree = sum(a == b for r_ in dense for a, b in zip(dense[r_], got[r_], strict=True))
     assert agree >= 6  # a random tiny model is fragile; the real-model test measures quality
     samples = {(s.lever, s.verb): s for s in r.lever_samples()}
     if quant != "none":

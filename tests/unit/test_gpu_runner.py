@@ -16,6 +16,7 @@ from houchu.transport.messages import (
     StepPlan,
     StepResult,
 )
+from tests.runner_options import exact
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -27,7 +28,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture
 def runner(tiny_dir):
-    return ModelRunner(str(tiny_dir), page_size=4, num_pages=32, quiet=True)
+    return ModelRunner(str(tiny_dir), exact(page_size=4, num_pages=32), quiet=True)
 
 
 def init(rid: str, prompt: list[int], sp: SamplingParams = GREEDY) -> SeqInit:
@@ -53,7 +54,7 @@ def generate(runner: ModelRunner, rid: str, prompt: list[int], pages: list[int],
 
 
 def test_info_and_summary(tiny_dir, capsys):
-    r = ModelRunner(str(tiny_dir), page_size=8, kv_cache_memory_bytes=64 * 1024)
+    r = ModelRunner(str(tiny_dir), exact(page_size=8, kv_cache_mb=64 / 1024))  # 64 KiB
     line = capsys.readouterr().out.strip()
     assert line.count("\n") == 0 and "llama" in line and "pages" in line and "float32" in line
     info = r.info()
@@ -66,7 +67,7 @@ def test_info_and_summary(tiny_dir, capsys):
 
 def test_kv_budget_below_one_page_raises(tiny_dir):
     with pytest.raises(ValueError, match="less than one page"):
-        ModelRunner(str(tiny_dir), kv_cache_memory_bytes=10, quiet=True)
+        ModelRunner(str(tiny_dir), exact(kv_cache_mb=10 / 2**20), quiet=True)  # 10 bytes
 
 
 def test_greedy_generation_matches_hf(tiny_dir, runner):

@@ -144,13 +144,15 @@ def test_runner_with_triton_backend_matches_torch(tmp_path, kv):
     """End to end: Triton store, paged decode and fused ops vs the torch backend."""
     from houchu.gpu.runner import ModelRunner
     from houchu.gpu.testing import make_tiny_llama
+    from tests.runner_options import exact
     from tests.unit.test_gpu_quant import generate
 
     path = make_tiny_llama(tmp_path, seed=2)
-    kw = {"page_size": 4, "num_pages": 24, "kv_cache_dtype": kv, "quiet": True, "device": DEV}
-    tri = ModelRunner(path, attention_backend="triton", **kw)
+    kw = {"page_size": 4, "num_pages": 24, "kv_cache_dtype": kv, "device": DEV}
+    tri = ModelRunner(path, exact(attention_backend="triton", **kw), quiet=True)
     assert tri.backend.name == "triton" and tri.model.ops.name == "triton"
-    assert generate(tri, 6) == generate(ModelRunner(path, attention_backend="torch", **kw), 6)
+    torch_ = ModelRunner(path, exact(attention_backend="torch", **kw), quiet=True)
+    assert generate(tri, 6) == generate(torch_, 6)
 
 
 def test_static_decode_on_triton_backend(tmp_path):

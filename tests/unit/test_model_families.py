@@ -15,6 +15,7 @@ from houchu.gpu.loader import load_model
 from houchu.gpu.runner import ModelRunner
 from houchu.gpu.testing import make_tiny_model, write_llama_gguf
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+from tests.runner_options import exact
 from tests.unit.test_gpu_model import ATOL, Runner, hf_logits, prompt
 
 FAMILIES = {
@@ -86,7 +87,7 @@ def test_runner_greedy_equals_transformers(family):
     """Through ModelRunner and its CPU kernels: greedy tokens equal transformers'
     ``generate``."""
     _, path, _, hf = family
-    runner = ModelRunner(str(path), num_pages=32, page_size=4, quiet=True)
+    runner = ModelRunner(str(path), exact(num_pages=32, page_size=4), quiet=True)
     ids = prompt(5, 11)
     with torch.no_grad():
         want = hf.generate(

@@ -17,10 +17,11 @@ from collections.abc import Callable
 
 import pytest
 
-from houchu.scheduler.batcher import PLACEHOLDER_TOKEN, BatchConfig
+from houchu.options.batching import BatchingOptions
+from houchu.options.speculation import SpeculativeOptions
+from houchu.scheduler.batcher import PLACEHOLDER_TOKEN
 from houchu.scheduler.core import SchedulerCore
 from houchu.scheduler.overlap import OverlapLedger
-from houchu.spec.scheduling import SpecConfig
 from houchu.transport.messages import (
     RunnerInfo,
     SamplingParams,
@@ -37,7 +38,7 @@ PS = 4
 def make_core(num_pages=64, radix=False, spec=None, **batch) -> SchedulerCore:
     info = RunnerInfo(num_pages=num_pages, page_size=PS, max_context=256, kv_bytes_per_token=8,
                       num_params=1, model_name="tiny")  # fmt: skip
-    return SchedulerCore(info, BatchConfig(**batch), radix, spec=spec, overlap=True)
+    return SchedulerCore(info, BatchingOptions(**batch), radix, spec=spec, overlap=True)
 
 
 def add(core: SchedulerCore, rid: str, prompt: list[int], max_tokens: int) -> None:
@@ -205,7 +206,7 @@ def test_a_failed_step_fails_its_requests_once_with_the_next_one_in_flight():
 
 def test_preempted_while_in_flight_keeps_its_token_and_waits():
     def make():
-        core = make_core(num_pages=7, max_running=8, chunk_size=4)
+        core = make_core(num_pages=7, max_running_requests=8, chunked_prefill_size=4)
         add(core, "old", list(range(10, 17)), max_tokens=10)
         add(core, "new", list(range(40, 55)), max_tokens=10)
         return core
@@ -234,7 +235,7 @@ def test_preempted_while_in_flight_keeps_its_token_and_waits():
 
 def test_overlapped_equals_step_by_step_with_chunks_eos_and_lengths():
     def make():
-        core = make_core(num_pages=64, max_batch_tokens=12, chunk_size=5)
+        core = make_core(num_pages=64, max_batch_tokens=12, chunked_prefill_size=5)
         for i, (n, m) in enumerate([(3, 5), (17, 9), (6, 1), (9, 2), (4, 12), (23, 7)]):
             add(core, f"r{i}", list(range(10 + i, 10 + i + n)), max_tokens=m)
         return core
@@ -249,7 +250,7 @@ def test_overlapped_equals_step_by_step_under_preemption_and_prefix_sharing():
     shared = list(range(50, 62))
 
     def make():
-        core = make_core(num_pages=14, radix=True, max_batch_tokens=16, chunk_size=8)
+        core = make_core(num_pages=14, radix=True, max_batch_tokens=16, chunked_prefill_size=8)
         for i in range(6):
             add(core, f"r{i}", shared + [70 + i] * (i + 1), max_tokens=6 + 2 * i)
         return core
@@ -271,7 +272,7 @@ def test_random_runs_with_aborts_keep_pages_exact():
         aborts = {rng.randrange(0, 12): rid for rid, _, _ in specs if rng.random() < 0.3}
 
         def make(specs=specs):
-            core = make_core(num_pages=12, radix=True, max_batch_tokens=10, chunk_size=6)
+            core = make_core(num_pages=12, radix=True, max_batch_tokens=10, chunked_prefill_size=6)
             for rid, prompt, m in specs:
                 add(core, rid, prompt, m)
             return core
@@ -290,7 +291,11 @@ def test_random_runs_with_aborts_keep_pages_exact():
 
 
 def test_no_plan_ahead_of_a_verify_step_or_while_speculation_may_propose():
-    core = make_core(spec=SpecConfig(method="ngram", num_tokens=2, max_batch=1))
+    core = make_core(
+        spec=SpeculativeOptions(
+            speculative="ngram", num_speculative_tokens=2, speculative_max_batch=1
+        )
+    )
     runner = FakeRunner()
     add(core, "a", [10, 11, 12], max_tokens=10)
     r0 = runner.execute(core.next_plan())

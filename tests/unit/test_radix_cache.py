@@ -114,7 +114,9 @@ def test_abort_keeps_cached_pages_consistent():
     st.booleans(),
 )
 def test_invariants_under_random_operations(ops, radix):
-    core = make_core(num_pages=12, page_size=PS, radix=radix, max_batch_tokens=16, chunk_size=8)
+    core = make_core(
+        num_pages=12, page_size=PS, radix=radix, max_batch_tokens=16, chunked_prefill_size=8
+    )
     n = 0
     finals: dict[str, int] = {}
     for op, prefix, length, max_tokens in ops:

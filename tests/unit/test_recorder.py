@@ -12,8 +12,9 @@ import zmq.asyncio
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from houchu.actors.config import ServeConfig
+from houchu.actors.config import Launch, ServeConfig
 from houchu.actors.recorder import RecorderActor, retention_of
+from houchu.options.telemetry import TelemetryOptions
 from houchu.storage.db import open_db
 from houchu.storage.ledger_view import counters
 from houchu.storage.models import EventRow, LeverRow, RequestRow, StepRow
@@ -24,8 +25,12 @@ from houchu.transport.messages import Shutdown
 from houchu.transport.telemetry import LeverSample, StepRecord, Telemetry, TelemetryBatch
 
 
-def _config(endpoints: Endpoints, db_url: str, **kw) -> ServeConfig:
-    return ServeConfig(model_path="unused", endpoints=endpoints, db_url=db_url, **kw)
+def _config(endpoints: Endpoints, db_url: str, **telemetry: object) -> ServeConfig:
+    return ServeConfig(
+        model="unused",
+        telemetry=TelemetryOptions(db_url=db_url, **telemetry),
+        launch=Launch(endpoints=endpoints),
+    )
 
 
 async def test_telemetry_reaches_the_database(tmp_path):
@@ -65,7 +70,7 @@ def test_retention_from_config():
     ep = Endpoints.inproc("x")
     r = retention_of(_config(ep, "sqlite://", retention_requests=50, retention_days=2.0))
     assert (r.max_requests, r.max_age_s, r.max_steps) == (50, 2 * 86400.0, 2500)
-    r = retention_of(_config(ep, "sqlite://", retention_requests=None, retention_days=None))
+    r = retention_of(_config(ep, "sqlite://", retention_requests=0, retention_days=0.0))
     assert (r.max_requests, r.max_age_s, r.max_steps) == (None, None, None)
 
 

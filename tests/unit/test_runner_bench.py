@@ -11,6 +11,7 @@ from houchu.bench.runner_bench import Bench, Row, print_table
 from houchu.bench.runner_limits import Limits
 from houchu.gpu.runner import ModelRunner
 from houchu.gpu.testing import make_tiny_llama
+from tests.runner_options import exact
 
 LIMITS = Limits(copy_gbs=40.0, fp32_flops=200e9, bf16_flops=400e9, int8_ops=800e9)
 
@@ -22,7 +23,7 @@ def peak_column(capsys: pytest.CaptureFixture[str], row: Row) -> float:
 
 def test_prefill_counts_the_lm_head_once(tmp_path):
     path = make_tiny_llama(tmp_path)
-    runner = ModelRunner(str(path), page_size=4, num_pages=16, quiet=True)
+    runner = ModelRunner(str(path), exact(page_size=4, num_pages=16), quiet=True)
     b = Bench(runner, context=4)
     row = b.prefill(20, reps=1)
     cfg = runner.config

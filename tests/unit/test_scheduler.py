@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from houchu.cache_tiers.page_allocator import OutOfPages, PageAllocator
-from houchu.scheduler.batcher import BatchConfig
+from houchu.options.batching import BatchingOptions
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.transport.messages import (
     RunnerInfo,
@@ -32,7 +32,7 @@ def make_core(num_pages=16, page_size=4, max_context=256, radix=False, **batch) 
         num_params=1,
         model_name="tiny",
     )
-    return SchedulerCore(info, BatchConfig(**batch), radix_cache=radix)
+    return SchedulerCore(info, BatchingOptions(**batch), radix_cache=radix)
 
 
 def req(rid: str, n_prompt: int, max_tokens: int = 4) -> TokenizedRequest:
@@ -108,7 +108,7 @@ def test_eos_finishes_with_stop():
 
 
 def test_chunked_prefill_shares_step_with_decodes():
-    core = make_core(num_pages=64, max_batch_tokens=8, chunk_size=8)
+    core = make_core(num_pages=64, max_batch_tokens=8, chunked_prefill_size=8)
     core.add(req("short", 2, max_tokens=20))
     run_step(core)
     core.add(req("long", 30, max_tokens=2))
@@ -125,7 +125,7 @@ def test_chunked_prefill_shares_step_with_decodes():
 
 
 def test_preemption_recomputes_prompt_and_output():
-    core = make_core(num_pages=4, page_size=4, max_running=8)
+    core = make_core(num_pages=4, page_size=4, max_running_requests=8)
     core.add(req("old", 7, max_tokens=9))
     core.add(req("new", 7, max_tokens=9))
     run_step(core)  # both prefilled: 2 pages each, pool full

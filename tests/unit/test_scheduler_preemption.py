@@ -8,7 +8,7 @@ import itertools
 import time
 
 from houchu.dashboard.store import DashboardStore
-from houchu.scheduler.batcher import BatchConfig
+from houchu.options.batching import BatchingOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.storage.db import open_db
 from houchu.storage.writer import TelemetryWriter
@@ -48,7 +48,9 @@ def preempt_one(log: EventLog) -> SchedulerCore:
         num_params=1,
         model_name="tiny",
     )
-    core = SchedulerCore(info, BatchConfig(max_running=8), radix_cache=False, telemetry=log)
+    core = SchedulerCore(
+        info, BatchingOptions(max_running_requests=8), radix_cache=False, telemetry=log
+    )
     core.add(req("old", 7, max_tokens=9))
     core.add(req("new", 7, max_tokens=9))
     for _ in range(40):

@@ -6,16 +6,23 @@ from __future__ import annotations
 import pytest
 import zmq.asyncio
 
-from houchu.actors.config import ServeConfig
+from houchu.actors.config import Launch, ServeConfig
 from houchu.actors.draft import DraftActor, make_proposer
 from houchu.gpu.testing import make_tiny_llama
+from houchu.options.runner import RunnerOptions
+from houchu.options.speculation import SpeculativeOptions
 from houchu.spec.draft_model import DraftModelProposer
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.spec_messages import DraftRequest, DraftSeq
 
 
-def config(tmp_path, **kw) -> ServeConfig:
-    return ServeConfig(model_path=str(tmp_path), endpoints=Endpoints.inproc("spec-test"), **kw)
+def config(tmp_path, runner: RunnerOptions | None = None, **spec) -> ServeConfig:
+    return ServeConfig(
+        model=str(tmp_path),
+        runner=runner or RunnerOptions(),
+        speculation=SpeculativeOptions(**spec),
+        launch=Launch(endpoints=Endpoints.inproc("spec-test")),
+    )
 
 
 def test_ngram_actor_answers_syncs_and_releases(tmp_path):
@@ -43,8 +50,7 @@ def test_draft_proposer_needs_a_model_sharing_the_vocabulary(tmp_path):
         make_proposer(config(target, speculative="draft"))
     small = make_tiny_llama(tmp_path / "s", seed=2, vocab_size=64)
     with pytest.raises(ValueError, match="vocabulary"):
-        make_proposer(config(target, speculative="draft", draft_model_path=str(small)))
-    p, info = make_proposer(
-        config(target, speculative="draft", draft_model_path=str(target), num_pages=8, page_size=4)
-    )
+        make_proposer(config(target, speculative="draft", draft_model=str(small)))
+    runner = RunnerOptions(num_pages=8, page_size=4)
+    p, info = make_proposer(config(target, runner, speculative="draft", draft_model=str(target)))
     assert isinstance(p, DraftModelProposer) and p.pool_usage() == (0, 8) and "8 pages" in info

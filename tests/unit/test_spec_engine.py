@@ -9,13 +9,14 @@ import pytest
 
 from houchu.gpu.runner import ModelRunner
 from houchu.gpu.testing import make_tiny_llama
-from houchu.scheduler.batcher import BatchConfig
+from houchu.options.batching import BatchingOptions
+from houchu.options.speculation import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.spec.draft_model import DraftModelProposer
 from houchu.spec.proposers import NgramProposer
-from houchu.spec.scheduling import SpecConfig
 from houchu.transport.messages import SamplingParams, TokenizedRequest
 from houchu.transport.spec_messages import DraftProposal, DraftReply, DraftSeq
+from tests.runner_options import exact
 from tests.unit.test_scheduler import check_page_tables
 
 VOCAB = 128
@@ -38,14 +39,18 @@ def other(tmp_path_factory):
 
 
 def new_runner(path, num_pages: int = 64) -> ModelRunner:
-    return ModelRunner(str(path), page_size=4, num_pages=num_pages, quiet=True)
+    return ModelRunner(str(path), exact(page_size=4, num_pages=num_pages), quiet=True)
 
 
 def serve(target, proposer, num_pages: int = 64, max_tokens: int = 24):
     """Run every prompt to completion, all in one batch; returns (tokens, core)."""
     runner = new_runner(target, num_pages)
-    spec = SpecConfig(method="draft", num_tokens=4) if proposer is not None else None
-    batch = BatchConfig(max_batch_tokens=48, chunk_size=16, max_running=8)
+    spec = (
+        SpeculativeOptions(speculative="draft", num_speculative_tokens=4)
+        if proposer is not None
+        else None
+    )
+    batch = BatchingOptions(max_batch_tokens=48, chunked_prefill_size=16, max_running_requests=8)
     core = SchedulerCore(runner.info(), batch, radix_cache=True, spec=spec)
     if spec is not None:  # always the most proposals: the costs of a tiny model are noise
         core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, 4)

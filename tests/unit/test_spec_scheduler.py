@@ -8,9 +8,9 @@ token — what ``houchu.gpu.verify`` does with a real model.
 
 from __future__ import annotations
 
-from houchu.scheduler.batcher import BatchConfig
+from houchu.options.batching import BatchingOptions
+from houchu.options.speculation import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
-from houchu.spec.scheduling import SpecConfig
 from houchu.transport.messages import (
     RunnerInfo,
     SamplingParams,
@@ -43,8 +43,8 @@ class Recorder:
 def make_core(num_pages=32, radix=False, k=4, telemetry=None, **batch) -> SchedulerCore:
     info = RunnerInfo(num_pages=num_pages, page_size=PS, max_context=256, kv_bytes_per_token=8,
                       num_params=1, model_name="tiny")  # fmt: skip
-    spec = SpecConfig(method="ngram", num_tokens=k)
-    return SchedulerCore(info, BatchConfig(**batch), radix, telemetry, spec=spec)
+    spec = SpeculativeOptions(speculative="ngram", num_speculative_tokens=k)
+    return SchedulerCore(info, BatchingOptions(**batch), radix, telemetry, spec=spec)
 
 
 def add(core, rid: str, n_prompt: int = 6, max_tokens: int = 20, **sp) -> None:
@@ -238,7 +238,7 @@ def test_no_pages_for_proposals_means_no_proposals_not_preemption():
 
 
 def test_token_budget_trims_proposals():
-    core = make_core(max_batch_tokens=6, chunk_size=6)
+    core = make_core(max_batch_tokens=6, chunked_prefill_size=6)
     add(core, "a", n_prompt=3)
     add(core, "b", n_prompt=3)
     step(core)
@@ -282,7 +282,7 @@ def test_random_runs_keep_page_accounting_exact():
     import random
 
     rng = random.Random(1)
-    core = make_core(num_pages=40, radix=True, max_batch_tokens=24, chunk_size=8)
+    core = make_core(num_pages=40, radix=True, max_batch_tokens=24, chunked_prefill_size=8)
     eos_at = {}
 
     def t_of(rid):

@@ -15,6 +15,7 @@ from houchu.gpu.sampling import RequestState, Sampler
 from houchu.gpu.testing import make_tiny_llama
 from houchu.gpu.verify import sample_and_verify
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+from tests.runner_options import exact
 
 GREEDY = SamplingParams(temperature=0.0)
 VOCAB = 12
@@ -102,7 +103,7 @@ def test_sampled_tokens_follow_the_target_distribution(small_vocab):
     d1 = int(p1.argsort(descending=True)[1])  # a plausible but not the likeliest token
     p2 = target_probs(small_vocab, prompt + [d1])
     d2 = int(p2.argmax())
-    runner = ModelRunner(str(small_vocab), page_size=4, num_pages=n + 1, quiet=True)
+    runner = ModelRunner(str(small_vocab), exact(page_size=4, num_pages=n + 1), quiet=True)
     rids = [f"s{i}" for i in range(n)]
     init = [
         SeqInit(rid=r, sampling=SamplingParams(temperature=1.0, seed=i), prompt_ids=prompt)
@@ -180,7 +181,7 @@ def generate(runner: ModelRunner, sp: SamplingParams, prompt: list[int], n: int,
 )
 def test_seeds_penalties_and_logprobs_match_plain_decoding(tiny, sp):
     prompt, n = [1, 17, 33, 90, 4, 4, 61], 24
-    plain = ModelRunner(str(tiny), page_size=4, num_pages=32, quiet=True)
+    plain = ModelRunner(str(tiny), exact(page_size=4, num_pages=32), quiet=True)
     want, want_lp = generate(plain, sp, prompt, n)
 
     def drafts(history: list[int]) -> list[int]:  # right for a while, then wrong
@@ -190,7 +191,7 @@ def test_seeds_penalties_and_logprobs_match_plain_decoding(tiny, sp):
             return good
         return [*good[:-1], (good[-1] + 1) % 128]
 
-    spec = ModelRunner(str(tiny), page_size=4, num_pages=32, quiet=True)
+    spec = ModelRunner(str(tiny), exact(page_size=4, num_pages=32), quiet=True)
     got, got_lp = generate(spec, sp, prompt, n, drafts)
     assert got == want
     for (a, ta), (b, tb) in zip(got_lp, want_lp, strict=True):

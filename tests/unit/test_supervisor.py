@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import zmq.asyncio
 
-from houchu.actors.config import ServeConfig
+from houchu.actors.config import Launch, ServeConfig, Timings
 from houchu.actors.supervisor import (
     MAX_BACKOFF_S,
     RestartBudget,
@@ -22,6 +22,8 @@ from houchu.actors.supervisor import (
     SupervisorStop,
     describe_exit,
 )
+from houchu.options.supervision import SupervisionOptions
+from houchu.options.telemetry import TelemetryOptions
 from houchu.transport.channel import Inbox
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.messages import ActorDown, ActorUp, LauncherInbox, Shutdown
@@ -72,16 +74,14 @@ def test_describe_exit():
     assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
 
 
-def _config(run_dir: Path, **kw) -> ServeConfig:
-    defaults = dict(
-        model_path=str(run_dir / "no-such-model.gguf"),
-        endpoints=Endpoints.ipc(run_dir),
-        db_url=f"sqlite:///{run_dir / 'telemetry.db'}",
-        heartbeat_interval_s=0.2,
-        heartbeat_timeout_s=3.0,
-        ready_timeout_s=120.0,
+def _config(run_dir: Path, db_url: str | None = None, **supervision: float | int) -> ServeConfig:
+    return ServeConfig(
+        model=str(run_dir / "no-such-model.gguf"),
+        telemetry=TelemetryOptions(db_url=db_url or f"sqlite:///{run_dir / 'telemetry.db'}"),
+        supervision=SupervisionOptions(**{"heartbeat_timeout": 3.0, **supervision}),
+        timings=Timings(heartbeat_interval_s=0.2, ready_timeout_s=120.0),
+        launch=Launch(endpoints=Endpoints.ipc(run_dir)),
     )
-    return ServeConfig(**{**defaults, **kw})
 
 
 async def _drive(sup: Supervisor, inbox: Inbox, until, timeout_s: float) -> None:
@@ -117,7 +117,7 @@ async def test_sigstopped_actor_is_killed_and_restarted(tmp_path):
         assert first.proc.returncode == -signal.SIGKILL
         assert first.kill_reason is not None and "no heartbeat" in first.kill_reason
         # found after the heartbeat timeout, not before
-        assert time.monotonic() - t0 >= config.heartbeat_timeout_s
+        assert time.monotonic() - t0 >= config.supervision.heartbeat_timeout
         await _drive(sup, inbox, lambda: time.monotonic() - t0 > 8, 30)  # it keeps beating
         assert sup.procs["recorder"] is second and second.proc.poll() is None
     finally:
@@ -128,7 +128,7 @@ async def test_sigstopped_actor_is_killed_and_restarted(tmp_path):
 
 async def test_crash_loop_stops_the_server_when_the_budget_is_spent(tmp_path):
     ctx = zmq.asyncio.Context()
-    config = _config(tmp_path, max_restarts=2, restart_window_s=120.0)
+    config = _config(tmp_path, max_restarts=2, restart_window=120.0)
     inbox: Inbox[LauncherInbox] = Inbox(ctx, config.endpoints["launcher"], LauncherInbox)
     sup = Supervisor(ctx, config, ("gateway",))  # its model does not exist: it always fails
     try:

@@ -15,8 +15,9 @@ import zmq.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from houchu.actors.config import ServeConfig
+from houchu.actors.config import Launch, ServeConfig
 from houchu.actors.placement import PlacementError, free_ports, place_actors
+from houchu.options.placement import PlacementOptions
 from houchu.transport.channel import BadMessage, Inbox, Outbox
 from houchu.transport.endpoints import ACTORS, Endpoints
 from houchu.transport.messages import AbortRequest, SchedulerInbox
@@ -93,7 +94,11 @@ def test_tcp_without_keys_is_refused() -> None:
 
 
 def test_keys_travel_with_the_config(tmp_path: Path) -> None:
-    config = ServeConfig(model_path="m", endpoints=Endpoints.ipc(tmp_path), actor_transport="tcp")
+    config = ServeConfig(
+        model="m",
+        placement=PlacementOptions(actor_transport="tcp"),
+        launch=Launch(endpoints=Endpoints.ipc(tmp_path)),
+    )
     placed = place_actors(config, tmp_path)
     decoded = ServeConfig.from_json(placed.to_json())
     assert decoded.endpoints.curve == placed.endpoints.curve is not None
@@ -107,14 +112,15 @@ def test_ipc_placement_needs_a_private_dir() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="houchu-test-"))  # as the launcher makes it
     try:
         assert run_dir.stat().st_mode & 0o777 == 0o700
-        config = ServeConfig(model_path="m", endpoints=Endpoints.inproc("x"))
+        config = ServeConfig(model="m", launch=Launch(endpoints=Endpoints.inproc("x")))
         placed = place_actors(config, run_dir)
         assert placed.endpoints["scheduler"] == f"ipc://{run_dir}/scheduler.sock"
         os.chmod(run_dir, 0o755)
         with pytest.raises(PlacementError, match="0700"):
             place_actors(config, run_dir)
+        udp = PlacementOptions(actor_transport="udp")  # type: ignore[arg-type]
         with pytest.raises(PlacementError, match="transport"):
-            place_actors(msgspec.structs.replace(config, actor_transport="udp"), run_dir)
+            place_actors(msgspec.structs.replace(config, placement=udp), run_dir)
     finally:
         os.rmdir(run_dir)
 
@@ -193,8 +199,9 @@ def test_garbage_frames_are_rejected_at_the_boundary(tmp_path: Path) -> None:
 def test_a_launcher_that_did_not_place_the_actors_is_caught(tmp_path: Path) -> None:
     from houchu.actors.placement import check_placement
 
-    ipc = ServeConfig(model_path="m", endpoints=Endpoints.ipc(tmp_path))
+    ipc = ServeConfig(model="m", launch=Launch(endpoints=Endpoints.ipc(tmp_path)))
     check_placement(ipc)
+    tcp = msgspec.structs.replace(ipc, placement=PlacementOptions(actor_transport="tcp"))
     with pytest.raises(PlacementError, match="place_actors"):
-        check_placement(msgspec.structs.replace(ipc, actor_transport="tcp"))
-    check_placement(place_actors(msgspec.structs.replace(ipc, actor_transport="tcp"), tmp_path))
+        check_placement(tcp)
+    check_placement(place_actors(tcp, tmp_path))

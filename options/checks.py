@@ -1,0 +1,139 @@
+"""Checks of ``houchu serve``'s parsed arguments, and what they normalize.
+
+``check_serve_args`` calls ``parser.error`` (exit status 2 with a message) on the first
+bad value; ``check_device`` is the one check that asks torch, run before the actors
+start. The messages name the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from houchu.gpu import cpu_isa as isa
+from houchu.gpu.device import DeviceError, check_device_name, resolve_device
+from houchu.options.flags import MAX_REQUEST_MB
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    for n in names:
+        v = getattr(args, n)
+        if v is not None and v <= 0:
+            parser.error(f"{_flag(n)} must be positive, got {v}")
+
+
+def _non_negative(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    for n in names:
+        if getattr(args, n) < 0:
+            parser.error(f"{_flag(n)} must be >= 0")
+
+
+def _check_runner(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    _positive(parser, args, "page_size", "num_pages", "kv_cache_mb", "max_context", "threads")
+    try:
+        check_device_name(args.device)
+    except DeviceError as e:
+        parser.error(str(e))
+    try:  # the flag, or $HOUCHU_CPU_ISA under --cpu-isa auto
+        isa.choose(args.cpu_isa)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def _check_batching(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    _positive(parser, args, "max_batch_tokens", "max_running_requests", "max_queued_tokens")
+    if args.chunked_prefill_size < 0:
+        parser.error("--chunked-prefill-size must be >= 0")
+
+
+def _check_tiers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    _non_negative(parser, args, "host_kv_mb", "host_kv_pages", "ssd_kv_mb")
+    if args.ssd_kv_mb and not (args.host_kv_mb or args.host_kv_pages):
+        parser.error("--ssd-kv-mb needs a host tier (--host-kv-mb or --host-kv-pages)")
+    if (args.host_kv_mb or args.host_kv_pages) and args.disable_radix_cache:
+        parser.error("the KV tiers sit below the radix cache: drop --disable-radix-cache")
+
+
+def _check_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Also: ``--draft-model`` implies ``--speculative draft`` and becomes absolute."""
+    if args.draft_model is not None:
+        if args.speculative == "ngram":
+            parser.error("--draft-model needs --speculative draft (or no --speculative)")
+        args.speculative = "draft"
+        if not Path(args.draft_model).exists():
+            parser.error(f"--draft-model: {args.draft_model} does not exist")
+        args.draft_model = str(Path(args.draft_model).resolve())
+    if args.speculative == "draft" and args.draft_model is None:
+        parser.error("--speculative draft needs --draft-model PATH")
+    if args.num_speculative_tokens < 1:
+        parser.error("--num-speculative-tokens must be >= 1")
+    if args.speculative_max_batch is not None and args.speculative_max_batch < 0:
+        parser.error("--speculative-max-batch must be >= 0")
+
+
+def _check_gateway(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Also: ``--api-key`` loses surrounding blanks."""
+    _positive(parser, args, "port", "max_queued_requests", "max_request_mb", "stream_buffer_kb")
+    if not 0 < args.port <= 65535:
+        parser.error(f"--port must be in 1..65535, got {args.port}")
+    if args.max_request_mb > MAX_REQUEST_MB:
+        parser.error(f"--max-request-mb must be at most {MAX_REQUEST_MB}")
+    if args.api_key is not None and not args.api_key.strip():
+        parser.error("--api-key must not be empty")
+    args.api_key = args.api_key.strip() if args.api_key else None
+    if args.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"houchu: warning: listening on {args.host} without an API key (--api-key)",
+            file=sys.stderr,
+        )
+
+
+def _check_telemetry(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.retention_requests < 0 or not args.retention_days >= 0:
+        parser.error("--retention-requests and --retention-days must be >= 0 (0 keeps all)")
+    if args.db_url is not None:
+        from houchu.storage.db import DatabaseUrlError, parse_url
+
+        try:
+            parse_url(args.db_url)
+        except DatabaseUrlError as e:
+            parser.error(f"--db-url: {e}")
+
+
+def _check_supervision(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for name in ("heartbeat_timeout", "restart_window"):
+        v = getattr(args, name)
+        if not 0 < v < float("inf"):
+            parser.error(f"{_flag(name)} must be a positive number, got {v}")
+    if args.max_restarts < 0:
+        parser.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
+
+
+def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Validate ``houchu serve``'s arguments, group by group; ``parser.error`` (exit 2
+    with a message) on the first bad one. Normalizes ``args.api_key``,
+    ``args.draft_model`` and ``args.speculative`` (see the group checks)."""
+    _check_runner(parser, args)
+    _check_batching(parser, args)
+    _check_tiers(parser, args)
+    _check_spec(parser, args)
+    _check_gateway(parser, args)
+    _check_telemetry(parser, args)
+    _check_supervision(parser, args)
+
+
+def check_device(args: argparse.Namespace) -> str | None:
+    """Why ``--device`` cannot run here, in one line (None: it can, or it is "auto" or
+    "cpu", which always can; only a CUDA device imports torch here)."""
+    if not args.device.startswith("cuda"):
+        return None
+    try:
+        resolve_device(args.device)
+    except DeviceError as e:
+        return str(e)
+    return None

@@ -1,0 +1,98 @@
+"""``--device`` reaches the model runner; a CUDA device torch does not see stops
+``houchu serve`` at once with one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import zmq.asyncio
+
+from houchu.actors.config import Launch
+from houchu.actors.runner import RunnerActor
+from houchu.cli import build_parser
+from houchu.gpu.device import DeviceError, resolve_device
+from houchu.gpu.runner import ModelRunner
+from houchu.gpu.testing import make_tiny_llama
+from houchu.options.checks import check_serve_args
+from houchu.options.parser import config_from_args
+from houchu.transport.endpoints import Endpoints
+from tests.runner_options import exact
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:1"])
+def test_device_flag_reaches_the_model_runner(tmp_path, monkeypatch, device):
+    """``houchu serve --device D``: the runner actor builds its ``ModelRunner`` with D."""
+    model = tmp_path / "m.gguf"
+    model.touch()
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--model", str(model), "--device", device])
+    check_serve_args(parser, args)
+    config = config_from_args(args)
+    config = config.with_launch(endpoints=Endpoints.inproc(f"device-{device}"))
+    built = []
+    import houchu.gpu.runner
+
+    monkeypatch.setattr(houchu.gpu.runner, "ModelRunner", lambda *a: built.append(a))
+    ctx = zmq.asyncio.Context()
+    try:
+        RunnerActor(ctx, config)._load()
+    finally:
+        ctx.destroy(linger=0)
+    ((path, options),) = built
+    assert path == str(model) and options.device == device and options is config.runner
+
+
+def test_default_device_is_auto():
+    assert build_parser().parse_args(["serve"]).device == "auto"
+    assert isinstance(Launch().endpoints, Endpoints)
+
+
+def test_model_runner_runs_on_the_device_it_is_given(tmp_path):
+    path = make_tiny_llama(tmp_path / "tiny", seed=3)
+    r = ModelRunner(path, exact(device="auto", page_size=4, num_pages=8), quiet=True)
+    assert r.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert r.info().device_type == r.device.type
+    cpu = ModelRunner(path, exact(device="cpu", page_size=4, num_pages=8), quiet=True)
+    assert cpu.device == torch.device("cpu")
+
+
+@no_cuda
+def test_cuda_without_a_gpu_is_refused_before_loading(tmp_path):
+    with pytest.raises(DeviceError, match="--device cuda: torch sees no CUDA GPU"):
+        ModelRunner(tmp_path / "not-even-a-model", exact(device="cuda"), quiet=True)
+    with pytest.raises(DeviceError, match="cuda:N"):
+        resolve_device("gpu")
+
+
+@no_cuda
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_serve_on_cuda_without_a_gpu_fails_with_one_line(tmp_path, device):
+    model = tmp_path / "m.gguf"
+    model.touch()
+    out = subprocess.run(
+        [sys.executable, "-m", "houchu.cli", "serve", "--model", str(model), "--device", device],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert lines == [f"houchu: --device {device}: {lines[0].split(': ', 2)[2]}"]
+    assert "torch sees no CUDA GPU" in lines[0] and "Traceback" not in out.stderr
+    assert out.stdout == ""  # no actor was started
+
+
+def test_a_misspelt_device_is_a_usage_error():
+    out = subprocess.run(
+        [sys.executable, "-m", "houchu.cli", "serve", "--device", "gpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "--device must be auto, cpu, cuda or cuda:N" in out.stderr
+    assert "Traceback" not in out.stderr
