@@ -141,7 +141,9 @@ def openapi_document(model_name: str | None = None, max_context: int | None = No
 async def openapi_json(request: web.Request) -> web.Response:
     """``GET /openapi.json``."""
     state = request.app[STATE_KEY]
-    return json_response(openapi_document(state.model_name, state.max_context))
+    limits = state.runner.current  # None while the model loads: no maximum max_tokens
+    max_context = limits.max_context if limits is not None else None
+    return json_response(openapi_document(state.model_name, max_context))
 
 
 def add_routes(app: web.Application) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.cache_tiers.radix_tree import RadixTree
 from houchu.scheduler.batcher import Batcher
-from houchu.transport.messages import RunnerInfo, TokenEvent
+from houchu.transport.messages import Failure, RunnerInfo, TokenEvent
 
 if TYPE_CHECKING:
     from houchu.scheduler.core import SchedulerCore
@@ -31,16 +31,17 @@ class Recovery:
         for any other step id is stale: it comes from a runner that was replaced)."""
         return step_id in self._in_flight
 
-    def fail_all(self: SchedulerCore, error: str, status: int = 503) -> list[TokenEvent]:
-        """Fail every request, running or waiting; forget the steps in flight (their
-        host-slot copies are returned unused). Returns the error events to send."""
+    def fail_all(self: SchedulerCore, failure: Failure) -> list[TokenEvent]:
+        """Fail every request, running or waiting, with ``failure``; forget the steps in
+        flight (their host-slot copies are returned unused). Returns the error events to
+        send."""
         for step_id in list(self._in_flight):
             del self._in_flight[step_id]
             self._sent_at.pop(step_id, None)
             if self.tiers is not None:
                 self.tiers.on_step_done(step_id, False)
         requests = [*self.batcher.running.values(), *self.batcher.waiting]
-        return self._fail(requests, error, status)
+        return self._fail(requests, failure)
 
     def abort_all(self: SchedulerCore) -> int:
         """Abort every request (their pages return to the pool); returns how many."""

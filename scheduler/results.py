@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from houchu.scheduler.overlap import Slot
 from houchu.scheduler.request import Request, Status
 from houchu.spec.scheduling import free_pages_past
-from houchu.transport.messages import SeqOutput, StepResult, TokenEvent
+from houchu.transport.messages import Failure, SeqOutput, StepResult, TokenEvent
 from houchu.transport.telemetry import StepRecord
 
 if TYPE_CHECKING:
@@ -137,9 +137,9 @@ class Results:
             ev.top_logprobs = [o.top_logprobs or [] for o in outs]
         return ev
 
-    def _fail(
-        self: SchedulerCore, scheduled: list[Request], error: str, status: int = 500
-    ) -> list[TokenEvent]:
+    def _fail(self: SchedulerCore, scheduled: list[Request], failure: Failure) -> list[TokenEvent]:
+        """Fail the requests of ``scheduled`` still running or waiting with ``failure``;
+        their error events."""
         events = []
         for req in scheduled:
             if req.status is Status.FINISHED:
@@ -148,14 +148,8 @@ class Results:
                 self.spec.on_leave(req)  # its draft state is released too
             self.batcher.remove(req)
             self.num_failed += 1
-            self.telemetry.event(req.rid, "failed", error=error)
+            self.telemetry.event(req.rid, "failed", error=failure.message)
             events.append(
-                TokenEvent(
-                    rid=req.rid,
-                    token_ids=[],
-                    finish_reason="error",
-                    error=error,
-                    error_status=status,
-                )
+                TokenEvent(rid=req.rid, token_ids=[], finish_reason="error", failure=failure)
             )
         return events

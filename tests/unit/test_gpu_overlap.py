@@ -96,7 +96,7 @@ def test_core_over_a_real_runner_overlapped_equals_step_by_step(tiny_dir):
             stops = stop_ids if rid == "a" else []
             params = SamplingParams(**{**_fields(sp), "max_tokens": m, "stop_token_ids": stops})
             core.add(TokenizedRequest(rid=rid, prompt_ids=prompt, sampling=params,
-                                      eos_token_ids=[2]))  # fmt: skip
+                                      stop_ids=stop_ids(params, [2])))  # fmt: skip
         return drive(core, info, overlap=overlap), core
 
     plain, _ = run(False, [])
