@@ -10,6 +10,7 @@ from houchu.gpu.runner import ModelRunner
 from houchu.gpu.testing import make_tiny_llama
 from houchu.scheduler.batcher import PLACEHOLDER_TOKEN, BatchConfig
 from houchu.scheduler.core import SchedulerCore
+from houchu.text import stop as text_stop
 from houchu.transport.messages import (
     RunnerInfo,
     SamplingParams,
@@ -96,7 +97,7 @@ def test_core_over_a_real_runner_overlapped_equals_step_by_step(tiny_dir):
             stops = stop_ids if rid == "a" else []
             params = SamplingParams(**{**_fields(sp), "max_tokens": m, "stop_token_ids": stops})
             core.add(TokenizedRequest(rid=rid, prompt_ids=prompt, sampling=params,
-                                      stop_ids=stop_ids(params, [2])))  # fmt: skip
+                                      stop_ids=text_stop.stop_ids(params, [2])))  # fmt: skip
         return drive(core, info, overlap=overlap), core
 
     plain, _ = run(False, [])
