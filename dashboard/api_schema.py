@@ -5,13 +5,15 @@ OpenAPI document's schemas are generated from them (``openapi``).
 
 ``None`` (JSON ``null``, or the key left out) means "not given": the server's default
 applies (``SamplingParams``'s, and ``DEFAULT_*_MAX_TOKENS`` here). Keys the gateway does
-not know (``user``'s siblings such as ``metadata``) are ignored; known OpenAI features
+not know (``metadata``, ...) are ignored; known OpenAI features
 it does not implement are fields marked ``unsupported``: they are refused unless absent
 or at their neutral value (``n: 1``, ``tools: []``, ...).
 
-What a field's type cannot say is checked by the validator and added to the generated
-schema: the served model's name, ``max_tokens`` at most the context window, the seed's
-unsigned 64-bit top, a batch of one prompt (``["text"]``), and the rules across fields.
+What a field's type cannot say is checked by the validator (and added to the generated
+schema where JSON Schema can say it): the served model's name, ``max_tokens`` at most
+the context window, the seed's unsigned 64-bit top, a batch of one prompt
+(``["text"]``), and the rules across fields (``stream_options`` needs ``stream``,
+``top_logprobs`` needs ``logprobs``, a WebSocket frame has ``prompt`` or ``messages``).
 """
 
 from __future__ import annotations

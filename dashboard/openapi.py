@@ -1,11 +1,11 @@
 """``GET /openapi.json``: the OpenAPI 3.1 description of the gateway's HTTP API.
 
-The request and response schemas are generated from the msgspec types in
-``api_schema`` (the requests, which the validator decodes into too) and
-``api_responses`` (``msgspec.json.schema_components``); only the paths, their status
-codes and media types, and what the types cannot say, are written here. The WebSocket API (``/ws``) is not an HTTP operation and
-is described in ``ws_api``'s docstring and the README. The document names the bearer-key
-scheme; the key is required only when the server runs with ``--api-key``.
+The request and response schemas are generated (``msgspec.json.schema_components``) from
+the msgspec types of ``api_schema`` (the requests, which the validator decodes bodies
+into too) and ``api_responses``; only the paths, their status codes and media types, and
+what the types cannot say, are written here. The WebSocket API (``/ws``) is not an HTTP
+operation and is described in ``ws_api``'s docstring and the README. The document names
+the bearer-key scheme; the key is required only when the server runs with ``--api-key``.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ field and its bounds (the OpenAPI document is generated from the same types). Th
 strict about types: a wrong-typed value (``"temperature": "hot"``, ``"max_tokens": 1.5``,
 ``true`` where an integer is expected) or an out-of-range one is an ``ApiError`` (HTTP
 400) whose message and ``param`` name the parameter (``schema_errors``). A ``null``
-value means "not given". Keys the gateway does not know (``user``'s siblings such as
-``metadata``) are ignored; known OpenAI features it does not implement (``n > 1``,
+value means "not given". Keys the gateway does not know (``metadata``, ...) are
+ignored; known OpenAI features it does not implement (``n > 1``,
 ``echo``, ``best_of``, ``logit_bias``, ``tools``, JSON ``response_format``) are refused.
 
 What the types cannot say is checked here: the served model's name, ``max_tokens``
