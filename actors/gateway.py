@@ -2,9 +2,9 @@
 
 It validates requests, assigns request ids, streams deltas back, and aborts a request
 whose client went away; the handlers live in ``houchu.dashboard``. The runner's limits
-(``max_context``) come from its ``RunnerInfo``, which the engine client receives. It also serves the
-dashboard (read from the recorder's database) and ``/metrics``, and reports each
-request's arrival to the recorder.
+(``max_context``) come from its ``RunnerInfo``, which the engine client receives. It
+also serves the dashboard (read from the recorder's database) and ``/metrics``, and
+reports each request's arrival to the recorder.
 """
 
 from __future__ import annotations
