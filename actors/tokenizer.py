@@ -141,11 +141,13 @@ class TokenizerActor:
             self.telemetry.event(rid, "aborted", completion_tokens=state.completion_tokens)
 
     async def _on_request(self, req: GenerateRequest) -> None:
+        """Encode the prompt and send it to the scheduler, or fail the request (a text
+        that cannot fit the context window is refused before it is encoded)."""
         limits = await self.limits.wait()  # the runner's, once it has loaded its model
         s = req.sampling
         chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages or [])
-        at_least = -(-chars // self.max_token_chars)  # tokens the text needs at least
-        too_long = limits.context_failure(s.max_tokens, at_least, at_least=True)
+        fewest = -(-chars // self.max_token_chars)  # tokens the text needs at least
+        too_long = limits.context_failure(s.max_tokens, fewest, at_least=True)
         if too_long is not None:
             self.encoding.pop(req.rid, None)
             await self._fail(req.rid, too_long)
