@@ -1,12 +1,15 @@
 """The gateway actor: the aiohttp server of the HTTP and WebSocket APIs.
 
 It validates requests, assigns request ids, streams deltas back, and aborts a request
-whose client went away; the handlers live in ``houchu.dashboard``. It also serves the
-dashboard (read from the recorder's database) and ``/metrics``, and reports each
-request's arrival to the recorder.
+whose client went away; the handlers live in ``houchu.dashboard``. The runner's limits
+(``max_context``) come from its ``RunnerInfo``, which the engine client receives. It
+also serves the dashboard (read from the recorder's database) and ``/metrics``, and
+reports each request's arrival to the recorder.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import zmq.asyncio
 from aiohttp import web
@@ -41,13 +44,12 @@ class GatewayActor:
         from houchu.actors.placement import check_placement
         from houchu.dashboard.app import make_app
         from houchu.dashboard.limits import GatewayLimits
-        from houchu.gpu.config import load_model_config
 
         c = self.config
         gw = c.gateway
         check_placement(c)
-        model = load_model_config(c.model)
-        max_context = min(model.max_position, c.runner.max_context or model.max_position)
+        if not Path(c.model).exists():  # it serves the model by that file's name
+            raise FileNotFoundError(f"no model at {c.model}")
         name = c.model_name()
         self.engine.start()
         self.telemetry.start()
@@ -55,7 +57,7 @@ class GatewayActor:
         app = make_app(
             self.engine,
             model_name=name,
-            max_context=max_context,
+            runner=self.engine.runner_limits,  # the runner's RunnerInfo sets them
             store=self.store,
             gateway_metrics=self.metrics,
             limits=GatewayLimits(

@@ -7,9 +7,12 @@ event loop stays responsive during a long step: it keeps sending heartbeats, wit
 seconds the current step has run (``busy_s``). Each executed step is reported to the
 recorder as a ``StepRecord`` (compute time, batch, tokens).
 
-When the scheduler is replaced (``ActorDown``), the runner drops every request's state
-(the new scheduler knows none of them) and sends its ``RunnerInfo`` again, which the new
-scheduler waits for before it plans.
+Its ``RunnerInfo`` (pool geometry and the limits every request must fit:
+``houchu.transport.limits``) goes to the scheduler, the tokenizer and the gateway once
+the model is loaded, and again to any of them that is replaced (``ActorDown``). When
+the scheduler is replaced, the runner also drops every request's state (the new
+scheduler knows none of them); the new scheduler waits for the ``RunnerInfo`` before it
+plans.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import zmq.asyncio
 from houchu.actors.config import ServeConfig
 from houchu.actors.heap import HeapTrimmer
 from houchu.transport.channel import BadMessage, Inbox
+from houchu.transport.failures import internal
 from houchu.transport.messages import (
     ActorDown,
     ActorUp,
     RunnerInbox,
+    RunnerInfo,
     Shutdown,
     StepPlan,
     StepResult,
@@ -38,6 +43,9 @@ from houchu.transport.telemetry import StepRecord, Telemetry
 
 if TYPE_CHECKING:
     from houchu.gpu.runner import ModelRunner
+
+#: The actors besides the scheduler that read the runner's limits from its ``RunnerInfo``.
+INFO_READERS = ("tokenizer", "gateway")
 
 
 class PromptLengths:
@@ -85,6 +93,9 @@ class RunnerActor:
         self.inbox: Inbox[RunnerInbox] = Inbox(ctx, config.endpoints["runner"], RunnerInbox)
         self.peers = Peers(ctx, config.endpoints)
         self.to_scheduler = self.peers.outbox("scheduler")
+        #: who is told the runner's limits (``RunnerInfo``), by actor name
+        self.to_info = {"scheduler": self.to_scheduler}
+        self.to_info.update({name: self.peers.outbox(name) for name in INFO_READERS})
         self.runner = None
         address = config.recorder_address()
         self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
@@ -107,10 +118,11 @@ class RunnerActor:
                 launch.host_pool_name, launch.host_pool_pages, launch.host_slot_bytes
             )
             self.runner.attach_host_pool(self.host_pool)
-        info = self.runner.info()
+        info = self.info()
         self.telemetry.start()
         self.trimmer = asyncio.create_task(self._trim_when_idle())
-        await self.to_scheduler.send(info)
+        for out in self.to_info.values():
+            await out.send(info)
         return (
             f"{info.model_name}: {info.num_pages} pages x {info.page_size} tokens, "
             f"context {info.max_context}"
@@ -122,6 +134,10 @@ class RunnerActor:
         from houchu.gpu.runner import ModelRunner
 
         return ModelRunner(self.config.model, self.config.runner)
+
+    def info(self) -> RunnerInfo:
+        """This runner's geometry and limits (``RunnerInfo``)."""
+        return self.runner.info()
 
     def busy_s(self) -> float:
         """Seconds the current step has run (0 between steps); sent with heartbeats."""
@@ -163,7 +179,8 @@ class RunnerActor:
                     loop = asyncio.get_running_loop()
                     await loop.run_in_executor(self.torch, self.runner.states.clear)
                     self.prompts.clear()
-                    await self.to_scheduler.send(self.runner.info())
+                if name in self.to_info:  # its replacement learns the limits again
+                    await self.to_info[name].send(self.info())
             case ActorUp():
                 pass
             case Shutdown():
@@ -202,7 +219,7 @@ class RunnerActor:
                 outputs=[],
                 duration_s=time.perf_counter() - t0,
                 num_tokens=0,
-                error=f"{type(e).__name__}: {e}",
+                error=internal(f"{type(e).__name__}: {e}"),
             )
 
     async def close(self) -> None:

@@ -28,11 +28,13 @@ from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.scheduler.overlap import resolve_overlap
 from houchu.scheduler.tiers import TierClient
 from houchu.transport.channel import BadMessage, Inbox
+from houchu.transport.failures import unavailable
 from houchu.transport.messages import (
     AbortRequest,
     ActorDown,
     ActorStuck,
     ActorUp,
+    FinishRequest,
     RunnerInfo,
     SchedulerInbox,
     Shutdown,
@@ -153,17 +155,15 @@ class SchedulerActor:
             case TokenizedRequest():
                 try:
                     core.add(msg)
-                except Rejected as e:
+                except Rejected as e:  # 400 it never fits, 429 the queue is full
                     ev = TokenEvent(
-                        rid=msg.rid,
-                        token_ids=[],
-                        finish_reason="error",
-                        error=str(e),
-                        error_status=e.status,  # 400 bad request, 429 queue full
+                        rid=msg.rid, token_ids=[], finish_reason="error", failure=e.failure
                     )
                     await self.to_tokenizer.send(TokenBatch([ev]))
-            case AbortRequest(rid=rid, reason=reason):
-                core.abort(rid, reason)
+            case AbortRequest(rid=rid):
+                core.abort(rid)
+            case FinishRequest(rid=rid):
+                core.finish(rid)
             case StepResult(step_id=step_id):
                 if not core.is_in_flight(step_id):
                     return True  # from a runner that was replaced: stale
@@ -203,8 +203,7 @@ class SchedulerActor:
     async def _on_peer_down(self, name: str) -> None:
         core = self.core
         if name == "runner":  # its KV is gone: fail everything, start over on a new pool
-            error = "the model runner stopped and is restarting; retry"
-            events = core.fail_all(error, 503)
+            events = core.fail_all(unavailable("the model runner stopped and is restarting; retry"))
             if events:
                 await self.to_tokenizer.send(TokenBatch(events))
             if self.draft is not None:

@@ -32,14 +32,17 @@ socket as the process it replaces. The launcher's ``Supervisor`` watches each pr
   died       who reacts, and how
   ========== ==================================================================
   gateway    tokenizer aborts every request (the scheduler frees their pages);
-             client connections are lost; the replacement binds the same port
-  tokenizer  gateway fails its in-flight requests (503); scheduler aborts all
+             client connections are lost; the replacement binds the same port;
+             runner sends it ``RunnerInfo`` (the limits) again
+  tokenizer  gateway fails its in-flight requests (503); scheduler aborts all;
+             runner sends it ``RunnerInfo`` again
   scheduler  tokenizer fails its requests (503); runner drops per-request state
              and sends ``RunnerInfo`` again; KV-tier manager takes back granted
              and pinned host slots; draft drops its sequences
   runner     scheduler fails every request (503), rebuilds its page pool and
              radix tree (the device KV is gone) and plans again on the new
-             runner's ``RunnerInfo``; the lower KV tiers keep their copies
+             runner's ``RunnerInfo`` (which the tokenizer and gateway get too);
+             the lower KV tiers keep their copies
   kv_tiers   scheduler forgets host-slot grants and pending lookups (misses);
              the host pool (shared memory, owned by the launcher) survives, the
              SSD tier is found again by re-scanning its directory

@@ -2,8 +2,13 @@
 detokenization and stop strings on the way out.
 
 Inbox: ``GenerateRequest`` / ``AbortRequest`` from the gateway, ``TokenBatch`` from the
-scheduler. A stop string needs text, so it is matched here; the scheduler is then told to
-finish the request (``AbortRequest(reason="stop")``).
+scheduler, ``RunnerInfo`` from the runner (its limits: prompts wait for the first one).
+A stop string needs text, so it is matched here; the scheduler is then told that the
+request is finished (``FinishRequest``).
+
+Failures: a request this actor refuses, or one the scheduler failed (a
+``TokenEvent.failure``), goes back to the gateway as a ``RequestFailed`` with its
+``Failure`` unchanged.
 
 Telemetry: "tokenized" (prompt_tokens), and the end of each request as the client sees
 it: "finished" (finish_reason, prompt/completion/cached tokens, ``first_token_t``: when
@@ -23,13 +28,19 @@ import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.text.request_text import RequestText
+from houchu.text.stop import stop_ids
 from houchu.transport.channel import BadMessage, Inbox
+from houchu.transport.failures import bad_request, internal, unavailable
+from houchu.transport.limits import LimitsWatch
 from houchu.transport.messages import (
     AbortRequest,
     ActorDown,
     ActorUp,
+    Failure,
+    FinishRequest,
     GenerateRequest,
     RequestFailed,
+    RunnerInfo,
     Shutdown,
     TextDelta,
     TokenBatch,
@@ -39,9 +50,6 @@ from houchu.transport.messages import (
 )
 from houchu.transport.peers import Peers, drain
 from houchu.transport.telemetry import Telemetry
-
-#: The error ``code`` a client sees, by HTTP status.
-_ERROR_CODES = {400: "invalid_request_error", 429: "server_overloaded", 503: "unavailable"}
 
 
 class TokenizerActor:
@@ -60,26 +68,23 @@ class TokenizerActor:
         self.encoding: dict[str, bool] = {}  # rid -> aborted, while its prompt is encoded
         self.tasks: set[asyncio.Task[None]] = set()
         self.tokenizer = None
-        self.max_context = 0
+        self.limits = LimitsWatch()  # the runner's, from its RunnerInfo
+        self.max_token_chars = 1  # characters of the longest token
         address = config.recorder_address()
         self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
         self.first_token_t: dict[str, float] = {}  # rid -> wall-clock s of its first token
 
     async def start(self) -> str:
-        from houchu.gpu.config import load_model_config
         from houchu.text.tokenizer import load_tokenizer
 
         loop = asyncio.get_running_loop()
         self.tokenizer = await loop.run_in_executor(None, load_tokenizer, self.config.model)
-        model = load_model_config(self.config.model)
-        cap = self.config.runner.max_context
-        self.max_context = min(model.max_position, cap or model.max_position)
-        # No token is longer than this many characters, so a prompt with more characters
-        # than max_context * longest cannot fit: reject it without tokenizing it.
+        # No token is longer than this many characters, so a prompt of C characters has
+        # at least C / longest tokens: one that cannot fit is refused before encoding.
         tok = self.tokenizer
         self.max_token_chars = max(len(tok.token_bytes(i)) for i in range(tok.vocab_size)) or 1
         self.telemetry.start()
-        return f"vocabulary {self.tokenizer.vocab_size}, context {self.max_context}"
+        return f"vocabulary {self.tokenizer.vocab_size}"
 
     async def run(self) -> None:
         while True:
@@ -105,6 +110,8 @@ class TokenizerActor:
             case AbortRequest(rid=rid):
                 self._forget(rid)
                 await self.to_scheduler.send(msg)
+            case RunnerInfo():
+                self.limits.update(msg)
             case ActorDown(name=name):
                 if not await drain(self.inbox, self._handle, self.name):
                     return False
@@ -112,11 +119,12 @@ class TokenizerActor:
                 if name == "gateway":  # its clients are gone: abort everything
                     for rid in [*self.requests, *self.encoding]:
                         self._forget(rid)
-                        await self.to_scheduler.send(AbortRequest(rid, "abort"))
+                        await self.to_scheduler.send(AbortRequest(rid))
                 elif name == "scheduler":  # what it held is lost: fail those requests
+                    lost = unavailable("the scheduler stopped and is restarting; retry")
                     for rid in list(self.requests):
                         del self.requests[rid]
-                        await self._fail(rid, "the scheduler stopped and is restarting; retry", 503)
+                        await self._fail(rid, lost)
             case ActorUp():
                 pass
             case Shutdown():
@@ -133,14 +141,16 @@ class TokenizerActor:
             self.telemetry.event(rid, "aborted", completion_tokens=state.completion_tokens)
 
     async def _on_request(self, req: GenerateRequest) -> None:
+        """Encode the prompt and send it to the scheduler, or fail the request (a text
+        that cannot fit the context window is refused before it is encoded)."""
+        limits = await self.limits.wait()  # the runner's, once it has loaded its model
+        s = req.sampling
         chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages or [])
-        if chars > self.max_context * self.max_token_chars:
+        fewest = -(-chars // self.max_token_chars)  # tokens the text needs at least
+        too_long = limits.context_failure(s.max_tokens, fewest, at_least=True)
+        if too_long is not None:
             self.encoding.pop(req.rid, None)
-            await self._fail(
-                req.rid,
-                f"the prompt has {chars} characters, more than a "
-                f"{self.max_context}-token context window can hold",
-            )
+            await self._fail(req.rid, too_long)
             return
         try:
             # in a worker thread: a long prompt does not hold up other requests' text
@@ -149,33 +159,23 @@ class TokenizerActor:
                 return  # aborted while it was being encoded
         except Exception as e:  # the template or encoder refused this input
             self.encoding.pop(req.rid, None)
-            await self._fail(req.rid, f"could not tokenize the request: {e}")
+            await self._fail(req.rid, bad_request(f"could not tokenize the request: {e}"))
             return
-        s = req.sampling
+        failure = limits.token_id_failure(ids)
         if not ids:
-            await self._fail(req.rid, "the prompt is empty (0 tokens)")
+            failure = bad_request("the prompt is empty (0 tokens)")
+        if failure is not None:
+            await self._fail(req.rid, failure)
             return
-        if len(ids) + s.max_tokens > self.max_context:
-            await self._fail(
-                req.rid,
-                f"this model's maximum context length is {self.max_context} tokens; the "
-                f"request has {len(ids)} prompt tokens and asks for {s.max_tokens} more",
-            )
-            return
-        if any(t < 0 or t >= self.tokenizer.vocab_size for t in ids):
-            await self._fail(
-                req.rid, f"prompt token ids must be in [0, {self.tokenizer.vocab_size})"
-            )
-            return
-        eos = self.tokenizer.eos_token_ids
+        stops = stop_ids(s, self.tokenizer.eos_token_ids)
         self.telemetry.event(req.rid, "tokenized", prompt_tokens=len(ids))
-        self.requests[req.rid] = RequestText(req.rid, self.tokenizer, ids, s, eos)
+        self.requests[req.rid] = RequestText(req.rid, self.tokenizer, ids, s, stops)
         await self.to_scheduler.send(
             TokenizedRequest(
                 rid=req.rid,
                 prompt_ids=ids,
                 sampling=s,
-                eos_token_ids=eos,
+                stop_ids=stops,
                 arrival_time=req.arrival_time or time.time(),
             )
         )
@@ -188,13 +188,11 @@ class TokenizerActor:
             return list(req.prompt_ids)
         return self.tokenizer.encode(req.prompt or "")
 
-    async def _fail(self, rid: str, message: str, status: int = 400) -> None:
+    async def _fail(self, rid: str, failure: Failure) -> None:
+        """Tell the gateway that ``rid`` failed, and why."""
         self.first_token_t.pop(rid, None)
-        self.telemetry.event(rid, "failed", error=message[:500], status=status)
-        code = _ERROR_CODES.get(status, "internal_error")
-        await self.to_gateway.send(
-            RequestFailed(rid=rid, message=message, status=status, code=code)
-        )
+        self.telemetry.event(rid, "failed", error=failure.message[:500], status=failure.status)
+        await self.to_gateway.send(RequestFailed(rid=rid, failure=failure))
 
     async def _on_tokens(self, events: list[TokenEvent]) -> None:
         for ev in events:
@@ -203,7 +201,7 @@ class TokenizerActor:
                 continue  # finished by a stop string or aborted: late tokens are dropped
             if ev.finish_reason == "error":
                 del self.requests[ev.rid]
-                await self._fail(ev.rid, ev.error or "request failed", ev.error_status)
+                await self._fail(ev.rid, ev.failure or internal("request failed"))
                 continue
             if ev.token_ids and ev.rid not in self.first_token_t:
                 self.first_token_t[ev.rid] = time.time()
@@ -214,7 +212,7 @@ class TokenizerActor:
                 del self.requests[ev.rid]
                 self._finished(delta)
                 if ev.finish_reason is None:  # a stop string finished it, not the scheduler
-                    await self.to_scheduler.send(AbortRequest(ev.rid, "stop"))
+                    await self.to_scheduler.send(FinishRequest(ev.rid))
             await self.to_gateway.send(delta)
 
     def _finished(self, delta: TextDelta) -> None:

@@ -1,7 +1,9 @@
 """The gateway's aiohttp application: client-facing HTTP and WebSocket APIs.
 
-``make_app(engine, model_name=..., max_context=...)`` builds the application; ``engine``
-is an ``EngineClient`` in production and any ``EngineLike`` in tests. Routes:
+``make_app(engine, model_name=..., runner=...)`` builds the application; ``engine`` is an
+``EngineClient`` in production and any ``EngineLike`` in tests, ``runner`` the runner's
+limits as its ``RunnerInfo`` tells them (tests give a fixed ``max_context`` instead).
+Routes:
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``: the
   OpenAI-compatible API (``openai_api``).
@@ -38,12 +40,14 @@ from aiohttp import web
 from houchu.dashboard import live, metrics, openai_api, openapi, views, ws_api
 from houchu.dashboard.auth import make_auth_middleware
 from houchu.dashboard.engine_client import EngineError
-from houchu.dashboard.errors import ApiError, error_response, json_response
+from houchu.dashboard.errors import ApiError, api_error, error_response, json_response
 from houchu.dashboard.limits import GatewayLimits
 from houchu.dashboard.live_data import STORE_KEY
 from houchu.dashboard.metrics import GatewayMetrics
 from houchu.dashboard.state import ENGINE_KEY, STATE_KEY, EngineLike, GatewayState
 from houchu.dashboard.store import DashboardStore
+from houchu.transport.failures import Failed
+from houchu.transport.limits import LimitsWatch, RunnerLimits
 
 __all__ = ["ENGINE_KEY", "STATE_KEY", "EngineLike", "GatewayLimits", "GatewayState", "make_app"]
 
@@ -60,7 +64,8 @@ def make_app(
     engine: EngineLike,
     *,
     model_name: str,
-    max_context: int,
+    max_context: int | None = None,
+    runner: LimitsWatch | None = None,
     store: DashboardStore | None = None,
     gateway_metrics: GatewayMetrics | None = None,
     limits: GatewayLimits | None = None,
@@ -71,15 +76,21 @@ def make_app(
         engine: the engine handle (``EngineClient``, or a fake in tests).
         model_name: the served model's id, as ``/v1/models`` lists it; requests naming
             another model are refused (400, code ``model_not_found``).
-        max_context: tokens per request (prompt + completion); ``max_tokens`` above it
-            is refused.
+        max_context: a fixed context window, tokens per request (prompt + completion);
+            ``max_tokens`` above it is refused. Give this or ``runner``.
+        runner: the runner's limits, updated by its ``RunnerInfo`` (the engine client's
+            ``runner_limits``); requests wait for the first.
         store: the dashboard's database handle (None: the dashboard API answers 503).
         gateway_metrics: the Prometheus metrics the engine client feeds (None: fresh).
         limits: admission, body size, slow-reader and API-key settings (None: defaults,
             no key).
     """
-    if max_context < 1:
-        raise ValueError(f"max_context must be positive, got {max_context}")
+    if (max_context is None) == (runner is None):
+        raise ValueError("give exactly one of max_context and runner")
+    if max_context is not None:
+        if max_context < 1:
+            raise ValueError(f"max_context must be positive, got {max_context}")
+        runner = LimitsWatch(RunnerLimits(max_context=max_context))
     limits = limits or GatewayLimits()
     middlewares = [error_middleware]
     if limits.api_key is not None:
@@ -87,7 +98,7 @@ def make_app(
     app = web.Application(middlewares=middlewares, client_max_size=limits.max_body_bytes)
     app[ENGINE_KEY] = engine
     app[STATE_KEY] = GatewayState(
-        model_name=model_name, max_context=max_context, created=int(time.time()), limits=limits
+        model_name=model_name, runner=runner, created=int(time.time()), limits=limits
     )
     app.router.add_get("/health", health)
     app.router.add_get("/stats", stats)
@@ -107,10 +118,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     """Answer every failure with an OpenAI-style error body."""
     try:
         return await handler(request)
-    except ApiError as exc:
+    except Failed as exc:  # an ApiError, or a failure the engine sent
         if exc.status >= 500:
             log.warning("%s %s: %s", request.method, request.path, exc.message)
-        return error_response(exc)
+        return error_response(api_error(exc))
     except web.HTTPException as exc:
         if exc.status < 400:  # redirects and the like pass through
             raise

@@ -2,8 +2,10 @@
 
 One ``EngineClient`` per gateway process. It owns the gateway's inbox and the outboxes to
 the tokenizer and the scheduler, and routes each incoming ``TextDelta`` / ``RequestFailed``
-to the queue of the request it belongs to. An optional ``RequestObserver`` sees each
-request arrive, stream and end (telemetry and Prometheus metrics).
+to the queue of the request it belongs to; a ``RequestFailed`` is raised as an
+``EngineError`` carrying its ``Failure``. The runner's ``RunnerInfo`` updates
+``runner_limits``. An optional ``RequestObserver`` sees each request arrive, stream and
+end (telemetry and Prometheus metrics).
 
 When the launcher reports that the tokenizer died (``ActorDown``), every request in
 flight fails at once with HTTP 503 (the replacement knows none of them); requests sent
@@ -22,6 +24,8 @@ import zmq.asyncio
 from houchu.dashboard.observe import RequestObserver
 from houchu.transport.channel import BadMessage, Inbox
 from houchu.transport.endpoints import Endpoints
+from houchu.transport.failures import TIMEOUT, Failed, bad_request, unavailable
+from houchu.transport.limits import LimitsWatch
 from houchu.transport.messages import (
     AbortRequest,
     ActorDown,
@@ -29,6 +33,7 @@ from houchu.transport.messages import (
     GatewayInbox,
     GenerateRequest,
     RequestFailed,
+    RunnerInfo,
     Shutdown,
     StatsQuery,
     StatsReply,
@@ -37,14 +42,9 @@ from houchu.transport.messages import (
 from houchu.transport.peers import Peers, drain
 
 
-class EngineError(Exception):
-    """A request the engine rejected or failed. ``status`` is the HTTP status to report."""
-
-    def __init__(self, message: str, status: int = 400, code: str = "invalid_request_error"):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.code = code
+class EngineError(Failed):
+    """A request the engine rejected or failed, with its ``Failure`` (``status``: the
+    HTTP status to report)."""
 
 
 class EngineClient:
@@ -78,6 +78,8 @@ class EngineClient:
         self._observer = observer or RequestObserver()
         self._task: asyncio.Task[None] | None = None
         self.stopped = asyncio.Event()
+        #: the runner's limits, from its latest ``RunnerInfo``
+        self.runner_limits = LimitsWatch()
 
     def start(self) -> None:
         """Start routing inbox messages (call from the running event loop)."""
@@ -107,6 +109,8 @@ class EngineClient:
                 q = self._queues.get(rid)
                 if q is not None:
                     q.put_nowait(msg)
+            case RunnerInfo():
+                self.runner_limits.update(msg)
             case StatsReply(query_id=qid):
                 fut = self._stats_waiters.pop(qid, None)
                 if fut is not None and not fut.done():
@@ -126,18 +130,14 @@ class EngineClient:
         """Fail what the dead actor ``name`` held: every request if it was the tokenizer,
         pending stats queries if it was the scheduler."""
         if name == "tokenizer":
-            message = "the tokenizer stopped and is restarting; retry"
+            lost = unavailable("the tokenizer stopped and is restarting; retry")
             for rid, q in self._queues.items():
-                q.put_nowait(
-                    RequestFailed(rid=rid, message=message, status=503, code="unavailable")
-                )
+                q.put_nowait(RequestFailed(rid=rid, failure=lost))
         elif name == "scheduler":
             waiters, self._stats_waiters = self._stats_waiters, {}
             for fut in waiters.values():
                 if not fut.done():
-                    fut.set_exception(
-                        EngineError("the scheduler is restarting", 503, "unavailable")
-                    )
+                    fut.set_exception(EngineError(unavailable("the scheduler is restarting")))
 
     @property
     def num_in_flight(self) -> int:
@@ -153,7 +153,7 @@ class EngineClient:
         Closing the iterator early (client disconnect) aborts the request in the engine.
         """
         if req.rid in self._queues:
-            raise EngineError(f"request id {req.rid!r} is already in flight")
+            raise EngineError(bad_request(f"request id {req.rid!r} is already in flight"))
         q: asyncio.Queue[TextDelta | RequestFailed] = asyncio.Queue()
         self._queues[req.rid] = q
         finished = False
@@ -172,23 +172,24 @@ class EngineClient:
                         st = await self.stats(timeout_s=30.0, rid=req.rid)
                     except EngineError:
                         raise EngineError(
-                            f"no progress on request in {self._timeout_s:.0f} s and the "
-                            "engine does not answer",
-                            503,
-                            "timeout",
+                            unavailable(
+                                f"no progress on request in {self._timeout_s:.0f} s and the "
+                                "engine does not answer",
+                                code=TIMEOUT,
+                            )
                         ) from None
                     if st.get("request_known", 1) or not q.empty():
                         continue
                     raise EngineError(
-                        f"no progress on request in {self._timeout_s:.0f} s and the "
-                        "scheduler does not hold it (lost while an actor restarted); retry",
-                        503,
-                        "unavailable",
+                        unavailable(
+                            f"no progress on request in {self._timeout_s:.0f} s and the "
+                            "scheduler does not hold it (lost while an actor restarted); retry"
+                        )
                     ) from None
                 if isinstance(msg, RequestFailed):
                     finished = True
                     outcome = "failed"
-                    raise EngineError(msg.message, msg.status, msg.code)
+                    raise EngineError(msg.failure)
                 self._observer.delta(req.rid, msg)
                 if msg.finish_reason is not None:
                     finished = True  # before the yield: a consumer may stop right here
@@ -207,7 +208,7 @@ class EngineClient:
 
     async def abort(self, rid: str) -> None:
         """Abort a request: its pages return to the pool, no more deltas are sent."""
-        await self._to_tokenizer.send(AbortRequest(rid, "abort"))
+        await self._to_tokenizer.send(AbortRequest(rid))
 
     async def stats(
         self, timeout_s: float = 5.0, rid: str | None = None
@@ -226,5 +227,5 @@ class EngineClient:
             reply = await asyncio.wait_for(fut, timeout_s)
         except asyncio.TimeoutError:
             self._stats_waiters.pop(qid, None)
-            raise EngineError("scheduler did not answer", 503, "timeout") from None
+            raise EngineError(unavailable("scheduler did not answer", code=TIMEOUT)) from None
         return reply.stats

@@ -9,6 +9,10 @@ Every error a client sees has the shape of the OpenAI API's::
 (and aiohttp's own HTTP exceptions, and unexpected exceptions) into such a response.
 An overload answer (429, or 503 while the engine is unavailable) carries a
 ``Retry-After`` header (seconds).
+
+A request the engine refused or failed arrives as a ``Failed`` exception (an
+``EngineError``) carrying the ``Failure`` made where the error happened; ``api_error``
+is the one place that turns it into the ``ApiError`` the HTTP and WebSocket APIs send.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from houchu.dashboard.engine_client import EngineError
+from houchu.transport.failures import Failed
+from houchu.transport.messages import Failure
 
 #: Seconds a client is told to wait (``Retry-After``) after a 429 or 503.
 RETRY_AFTER_S = 1
@@ -45,8 +50,9 @@ def error_type_for(status: int) -> str:
     return "invalid_request_error" if status < 500 else "internal_server_error"
 
 
-class ApiError(Exception):
-    """A request the gateway refuses or cannot serve.
+class ApiError(Failed):
+    """A request the gateway refuses or cannot serve: a ``Failure`` with what HTTP adds
+    (the OpenAI error ``type``, ``Retry-After`` and other headers).
 
     Args:
         message: human-readable explanation; names the offending parameter if any.
@@ -70,11 +76,7 @@ class ApiError(Exception):
         retry_after_s: int | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        self.code = code
+        super().__init__(Failure(message=message, status=status, code=code, param=param))
         self.type = type_ or error_type_for(status)
         if retry_after_s is None and status in RETRY_STATUSES:
             retry_after_s = RETRY_AFTER_S
@@ -90,14 +92,19 @@ class ApiError(Exception):
         return out
 
     @classmethod
-    def from_engine(cls, exc: EngineError) -> ApiError:
-        """Wrap an engine rejection (bad prompt, overload, timeout) with its status."""
-        status = exc.status if 400 <= exc.status < 600 else 500
-        return cls(exc.message, status=status, code=exc.code)
+    def of(cls, failure: Failure) -> ApiError:
+        """The error a client gets for ``failure`` (a status outside 400..599 is a 500)."""
+        status = failure.status if 400 <= failure.status < 600 else 500
+        return cls(failure.message, status=status, param=failure.param, code=failure.code)
 
     def body(self) -> dict[str, Any]:
         """The ``{"error": {...}}`` JSON object."""
         return error_body(self.message, type_=self.type, param=self.param, code=self.code)
+
+
+def api_error(exc: Failed) -> ApiError:
+    """The ``ApiError`` for any ``Failed`` (an engine failure, or already an ApiError)."""
+    return exc if isinstance(exc, ApiError) else ApiError.of(exc.failure)
 
 
 def error_body(

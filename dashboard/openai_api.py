@@ -27,7 +27,7 @@ import msgspec
 from aiohttp import web
 
 from houchu.dashboard.engine_client import EngineError
-from houchu.dashboard.errors import ApiError, error_body, json_response
+from houchu.dashboard.errors import api_error, error_body, json_response
 from houchu.dashboard.limits import StreamGuard
 from houchu.dashboard.openai_format import ChatFormatter, CompletionFormatter, Formatter, Tally
 from houchu.dashboard.state import STATE_KEY, open_generation
@@ -66,8 +66,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: the one served model."""
+    """``GET /v1/models``: the one served model (waits for the runner's limits)."""
     state = request.app[STATE_KEY]
+    limits = await state.runner_limits()
     model = {
         "id": state.model_name,
         "object": "model",
@@ -75,7 +76,7 @@ async def models(request: web.Request) -> web.Response:
         "owned_by": "houchu",
         "root": state.model_name,
         "parent": None,
-        "max_model_len": state.max_context,
+        "max_model_len": limits.max_context,
     }
     return json_response({"object": "list", "data": [model]})
 
@@ -109,7 +110,8 @@ async def _admitted(
 ) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     body = decode_body(await request.read())
-    parsed = parse(body, model_name=state.model_name, max_context=state.max_context)
+    limits = await state.runner_limits()
+    parsed = parse(body, model_name=state.model_name, max_context=limits.max_context)
     rid = f"{prefix}-{uuid.uuid4().hex}"
     fmt = formatter_cls(
         rid,
@@ -136,7 +138,7 @@ async def _aggregate(
                 log.info("client of %s went away; aborting", fmt.rid)
                 return web.Response(status=CLIENT_CLOSED_STATUS, reason="Client Closed Request")
     except EngineError as exc:
-        raise ApiError.from_engine(exc) from None
+        raise api_error(exc) from None
     if tally.finish_reason is None:
         log.warning("engine ended %s without a finish reason", fmt.rid)
         tally.finish_reason = "abort"
@@ -151,7 +153,7 @@ async def _stream(
     except StopAsyncIteration:
         first = None
     except EngineError as exc:
-        raise ApiError.from_engine(exc) from None
+        raise api_error(exc) from None
 
     resp = web.StreamResponse(headers=SSE_HEADERS)
     try:
@@ -193,7 +195,7 @@ async def _send_events(
                 await send(fmt.content_chunk(delta.text, delta.logprobs))
             delta = await anext(deltas, None)
     except EngineError as exc:  # e.g. an actor died: a finish chunk, the error, [DONE]
-        err = ApiError.from_engine(exc)
+        err = api_error(exc)
         log.info("request %s failed mid-stream: %s", fmt.rid, exc.message)
         await send(fmt.finish_chunk("error"))
         await send(error_body(err.message, type_=err.type, code=err.code))

@@ -1,19 +1,28 @@
 """``GET /openapi.json``: the OpenAPI 3.1 description of the gateway's HTTP API.
 
-The request and response schemas are generated from the msgspec types in
-``api_schema`` (``msgspec.json.schema_components``); only the paths, their status codes
-and media types are written here. The WebSocket API (``/ws``) is not an HTTP operation and
-is described in ``ws_api``'s docstring and the README. The document names the bearer-key
-scheme; the key is required only when the server runs with ``--api-key``.
+The request and response schemas are generated (``msgspec.json.schema_components``) from
+the msgspec types of ``api_schema`` (the requests, which the validator decodes bodies
+into too) and ``api_responses``; only the paths, their status codes and media types, and
+what the types cannot say, are written here. The WebSocket API (``/ws``) is not an HTTP
+operation and is described in ``ws_api``'s docstring and the README. The document names
+the bearer-key scheme; the key is required only when the server runs with ``--api-key``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
-from houchu.dashboard.api_schema import schema_components
+from houchu.dashboard.api_responses import (
+    ChatCompletion,
+    Completion,
+    ErrorResponse,
+    Health,
+    ModelList,
+)
+from houchu.dashboard.api_schema import SEED_RANGE, ChatCompletionRequest, CompletionRequest
 from houchu.dashboard.errors import json_response
 from houchu.dashboard.state import STATE_KEY
 
@@ -26,6 +35,48 @@ _ERROR_STATUSES = {
     "429": "the server is at capacity; retry after ``Retry-After`` seconds",
     "503": "the engine is unavailable; retry after ``Retry-After`` seconds",
 }
+
+
+#: Every type the document names, in ``components/schemas``.
+SCHEMA_TYPES: tuple[type, ...] = (
+    CompletionRequest,
+    ChatCompletionRequest,
+    Completion,
+    ChatCompletion,
+    ModelList,
+    ErrorResponse,
+    Health,
+)
+REQUEST_TYPES = ("CompletionRequest", "ChatCompletionRequest")
+
+
+def schema_components(
+    model_name: str | None = None, max_context: int | None = None
+) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(``{type name: $ref schema}``, ``components/schemas``) for ``SCHEMA_TYPES``.
+
+    What the types cannot say is added to the generated schemas (the validator checks
+    it by hand): the batch-of-one prompt, the seed's top, and, when given, the served
+    ``model_name`` (the only value ``model`` may take) and the context window
+    ``max_context`` (the largest ``max_tokens``).
+    """
+    refs, components = msgspec.json.schema_components(
+        SCHEMA_TYPES, ref_template="#/components/schemas/{name}"
+    )
+    names = [t.__name__ for t in SCHEMA_TYPES]
+    one_text = {"type": "array", "items": {"type": "string", "minLength": 1}}
+    one_text.update(minItems=1, maxItems=1)
+    components["CompletionRequest"]["properties"]["prompt"]["anyOf"].append(one_text)
+    for name in REQUEST_TYPES:
+        props = components[name]["properties"]
+        props["seed"]["anyOf"][0]["maximum"] = SEED_RANGE[1]
+        if model_name is not None:
+            props["model"]["anyOf"][0] = {"type": "string", "enum": [model_name]}
+        if max_context is not None:
+            for key in ("max_tokens", "max_completion_tokens"):
+                if key in props:
+                    props[key]["anyOf"][0]["maximum"] = max_context
+    return dict(zip(names, refs, strict=True)), components
 
 
 def _json(ref: dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +192,9 @@ def openapi_document(model_name: str | None = None, max_context: int | None = No
 async def openapi_json(request: web.Request) -> web.Response:
     """``GET /openapi.json``."""
     state = request.app[STATE_KEY]
-    return json_response(openapi_document(state.model_name, state.max_context))
+    limits = state.runner.current  # None while the model loads: no maximum max_tokens
+    max_context = limits.max_context if limits is not None else None
+    return json_response(openapi_document(state.model_name, max_context))
 
 
 def add_routes(app: web.Application) -> None:

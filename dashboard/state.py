@@ -1,4 +1,5 @@
-"""The gateway's shared state: the engine handle, served-model facts, in-flight count.
+"""The gateway's shared state: the engine handle, served-model facts, the runner's
+limits, in-flight count.
 
 The handlers of every API module reach these through typed ``web.AppKey``s, so the same
 code runs against the real ``EngineClient`` and against a fake engine in tests.
@@ -6,6 +7,7 @@ code runs against the real ``EngineClient`` and against a fake engine in tests.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -14,10 +16,17 @@ from typing import Protocol
 
 from aiohttp import web
 
+from houchu.dashboard.errors import ApiError
 from houchu.dashboard.limits import Admission, GatewayLimits
+from houchu.transport.failures import UNAVAILABLE
+from houchu.transport.limits import LimitsWatch, RunnerLimits
 from houchu.transport.messages import GenerateRequest, TextDelta
 
 log = logging.getLogger(__name__)
+
+#: Longest wait of a request for the runner's limits (its first ``RunnerInfo``, while the
+#: model loads) before it is answered 503, seconds.
+RUNNER_WAIT_S = 120.0
 
 
 class EngineLike(Protocol):
@@ -48,7 +57,8 @@ class GatewayState:
 
     Attributes:
         model_name: the model id clients must use (or omit).
-        max_context: tokens per request (prompt + completion) the engine accepts.
+        runner: the runner's limits (``max_context``: tokens per request, prompt +
+            completion), known once its ``RunnerInfo`` arrived.
         created: unix seconds when the app was built (the model's ``created``).
         limits: the gateway's limits (admission, body size, slow readers, API key).
         admission: the count of accepted, unfinished requests (``in_flight``).
@@ -57,7 +67,7 @@ class GatewayState:
     """
 
     model_name: str
-    max_context: int
+    runner: LimitsWatch
     created: int
     limits: GatewayLimits = field(default_factory=GatewayLimits)
     admission: Admission = field(init=False)
@@ -65,6 +75,19 @@ class GatewayState:
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.limits.max_in_flight)
+
+    async def runner_limits(self) -> RunnerLimits:
+        """The runner's limits; waits for them while the model loads.
+
+        Raises:
+            ApiError: (503) they are still unknown after ``RUNNER_WAIT_S`` seconds.
+        """
+        try:
+            return await self.runner.wait(RUNNER_WAIT_S)
+        except asyncio.TimeoutError:
+            raise ApiError(
+                "the model runner is not ready yet; retry", status=503, code=UNAVAILABLE
+            ) from None
 
     @property
     def in_flight(self) -> int:

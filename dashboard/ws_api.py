@@ -47,7 +47,7 @@ import msgspec
 from aiohttp import WSMsgType, web
 
 from houchu.dashboard.engine_client import EngineError
-from houchu.dashboard.errors import ApiError
+from houchu.dashboard.errors import ApiError, api_error
 from houchu.dashboard.limits import SlowReader, StreamGuard
 from houchu.dashboard.openai_format import Tally, ws_logprobs
 from houchu.dashboard.state import STATE_KEY, open_generation
@@ -191,8 +191,9 @@ class WsSession:
         state = self._app[STATE_KEY]
         body = {k: v for k, v in frame.items() if k not in ("id", "type")}
         try:
+            limits = await state.runner_limits()
             parsed: ParsedRequest = parse_ws_generate(
-                body, model_name=state.model_name, max_context=state.max_context
+                body, model_name=state.model_name, max_context=limits.max_context
             )
         except ApiError as err:
             await self.send_error(client_id, err)
@@ -209,7 +210,7 @@ class WsSession:
         except ApiError as err:  # refused: the server is full
             await self.send_error(job.client_id, err)
         except EngineError as exc:
-            err = ApiError.from_engine(exc)
+            err = api_error(exc)
             if err.status >= 500:  # the engine failed a request it took (an actor died)
                 await self._send_final(job, "error", err)
             else:

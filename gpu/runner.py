@@ -251,7 +251,8 @@ class ModelRunner:
         self.host_kv = HostKVMirror(self.pool, host)
 
     def info(self) -> RunnerInfo:
-        """What the scheduler needs to know about this runner."""
+        """What the scheduler needs to know about this runner, and the limits every
+        request must fit (``houchu.transport.limits``)."""
         c = self.config
         return RunnerInfo(
             num_pages=self.pool.num_pages,
@@ -262,6 +263,7 @@ class ModelRunner:
             model_name=self.config.name,
             num_nonembed_params=num_parameters(self.config).non_embedding,
             attn_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
+            vocab_size=c.vocab_size,
             device_type=self.device.type,
             num_threads=torch.get_num_threads(),
             cpu_isa=self.cpu_isa if self.device.type == "cpu" else "",

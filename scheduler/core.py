@@ -6,7 +6,8 @@ The scheduler actor (``actors/scheduler.py``) drives it, through its methods onl
     plan = core.next_plan()        # when no step is in flight, or (overlap) while one
                                    # is and core.can_plan_ahead()
     events = core.apply(result)    # StepResult arrived -> TokenEvents for the tokenizer
-    core.abort(rid)                # client gone, or a stop string matched
+    core.abort(rid)                # client gone
+    core.finish(rid)               # a stop string matched in its text
 
 The core is a composition of small parts, each of which is a real object or a null one
 when its feature is off (never None):
@@ -50,7 +51,10 @@ from houchu.scheduler.speculation import speculation
 from houchu.scheduler.steps import StepTracker
 from houchu.scheduler.telemetry import NullTelemetry, TelemetrySink
 from houchu.scheduler.tiers import TierClient, TierReply
+from houchu.transport.failures import Failed, bad_request, overloaded
+from houchu.transport.limits import RunnerLimits
 from houchu.transport.messages import (
+    Failure,
     RunnerInfo,
     StepPlan,
     StepResult,
@@ -60,19 +64,13 @@ from houchu.transport.messages import (
 from houchu.transport.spec_messages import DraftReply, DraftRequest
 
 
-class Rejected(Exception):
-    """A request that can never be served (e.g. it cannot fit in the whole KV pool).
-
-    ``status`` is the HTTP status its client gets (400: the request is at fault).
-    """
-
-    status = 400
+class Rejected(Failed):
+    """A request the scheduler refuses, with the ``Failure`` its client gets (``status``
+    400: it can never be served, e.g. it cannot fit in the whole KV pool)."""
 
 
 class Overloaded(Rejected):
     """A request refused for now: the waiting queue is full (HTTP 429, retry later)."""
-
-    status = 429
 
 
 class SchedulerCore:
@@ -135,27 +133,17 @@ class SchedulerCore:
             Rejected: prompt + max_tokens exceed the context window or the whole KV pool.
             Overloaded: the waiting queue already holds ``max_queued_tokens`` prompt tokens.
         """
-        need = min(len(msg.prompt_ids) + msg.sampling.max_tokens, self.runner.max_context)
-        if len(msg.prompt_ids) >= self.runner.max_context:
-            raise Rejected(
-                f"prompt is {len(msg.prompt_ids)} tokens; this model's context window "
-                f"is {self.runner.max_context} tokens"
-            )
-        if len(msg.prompt_ids) + msg.sampling.max_tokens > self.runner.max_context:
-            raise Rejected(
-                f"this server's maximum context length is {self.runner.max_context} tokens "
-                f"(model window and KV pool); the request has {len(msg.prompt_ids)} prompt "
-                f"tokens and asks for {msg.sampling.max_tokens} more"
-            )
-        capacity = self.runner.num_pages * self.runner.page_size
-        if need > capacity:
-            raise Rejected(
-                f"request needs {need} tokens of KV cache but the whole pool holds {capacity}"
-            )
+        limits = RunnerLimits.of(self.runner)
+        num_prompt, max_tokens = len(msg.prompt_ids), msg.sampling.max_tokens
+        failure = limits.context_failure(max_tokens, num_prompt) or limits.kv_failure(
+            num_prompt, max_tokens
+        )
+        if failure is not None:
+            raise Rejected(failure)
         if self.batcher.get(msg.rid) is not None:
-            raise Rejected(f"request id {msg.rid!r} is already queued")
+            raise Rejected(bad_request(f"request id {msg.rid!r} is already queued"))
         self._check_queue(len(msg.prompt_ids))
-        req = Request(msg.rid, msg.prompt_ids, msg.sampling, msg.eos_token_ids, msg.arrival_time)
+        req = Request(msg.rid, msg.prompt_ids, msg.sampling, msg.stop_ids, msg.arrival_time)
         self.counters.prompt_tokens += len(msg.prompt_ids)
         self.batcher.add(req)
         self.telemetry.event(req.rid, "queued", prompt_tokens=req.num_prompt)
@@ -171,29 +159,47 @@ class SchedulerCore:
         if queued + num_prompt > bound:
             self.counters.refused += 1
             raise Overloaded(
-                f"the scheduler's queue holds {queued} prompt tokens (limit {bound}); retry later"
+                overloaded(
+                    f"the scheduler's queue holds {queued} prompt tokens (limit {bound}); "
+                    "retry later"
+                )
             )
 
-    def abort(self, rid: str, reason: str = "abort") -> bool:
-        """Drop a request wherever it is; its pages return to the pool now (the pages
-        already indexed by the radix tree stay cached).
+    def abort(self, rid: str) -> bool:
+        """Drop a request wherever it is (its client is gone); its pages return to the
+        pool now (the pages already indexed by the radix tree stay cached).
 
-        ``reason``: "abort" (client gone) or "stop" (a stop string finished it).
         Returns False if the request is unknown (already finished)."""
-        req = self.batcher.get(rid)
+        req = self._drop(rid)
         if req is None:
             return False
+        self.counters.aborted += 1
+        self.telemetry.event(rid, "aborted", completion_tokens=len(req.output_ids))
+        return True
+
+    def finish(self, rid: str) -> bool:
+        """A stop string matched in the request's text: it is finished ("stop"); its
+        pages return to the pool as for ``abort``.
+
+        Returns False if the request is unknown (it already ended by itself)."""
+        req = self._drop(rid)
+        if req is None:
+            return False
+        self.counters.finished += 1
+        self.telemetry.event(
+            rid, "finished", finish_reason="stop", completion_tokens=len(req.output_ids)
+        )
+        return True
+
+    def _drop(self, rid: str) -> Request | None:
+        """Take ``rid`` out wherever it is; None if unknown. Results of steps in flight
+        for it are discarded (``is_aborted``)."""
+        req = self.batcher.get(rid)
+        if req is None:
+            return None
         req.is_aborted = True
         self.results.leave(req)
-        if reason == "stop":
-            self.counters.finished += 1
-            self.telemetry.event(
-                rid, "finished", finish_reason="stop", completion_tokens=len(req.output_ids)
-            )
-        else:
-            self.counters.aborted += 1
-            self.telemetry.event(rid, "aborted", completion_tokens=len(req.output_ids))
-        return True
+        return req
 
     def knows(self, rid: str) -> bool:
         """Whether request ``rid`` is queued or running."""
@@ -305,13 +311,14 @@ class SchedulerCore:
 
     # ------------------------------------------------------------------ recovery
 
-    def fail_all(self, error: str, status: int = 503) -> list[TokenEvent]:
-        """Fail every request, running or waiting; forget the steps in flight (their
-        host-slot copies are returned unused). Returns the error events to send."""
+    def fail_all(self, failure: Failure) -> list[TokenEvent]:
+        """Fail every request, running or waiting, with ``failure``; forget the steps in
+        flight (their host-slot copies are returned unused). Returns the error events to
+        send."""
         for step_id in self.steps.lose_all():
             self.tiers.on_step_done(step_id, False)
         requests = [*self.batcher.running.values(), *self.batcher.waiting]
-        return self.results.fail(requests, error, status)
+        return self.results.fail(requests, failure)
 
     def abort_all(self) -> int:
         """Abort every request (their pages return to the pool); returns how many."""

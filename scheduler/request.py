@@ -42,7 +42,7 @@ class Request:
         rid: request id.
         prompt_ids: prompt token ids (list[int], len >= 1).
         sampling: decoding parameters.
-        eos_token_ids: token ids that end generation unless ``sampling.ignore_eos``.
+        stop_ids: token ids that end generation (``TokenizedRequest.stop_ids``).
         arrival_time: seconds (time.time()) when the gateway accepted it.
     """
 
@@ -51,16 +51,14 @@ class Request:
         rid: str,
         prompt_ids: list[int],
         sampling: SamplingParams,
-        eos_token_ids: list[int],
+        stop_ids: list[int],
         arrival_time: float = 0.0,
     ) -> None:
         self.rid = rid
         self.prompt_ids = prompt_ids
         self.output_ids: list[int] = []
         self.sampling = sampling
-        self.stop_ids = set(sampling.stop_token_ids)
-        if not sampling.ignore_eos:
-            self.stop_ids.update(eos_token_ids)
+        self.stop_ids = frozenset(stop_ids)
         self.arrival_time = arrival_time or time.time()
         self.status = Status.WAITING
         self.page_table: list[int] = []

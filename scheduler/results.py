@@ -17,7 +17,7 @@ from houchu.scheduler.overlap import OverlapLedger, Slot
 from houchu.scheduler.request import Request, Status
 from houchu.scheduler.speculation import Speculation
 from houchu.scheduler.telemetry import TelemetrySink
-from houchu.transport.messages import RunnerInfo, SeqOutput, StepResult, TokenEvent
+from houchu.transport.messages import Failure, RunnerInfo, SeqOutput, StepResult, TokenEvent
 
 
 class ResultApplier:
@@ -153,9 +153,9 @@ class ResultApplier:
             self.telemetry.lever(sample)
         self.batcher.remove(req)
 
-    def fail(self, requests: list[Request], error: str, status: int = 500) -> list[TokenEvent]:
-        """Fail ``requests`` (those not finished yet) with ``error`` and HTTP ``status``;
-        returns their error events."""
+    def fail(self, requests: list[Request], failure: Failure) -> list[TokenEvent]:
+        """Fail ``requests`` (those not finished yet) with ``failure``; returns their
+        error events."""
         events = []
         for req in requests:
             if req.status is Status.FINISHED:
@@ -163,15 +163,9 @@ class ResultApplier:
             self.spec.on_leave(req)  # its draft state is released too
             self.batcher.remove(req)
             self.counters.failed += 1
-            self.telemetry.event(req.rid, "failed", error=error)
+            self.telemetry.event(req.rid, "failed", error=failure.message)
             events.append(
-                TokenEvent(
-                    rid=req.rid,
-                    token_ids=[],
-                    finish_reason="error",
-                    error=error,
-                    error_status=status,
-                )
+                TokenEvent(rid=req.rid, token_ids=[], finish_reason="error", failure=failure)
             )
         return events
 

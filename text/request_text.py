@@ -19,8 +19,9 @@ class RequestText:
         rid: request id.
         tokenizer: the model's tokenizer.
         prompt_ids: list[int] (prompt_len,), gives the detokenizer its left context.
-        sampling: the request's stop strings, stop token ids and logprob settings.
-        eos_token_ids: ids whose text is never emitted when they end the request.
+        sampling: the request's stop strings and logprob settings.
+        stop_ids: the ids that end the request (``houchu.text.stop.stop_ids``); their
+            text is never emitted when they end it.
 
     ``completion_tokens`` counts every token the model generated for the request up to
     and including the one that finished it (an EOS or stop token included). An event may
@@ -35,15 +36,13 @@ class RequestText:
         tokenizer: TextTokenizer,
         prompt_ids: list[int],
         sampling: SamplingParams,
-        eos_token_ids: list[int],
+        stop_ids: list[int],
     ) -> None:
         self.rid = rid
         self.tokenizer = tokenizer
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         self.stops = StopStringMatcher(sampling.stop) if sampling.stop else None
-        self.hidden_ids = set(sampling.stop_token_ids)
-        if not sampling.ignore_eos:
-            self.hidden_ids.update(eos_token_ids)
+        self.hidden_ids = frozenset(stop_ids)
         self.want_logprobs = sampling.logprobs
         self.prompt_tokens = len(prompt_ids)
         self.completion_tokens = 0
@@ -55,7 +54,8 @@ class RequestText:
         """Consume one event; returns the delta to send, or None if nothing is new.
 
         After a delta with ``finish_reason`` set (``self.finished``), the request is over:
-        a stop string finishing it must also be reported to the scheduler by the caller.
+        a stop string finishing it must also be reported to the scheduler by the caller
+        (``FinishRequest``).
         """
         if ev.cached_tokens:
             self.cached_tokens = ev.cached_tokens

@@ -12,11 +12,23 @@ match earlier) or everything at once. When such a tie is open, the stop is decla
 piece that decides it, or at :meth:`StopStringMatcher.flush`.
 
 All positions and lengths are in Python characters (code points), not bytes or tokens.
+
+Stop *ids* end a request when sampled; ``stop_ids`` computes them once per request (the
+tokenizer actor sends them to the scheduler in ``TokenizedRequest.stop_ids``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+from houchu.transport.messages import SamplingParams
+
+
+def stop_ids(sampling: SamplingParams, eos_token_ids: Sequence[int]) -> list[int]:
+    """The token ids that end a request when sampled: its ``stop_token_ids``, and the
+    model's end-of-sequence ids unless ``ignore_eos`` (no duplicates, in that order)."""
+    ids = [*sampling.stop_token_ids, *(() if sampling.ignore_eos else eos_token_ids)]
+    return list(dict.fromkeys(ids))
 
 
 class StopStringMatcher:

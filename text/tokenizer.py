@@ -23,13 +23,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from houchu.transport.messages import ChatMessage
+from houchu.transport.messages import CHAT_ROLES as WIRE_ROLES
+from houchu.transport.messages import ROLE_ALIASES, ChatMessage
 
 log = logging.getLogger(__name__)
 
-#: Roles a chat message may have. ``developer`` (OpenAI's newer name) is rendered as system.
-CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
-_ROLE_ALIASES = {"developer": "system"}
+#: Roles a chat message may have: the wire's (what the gateway sends) and "tool", which a
+#: chat template may render for a caller of this library. ``ROLE_ALIASES`` (``developer``,
+#: OpenAI's newer name for system) are rendered as the role they stand for.
+CHAT_ROLES = frozenset({*WIRE_ROLES, "tool"})
 
 #: End-of-turn markers of common chat formats. When one of them is a special token of the
 #: vocabulary *and* the chat template writes it, the model ends its turns with it, so it is
@@ -158,9 +160,9 @@ class TextTokenizer:
             raise TokenizerError("a chat request needs at least one message")
         conversation = []
         for index, message in enumerate(messages):
-            role = _ROLE_ALIASES.get(message.role, message.role)
+            role = ROLE_ALIASES.get(message.role, message.role)
             if role not in CHAT_ROLES:
-                allowed = ", ".join(sorted(CHAT_ROLES | _ROLE_ALIASES.keys()))
+                allowed = ", ".join(sorted(CHAT_ROLES | ROLE_ALIASES.keys()))
                 raise TokenizerError(
                     f"messages[{index}].role is {message.role!r}; expected one of {allowed}"
                 )

@@ -7,8 +7,10 @@ arrays (1-3 bytes per id for this vocabulary size).
 
 Flow (see DESIGN.md)::
 
-    gateway --GenerateRequest/AbortRequest--> tokenizer --TokenizedRequest/AbortRequest--> scheduler
+    gateway --GenerateRequest/AbortRequest--> tokenizer
+    tokenizer --TokenizedRequest/AbortRequest/FinishRequest--> scheduler
     scheduler --StepPlan--> runner --StepResult--> scheduler --TokenBatch--> tokenizer
+    runner --RunnerInfo--> scheduler, tokenizer, gateway    (the runner's limits)
     tokenizer --TextDelta/RequestFailed--> gateway
     gateway --StatsQuery--> scheduler --StatsReply--> gateway
     every actor --ActorReady/ActorFailed/Heartbeat--> launcher
@@ -16,6 +18,8 @@ Flow (see DESIGN.md)::
 """
 
 from __future__ import annotations
+
+from typing import Literal, get_args
 
 import msgspec
 from msgspec import Struct, field
@@ -50,11 +54,37 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     top_logprobs: int = 0
 
 
-class ChatMessage(Struct, frozen=True):
-    """One chat turn: ``role`` is system, user, assistant or tool."""
+#: The roles a chat turn may have on the wire (tools are not supported, so no "tool").
+ChatRole = Literal["system", "user", "assistant"]
+CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
+#: Other names clients use for a role: newer OpenAI clients send "developer" for "system".
+ROLE_ALIASES = {"developer": "system"}
 
-    role: str
+
+class ChatMessage(Struct, frozen=True):
+    """One chat turn: ``role`` is one of ``CHAT_ROLES`` (aliases already resolved)."""
+
+    role: ChatRole
     content: str
+
+
+class Failure(Struct, frozen=True, kw_only=True):
+    """Why a request failed, as its client is told.
+
+    Made where the error happens (the gateway's validator, the tokenizer, the scheduler,
+    the runner) and carried unchanged to the gateway, which turns it into the HTTP error
+    or the WebSocket error frame in one place (``houchu.dashboard.errors``).
+
+    ``status``: the HTTP status (400 the request is at fault, 429 retry later, 500 the
+    engine failed, 503 an actor is restarting, retry). ``code``: a short machine-readable
+    code, OpenAI's where it has one (``houchu.transport.failures`` names them).
+    ``param``: the request parameter at fault, or None.
+    """
+
+    message: str
+    status: int = 400
+    code: str | None = None
+    param: str | None = None
 
 
 # ---------------------------------------------------------------- gateway -> tokenizer
@@ -75,26 +105,35 @@ class GenerateRequest(Struct, tag=True, kw_only=True):
 
 
 class AbortRequest(Struct, tag=True):
-    """Stop a request: its client went away, or a stop string finished it.
-
-    ``reason`` is "abort" (client disconnect) or "stop" (stop string matched in text).
-    """
+    """Drop a request: its client went away (the gateway), or nobody can receive its text
+    any more (the tokenizer, when the gateway restarted)."""
 
     rid: str
-    reason: str = "abort"
 
 
 # ---------------------------------------------------------------- tokenizer -> scheduler
 
 
 class TokenizedRequest(Struct, tag=True, kw_only=True):
-    """A request ready to schedule. ``prompt_ids``: list[int] of length prompt_len."""
+    """A request ready to schedule. ``prompt_ids``: list[int] of length prompt_len.
+
+    ``stop_ids``: the ids that end it when sampled (its ``stop_token_ids``, plus the
+    model's EOS ids unless ``ignore_eos``), computed once by the tokenizer
+    (``houchu.text.stop.stop_ids``).
+    """
 
     rid: str
     prompt_ids: list[int]
     sampling: SamplingParams
-    eos_token_ids: list[int]
+    stop_ids: list[int]
     arrival_time: float = 0.0
+
+
+class FinishRequest(Struct, tag=True):
+    """A stop string matched in the request's text: it is finished (``finish_reason``
+    "stop"), and the scheduler frees it as it does a request that ended by itself."""
+
+    rid: str
 
 
 # ---------------------------------------------------------------- scheduler <-> runner
@@ -177,20 +216,25 @@ class SeqOutput(Struct, kw_only=True, array_like=True):
 class StepResult(Struct, tag=True, kw_only=True):
     """The runner's answer to a StepPlan. ``duration_s``: forward + sampling seconds;
     ``started_at``: wall-clock seconds (time.time()) when the runner began the step (0:
-    unknown)."""
+    unknown). ``error``: the step failed (a bad plan, a kernel error); every request in
+    it fails with this."""
 
     step_id: int
     outputs: list[SeqOutput]
     duration_s: float
     num_tokens: int
-    error: str | None = None
+    error: Failure | None = None
     started_at: float = 0.0
 
 
 class RunnerInfo(Struct, tag=True, kw_only=True):
-    """Sent by the runner once its weights and KV pool are ready.
+    """Sent by the runner once its weights and KV pool are ready, to the scheduler, the
+    tokenizer and the gateway (again to one that restarted): the one source of the
+    runner's limits (``houchu.transport.limits``).
 
-    ``num_pages`` pages of ``page_size`` tokens; ``max_context``: tokens per request;
+    ``num_pages`` pages of ``page_size`` tokens; ``max_context``: tokens per request
+    (prompt + completion); ``vocab_size``: token ids are in ``[0, vocab_size)`` (0:
+    unknown);
     ``kv_bytes_per_token``: bytes of K and V over all layers; ``num_nonembed_params``:
     parameters outside the embedding and LM head; ``attn_flops_per_pair``: attention
     FLOPs per (query, key) position pair over all layers (``4 * layers * heads * head_dim``).
@@ -204,6 +248,7 @@ class RunnerInfo(Struct, tag=True, kw_only=True):
     model_name: str
     num_nonembed_params: int = 0
     attn_flops_per_pair: int = 0
+    vocab_size: int = 0
     device_type: str = "cpu"  # "cpu" or "cuda": where the model runs
     num_threads: int = 0  # the runner's CPU compute threads (0: unknown)
     cpu_isa: str = ""  # ISA level of the CPU kernels (houchu.gpu.cpu_isa); "" off the CPU
@@ -218,7 +263,7 @@ class TokenEvent(Struct, kw_only=True, array_like=True):
 
     ``finish_reason``: None while running, else "stop" (EOS / stop token), "length"
     (max_tokens or context), "abort" or "error". ``cached_tokens``: prompt tokens whose KV
-    was reused (sent with the first event). ``error``: message when finish_reason is
+    was reused (sent with the first event). ``failure``: why, when finish_reason is
     "error".
     """
 
@@ -229,8 +274,7 @@ class TokenEvent(Struct, kw_only=True, array_like=True):
     finish_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    error: str | None = None
-    error_status: int = 500
+    failure: Failure | None = None
 
 
 class TokenBatch(Struct, tag=True):
@@ -273,12 +317,10 @@ class TextDelta(Struct, tag=True, kw_only=True):
 
 
 class RequestFailed(Struct, tag=True, kw_only=True):
-    """A request rejected or failed. ``status``: HTTP status to report (400, 500, 503)."""
+    """A request rejected or failed, and why (the ``Failure`` its client gets)."""
 
     rid: str
-    message: str
-    status: int = 400
-    code: str = "invalid_request_error"
+    failure: Failure
 
 
 # ---------------------------------------------------------------- stats
@@ -364,11 +406,14 @@ class ActorUp(Struct, tag=True, kw_only=True):
     generation: int
 
 
-GatewayInbox = TextDelta | RequestFailed | StatsReply | Shutdown | ActorDown | ActorUp
-TokenizerInbox = GenerateRequest | AbortRequest | TokenBatch | Shutdown | ActorDown | ActorUp
+GatewayInbox = TextDelta | RequestFailed | StatsReply | RunnerInfo | Shutdown | ActorDown | ActorUp
+TokenizerInbox = (
+    GenerateRequest | AbortRequest | TokenBatch | RunnerInfo | Shutdown | ActorDown | ActorUp
+)
 SchedulerInbox = (
     TokenizedRequest
     | AbortRequest
+    | FinishRequest
     | StepResult
     | RunnerInfo
     | StatsQuery

@@ -84,6 +84,51 @@ def test_ws_error_frames_keep_socket_usable(server):
     asyncio.run(go())
 
 
+async def _ws_error(ws_url: str, body: dict) -> dict:
+    """The error frame a WebSocket request gets (it must get one, not deltas)."""
+    async with aiohttp.ClientSession() as s, s.ws_connect(ws_url) as ws:
+        await ws.send_json({"id": "c", **body})
+        frame = await ws.receive_json(timeout=300)
+        assert frame["type"] == "error" and frame["id"] == "c", frame
+        return frame
+
+
+#: (request, what the message says) by where the limit is found: the gateway from
+#: ``max_tokens`` alone, the tokenizer from the text's length before encoding it, the
+#: scheduler from the exact prompt (601 tokens).
+CONTEXT_CASES = {
+    "max_tokens alone": (lambda w: {"prompt": "Hello", "max_tokens": w + 1}, "'max_tokens' asks"),
+    "long text": (lambda w: {"prompt": "word " * (w * 40), "max_tokens": 4}, "at least"),
+    "tokenized prompt": (
+        lambda w: {"prompt": "word " * 600, "max_tokens": w - 300},
+        "the prompt has 601 tokens",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONTEXT_CASES))
+def test_context_limit_is_one_error_over_http_and_websocket(server, case):
+    """Whichever actor finds that a request cannot fit the runner's context window,
+    HTTP and WebSocket clients get the same error: status 400, code
+    ``context_length_exceeded``, the same message naming the window."""
+    make_body, says = CONTEXT_CASES[case]
+
+    async def go():
+        _, models = await get_json(f"{server.url}/v1/models")
+        window = models["data"][0]["max_model_len"]
+        body = make_body(window)
+        status, http = await post_json(f"{server.url}/v1/completions", body)
+        frame = await _ws_error(server.ws_url, body)
+        return window, status, http, frame
+
+    window, status, http, frame = asyncio.run(go())
+    assert status == 400 and frame["status"] == 400, (http, frame)
+    assert http["error"]["code"] == "context_length_exceeded", http
+    assert frame["error"] == http["error"]
+    message = http["error"]["message"]
+    assert f"context window is {window} tokens" in message and says in message, message
+
+
 async def _wait_idle(server, timeout_s: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:

@@ -21,6 +21,7 @@ from houchu.dashboard import app as app_module
 from houchu.dashboard.app import STATE_KEY, GatewayLimits, make_app
 from houchu.dashboard.engine_client import EngineError
 from houchu.options.gateway import DEFAULT_MAX_QUEUED_REQUESTS
+from houchu.transport.failures import bad_request, internal, unavailable
 from houchu.transport.messages import GenerateRequest, TextDelta, TokenLogprob
 
 MODEL = "fake-model"
@@ -90,9 +91,10 @@ class FakeEngine:
             if "FAIL_NOW" in text:
                 finished = True
                 raise EngineError(
-                    "prompt has 9000 tokens, more than the context window",
-                    400,
-                    "context_length_exceeded",
+                    bad_request(
+                        "prompt has 9000 tokens, more than the context window",
+                        code="context_length_exceeded",
+                    )
                 )
             if text == "CRASH":
                 finished = True
@@ -104,7 +106,7 @@ class FakeEngine:
                     await asyncio.sleep(0.01 if slow else self.delay_s)
                 if "FAIL_LATER" in text and i == 2:
                     finished = True
-                    raise EngineError("the runner died", 500, "internal_error")
+                    raise EngineError(internal("the runner died"))
                 if "CRASH_LATER" in text and i == 2:
                     finished = True
                     raise RuntimeError("boom")
@@ -243,7 +245,7 @@ async def test_stats_counts_a_running_request(api: Api) -> None:
 async def test_stats_503_when_engine_does_not_answer(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    api.engine.stats_error = EngineError("scheduler did not answer", 503, "timeout")
+    api.engine.stats_error = EngineError(unavailable("scheduler did not answer", code="timeout"))
     async with api.client.get("/stats") as r:
         assert r.status == 503
         assert assert_openai_error(await r.json())["code"] == "timeout"
@@ -264,13 +266,13 @@ async def test_health_is_readiness(api: Api, monkeypatch: pytest.MonkeyPatch) ->
         assert r.status == 503 and r.headers["Retry-After"] == "1"
         assert (await r.json())["status"] == "starting"
     monkeypatch.undo()
-    api.engine.stats_error = EngineError("scheduler did not answer", 503, "timeout")
+    api.engine.stats_error = EngineError(unavailable("scheduler did not answer", code="timeout"))
     async with api.client.get("/health") as r:  # never ready yet: still starting
         assert r.status == 503 and (await r.json())["status"] == "starting"
     api.engine.stats_error = None
     async with api.client.get("/health") as r:
         assert r.status == 200 and (await r.json()) == {"status": "ok"}
-    api.engine.stats_error = EngineError("scheduler did not answer", 503, "timeout")
+    api.engine.stats_error = EngineError(unavailable("scheduler did not answer", code="timeout"))
     async with api.client.get("/health") as r:
         body = await r.json()
         assert r.status == 503 and body["status"] == "unavailable"

@@ -15,6 +15,7 @@ import pytest
 
 from houchu.dashboard.engine_client import EngineError
 from houchu.dashboard.limits import GatewayLimits, SlowReader, StreamGuard
+from houchu.transport.failures import overloaded
 from houchu.transport.messages import GenerateRequest, TextDelta
 
 from .test_api_basics import ANSWER, FakeEngine, assert_openai_error, read_sse, serve, wait_for
@@ -91,7 +92,7 @@ class OverloadedEngine(FakeEngine):
     """Refuses every request as the scheduler does when its queue is full."""
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TextDelta]:
-        raise EngineError("the scheduler's queue is full", 429, "server_overloaded")
+        raise EngineError(overloaded("the scheduler's queue is full"))
         yield  # pragma: no cover (an async generator)
 
 

@@ -11,6 +11,7 @@ from houchu.gpu.testing import make_tiny_llama
 from houchu.options.batching import BatchingOptions
 from houchu.scheduler.batcher import PLACEHOLDER_TOKEN
 from houchu.scheduler.core import SchedulerCore
+from houchu.text import stop as text_stop
 from houchu.transport.messages import (
     RunnerInfo,
     SamplingParams,
@@ -120,9 +121,8 @@ def test_core_over_a_real_runner_overlapped_equals_step_by_step(tiny_dir):
         for rid, prompt, sp, m in specs:
             stops = stop_ids if rid == "a" else []
             params = SamplingParams(**{**_fields(sp), "max_tokens": m, "stop_token_ids": stops})
-            core.add(
-                TokenizedRequest(rid=rid, prompt_ids=prompt, sampling=params, eos_token_ids=[2])
-            )
+            stops = text_stop.stop_ids(params, [2])
+            core.add(TokenizedRequest(rid=rid, prompt_ids=prompt, sampling=params, stop_ids=stops))
         return drive(core, info, overlap=overlap), core
 
     plain, _ = run(False, [])

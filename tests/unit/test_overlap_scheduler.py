@@ -22,6 +22,7 @@ from houchu.options.speculation import SpeculativeOptions
 from houchu.scheduler.batcher import PLACEHOLDER_TOKEN
 from houchu.scheduler.core import SchedulerCore
 from houchu.scheduler.overlap import OverlapLedger
+from houchu.transport.failures import internal
 from houchu.transport.messages import (
     RunnerInfo,
     SamplingParams,
@@ -47,7 +48,7 @@ def add(core: SchedulerCore, rid: str, prompt: list[int], max_tokens: int) -> No
             rid=rid,
             prompt_ids=prompt,
             sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
-            eos_token_ids=[EOS],
+            stop_ids=[EOS],
         )
     )
 
@@ -197,7 +198,7 @@ def test_a_failed_step_fails_its_requests_once_with_the_next_one_in_flight():
     r0 = runner.execute(core.next_plan())
     r1 = runner.execute(core.next_plan())
     failed = StepResult(step_id=r0.step_id, outputs=[], duration_s=0.0, num_tokens=0,
-                        error="boom")  # fmt: skip
+                        error=internal("boom"))  # fmt: skip
     (ev,) = core.apply(failed)
     assert ev.finish_reason == "error" and core.allocator.num_free == 8
     assert core.apply(r1) == [] and core.overlap.discarded_tokens == 0

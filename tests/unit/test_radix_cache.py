@@ -56,7 +56,7 @@ def test_multi_turn_extension_hits():
             rid="turn2",
             prompt_ids=first + [30, 31, 32],
             sampling=req("x", 1).sampling,
-            eos_token_ids=[2],
+            stop_ids=[2],
         )
     )
     plan, _ = run_step(core)
@@ -68,7 +68,7 @@ def test_eviction_makes_room_lru_first():
     for i, rid in enumerate(["a", "b"]):
         core.add(req(rid, 9, max_tokens=1).__class__(
             rid=rid, prompt_ids=[100 * (i + 1) + t for t in range(9)],
-            sampling=req("x", 1, max_tokens=1).sampling, eos_token_ids=[2],
+            sampling=req("x", 1, max_tokens=1).sampling, stop_ids=[2],
         ))  # fmt: skip
         finish(core, rid)
     assert core.tree.num_pages == 4 and core.allocator.num_free == 2
@@ -127,7 +127,7 @@ def test_invariants_under_random_operations(ops, radix):
             try:
                 core.add(req(rid, 1, max_tokens).__class__(
                     rid=rid, prompt_ids=ids, sampling=req("x", 1, max_tokens).sampling,
-                    eos_token_ids=[2],
+                    stop_ids=[2],
                 ))  # fmt: skip
                 finals[rid] = 0
             except Exception:

@@ -11,6 +11,7 @@ import pytest
 from houchu.cache_tiers.page_allocator import OutOfPages, PageAllocator
 from houchu.options.batching import BatchingOptions
 from houchu.scheduler.core import Rejected, SchedulerCore
+from houchu.transport.failures import internal
 from houchu.transport.messages import (
     RunnerInfo,
     SamplingParams,
@@ -40,7 +41,7 @@ def req(rid: str, n_prompt: int, max_tokens: int = 4) -> TokenizedRequest:
         rid=rid,
         prompt_ids=list(range(10, 10 + n_prompt)),
         sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
-        eos_token_ids=[EOS],
+        stop_ids=[EOS],
     )
 
 
@@ -176,9 +177,11 @@ def test_runner_error_fails_requests():
     core.add(req("a", 3))
     plan = core.next_plan()
     events = core.apply(
-        StepResult(step_id=plan.step_id, outputs=[], duration_s=0, num_tokens=0, error="boom")
+        StepResult(
+            step_id=plan.step_id, outputs=[], duration_s=0, num_tokens=0, error=internal("boom")
+        )
     )
-    assert events[0].finish_reason == "error" and events[0].error == "boom"
+    assert events[0].finish_reason == "error" and events[0].failure == internal("boom")
     assert core.allocator.num_free == 16
 
 

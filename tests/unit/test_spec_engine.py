@@ -14,6 +14,7 @@ from houchu.options.speculation import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.spec.draft_model import DraftModelProposer
 from houchu.spec.proposers import NgramProposer
+from houchu.text.stop import stop_ids
 from houchu.transport.messages import SamplingParams, TokenizedRequest
 from houchu.transport.spec_messages import DraftProposal, DraftReply, DraftSeq
 from tests.runner_options import exact
@@ -56,7 +57,8 @@ def serve(target, proposer, num_pages: int = 64, max_tokens: int = 24):
         core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, 4)
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     for rid, p in PROMPTS.items():
-        core.add(TokenizedRequest(rid=rid, prompt_ids=p, sampling=greedy, eos_token_ids=[2]))
+        stops = stop_ids(greedy, [2])  # ignore_eos: none
+        core.add(TokenizedRequest(rid=rid, prompt_ids=p, sampling=greedy, stop_ids=stops))
     out: dict[str, list[int]] = {rid: [] for rid in PROMPTS}
     for _ in range(500):
         if not core.has_work:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from houchu.options.batching import BatchingOptions
 from houchu.options.speculation import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
+from houchu.text.stop import stop_ids
 from houchu.transport.messages import (
     RunnerInfo,
     SamplingParams,
@@ -48,12 +49,13 @@ def make_core(num_pages=32, radix=False, k=4, telemetry=None, **batch) -> Schedu
 
 
 def add(core, rid: str, n_prompt: int = 6, max_tokens: int = 20, **sp) -> None:
+    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, **sp)
     core.add(
         TokenizedRequest(
             rid=rid,
             prompt_ids=list(range(10, 10 + n_prompt)),
-            sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens, **sp),
-            eos_token_ids=[EOS],
+            sampling=sampling,
+            stop_ids=stop_ids(sampling, [EOS]),
         )
     )
 

@@ -11,6 +11,7 @@ from houchu.transport.endpoints import Endpoints
 from houchu.transport.messages import (
     AbortRequest,
     ChatMessage,
+    FinishRequest,
     GenerateRequest,
     RunnerInbox,
     SamplingParams,
@@ -36,7 +37,8 @@ SAMPLES = [
         TokenizerInbox,
         GenerateRequest(rid="r2", messages=[ChatMessage("user", "hello")], arrival_time=1.5),
     ),
-    (TokenizerInbox, AbortRequest("r1", "stop")),
+    (TokenizerInbox, AbortRequest("r1")),
+    (SchedulerInbox, FinishRequest("r1")),
     (
         TokenizerInbox,
         TokenBatch(

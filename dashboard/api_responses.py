@@ -1,0 +1,102 @@
+"""msgspec types of the HTTP API's answers, for the OpenAPI document (``openapi``).
+
+The handlers build these answers as plain dicts (``openai_format``); these types describe
+them so that ``msgspec.json.schema_components`` generates their JSON Schemas.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from msgspec import Struct
+
+
+class PromptTokensDetails(Struct):
+    cached_tokens: int
+
+
+class Usage(Struct):
+    """Token counts of one request; ``cached_tokens`` came from the prefix cache."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class CompletionChoice(Struct):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
+
+
+class Completion(Struct):
+    """The answer of ``POST /v1/completions`` without ``stream``."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(Struct):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(Struct):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletion(Struct):
+    """The answer of ``POST /v1/chat/completions`` without ``stream``."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class Model(Struct):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str
+    parent: None
+    max_model_len: int
+
+
+class ModelList(Struct):
+    """``GET /v1/models``: the one served model."""
+
+    object: Literal["list"]
+    data: list[Model]
+
+
+class ErrorDetail(Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(Struct):
+    """Every error: the OpenAI error shape."""
+
+    error: ErrorDetail
+
+
+class Health(Struct):
+    """``/health``: "ok" (200), else "starting" or "unavailable" (503) with a detail."""
+
+    status: Literal["ok", "starting", "unavailable"]
+    detail: str | None = None
