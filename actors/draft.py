@@ -18,9 +18,9 @@ import zmq.asyncio
 from houchu.actors.config import ServeConfig
 from houchu.options.runner import RunnerOptions
 from houchu.spec.proposers import NgramProposer, Proposer, ProtocolError
-from houchu.transport.channel import BadMessage, Inbox
+from houchu.transport.channel import Inbox
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown
-from houchu.transport.peers import Peers, drain
+from houchu.transport.peers import Peers, serve
 from houchu.transport.spec_messages import DraftInbox, DraftProposal, DraftReply, DraftRequest
 
 
@@ -49,7 +49,7 @@ def make_proposer(config: ServeConfig) -> tuple[Proposer, str]:
         ValueError: an unknown method, "draft" without a draft model, or a draft model
             whose vocabulary does not cover the target's.
         ModelLoadError: the draft model cannot be loaded.
-        houchu.gpu.device.DeviceError: the device torch cannot use here.
+        houchu.model.device.DeviceError: the device torch cannot use here.
     """
     spec = config.speculation
     if spec.speculative == "ngram":
@@ -59,8 +59,8 @@ def make_proposer(config: ServeConfig) -> tuple[Proposer, str]:
         raise ValueError(f"unknown speculative method {spec.speculative!r}")
     if not spec.draft_model:
         raise ValueError("--speculative draft needs --draft-model PATH")
-    from houchu.gpu.config import load_model_config
-    from houchu.gpu.runner import ModelRunner
+    from houchu.model.config import load_model_config
+    from houchu.model.model_runner import ModelRunner
     from houchu.spec.draft_model import DraftModelProposer
 
     target = load_model_config(config.model)
@@ -88,14 +88,7 @@ class DraftActor:
         return info
 
     async def run(self) -> None:
-        while True:
-            try:
-                msg = await self.inbox.recv()
-            except BadMessage as e:
-                print(f"houchu draft: dropped a bad message: {e}", flush=True)
-                continue
-            if not await self._handle(msg):
-                return
+        await serve(self.inbox, self._handle, self.name)
 
     async def _handle(self, msg: DraftInbox | ActorDown | ActorUp) -> bool:
         """Act on one message; False on ``Shutdown``."""
@@ -103,9 +96,8 @@ class DraftActor:
             case DraftRequest():
                 await self.to_scheduler.send(self.answer(msg))
             case ActorDown(name=name):
-                if not await drain(self.inbox, self._handle, self.name):
+                if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
                     return False
-                self.peers.reconnect(name)
                 if name == "scheduler":
                     self.proposer.release(list(self.proposer.seqs))
             case ActorUp():

@@ -15,9 +15,9 @@ import zmq.asyncio
 from aiohttp import web
 
 from houchu.actors.config import ServeConfig
-from houchu.dashboard.engine_client import EngineClient
-from houchu.dashboard.metrics import GatewayMetrics
-from houchu.dashboard.observe import RequestObserver
+from houchu.api.engine_client import EngineClient
+from houchu.api.metrics import GatewayMetrics
+from houchu.api.observe import RequestObserver
 from houchu.dashboard.store import DashboardStore
 from houchu.transport.peers import Peers
 from houchu.transport.telemetry import Telemetry
@@ -42,8 +42,8 @@ class GatewayActor:
 
     async def start(self) -> str:
         from houchu.actors.placement import check_placement
-        from houchu.dashboard.app import make_app
-        from houchu.dashboard.limits import GatewayLimits
+        from houchu.api.app import make_app
+        from houchu.api.limits import GatewayLimits
 
         c = self.config
         gw = c.gateway

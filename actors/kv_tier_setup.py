@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 from houchu.actors.config import ServeConfig
-from houchu.cache_tiers.host_pool import HostPool
-from houchu.cache_tiers.page_hash import model_fingerprint
+from houchu.kvcache.host_pool import HostPool
+from houchu.kvcache.page_hash import model_fingerprint
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -22,7 +22,7 @@ def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
     Raises:
         ModelLoadError: the model's configuration cannot be read.
     """
-    from houchu.gpu.config import load_model_config
+    from houchu.model.config import load_model_config
 
     r, tiers = config.runner, config.kv_tiers
     m = load_model_config(config.model)

@@ -24,13 +24,13 @@ from pathlib import Path
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
-from houchu.cache_tiers.host_pool import HostPool
-from houchu.cache_tiers.host_tier import HostTier
-from houchu.cache_tiers.ssd_tier import SsdTier
-from houchu.fetch import cache_dir
-from houchu.transport.channel import BadMessage, Inbox
+from houchu.cli.fetch import cache_dir
+from houchu.kvcache.host_pool import HostPool
+from houchu.kvcache.host_tier import HostTier
+from houchu.kvcache.ssd_tier import SsdTier
+from houchu.transport.channel import Inbox
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown
-from houchu.transport.peers import Peers, drain
+from houchu.transport.peers import Peers, receive
 from houchu.transport.tier_messages import (
     HostSlotGrant,
     TierLookup,
@@ -81,12 +81,8 @@ class KVTierActor:
     async def run(self) -> None:
         last_stats = 0.0
         while True:
-            if await self.inbox.poll(1.0):
-                try:
-                    msg = await self.inbox.recv()
-                except BadMessage as e:
-                    print(f"houchu kv_tiers: dropped a bad message: {e}", flush=True)
-                    continue
+            msg = await receive(self.inbox, self.name, timeout_s=1.0)
+            if msg is not None:
                 if not await self._handle(msg):
                     await self._flush_to_ssd()
                     return
@@ -106,9 +102,8 @@ class KVTierActor:
             case TierRelease(slots=slots):
                 self.host.release(slots)
             case ActorDown(name=name):
-                if not await drain(self.inbox, self._handle, self.name):
+                if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
                     return False
-                self.peers.reconnect(name)
                 if name == "scheduler":
                     await self._on_scheduler_replaced()
             case ActorUp():

@@ -29,6 +29,7 @@ from houchu.actors.placement import PlacementError, place_actors
 from houchu.actors.supervisor import Supervisor, SupervisorStop
 from houchu.transport.channel import BadMessage, Inbox
 from houchu.transport.messages import ActorFailed, ActorReady, LauncherInbox
+from houchu.transport.peers import dropped
 from houchu.transport.security import InsecureTransport
 
 #: Start order; shutdown goes in reverse (the recorder last, to take the final flushes).
@@ -131,7 +132,7 @@ class Launcher:
             try:
                 msg = await inbox.recv()
             except BadMessage as e:
-                print(f"houchu: dropped a bad message: {e}", file=sys.stderr, flush=True)
+                dropped("", e, sys.stderr)
                 continue
             match msg:
                 case ActorReady(name=name, info=info, pid=pid) if name in pending:
@@ -160,7 +161,7 @@ class Launcher:
                 try:
                     msg = inbox.recv_nowait()
                 except BadMessage as e:
-                    print(f"houchu: dropped a bad message: {e}", file=sys.stderr, flush=True)
+                    dropped("", e, sys.stderr)
                     continue
                 if msg is None:
                     break

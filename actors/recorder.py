@@ -16,8 +16,9 @@ import zmq.asyncio
 from houchu.actors.config import ServeConfig
 from houchu.storage.retention import Retention
 from houchu.storage.writer import TelemetryWriter
-from houchu.transport.channel import BadMessage, Inbox
+from houchu.transport.channel import Inbox
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown
+from houchu.transport.peers import receive, serve
 from houchu.transport.telemetry import TelemetryBatch
 
 RecorderInbox = TelemetryBatch | Shutdown | ActorDown | ActorUp  # peers' restarts: no news here
@@ -59,7 +60,6 @@ class RecorderActor:
         self.inbox: Inbox[RecorderInbox] = Inbox(ctx, config.endpoints["recorder"], RecorderInbox)
         self.max_pending = max_pending
         self.writer: TelemetryWriter | None = None
-        self.num_bad = 0
 
     async def start(self) -> str:
         """Open and migrate the database, start the writer thread.
@@ -79,34 +79,26 @@ class RecorderActor:
         return f"database {redact(url)} (schema {head_revision()})"
 
     async def run(self) -> None:
-        while True:
-            try:
-                msg = await self.inbox.recv()
-            except BadMessage as e:
-                self._bad(e)
-                continue
-            if isinstance(msg, Shutdown):
-                await self._drain(DRAIN_S)
-                return
-            if isinstance(msg, TelemetryBatch):
-                self.writer.submit(msg)
+        await serve(self.inbox, self._handle, self.name)
+
+    async def _handle(self, msg: RecorderInbox) -> bool:
+        """Queue a batch for the writer; False on ``Shutdown`` (after the final flushes)."""
+        if isinstance(msg, Shutdown):
+            await self._drain(DRAIN_S)
+            return False
+        if isinstance(msg, TelemetryBatch):
+            self.writer.submit(msg)
+        return True  # a peer's restart: no news here
 
     async def _drain(self, seconds: float) -> None:
         """Take what arrives in the next ``seconds`` (final flushes of stopping actors)."""
         deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0 and await self.inbox.poll(left):
-            try:
-                msg = self.inbox.recv_nowait()
-            except BadMessage as e:
-                self._bad(e)
-                continue
+        while (left := deadline - time.monotonic()) > 0:
+            msg = await receive(self.inbox, self.name, left)
+            if msg is None:
+                return
             if isinstance(msg, TelemetryBatch):
                 self.writer.submit(msg)
-
-    def _bad(self, e: BadMessage) -> None:
-        self.num_bad += 1
-        if self.num_bad <= 3:
-            print(f"houchu recorder: dropped a bad message: {e}", flush=True)
 
     async def close(self) -> None:
         """Write what is queued (up to 10 s), stop the writer, close the inbox."""

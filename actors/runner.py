@@ -1,6 +1,6 @@
 """The model runner actor: receives step plans, runs them on the model, returns tokens.
 
-A thin loop around ``houchu.gpu.runner.ModelRunner``, which owns the weights and the
+A thin loop around ``houchu.model.model_runner.ModelRunner``, which owns the weights and the
 device KV pool. Steps run one at a time, in the order their plans arrive, on one worker
 thread that does all of this process's torch work (loading, compiling, stepping), so the
 event loop stays responsive during a long step: it keeps sending heartbeats, with the
@@ -27,7 +27,7 @@ import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.actors.heap import HeapTrimmer
-from houchu.transport.channel import BadMessage, Inbox
+from houchu.transport.channel import Inbox
 from houchu.transport.failures import internal
 from houchu.transport.messages import (
     ActorDown,
@@ -38,11 +38,11 @@ from houchu.transport.messages import (
     StepPlan,
     StepResult,
 )
-from houchu.transport.peers import Peers, drain
+from houchu.transport.peers import Peers, serve
 from houchu.transport.telemetry import StepRecord, Telemetry
 
 if TYPE_CHECKING:
-    from houchu.gpu.runner import ModelRunner
+    from houchu.model.model_runner import ModelRunner
 
 #: The actors besides the scheduler that read the runner's limits from its ``RunnerInfo``.
 INFO_READERS = ("tokenizer", "gateway")
@@ -112,7 +112,7 @@ class RunnerActor:
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(self.torch, self._load)
         if self.config.kv_tiers.enabled:
-            from houchu.cache_tiers.host_pool import HostPool
+            from houchu.kvcache.host_pool import HostPool
 
             self.host_pool = HostPool(
                 launch.host_pool_name, launch.host_pool_pages, launch.host_slot_bytes
@@ -131,7 +131,7 @@ class RunnerActor:
     def _load(self) -> ModelRunner:
         """The model runner of ``config.model`` with the runner options (``--device``
         and the rest of the "model runner" flags)."""
-        from houchu.gpu.runner import ModelRunner
+        from houchu.model.model_runner import ModelRunner
 
         return ModelRunner(self.config.model, self.config.runner)
 
@@ -145,14 +145,7 @@ class RunnerActor:
         return 0.0 if started is None else time.monotonic() - started
 
     async def run(self) -> None:
-        while True:
-            try:
-                msg = await self.inbox.recv()
-            except BadMessage as e:
-                print(f"houchu runner: dropped a bad message: {e}", flush=True)
-                continue
-            if not await self._handle(msg):
-                return
+        await serve(self.inbox, self._handle, self.name)
 
     async def _trim_when_idle(self) -> None:
         """Return the freed heap to the OS once a busy period is over (``HeapTrimmer``);
@@ -171,9 +164,8 @@ class RunnerActor:
             case StepPlan():
                 await self.to_scheduler.send(await self._step(msg))
             case ActorDown(name=name):
-                if not await drain(self.inbox, self._handle, self.name):
+                if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
                     return False
-                self.peers.reconnect(name)
                 if name == "scheduler":
                     # the new scheduler knows none of the old requests: forget them all
                     loop = asyncio.get_running_loop()

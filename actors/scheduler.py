@@ -27,7 +27,7 @@ from houchu.actors.draft_link import DraftLink, spec_config
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.scheduler.overlap import resolve_overlap
 from houchu.scheduler.tiers import TierClient
-from houchu.transport.channel import BadMessage, Inbox
+from houchu.transport.channel import Inbox
 from houchu.transport.failures import unavailable
 from houchu.transport.messages import (
     AbortRequest,
@@ -45,7 +45,7 @@ from houchu.transport.messages import (
     TokenEvent,
     TokenizedRequest,
 )
-from houchu.transport.peers import Peers, drain
+from houchu.transport.peers import Peers, drain, receive
 from houchu.transport.spec_messages import DraftReply
 from houchu.transport.telemetry import Telemetry
 from houchu.transport.tier_messages import HostSlotGrant, TierLookupResult, TierStats
@@ -94,10 +94,7 @@ class SchedulerActor:
             fingerprint = bytes.fromhex(c.launch.kv_fingerprint)
             timeout_s = c.timings.tier_lookup_timeout_s
             tiers = TierClient(fingerprint, msg.page_size, c.kv_tiers.write_through, timeout_s)
-        radix_cache = not batch.disable_radix_cache
-        self.core = SchedulerCore(
-            msg, batch, radix_cache, self.telemetry, tiers, spec_config(c), self.overlap
-        )
+        self.core = SchedulerCore(msg, batch, self.telemetry, tiers, spec_config(c), self.overlap)
         self.runner_ready = True
         if self.draft is not None:
             await self.draft.calibrate(
@@ -114,11 +111,7 @@ class SchedulerActor:
             if wait is not None and not await self.inbox.poll(wait):
                 await self._on_quiet()
                 continue
-            try:
-                msg = await self.inbox.recv()
-            except BadMessage as e:
-                print(f"houchu scheduler: dropped a bad message: {e}", flush=True)
-                continue
+            msg = await receive(self.inbox, self.name)
             # this message, then whatever else is queued, then plan
             if not await self._handle(msg) or not await drain(self.inbox, self._handle, self.name):
                 return
@@ -189,9 +182,8 @@ class SchedulerActor:
                     core.on_runner_info(msg)
                     self.runner_ready = True
             case ActorDown(name=name):
-                if not await drain(self.inbox, self._handle, self.name):
+                if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
                     return False
-                self.peers.reconnect(name)
                 await self._on_peer_down(name)
             case ActorUp(name="draft"):
                 if self.draft is not None:

@@ -29,7 +29,7 @@ import zmq.asyncio
 from houchu.actors.config import ServeConfig
 from houchu.text.request_text import RequestText
 from houchu.text.stop import stop_ids
-from houchu.transport.channel import BadMessage, Inbox
+from houchu.transport.channel import Inbox
 from houchu.transport.failures import bad_request, internal, unavailable
 from houchu.transport.limits import LimitsWatch
 from houchu.transport.messages import (
@@ -48,7 +48,7 @@ from houchu.transport.messages import (
     TokenizedRequest,
     TokenizerInbox,
 )
-from houchu.transport.peers import Peers, drain
+from houchu.transport.peers import Peers, serve
 from houchu.transport.telemetry import Telemetry
 
 
@@ -87,14 +87,7 @@ class TokenizerActor:
         return f"vocabulary {self.tokenizer.vocab_size}"
 
     async def run(self) -> None:
-        while True:
-            try:
-                msg = await self.inbox.recv()
-            except BadMessage as e:
-                print(f"houchu tokenizer: dropped a bad message: {e}", flush=True)
-                continue
-            if not await self._handle(msg):
-                return
+        await serve(self.inbox, self._handle, self.name)
 
     async def _handle(self, msg: TokenizerInbox) -> bool:
         """Act on one message; False on ``Shutdown``."""
@@ -113,9 +106,8 @@ class TokenizerActor:
             case RunnerInfo():
                 self.limits.update(msg)
             case ActorDown(name=name):
-                if not await drain(self.inbox, self._handle, self.name):
+                if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
                     return False
-                self.peers.reconnect(name)
                 if name == "gateway":  # its clients are gone: abort everything
                     for rid in [*self.requests, *self.encoding]:
                         self._forget(rid)

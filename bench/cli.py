@@ -123,8 +123,8 @@ def bench_spec(args: argparse.Namespace, model_name: str | None = None) -> Any:
     from houchu.bench.backends import GenParams
     from houchu.bench.core import BenchSpec
     from houchu.bench.dist import parse_dist
+    from houchu.bench.driver import RunConfig
     from houchu.bench.metrics import parse_slo
-    from houchu.bench.runner import RunConfig
     from houchu.bench.workloads import WorkloadConfig
 
     for name in ("num_requests", "concurrency", "request_rate", "max_duration", "request_timeout"):
@@ -170,7 +170,7 @@ def make_backend(args: argparse.Namespace, params: Any) -> Any:
 
         return OpenAIBackend(args.base_url, params, args.api_key, include_usage=not args.no_usage)
     from houchu.bench.backend_hf import HFBackend
-    from houchu.fetch import fetch_default_model
+    from houchu.cli.fetch import fetch_default_model
 
     path = Path(args.hf_model) if args.hf_model else fetch_default_model()
     return HFBackend(path, params, args.hf_max_batch, args.threads)

@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from houchu.bench.backends import Backend, GenParams
+from houchu.bench.driver import RunConfig, run_sessions
 from houchu.bench.metrics import summarize
 from houchu.bench.prompts import PromptBuilder
-from houchu.bench.runner import RunConfig, run_sessions
 from houchu.bench.workloads import WorkloadConfig, build_sessions
 
 #: Warm-up seeds are offset so warm-up prompts differ from measured ones.

@@ -104,7 +104,7 @@ def load_encoder(spec: str | None) -> Encoder | None:
     """
     if spec is not None and spec.lower() == "none":
         return None
-    from houchu.fetch import default_model_path
+    from houchu.cli.fetch import default_model_path
 
     path = Path(spec) if spec else default_model_path()
     if spec is None and not path.exists():

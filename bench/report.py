@@ -81,7 +81,7 @@ def summary_table(record: dict[str, Any]) -> str:
 
 def results_dir() -> Path:
     """Where result files go by default: ``$HOUCHU_CACHE/bench`` (``~/.cache/houchu/bench``)."""
-    from houchu.fetch import cache_dir
+    from houchu.cli.fetch import cache_dir
 
     return cache_dir() / "bench"
 

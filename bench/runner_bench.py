@@ -5,7 +5,7 @@ against this machine's measured limits.
         [--modes eager,compiled] [--batches 1,8,32] [--context 128] [--prefill 512]
         [--cpu-isa all|LEVEL[,LEVEL...]]
 
-One table per CPU ISA level (``houchu.gpu.cpu_isa``; default: every level this CPU runs,
+One table per CPU ISA level (``houchu.model.cpu_isa``; default: every level this CPU runs,
 e.g. avx512_bf16, avx512, avx2 and generic on an AVX512-BF16 host), each measured in a
 fresh process of its own: houchu's kernels at that level, and torch's own kernels (ATen,
 oneDNN, MKL) held to it too where it is below the CPU's best (``cpu_isa.torch_env``), so
@@ -40,10 +40,10 @@ from dataclasses import dataclass
 import torch
 
 from houchu.bench import runner_limits
-from houchu.gpu import cpu_isa, cpu_kernels
-from houchu.gpu.qlinear import quant_act_dtype
-from houchu.gpu.runner import ModelRunner
-from houchu.gpu.w8a8 import W8A8_MIN_ROWS
+from houchu.model import cpu_isa, cpu_kernels
+from houchu.model.model_runner import ModelRunner
+from houchu.model.qlinear import quant_act_dtype
+from houchu.model.w8a8 import W8A8_MIN_ROWS
 from houchu.options.runner import RunnerOptions
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--cpu-isa {lv}: {cpu_isa.why_not(cpu_isa.level(lv))}")
     levels = list(dict.fromkeys(levels))  # each level once
     if args.model is None:
-        from houchu.fetch import fetch_default_model
+        from houchu.cli.fetch import fetch_default_model
 
         args.model = str(fetch_default_model(quiet=True))
     if os.environ.get(_CHILD):

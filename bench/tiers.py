@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from houchu.bench.levers import _one, _pct
+from houchu.bench.lever_bench import _one, _pct
 from houchu.bench.servers import running_server
 
 DEVICE = ["--num-pages", "160"]  # 2,560 tokens: one long prefix at a time
@@ -72,7 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path)
     args = ap.parse_args()
-    from houchu.fetch import fetch_default_model
+    from houchu.cli.fetch import fetch_default_model
 
     model = args.model or fetch_default_model()
     with tempfile.TemporaryDirectory(prefix="houchu-kvbench-") as d:

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
-from houchu.dashboard.errors import ApiError
+from houchu.api.errors import ApiError
 from houchu.dashboard.live_data import parse_window, snapshot
 from houchu.storage.requests_view import MAX_LIMIT
 

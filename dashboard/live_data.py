@@ -14,9 +14,9 @@ from typing import Any
 
 from aiohttp import web
 
-from houchu.dashboard.errors import ApiError
-from houchu.dashboard.levers import ledger_by_verb
-from houchu.dashboard.state import ENGINE_KEY
+from houchu.api.errors import ApiError
+from houchu.api.state import ENGINE_KEY
+from houchu.dashboard.lever_catalog import ledger_by_verb
 from houchu.dashboard.store import DashboardStore
 from houchu.storage.ledger_view import MAX_WINDOW_S
 

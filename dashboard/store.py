@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from houchu.dashboard.errors import ApiError
+from houchu.api.errors import ApiError
 from houchu.storage import bench_runs, ledger_view, live_view, requests_view
 from houchu.storage.db import create_db_engine, resolve_url
 

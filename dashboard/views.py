@@ -27,8 +27,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from houchu.dashboard.errors import ApiError, json_response
-from houchu.dashboard.levers import ledger_by_verb
+from houchu.api.errors import ApiError, json_response
+from houchu.dashboard.lever_catalog import ledger_by_verb
 from houchu.dashboard.live_data import (
     STORE_KEY,
     live_numbers,

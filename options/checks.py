@@ -11,8 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from houchu.gpu import cpu_isa as isa
-from houchu.gpu.device import DeviceError, check_device_name, resolve_device
+from houchu.model import cpu_isa as isa
+from houchu.model.device import DeviceError, check_device_name, resolve_device
 from houchu.options.flags import MAX_REQUEST_MB
 
 

@@ -14,7 +14,7 @@ DEFAULT_STREAM_BUFFER_BYTES = 1024 * 1024
 
 class GatewayOptions(msgspec.Struct, frozen=True, kw_only=True):
     """The HTTP / WebSocket gateway (``houchu.actors.gateway``) and its limits
-    (``houchu.dashboard.limits``); each field is the ``houchu serve`` flag of its name.
+    (``houchu.api.limits``); each field is the ``houchu serve`` flag of its name.
 
     Attributes:
         host: address to listen on.

@@ -6,18 +6,18 @@ from typing import Literal
 
 import msgspec
 
-from houchu.gpu import cpu_isa
+from houchu.model import cpu_isa
 
 CpuIsa = Literal[("auto", *cpu_isa.NAMES)]  # type: ignore[valid-type]
 
 
 class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """How ``houchu.gpu.runner.ModelRunner`` loads and runs a model; each field is the
+    """How ``houchu.model.model_runner.ModelRunner`` loads and runs a model; each field is the
     ``houchu serve`` flag of its name.
 
     Attributes:
         device: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu", "cuda" or
-            "cuda:N" (``houchu.gpu.device.resolve_device``).
+            "cuda:N" (``houchu.model.device.resolve_device``).
         dtype: weight, activation and KV dtype.
         page_size: tokens per KV page.
         num_pages: KV pool size in pages (None: sized from ``kv_cache_mb``).
@@ -27,21 +27,21 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
             and the pool (None: the smaller of those).
         threads: torch intra-op threads, the most (None: torch's default).
         fixed_threads: keep the thread count; by default a CPU runner uses fewer threads
-            while other processes contend for the cores (``houchu.gpu.threads``).
+            while other processes contend for the cores (``houchu.model.threads``).
         quantization: matmul weights: "none", "int4", "int8", "w8a8", or "auto" (int4
             for a GGUF whose projections are Q4_0/Q4_1, else none).
         quant_group_size: int4 input features per scale/zero group.
         kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8".
-        attention_backend: see ``houchu.gpu.attention.make_backend``.
+        attention_backend: see ``houchu.model.attention.make_backend``.
         compile: ``torch.compile`` the decode step at startup: "off", "on", or "auto"
             (kept only if a warm-up step runs faster compiled).
         decode_batch_sizes: the batch-size buckets compiled / captured, ascending.
         decode_paths: "auto" (on the CPU, time the decode paths per bucket at startup and
-            keep the fastest: ``houchu.gpu.autotune``) or "rules" (fixed thresholds).
-        cpu_isa: level of houchu's C++ CPU kernels (``houchu.gpu.cpu_isa``): "auto",
+            keep the fastest: ``houchu.model.autotune``) or "rules" (fixed thresholds).
+        cpu_isa: level of houchu's C++ CPU kernels (``houchu.model.cpu_isa``): "auto",
             a level, or "generic" (torch's kernels only).
         disable_fused_layers: with the cpu backend, run decode steps op by op instead
-            of one C++ call for all the layers (``houchu.gpu.fused_cpu``).
+            of one C++ call for all the layers (``houchu.model.fused_cpu``).
         disable_cuda_graph: do not capture decode steps as CUDA graphs (CUDA only).
     """
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from houchu.cache_tiers.page_allocator import PageAllocator
+from houchu.kvcache.page_allocator import PageAllocator
 from houchu.options.batching import BatchingOptions
 from houchu.scheduler.no_tiers import Tiers
 from houchu.scheduler.prefix_cache import NoPrefixCache, PrefixCache

@@ -34,8 +34,8 @@ controller are kept); the tokenizer — ``abort_all``; the KV-tier manager —
 
 from __future__ import annotations
 
-from houchu.cache_tiers.page_allocator import PageAllocator
-from houchu.cache_tiers.radix_tree import RadixTree
+from houchu.kvcache.page_allocator import PageAllocator
+from houchu.kvcache.radix_tree import RadixTree
 from houchu.options.batching import BatchingOptions
 from houchu.options.speculation import SpeculativeOptions
 from houchu.scheduler.batcher import Batcher
@@ -78,8 +78,7 @@ class SchedulerCore:
 
     Args:
         runner: the runner's pool geometry, context length and model size.
-        config: batching limits.
-        radix_cache: reuse cached prefixes (``--disable-radix-cache`` turns it off).
+        config: batching limits and switches (``--disable-radix-cache``: no prefix reuse).
         telemetry: where lifecycle events and lever samples go (None: nowhere).
         tiers: the host / SSD KV tiers' client, or None (off; they need the radix cache).
         spec: speculative decoding settings, or None (off).
@@ -94,7 +93,6 @@ class SchedulerCore:
         self,
         runner: RunnerInfo,
         config: BatchingOptions,
-        radix_cache: bool = True,
         telemetry: TelemetrySink | None = None,
         tiers: TierClient | None = None,
         spec: SpeculativeOptions | None = None,
@@ -102,6 +100,7 @@ class SchedulerCore:
     ) -> None:
         self.runner = runner
         self.telemetry: TelemetrySink = telemetry or NullTelemetry()
+        radix_cache = not config.disable_radix_cache
         self.tiers: Tiers = (tiers or NoTiers()) if radix_cache else NoTiers()
         self.allocator = PageAllocator(runner.num_pages, runner.page_size)
         self.prefix = prefix_cache(radix_cache, self.allocator, self.tiers)

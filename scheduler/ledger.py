@@ -1,6 +1,6 @@
 """The scheduler's share of the lever ledger: what its levers saved and spent, measured.
 
-Levers and their units (DESIGN.md, "The lever ledger"):
+Levers and their units (docs/architecture.md, "The lever ledger"):
 
 | lever | verb | saved | spent |
 |---|---|---|---|

@@ -8,8 +8,8 @@ does none of it, so the batcher never checks which it holds.
 
 from __future__ import annotations
 
-from houchu.cache_tiers.page_allocator import PageAllocator
-from houchu.cache_tiers.radix_tree import RadixTree
+from houchu.kvcache.page_allocator import PageAllocator
+from houchu.kvcache.radix_tree import RadixTree
 from houchu.scheduler.no_tiers import Tiers
 from houchu.scheduler.request import Request
 

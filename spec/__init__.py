@@ -6,5 +6,5 @@ scheduler's bookkeeping of proposals, verification results and adaptive speculat
 - ``state``, ``scheduling``, ``adaptive``, ``ledger``, ``calibrate``: the scheduler's side
   (which requests speculate with how many tokens, applying accepted runs, counters).
 
-Verification itself runs in the model runner (``houchu.gpu.verify``).
+Verification itself runs in the model runner (``houchu.model.verify``).
 """

@@ -11,11 +11,11 @@ A sync keeps the longest common prefix of its proposals and the new true tokens 
 accepted ones, KV included) and rolls ``num_computed`` and the page list back to it.
 Proposing runs one pass that catches every sequence up (its whole prompt the first time)
 and samples ``d_1``, then ``k - 1`` one-token passes; ``d_k`` gets no KV. Proposals are
-greedy: under the point-mass acceptance rule (``houchu.gpu.verify``) a proposal is
+greedy: under the point-mass acceptance rule (``houchu.model.verify``) a proposal is
 accepted with the target's probability of it, so the draft's most likely token is its
 best guess for any sampling parameters.
 
-The model runs in a ``houchu.gpu.runner.ModelRunner`` (its weights, pool and sampler);
+The model runs in a ``houchu.model.model_runner.ModelRunner`` (its weights, pool and sampler);
 pages come from this proposer's own ``PageAllocator``. When the pool is full, the KV of
 the least recently used other requests is dropped (recomputed when they next speculate);
 a request that still does not fit gets no proposal this time.
@@ -26,13 +26,13 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
-from houchu.cache_tiers.page_allocator import PageAllocator
+from houchu.kvcache.page_allocator import PageAllocator
 from houchu.spec.proposers import check_starts
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from houchu.transport.spec_messages import DraftSeq
 
 if TYPE_CHECKING:
-    from houchu.gpu.runner import ModelRunner
+    from houchu.model.model_runner import ModelRunner
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 30)
 

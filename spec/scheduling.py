@@ -17,7 +17,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from houchu.cache_tiers.page_allocator import PageAllocator
+from houchu.kvcache.page_allocator import PageAllocator
 from houchu.options.speculation import SpeculativeOptions
 from houchu.spec.adaptive import PRIOR_WEIGHT, SpecController
 from houchu.spec.ledger import SpecCounters

@@ -1,6 +1,6 @@
 """Connecting to the database and migrating its schema.
 
-The default database is SQLite in WAL mode at ``houchu.fetch.cache_dir()/houchu.db``
+The default database is SQLite in WAL mode at ``houchu.cli.fetch.cache_dir()/houchu.db``
 (readers never wait for the recorder's writes); ``--db-url`` takes any SQLAlchemy URL
 (``postgresql+psycopg://...``, ``sqlite:////abs/path.db``, ...). The schema is created
 and upgraded by Alembic with the migrations shipped in ``houchu/storage/migrations``.
@@ -28,8 +28,8 @@ class DatabaseUrlError(ValueError):
 
 
 def default_url() -> str:
-    """``sqlite:///CACHE_DIR/houchu.db`` (see ``houchu.fetch.cache_dir``)."""
-    from houchu.fetch import cache_dir
+    """``sqlite:///CACHE_DIR/houchu.db`` (see ``houchu.cli.fetch.cache_dir``)."""
+    from houchu.cli.fetch import cache_dir
 
     return f"sqlite:///{cache_dir() / 'houchu.db'}"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from houchu.fetch import fetch_default_model
-from houchu.gpu import cpu_isa as isa
-from houchu.gpu import cpu_kernels
+from houchu.cli.fetch import fetch_default_model
+from houchu.model import cpu_isa as isa
+from houchu.model import cpu_kernels
 
 
 @pytest.fixture(scope="session")

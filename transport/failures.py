@@ -5,7 +5,7 @@ A failure is made once, where the error happens, as a ``transport.messages.Failu
 (status, code, message, maybe the parameter at fault). It crosses the actors unchanged
 (``StepResult.error``, ``TokenEvent.failure``, ``RequestFailed.failure``), and inside a
 process it travels as a ``Failed`` exception, until the gateway turns it into the HTTP
-error body or the WebSocket error frame (``houchu.dashboard.errors``, the only place
+error body or the WebSocket error frame (``houchu.api.errors``, the only place
 that does).
 """
 

@@ -5,7 +5,7 @@ receiver decodes into a union of the messages it accepts and dispatches with ``m
 Bulk data (KV pages, weights) never travels here; token ids travel as msgpack integer
 arrays (1-3 bytes per id for this vocabulary size).
 
-Flow (see DESIGN.md)::
+Flow (see docs/architecture.md)::
 
     gateway --GenerateRequest/AbortRequest--> tokenizer
     tokenizer --TokenizedRequest/AbortRequest/FinishRequest--> scheduler
@@ -73,7 +73,7 @@ class Failure(Struct, frozen=True, kw_only=True):
 
     Made where the error happens (the gateway's validator, the tokenizer, the scheduler,
     the runner) and carried unchanged to the gateway, which turns it into the HTTP error
-    or the WebSocket error frame in one place (``houchu.dashboard.errors``).
+    or the WebSocket error frame in one place (``houchu.api.errors``).
 
     ``status``: the HTTP status (400 the request is at fault, 429 retry later, 500 the
     engine failed, 503 an actor is restarting, retry). ``code``: a short machine-readable
@@ -160,7 +160,7 @@ class SeqWork(Struct, kw_only=True, array_like=True):
     position (true for decode and for the last prefill chunk). ``num_draft``: the last
     ``num_draft`` of ``token_ids`` are speculative proposals to verify (``sample`` must be
     set): the runner scores all of them in this pass and returns one ``SeqOutput`` per
-    accepted proposal plus one for the token after them (``houchu.gpu.verify``).
+    accepted proposal plus one for the token after them (``houchu.model.verify``).
     ``use_last_sampled`` (overlap scheduler): ``token_ids`` is ``[-1]``, a placeholder for
     the token the runner sampled for this rid in its previous step, which the scheduler
     has not seen yet; the runner puts that token in its place (an error if that step
@@ -251,7 +251,7 @@ class RunnerInfo(Struct, tag=True, kw_only=True):
     vocab_size: int = 0
     device_type: str = "cpu"  # "cpu" or "cuda": where the model runs
     num_threads: int = 0  # the runner's CPU compute threads (0: unknown)
-    cpu_isa: str = ""  # ISA level of the CPU kernels (houchu.gpu.cpu_isa); "" off the CPU
+    cpu_isa: str = ""  # ISA level of the CPU kernels (houchu.model.cpu_isa); "" off the CPU
     decode_paths: str = ""  # the measured decode path per batch bucket, with its times
 
 

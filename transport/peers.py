@@ -9,13 +9,19 @@ waits for the replacement to bind.
 
 Before that, the actor handles whatever is already queued in its inbox (``drain``): the
 dead process's last messages were sent before the launcher noticed the death, so they are
-applied before the actor drops what it held for that peer, never after.
+applied before the actor drops what it held for that peer, never after
+(``Peers.replaced`` does both).
+
+Every actor's receive loop is ``serve`` (or ``receive`` where the loop also waits on a
+timer): an undecodable frame is logged once, the same way everywhere, and skipped.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TextIO, TypeVar
 
 import zmq.asyncio
 
@@ -70,11 +76,62 @@ class Peers:
             link.reconnect()
         return len(links)
 
+    async def replaced(
+        self, name: str, inbox: Inbox[Any], handle: Callable[[Any], Awaitable[bool]], owner: str
+    ) -> bool:
+        """Actor ``name`` was replaced (``ActorDown``): handle what is already queued in
+        ``inbox`` (``drain``: the dead process's last messages come first), then
+        reconnect every link to ``name``. False if a ``Shutdown`` was among the queued
+        messages (then nothing is reconnected: the actor stops)."""
+        if not await drain(inbox, handle, owner):
+            return False
+        self.reconnect(name)
+        return True
+
     def close(self) -> None:
         """Close the outboxes made by ``outbox`` (tracked links belong to their owners)."""
         for out in self._outboxes:
             out.close()
         self._outboxes.clear()
+
+
+#: undecodable frames so far, per owner (``dropped``)
+_num_dropped: dict[str, int] = {}
+
+
+def dropped(owner: str, e: BadMessage, file: TextIO | None = None) -> None:
+    """Log an undecodable frame: ``houchu OWNER: dropped a bad message: …`` (``owner``
+    "" for the launcher: ``houchu: …``). A flood is not echoed frame by frame: the first
+    3 of an owner are logged, then every 1000th with the count so far."""
+    n = _num_dropped[owner] = _num_dropped.get(owner, 0) + 1
+    if n > 3 and n % 1000:
+        return
+    who = f"houchu {owner}" if owner else "houchu"
+    total = f" ({n} so far)" if n > 3 else ""
+    print(f"{who}: dropped a bad message{total}: {e}", file=file or sys.stdout, flush=True)
+
+
+async def receive(inbox: Inbox[Any], owner: str, timeout_s: float | None = None) -> Any:
+    """The next message of ``inbox`` that decodes (undecodable frames are logged with
+    ``dropped`` and skipped); with ``timeout_s``, None when nothing decodable arrived in
+    that many seconds."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not await inbox.poll(left):
+                return None
+        try:
+            return await inbox.recv()
+        except BadMessage as e:
+            dropped(owner, e)
+
+
+async def serve(inbox: Inbox[Any], handle: Callable[[Any], Awaitable[bool]], owner: str) -> None:
+    """An actor's receive loop: ``handle`` every message of ``inbox`` (undecodable ones
+    are logged and skipped) until it returns False (a ``Shutdown``)."""
+    while await handle(await receive(inbox, owner)):
+        pass
 
 
 async def drain(inbox: Inbox[Any], handle: Callable[[Any], Awaitable[bool]], owner: str) -> bool:
@@ -85,7 +142,7 @@ async def drain(inbox: Inbox[Any], handle: Callable[[Any], Awaitable[bool]], own
         try:
             msg = inbox.recv_nowait()
         except BadMessage as e:
-            print(f"houchu {owner}: dropped a bad message: {e}", flush=True)
+            dropped(owner, e)
             continue
         if msg is None:
             return True

@@ -66,7 +66,7 @@ class LeverSample(Struct, array_like=True):
     """What one lever saved and what it spent, in physical units, at time ``t``.
 
     ``lever``: e.g. "radix_prefix_cache"; ``verb``: one of skip, compute_less, move_less,
-    occupy_less, fill, break_serial (DESIGN.md); ``saved`` in ``saved_unit`` (tokens,
+    occupy_less, fill, break_serial (docs/architecture.md); ``saved`` in ``saved_unit`` (tokens,
     flops, bytes, forward_passes, seconds), ``spent`` in ``spent_unit``; ``rid`` when the
     sample belongs to one request, else None (an engine-wide sample).
     """

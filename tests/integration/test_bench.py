@@ -13,10 +13,10 @@ from houchu.bench.backend_ws import HouchuWsBackend
 from houchu.bench.backends import GenParams
 from houchu.bench.core import BenchSpec, benchmark
 from houchu.bench.dist import parse_dist
+from houchu.bench.driver import RunConfig
 from houchu.bench.prompts import PromptBuilder
-from houchu.bench.runner import RunConfig
 from houchu.bench.workloads import WorkloadConfig
-from houchu.cli import main
+from houchu.cli.main import main
 from tests.integration.conftest import Server
 
 pytestmark = pytest.mark.slow

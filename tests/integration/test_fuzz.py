@@ -42,12 +42,17 @@ EXAMPLES_PER_OPERATION = 40
 def srv(real_model_path: Path) -> Iterator[Server]:
     s = start_server(
         real_model_path,
-        "--api-key", KEY,
-        "--max-context", "64",
-        "--kv-cache-mb", "64",
-        "--host-kv-mb", "16",  # the KV tier actor runs too
-        "--speculative", "ngram",  # and the draft actor
-    )  # fmt: skip
+        "--api-key",
+        KEY,
+        "--max-context",
+        "64",
+        "--kv-cache-mb",
+        "64",
+        "--host-kv-mb",
+        "16",  # the KV tier actor runs too
+        "--speculative",
+        "ngram",  # and the draft actor
+    )
     yield s
     stop_server(s)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from houchu.gpu import cpu_isa, cpu_kernels
-from houchu.gpu.runner import ModelRunner
+from houchu.model import cpu_isa, cpu_kernels
+from houchu.model.model_runner import ModelRunner
 from tests.runner_options import exact
 from tests.unit.test_gpu_quant import generate
 

@@ -26,8 +26,16 @@ def _prompt(tag: str) -> str:
 def _flags(cache_dir) -> list[str]:
     # 40 device pages (640 tokens) hold one ~350-token prompt at a time; 64 host pages
     # hold about three; the rest spills to SSD.
-    return ["--num-pages", "40", "--host-kv-pages", "64", "--ssd-kv-mb", str(SSD_MB),
-            "--kv-cache-dir", str(cache_dir)]  # fmt: skip
+    return [
+        "--num-pages",
+        "40",
+        "--host-kv-pages",
+        "64",
+        "--ssd-kv-mb",
+        str(SSD_MB),
+        "--kv-cache-dir",
+        str(cache_dir),
+    ]
 
 
 def _ask(srv, tag: str) -> dict:

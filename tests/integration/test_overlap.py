@@ -37,9 +37,14 @@ def servers(real_model_path, tmp_path_factory) -> Iterator[tuple[Server, Server]
     """(overlap on, with its own telemetry database; overlap off)."""
     db = tmp_path_factory.mktemp("overlap") / "on.db"
     on = start_server(
-        real_model_path, "--kv-cache-mb", "64", "--overlap-schedule", "on",
-        "--db-url", f"sqlite:///{db}",
-    )  # fmt: skip
+        real_model_path,
+        "--kv-cache-mb",
+        "64",
+        "--overlap-schedule",
+        "on",
+        "--db-url",
+        f"sqlite:///{db}",
+    )
     try:
         off = start_server(real_model_path, "--kv-cache-mb", "64", "--overlap-schedule", "off")
     except BaseException:

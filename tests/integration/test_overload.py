@@ -36,11 +36,15 @@ RSS_BOUND = 64 * 2**20
 def srv(real_model_path: Path) -> Iterator[Server]:
     s = start_server(
         real_model_path,
-        "--kv-cache-mb", "128",
-        "--max-queued-requests", str(QUEUE_LIMIT),
-        "--stream-buffer-kb", "16",
-        "--max-context", "512",
-    )  # fmt: skip
+        "--kv-cache-mb",
+        "128",
+        "--max-queued-requests",
+        str(QUEUE_LIMIT),
+        "--stream-buffer-kb",
+        "16",
+        "--max-context",
+        "512",
+    )
     yield s
     stop_server(s)
 
@@ -198,8 +202,10 @@ def test_a_client_that_does_not_read_is_aborted_and_others_stream_on(srv: Server
     base_s = max(t for t, _ in baseline)
     during_s = max(t for t, _ in during)
     gap = max(g for _, g in during)
-    print(f"slow reader: streams took {base_s:.2f} s alone, {during_s:.2f} s beside it "
-          f"(longest gap {gap:.2f} s)")  # fmt: skip
+    print(
+        f"slow reader: streams took {base_s:.2f} s alone, {during_s:.2f} s beside it "
+        f"(longest gap {gap:.2f} s)"
+    )
     assert during_s < 3 * base_s + 5.0
     assert gap < 10.0  # no stream waits on the stalled one (2 busy shared cores: generous)
     assert stats["in_flight"] == 0

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from houchu.gpu.loader import load_model
-from houchu.gpu.quality import agreement, text_logprobs
-from houchu.gpu.quant import QuantSpec
-from houchu.gpu.w8a8 import W8A8_MIN_ROWS
+from houchu.model.loader import load_model
+from houchu.model.quality import agreement, text_logprobs
+from houchu.model.quant import QuantSpec
+from houchu.model.w8a8 import W8A8_MIN_ROWS
 from houchu.text.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def models(real_model_path):
     """Each weight format loaded once (the exact float32 model serves the KV configs),
     with the kernels a CPU server uses (houchu's C++ ones where they build), whatever
     other tests this process ran."""
-    from houchu.gpu import cpu_kernels
+    from houchu.model import cpu_kernels
 
     cpu_kernels.available()
     out = {("none", "float32"): load_model(real_model_path, torch.float32)}

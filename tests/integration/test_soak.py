@@ -59,10 +59,13 @@ STOPS = [" the", ".", "\n", ",", "a", " and", "!", "es"]
 def srv(real_model_path: Path) -> Iterator[Server]:
     s = start_server(
         real_model_path,
-        "--max-context", "256",
-        "--kv-cache-mb", "128",
-        "--max-running-requests", str(CONCURRENCY),
-    )  # fmt: skip
+        "--max-context",
+        "256",
+        "--kv-cache-mb",
+        "128",
+        "--max-running-requests",
+        str(CONCURRENCY),
+    )
     yield s
     stop_server(s)
 
@@ -116,9 +119,11 @@ class Tally:
 
 
 async def ws_worker(
-    session: aiohttp.ClientSession, srv: Server, jobs: list[tuple[int, dict, float | None]],
+    session: aiohttp.ClientSession,
+    srv: Server,
+    jobs: list[tuple[int, dict, float | None]],
     tally: Tally,
-) -> None:  # fmt: skip
+) -> None:
     """Run ``jobs`` one after the other on one socket; each ends with exactly one final
     frame, and no frame of a finished request arrives later (except the one error frame
     that answers an abort sent after the request had finished)."""
@@ -157,9 +162,13 @@ async def ws_worker(
 
 
 async def http_one(
-    session: aiohttp.ClientSession, srv: Server, body: dict, stream: bool,
-    abort_after: float | None, tally: Tally,
-) -> None:  # fmt: skip
+    session: aiohttp.ClientSession,
+    srv: Server,
+    body: dict,
+    stream: bool,
+    abort_after: float | None,
+    tally: Tally,
+) -> None:
     api = "sse" if stream else "http"
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
 

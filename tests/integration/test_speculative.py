@@ -98,8 +98,15 @@ def test_abort_during_verification_frees_pages_in_both_actors(spec_servers):
 
     async def start_then_leave() -> None:
         async with aiohttp.ClientSession() as s, s.ws_connect(draft.ws_url) as ws:
-            await ws.send_json({"id": "x", "prompt": REPEAT, "max_tokens": 300,
-                                "temperature": 0, "ignore_eos": True})  # fmt: skip
+            await ws.send_json(
+                {
+                    "id": "x",
+                    "prompt": REPEAT,
+                    "max_tokens": 300,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                }
+            )
             for _ in range(3):  # a few verified runs, then the client goes away
                 await ws.receive_json(timeout=120)
 

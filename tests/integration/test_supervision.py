@@ -44,16 +44,25 @@ def srv(real_model_path, tmp_path_factory) -> Iterator[Server]:
     kv_dir = tmp_path_factory.mktemp("kv")
     server = start_server(
         real_model_path,
-        "--num-pages", "64",
-        "--host-kv-pages", "32",
-        "--ssd-kv-mb", "64",
-        "--kv-cache-dir", str(kv_dir),
-        "--speculative", "ngram",
-        "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S),
-        "--max-restarts", "3",
-        "--restart-window", "600",
-        "--request-timeout", "120",
-    )  # fmt: skip
+        "--num-pages",
+        "64",
+        "--host-kv-pages",
+        "32",
+        "--ssd-kv-mb",
+        "64",
+        "--kv-cache-dir",
+        str(kv_dir),
+        "--speculative",
+        "ngram",
+        "--heartbeat-timeout",
+        str(HEARTBEAT_TIMEOUT_S),
+        "--max-restarts",
+        "3",
+        "--restart-window",
+        "600",
+        "--request-timeout",
+        "120",
+    )
     yield server
     stop_server(server)
 
@@ -254,8 +263,10 @@ async def run_fault(srv: Server, name: str, sig: signal.Signals) -> list[dict[st
     restart_s = await restart
     ends = Counter(f"{r['kind']}:{r.get('finish_reason')}" for r in results)
     last_s = max(r["t_end"] for r in results) - t_fault
-    print(f"\nFAULT {sig.name} {name}: streams {dict(ends)}, the last ended {last_s:.1f} s "
-          f"after the fault; plain request {status}; replacement ready after {restart_s:.1f} s")  # fmt: skip
+    print(
+        f"\nFAULT {sig.name} {name}: streams {dict(ends)}, the last ended {last_s:.1f} s "
+        f"after the fault; plain request {status}; replacement ready after {restart_s:.1f} s"
+    )
     return results
 
 

@@ -8,9 +8,9 @@ import re
 import pytest
 from aiohttp import web
 
-from houchu.cli import build_parser
-from houchu.dashboard.auth import PUBLIC_PATHS, bearer_token, key_matches, needs_key
-from houchu.dashboard.limits import GatewayLimits
+from houchu.api.auth import PUBLIC_PATHS, bearer_token, key_matches, needs_key
+from houchu.api.limits import GatewayLimits
+from houchu.cli.main import build_parser
 
 from .test_api_basics import Api, assert_openai_error, serve
 

@@ -13,8 +13,8 @@ import aiohttp
 import msgspec
 import pytest
 
-from houchu.dashboard.engine_client import EngineError
-from houchu.dashboard.limits import GatewayLimits, SlowReader, StreamGuard
+from houchu.api.engine_client import EngineError
+from houchu.api.limits import GatewayLimits, SlowReader, StreamGuard
 from houchu.transport.failures import overloaded
 from houchu.transport.messages import GenerateRequest, TextDelta
 

@@ -11,9 +11,9 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from houchu.dashboard.errors import ApiError
-from houchu.dashboard.openapi import openapi_document
-from houchu.dashboard.validation import parse_chat, parse_completion
+from houchu.api.errors import ApiError
+from houchu.api.openapi import openapi_document
+from houchu.api.validation import parse_chat, parse_completion
 
 from .test_api_auth import routes
 from .test_api_basics import MAX_CONTEXT, MODEL, Api, serve

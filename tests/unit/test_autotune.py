@@ -1,4 +1,4 @@
-"""Decode paths chosen by measurement (``houchu.gpu.autotune``): every path a route names
+"""Decode paths chosen by measurement (``houchu.model.autotune``): every path a route names
 really runs and gives the same greedy tokens, the choice is the fastest measured, and a
 second start reads it from the cache instead of measuring."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.gpu.autotune import DecodeRoute, attach
-from houchu.gpu.batch import build_batch
-from houchu.gpu.runner import ModelRunner
-from houchu.gpu.testing import make_tiny_llama
+from houchu.model.autotune import DecodeRoute, attach
+from houchu.model.batch import build_batch
+from houchu.model.model_runner import ModelRunner
+from houchu.model.testing import make_tiny_llama
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 
@@ -59,7 +59,7 @@ def _decode_logits(r: ModelRunner) -> torch.Tensor:
 
 
 def test_auto_measures_then_reads_the_cache(tiny, monkeypatch):
-    import houchu.gpu.autotune as autotune
+    import houchu.model.autotune as autotune
 
     monkeypatch.setattr(autotune, "CONTENDED_SHARE", 0.0)  # however busy this machine is
     r = _runner(tiny, decode_paths="auto")
@@ -108,7 +108,7 @@ def test_route_lookup():
 
 
 def test_a_measurement_under_contention_is_not_kept(tiny, monkeypatch):
-    import houchu.gpu.autotune as autotune
+    import houchu.model.autotune as autotune
 
     calls = iter(range(1000))
     monkeypatch.setattr(autotune, "_usage", lambda: (0.0, next(calls)))  # preempted, no CPU

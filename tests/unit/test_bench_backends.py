@@ -15,9 +15,9 @@ from houchu.bench.backend_openai import OpenAIBackend
 from houchu.bench.backend_ws import HouchuWsBackend
 from houchu.bench.backends import GenParams
 from houchu.bench.core import BenchSpec, benchmark
+from houchu.bench.driver import RunConfig, run_sessions
 from houchu.bench.metrics import RequestResult
 from houchu.bench.prompts import PromptBuilder
-from houchu.bench.runner import RunConfig, run_sessions
 from houchu.bench.workloads import RequestSpec, Session, WorkloadConfig
 
 TOKENS = ["Hel", "lo", " wor", "ld"]
@@ -295,7 +295,7 @@ async def test_ws_backend_frames_errors_and_abort(fake_ws) -> None:
 
 
 async def test_poisson_arrivals_follow_the_offsets(fake_openai) -> None:
-    from houchu.bench.runner import arrival_offsets
+    from houchu.bench.driver import arrival_offsets
 
     server, _ = fake_openai
     specs = [Session([RequestSpec("ok x", None, 1)]) for _ in range(5)]

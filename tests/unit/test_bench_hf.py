@@ -8,9 +8,9 @@ import pytest
 
 from houchu.bench.backend_hf import HFBackend
 from houchu.bench.backends import GenParams
-from houchu.bench.runner import RunConfig, run_sessions
+from houchu.bench.driver import RunConfig, run_sessions
 from houchu.bench.workloads import RequestSpec, Session
-from houchu.gpu.testing import make_tiny_llama
+from houchu.model.testing import make_tiny_llama
 
 
 class _Tok:

@@ -8,6 +8,7 @@ import pytest
 
 from houchu.bench.compare import comparison_table
 from houchu.bench.dist import parse_dist
+from houchu.bench.driver import arrival_offsets
 from houchu.bench.metrics import (
     RequestResult,
     meets_slo,
@@ -17,7 +18,6 @@ from houchu.bench.metrics import (
     summarize,
 )
 from houchu.bench.prompts import PromptBuilder
-from houchu.bench.runner import arrival_offsets
 from houchu.bench.workloads import RequestSpec, WorkloadConfig, build_sessions
 
 

@@ -1,4 +1,4 @@
-"""ISA levels of the C++ CPU kernels (``houchu.gpu.cpu_isa``, ``houchu.gpu.cpu_kernels``):
+"""ISA levels of the C++ CPU kernels (``houchu.model.cpu_isa``, ``houchu.model.cpu_kernels``):
 detection from the CPU's flags, the forced level, and a kernel cache keyed by level that
 never hands a CPU a build it cannot run."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from houchu.gpu import cpu_isa, cpu_kernels
+from houchu.model import cpu_isa, cpu_kernels
 
 V3 = "fpu sse2 avx avx2 fma f16c bmi1 bmi2 abm movbe"
 AVX512 = V3 + " avx512f avx512bw avx512vl avx512dq avx512cd"

@@ -1,4 +1,4 @@
-"""houchu's C++ CPU kernels (``houchu.gpu.cpu_kernels``) against the torch reference:
+"""houchu's C++ CPU kernels (``houchu.model.cpu_kernels``) against the torch reference:
 fused RMSNorm (+ residual), RoPE on strided views, SiLU·mul (the vector paths at widths
 that are multiples of the level's lanes, the portable ones elsewhere), paged decode
 attention over plain and int8 pools (the AVX-512 or AVX2 group kernel at D = 64 and 128,
@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.gpu import cpu_kernels
-from houchu.gpu.attention import TorchSDPABackend, _PrefillSeq, _TorchMeta, make_backend
-from houchu.gpu.kv_pool import KVPool
-from houchu.gpu.ops import CpuOps, TorchOps
-from houchu.gpu.rope import rope_cos_sin
-from houchu.gpu.sampling import argmax_rows
+from houchu.model import cpu_kernels
+from houchu.model.attention import TorchSDPABackend, _PrefillSeq, _TorchMeta, make_backend
+from houchu.model.kv_pool import KVPool
+from houchu.model.ops import CpuOps, TorchOps
+from houchu.model.rope import rope_cos_sin
+from houchu.model.sampling import argmax_rows
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 
@@ -189,8 +189,8 @@ def test_prefill_attention_rejects_bad_input():
 @pytest.mark.parametrize("kv", ["auto", "int8"])
 def test_runner_with_cpu_backend_matches_torch(tmp_path, kv):
     """End to end: fused ops and paged decode vs the torch backend, greedy tokens."""
-    from houchu.gpu.runner import ModelRunner
-    from houchu.gpu.testing import make_tiny_llama
+    from houchu.model.model_runner import ModelRunner
+    from houchu.model.testing import make_tiny_llama
     from tests.runner_options import exact
     from tests.unit.test_gpu_quant import generate
 
@@ -222,7 +222,7 @@ def test_w8a8_fused_matches_torch_path(monkeypatch, dtype, m, k, n, outliers):
     """W8A8's C++ quantization and epilogue vs its torch path (one output rounding apart;
     a few large activations make outliers), and the epilogue's fused SiLU·mul against the
     separate op (bit-equal)."""
-    from houchu.gpu.w8a8 import W8A8Linear
+    from houchu.model.w8a8 import W8A8Linear
 
     g = torch.Generator().manual_seed(m + k)
     lin = W8A8Linear(torch.randn(n, k, generator=g).to(dtype) / 8, num_outliers=outliers)

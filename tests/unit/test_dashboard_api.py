@@ -10,10 +10,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from houchu.dashboard.app import make_app
-from houchu.dashboard.levers import KNOWN_LEVERS, VERB_IDS, ledger_by_verb
-from houchu.dashboard.metrics import GatewayMetrics
-from houchu.dashboard.observe import RequestObserver
+from houchu.api.app import make_app
+from houchu.api.metrics import GatewayMetrics
+from houchu.api.observe import RequestObserver
+from houchu.dashboard.lever_catalog import KNOWN_LEVERS, VERB_IDS, ledger_by_verb
 from houchu.dashboard.store import DashboardStore
 from houchu.storage.db import open_db
 from houchu.transport.messages import GenerateRequest, SamplingParams, TextDelta
@@ -97,9 +97,18 @@ async def test_ledger_groups_by_verb(client):
 
 def test_every_design_lever_has_a_line():
     names = {info.lever for info in KNOWN_LEVERS}
-    for lever in ("radix_prefix_cache", "kv_tiers", "paged_kv", "weight_quant", "kv_quant",
-                  "continuous_batching", "chunked_prefill", "compiled_step",
-                  "overlap_scheduler", "speculative_decoding"):  # fmt: skip
+    for lever in (
+        "radix_prefix_cache",
+        "kv_tiers",
+        "paged_kv",
+        "weight_quant",
+        "kv_quant",
+        "continuous_batching",
+        "chunked_prefill",
+        "compiled_step",
+        "overlap_scheduler",
+        "speculative_decoding",
+    ):
         assert lever in names
     assert all(info.line and info.verb in VERB_IDS for info in KNOWN_LEVERS)
 

@@ -11,7 +11,7 @@ import itertools
 import pytest
 import zmq.asyncio
 
-from houchu.dashboard.engine_client import EngineClient, EngineError
+from houchu.api.engine_client import EngineClient, EngineError
 from houchu.transport.channel import Inbox, Outbox
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.messages import (

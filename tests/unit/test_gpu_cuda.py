@@ -8,8 +8,8 @@ import importlib.util
 import pytest
 import torch
 
-from houchu.gpu.runner import ModelRunner
-from houchu.gpu.testing import make_tiny_llama
+from houchu.model.model_runner import ModelRunner
+from houchu.model.testing import make_tiny_llama
 from tests.runner_options import exact
 from tests.unit.test_gpu_quant import generate
 

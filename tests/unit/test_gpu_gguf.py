@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from houchu.gpu.config import ModelLoadError, load_model_config
-from houchu.gpu.loader import load_model
-from houchu.gpu.runner import ModelRunner
-from houchu.gpu.testing import make_tiny_llama, permute_qk, write_llama_gguf
-from houchu.gpu.weights_gguf import dequantize_tensor, load_gguf, unpermute_qk
-from houchu.gpu.weights_hf import load_hf
+from houchu.model.config import ModelLoadError, load_model_config
+from houchu.model.loader import load_model
+from houchu.model.model_runner import ModelRunner
+from houchu.model.testing import make_tiny_llama, permute_qk, write_llama_gguf
+from houchu.model.weights_gguf import dequantize_tensor, load_gguf, unpermute_qk
+from houchu.model.weights_hf import load_hf
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 
@@ -154,7 +154,7 @@ def test_bad_paths(tmp_path):
 
 @pytest.mark.parametrize("qtype,want", [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "none")])
 def test_auto_quantization_keeps_4bit_gguf_4bit(tiny_dirs, tmp_path, qtype, want):
-    from houchu.gpu.quant import resolve_quant_mode
+    from houchu.model.quant import resolve_quant_mode
 
     path = write_llama_gguf(tiny_dirs["untied"], tmp_path / f"m-{qtype}.gguf", qtype=qtype)
     assert resolve_quant_mode("auto", path) == want

@@ -7,13 +7,13 @@ import random
 import pytest
 import torch
 
-from houchu.gpu.attention import TorchSDPABackend
-from houchu.gpu.batch import build_batch
-from houchu.gpu.config import load_model_config, num_parameters
-from houchu.gpu.kv_pool import KVPool
-from houchu.gpu.llama import LlamaModel
-from houchu.gpu.loader import load_model
-from houchu.gpu.testing import make_tiny_llama
+from houchu.model.attention import TorchSDPABackend
+from houchu.model.batch import build_batch
+from houchu.model.config import load_model_config, num_parameters
+from houchu.model.kv_pool import KVPool
+from houchu.model.llama import LlamaModel
+from houchu.model.loader import load_model
+from houchu.model.testing import make_tiny_llama
 from houchu.transport.messages import SeqWork
 
 ATOL = 1e-4
@@ -172,7 +172,7 @@ def test_sharded_checkpoint_and_llama3_rope(tmp_path):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_table_equals_computed(d, dtype):
     """The decode step's RoPE table lookup gives exactly the computed cos and sin."""
-    from houchu.gpu.rope import RopeTable, rope_cos_sin
+    from houchu.model.rope import RopeTable, rope_cos_sin
 
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
     table = RopeTable(inv, dtype, 4096)

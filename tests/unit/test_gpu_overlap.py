@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from houchu.gpu.runner import ModelRunner
-from houchu.gpu.testing import make_tiny_llama
+from houchu.model.model_runner import ModelRunner
+from houchu.model.testing import make_tiny_llama
 from houchu.options.batching import BatchingOptions
 from houchu.scheduler.batcher import PLACEHOLDER_TOKEN
 from houchu.scheduler.core import SchedulerCore
@@ -115,7 +115,6 @@ def test_core_over_a_real_runner_overlapped_equals_step_by_step(tiny_dir):
                 model_name="tiny",
             ),
             BatchingOptions(max_batch_tokens=12, chunked_prefill_size=5),
-            radix_cache=True,
             overlap=overlap,
         )
         for rid, prompt, sp, m in specs:

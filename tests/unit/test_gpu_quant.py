@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from houchu.gpu.kv_pool import KVPool, token_bytes
-from houchu.gpu.qlinear import Int4Linear, Int8Linear, make_linear
-from houchu.gpu.quant import QuantSpec, gguf_q4_to_int4, quantize_int4
-from houchu.gpu.runner import ModelRunner
-from houchu.gpu.testing import make_tiny_llama
-from houchu.gpu.w8a8 import W8A8Linear
+from houchu.model.kv_pool import KVPool, token_bytes
+from houchu.model.model_runner import ModelRunner
+from houchu.model.qlinear import Int4Linear, Int8Linear, make_linear
+from houchu.model.quant import QuantSpec, gguf_q4_to_int4, quantize_int4
+from houchu.model.testing import make_tiny_llama
+from houchu.model.w8a8 import W8A8Linear
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 
@@ -66,7 +66,7 @@ def test_w8a8_runs_outlier_features_in_float():
     """Two features 100x larger than the rest (as LLM activations have): with per-token
     int8 alone they set every row's scale and the ordinary features lose their precision;
     with the LLM.int8() decomposition the error is that of the int8 weights alone."""
-    from houchu.gpu.w8a8 import int_mm_exact
+    from houchu.model.w8a8 import int_mm_exact
 
     if not int_mm_exact():
         pytest.skip("torch._int_mm saturates on this CPU: W8A8 runs weight-only here")
@@ -125,7 +125,7 @@ def test_make_linear_and_byte_counts():
 
 @pytest.mark.parametrize("kv", ["int8", "fp8"])
 def test_quantized_pool_roundtrip_and_capacity(tiny_dir, kv):
-    from houchu.gpu.config import load_model_config
+    from houchu.model.config import load_model_config
 
     cfg = load_model_config(tiny_dir)
     plain = KVPool.for_model(cfg, page_size=4, dtype=torch.bfloat16, memory_bytes=1 << 16)
@@ -200,7 +200,7 @@ def test_w8a8_runs_weight_only_where_int_mm_saturates(monkeypatch):
     """Where ``torch._int_mm`` is not exact (a CPU without int8 dot products), W8A8's
     rows run its int8 weights weight-only: the int8 layer's numbers, never the saturated
     GEMM's."""
-    import houchu.gpu.w8a8 as w8a8
+    import houchu.model.w8a8 as w8a8
 
     g = torch.Generator().manual_seed(9)
     w = torch.randn(48, 128, generator=g) * 0.05

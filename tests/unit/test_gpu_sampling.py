@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from houchu.gpu.sampling import (
+from houchu.model.sampling import (
     RequestState,
     Sampler,
     apply_min_p,

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # before houchu.gpu.triton_* import triton.jit
+    os.environ["TRITON_INTERPRET"] = "1"  # before houchu.model.triton_* import triton.jit
 
 pytest.importorskip("triton")
 
-from houchu.gpu.attention import TorchSDPABackend, _TorchMeta  # noqa: E402
-from houchu.gpu.kv_pool import KVPool, dequantize_kv  # noqa: E402
-from houchu.gpu.ops import TorchOps  # noqa: E402
-from houchu.gpu.rope import rope_cos_sin  # noqa: E402
-from houchu.gpu.triton_attention import paged_decode  # noqa: E402
-from houchu.gpu.triton_ops import TritonOps, store_kv  # noqa: E402
+from houchu.model.attention import TorchSDPABackend, _TorchMeta  # noqa: E402
+from houchu.model.kv_pool import KVPool, dequantize_kv  # noqa: E402
+from houchu.model.ops import TorchOps  # noqa: E402
+from houchu.model.rope import rope_cos_sin  # noqa: E402
+from houchu.model.triton_kernels.ops import TritonOps, store_kv  # noqa: E402
+from houchu.model.triton_kernels.paged_attention import paged_decode  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV == "cuda" else [])
@@ -132,7 +132,7 @@ def test_paged_decode_matches_sdpa(kv_dtype, ps, h, hkv, lens):
 
 def test_dequantize_kv_inverse():
     x = torch.randn(3, 2, 8)
-    from houchu.gpu.kv_pool import quantize_kv
+    from houchu.model.kv_pool import quantize_kv
 
     q, s = quantize_kv(x, torch.int8)
     assert q.dtype == torch.int8 and s.dtype == torch.float16
@@ -142,8 +142,8 @@ def test_dequantize_kv_inverse():
 @pytest.mark.parametrize("kv", ["auto", "int8"])
 def test_runner_with_triton_backend_matches_torch(tmp_path, kv):
     """End to end: Triton store, paged decode and fused ops vs the torch backend."""
-    from houchu.gpu.runner import ModelRunner
-    from houchu.gpu.testing import make_tiny_llama
+    from houchu.model.model_runner import ModelRunner
+    from houchu.model.testing import make_tiny_llama
     from tests.runner_options import exact
     from tests.unit.test_gpu_quant import generate
 
@@ -156,11 +156,11 @@ def test_runner_with_triton_backend_matches_torch(tmp_path, kv):
 
 
 def test_static_decode_on_triton_backend(tmp_path):
-    from houchu.gpu.attention_triton import TritonBackend
-    from houchu.gpu.batch import build_batch
-    from houchu.gpu.cuda_graph import StaticDecode
-    from houchu.gpu.loader import load_model
-    from houchu.gpu.testing import make_tiny_llama
+    from houchu.model.attention_triton import TritonBackend
+    from houchu.model.batch import build_batch
+    from houchu.model.cuda_graph import StaticDecode
+    from houchu.model.loader import load_model
+    from houchu.model.testing import make_tiny_llama
     from houchu.transport.messages import SeqWork
 
     model = load_model(make_tiny_llama(tmp_path, seed=4), device=DEV)

@@ -9,14 +9,14 @@ import time
 import pytest
 import torch
 
-from houchu.cache_tiers.host_pool import HostPool
-from houchu.cache_tiers.host_tier import HostTier
-from houchu.cache_tiers.page_allocator import PageAllocator
-from houchu.cache_tiers.page_hash import chain_hashes, page_hash
-from houchu.cache_tiers.radix_tree import RadixTree
-from houchu.cache_tiers.ssd_tier import SsdTier
-from houchu.gpu.kv_pool import KVPool
-from houchu.gpu.kv_transfer import HostKVMirror
+from houchu.kvcache.host_pool import HostPool
+from houchu.kvcache.host_tier import HostTier
+from houchu.kvcache.page_allocator import PageAllocator
+from houchu.kvcache.page_hash import chain_hashes, page_hash
+from houchu.kvcache.radix_tree import RadixTree
+from houchu.kvcache.ssd_tier import SsdTier
+from houchu.model.kv_pool import KVPool
+from houchu.model.kv_transfer import HostKVMirror
 from houchu.scheduler.tiers import TierClient
 from houchu.transport.messages import PageCopy
 from houchu.transport.tier_messages import HostSlotGrant, TierLookupResult, TierRelease, TierStore
@@ -123,8 +123,9 @@ def test_tier_client_lookup_take_and_timeout():
 
 
 def test_page_copies_round_trip_through_shared_memory():
-    pool = KVPool(num_layers=2, num_pages=4, page_size=2, num_kv_heads=1, head_dim=4,
-                  dtype=torch.float32)  # fmt: skip
+    pool = KVPool(
+        num_layers=2, num_pages=4, page_size=2, num_kv_heads=1, head_dim=4, dtype=torch.float32
+    )
     pool.k.copy_(torch.randn_like(pool.k))
     pool.v.copy_(torch.randn_like(pool.v))
     page_bytes = 2 * 2 * 2 * 1 * 4 * 4

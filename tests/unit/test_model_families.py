@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 import torch
 
-from houchu.gpu.config import load_model_config, num_parameters
-from houchu.gpu.loader import load_model
-from houchu.gpu.runner import ModelRunner
-from houchu.gpu.testing import make_tiny_model, write_llama_gguf
+from houchu.model.config import load_model_config, num_parameters
+from houchu.model.loader import load_model
+from houchu.model.model_runner import ModelRunner
+from houchu.model.testing import make_tiny_model, write_llama_gguf
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 from tests.unit.test_gpu_model import ATOL, Runner, hf_logits, prompt

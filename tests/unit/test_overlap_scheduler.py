@@ -37,9 +37,16 @@ PS = 4
 
 
 def make_core(num_pages=64, radix=False, spec=None, **batch) -> SchedulerCore:
-    info = RunnerInfo(num_pages=num_pages, page_size=PS, max_context=256, kv_bytes_per_token=8,
-                      num_params=1, model_name="tiny")  # fmt: skip
-    return SchedulerCore(info, BatchingOptions(**batch), radix, spec=spec, overlap=True)
+    info = RunnerInfo(
+        num_pages=num_pages,
+        page_size=PS,
+        max_context=256,
+        kv_bytes_per_token=8,
+        num_params=1,
+        model_name="tiny",
+    )
+    options = BatchingOptions(**batch, disable_radix_cache=not radix)
+    return SchedulerCore(info, options, spec=spec, overlap=True)
 
 
 def add(core: SchedulerCore, rid: str, prompt: list[int], max_tokens: int) -> None:
@@ -197,8 +204,9 @@ def test_a_failed_step_fails_its_requests_once_with_the_next_one_in_flight():
     add(core, "a", [10, 11, 12], max_tokens=10)
     r0 = runner.execute(core.next_plan())
     r1 = runner.execute(core.next_plan())
-    failed = StepResult(step_id=r0.step_id, outputs=[], duration_s=0.0, num_tokens=0,
-                        error=internal("boom"))  # fmt: skip
+    failed = StepResult(
+        step_id=r0.step_id, outputs=[], duration_s=0.0, num_tokens=0, error=internal("boom")
+    )
     (ev,) = core.apply(failed)
     assert ev.finish_reason == "error" and core.allocator.num_free == 8
     assert core.apply(r1) == [] and core.overlap.discarded_tokens == 0
@@ -265,10 +273,13 @@ def test_random_runs_with_aborts_keep_pages_exact():
     rng = random.Random(5)
     for trial in range(25):
         specs = [
-            (f"t{trial}r{i}", [rng.randrange(10, 15) for _ in range(rng.randrange(1, 20))],
-             rng.randrange(1, 12))
+            (
+                f"t{trial}r{i}",
+                [rng.randrange(10, 15) for _ in range(rng.randrange(1, 20))],
+                rng.randrange(1, 12),
+            )
             for i in range(rng.randrange(2, 7))
-        ]  # fmt: skip
+        ]
         eos_at = {rid: rng.randrange(0, 12) for rid, _, _ in specs if rng.random() < 0.4}
         aborts = {rng.randrange(0, 12): rid for rid, _, _ in specs if rng.random() < 0.3}
 
@@ -324,7 +335,11 @@ def test_ledger_counts_only_work_inside_the_runners_step():
     led.on_discarded(2)
     (sample,) = unpaced_samples(led)
     assert (sample.lever, sample.verb, sample.saved_unit, sample.spent_unit) == (
-        "overlap_scheduler", "fill", "seconds", "tokens")  # fmt: skip
+        "overlap_scheduler",
+        "fill",
+        "seconds",
+        "tokens",
+    )
     assert sample.saved == pytest.approx(0.3) and sample.spent == 2
     assert unpaced_samples(led) == []  # nothing new accrued
 
@@ -340,9 +355,15 @@ def test_resolve_overlap_auto_on_gpu_or_spare_cores() -> None:
 
     def info(device: str, threads: int) -> RunnerInfo:
         return RunnerInfo(
-            num_pages=8, page_size=16, max_context=128, kv_bytes_per_token=64,
-            num_params=1, model_name="m", device_type=device, num_threads=threads,
-        )  # fmt: skip
+            num_pages=8,
+            page_size=16,
+            max_context=128,
+            kv_bytes_per_token=64,
+            num_params=1,
+            model_name="m",
+            device_type=device,
+            num_threads=threads,
+        )
 
     assert resolve_overlap("auto", info("cuda", 16), 16)
     assert not resolve_overlap("auto", info("cpu", 2), 2)  # every core runs the step

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from houchu.cache_tiers.page_allocator import PageAllocator
-from houchu.cache_tiers.radix_tree import RadixTree
+from houchu.kvcache.page_allocator import PageAllocator
+from houchu.kvcache.radix_tree import RadixTree
 from tests.unit.test_scheduler import check_page_tables, make_core, req, run_step
 
 PS = 4
@@ -66,10 +66,14 @@ def test_multi_turn_extension_hits():
 def test_eviction_makes_room_lru_first():
     core = make_core(num_pages=6, page_size=PS, radix=True)
     for i, rid in enumerate(["a", "b"]):
-        core.add(req(rid, 9, max_tokens=1).__class__(
-            rid=rid, prompt_ids=[100 * (i + 1) + t for t in range(9)],
-            sampling=req("x", 1, max_tokens=1).sampling, stop_ids=[2],
-        ))  # fmt: skip
+        core.add(
+            req(rid, 9, max_tokens=1).__class__(
+                rid=rid,
+                prompt_ids=[100 * (i + 1) + t for t in range(9)],
+                sampling=req("x", 1, max_tokens=1).sampling,
+                stop_ids=[2],
+            )
+        )
         finish(core, rid)
     assert core.tree.num_pages == 4 and core.allocator.num_free == 2
     core.add(req("c", 16, max_tokens=4))  # needs 5 pages: evicts 3 cached pages
@@ -125,10 +129,14 @@ def test_invariants_under_random_operations(ops, radix):
             n += 1
             ids = [1000 * prefix + t for t in range(length)]
             try:
-                core.add(req(rid, 1, max_tokens).__class__(
-                    rid=rid, prompt_ids=ids, sampling=req("x", 1, max_tokens).sampling,
-                    stop_ids=[2],
-                ))  # fmt: skip
+                core.add(
+                    req(rid, 1, max_tokens).__class__(
+                        rid=rid,
+                        prompt_ids=ids,
+                        sampling=req("x", 1, max_tokens).sampling,
+                        stop_ids=[2],
+                    )
+                )
                 finals[rid] = 0
             except Exception:
                 pass
@@ -138,8 +146,9 @@ def test_invariants_under_random_operations(ops, radix):
                 from houchu.transport.messages import SeqOutput, StepResult
 
                 outs = [SeqOutput(rid=w.rid, token_id=5 + prefix) for w in plan.work if w.sample]
-                for ev in core.apply(StepResult(step_id=plan.step_id, outputs=outs,
-                                                duration_s=0, num_tokens=0)):  # fmt: skip
+                for ev in core.apply(
+                    StepResult(step_id=plan.step_id, outputs=outs, duration_s=0, num_tokens=0)
+                ):
                     if ev.finish_reason:
                         finals[ev.rid] += 1
         elif op == "abort" and finals:
@@ -159,8 +168,9 @@ def test_invariants_under_random_operations(ops, radix):
         from houchu.transport.messages import SeqOutput, StepResult
 
         outs = [SeqOutput(rid=w.rid, token_id=3) for w in plan.work if w.sample]
-        for ev in core.apply(StepResult(step_id=plan.step_id, outputs=outs, duration_s=0,
-                                        num_tokens=0)):  # fmt: skip
+        for ev in core.apply(
+            StepResult(step_id=plan.step_id, outputs=outs, duration_s=0, num_tokens=0)
+        ):
             if ev.finish_reason:
                 finals[ev.rid] += 1
         check_page_tables(core)

@@ -9,8 +9,8 @@ import pytest
 from houchu.bench import runner_bench
 from houchu.bench.runner_bench import Bench, Row, print_table
 from houchu.bench.runner_limits import Limits
-from houchu.gpu.runner import ModelRunner
-from houchu.gpu.testing import make_tiny_llama
+from houchu.model.model_runner import ModelRunner
+from houchu.model.testing import make_tiny_llama
 from tests.runner_options import exact
 
 LIMITS = Limits(copy_gbs=40.0, fp32_flops=200e9, bf16_flops=400e9, int8_ops=800e9)
@@ -60,7 +60,7 @@ def test_peak_only_against_units_the_cpu_has(capsys):
 
 
 def test_native_units_follow_the_level():
-    from houchu.gpu import cpu_isa
+    from houchu.model import cpu_isa
 
     avx512 = frozenset(
         "avx avx2 fma f16c bmi1 bmi2 abm movbe avx512f avx512bw avx512vl avx512dq "

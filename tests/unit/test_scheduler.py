@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from houchu.cache_tiers.page_allocator import OutOfPages, PageAllocator
+from houchu.kvcache.page_allocator import OutOfPages, PageAllocator
 from houchu.options.batching import BatchingOptions
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.transport.failures import internal
@@ -33,7 +33,7 @@ def make_core(num_pages=16, page_size=4, max_context=256, radix=False, **batch) 
         num_params=1,
         model_name="tiny",
     )
-    return SchedulerCore(info, BatchingOptions(**batch), radix_cache=radix)
+    return SchedulerCore(info, BatchingOptions(**batch, disable_radix_cache=not radix))
 
 
 def req(rid: str, n_prompt: int, max_tokens: int = 4) -> TokenizedRequest:

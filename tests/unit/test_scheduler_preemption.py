@@ -48,9 +48,8 @@ def preempt_one(log: EventLog) -> SchedulerCore:
         num_params=1,
         model_name="tiny",
     )
-    core = SchedulerCore(
-        info, BatchingOptions(max_running_requests=8), radix_cache=False, telemetry=log
-    )
+    options = BatchingOptions(max_running_requests=8, disable_radix_cache=True)
+    core = SchedulerCore(info, options, telemetry=log)
     core.add(req("old", 7, max_tokens=9))
     core.add(req("new", 7, max_tokens=9))
     for _ in range(40):

@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from houchu.actors.config import Launch, ServeConfig, Timings
-from houchu.cli import build_parser
+from houchu.cli.main import build_parser
 from houchu.options.checks import check_serve_args
 from houchu.options.parser import config_from_args
 

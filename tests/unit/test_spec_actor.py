@@ -8,7 +8,7 @@ import zmq.asyncio
 
 from houchu.actors.config import Launch, ServeConfig
 from houchu.actors.draft import DraftActor, make_proposer
-from houchu.gpu.testing import make_tiny_llama
+from houchu.model.testing import make_tiny_llama
 from houchu.options.runner import RunnerOptions
 from houchu.options.speculation import SpeculativeOptions
 from houchu.spec.draft_model import DraftModelProposer

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from houchu.gpu.runner import ModelRunner
-from houchu.gpu.testing import make_tiny_llama
+from houchu.model.model_runner import ModelRunner
+from houchu.model.testing import make_tiny_llama
 from houchu.options.batching import BatchingOptions
 from houchu.options.speculation import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
@@ -52,7 +52,7 @@ def serve(target, proposer, num_pages: int = 64, max_tokens: int = 24):
         else None
     )
     batch = BatchingOptions(max_batch_tokens=48, chunked_prefill_size=16, max_running_requests=8)
-    core = SchedulerCore(runner.info(), batch, radix_cache=True, spec=spec)
+    core = SchedulerCore(runner.info(), batch, spec=spec)
     if spec is not None:  # always the most proposals: the costs of a tiny model are noise
         core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, 4)
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)

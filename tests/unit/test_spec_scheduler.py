@@ -3,7 +3,7 @@ accepted tokens, page rollback, stops inside a run, aborts, the draft sync proto
 
 The fake runner is an exact greedy target whose output is fixed in advance: it accepts
 the longest prefix of the proposals that matches the truth, then emits the next true
-token — what ``houchu.gpu.verify`` does with a real model.
+token — what ``houchu.model.verify`` does with a real model.
 """
 
 from __future__ import annotations
@@ -42,10 +42,18 @@ class Recorder:
 
 
 def make_core(num_pages=32, radix=False, k=4, telemetry=None, **batch) -> SchedulerCore:
-    info = RunnerInfo(num_pages=num_pages, page_size=PS, max_context=256, kv_bytes_per_token=8,
-                      num_params=1, model_name="tiny")  # fmt: skip
+    info = RunnerInfo(
+        num_pages=num_pages,
+        page_size=PS,
+        max_context=256,
+        kv_bytes_per_token=8,
+        num_params=1,
+        model_name="tiny",
+    )
     spec = SpeculativeOptions(speculative="ngram", num_speculative_tokens=k)
-    return SchedulerCore(info, BatchingOptions(**batch), radix, telemetry, spec=spec)
+    return SchedulerCore(
+        info, BatchingOptions(**batch, disable_radix_cache=not radix), telemetry, spec=spec
+    )
 
 
 def add(core, rid: str, n_prompt: int = 6, max_tokens: int = 20, **sp) -> None:
@@ -89,8 +97,9 @@ def step(core, proposals=None, truth_of=None):
         while run < len(drafts) and drafts[run] == t(done + run):
             run += 1
         outs += [SeqOutput(rid=w.rid, token_id=t(done + i)) for i in range(run + 1)]
-    events = core.apply(StepResult(step_id=plan.step_id, outputs=outs, duration_s=0.0,
-                                   num_tokens=0))  # fmt: skip
+    events = core.apply(
+        StepResult(step_id=plan.step_id, outputs=outs, duration_s=0.0, num_tokens=0)
+    )
     return dr, plan, events
 
 
@@ -223,8 +232,9 @@ def test_abort_while_verifying_frees_pages_and_drops_the_late_result():
     check_page_tables(core)
     assert core.spec.release_request().release == ["a"]
     outs = [SeqOutput(rid=w.rid, token_id=101) for w in plan.work]
-    events = core.apply(StepResult(step_id=plan.step_id, outputs=outs, duration_s=0.0,
-                                   num_tokens=0))  # fmt: skip
+    events = core.apply(
+        StepResult(step_id=plan.step_id, outputs=outs, duration_s=0.0, num_tokens=0)
+    )
     assert [e.rid for e in events] == ["b"]
     check_page_tables(core)
 

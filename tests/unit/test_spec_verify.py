@@ -10,10 +10,10 @@ from collections import Counter
 import pytest
 import torch
 
-from houchu.gpu.runner import ModelRunner
-from houchu.gpu.sampling import RequestState, Sampler
-from houchu.gpu.testing import make_tiny_llama
-from houchu.gpu.verify import sample_and_verify
+from houchu.model.model_runner import ModelRunner
+from houchu.model.sampling import RequestState, Sampler
+from houchu.model.testing import make_tiny_llama
+from houchu.model.verify import sample_and_verify
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 
@@ -112,10 +112,16 @@ def test_sampled_tokens_follow_the_target_distribution(small_vocab):
     head = SeqWork(rid="head", token_ids=prompt[:4], start_pos=0, page_table=[0], sample=False)
     runner.execute(StepPlan(step_id=0, init=init, work=[head]))
     verify = [
-        SeqWork(rid=r, token_ids=[prompt[-1], d1, d2], start_pos=len(prompt) - 1,
-                page_table=[0, 1 + i], sample=True, num_draft=2)
+        SeqWork(
+            rid=r,
+            token_ids=[prompt[-1], d1, d2],
+            start_pos=len(prompt) - 1,
+            page_table=[0, 1 + i],
+            sample=True,
+            num_draft=2,
+        )
         for i, r in enumerate(rids)
-    ]  # fmt: skip
+    ]
     res = runner.execute(StepPlan(step_id=1, work=verify))
     emitted: dict[str, list[int]] = {}
     for o in res.outputs:
@@ -147,15 +153,27 @@ def generate(runner: ModelRunner, sp: SamplingParams, prompt: list[int], n: int,
     """``n`` tokens (and logprobs) of one request; ``drafts(history)`` gives the proposals
     to verify at each step (None: plain decoding)."""
     pages = list(range(16))
-    runner.execute(StepPlan(step_id=0, init=[SeqInit(rid="a", sampling=sp, prompt_ids=prompt)],
-                            work=[SeqWork(rid="a", token_ids=prompt[:-1], start_pos=0,
-                                          page_table=pages, sample=False)]))  # fmt: skip
+    runner.execute(
+        StepPlan(
+            step_id=0,
+            init=[SeqInit(rid="a", sampling=sp, prompt_ids=prompt)],
+            work=[
+                SeqWork(rid="a", token_ids=prompt[:-1], start_pos=0, page_table=pages, sample=False)
+            ],
+        )
+    )
     toks, lps, step = [], [], 1
     while len(toks) < n:
         last = (prompt + toks)[-1]
         d = drafts(toks) if drafts else []
-        w = SeqWork(rid="a", token_ids=[last, *d], start_pos=len(prompt) + len(toks) - 1,
-                    page_table=pages, sample=True, num_draft=len(d))  # fmt: skip
+        w = SeqWork(
+            rid="a",
+            token_ids=[last, *d],
+            start_pos=len(prompt) + len(toks) - 1,
+            page_table=pages,
+            sample=True,
+            num_draft=len(d),
+        )
         res = runner.execute(StepPlan(step_id=step, work=[w]))
         toks += [o.token_id for o in res.outputs]
         lps += [(o.logprob, o.top_logprobs) for o in res.outputs]
@@ -176,7 +194,7 @@ def generate(runner: ModelRunner, sp: SamplingParams, prompt: list[int], n: int,
             presence_penalty=0.3,
             logprobs=True,
             top_logprobs=2,
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_seeds_penalties_and_logprobs_match_plain_decoding(tiny, sp):

@@ -139,8 +139,14 @@ def test_round_trip_every_record_kind(engine):
         rows = {r.lever: r for r in s.scalars(select(LeverRow))}
         r = rows["radix_prefix_cache"]
         assert (r.verb, r.saved, r.saved_unit, r.spent, r.spent_unit, r.rid, r.actor) == (
-            "skip", 32.0, "tokens", 2.0, "pages", "r1", "x",
-        )  # fmt: skip
+            "skip",
+            32.0,
+            "tokens",
+            2.0,
+            "pages",
+            "r1",
+            "x",
+        )
         assert rows["continuous_batching"].rid is None
         req = s.get(RequestRow, "r1")
         assert req.preview == "hi there" and req.params == {"max_tokens": 8}
@@ -201,8 +207,18 @@ def test_status_ranks_finished_over_aborted_and_failed_over_all(engine):
     t = time.time()
     ev = LifecycleEvent
     write(engine, [TelemetryBatch(actor="s", events=[ev("a", "aborted", t, "scheduler", {})])])
-    write(engine, [TelemetryBatch(actor="t", events=[ev("a", "finished", t, "tokenizer", {"finish_reason": "stop"})])])  # fmt: skip
-    write(engine, [TelemetryBatch(actor="t", events=[ev("b", "failed", t, "tokenizer", {"error": "boom"})])])  # fmt: skip
+    write(
+        engine,
+        [
+            TelemetryBatch(
+                actor="t", events=[ev("a", "finished", t, "tokenizer", {"finish_reason": "stop"})]
+            )
+        ],
+    )
+    write(
+        engine,
+        [TelemetryBatch(actor="t", events=[ev("b", "failed", t, "tokenizer", {"error": "boom"})])],
+    )
     write(engine, [TelemetryBatch(actor="s", events=[ev("b", "aborted", t, "scheduler", {})])])
     a = requests_view.request_detail(engine, "a", t)
     b = requests_view.request_detail(engine, "b", t)
@@ -214,7 +230,14 @@ def test_preemption_stage(engine):
     t = 100.0
     ev = LifecycleEvent
     kinds = ["arrived", "tokenized", "scheduled", "first_token", "preempted", "resumed", "finished"]
-    write(engine, [TelemetryBatch(actor="s", events=[ev("p", k, t + i, "s", {}) for i, k in enumerate(kinds)])])  # fmt: skip
+    write(
+        engine,
+        [
+            TelemetryBatch(
+                actor="s", events=[ev("p", k, t + i, "s", {}) for i, k in enumerate(kinds)]
+            )
+        ],
+    )
     d = requests_view.request_detail(engine, "p", 200.0)
     stages = [s["stage"] for s in d["segments"]]
     assert stages == ["tokenize", "queue", "prefill", "decode", "preempted", "prefill"]

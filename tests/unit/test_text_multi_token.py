@@ -27,9 +27,13 @@ def feed(tok: TextTokenizer, chunks: list[list[int]], sp: SamplingParams, eos: b
     for i, chunk in enumerate(chunks):
         last = i == len(chunks) - 1
         ids = [*chunk, tok.eos_token_ids[0]] if last and eos else list(chunk)
-        ev = TokenEvent(rid="r", token_ids=ids, logprobs=[-0.5] * len(ids),
-                        top_logprobs=[[]] * len(ids),
-                        finish_reason=("stop" if eos else "length") if last else None)  # fmt: skip
+        ev = TokenEvent(
+            rid="r",
+            token_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            top_logprobs=[[]] * len(ids),
+            finish_reason=("stop" if eos else "length") if last else None,
+        )
         d = state.on_event(ev)
         if d is not None:
             seen["text"] += d.text

@@ -1,4 +1,4 @@
-"""The CPU runner's thread governor (``houchu.gpu.threads``): per step kind it keeps the
+"""The CPU runner's thread governor (``houchu.model.threads``): per step kind it keeps the
 thread count whose measured cycle time per token is lowest, follows a change of the
 machine's load, never measures idle gaps, and judges each kind on its own."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from houchu.gpu.threads import ThreadGovernor, step_key
+from houchu.model.threads import ThreadGovernor, step_key
 
 
 class FakeMachine:

@@ -1,0 +1,223 @@
+"""The gateway's handle on the engine: send a request, stream its text deltas back.
+
+One ``EngineClient`` per gateway process. It owns the gateway's inbox and the outboxes to
+the tokenizer and the scheduler, and routes each incoming ``TextDelta`` / ``RequestFailed``
+to the queue of the request it belongs to; a ``RequestFailed`` is raised as an
+``EngineError`` carrying its ``Failure``. The runner's ``RunnerInfo`` updates
+``runner_limits``. An optional ``RequestObserver`` sees each request arrive, stream and
+end (telemetry and Prometheus metrics).
+
+When the launcher reports that the tokenizer died (``ActorDown``), every request in
+flight fails at once with HTTP 503 (the replacement knows none of them); requests sent
+from then on wait for the replacement. When the scheduler died, the tokenizer fails the
+requests it held, and pending stats queries fail here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+
+import zmq.asyncio
+
+from houchu.api.observe import RequestObserver
+from houchu.transport.channel import Inbox
+from houchu.transport.endpoints import Endpoints
+from houchu.transport.failures import TIMEOUT, Failed, bad_request, unavailable
+from houchu.transport.limits import LimitsWatch
+from houchu.transport.messages import (
+    AbortRequest,
+    ActorDown,
+    ActorUp,
+    GatewayInbox,
+    GenerateRequest,
+    RequestFailed,
+    RunnerInfo,
+    Shutdown,
+    StatsQuery,
+    StatsReply,
+    TextDelta,
+)
+from houchu.transport.peers import Peers, serve
+
+
+class EngineError(Failed):
+    """A request the engine rejected or failed, with its ``Failure`` (``status``: the
+    HTTP status to report)."""
+
+
+class EngineClient:
+    """Async client of the engine actors, used by the HTTP and WebSocket handlers.
+
+    Args:
+        ctx: the process's asyncio ZeroMQ context.
+        endpoints: actor inbox addresses.
+        request_timeout_s: seconds without a delta after which the engine is asked whether
+            it is alive; the request fails with HTTP 503 only if it does not answer.
+        observer: told of each request's arrival, deltas and end (None: nobody).
+        peers: the gateway's links to the other actors (None: made here).
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoints: Endpoints,
+        request_timeout_s: float = 120.0,
+        observer: RequestObserver | None = None,
+        peers: Peers | None = None,
+    ) -> None:
+        self._inbox: Inbox[GatewayInbox] = Inbox(ctx, endpoints["gateway"], GatewayInbox)
+        self._peers = peers or Peers(ctx, endpoints)
+        self._to_tokenizer = self._peers.outbox("tokenizer")
+        self._to_scheduler = self._peers.outbox("scheduler")
+        self._queues: dict[str, asyncio.Queue[TextDelta | RequestFailed]] = {}
+        self._stats_waiters: dict[int, asyncio.Future[StatsReply]] = {}
+        self._query_ids = itertools.count()
+        self._timeout_s = request_timeout_s
+        self._observer = observer or RequestObserver()
+        self._task: asyncio.Task[None] | None = None
+        self.stopped = asyncio.Event()
+        #: the runner's limits, from its latest ``RunnerInfo``
+        self.runner_limits = LimitsWatch()
+
+    def start(self) -> None:
+        """Start routing inbox messages (call from the running event loop)."""
+        self._task = asyncio.create_task(self._route())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._inbox.close()
+        self._peers.close()
+
+    async def _route(self) -> None:
+        await serve(self._inbox, self._dispatch, "gateway")
+        self.stopped.set()
+
+    async def _dispatch(self, msg: GatewayInbox) -> bool:
+        """Route one message; False on ``Shutdown``."""
+        match msg:
+            case TextDelta(rid=rid) | RequestFailed(rid=rid):
+                q = self._queues.get(rid)
+                if q is not None:
+                    q.put_nowait(msg)
+            case RunnerInfo():
+                self.runner_limits.update(msg)
+            case StatsReply(query_id=qid):
+                fut = self._stats_waiters.pop(qid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            case ActorDown(name=name):
+                if not await self._peers.replaced(name, self._inbox, self._dispatch, "gateway"):
+                    return False
+                self._on_down(name)
+            case ActorUp():
+                pass
+            case Shutdown():
+                return False
+        return True
+
+    def _on_down(self, name: str) -> None:
+        """Fail what the dead actor ``name`` held: every request if it was the tokenizer,
+        pending stats queries if it was the scheduler."""
+        if name == "tokenizer":
+            lost = unavailable("the tokenizer stopped and is restarting; retry")
+            for rid, q in self._queues.items():
+                q.put_nowait(RequestFailed(rid=rid, failure=lost))
+        elif name == "scheduler":
+            waiters, self._stats_waiters = self._stats_waiters, {}
+            for fut in waiters.values():
+                if not fut.done():
+                    fut.set_exception(EngineError(unavailable("the scheduler is restarting")))
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests sent and not yet finished."""
+        return len(self._queues)
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TextDelta]:
+        """Submit ``req`` and yield its deltas; the last one has ``finish_reason`` set.
+
+        Raises:
+            EngineError: the engine rejected the request (bad input: status 400) or failed
+                it (500), or no delta arrived within ``request_timeout_s`` (503).
+        Closing the iterator early (client disconnect) aborts the request in the engine.
+        """
+        if req.rid in self._queues:
+            raise EngineError(bad_request(f"request id {req.rid!r} is already in flight"))
+        q: asyncio.Queue[TextDelta | RequestFailed] = asyncio.Queue()
+        self._queues[req.rid] = q
+        finished = False
+        outcome = "aborted"
+        self._observer.arrived(req)
+        try:
+            await self._to_tokenizer.send(req)
+            while True:
+                try:
+                    msg = await asyncio.wait_for(q.get(), self._timeout_s)
+                except asyncio.TimeoutError:
+                    # Quiet for a while: a long queue, or a request the engine lost (sent
+                    # as an actor died) or an engine that is gone? Only the latter two
+                    # fail it: a scheduler that answers and holds the request is busy.
+                    try:
+                        st = await self.stats(timeout_s=30.0, rid=req.rid)
+                    except EngineError:
+                        raise EngineError(
+                            unavailable(
+                                f"no progress on request in {self._timeout_s:.0f} s and the "
+                                "engine does not answer",
+                                code=TIMEOUT,
+                            )
+                        ) from None
+                    if st.get("request_known", 1) or not q.empty():
+                        continue
+                    raise EngineError(
+                        unavailable(
+                            f"no progress on request in {self._timeout_s:.0f} s and the "
+                            "scheduler does not hold it (lost while an actor restarted); retry"
+                        )
+                    ) from None
+                if isinstance(msg, RequestFailed):
+                    finished = True
+                    outcome = "failed"
+                    raise EngineError(msg.failure)
+                self._observer.delta(req.rid, msg)
+                if msg.finish_reason is not None:
+                    finished = True  # before the yield: a consumer may stop right here
+                    outcome = "finished"
+                    yield msg
+                    return
+                yield msg
+        except EngineError:
+            outcome = "failed"
+            raise
+        finally:
+            self._observer.ended(req.rid, outcome)
+            self._queues.pop(req.rid, None)
+            if not finished:
+                await self.abort(req.rid)
+
+    async def abort(self, rid: str) -> None:
+        """Abort a request: its pages return to the pool, no more deltas are sent."""
+        await self._to_tokenizer.send(AbortRequest(rid))
+
+    async def stats(
+        self, timeout_s: float = 5.0, rid: str | None = None
+    ) -> dict[str, float | int | str]:
+        """The scheduler's counters (free pages, running requests, ...); with ``rid``,
+        also ``request_known`` (1 when the scheduler holds that request, else 0).
+
+        Raises:
+            EngineError: (503) the scheduler did not answer within ``timeout_s`` seconds.
+        """
+        qid = next(self._query_ids)
+        fut: asyncio.Future[StatsReply] = asyncio.get_running_loop().create_future()
+        self._stats_waiters[qid] = fut
+        await self._to_scheduler.send(StatsQuery(qid, rid))
+        try:
+            reply = await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            self._stats_waiters.pop(qid, None)
+            raise EngineError(unavailable("scheduler did not answer", code=TIMEOUT)) from None
+        return reply.stats

@@ -1,0 +1,131 @@
+"""What the gateway sees of each request: the "arrived" event, and client-side metrics.
+
+``EngineClient.generate`` calls ``arrived`` when a request is submitted, ``delta`` for
+each delta, and ``ended`` once when it is over. Everything here is in-memory and cheap
+(no I/O, no await): telemetry is buffered by ``Telemetry``, metrics are counters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from houchu.transport.messages import GenerateRequest, TextDelta
+
+if TYPE_CHECKING:  # no import cycle: metrics -> errors -> engine_client -> observe
+    from houchu.api.metrics import GatewayMetrics
+    from houchu.transport.telemetry import Telemetry
+
+#: Characters of the prompt kept as the request's label on the dashboard.
+PREVIEW_CHARS = 80
+
+
+def request_params(req: GenerateRequest) -> dict[str, float | int | str]:
+    """The request's sampling parameters and shape, as flat event data."""
+    s = req.sampling
+    out: dict[str, float | int | str] = {
+        "api": "chat" if req.messages is not None else "completion",
+        "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "ignore_eos": int(s.ignore_eos),
+    }
+    for name in ("repetition_penalty", "frequency_penalty", "presence_penalty"):
+        v = getattr(s, name)
+        if v != (1.0 if name == "repetition_penalty" else 0.0):
+            out[name] = v
+    if s.seed is not None:
+        out["seed"] = s.seed
+    if s.stop:
+        out["stop"] = " | ".join(s.stop)[:200]
+    if s.logprobs:
+        out["top_logprobs"] = s.top_logprobs
+    if req.messages is not None:
+        out["messages"] = len(req.messages)
+    return out
+
+
+def preview(req: GenerateRequest) -> str:
+    """A short, one-line label of the request's prompt."""
+    if req.messages:
+        text = req.messages[-1].content
+    elif req.prompt is not None:
+        text = req.prompt
+    elif req.prompt_ids is not None:
+        text = f"<{len(req.prompt_ids)} token ids>"
+    else:
+        text = ""
+    text = " ".join(text.split())
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+@dataclass
+class _Flight:
+    arrived: float  # time.monotonic()
+    first: float | None = None
+    last: TextDelta | None = None
+
+
+class RequestObserver:
+    """Reports requests to the recorder (``telemetry``) and to Prometheus (``metrics``).
+
+    Args:
+        telemetry: the gateway's emitter, or None.
+        metrics: the gateway's metrics, or None.
+        record_previews: send the first characters of each prompt (``preview``) for the
+            dashboard's labels; off when an API key guards the APIs, since the dashboard
+            stays open without the key.
+    """
+
+    def __init__(
+        self,
+        telemetry: Telemetry | None = None,
+        metrics: GatewayMetrics | None = None,
+        record_previews: bool = True,
+    ) -> None:
+        self.telemetry = telemetry
+        self.metrics = metrics
+        self.record_previews = record_previews
+        self._flights: dict[str, _Flight] = {}
+
+    def arrived(self, req: GenerateRequest) -> None:
+        """``req`` was submitted to the engine."""
+        self._flights[req.rid] = _Flight(time.monotonic())
+        if self.telemetry is not None:
+            t = req.arrival_time or time.time()
+            label = preview(req) if self.record_previews else ""
+            self.telemetry.event(req.rid, "arrived", t, preview=label, **request_params(req))
+        if self.metrics is not None:
+            self.metrics.in_flight.inc()
+
+    def delta(self, rid: str, delta: TextDelta) -> None:
+        """A delta of ``rid`` reached the gateway."""
+        f = self._flights.get(rid)
+        if f is None:
+            return
+        if f.first is None and (delta.text or delta.token_ids):
+            f.first = time.monotonic()
+        f.last = delta
+
+    def ended(self, rid: str, outcome: str) -> None:
+        """``rid`` is over: ``outcome`` is "finished", "aborted" or "failed"."""
+        f = self._flights.pop(rid, None)
+        if f is None or self.metrics is None:
+            return
+        m = self.metrics
+        m.in_flight.dec()
+        if outcome != "finished" or f.last is None:
+            m.observe_ended(outcome if outcome != "finished" else "aborted")
+            return
+        now = time.monotonic()
+        d = f.last
+        m.observe_finished(
+            ttft_s=None if f.first is None else f.first - f.arrived,
+            e2e_s=now - f.arrived,
+            prompt_tokens=d.prompt_tokens,
+            completion_tokens=d.completion_tokens,
+            cached_tokens=d.cached_tokens,
+        )

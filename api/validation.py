@@ -1,0 +1,296 @@
+"""Parse and validate client request bodies into ``GenerateRequest``s.
+
+A body is decoded into its request type of ``api_schema``, the one definition of every
+field and its bounds (the OpenAPI document is generated from the same types). That is
+strict about types: a wrong-typed value (``"temperature": "hot"``, ``"max_tokens": 1.5``,
+``true`` where an integer is expected) or an out-of-range one is an ``ApiError`` (HTTP
+400) whose message and ``param`` name the parameter (``schema_errors``). A ``null``
+value means "not given". Keys the gateway does not know (``metadata``, ...) are
+ignored; known OpenAI features it does not implement (``n > 1``,
+``echo``, ``best_of``, ``logit_bias``, ``tools``, JSON ``response_format``) are refused.
+
+What the types cannot say is checked here: the served model's name, ``max_tokens``
+within the runner's context window (``houchu.transport.limits``), the seed's top,
+a batch of one prompt, and the rules across fields.
+
+Defaults: ``max_tokens`` is 16 for completions (as in the OpenAI API) and 512 for chat
+completions and WebSocket chat requests, capped at the context window.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from houchu.api.errors import ApiError
+from houchu.api.schema import (
+    DEFAULT_CHAT_MAX_TOKENS,
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    SEED_RANGE,
+    ChatCompletionRequest,
+    ChatMessageIn,
+    CompletionRequest,
+    HttpFields,
+    SamplingFields,
+    WsGenerateRequest,
+)
+from houchu.api.schema_errors import json_type, validation_error
+from houchu.transport.limits import RunnerLimits
+from houchu.transport.messages import ROLE_ALIASES, ChatMessage, GenerateRequest, SamplingParams
+
+__all__ = [
+    "DEFAULT_CHAT_MAX_TOKENS",
+    "DEFAULT_COMPLETION_MAX_TOKENS",
+    "ParsedRequest",
+    "decode_body",
+    "parse_chat",
+    "parse_completion",
+    "parse_ws_generate",
+]
+
+Body = dict[str, Any]
+R = TypeVar("R", bound=SamplingFields)
+
+#: Request fields that become ``SamplingParams`` fields of the same name, as given.
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "stop_token_ids",
+    "ignore_eos",
+)
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A validated request, ready to be given a request id.
+
+    Exactly one of ``prompt``, ``prompt_ids``, ``messages`` is set. The number of
+    alternatives per token the client asked for is ``sampling.top_logprobs``.
+    """
+
+    sampling: SamplingParams
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    stream: bool = False
+    include_usage: bool = False
+
+    def to_generate(self, rid: str) -> GenerateRequest:
+        """The wire request, stamped with ``rid`` and the arrival time."""
+        return GenerateRequest(
+            rid=rid,
+            prompt=self.prompt,
+            prompt_ids=self.prompt_ids,
+            messages=self.messages,
+            sampling=self.sampling,
+            arrival_time=time.time(),
+        )
+
+
+def decode_body(raw: bytes) -> Body:
+    """Decode a request body that must be a JSON object.
+
+    Raises:
+        ApiError: (400) it is empty, not JSON, nested too deeply, or not an object.
+    """
+    if not raw.strip():
+        raise ApiError("request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ApiError(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError("request body is nested too deeply", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(
+            f"request body must be a JSON object, got {json_type(body)}", code="invalid_type"
+        )
+    return body
+
+
+def parse_completion(body: Body, *, model_name: str, max_context: int) -> ParsedRequest:
+    """Validate a ``POST /v1/completions`` body (``max_context``: the context window,
+    tokens). Raises ``ApiError`` (400)."""
+    req = _decode(body, CompletionRequest, model_name)
+    prompt, prompt_ids = _prompt(req.prompt)
+    top_n = req.logprobs
+    max_tokens = _max_tokens(
+        req.max_tokens, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS, max_context
+    )
+    stream, include_usage = _stream(req)
+    return ParsedRequest(
+        sampling=_sampling(req, max_tokens, logprobs=top_n is not None, top_n=top_n or 0),
+        prompt=prompt,
+        prompt_ids=prompt_ids,
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def parse_chat(body: Body, *, model_name: str, max_context: int) -> ParsedRequest:
+    """Validate a ``POST /v1/chat/completions`` body (``max_context``: the context
+    window, tokens). Raises ``ApiError`` (400)."""
+    req = _decode(body, ChatCompletionRequest, model_name)
+    if req.top_logprobs and not req.logprobs:
+        raise ApiError(
+            "'top_logprobs' requires 'logprobs' to be true",
+            param="top_logprobs",
+            code="invalid_value",
+        )
+    if req.max_completion_tokens is not None:
+        name, value = "max_completion_tokens", req.max_completion_tokens
+    else:
+        name, value = "max_tokens", req.max_tokens
+    max_tokens = _max_tokens(value, name, DEFAULT_CHAT_MAX_TOKENS, max_context)
+    stream, include_usage = _stream(req)
+    logprobs = bool(req.logprobs)
+    return ParsedRequest(
+        sampling=_sampling(req, max_tokens, logprobs=logprobs, top_n=req.top_logprobs or 0),
+        messages=_messages(req.messages),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def parse_ws_generate(body: Body, *, model_name: str, max_context: int) -> ParsedRequest:
+    """Validate a WebSocket generate frame (``id`` and ``type`` already removed).
+
+    The frame has ``prompt`` or ``messages`` and the OpenAI sampling parameters;
+    ``logprobs`` is a boolean, or an integer 0..20 meaning "true, with that many
+    alternatives"; ``top_logprobs`` (0..20) also sets the number of alternatives.
+    Raises ``ApiError`` (400).
+    """
+    req = _decode(body, WsGenerateRequest, model_name)
+    if req.prompt is not None and req.messages is not None:
+        raise ApiError("give either 'prompt' or 'messages', not both", param="messages")
+    lp = req.logprobs
+    logprobs, top_n = (bool(lp), 0) if lp is None or isinstance(lp, bool) else (True, lp)
+    top_n = max(top_n, req.top_logprobs or 0)
+    if req.messages is not None:
+        messages, prompt, prompt_ids = _messages(req.messages), None, None
+        default = DEFAULT_CHAT_MAX_TOKENS
+    elif req.prompt is not None:
+        messages, (prompt, prompt_ids) = None, _prompt(req.prompt)
+        default = DEFAULT_COMPLETION_MAX_TOKENS
+    else:
+        raise ApiError(
+            "missing required parameter 'prompt' (or 'messages')",
+            param="prompt",
+            code="missing_required_parameter",
+        )
+    max_tokens = _max_tokens(req.max_tokens, "max_tokens", default, max_context)
+    return ParsedRequest(
+        sampling=_sampling(req, max_tokens, logprobs=logprobs, top_n=top_n),
+        prompt=prompt,
+        prompt_ids=prompt_ids,
+        messages=messages,
+    )
+
+
+# ------------------------------------------------------------------------- parts
+
+
+def _decode(body: Body, kind: type[R], model_name: str) -> R:
+    """``body`` as a ``kind``: unknown keys and nulls dropped, a batch of one prompt
+    unwrapped, the served model checked. Raises ``ApiError`` (400)."""
+    known = set(kind.__struct_fields__)
+    given = {k: v for k, v in body.items() if k in known and v is not None}
+    if isinstance(given.get("prompt"), list):
+        given["prompt"] = _one_prompt(given["prompt"])
+    try:
+        req = msgspec.convert(given, kind, strict=True)
+    except msgspec.ValidationError as exc:
+        raise validation_error(exc, kind, given) from None
+    if req.model is not None and req.model != model_name:
+        raise ApiError(
+            f"The model '{req.model}' does not exist; this server serves '{model_name}'",
+            param="model",
+            code="model_not_found",
+        )
+    if req.seed is not None and req.seed > SEED_RANGE[1]:
+        raise ApiError(
+            f"'seed' must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {req.seed}",
+            param="seed",
+            code="invalid_value",
+        )
+    return req
+
+
+def _one_prompt(prompt: list[Any]) -> Any:
+    """A batch of one prompt (``["text"]`` or ``[[ids]]``) is that prompt; a batch of
+    several is refused; anything else (token ids) is kept."""
+    if not prompt or not all(isinstance(p, str | list) for p in prompt):
+        return prompt
+    if len(prompt) > 1:
+        raise ApiError(
+            "'prompt' holds several prompts; send one prompt per request",
+            param="prompt",
+            code="unsupported_value",
+        )
+    return prompt[0]
+
+
+def _prompt(prompt: str | list[int]) -> tuple[str | None, list[int] | None]:
+    """(text, None) or (None, token ids)."""
+    return (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
+
+
+def _sampling(
+    req: SamplingFields, max_tokens: int, *, logprobs: bool, top_n: int
+) -> SamplingParams:
+    """The engine's parameters: what the client gave, ``SamplingParams``'s defaults for
+    the rest."""
+    given = {f: getattr(req, f) for f in _SAMPLING_FIELDS if getattr(req, f) is not None}
+    if req.top_k is not None:
+        given["top_k"] = max(req.top_k, 0)  # -1 (vLLM) and 0 (OpenAI) both mean off
+    if req.stop is not None:
+        given["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+    return SamplingParams(
+        **given,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        top_logprobs=top_n if logprobs else 0,
+    )
+
+
+def _max_tokens(value: int | None, name: str, default: int, max_context: int) -> int:
+    """``value`` (the field ``name``), which must fit the context window; ``default``
+    capped at the window when not given."""
+    if value is None:
+        return min(default, max_context)
+    failure = RunnerLimits(max_context=max_context).context_failure(value, param=name)
+    if failure is not None:
+        raise ApiError.of(failure)
+    return value
+
+
+def _stream(req: HttpFields) -> tuple[bool, bool]:
+    """(``stream``, ``stream_options.include_usage``); the options need ``stream``."""
+    stream = bool(req.stream)
+    if req.stream_options is None:
+        return stream, False
+    if not stream:
+        raise ApiError(
+            "'stream_options' is only allowed when 'stream' is true",
+            param="stream_options",
+            code="invalid_value",
+        )
+    return stream, bool(req.stream_options.include_usage)
+
+
+def _messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
+    """The wire's chat turns: roles resolved (``developer`` is ``system``), content
+    parts joined by newlines."""
+    out = []
+    for m in messages:
+        content = m.content if isinstance(m.content, str) else "\n".join(p.text for p in m.content)
+        out.append(ChatMessage(ROLE_ALIASES.get(m.role, m.role), content))
+    return out

@@ -1,0 +1,309 @@
+"""The streaming WebSocket API (``GET /ws``).
+
+The client sends JSON text frames:
+
+- ``{"id": "<client id>", "prompt": ... | "messages": [...], <sampling parameters>}``
+  (optionally ``"type": "generate"``) starts a request. Parameters are named as in the
+  OpenAI API (``max_tokens``, ``temperature``, ``stop``, ...); ``logprobs`` is a boolean
+  or an integer 0..20 (that many alternatives per token), ``top_logprobs`` 0..20.
+  ``id`` is a string or an integer; when it is missing the server assigns one, and the
+  request's frames carry it.
+- ``{"type": "abort", "id": "<client id>"}`` aborts that request.
+
+The server answers with frames carrying the client's ``id``:
+
+- ``{"id", "type": "delta", "text", "token_ids"}`` (plus ``"logprobs"``: a list of
+  ``{"token", "token_id", "logprob", "bytes", "top_logprobs"}`` when asked for), then
+- one ``{"id", "type": "final", "finish_reason", "usage", "text": ""}``; ``usage`` is the
+  OpenAI usage object with ``prompt_tokens_details.cached_tokens``. An aborted request
+  ends with a final frame whose ``finish_reason`` is ``"abort"``; one the engine failed
+  after taking it (an actor died and is restarting) with ``finish_reason: "error"``,
+  ``"status"`` (503, or 500) and ``"error"`` as below.
+- ``{"id", "type": "error", "status", "error": {"message", "type", "param", "code"}}``
+  for a frame that is not JSON, an unknown ``type``, bad parameters, an id already in
+  flight, an unknown id to abort, a full server (``status`` 429, with ``retry_after``
+  seconds, as the HTTP API's 429 and ``Retry-After``) or an engine rejection; ``status`` is
+  the HTTP status the same error gets on the HTTP API. The socket stays open and usable.
+
+Each request holds one of the gateway's admission slots while it runs
+(``houchu.api.limits``). A frame longer than the gateway's body limit closes the
+socket (code 1009). A client that stops reading: once more than ``stream_buffer_bytes``
+wait unsent, the socket is aborted and every request on it is aborted in the engine.
+
+Requests on one socket run concurrently, each as its own task; frames are sent one at a
+time under a lock. The engine request id is ``ws-<uuid hex>-<client id>``, unique per
+server. When the socket closes, every request still in flight on it is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from aiohttp import WSMsgType, web
+
+from houchu.api.engine_client import EngineError
+from houchu.api.errors import ApiError, api_error
+from houchu.api.limits import SlowReader, StreamGuard
+from houchu.api.openai_format import Tally, ws_logprobs
+from houchu.api.state import STATE_KEY, open_generation
+from houchu.api.validation import ParsedRequest, parse_ws_generate
+from houchu.transport.messages import GenerateRequest
+
+log = logging.getLogger(__name__)
+
+#: Requests one socket may have in flight at once.
+MAX_IN_FLIGHT_PER_SOCKET = 256
+#: Longest client id accepted (it becomes part of the engine request id).
+MAX_ID_CHARS = 128
+HEARTBEAT_S = 30.0
+
+ClientId = str | int
+
+
+@dataclass
+class _Job:
+    """One request in flight on a socket."""
+
+    client_id: ClientId
+    logprobs: bool
+    top_n: int
+    tally: Tally = field(default_factory=Tally)
+    task: asyncio.Task[None] | None = None
+
+
+class WsSession:
+    """The requests of one WebSocket connection.
+
+    Args:
+        app: the gateway application (engine and state).
+        ws: the prepared WebSocket response.
+        transport: the connection's transport, watched for a client that stops reading
+            (None: not watched).
+    """
+
+    def __init__(
+        self,
+        app: web.Application,
+        ws: web.WebSocketResponse,
+        transport: asyncio.BaseTransport | None = None,
+    ) -> None:
+        self._app = app
+        self._ws = ws
+        self._jobs: dict[str, _Job] = {}
+        self._send_lock = asyncio.Lock()
+        limit = app[STATE_KEY].limits.stream_buffer_bytes
+        self._guard = StreamGuard(transport, limit, "websocket")
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests running on this socket."""
+        return len(self._jobs)
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        """Send one frame; a socket already closed swallows it."""
+        if self._ws.closed:
+            return
+        data = msgspec.json.encode(frame).decode()
+        async with self._send_lock:
+            try:
+                self._guard.check()
+                await self._ws.send_str(data)
+            except SlowReader:
+                pass  # the socket is aborted: its reader loop ends and aborts every request
+            except (ConnectionResetError, RuntimeError):
+                log.debug("websocket closed while sending a frame")
+
+    async def send_error(self, client_id: ClientId | None, err: ApiError) -> None:
+        """Send an error frame; the socket stays usable."""
+        frame: dict[str, Any] = {
+            "id": client_id,
+            "type": "error",
+            "status": err.status,
+            "error": err.body()["error"],
+        }
+        if err.retry_after_s is not None:
+            frame["retry_after"] = err.retry_after_s
+        await self.send(frame)
+
+    async def on_text(self, data: str) -> None:
+        """Handle one client text frame."""
+        try:
+            frame = msgspec.json.decode(data)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            await self.send_error(
+                None, ApiError(f"frame is not valid JSON: {exc}", code="invalid_json")
+            )
+            return
+        if not isinstance(frame, dict):
+            await self.send_error(
+                None, ApiError("frame must be a JSON object", code="invalid_type")
+            )
+            return
+        client_id = frame.get("id")
+        if client_id is None:
+            client_id = uuid.uuid4().hex
+        elif isinstance(client_id, bool) or not isinstance(client_id, str | int):
+            err = ApiError("'id' must be a string or an integer", param="id", code="invalid_type")
+            await self.send_error(None, err)
+            return
+        elif len(str(client_id)) > MAX_ID_CHARS or str(client_id) == "":
+            err = ApiError(
+                f"'id' must have 1 to {MAX_ID_CHARS} characters", param="id", code="invalid_value"
+            )
+            await self.send_error(None, err)
+            return
+        kind = frame.get("type", "generate")
+        if kind == "generate":
+            await self._start(client_id, frame)
+        elif kind == "abort":
+            await self._abort(client_id, explicit="id" in frame)
+        else:
+            err = ApiError(
+                f"unknown frame type {kind!r}; expected 'generate' or 'abort'",
+                param="type",
+                code="invalid_value",
+            )
+            await self.send_error(client_id, err)
+
+    async def _start(self, client_id: ClientId, frame: dict[str, Any]) -> None:
+        key = str(client_id)
+        if key in self._jobs:
+            err = ApiError(
+                f"request id {client_id!r} is already in flight on this socket",
+                param="id",
+                code="duplicate_id",
+            )
+            await self.send_error(client_id, err)
+            return
+        if len(self._jobs) >= MAX_IN_FLIGHT_PER_SOCKET:
+            err = ApiError(
+                f"at most {MAX_IN_FLIGHT_PER_SOCKET} requests may be in flight per socket",
+                status=429,
+                code="too_many_requests",
+            )
+            await self.send_error(client_id, err)
+            return
+        state = self._app[STATE_KEY]
+        body = {k: v for k, v in frame.items() if k not in ("id", "type")}
+        try:
+            limits = await state.runner_limits()
+            parsed: ParsedRequest = parse_ws_generate(
+                body, model_name=state.model_name, max_context=limits.max_context
+            )
+        except ApiError as err:
+            await self.send_error(client_id, err)
+            return
+        req = parsed.to_generate(f"ws-{uuid.uuid4().hex}-{key}")
+        job = _Job(client_id, parsed.sampling.logprobs, parsed.sampling.top_logprobs)
+        self._jobs[key] = job
+        job.task = asyncio.create_task(self._run(key, job, req))
+
+    async def _run(self, key: str, job: _Job, req: GenerateRequest) -> None:
+        try:
+            with self._app[STATE_KEY].admission.admit():
+                await self._generate(job, req)
+        except ApiError as err:  # refused: the server is full
+            await self.send_error(job.client_id, err)
+        except EngineError as exc:
+            err = api_error(exc)
+            if err.status >= 500:  # the engine failed a request it took (an actor died)
+                await self._send_final(job, "error", err)
+            else:
+                await self.send_error(job.client_id, err)
+        except Exception:
+            log.exception("websocket request %s failed", req.rid)
+            await self.send_error(
+                job.client_id, ApiError("internal server error", status=500, code="internal_error")
+            )
+        finally:
+            if self._jobs.get(key) is job:
+                del self._jobs[key]
+
+    async def _generate(self, job: _Job, req: GenerateRequest) -> None:
+        """Stream one admitted request's deltas, then its final frame."""
+        async with open_generation(self._app, req) as deltas:
+            async for delta in deltas:
+                job.tally.add(delta)
+                if delta.text or delta.token_ids or delta.logprobs:
+                    out: dict[str, Any] = {
+                        "id": job.client_id,
+                        "type": "delta",
+                        "text": delta.text,
+                        "token_ids": delta.token_ids,
+                    }
+                    if job.logprobs:
+                        out["logprobs"] = ws_logprobs(delta.logprobs or [], job.top_n)
+                    await self.send(out)
+        await self._send_final(job, job.tally.finish_reason or "abort")
+
+    async def _send_final(self, job: _Job, finish_reason: str, err: ApiError | None = None) -> None:
+        frame: dict[str, Any] = {
+            "id": job.client_id,
+            "type": "final",
+            "finish_reason": finish_reason,
+            "usage": job.tally.usage(),
+            "text": "",
+        }
+        if err is not None:
+            frame["status"] = err.status
+            frame["error"] = err.body()["error"]
+        await self.send(frame)
+
+    async def _abort(self, client_id: ClientId, *, explicit: bool) -> None:
+        job = self._jobs.get(str(client_id)) if explicit else None
+        if job is None or job.task is None:
+            err = ApiError(
+                f"no request with id {client_id!r} is in flight on this socket",
+                param="id",
+                code="not_in_flight",
+            )
+            await self.send_error(client_id if explicit else None, err)
+            return
+        job.task.cancel()
+        await asyncio.wait([job.task])
+        if job.task.cancelled():  # it had not finished on its own meanwhile
+            await self._send_final(job, "abort")
+
+    async def close(self) -> None:
+        """Abort every request still in flight (the socket is closed)."""
+        tasks = [job.task for job in self._jobs.values() if job.task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def websocket(request: web.Request) -> web.WebSocketResponse:
+    """``GET /ws``: multiplexed streaming generation over one WebSocket."""
+    max_frame = request.app[STATE_KEY].limits.max_body_bytes
+    ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=max_frame)
+    await ws.prepare(request)
+    session = WsSession(request.app, ws, request.transport)
+    try:
+        async for msg in ws:
+            if msg.type == WSMsgType.TEXT:
+                try:
+                    await session.on_text(msg.data)
+                except Exception:
+                    log.exception("unexpected error handling a websocket frame")
+                    err = ApiError("internal server error", status=500, code="internal_error")
+                    await session.send_error(None, err)
+            elif msg.type == WSMsgType.BINARY:
+                err = ApiError("send JSON text frames, not binary", code="invalid_frame")
+                await session.send_error(None, err)
+            elif msg.type == WSMsgType.ERROR:
+                log.info("websocket error: %s", ws.exception())
+                break
+    finally:
+        await session.close()
+    return ws
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the WebSocket route."""
+    app.router.add_get("/ws", websocket)

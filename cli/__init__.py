@@ -1,0 +1,1 @@
+"""houchu's command line: ``houchu serve``, ``houchu fetch``, ``houchu bench`` (``cli.main``)."""

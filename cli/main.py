@@ -1,0 +1,81 @@
+"""The ``houchu`` command: ``houchu serve``, ``houchu fetch`` and ``houchu bench``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from houchu.bench.cli import add_bench_parser, run_bench
+from houchu.cli.fetch import FetchError, fetch_default_model
+from houchu.options.checks import check_device, check_serve_args
+from houchu.options.parser import add_serve_parser, config_from_args
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("houchu")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``houchu`` argument parser (defaults that come from the environment, such as
+    ``HOUCHU_API_KEY``, are read now)."""
+    parser = argparse.ArgumentParser(prog="houchu", description="houchu LLM serving engine")
+    parser.add_argument("--version", action="version", version=f"houchu {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_parser(sub)
+    sub.add_parser("fetch", help="download the default model into the cache")
+    add_bench_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``houchu`` console command; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+
+    if args.command == "bench":
+        return run_bench(args)
+
+    if args.command == "fetch":
+        try:
+            print(fetch_default_model())
+        except FetchError as e:
+            print(f"houchu: {e}", file=sys.stderr)
+            return 1
+        return 0
+    check_serve_args(parser, args)
+    why = check_device(args)
+    if why is not None:
+        print(f"houchu: {why}", file=sys.stderr)
+        return 2
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Fetch or find the model, then run the launcher until it stops; the exit code."""
+    from houchu.actors.launcher import Launcher
+    from houchu.actors.runtime import install_uvloop
+
+    if args.model is None:
+        try:
+            args.model = str(fetch_default_model())
+        except FetchError as e:
+            print(f"houchu: {e}", file=sys.stderr)
+            return 1
+    elif not Path(args.model).exists():
+        print(f"houchu: model path {args.model} does not exist", file=sys.stderr)
+        return 2
+    args.model = str(Path(args.model).resolve())
+    config = config_from_args(args)
+    install_uvloop()
+    return asyncio.run(Launcher(config).serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""Attention backends: causal attention of each sequence's new queries over its paged KV.
+
+A backend is chosen once at startup (``make_backend``). Per step, the model calls
+``prepare(batch)`` once (indices and masks shared by every layer), then per layer
+``forward``, which stores the new K/V in the pool and attends. Grouped-query attention
+(GQA, Ainslie et al. 2023): query head h reads KV head h // (H / Hkv), as in Hugging
+Face's ``repeat_kv``. Scaled dot-product attention: Vaswani et al. 2017.
+"""
+
+from __future__ import annotations
+
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from houchu.model.batch import StepBatch
+from houchu.model.kv_pool import KVPool
+
+
+class AttentionBackend(ABC):
+    """Interface of an attention implementation over the paged KV pool.
+
+    ``ops_name`` names the kernel set (``houchu.model.ops.make_ops``) the model uses with
+    this backend; ``supports_static`` says whether it implements ``decode_static`` (a
+    decode step whose every shape is fixed, for CUDA-graph capture).
+    """
+
+    name: str = "abstract"
+    ops_name: str = "torch"
+    supports_static: bool = False
+
+    @abstractmethod
+    def prepare(self, batch: StepBatch) -> Any:
+        """Per-step metadata shared by all layers (opaque to the model)."""
+
+    @abstractmethod
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        pool: KVPool,
+        batch: StepBatch,
+        meta: Any,
+    ) -> torch.Tensor:
+        """Write this step's K/V for ``layer`` and attend.
+
+        Args:
+            layer: layer index.
+            q: ``[T, H, D]`` RoPE-rotated queries (model dtype).
+            k: ``[T, Hkv, D]`` RoPE-rotated new keys.
+            v: ``[T, Hkv, D]`` new values.
+            pool: the KV pool (written at ``batch.slot_mapping``).
+            batch: the step.
+            meta: what ``prepare(batch)`` returned.
+        Returns:
+            ``[T, H, D]``: for each token, softmax(q·Kᵀ/√D)·V over its sequence's positions
+            0..its own position.
+        """
+
+    def decode_static(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        pool: KVPool,
+        slots: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """One-token-per-sequence attention with every shape fixed (graph-capturable):
+        store k/v at ``slots`` and attend each row over its first ``seq_lens`` positions.
+
+        Args:
+            q: ``[B, H, D]``; k, v: ``[B, Hkv, D]``.
+            slots: ``[B]`` int64 KV slots of the new tokens.
+            block_table: ``[B, max_pages]`` int32 pages of each row.
+            seq_lens: ``[B]`` int32 tokens each row attends over (its new one included).
+        Returns:
+            ``[B, H, D]``.
+        Raises:
+            NotImplementedError: the backend has no static path.
+        """
+        raise NotImplementedError(f"{self.name} has no static decode path")
+
+
+@dataclass
+class _PrefillSeq:
+    rows: tuple[int, int]  # [a, b) rows of T
+    start: int  # position of the first new token
+    kv_len: int
+    pages: torch.Tensor  # [n_pages] int64
+    mask: torch.Tensor | None  # [n_new, kv_len] bool (True = attend); None = plain causal
+
+
+@dataclass
+class _MultiQuery:
+    """Sequences with a few new tokens after cached KV (speculative verification),
+    attended in one batched call; each padded to ``n`` queries with its last one."""
+
+    rows: torch.Tensor  # [B, n] int64 rows of T
+    valid: torch.Tensor  # [B, n] bool, False on padding
+    pages: torch.Tensor  # [B, n_pages] int64
+    mask: torch.Tensor  # [B, 1, n, n_pages * page_size] bool (True = attend)
+
+
+#: Sequences with at most this many new tokens after cached KV are batched (verification).
+MAX_BATCHED_QUERY = 16
+
+
+@dataclass
+class _TorchMeta:
+    all_decode: bool
+    decode_rows: torch.Tensor | None = None  # [B] int64 rows of T (q_len == 1 sequences)
+    decode_pages: torch.Tensor | None = None  # [B, n_pages] int64
+    decode_lens: torch.Tensor | None = None  # [B] int32 KV length of each decode row
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, L] bool, made by length_mask
+    prefill: list[_PrefillSeq] = field(default_factory=list)
+    multi: _MultiQuery | None = None
+
+    def length_mask(self, span: int) -> torch.Tensor:
+        """``[B, 1, 1, span]`` bool, True at each decode row's first ``decode_lens``
+        positions; made on first use (once per step), as a kernel that reads the lengths
+        itself never needs it."""
+        if self.decode_mask is None:
+            pos = torch.arange(span, device=self.decode_lens.device)  # [L]
+            self.decode_mask = (pos[None, :] < self.decode_lens[:, None])[:, None, None, :]
+        return self.decode_mask
+
+
+class TorchSDPABackend(AttentionBackend):
+    """Portable backend on ``torch.nn.functional.scaled_dot_product_attention`` (CPU/GPU).
+
+    Sequences with one new token (decode) are batched: their pages are gathered into a
+    padded ``[B, Hkv, L, D]`` tensor and attended in one SDPA call, with the G = H/Hkv
+    query heads of a KV group laid along SDPA's query-length axis (so KV is never
+    repeated) and a length mask. Sequences with several new tokens (prefill chunks) run
+    one SDPA call each, causal with an offset of ``start_pos`` — except that two or more
+    with a few new tokens after cached KV (speculative verification) share one padded
+    call with a per-sequence causal mask.
+    """
+
+    name = "torch-sdpa"
+    supports_static = True
+
+    def prepare(self, batch: StepBatch) -> _TorchMeta:
+        ps = batch.page_size
+        decode = [i for i in range(batch.num_seqs) if batch.q_len(i) == 1]
+        meta = _TorchMeta(all_decode=len(decode) == batch.num_seqs)
+        dev = batch.token_ids.device
+        if decode:
+            lens = [batch.kv_lens[i] for i in decode]
+            n_pages = -(-max(lens) // ps)
+            idx = torch.tensor(decode, dtype=torch.int64, device=dev)
+            meta.decode_rows = torch.tensor(
+                [batch.q_starts[i] for i in decode], dtype=torch.int64, device=dev
+            )
+            meta.decode_pages = batch.page_tables[idx, :n_pages].contiguous()
+            meta.decode_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
+        multi = [
+            i
+            for i in range(batch.num_seqs)
+            if 1 < batch.q_len(i) <= MAX_BATCHED_QUERY and batch.start_pos[i] > 0
+        ]
+        if len(multi) > 1:
+            meta.multi = self._multi_query(batch, multi)
+        else:
+            multi = []
+        for i in range(batch.num_seqs):
+            n = batch.q_len(i)
+            if n == 1 or i in multi:
+                continue
+            start, kv_len = batch.start_pos[i], batch.kv_lens[i]
+            mask = None
+            if start > 0:
+                q_pos = torch.arange(start, kv_len, device=dev)  # [n]
+                mask = torch.arange(kv_len, device=dev)[None, :] <= q_pos[:, None]  # [n, L]
+            n_pages = -(-kv_len // ps)
+            meta.prefill.append(
+                _PrefillSeq(
+                    rows=(batch.q_starts[i], batch.q_starts[i + 1]),
+                    start=start,
+                    kv_len=kv_len,
+                    pages=batch.page_tables[i, :n_pages],
+                    mask=mask,
+                )
+            )
+        return meta
+
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        pool: KVPool,
+        batch: StepBatch,
+        meta: _TorchMeta,
+    ) -> torch.Tensor:
+        self.store(pool, layer, batch.slot_mapping, k, v)
+        if meta.all_decode:
+            return self._decode(layer, q, pool, meta)
+        out = torch.empty_like(q)  # [T, H, D]
+        for s in meta.prefill:
+            a, b = s.rows
+            if s.start == 0:
+                ks, vs = k[a:b], v[a:b]  # [n, Hkv, D], identical to what the pool holds
+            else:
+                ks, vs = pool.gather(layer, s.pages, s.kv_len)  # [L, Hkv, D]
+            out[a:b] = self._prefill(q[a:b], ks, vs, s)
+        if meta.decode_rows is not None:
+            rows = meta.decode_rows
+            out[rows] = self._decode(layer, q.index_select(0, rows), pool, meta)
+        if meta.multi is not None:
+            m = meta.multi
+            b, n = m.rows.shape
+            kp, vp = pool.gather_padded(layer, m.pages)  # [B, L, Hkv, D] each
+            qm = q.index_select(0, m.rows.reshape(-1)).view(b, n, *q.shape[1:])  # [B, n, H, D]
+            o = F.scaled_dot_product_attention(
+                qm.transpose(1, 2),  # [B, H, n, D]
+                kp.transpose(1, 2),  # [B, Hkv, L, D]
+                vp.transpose(1, 2),  # [B, Hkv, L, D]
+                attn_mask=m.mask,  # [B, 1, n, L]
+                enable_gqa=True,
+            )  # [B, H, n, D]
+            out[m.rows[m.valid]] = o.transpose(1, 2)[m.valid]
+        return out
+
+    @staticmethod
+    def _multi_query(batch: StepBatch, seqs: list[int]) -> _MultiQuery:
+        """Rows, pages and causal masks of ``seqs`` (indices into the batch), batched."""
+        dev = batch.token_ids.device
+        n = max(batch.q_len(i) for i in seqs)
+        n_pages = -(-max(batch.kv_lens[i] for i in seqs) // batch.page_size)
+        j = torch.arange(n, device=dev)  # [n]
+        q_len = torch.tensor([batch.q_len(i) for i in seqs], device=dev)  # [B]
+        first = torch.tensor([batch.q_starts[i] for i in seqs], device=dev)  # [B]
+        start = torch.tensor([batch.start_pos[i] for i in seqs], device=dev)  # [B]
+        last = torch.minimum(j[None, :], q_len[:, None] - 1)  # [B, n] padding repeats the last
+        pos = start[:, None] + last  # [B, n] position of each query
+        span = torch.arange(n_pages * batch.page_size, device=dev)  # [L]
+        idx = torch.tensor(seqs, dtype=torch.int64, device=dev)
+        return _MultiQuery(
+            rows=first[:, None] + last,
+            valid=j[None, :] < q_len[:, None],
+            pages=batch.page_tables[idx, :n_pages].contiguous(),
+            mask=(span[None, None, :] <= pos[:, :, None])[:, None],
+        )
+
+    def _prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: _PrefillSeq
+    ) -> torch.Tensor:
+        """Causal attention of one sequence's new tokens. q: ``[n, H, D]``; k, v:
+        ``[L, Hkv, D]`` (its whole KV, cached prefix first) -> ``[n, H, D]``."""
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),  # [1, H, n, D]
+            k.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
+            v.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
+            attn_mask=seq.mask,
+            is_causal=seq.mask is None,
+            enable_gqa=True,
+        )  # [1, H, n, D]
+        return o[0].transpose(0, 1)
+
+    @staticmethod
+    def store(
+        pool: KVPool, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Write new K/V ``[T, Hkv, D]`` at ``slots`` ``[T]`` (the pool quantizes)."""
+        pool.write(layer, slots, k, v)
+
+    def decode_static(self, layer, q, k, v, pool, slots, block_table, seq_lens):  # noqa: ANN001
+        """See ``AttentionBackend.decode_static``: gathers all ``max_pages`` pages of every
+        row (fixed shapes, so more bytes than ``forward``'s decode path)."""
+        self.store(pool, layer, slots, k, v)
+        b, h, d = q.shape
+        hkv = pool.num_kv_heads
+        kp, vp = pool.gather_padded(layer, block_table.long())  # [B, L, Hkv, D] each
+        span = torch.arange(kp.shape[1], device=q.device)  # [L]
+        mask = (span[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+        o = F.scaled_dot_product_attention(
+            q.reshape(b, hkv, h // hkv, d), kp.transpose(1, 2), vp.transpose(1, 2), attn_mask=mask
+        )  # [B, Hkv, G, D]
+        return o.reshape(b, h, d)
+
+    def _decode(self, layer: int, q: torch.Tensor, pool: KVPool, meta: _TorchMeta) -> torch.Tensor:
+        """Batched one-token attention. q: ``[B, H, D]`` -> ``[B, H, D]``."""
+        b, h, d = q.shape
+        hkv = pool.num_kv_heads
+        kp, vp = pool.gather_padded(layer, meta.decode_pages)  # [B, L, Hkv, D] each
+        o = F.scaled_dot_product_attention(
+            q.reshape(b, hkv, h // hkv, d),  # [B, Hkv, G, D]: the G query heads of each group
+            kp.transpose(1, 2),  # [B, Hkv, L, D]
+            vp.transpose(1, 2),  # [B, Hkv, L, D]
+            attn_mask=meta.length_mask(kp.shape[1]),  # [B, 1, 1, L]
+        )  # [B, Hkv, G, D]
+        return o.reshape(b, h, d)
+
+
+def make_backend(
+    name: str = "auto",
+    device: torch.device | str = "cpu",
+    *,
+    page_size: int = 16,
+    kv_dtype: str = "auto",
+) -> AttentionBackend:
+    """The attention backend called ``name``, checked against where it will run.
+
+    "auto": on CUDA, flash-attn when installed and usable (page size a multiple of 256,
+    unquantized KV), else Triton when installed, else torch; on the CPU, houchu's C++
+    kernels ("cpu") when they build here (``houchu.model.cpu_kernels``), else torch.
+
+    Raises:
+        ValueError: unknown name, or a combination the backend cannot serve.
+        RuntimeError: its library is missing or cannot run on ``device``.
+    """
+    dev = torch.device(device)
+    if name == "auto":
+        name = "torch"
+        if dev.type == "cuda":
+            from houchu.model.attention_flash import flash_attn_usable
+            from houchu.model.ops import triton_available
+
+            if flash_attn_usable(page_size, kv_dtype):
+                name = "flash-attn"
+            elif triton_available():
+                name = "triton"
+        elif dev.type == "cpu":
+            from houchu.model import cpu_kernels
+
+            why = cpu_kernels.unavailable_reason()
+            if why is None:
+                name = "cpu"
+            else:
+                print(f"houchu: {why}; attention runs on the torch backend", file=sys.stderr)
+    if name in ("torch-sdpa", "torch"):
+        return TorchSDPABackend()
+    if name == "triton":
+        from houchu.model.ops import triton_available
+
+        if not triton_available():
+            raise RuntimeError("the triton backend needs the triton package (pip install triton)")
+        from houchu.model.attention_triton import TritonBackend
+        from houchu.model.triton_kernels.ops import triton_usable
+
+        triton_usable(dev)
+        return TritonBackend()
+    if name == "cpu":
+        if dev.type != "cpu":
+            raise ValueError(f"the cpu attention backend runs on the CPU, not {dev}")
+        from houchu.model.attention_cpu import CpuBackend
+
+        return CpuBackend()
+    if name == "flash-attn":
+        from houchu.model.attention_flash import FlashAttentionBackend
+
+        return FlashAttentionBackend(dev, page_size, kv_dtype)
+    raise ValueError(f"unknown attention backend {name!r} (auto, torch, cpu, triton, flash-attn)")

@@ -1,0 +1,40 @@
+"""Attention backend on Triton kernels: the KV page store (with int8 / fp8 quantization)
+and paged decode attention (``houchu.model.triton_kernels.paged_attention``). Prefill chunks run through
+the torch backend's SDPA path (``TorchSDPABackend``), which this class extends.
+
+Runs on a CUDA device, or on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``,
+for tests). Decode has a static path (``decode_static``), so CUDA graphs can capture it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from houchu.model.attention import TorchSDPABackend, _TorchMeta
+from houchu.model.kv_pool import KVPool
+from houchu.model.triton_kernels.ops import store_kv
+from houchu.model.triton_kernels.paged_attention import paged_decode
+
+
+class TritonBackend(TorchSDPABackend):
+    """Triton KV store and paged decode; torch SDPA for prefill chunks."""
+
+    name = "triton"
+    ops_name = "triton"
+    supports_static = True
+
+    @staticmethod
+    def store(
+        pool: KVPool, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Write new K/V ``[T, Hkv, D]`` at ``slots`` ``[T]`` with the fused store kernel."""
+        store_kv(pool, layer, slots, k, v)
+
+    def _decode(self, layer: int, q: torch.Tensor, pool: KVPool, meta: _TorchMeta) -> torch.Tensor:
+        """Batched one-token attention. q: ``[B, H, D]`` -> ``[B, H, D]``."""
+        return paged_decode(q, pool, layer, meta.decode_pages, meta.decode_lens)
+
+    def decode_static(self, layer, q, k, v, pool, slots, block_table, seq_lens):  # noqa: ANN001
+        """See ``AttentionBackend.decode_static``; reads only each row's live pages."""
+        self.store(pool, layer, slots, k, v)
+        return paged_decode(q, pool, layer, block_table, seq_lens)

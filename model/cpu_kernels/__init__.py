@@ -1,0 +1,355 @@
+"""houchu's C++ CPU kernels, built per instruction-set level on first use and cached.
+
+The ``*.cpp`` files beside this module register operators in one library per ISA level
+(``torch.ops.houchu_cpu_<level>.*``, e.g. ``houchu_cpu_avx2``; ``ops()`` is the level this
+process uses): fused RMSNorm, residual add + RMSNorm, RoPE and SiLU·mul
+(``norm_rope.cpp``), paged decode attention (``attention.cpp``), causal prefill attention
+(``prefill_attention.cpp``), int4/int8 GEMV (``gemv.cpp``), W8A8's quantization and
+epilogue (``quant.cpp``), greedy sampling's argmax (``argmax.cpp``), and all the decoder
+layers of a decode step, with the LM head, in one call (``decode_layers.cpp``, reusing the
+others' kernels from the ``*.h`` headers). They remove what dominates an eager CPU decode
+step at small batch sizes: hundreds of small torch ops per step, each a few microseconds
+of dispatch, and the KV-page gather before attention.
+
+The level (``houchu.model.cpu_isa``: ``avx512_bf16``, ``avx512``, ``avx2``, or ``generic``:
+torch's ops only) is detected from the CPU at startup or forced with ``--cpu-isa`` /
+``$HOUCHU_CPU_ISA``. ``load()`` compiles that level's build once per machine with
+``torch.utils.cpp_extension`` (g++ with the level's own target flags, not
+``-march=native``, and ninja; about 30 s on 2 cores) into
+``~/.cache/houchu/cpu_kernels/<level>-<key>``, where the key hashes the level, the
+sources (their paths and contents), the flags and the torch version, and loads the shared
+library into the process. Later processes only load it. A build is loaded only on a CPU
+that runs its level, so a cache shared between machines never hands a CPU code it cannot
+execute. Where no compiler is found, the build fails, or the level is ``generic``,
+``load()`` raises ``CpuKernelsUnavailable`` with the reason and callers fall back to the
+torch kernels.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import os
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from houchu.model import cpu_isa as isa
+
+_SOURCES = (
+    "norm_rope.cpp",
+    "attention.cpp",
+    "quant.cpp",
+    "gemv.cpp",
+    "decode_layers.cpp",
+    "argmax.cpp",
+    "prefill_attention.cpp",
+)
+_HEADERS = (
+    "library.h",
+    "vec.h",
+    "simd.h",
+    "gemv.h",
+    "norm_rope.h",
+    "attention.h",
+    "decode_layers.h",
+)
+# hidden visibility: each level's library binds its own copies of the shared inline
+# kernels, so two levels loaded in one process (the tests load every level) never mix
+_CFLAGS = [
+    "-O3",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-std=c++17",
+    "-fvisibility=hidden",
+    "-fvisibility-inlines-hidden",
+]
+
+
+class CpuKernelsUnavailable(RuntimeError):
+    """The C++ CPU kernels cannot be built or loaded here (the message says why)."""
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept (``$HOUCHU_KERNEL_CACHE`` or
+    ``~/.cache/houchu/cpu_kernels``)."""
+    env = os.environ.get("HOUCHU_KERNEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "houchu" / "cpu_kernels"
+
+
+def build_key(level: str, sources: list[Path]) -> str:
+    """The cache folder's name of ``level``'s build of ``sources``: ``<level>-<hash>``,
+    the hash over the level, the sources' paths and contents, the compiler flags and the
+    torch version."""
+    h = hashlib.sha256()
+    h.update(level.encode())
+    for p in sources:
+        # the path too: the build folder's build.ninja names the sources by absolute
+        # path, so two checkouts sharing one key would rebuild each other's build
+        h.update(str(p.resolve()).encode())
+        h.update(p.read_bytes())
+    h.update(" ".join(_flags(level)).encode())
+    h.update(torch.__version__.encode())
+    return f"{level}-{h.hexdigest()[:16]}"
+
+
+def _flags(level: str) -> list[str]:
+    return [*_CFLAGS, *isa.level(level).cflags, f"-DHOUCHU_LIB=houchu_cpu_{level}"]
+
+
+_active: str | None = None  # the level this process uses, once chosen
+_loaded: bool = False  # whether the active level's kernels are loaded
+
+
+def active_level() -> str:
+    """The ISA level this process uses (``select``'s choice; chosen with
+    ``isa.choose()`` on first call when nothing was selected)."""
+    global _active
+    if _active is None:
+        _active = isa.choose()
+    return _active
+
+
+def select(level: str | None) -> str:
+    """Use ``level`` (None or "auto": ``$HOUCHU_CPU_ISA`` or the best this CPU runs) for
+    this process's kernels from now on; returns the level chosen. Already-built models
+    keep working (every level shares the packed weight layouts).
+
+    Raises:
+        ValueError: an unknown level or one this CPU cannot run.
+    """
+    global _active, _loaded
+    _active = isa.choose(None if level == "auto" else level)
+    _loaded = _active in _built_levels
+    return _active
+
+
+def ops(level: str | None = None):  # noqa: ANN201 (a torch.ops namespace)
+    """The operator namespace of ``level`` (default: the active one):
+    ``torch.ops.houchu_cpu_<level>``. Load it first (``load``)."""
+    name = level or _active or active_level()
+    ns = _namespaces.get(name)
+    if ns is None:
+        ns = _namespaces[name] = getattr(torch.ops, f"houchu_cpu_{name}")
+    return ns
+
+
+_namespaces: dict[str, object] = {}
+
+
+def load(verbose: bool = False, level: str | None = None) -> float:
+    """Build (first time on this machine) and load ``level``'s kernels (default: the
+    active level) into this process.
+
+    Returns:
+        seconds it took (build and load; a cached build loads in well under a second).
+    Raises:
+        CpuKernelsUnavailable: the level is ``generic``, this CPU cannot run it, not
+            Linux, no C++ compiler or ninja, or the build failed (the compiler's last
+            lines are in the message).
+    """
+    global _loaded
+    name = level or active_level()
+    if name in _failed:  # tried once in this process: the same answer, not another build
+        raise CpuKernelsUnavailable(_failed[name])
+    try:
+        t = _load_once(name, verbose)
+    except CpuKernelsUnavailable as e:
+        _failed[name] = str(e)
+        raise
+    if name == active_level():
+        _loaded = True
+    return t
+
+
+_built_levels: set[str] = set()
+_failed: dict[str, str] = {}
+
+
+def is_loaded() -> bool:
+    """Whether the active level's kernels are loaded in this process (never builds)."""
+    return _loaded
+
+
+@functools.cache
+def _load_once(level: str, verbose: bool) -> float:
+    lv = isa.level(level)
+    if not lv.kernels:
+        raise CpuKernelsUnavailable(f"CPU ISA level {level}: torch's kernels only")
+    if not isa.runs(lv):
+        raise CpuKernelsUnavailable(isa.why_not(lv))
+    if sys.platform != "linux":
+        raise CpuKernelsUnavailable(f"built only on Linux, not {sys.platform}")
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        raise CpuKernelsUnavailable(f"no C++ compiler ({cxx!r} not on PATH)")
+    from torch.utils import cpp_extension
+
+    if not cpp_extension.is_ninja_available():
+        raise CpuKernelsUnavailable("ninja is not installed (pip install ninja)")
+    here = Path(__file__).parent
+    sources = [here / s for s in _SOURCES]
+    key = build_key(level, sources + [here / h for h in _HEADERS])
+    build = cache_dir() / key
+    build.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    # one builder at a time per machine; the kernel drops this lock if its holder dies,
+    # unlike cpp_extension's own lock file, which a killed build leaves behind
+    with open(build / "houchu.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (build / "lock").unlink(missing_ok=True)
+        if not any(build.glob("*.so")):
+            print(
+                f"houchu: building the {level} C++ CPU kernels in {build} (once)", file=sys.stderr
+            )
+        _build(cpp_extension, key, level, sources, build, verbose)
+    _register_fakes(level)
+    _built_levels.add(level)
+    return time.perf_counter() - t0
+
+
+def load_in_background(level: str | None = None, every_s: float = 10.0) -> Future[str | None]:
+    """Start ``load(level)`` on a thread of its own (the build is compiler processes, so
+    the caller's work goes on meanwhile); a build prints how long it has run every
+    ``every_s`` seconds. The future's result is ``unavailable_reason``'s (never raises).
+    """
+    name = level or active_level()
+    done = threading.Event()
+
+    def work() -> str | None:
+        try:
+            return unavailable_reason(name)
+        finally:
+            done.set()
+
+    if isa.level(name).kernels and not is_built(name):
+        t0 = time.perf_counter()
+
+        def progress() -> None:
+            while not done.wait(every_s):
+                took = time.perf_counter() - t0
+                print(f"houchu: building the {name} C++ CPU kernels: {took:.0f} s", file=sys.stderr)
+
+        threading.Thread(target=progress, name="houchu-kernel-build-progress", daemon=True).start()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="houchu-kernel-build")
+    future = pool.submit(work)
+    pool.shutdown(wait=False)
+    return future
+
+
+def current_build_key(level: str | None = None) -> str:
+    """The cache folder name ``level``'s build (default: the active one) has with the
+    sources as they are now ("" for ``generic``)."""
+    name = level or active_level()
+    if not isa.level(name).kernels:
+        return ""
+    here = Path(__file__).parent
+    return build_key(name, [here / s for s in _SOURCES] + [here / h for h in _HEADERS])
+
+
+def is_built(level: str | None = None) -> bool:
+    """Whether ``level``'s build (default: the active level) is in the cache already,
+    so ``load`` would only load it (never builds)."""
+    name = level or active_level()
+    if not isa.level(name).kernels:
+        return False
+    return any((cache_dir() / current_build_key(name)).glob("*.so"))
+
+
+def _build(
+    cpp_extension, key: str, level: str, sources: list[Path], build: Path, verbose: bool
+) -> None:  # noqa: ANN001
+    try:
+        cpp_extension.load(
+            name=f"houchu_cpu_{key.replace('-', '_')}",
+            sources=[str(s) for s in sources],
+            extra_cflags=_flags(level),
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build),
+            is_python_module=False,
+            verbose=verbose,
+        )
+    except (RuntimeError, OSError, ImportError) as e:
+        lines = str(e).strip().splitlines()
+        errors = [x for x in lines if "error" in x.lower()] or lines
+        tail = "\n".join(errors[-4:])
+        raise CpuKernelsUnavailable(f"building the C++ CPU kernels failed: {tail}") from e
+
+
+def _register_fakes(level: str) -> None:
+    """Shape-only versions of ``level``'s operators, so ``torch.compile`` can trace
+    through them (they run as opaque calls inside a compiled graph)."""
+    lib = f"houchu_cpu_{level}::"
+    reg = torch.library.register_fake
+
+    reg(lib + "rms_norm")(lambda x, w, eps: x.new_empty(x.shape))
+    reg(lib + "add_rms_norm")(lambda x, d, w, eps: (x.new_empty(x.shape), x.new_empty(x.shape)))
+    reg(lib + "rope")(lambda q, k, cos, sin: (q.new_empty(q.shape), k.new_empty(k.shape)))
+    reg(lib + "silu_mul")(lambda g: g.new_empty(g.shape[0], g.shape[1] // 2))
+    reg(lib + "paged_decode_attention")(lambda q, *rest: q.new_empty(q.shape))
+    reg(lib + "prefill_attention")(lambda q, k, v, start, scale: q.new_empty(q.shape))
+    reg(lib + "int4_gemv")(lambda x, packed, g, n: x.new_empty(x.shape[0], n))
+    reg(lib + "int8_gemv")(lambda x, packed, n: x.new_empty(x.shape[0], n))
+    reg(lib + "decode_layers")(_decode_layers_fake)
+    reg(lib + "argmax_rows")(lambda x: x.new_empty(x.shape[0], dtype=torch.int64))
+    reg(lib + "col_absmax")(lambda x: x.new_empty(x.shape[1], dtype=torch.float32))
+    reg(lib + "quantize_rows_int8")(
+        lambda x, cols: (
+            x.new_empty(x.shape, dtype=torch.int8),
+            x.new_empty(x.shape[0], 1, dtype=torch.float32),
+            x.new_empty(x.shape[0], cols.shape[0]),
+        )
+    )
+    reg(lib + "int8_epilogue")(
+        lambda acc, xs, ws, outliers, w, cols, silu_mul=False: acc.new_empty(
+            acc.shape[0], acc.shape[1] // 2 if silu_mul else acc.shape[1], dtype=outliers.dtype
+        )
+    )
+
+
+def _decode_layers_fake(  # noqa: PLR0913 (the operator's schema)
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norms: list[torch.Tensor],
+    eps: float,
+    linears: list[torch.Tensor],
+    group_sizes: list[int],
+    out_features: list[int],
+    act_dtype: torch.dtype,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pages: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    final_norm: torch.Tensor | None = None,
+    lm_head: torch.Tensor | None = None,
+    head_group_size: int = 0,
+    vocab_size: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    if lm_head is None:
+        return x.new_empty(x.shape)
+    return x.new_empty(x.shape[0], vocab_size, dtype=torch.float32)
+
+
+def unavailable_reason(level: str | None = None) -> str | None:
+    """None if ``level``'s kernels (default: the active level's) load here, building
+    them if needed, else why not; never raises, and tries only once per level."""
+    try:
+        load(level=level)
+    except CpuKernelsUnavailable as e:
+        return str(e)
+    return None
+
+
+def available(level: str | None = None) -> bool:
+    """Whether ``level``'s kernels load here (see ``unavailable_reason``)."""
+    return unavailable_reason(level) is None

@@ -1,0 +1,84 @@
+"""Startup measurements kept between runs, beside the C++ kernel builds
+(``~/.cache/houchu/cpu_kernels/decisions.json``): the measured decode paths
+(``houchu.model.autotune``) and the compiled-step verdict (``houchu.model.accel``). Each
+entry's key names everything its answer depends on (the model file's path, size and
+modification time, its format, the ISA level, the threads, torch's version), so a
+changed model, CPU level or torch measures anew; a second start reads the answer.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from houchu.model import cpu_kernels
+
+VERSION = 2  # of the measurements' code: a change that alters answers bumps it
+MAX_ENTRIES = 200  # per kind: one per model, format and CPU level tried on this machine
+
+
+def model_key(model_path: str | Path, *parts: object) -> str:
+    """A cache key: the model file's resolved path, size and mtime, the active ISA
+    level and its kernel build's key (sources, flags), the measurements' ``VERSION``,
+    torch's thread count and version, then ``parts``."""
+    p = Path(model_path).resolve()
+    st = p.stat()
+    head = [str(p), st.st_size, int(st.st_mtime)]
+    level = cpu_kernels.active_level()
+    build = cpu_kernels.current_build_key(level)  # the kernels' sources and flags
+    tail = [level, build, VERSION, torch.get_num_threads(), torch.__version__]
+    return "|".join(str(x) for x in (*head, *tail, *parts))
+
+
+class DecisionCache:
+    """A small JSON file of measured answers, read and written under a file lock
+    (``$HOUCHU_NO_DECISION_CACHE=1`` turns it off: every start measures).
+
+    Args:
+        path: the file (default: ``$HOUCHU_DECISION_CACHE``, else ``decisions.json`` in
+            ``cpu_kernels.cache_dir()``).
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
+        env = os.environ.get("HOUCHU_DECISION_CACHE")
+        self.path = path or (Path(env) if env else cpu_kernels.cache_dir() / "decisions.json")
+        self.enabled = os.environ.get("HOUCHU_NO_DECISION_CACHE") != "1"
+
+    def get(self, kind: str, key: str) -> Any | None:
+        """The stored answer of ``kind`` for ``key``, or None."""
+        if not self.enabled:
+            return None
+        return self._read().get(kind, {}).get(key)
+
+    def put(self, kind: str, key: str, value: Any) -> None:
+        """Store ``value`` (JSON-able); an unwritable cache is skipped silently (the
+        next start measures again)."""
+        if not self.enabled:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path.with_suffix(".lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                data = self._read()
+                entries = data.setdefault(kind, {})
+                entries.pop(key, None)
+                entries[key] = value  # newest last; the oldest go beyond MAX_ENTRIES
+                for old in list(entries)[: max(0, len(entries) - MAX_ENTRIES)]:
+                    del entries[old]
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(data))
+                tmp.replace(self.path)
+        except OSError:
+            pass
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}

@@ -1,0 +1,157 @@
+"""The runner's lever counters (docs/architecture.md, "The lever ledger"): what weight quantization,
+KV quantization and the compiled / graph-captured decode step saved and spent, from
+counters the runner keeps per step (never from estimates it does not measure).
+
+``LeverCounters.samples()`` returns the amounts accrued since its previous call as
+``LeverSample``s (engine-wide, ``rid`` None), for the runner actor to emit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from houchu.transport.telemetry import LeverSample
+
+
+@dataclass
+class StepCost:
+    """Per-step byte costs fixed at startup.
+
+    Attributes:
+        weight_bytes: matmul weight bytes one step reads as stored.
+        weight_bf16_bytes: the same weights in bfloat16.
+        kv_token_bytes: K + V bytes per token as stored (scales included).
+        kv_token_bf16_bytes: the same in bfloat16.
+        weight_label: e.g. "int4-g32"; "none" (dense): no weight lever is reported.
+        kv_label: e.g. "int8"; "auto" (model dtype): no KV lever is reported.
+    """
+
+    weight_bytes: int
+    weight_bf16_bytes: int
+    kv_token_bytes: int
+    kv_token_bf16_bytes: int
+    weight_label: str
+    kv_label: str
+
+
+class LeverCounters:
+    """Accumulates per-step counters and turns them into lever samples.
+
+    Args:
+        cost: the per-step byte costs.
+        accel: "compiled_decode", "cuda_graph" or None (no accelerated decode step).
+        eager_step_s, accel_step_s: the startup warm-up step's time eager and accelerated
+            (seconds), or None when not measured.
+        accel_setup_s: seconds spent compiling or capturing at startup.
+        kv_rel_error: relative RMS error of quantized K/V measured at startup, or None.
+        dropped: the accelerated step was built but measured slower, so decode runs
+            eagerly (the setup time is still reported as spent).
+        cached: the startup timings are an earlier start's (cached, nothing compiled).
+    """
+
+    def __init__(
+        self,
+        cost: StepCost,
+        accel: str | None = None,
+        eager_step_s: float | None = None,
+        accel_step_s: float | None = None,
+        accel_setup_s: float = 0.0,
+        kv_rel_error: float | None = None,
+        dropped: bool = False,
+        cached: bool = False,
+    ) -> None:
+        self.cost, self.accel, self.dropped, self.cached = cost, accel, dropped, cached
+        self.eager_step_s, self.accel_step_s = eager_step_s, accel_step_s
+        self.accel_setup_s, self.kv_rel_error = accel_setup_s, kv_rel_error
+        self._setup_reported = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.steps = 0  # forward passes
+        self.kv_written = 0  # tokens whose K/V were stored
+        self.kv_read = 0  # tokens of K/V attended over, summed over sequences
+        self.accel_steps = 0  # steps run compiled / graph-replayed
+        self.weight_saved = 0  # bytes: bf16 weight bytes minus those actually read
+
+    def record(
+        self, kv_written: int, kv_read: int, accelerated: bool, weight_bytes: int | None = None
+    ) -> None:
+        """Count one forward pass: ``kv_written`` tokens stored, ``kv_read`` tokens of
+        KV attended over (summed over sequences), whether it ran accelerated, and the
+        matmul weight bytes it read (default: ``cost.weight_bytes``; layers that switch
+        to a dense copy for many rows read more)."""
+        read = self.cost.weight_bytes if weight_bytes is None else weight_bytes
+        self.weight_saved += self.cost.weight_bf16_bytes - read
+        self.steps += 1
+        self.kv_written += kv_written
+        self.kv_read += kv_read
+        self.accel_steps += int(accelerated)
+
+    def samples(self, now: float | None = None) -> list[LeverSample]:
+        """Lever samples for what accrued since the last call (then reset)."""
+        t = time.time() if now is None else now
+        c, out = self.cost, []
+        if c.weight_label != "none" and self.steps:
+            out.append(
+                LeverSample(
+                    f"weight_quant_{c.weight_label}",
+                    "move_less",
+                    float(self.weight_saved),
+                    "bytes",
+                    0.0,
+                    "bytes",
+                    t,
+                )
+            )
+        if c.kv_label != "auto" and (self.kv_written or self.kv_read):
+            per = c.kv_token_bf16_bytes - c.kv_token_bytes
+            err = self.kv_rel_error or 0.0
+            out.append(
+                LeverSample(
+                    f"kv_quant_{c.kv_label}",
+                    "move_less",
+                    float(per * self.kv_read),
+                    "bytes",
+                    err,
+                    "relative_rms_error",
+                    t,
+                )
+            )
+            out.append(
+                LeverSample(
+                    f"kv_quant_{c.kv_label}",
+                    "occupy_less",
+                    float(per * self.kv_written),
+                    "bytes",
+                    err,
+                    "relative_rms_error",
+                    t,
+                )
+            )
+        if self.accel is not None and (self.accel_steps or not self._setup_reported):
+            gain = 0.0
+            if self.eager_step_s is not None and self.accel_step_s is not None:
+                gain = max(0.0, self.eager_step_s - self.accel_step_s) * self.accel_steps
+            spent = 0.0 if self._setup_reported else self.accel_setup_s
+            self._setup_reported = True
+            out.append(LeverSample(self.accel, "fill", gain, "seconds", spent, "seconds", t))
+        self._reset()
+        return out
+
+    def summary(self) -> str:
+        """One line: bytes per decode step and the accelerated step's startup timing."""
+        c = self.cost
+        s = (
+            f"weights {c.weight_label}: {c.weight_bytes / 2**20:.1f} MiB/step "
+            f"({c.weight_bytes / c.weight_bf16_bytes:.2f}x the bytes of bf16); KV {c.kv_label}: "
+            f"{c.kv_token_bytes} B/token ({c.kv_token_bytes / c.kv_token_bf16_bytes:.2f}x the bytes of bf16)"
+        )
+        if self.accel is not None and self.eager_step_s and self.accel_step_s:
+            s += (
+                f"; {self.accel} in {self.accel_setup_s:.1f}s, warm-up step eager "
+                f"{self.eager_step_s * 1e3:.1f} ms vs {self.accel_step_s * 1e3:.1f} ms"
+            )
+            s += " (not faster: decoding eagerly)" if self.dropped else " (kept)"
+            s += " [cached measurement: not compiled again]" if self.cached else ""
+        return s

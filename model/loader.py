@@ -1,0 +1,73 @@
+"""Load a model from disk: GGUF file or Hugging Face directory, by what the path is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from houchu.model.config import ModelConfig, ModelLoadError, resolve_model_file
+from houchu.model.llama import LlamaModel, Weights
+from houchu.model.quant import QuantSpec
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"float32"`` / ``"bfloat16"`` / ``"float16"`` (or fp32/bf16/fp16) to a torch dtype.
+
+    Raises:
+        ValueError: another name.
+    """
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r} (use float32, bfloat16 or float16)") from None
+
+
+def load_tensors(
+    path: str | Path, dtype: torch.dtype, keep_q4: bool = False
+) -> tuple[ModelConfig, Weights]:
+    """Config and Hugging Face-named CPU tensors of the model at ``path`` (with
+    ``keep_q4``, a GGUF file's Q4_0/Q4_1 projections as lossless ``Int4Weight``).
+
+    Raises:
+        ModelLoadError: not a GGUF file / HF directory, or unsupported model.
+    """
+    p = resolve_model_file(path)
+    if p.is_file() and p.suffix == ".gguf":
+        from houchu.model.weights_gguf import load_gguf
+
+        return load_gguf(p, dtype, keep_q4)
+    if p.is_dir():
+        from houchu.model.weights_hf import load_hf
+
+        return load_hf(p, dtype)
+    raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face model directory")
+
+
+def load_model(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    prepack: bool = True,
+    quant: QuantSpec | None = None,
+) -> LlamaModel:
+    """Load and build the ``LlamaModel`` at ``path`` (weights in ``dtype`` on ``device``;
+    ``prepack``: oneDNN-packed dense matmul weights on CPU where available; ``quant``:
+    quantized projections, see ``QuantSpec``).
+
+    Raises:
+        ModelLoadError: see ``load_tensors``; missing or mis-shaped tensors.
+        ValueError: an int4 group size that does not divide a layer's input width.
+    """
+    quant = quant or QuantSpec()
+    cfg, tensors = load_tensors(path, dtype, quant.keeps_gguf_q4)
+    return LlamaModel.from_tensors(cfg, tensors, device, prepack, quant)

@@ -1,0 +1,400 @@
+"""The model runner: weights, the device KV pool, per-request sampling state, and one
+``execute(StepPlan) -> StepResult`` per forward pass. No asyncio, no ZeroMQ: the runner
+actor (``actors/runner.py``) wraps it.
+
+Plan semantics (applied in this order, after the whole plan has been validated, so an
+invalid plan raises ``ValueError`` and changes nothing):
+
+1. ``release``: drop those requests' state (unknown rids are ignored; their pages are the
+   scheduler's to free);
+2. ``init``: register new requests (sampling params, prompt ids for penalties, seeded
+   generator); a rid already registered is an error;
+3. ``work``: for each ``SeqWork``, write the K/V of ``token_ids`` at positions
+   ``start_pos .. start_pos + n - 1`` into ``page_table``'s pages, attend causally over
+   positions ``0 .. start_pos + n - 1``, and when ``sample`` is set draw the next token
+   and append it to the request's generated history. Recomputing a preempted request's
+   tokens appends nothing, so its penalty counts stay right. A work item with
+   ``num_draft`` proposals is verified (``houchu.model.verify``): its accepted proposals and
+   the token after them are appended and returned, one ``SeqOutput`` each.
+
+Overlap scheduler: a work item with ``use_last_sampled`` has a placeholder first token,
+replaced by the token this runner sampled for that rid in the previous ``execute`` call
+(the last one, after verification). The runner keeps only the previous call's tokens; a
+call that fails keeps none, so a plan built on a failed step fails too instead of
+running on a stale token.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from houchu.kvcache.host_pool import HostPool
+from houchu.model import cpu_kernels
+from houchu.model.accel import DecodeAccelerator
+from houchu.model.attention import make_backend
+from houchu.model.autotune import Tuned, tune_model
+from houchu.model.batch import StepBatch, build_batch
+from houchu.model.config import ModelConfig, num_parameters, resolve_model_file
+from houchu.model.decisions import DecisionCache, model_key
+from houchu.model.device import resolve_device
+from houchu.model.fused_cpu import FusedDecode
+from houchu.model.kv_pool import KVPool
+from houchu.model.kv_transfer import HostKVMirror
+from houchu.model.lever_counters import LeverCounters, StepCost
+from houchu.model.loader import load_model, parse_dtype
+from houchu.model.ops import make_ops
+from houchu.model.quant import QuantSpec, resolve_quant_mode
+from houchu.model.sampling import RequestState, Sampler
+from houchu.model.threads import ThreadGovernor, step_key
+from houchu.model.verify import sample_and_verify
+from houchu.options.runner import RunnerOptions
+from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
+from houchu.transport.telemetry import LeverSample
+
+
+class ModelRunner:
+    """Owns a Llama model and its KV pool; executes step plans.
+
+    Args:
+        model_path: a ``.gguf`` file or a Hugging Face Llama directory.
+        options: how to load and run it (``houchu.options.runner.RunnerOptions``: the
+            device, dtype, KV pool, threads, quantization, kernels and compiled step;
+            ``houchu serve``'s "model runner" flags; None: their defaults).
+        seed: seed of the generator unseeded requests share (None: random).
+        logprobs_mode: "raw" (log_softmax of the model's logits, vLLM's default) or
+            "processed" (after penalties, temperature and filters).
+        prepack: on CPU, keep matmul weights in oneDNN's packed layout (faster).
+        quiet: do not print the load summary.
+    Raises:
+        houchu.model.device.DeviceError: a device torch cannot use here.
+        ModelLoadError: the model cannot be loaded.
+        ValueError: bad dtype, page size, quantization, KV dtype, backend or CPU ISA level, or a KV
+            budget below one page.
+        RuntimeError: a backend that cannot run here (flash-attn or Triton missing).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        options: RunnerOptions | None = None,
+        *,
+        seed: int | None = None,
+        logprobs_mode: str = "raw",
+        prepack: bool = True,
+        quiet: bool = False,
+    ) -> None:
+        o = self.options = options if options is not None else RunnerOptions()
+        self.device = torch.device(resolve_device(o.device))
+        if o.threads is not None:
+            torch.set_num_threads(o.threads)
+        self.cpu_isa = cpu_kernels.select(o.cpu_isa)
+        if o.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {o.page_size}")
+        t0 = time.perf_counter()
+        self.dtype = parse_dtype(o.dtype)
+        mode = resolve_quant_mode(o.quantization, resolve_model_file(model_path))
+        quant = QuantSpec(mode, o.quant_group_size)
+        # the C++ kernels build (first start at this ISA level) while the weights load
+        building = None
+        if self.device.type == "cpu" and o.attention_backend in ("auto", "cpu"):
+            building = cpu_kernels.load_in_background()
+        with torch.inference_mode():
+            self.model = load_model(model_path, self.dtype, self.device, prepack, quant)
+        if building is not None:
+            building.result()  # never raises: make_backend reports why the kernels are out
+        self.backend = make_backend(
+            o.attention_backend, self.device, page_size=o.page_size, kv_dtype=o.kv_cache_dtype
+        )
+        graphs = not o.disable_cuda_graph and self.device.type == "cuda"
+        with torch.inference_mode():
+            for m in self.model.modules():  # layers built before the kernels were loaded
+                if hasattr(m, "prepare_cpu_gemv"):
+                    m.prepare_cpu_gemv()
+            self.model.ops = make_ops(self.backend.ops_name, self.device)
+            if (
+                not o.disable_fused_layers
+                and self.backend.name == "cpu"
+                and self.config.plain_llama_layers
+            ):
+                self.model.fused = FusedDecode(self.model)
+            self.pool = KVPool.for_model(
+                self.config,
+                page_size=o.page_size,
+                dtype=self.dtype,
+                device=self.device,
+                num_pages=o.num_pages,
+                memory_bytes=o.kv_cache_bytes,
+                kv_dtype=o.kv_cache_dtype,
+                scratch_pages=1 if graphs else 0,
+            )
+        if o.decode_paths not in ("rules", "auto"):
+            raise ValueError(f"decode_paths must be rules or auto, got {o.decode_paths!r}")
+        self.tuned = None
+        buckets = tuple(o.decode_batch_sizes)
+        if o.decode_paths == "auto" and self.device.type == "cpu":
+            self.tuned = self._tune(model_path, quant, buckets)
+        self.accel = DecodeAccelerator(
+            self.model,
+            self.pool,
+            self.backend,
+            compile=o.compile,
+            cuda_graph=graphs,
+            buckets=buckets,
+            verdicts=DecisionCache() if self.device.type == "cpu" else None,
+            verdict_key=model_key(
+                resolve_model_file(model_path),
+                quant.label(),
+                self.dtype,
+                self.pool.k.dtype,
+                self.backend.name,
+                self.model.fused is not None,
+                buckets,
+                self.tuned.route.table if self.tuned else None,
+            ),
+        )
+        self.accel.setup()
+        wb, wb16 = self.model.weight_bytes()
+        p = self.pool
+        cost = StepCost(
+            wb, wb16, p.bytes_per_token, p.bf16_bytes_per_token, quant.label(), o.kv_cache_dtype
+        )
+        a = self.accel
+        self.levers = LeverCounters(
+            cost,
+            a.kind,
+            a.eager_step_s,
+            a.accel_step_s,
+            a.setup_s,
+            a.kv_rel_error,
+            a.dropped,
+            cached=a.cached,
+        )
+        self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
+        limit = min(self.config.max_position, self.pool.num_tokens)
+        self.max_context = limit if o.max_context is None else min(o.max_context, limit)
+        if self.max_context < 1:
+            raise ValueError(f"max_context must be >= 1, got {o.max_context}")
+        self.states: dict[str, RequestState] = {}
+        self.last_sampled: dict[str, int] = {}  # rid -> token sampled by the previous call
+        self.host_kv: HostKVMirror | None = None  # the shared host KV pool, when tiers are on
+        self.num_params = self.model.num_params()
+        on_cpu = self.device.type == "cpu" and not o.fixed_threads
+        self.governor = ThreadGovernor(torch.get_num_threads()) if on_cpu else None
+        if not quiet:
+            print(self.summary(time.perf_counter() - t0), flush=True)
+
+    @property
+    def config(self) -> ModelConfig:
+        """The model's configuration."""
+        return self.model.cfg
+
+    def summary(self, load_s: float | None = None) -> str:
+        """One line: architecture, parameters, dtype, KV pool geometry and bytes."""
+        p = self.pool
+        took = "" if load_s is None else f" (loaded in {load_s:.1f}s)"
+        return (
+            f"houchu runner: llama {self.config.name!r}, {self.num_params / 1e6:.1f}M params, "
+            f"{str(self.dtype).removeprefix('torch.')} on {self.device}, "
+            f"{self.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
+            f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
+            f"({p.bytes_per_token} B/token), max context {self.max_context}, "
+            f"attention {self.backend.name}, kernels {self.model.ops.name} "
+            f"(CPU ISA {self.cpu_isa}){self._build_note()}"
+            f"{' with fused decode layers' if self.model.fused else ''}, "
+            f"matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
+            f"{torch.get_num_threads()} threads{took}; {self.levers.summary()}"
+            f"{'; decode paths ' + self.decode_paths() if self.tuned else ''}"
+        )
+
+    def decode_paths(self) -> str:
+        """The measured decode path per bucket and the times measured ("" when not
+        tuned), e.g. "b<=1 fused 2.4 ms (gemv 3.1, torch 9.0, dense 21.0); ..."."""
+        t = self.tuned
+        if t is None:
+            return ""
+        how = "cached measurement" if t.cached else f"measured in {t.took_s:.1f}s"
+        how += "; cores contended: not cached" if t.contended else ""
+        return f"{t.route.describe(t.times)} [{how}]"
+
+    def _build_note(self) -> str:
+        """ " (C++ kernels built in N s)" when this process compiled them."""
+        took = getattr(self.backend, "build_s", 0.0)
+        return f" (C++ kernels built in {took:.0f}s)" if took >= 1.0 else ""
+
+    def _tune(
+        self, model_path: str | Path, quant: QuantSpec, buckets: tuple[int, ...]
+    ) -> Tuned | None:
+        """Measure the decode paths per bucket (or read the cached measurement)."""
+        key = model_key(
+            resolve_model_file(model_path),
+            quant.label(),
+            self.dtype,
+            self.pool.k.dtype,
+            self.backend.name,
+            self.model.fused is not None,
+            buckets,
+        )
+        return tune_model(self.model, self.pool, self.backend, buckets, DecisionCache(), key)
+
+    def _timed_forward(self, batch: StepBatch) -> torch.Tensor:
+        """``_forward``, with the thread governor told about the step."""
+        if self.governor is None:
+            return self._forward(batch)
+        n = batch.num_tokens
+        key = step_key(n, all_decode=n == batch.num_seqs)
+        return self.governor.run(lambda: self._forward(batch), key, n)
+
+    def lever_samples(self) -> list[LeverSample]:
+        """What weight and KV quantization and the compiled / graph-captured decode step
+        saved and spent since the previous call (engine-wide ``LeverSample``s, for the
+        runner actor to emit)."""
+        return self.levers.samples()
+
+    def attach_host_pool(self, host: HostPool) -> None:
+        """Map the shared host KV pool so plans can save pages to it and load them back.
+
+        Raises:
+            ValueError: its slots are smaller than one device page.
+        """
+        self.host_kv = HostKVMirror(self.pool, host)
+
+    def info(self) -> RunnerInfo:
+        """What the scheduler needs to know about this runner, and the limits every
+        request must fit (``houchu.transport.limits``)."""
+        c = self.config
+        return RunnerInfo(
+            num_pages=self.pool.num_pages,
+            page_size=self.pool.page_size,
+            max_context=self.max_context,
+            kv_bytes_per_token=self.pool.bytes_per_token,
+            num_params=self.num_params,
+            model_name=self.config.name,
+            num_nonembed_params=num_parameters(self.config).non_embedding,
+            attn_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
+            vocab_size=c.vocab_size,
+            device_type=self.device.type,
+            num_threads=torch.get_num_threads(),
+            cpu_isa=self.cpu_isa if self.device.type == "cpu" else "",
+            decode_paths=self.tuned.route.describe(self.tuned.times) if self.tuned else "",
+        )
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor:
+        """Logits ``[R, V]`` float32 of one step, accelerated where possible; counts it."""
+        logits = self.accel.forward(batch)
+        fast = logits is not None
+        if logits is None:
+            logits = self.model(batch, self.pool, self.backend)
+        read = self.model.weight_bytes_at(batch.num_tokens, int(batch.sample_rows.numel()))
+        self.levers.record(batch.num_tokens, sum(batch.kv_lens), fast, read)
+        return logits
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step (see the module docstring for the semantics).
+
+        Returns:
+            ``StepResult`` with one ``SeqOutput`` per sampled request, in work order;
+            ``num_tokens`` = new tokens computed; ``duration_s`` = seconds spent.
+        Raises:
+            ValueError: unknown rid in work, duplicate init, invalid sampling params,
+                empty token list, token id out of vocab, positions beyond
+                ``max_context``, a page table too short or naming a page outside the
+                pool, or two tokens writing one KV slot, or a placeholder token
+                (``use_last_sampled``) for a rid the previous step sampled nothing for.
+                Nothing is changed then (except that the previous step's sampled tokens
+                are forgotten).
+        """
+        t0 = time.perf_counter()
+        started_at = time.time()
+        previous, self.last_sampled = self.last_sampled, {}
+        with torch.inference_mode():
+            # ---- validate everything before touching state
+            resolve_last_sampled(plan, previous)
+            live = set(self.states) - set(plan.release)
+            new: dict[str, RequestState] = {}
+            for si in plan.init:
+                if si.rid in live or si.rid in new:
+                    raise ValueError(f"request {si.rid!r} is already registered")
+                new[si.rid] = RequestState(
+                    si.rid, si.sampling, si.prompt_ids, self.config.vocab_size, self.device
+                )
+            for w in plan.work:
+                if w.rid not in live and w.rid not in new:
+                    raise ValueError(f"request {w.rid!r} was never initialised (or released)")
+            batch = None
+            if plan.work:
+                batch = build_batch(
+                    plan.work,
+                    page_size=self.pool.page_size,
+                    num_pages=self.pool.num_pages,
+                    max_context=self.max_context,
+                    vocab_size=self.config.vocab_size,
+                    device=self.device,
+                )
+            if self.host_kv is not None:
+                self.host_kv.check(plan.kv_saves)
+                self.host_kv.check(plan.kv_loads)
+            elif plan.kv_saves or plan.kv_loads:
+                raise ValueError("plan copies KV pages but no host pool is attached")
+            # ---- commit
+            if self.host_kv is not None:
+                self.host_kv.save(plan.kv_saves)
+                self.host_kv.load(plan.kv_loads)
+            for rid in plan.release:
+                self.states.pop(rid, None)
+            self.states.update(new)
+            outputs: list[SeqOutput] = []
+            if batch is not None:
+                logits = self._timed_forward(batch)  # [R, V] fp32
+                ws = [plan.work[i] for i in batch.sampled]
+                states = [self.states[w.rid] for w in ws]
+                drafts = [w.token_ids[len(w.token_ids) - w.num_draft :] for w in ws]
+                samples = sample_and_verify(
+                    self.sampler, logits, batch.sample_counts, states, drafts
+                )  # appends each emitted token to its request's state
+                for st, ss in zip(states, samples, strict=True):
+                    outputs.extend(
+                        SeqOutput(
+                            rid=st.rid,
+                            token_id=s.token_id,
+                            logprob=s.logprob,
+                            top_logprobs=s.top_logprobs,
+                        )
+                        for s in ss
+                    )
+        self.last_sampled = {o.rid: o.token_id for o in outputs}  # the last one per rid
+        return StepResult(
+            step_id=plan.step_id,
+            outputs=outputs,
+            duration_s=time.perf_counter() - t0,
+            num_tokens=0 if batch is None else batch.num_tokens,
+            started_at=started_at,
+        )
+
+
+def resolve_last_sampled(plan: StepPlan, previous: dict[str, int]) -> None:
+    """Put the previous step's sampled token (``previous``: rid -> token id) in place of
+    each ``use_last_sampled`` work item's placeholder, in ``plan`` itself.
+
+    Raises:
+        ValueError: a placeholder whose rid sampled nothing in the previous step, or a
+            placeholder item without tokens. ``plan`` is unchanged then.
+    """
+    resolved = []
+    for w in plan.work:
+        if not w.use_last_sampled:
+            continue
+        if not w.token_ids:
+            raise ValueError(f"request {w.rid!r}: a placeholder work item has no tokens")
+        token = previous.get(w.rid)
+        if token is None:
+            raise ValueError(
+                f"request {w.rid!r}: placeholder for the last sampled token, but the "
+                "previous step sampled nothing for it"
+            )
+        resolved.append((w, token))
+    for w, token in resolved:
+        w.token_ids = [token, *w.token_ids[1:]]
+        w.use_last_sampled = False

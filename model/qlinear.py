@@ -1,0 +1,336 @@
+"""Quantized linear layers: weight-only int4 and int8 (move less); W8A8 (compute less) is
+``houchu.model.w8a8``, and ``make_linear`` picks among them.
+
+Kernels: on the CPU, where houchu's C++ kernels are loaded (``houchu.model.cpu_kernels``,
+``gemv.cpp``), decode-sized row counts use its AVX-512 int4 / int8 GEMV
+(``cpu_kernels.ops().int4_gemv`` / ``int8_gemv``: exact products of the activations
+with the stored codes, float32 sums; 1.4-1.8x torch's int4 kernel and 3.5x its int8 one
+on SmolLM2's shapes at one row). Otherwise torch's own:
+
+- int4: ``torch.ops.aten._weight_int4pack_mm_for_cpu`` on CPU and ``_weight_int4pack_mm``
+  (the "tinygemm" kernel) on CUDA, with per-group scales and zero points packed as
+  ``[K/G, N, 2]`` and dequantization ``w = (q - 8) · scale + zero`` (so ``zero = offset
+  + 8 · scale`` in ``houchu.model.quant``'s ``q · scale + offset`` form).
+- int8 weight-only: ``torch.ops.aten._weight_int8pack_mm`` (per-channel scales).
+
+Kernel choice by batch size: at decode batch sizes the step is bandwidth-bound and the
+quantized kernels read 2-4x fewer bytes; for more rows these weight-only kernels are
+slower than a dense matmul. The CPU kernels cost about as much per row as a matrix-vector
+product (measured on the benchmark machine, SmolLM2-135M, whole decode steps, 1 thread:
+int4 19.6 / 31.1 / 101 ms CPU per step at 1 / 4 / 16 sequences against 34.5 / 36.4 /
+67.1 ms for dense bf16 with oneDNN's prepacked weights), so on a CPU with oneDNN each
+layer also keeps a dequantized, prepacked copy of its weight in the activation dtype and
+uses it from ``dense_min_rows`` rows up (memory for speed: the copy costs the bf16 bytes;
+``dense_min_rows=None`` drops it and dequantizes on the fly from ``dequant_min_rows``
+rows instead, as on CUDA, where tinygemm stays fast to larger batches). W8A8 uses the
+int8 GEMM from ``w8a8_min_rows`` rows up (compute-bound) and the weight-only int8 kernel
+below.
+
+Activations run in bfloat16 where the hardware has it (CPU with AVX512-BF16/AMX, any
+CUDA GPU with bf16), else float32; inputs of another dtype are cast in and out.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from houchu.model import cpu_kernels
+from houchu.model.autotune import DecodeRoute
+from houchu.model.linear import Linear, LinearBase, onednn_available, packed_matmul
+from houchu.model.quant import (
+    Int4Weight,
+    QuantSpec,
+    pack_nibbles,
+    quantize_int4,
+    quantize_int8,
+    unpack_nibbles,
+)
+
+INT4_DEQUANT_MIN_ROWS = 128  # rows from which int4 dequantize-then-matmul is faster
+INT8_DEQUANT_MIN_ROWS = 64  # same for the int8 weight-only kernel
+CPU_DENSE_MIN_ROWS = 64  # CPU: rows from which a kept dense prepacked copy beats houchu's GEMV
+
+
+@functools.cache
+def quant_act_dtype(device_type: str) -> torch.dtype:
+    """bfloat16 if ``device_type``'s hardware computes in it, else float32."""
+    if device_type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+
+
+class Int4Linear(LinearBase):
+    """Weight-only int4 linear (per-group scales and zero points).
+
+    Args:
+        w: the quantized weight (``[N, K]`` codes, ``[N, K/G]`` scale and offset).
+        device: where the layer runs.
+        dequant_min_rows: rows from which the weight is dequantized for a dense matmul
+            (when no dense copy is kept).
+        dense_min_rows: CPU with oneDNN: rows from which a kept dense prepacked copy is
+            used; None: keep no copy.
+    Raises:
+        ValueError: on CUDA, N not a multiple of 8 or K not a multiple of 32.
+    """
+
+    def __init__(
+        self,
+        w: Int4Weight,
+        device: torch.device | str = "cpu",
+        dequant_min_rows: int = INT4_DEQUANT_MIN_ROWS,
+        dense_min_rows: int | None = CPU_DENSE_MIN_ROWS,
+    ) -> None:
+        super().__init__()
+        dev = torch.device(device)
+        self.out_features, self.in_features = w.shape
+        self.group_size, self.dequant_min_rows = w.group_size, dequant_min_rows
+        self.kind = f"int4-g{w.group_size}"
+        act = self.act_dtype = quant_act_dtype(dev.type)
+        zero = w.offset + 8.0 * w.scale  # [N, K/G]
+        sz = torch.stack((w.scale, zero), dim=-1).transpose(0, 1).contiguous()  # [K/G, N, 2]
+        self.register_buffer("sz", sz.to(dev, act))
+        q = w.q.to(dev)
+        if dev.type == "cuda":
+            n, k = w.shape
+            tiles = next((t for t in (8, 4, 2) if k % (16 * t) == 0), None)
+            if n % 8 or tiles is None:
+                raise ValueError(f"CUDA int4 kernel needs N % 8 == 0 and K % 32 == 0, got {n}x{k}")
+            hi_lo = (q[:, 0::2] << 4) | q[:, 1::2]  # tinygemm's nibble order
+            packed = torch.ops.aten._convert_weight_to_int4pack(hi_lo.contiguous(), tiles)
+        else:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        self.register_buffer("packed", packed)  # kernel layout, opaque
+        # a plain nibble copy for the dequantize-then-matmul path
+        self.register_buffer("nibbles", pack_nibbles(q))  # [N, K/2] uint8
+        self.register_buffer("scale", w.scale.to(dev, act))  # [N, K/G]
+        self.register_buffer("offset", w.offset.to(dev, act))  # [N, K/G]
+        self._dense = _dense_copy(self.dequantize(), dev, dense_min_rows)  # opaque, not a buffer
+        self.dense_min_rows = dense_min_rows if self._dense is not None else None
+        self._cpu_gemv: torch.Tensor | None = None  # houchu's C++ GEMV layout (opaque)
+        self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
+        self.prepare_cpu_gemv()
+
+    def prepare_cpu_gemv(self) -> None:
+        """Lay the weight out for houchu's C++ GEMV, on the CPU once the kernels are
+        loaded (a layer built before they were gets it here)."""
+        if self._cpu_gemv is not None or self.scale.device.type != "cpu":
+            return
+        if cpu_kernels.is_loaded() and self.group_size % 8 == 0:
+            q = unpack_nibbles(self.nibbles).view(self.out_features, self.in_features)
+            self._cpu_gemv = cpu_kernels.ops().int4_pack(
+                q, self.scale, self.offset, self.group_size
+            )
+
+    def weight_bytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size() + self.sz.numel() * 2
+
+    def weight_bytes_at(self, rows: int) -> int:
+        if self.dense_min_rows is not None and rows >= self.dense_min_rows:
+            return self.out_features * self.in_features * self.act_dtype.itemsize
+        return self.weight_bytes()
+
+    def gemv_blob(self, rows: int) -> tuple[torch.Tensor, int] | None:
+        if not _gemv_at(self, rows):
+            return None
+        return self._cpu_gemv, self.group_size
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense weight ``[N, K]`` in the activation dtype."""
+        n, k, g = self.out_features, self.in_features, self.group_size
+        q = unpack_nibbles(self.nibbles).to(self.act_dtype).view(n, k // g, g)
+        return torch.addcmul(self.offset[..., None], q, self.scale[..., None]).view(n, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
+        xa = x.to(self.act_dtype)
+        path = _route(self, x.shape[0])
+        if path == "dense" or (path is None and _dense_at(self, x.shape[0])):
+            y = packed_matmul(xa, self._dense, self.out_features)
+        elif path is None and x.shape[0] >= self.dequant_min_rows:
+            y = F.linear(xa, self.dequantize())
+        elif self._cpu_gemv is not None and path != "torch":
+            y = cpu_kernels.ops().int4_gemv(xa, self._cpu_gemv, self.group_size, self.out_features)
+        elif self.packed.device.type == "cuda":
+            y = torch.ops.aten._weight_int4pack_mm(xa, self.packed, self.group_size, self.sz)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                xa, self.packed, self.group_size, self.sz
+            )
+        return y.to(x.dtype)
+
+
+class Int8Linear(LinearBase):
+    """Weight-only int8 linear (symmetric per-channel scales).
+
+    Args:
+        w: ``[N, K]`` float weight, quantized here.
+        device: where the layer runs.
+        dequant_min_rows: rows from which the weight is dequantized for a dense matmul
+            (when no dense copy is kept).
+        dense_min_rows: CPU with oneDNN: rows from which a kept dense prepacked copy is
+            used; None: keep no copy.
+    """
+
+    def __init__(
+        self,
+        w: torch.Tensor,
+        device: torch.device | str = "cpu",
+        dequant_min_rows: int = INT8_DEQUANT_MIN_ROWS,
+        dense_min_rows: int | None = CPU_DENSE_MIN_ROWS,
+    ) -> None:
+        super().__init__()
+        dev = torch.device(device)
+        self.out_features, self.in_features = w.shape
+        self.kind, self.dequant_min_rows = "int8", dequant_min_rows
+        self.act_dtype = quant_act_dtype(dev.type)
+        q, scale = quantize_int8(w)
+        self.register_buffer("q", q.to(dev))  # [N, K] int8
+        self.register_buffer("wscale", scale.to(dev))  # [N] float32
+        self.register_buffer("wscale_act", scale.to(dev, self.act_dtype))  # [N]
+        self.kernel = _int8pack_works(dev.type, self.act_dtype)
+        dense = self.q.to(self.act_dtype) * self.wscale_act[:, None]  # [N, K]
+        self._dense = _dense_copy(dense, dev, dense_min_rows)  # opaque, not a buffer
+        self.dense_min_rows = dense_min_rows if self._dense is not None else None
+        self._cpu_gemv: torch.Tensor | None = None  # houchu's C++ GEMV layout (opaque)
+        self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
+        self.prepare_cpu_gemv()
+
+    def prepare_cpu_gemv(self) -> None:
+        """Lay the weight out for houchu's C++ GEMV, on the CPU once the kernels are
+        loaded (a layer built before they were gets it here)."""
+        if self._cpu_gemv is None and self.q.device.type == "cpu" and cpu_kernels.is_loaded():
+            self._cpu_gemv = cpu_kernels.ops().int8_pack(self.q, self.wscale_act)
+
+    def weight_bytes(self) -> int:
+        return self.q.numel() + self.wscale_act.numel() * self.wscale_act.element_size()
+
+    def weight_bytes_at(self, rows: int) -> int:
+        if self.dense_min_rows is not None and rows >= self.dense_min_rows:
+            return self.out_features * self.in_features * self.act_dtype.itemsize
+        return self.weight_bytes()
+
+    def gemv_blob(self, rows: int) -> tuple[torch.Tensor, int] | None:
+        if not _gemv_at(self, rows):
+            return None
+        return self._cpu_gemv, 0
+
+    def _weight_only(self, xa: torch.Tensor) -> torch.Tensor:
+        """xa: ``[M, K]`` act dtype -> ``[M, N]`` act dtype."""
+        path = _route(self, xa.shape[0])
+        if path == "dense" or (path is None and _dense_at(self, xa.shape[0])):
+            return packed_matmul(xa, self._dense, self.out_features)
+        if path in ("gemv", "fused") or (path is None and xa.shape[0] < self.dequant_min_rows):
+            if self._cpu_gemv is not None:
+                return cpu_kernels.ops().int8_gemv(xa, self._cpu_gemv, self.out_features)
+        if self.kernel and (path == "torch" or xa.shape[0] < self.dequant_min_rows):
+            return torch.ops.aten._weight_int8pack_mm(xa, self.q, self.wscale_act)
+        return F.linear(xa, self.q.to(xa.dtype)) * self.wscale_act  # int8 is exact in bf16
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
+        return self._weight_only(x.to(self.act_dtype)).to(x.dtype)
+
+
+def _route(layer: Int4Linear | Int8Linear, rows: int) -> str | None:
+    """The path the model's measured decode route (``houchu.model.autotune``) gives a step
+    of ``rows`` rows ("fused", "gemv", "torch" or "dense"), or None: the layer's own
+    row thresholds decide."""
+    route = layer.route
+    path = route.path_for(rows) if route is not None else None
+    if path == "dense" and layer._dense is None:  # noqa: SLF001 (its own module's layers)
+        return None
+    return path
+
+
+def _gemv_at(layer: Int4Linear | Int8Linear, rows: int) -> bool:
+    """Whether ``rows`` rows run on houchu's C++ GEMV (the route's choice, else below the
+    dense and dequantize thresholds)."""
+    if layer._cpu_gemv is None:  # noqa: SLF001
+        return False
+    path = _route(layer, rows)
+    if path is not None:
+        return path in ("gemv", "fused")
+    return not _dense_at(layer, rows) and rows < layer.dequant_min_rows
+
+
+def _dense_at(layer: Int4Linear | Int8Linear, rows: int) -> bool:
+    """Whether ``rows`` rows run on the layer's kept dense prepacked copy."""
+    return layer.dense_min_rows is not None and rows >= layer.dense_min_rows
+
+
+def _dense_copy(w: torch.Tensor, device: torch.device, min_rows: int | None) -> torch.Tensor | None:
+    """A oneDNN-prepacked dense copy of ``w`` ``[N, K]`` (opaque layout; CPU only, when
+    oneDNN takes its dtype and ``min_rows`` is set), else None."""
+    if min_rows is None or device.type != "cpu" or not onednn_available(w.dtype):
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous())
+
+
+@functools.cache
+def _int8pack_works(device_type: str, act_dtype: torch.dtype) -> bool:
+    """Whether ``_weight_int8pack_mm`` runs on this device and dtype (probed once)."""
+    try:
+        x = torch.randn(2, 32, device=device_type, dtype=act_dtype)
+        q = torch.randint(-127, 127, (8, 32), dtype=torch.int8, device=device_type)
+        s = torch.rand(8, device=device_type, dtype=act_dtype)
+        y = torch.ops.aten._weight_int8pack_mm(x, q, s)
+        want = F.linear(x.float(), q.float()) * s.float()
+        return bool(torch.allclose(y.float(), want, rtol=0.05, atol=0.05 * float(want.abs().max())))
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def make_linear(
+    w: torch.Tensor | Int4Weight,
+    spec: QuantSpec,
+    device: torch.device | str = "cpu",
+    *,
+    dtype: torch.dtype = torch.float32,
+    head: bool = False,
+) -> LinearBase:
+    """The linear layer for weight ``w`` under ``spec``.
+
+    Args:
+        w: ``[N, K]`` dense weight (in the model dtype), or an ``Int4Weight`` (a GGUF
+            Q4 tensor kept quantized).
+        spec: the quantization spec.
+        device: where the layer runs.
+        dtype: the model dtype (that of a dense layer made from an ``Int4Weight``).
+        head: the LM head, which stays int8 under "int4" (the logits are the most
+            error-sensitive matmul; llama.cpp's Q4 files likewise keep it at 6-8 bits).
+    Returns:
+        ``Linear`` (mode "none"), ``Int4Linear``, ``Int8Linear`` or ``W8A8Linear``.
+    Raises:
+        ValueError: a group size that does not divide K.
+    """
+    mode = spec.mode
+    if isinstance(w, Int4Weight) and (mode != "int4" or head):
+        w = w.dequantize(dtype)
+    if mode == "none":
+        return Linear(w)
+    if mode == "w8a8":
+        from houchu.model.w8a8 import W8A8Linear  # a subclass of Int8Linear: imports this module
+
+        return W8A8Linear(w, device)
+    if mode == "int8" or head:
+        return Int8Linear(w, device)
+    return Int4Linear(w if isinstance(w, Int4Weight) else quantize_int4(w, spec.group_size), device)
+
+
+def fuse_weights(
+    parts: list[torch.Tensor | Int4Weight], dtype: torch.dtype
+) -> torch.Tensor | Int4Weight:
+    """Stack projection weights row-wise (q/k/v, gate/up). int4 parts with one group size
+    stay int4; a mix is dequantized to dense ``dtype`` first (and requantized, if the
+    spec asks, by ``make_linear``).
+
+    parts: ``[N_i, K]`` each -> ``[sum N_i, K]``.
+    """
+    if all(isinstance(p, Int4Weight) for p in parts):
+        if len({p.group_size for p in parts}) == 1:
+            return Int4Weight.cat(parts)  # type: ignore[arg-type]
+    dense = [p.dequantize(dtype) if isinstance(p, Int4Weight) else p for p in parts]
+    return torch.cat(dense)

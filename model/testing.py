@@ -1,0 +1,187 @@
+"""Helpers for tests elsewhere in houchu: a tiny random Llama-family model (Llama, Qwen2,
+Qwen3) saved as a Hugging Face directory, and its GGUF as llama.cpp's converter writes it
+(needs ``transformers``; imported lazily)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TINY_CONFIG: dict[str, Any] = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def make_tiny_llama(
+    path: str | Path, *, tie_word_embeddings: bool = False, seed: int = 0, **overrides: Any
+) -> Path:
+    """Save a randomly initialised ``LlamaForCausalLM`` (float32, safetensors) to ``path``.
+
+    Args:
+        path: target directory (created).
+        tie_word_embeddings: share the embedding and LM-head matrices.
+        seed: torch seed for the random weights.
+        overrides: ``LlamaConfig`` fields replacing ``TINY_CONFIG``'s.
+    Returns:
+        ``path`` as a ``Path``.
+    """
+    return make_tiny_model(
+        path, "llama", tie_word_embeddings=tie_word_embeddings, seed=seed, **overrides
+    )
+
+
+def make_tiny_model(
+    path: str | Path,
+    family: str,
+    *,
+    tie_word_embeddings: bool = False,
+    seed: int = 0,
+    **overrides: Any,
+) -> Path:
+    """Save a randomly initialised causal LM of ``family`` ("llama", "qwen2" or "qwen3",
+    through ``transformers.AutoModelForCausalLM.from_config``; float32, safetensors) to
+    ``path``. 2-D weights are drawn from N(0, 0.08²) and 1-D ones (norms, biases) from
+    1 + N(0, 0.1²) or N(0, 0.1²), so that every part changes the logits visibly.
+
+    Args:
+        path: target directory (created).
+        family: the HF ``model_type``.
+        tie_word_embeddings: share the embedding and LM-head matrices.
+        seed: torch seed for the random weights.
+        overrides: config fields replacing ``TINY_CONFIG``'s.
+    Returns:
+        ``path`` as a ``Path``.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = AutoConfig.for_model(
+        family, **{**TINY_CONFIG, **overrides}, tie_word_embeddings=tie_word_embeddings
+    )
+    model = AutoModelForCausalLM.from_config(cfg).float().eval()
+    with torch.no_grad():  # larger-than-default weights so logits differ visibly
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+            elif family != "llama":  # norms: around 1
+                p.normal_(1.0, 0.1)
+    out = Path(path)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+_HF_TO_GGUF_BLOCK = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+}
+
+
+def permute_qk(w: Any, n_head: int) -> Any:
+    """llama.cpp's converter permutation of q/k rows (rotate-half -> interleaved pairs).
+
+    w: ``[n_head * head_dim, in]`` numpy array; returns the same shape.
+    """
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def write_llama_gguf(
+    hf_dir: str | Path,
+    out: str | Path,
+    *,
+    qtype: str = "F32",
+    arch: str | None = None,
+    drop_output: bool = False,
+) -> Path:
+    """Convert a Hugging Face Llama-family directory to GGUF the way llama.cpp does (a
+    Llama's q/k rows permuted, names mapped), quantizing 2-D weights to ``qtype`` (a
+    ``gguf.GGMLQuantizationType`` name: F32, F16, Q8_0, Q4_0, Q4_1 …); norms and biases
+    stay F32.
+
+    Args:
+        hf_dir: directory from ``make_tiny_model``.
+        out: target ``.gguf`` path.
+        arch: the ``general.architecture`` to declare: the model's family by default
+            (tests declare a wrong one on purpose).
+        drop_output: omit ``output.weight`` (a tied-embedding model).
+    Returns:
+        ``out`` as a ``Path``.
+    """
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from houchu.model.config import load_model_config
+
+    cfg = load_model_config(hf_dir)
+    tensors: dict[str, np.ndarray] = {}
+    for f in sorted(Path(hf_dir).glob("*.safetensors")):
+        tensors |= load_file(str(f))
+    qt = gguf.GGMLQuantizationType[qtype]
+    permute = cfg.architecture == "llama"  # llama.cpp keeps Qwen's rotate-half rows
+    w = gguf.GGUFWriter(str(out), arch or cfg.architecture)
+    w.add_name("tiny-llama")
+    w.add_block_count(cfg.num_layers)
+    w.add_context_length(cfg.max_position)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_bos_token_id(cfg.bos_token_id or 1)
+    w.add_eos_token_id(cfg.eos_token_ids[0] if cfg.eos_token_ids else 2)
+    for name, t in tensors.items():
+        t = t.astype(np.float32)
+        if name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if drop_output:
+                continue
+            gname = "output.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            part, kind = rest.rsplit(".", 1)  # kind: weight or bias
+            gname = f"blk.{layer}.{_HF_TO_GGUF_BLOCK[part]}.{kind}"
+            if permute and part == "self_attn.q_proj":
+                t = permute_qk(t, cfg.num_heads)
+            elif permute and part == "self_attn.k_proj":
+                t = permute_qk(t, cfg.num_kv_heads)
+        if t.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
+            w.add_tensor(gname, gguf.quants.quantize(t, qt), raw_dtype=qt)
+        else:
+            w.add_tensor(gname, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(out)
