@@ -43,17 +43,29 @@ def step_key(num_tokens: int, all_decode: bool) -> str:
 
 @dataclass
 class _Kind:
-    """One step kind's measurements: recent cycle seconds per token by thread count."""
+    """One step kind's measurements: recent cycle seconds per token by thread count, and
+    when each neighbouring count (``-1`` fewer, ``+1`` more) is next tried."""
 
     threads: int
+    now: float
+    base_s: float
     samples: dict[int, deque[float]] = field(default_factory=dict)
     trial: int | None = None  # the thread count on trial
     trial_left: int = 0  # steps of the trial still to start
-    last_probe: float = 0.0
-    next_down: bool = True  # which neighbour the next probe tries
+    trial_lost: bool = False  # a trial step was far slower: ended early, lost
+    due: dict[int, float] = field(default_factory=dict)  # direction -> next probe time
+    wait: dict[int, float] = field(default_factory=dict)  # direction -> current interval
+
+    def __post_init__(self) -> None:
+        self.due = {-1: self.now + self.base_s, +1: self.now + self.base_s}
+        self.wait = {-1: self.base_s, +1: self.base_s}
 
     def add(self, threads: int, per_token_s: float, keep: int) -> None:
         self.samples.setdefault(threads, deque(maxlen=keep)).append(per_token_s)
+
+    def median(self, threads: int) -> float | None:
+        got = self.samples.get(threads)
+        return statistics.median(got) if got and len(got) >= 3 else None
 
 
 @dataclass
@@ -71,8 +83,13 @@ class ThreadGovernor:
 
     Args:
         max_threads: the most threads (the runner's configured count).
-        probe_every_s: seconds between a kind's trials of a neighbouring count.
-        trial_steps: steps a trial runs.
+        probe_every_s: seconds before a kind first tries a neighbouring count; a trial
+            that loses doubles the wait before the next one in its direction (up to
+            ``max_wait_s``), one that wins resets both.
+        max_wait_s: the longest wait between trials in one direction.
+        trial_steps: steps a trial runs; one step slower than ``abort_ratio`` times the
+            current count's median cycle ends the trial at once, lost (a thread more on
+            contended cores can stall a step for a whole time slice).
         min_gain: a trial count is kept when its median cycle per token is below
             ``(1 - min_gain)`` times the current count's.
         idle_gap_s: a gap after a step longer than this is idle time, not measured.
@@ -85,7 +102,9 @@ class ThreadGovernor:
         max_threads: int,
         *,
         probe_every_s: float = 1.0,
+        max_wait_s: float = 32.0,
         trial_steps: int = 6,
+        abort_ratio: float = 2.0,
         min_gain: float = 0.03,
         idle_gap_s: float = 0.05,
         keep: int = 24,
@@ -94,7 +113,8 @@ class ThreadGovernor:
     ) -> None:
         self.max_threads = max(1, max_threads)
         self.threads = self.max_threads  # the count the last step ran with
-        self.probe_every_s, self.trial_steps, self.min_gain = probe_every_s, trial_steps, min_gain
+        self.probe_every_s, self.max_wait_s = probe_every_s, max_wait_s
+        self.trial_steps, self.abort_ratio, self.min_gain = trial_steps, abort_ratio, min_gain
         self.idle_gap_s, self.keep = idle_gap_s, keep
         self._set, self._clock = set_threads, clock
         self.kinds: dict[str, _Kind] = {}
@@ -111,7 +131,9 @@ class ThreadGovernor:
         why its speed changed)."""
         now = self._clock()
         self._measure(now)
-        kind = self.kinds.setdefault(key, _Kind(self.max_threads, last_probe=now))
+        kind = self.kinds.get(key)
+        if kind is None:
+            kind = self.kinds[key] = _Kind(self.max_threads, now, self.probe_every_s)
         n = self._pick(kind, now)
         if n != self.threads:
             self._set(n)
@@ -127,41 +149,48 @@ class ThreadGovernor:
         if last is None or now - last.end > self.idle_gap_s:
             return
         kind = self.kinds[last.key]
-        kind.add(last.threads, (now - last.start) / last.tokens, self.keep)
+        per_token = (now - last.start) / last.tokens
+        kind.add(last.threads, per_token, self.keep)
+        base = kind.median(kind.threads)
+        if last.threads == kind.trial and base is not None and per_token > self.abort_ratio * base:
+            kind.trial_left, kind.trial_lost = 0, True
 
     def _pick(self, kind: _Kind, now: float) -> int:
         if kind.trial is not None:
             if kind.trial_left > 0:
                 kind.trial_left -= 1
                 return kind.trial
-            self._judge(kind)
-        if self.max_threads > 1 and now - kind.last_probe >= self.probe_every_s:
-            kind.last_probe = now
-            down, up = kind.threads - 1, kind.threads + 1
-            options = [
-                t
-                for t in ((down, up) if kind.next_down else (up, down))
-                if 1 <= t <= self.max_threads
-            ]
-            kind.next_down = not kind.next_down
-            if options and len(kind.samples.get(kind.threads, ())) >= 3:
-                kind.trial = options[0]
-                kind.samples.pop(kind.trial, None)  # judged on fresh samples only
+            self._judge(kind, now)
+        if self.max_threads == 1 or kind.median(kind.threads) is None:
+            return kind.threads
+        for d in sorted(kind.due, key=kind.due.get):  # the direction due longest first
+            n = kind.threads + d
+            if kind.due[d] <= now and 1 <= n <= self.max_threads:
+                kind.trial, kind.trial_lost = n, False
+                kind.samples.pop(n, None)  # judged on fresh samples only
                 kind.trial_left = self.trial_steps - 1
-                return kind.trial
+                return n
         return kind.threads
 
-    def _judge(self, kind: _Kind) -> None:
+    def _judge(self, kind: _Kind, now: float) -> None:
         trial, kind.trial = kind.trial, None
         assert trial is not None
-        got, base = kind.samples.get(trial, ()), kind.samples.get(kind.threads, ())
-        if len(got) < max(2, self.trial_steps // 2) or len(base) < 3:
-            return  # too few back-to-back steps to judge (idle gaps, other kinds between)
-        if statistics.median(got) < (1 - self.min_gain) * statistics.median(base):
-            before, kind.threads = kind.threads, trial
-            self.changes += 1
-            print(
-                f"houchu runner: {before} -> {trial} threads serve faster now "
-                f"(measured cycle per token)",
-                flush=True,
-            )
+        d = 1 if trial > kind.threads else -1
+        got, base = kind.samples.get(trial, ()), kind.median(kind.threads)
+        enough = len(got) >= max(2, self.trial_steps // 2) and base is not None
+        if not kind.trial_lost and not enough:
+            kind.due[d] = now + kind.wait[d]  # too few back-to-back steps: try again later
+            return
+        if kind.trial_lost or statistics.median(got) >= (1 - self.min_gain) * base:
+            kind.wait[d] = min(2 * kind.wait[d], self.max_wait_s)
+            kind.due[d] = now + kind.wait[d]
+            return
+        before, kind.threads = kind.threads, trial
+        kind.wait = {-1: self.probe_every_s, +1: self.probe_every_s}
+        kind.due = {-1: now + self.probe_every_s, +1: now + self.probe_every_s}
+        self.changes += 1
+        print(
+            f"houchu runner: {before} -> {trial} threads serve faster now "
+            f"(measured cycle per token)",
+            flush=True,
+        )

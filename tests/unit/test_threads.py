@@ -108,3 +108,16 @@ def test_one_thread_never_probes():
     for _ in range(500):
         g.run(lambda: now.__setitem__(0, now[0] + 0.01), "decode<=1", 1)
     assert calls == [] and g.chosen() == {"decode<=1": 1}
+
+
+def test_a_losing_direction_is_tried_less_and_less():
+    """Contended cores: a second thread stalls a step for a time slice. Each try of two
+    threads ends after its first slow step, and the tries thin out (the wait doubles)."""
+    m = FakeMachine(lambda kind, t: (0.050, 0.002) if t == 2 else (0.009, 0.002))
+    used = m.run_for(40.0)
+    assert m.g.chosen() == {"decode<=1": 1}
+    first = used.index(1)  # the first second at two threads, then one thread wins
+    tries = [i for i in range(first, len(used)) if used[i] == 2]
+    assert 3 <= len(tries) <= 7  # waits of 1, 2, 4, 8, 16 s: not one a second
+    assert all(b - a > 1 for a, b in zip(tries, tries[1:], strict=False))  # one step each
+    assert m.g.kinds["decode<=1"].wait[+1] >= 16
