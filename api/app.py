@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from houchu.api import metrics, openai_api, openapi, ws_api
+from houchu.api import metrics, openai_api, openapi, server_info, ws_api
 from houchu.api.auth import make_auth_middleware
 from houchu.api.engine_client import EngineError
 from houchu.api.errors import ApiError, api_error, error_response, json_response
@@ -111,6 +111,7 @@ def make_app(
     live.add_routes(app)
     metrics.add_routes(app, gateway_metrics)
     openapi.add_routes(app)
+    server_info.add_routes(app)
     return app
 
 

@@ -162,6 +162,7 @@ class ScrapeSnapshot(Collector):
             v = self.stats.get(key)
             if isinstance(v, (int, float)):
                 yield GaugeMetricFamily(name, doc, value=float(v))
+        yield from self._vllm_named()
         yield from self._ledger()
         dropped = CounterMetricFamily(
             "houchu_telemetry_dropped_records",
@@ -176,6 +177,42 @@ class ScrapeSnapshot(Collector):
             "Telemetry records written to the database.",
             value=float(self.counters.get("records_written", 0.0)),
         )
+
+    def _vllm_named(self) -> Iterable:
+        """The engine numbers under the names that routers in front of vLLM scrape (the
+        Gateway API Inference Extension, llm-d, vLLM's production-stack router), with
+        vLLM's ``model_name`` label: requests running and waiting, the KV cache's usage
+        (a fraction, 1 = every page held) and the prefix cache's queried and hit prompt
+        tokens."""
+        st = self.stats
+        if not isinstance(st.get("num_running"), (int, float)):
+            return
+        labels, model = ["model_name"], [str(st.get("model", ""))]
+        total = float(st.get("num_pages_total") or 0)
+        usage = float(st.get("num_pages_used") or 0) / total if total else 0.0
+        for name, doc, value in (
+            ("vllm:num_requests_running", "Requests in the running batch.", st["num_running"]),
+            ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", st["num_waiting"]),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent usage.", usage),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(model, float(value))
+            yield g
+        for name, doc, key in (
+            (
+                "vllm:prefix_cache_queries",
+                "Prompt tokens queried in the prefix cache.",
+                "prefix_tokens_queried",
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prompt tokens found in the prefix cache.",
+                "prefix_tokens_reused",
+            ),
+        ):
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(model, float(st.get(key) or 0))
+            yield c
 
     def _ledger(self) -> Iterable:
         labels = ["lever", "verb", "unit"]

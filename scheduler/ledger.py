@@ -153,6 +153,7 @@ class SchedulerLedger:
     def stats(self) -> dict[str, float | int]:
         return {
             "prefix_tokens_reused": self.prefix_tokens_reused,
+            "prefix_tokens_queried": self.prompt_tokens_admitted,
             "prefix_hit_rate": self.prefix_tokens_reused / max(self.prompt_tokens_admitted, 1),
             "prefix_flops_saved": self.prefix_flops_saved,
             "pages_shared": self.pages_shared,

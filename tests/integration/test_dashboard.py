@@ -191,6 +191,26 @@ def test_metrics_move_with_traffic(dash):
         "houchu_telemetry_written_records_total{}", 0
     )
     assert any(k.startswith("houchu_lever_saved_total{") for k in after)
+    # the names routers in front of vLLM scrape, from the same engine counters
+    name = next(k for k in after if k.startswith("vllm:num_requests_running{"))
+    label = name[name.index("{") :]
+    queried = f"vllm:prefix_cache_queries_total{label}"
+    assert after[queried] == before.get(queried, 0) + body["usage"]["prompt_tokens"]
+    assert 0 <= after[f"vllm:kv_cache_usage_perc{label}"] <= 1
+    assert f"vllm:num_requests_waiting{label}" in after
+
+
+def test_server_info_for_routers(dash):
+    async def go():
+        status, info = await get_json(f"{dash.url}/server_info")
+        assert status == 200 and info["context_length"] > 0
+        assert info["max_total_num_tokens"] > 0 and info["page_size"] == 16
+        status, model = await get_json(f"{dash.url}/get_model_info")
+        assert status == 200 and model["max_model_len"] == info["context_length"]
+        status, version = await get_json(f"{dash.url}/version")
+        assert status == 200 and version["version"] == info["version"]
+
+    asyncio.run(go())
 
 
 def _bench_results(scale: float) -> dict:

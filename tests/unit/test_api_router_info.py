@@ -1,0 +1,62 @@
+"""What routers read about a replica: ``/version``, ``/model_info``, ``/server_info``
+(and SGLang's ``get_`` spellings), ``/v1/models`` and the vLLM-named Prometheus series,
+against a fake engine."""
+
+from __future__ import annotations
+
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from houchu.api.app import make_app
+from houchu.api.server_info import houchu_version
+from tests.unit.test_api_basics import FakeEngine
+
+STATS = {"model": "fake", "num_running": 3, "num_waiting": 2, "num_pages_total": 100}
+STATS |= {"num_pages_used": 25, "page_size": 16}
+STATS |= {"prefix_tokens_queried": 640, "prefix_tokens_reused": 160}
+
+
+class StatsEngine(FakeEngine):
+    async def stats(self):
+        return dict(STATS)
+
+
+def client() -> TestClient:
+    app = make_app(StatsEngine(), model_name="fake", max_context=512)
+    return TestClient(TestServer(app, host="127.0.0.1"))
+
+
+async def test_version_model_info_and_server_info():
+    async with client() as c:
+        v = await (await c.get("/version")).json()
+        assert v == {"version": houchu_version()} and v["version"] != "unknown"
+        for path in ("/model_info", "/get_model_info"):
+            info = await (await c.get(path)).json()
+            assert info["model_path"] == "fake" and info["is_generation"] is True
+            assert info["max_model_len"] == 512
+        for path in ("/server_info", "/get_server_info"):
+            resp = await c.get(path)
+            assert resp.status == 200
+            s = await resp.json()
+            assert s["version"] == v["version"] and s["context_length"] == 512
+            assert s["max_total_num_tokens"] == 1600  # 100 pages x 16 tokens
+            assert (s["num_running_requests"], s["num_waiting_requests"]) == (3, 2)
+        models = await (await c.get("/v1/models")).json()
+        (m,) = models["data"]
+        assert m["owned_by"] == "houchu" and m["max_model_len"] == 512
+
+
+async def test_vllm_named_metrics():
+    async with client() as c:
+        text = await (await c.get("/metrics")).text()
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+    label = (("model_name", "fake"),)
+    assert got[("vllm:num_requests_running", label)] == 3
+    assert got[("vllm:num_requests_waiting", label)] == 2
+    assert got[("vllm:kv_cache_usage_perc", label)] == 0.25
+    assert got[("vllm:prefix_cache_queries_total", label)] == 640
+    assert got[("vllm:prefix_cache_hits_total", label)] == 160
