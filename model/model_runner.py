@@ -45,6 +45,7 @@ from houchu.model.kv_pool import KVPool
 from houchu.model.kv_transfer import HostKVMirror
 from houchu.model.lever_counters import LeverCounters, StepCost
 from houchu.model.loader import load_model, parse_dtype
+from houchu.model.moe import MoEMLP
 from houchu.model.ops import make_ops
 from houchu.model.quant import QuantSpec, resolve_quant_mode
 from houchu.model.sampling import RequestState, Sampler
@@ -250,8 +251,25 @@ class ModelRunner:
     def lever_samples(self) -> list[LeverSample]:
         """What weight and KV quantization and the compiled / graph-captured decode step
         saved and spent since the previous call (engine-wide ``LeverSample``s, for the
-        runner actor to emit)."""
-        return self.levers.samples()
+        runner actor to emit); with MoE layers, also the FLOPs the experts a token did not
+        run saved against the router's ("moe_routed_experts", compute_less)."""
+        out = self.levers.samples()
+        moes = [m for m in self.model.modules() if isinstance(m, MoEMLP)]
+        counts = [m.take_counts() for m in moes]
+        if counts and any(saved for saved, _ in counts):
+            saved, spent = (sum(c[i] for c in counts) for i in (0, 1))
+            out.append(
+                LeverSample(
+                    "moe_routed_experts",
+                    "compute_less",
+                    saved,
+                    "flops",
+                    spent,
+                    "flops",
+                    time.time(),
+                )
+            )
+        return out
 
     def attach_host_pool(self, host: HostPool) -> None:
         """Map the shared host KV pool so plans can save pages to it and load them back.

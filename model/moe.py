@@ -57,6 +57,7 @@ class MoEMLP(nn.Module):
         self.num_experts, self.top_k, self.norm_topk_prob = e, top_k, norm_topk_prob
         #: tokens routed to each expert by the last forward: ``[E]`` int64 (expert load)
         self.last_load = torch.zeros(e, dtype=torch.int64)
+        self.tokens_since = 0  # tokens through this layer since ``take_counts``
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: ``[T, hidden]`` -> ``(weights [T, top_k] in x's dtype, experts [T, top_k]
@@ -76,6 +77,7 @@ class MoEMLP(nn.Module):
         order = torch.argsort(flat, stable=True)  # [T·k] pairs grouped by expert
         load = torch.bincount(flat, minlength=self.num_experts)  # [E]
         self.last_load = load
+        self.tokens_since += x.shape[0]
         tokens = order // k  # [T·k] the token of each sorted pair
         xs = x.index_select(0, tokens)  # [T·k, hidden]
         ys = torch.empty_like(xs)  # [T·k, hidden]
@@ -88,6 +90,15 @@ class MoEMLP(nn.Module):
             start += n
         ys = ys * weights.reshape(-1).index_select(0, order).unsqueeze(1)  # [T·k, hidden]
         return torch.zeros_like(x).index_add_(0, tokens, ys)  # [T, hidden]
+
+    def take_counts(self) -> tuple[float, float]:
+        """``(FLOPs not computed, router FLOPs)`` since the previous call: per token,
+        the ``E - top_k`` experts it skipped (2 FLOPs per weight) against the router's
+        ``2 · E · hidden``; then the count restarts."""
+        n, self.tokens_since = self.tokens_since, 0
+        per_expert = self.gate_up[0].numel() + self.down[0].numel()
+        skipped = 2.0 * n * (self.num_experts - self.top_k) * per_expert
+        return skipped, 2.0 * n * self.router.numel()
 
     def active_params_per_token(self) -> int:
         """Expert weights one token reads: ``top_k`` experts' gate, up and down

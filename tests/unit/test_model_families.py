@@ -128,3 +128,28 @@ def test_moe_counts_active_params_and_skips_idle_experts(family):
     for moe in moes:
         assert int(moe.last_load.sum()) == cfg.num_experts_per_tok
         assert int((moe.last_load == 0).sum()) == cfg.num_experts - cfg.num_experts_per_tok
+
+
+def test_moe_lever_counts_flops_not_computed(family):
+    """The runner's ledger: FLOPs of the experts each token skipped, against the router's."""
+    kind, path, _, _ = family
+    if "moe" not in kind:
+        pytest.skip("a dense family")
+    cfg = load_model_config(path)
+    runner = ModelRunner(str(path), exact(num_pages=32, page_size=4), quiet=True)
+    runner.lever_samples()  # whatever start-up reported
+    ids = prompt(9, 10)
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    work = SeqWork(rid="a", token_ids=ids, start_pos=0, page_table=[0, 1, 2], sample=True)
+    init = [SeqInit(rid="a", sampling=greedy, prompt_ids=ids)]
+    assert runner.execute(StepPlan(step_id=0, work=[work], init=init)).error is None
+    (moe,) = [s for s in runner.lever_samples() if s.lever == "moe_routed_experts"]
+    per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    skipped = cfg.num_experts - cfg.num_experts_per_tok
+    # the prefill's tokens through each MoE layer; the last layer's MLP runs the sampled row
+    last = cfg.num_layers - 1
+    tokens = sum(1 if i == last else len(ids) for i in cfg.moe_layers)
+    assert moe.verb == "compute_less" and moe.saved_unit == moe.spent_unit == "flops"
+    assert moe.saved == 2 * tokens * skipped * per_expert
+    assert moe.spent == 2 * tokens * cfg.num_experts * cfg.hidden_size
+    assert not [s for s in runner.lever_samples() if s.lever == "moe_routed_experts"]
