@@ -215,6 +215,7 @@ ALIASES = {
     "torch_compile": "compiled_step",
     "fp8": "w8a8",
     "mla": "gqa",
+    "moe_routed_experts": "moe",
     "sparse_attention": "sliding_window_attention",
     "spec_decode": "speculative_decoding",
     "draft_model": "speculative_decoding",
