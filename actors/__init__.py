@@ -1,0 +1,1 @@
+"""One thin module per actor, the launcher and supervisor, and ``ServeConfig``."""

@@ -22,7 +22,7 @@ from houchu.scheduler.core import SchedulerCore
 from houchu.spec.calibrate import best_times, calibration_plans, calibration_sizes
 from houchu.transport.channel import Inbox, Outbox
 from houchu.transport.messages import Shutdown, StepResult
-from houchu.transport.peers import Peers
+from houchu.transport.peers import Peers, receive
 from houchu.transport.spec_messages import DraftReply
 
 
@@ -143,9 +143,10 @@ class DraftLink:
             for plan in plans:
                 await to_runner.send(plan)
                 while True:
-                    if not await inbox.poll(timeout_s):
+                    msg = await receive(inbox, "scheduler", timeout_s)
+                    if msg is None:
                         raise RuntimeError(f"no calibration step result in {timeout_s:.0f} s")
-                    if isinstance(msg := await inbox.recv(), StepResult):
+                    if isinstance(msg, StepResult):
                         break
                     if isinstance(msg, Shutdown):
                         raise RuntimeError("shut down during calibration")

@@ -29,7 +29,7 @@ from houchu.actors.placement import PlacementError, place_actors
 from houchu.actors.supervisor import Supervisor, SupervisorStop
 from houchu.transport.channel import BadMessage, Inbox
 from houchu.transport.messages import ActorFailed, ActorReady, LauncherInbox
-from houchu.transport.peers import dropped
+from houchu.transport.peers import dropped, receive
 from houchu.transport.security import InsecureTransport
 
 #: Start order; shutdown goes in reverse (the recorder last, to take the final flushes).
@@ -127,12 +127,8 @@ class Launcher:
                 raise LaunchError(
                     f"actors not ready after {ready_timeout_s:.0f} s: {', '.join(sorted(pending))}"
                 )
-            if not await inbox.poll(TICK_S):
-                continue
-            try:
-                msg = await inbox.recv()
-            except BadMessage as e:
-                dropped("", e, sys.stderr)
+            msg = await receive(inbox, "", TICK_S, sys.stderr)
+            if msg is None:
                 continue
             match msg:
                 case ActorReady(name=name, info=info, pid=pid) if name in pending:

@@ -79,7 +79,7 @@ class SchedulerActor:
         before it, such as the tier manager's first slot grant, are handled after)."""
         early: list[SchedulerInbox] = []
         while True:
-            msg = await self.inbox.recv()
+            msg = await receive(self.inbox, self.name)
             if isinstance(msg, RunnerInfo):
                 break
             if isinstance(msg, Shutdown):

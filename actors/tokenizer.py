@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
@@ -139,7 +140,8 @@ class TokenizerActor:
         s = req.sampling
         chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages or [])
         fewest = -(-chars // self.max_token_chars)  # tokens the text needs at least
-        too_long = limits.context_failure(s.max_tokens, fewest, at_least=True)
+        asked = 1 if s.max_tokens_is_default else s.max_tokens  # a default adapts below
+        too_long = limits.context_failure(asked, fewest, at_least=True)
         if too_long is not None:
             self.encoding.pop(req.rid, None)
             await self._fail(req.rid, too_long)
@@ -159,6 +161,9 @@ class TokenizerActor:
         if failure is not None:
             await self._fail(req.rid, failure)
             return
+        room = limits.max_context - len(ids)  # < 1: the scheduler's check refuses it
+        if s.max_tokens_is_default and 1 <= room < s.max_tokens:
+            s = msgspec.structs.replace(s, max_tokens=room)
         stops = stop_ids(s, self.tokenizer.eos_token_ids)
         self.telemetry.event(req.rid, "tokenized", prompt_tokens=len(ids))
         self.requests[req.rid] = RequestText(req.rid, self.tokenizer, ids, s, stops)

@@ -49,6 +49,10 @@ ENGINE_GAUGES = {
     "num_pages_cached": ("houchu_kv_pages_cached", "KV pages held by the radix prefix cache."),
     "prefix_hit_rate": ("houchu_prefix_cache_hit_ratio", "Prompt tokens reused / admitted."),
     "busy_fraction": ("houchu_runner_busy_ratio", "Fraction of time the runner computed."),
+    "num_preemptions": (
+        "houchu_preemptions",
+        "Requests preempted (their KV dropped, recomputed on resume) since start.",
+    ),
     "overlap_hidden_s": (
         "houchu_overlap_hidden_seconds",
         "Scheduler seconds that ran while the runner executed a step (overlap scheduler).",

@@ -1,8 +1,8 @@
 """``GET /openapi.json``: the OpenAPI 3.1 description of the gateway's HTTP API.
 
 The request and response schemas are generated (``msgspec.json.schema_components``) from
-the msgspec types of ``api_schema`` (the requests, which the validator decodes bodies
-into too) and ``api_responses``; only the paths, their status codes and media types, and
+the msgspec types of ``api.schema`` (the requests, which the validator decodes bodies
+into too) and ``api.responses``; only the paths, their status codes and media types, and
 what the types cannot say, are written here. The WebSocket API (``/ws``) is not an HTTP
 operation and is described in ``ws_api``'s docstring and the README. The document names
 the bearer-key scheme; the key is required only when the server runs with ``--api-key``.
@@ -125,6 +125,7 @@ def openapi_document(model_name: str | None = None, max_context: int | None = No
     ``model_name`` and context window ``max_context`` (tokens) when given."""
     refs, schemas = schema_components(model_name, max_context)
     stats = {"type": "object", "additionalProperties": {"type": ["integer", "number", "string"]}}
+    info = {"type": "object"}
     paths = {
         "/v1/completions": {
             "post": _generate_op(refs, "CompletionRequest", "Completion", "Complete a prompt")
@@ -172,7 +173,20 @@ def openapi_document(model_name: str | None = None, max_context: int | None = No
                 secured=True,
             )
         },
+        "/version": {
+            "get": _get_op(
+                "houchu's version", {"description": "version", "content": _json(info)}, secured=True
+            )
+        },
     }
+    for path, summary in (
+        ("/model_info", "The served model, for routers"),
+        ("/server_info", "The model, its context, the KV pool and the load, for routers"),
+    ):  # also under SGLang's spellings
+        op = {
+            "get": _get_op(summary, {"description": "facts", "content": _json(info)}, secured=True)
+        }
+        paths[path] = paths[path.replace("/", "/get_", 1)] = op
     return {
         "openapi": OPENAPI_VERSION,
         "info": {

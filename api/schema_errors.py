@@ -1,7 +1,7 @@
 """A msgspec ``ValidationError`` on a request body, as the ``ApiError`` a client gets.
 
 msgspec says what failed and where (``... - at `$.messages[0].role```); the field's type
-in ``api_schema`` says what was allowed. The answer is an HTTP 400 whose ``param`` and
+in ``api.schema`` says what was allowed. The answer is an HTTP 400 whose ``param`` and
 message name the parameter:
 
 - ``param`` is the path to the field (``messages[0].content[1].type``); an index into a

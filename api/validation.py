@@ -1,6 +1,6 @@
 """Parse and validate client request bodies into ``GenerateRequest``s.
 
-A body is decoded into its request type of ``api_schema``, the one definition of every
+A body is decoded into its request type of ``api.schema``, the one definition of every
 field and its bounds (the OpenAPI document is generated from the same types). That is
 strict about types: a wrong-typed value (``"temperature": "hot"``, ``"max_tokens": 1.5``,
 ``true`` where an integer is expected) or an out-of-range one is an ``ApiError`` (HTTP
@@ -253,9 +253,11 @@ def _sampling(
         given["top_k"] = max(req.top_k, 0)  # -1 (vLLM) and 0 (OpenAI) both mean off
     if req.stop is not None:
         given["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+    asked = (getattr(req, f, None) for f in ("max_tokens", "max_completion_tokens"))
     return SamplingParams(
         **given,
         max_tokens=max_tokens,
+        max_tokens_is_default=all(v is None for v in asked),
         logprobs=logprobs,
         top_logprobs=top_n if logprobs else 0,
     )

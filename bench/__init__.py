@@ -1,0 +1,1 @@
+"""The load generator (``houchu bench``), the comparisons with other engines, and the runner benchmarks."""

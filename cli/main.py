@@ -25,18 +25,24 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The ``houchu`` argument parser (defaults that come from the environment, such as
     ``HOUCHU_API_KEY``, are read now)."""
+    return build_parsers()[0]
+
+
+def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """``(the houchu parser, its serve subparser)``: the checks of ``serve``'s values
+    report through the latter (``houchu serve: error: ...`` with serve's usage)."""
     parser = argparse.ArgumentParser(prog="houchu", description="houchu LLM serving engine")
     parser.add_argument("--version", action="version", version=f"houchu {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    add_serve_parser(sub)
+    serve = add_serve_parser(sub)
     sub.add_parser("fetch", help="download the default model into the cache")
     add_bench_parser(sub)
-    return parser
+    return parser, serve
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``houchu`` console command; returns the exit code."""
-    parser = build_parser()
+    parser, serve = build_parsers()
     args = parser.parse_args(argv)
 
     if args.command == "bench":
@@ -49,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"houchu: {e}", file=sys.stderr)
             return 1
         return 0
-    check_serve_args(parser, args)
+    check_serve_args(serve, args)
     why = check_device(args)
     if why is not None:
         print(f"houchu: {why}", file=sys.stderr)

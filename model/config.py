@@ -10,7 +10,7 @@ each a flag of ``ModelConfig``:
 | Llama | ``llama`` | none |
 | Qwen2, Qwen2.5 (Qwen Team 2024) | ``qwen2`` | bias on the q, k and v projections |
 | Qwen3 (Qwen Team 2025) | ``qwen3`` | RMSNorm over each q and k head before RoPE (QK-norm) |
-| Qwen3-MoE | ``qwen3_moe`` (HF only) | QK-norm; top-k routed SwiGLU experts (``gpu.moe``) |
+| Qwen3-MoE | ``qwen3_moe`` (HF only) | QK-norm; top-k routed SwiGLU experts (``model.moe``) |
 
 Anything else raises ``ModelLoadError`` here, at load time, never later as a wrong answer.
 """

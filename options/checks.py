@@ -79,6 +79,7 @@ def _check_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 def _check_gateway(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Also: ``--api-key`` loses surrounding blanks."""
     _positive(parser, args, "port", "max_queued_requests", "max_request_mb", "stream_buffer_kb")
+    _positive(parser, args, "request_timeout")
     if not 0 < args.port <= 65535:
         parser.error(f"--port must be in 1..65535, got {args.port}")
     if args.max_request_mb > MAX_REQUEST_MB:
@@ -100,9 +101,12 @@ def _check_telemetry(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         from houchu.storage.db import DatabaseUrlError, parse_url
 
         try:
-            parse_url(args.db_url)
+            url = parse_url(args.db_url)
+            url.get_dialect()  # an unknown scheme fails here, not in every actor
         except DatabaseUrlError as e:
             parser.error(f"--db-url: {e}")
+        except Exception as e:  # noqa: BLE001 (SQLAlchemy raises NoSuchModuleError and others)
+            parser.error(f"--db-url: {args.db_url!r}: {e}")
 
 
 def _check_supervision(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -3,13 +3,14 @@ built from its parsed arguments.
 
 Each flag's type, choices and default come from the field it sets
 (``houchu.options.flags``): a ``bool`` that defaults to False is a switch, a ``Literal``
-gives the choices, ``tuple[int, ...]`` is a comma-separated list, ``X | None`` takes an
-``X``.
+gives the choices, ``tuple[int, ...]`` is a comma-separated list, a ``float`` is a finite number,
+``X | None`` takes an ``X``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import types
 import typing
@@ -48,6 +49,21 @@ def batch_sizes(text: str) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def finite_float(text: str) -> float:
+    """A float flag's value: a finite number.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or nan / inf.
+    """
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return v
+
+
 def _without_none(tp: Any) -> Any:
     """``X`` of ``X | None`` (``tp`` itself otherwise)."""
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
@@ -77,7 +93,7 @@ def argument_kwargs(flag: Flag, info: msgspec.structs.FieldInfo) -> dict[str, An
         return kw | {"choices": list(choices), "type": type(choices[0])}
     if typing.get_origin(tp) is tuple:
         return kw | {"type": batch_sizes, "default": ",".join(map(str, default))}
-    return kw | {"type": tp}
+    return kw | {"type": finite_float if tp is float else tp}
 
 
 def fields_of(group: Group) -> dict[str, msgspec.structs.FieldInfo]:
@@ -92,6 +108,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         "serve",
         help="serve a model over HTTP (OpenAI API) and WebSocket",
         formatter_class=_DefaultsFormatter,
+        allow_abbrev=False,  # every flag by its one name: no prefix spellings
     )
     for group in GROUPS:
         g = p.add_argument_group(group.title)

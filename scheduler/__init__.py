@@ -1,0 +1,1 @@
+"""The scheduler's domain logic (no sockets): admission, batching, preemption, the steps in flight, the ledger."""

@@ -95,7 +95,13 @@ class Planner:
 
     def _on_admitted(self, req: Request) -> None:
         if req.num_preemptions:
-            self.telemetry.event(req.rid, "resumed", cached_tokens=req.num_computed)
+            req.recomputing = True
+            self.telemetry.event(
+                req.rid,
+                "resumed",
+                cached_tokens=req.num_computed,
+                recompute_tokens=req.num_tokens - req.num_computed,
+            )
             return
         if req.cached_tokens:
             tier = max(req.tier_pages, key=req.tier_pages.get) if req.tier_pages else "device"

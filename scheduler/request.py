@@ -74,6 +74,7 @@ class Request:
         self.num_pending = 0  # tokens sampled by steps in flight, not applied yet
         self.cached_tokens = 0
         self.num_preemptions = 0
+        self.recomputing = False  # resumed after a preemption; no token sampled since
         self.is_registered = False  # runner holds its sampling state
         self.is_aborted = False
         self.finish_reason: str | None = None

@@ -103,6 +103,9 @@ class ResultApplier:
             return []  # a prefill chunk that is not the last
         if not req.output_ids:
             self.telemetry.event(req.rid, "first_token", t=now)
+        elif req.recomputing:  # its KV is rebuilt: it decodes again
+            req.recomputing = False
+            self.telemetry.event(req.rid, "decode", t=now, tokens=len(req.output_ids))
         self.ledger.on_token(req, now)
         kept, reason = self._take(req, outs)
         self.counters.generated_tokens += len(kept)

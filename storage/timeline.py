@@ -5,7 +5,7 @@ in time order through a small state machine:
 
     arrived -> tokenize -> tokenized/queued -> queue -> scheduled/prefill_chunk -> prefill
     -> first_token -> decode -> finished | aborted | failed
-    preempted -> preempted -> resumed -> prefill (recompute)
+    preempted -> preempted -> resumed -> prefill (recompute) -> decode
 
 When the scheduler's events are missing (telemetry from an older scheduler), the wait
 between tokenization and the first token is one stage, "queue+prefill". Times are
@@ -28,6 +28,7 @@ _TRANSITIONS: dict[str, str | None] = {
     "first_token": "decode",
     "preempted": "preempted",
     "resumed": "prefill",
+    "decode": "decode",  # decoding again after a resume's recompute
     "finished": None,
     "aborted": None,
     "failed": None,
@@ -74,7 +75,10 @@ def _label(kind: str, data: dict[str, Any]) -> str:
         case "preempted":
             return "preempted: KV freed, to be recomputed"
         case "resumed":
-            return f"resumed ({data.get('cached_tokens', 0)} tokens to recompute)"
+            recompute, cached = data.get("recompute_tokens"), data.get("cached_tokens", 0)
+            if recompute is None:  # recorded before the event carried it
+                return f"resumed ({cached} tokens cached)"
+            return f"resumed ({recompute} tokens to recompute, {cached} cached)"
         case "finished":
             return f"finished ({data.get('finish_reason', '?')})"
         case "failed":

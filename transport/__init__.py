@@ -1,0 +1,1 @@
+"""The wire contract between houchu's actors: msgspec messages, typed ZeroMQ channels, the receive loop, endpoints."""

@@ -34,8 +34,10 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     disables nucleus sampling; ``min_p == 0`` disables min-p. Penalties follow the
     OpenAI / vLLM definitions (``repetition_penalty`` is the CTRL multiplicative penalty,
     Keskar et al. 2019). ``seed`` makes a sampled request reproducible whatever else is in
-    the batch. ``max_tokens`` counts generated tokens. ``top_logprobs`` is only meaningful
-    when ``logprobs`` is true (0..20).
+    the batch. ``max_tokens`` counts generated tokens; ``max_tokens_is_default``: the
+    client did not ask for a number (``max_tokens`` is the API's default), so the
+    tokenizer lowers it to what the context window leaves after the prompt, as vLLM does.
+    ``top_logprobs`` is only meaningful when ``logprobs`` is true (0..20).
     """
 
     temperature: float = 1.0
@@ -47,6 +49,7 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     presence_penalty: float = 0.0
     seed: int | None = None
     max_tokens: int = 16
+    max_tokens_is_default: bool = False
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False

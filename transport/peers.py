@@ -111,10 +111,12 @@ def dropped(owner: str, e: BadMessage, file: TextIO | None = None) -> None:
     print(f"{who}: dropped a bad message{total}: {e}", file=file or sys.stdout, flush=True)
 
 
-async def receive(inbox: Inbox[Any], owner: str, timeout_s: float | None = None) -> Any:
+async def receive(
+    inbox: Inbox[Any], owner: str, timeout_s: float | None = None, log: TextIO | None = None
+) -> Any:
     """The next message of ``inbox`` that decodes (undecodable frames are logged with
-    ``dropped`` and skipped); with ``timeout_s``, None when nothing decodable arrived in
-    that many seconds."""
+    ``dropped``, to ``log`` or stdout, and skipped); with ``timeout_s``, None when
+    nothing decodable arrived in that many seconds."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         if deadline is not None:
@@ -124,7 +126,7 @@ async def receive(inbox: Inbox[Any], owner: str, timeout_s: float | None = None)
         try:
             return await inbox.recv()
         except BadMessage as e:
-            dropped(owner, e)
+            dropped(owner, e, log)
 
 
 async def serve(inbox: Inbox[Any], handle: Callable[[Any], Awaitable[bool]], owner: str) -> None:

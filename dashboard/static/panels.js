@@ -41,6 +41,7 @@ const Live = (() => {
     return [
       tile("running", "Running", live.engine ? H.num(e.num_running) : "–", live.engine ? "requests in the batch" : live.engine_error),
       tile("queued", "Queued", live.engine ? H.num(e.num_waiting) : "–", "waiting for admission"),
+      tile("preempted", "Preemptions", live.engine ? H.num(e.num_preemptions || 0) : "–", "KV dropped to make room, recomputed on resume"),
       tile("batch", "Batch size", H.num(r.batch_size), "requests per forward pass"),
       tile("prefill_tps", "Tokens/s in", H.num(r.prefill_tps), "prefill tokens computed"),
       tile("decode_tps", "Tokens/s out", H.num(r.decode_tps), "decode tokens computed"),

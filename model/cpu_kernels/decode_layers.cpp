@@ -14,7 +14,7 @@
 // The kernels are the per-op operators' own (gemv.h, norm_rope.h, attention.h), called
 // in the same order with the same roundings, and every output element is computed by one
 // thread whichever thread it is, so the result equals the per-op path's
-// (houchu/gpu/llama.py's DecoderLayer.pre, the cpu attention backend, DecoderLayer.post)
+// (houchu/model/llama.py's DecoderLayer.pre, the cpu attention backend, DecoderLayer.post)
 // bit for bit, including the casts to and from the linear layers' activation dtype.
 #include "aten.h"
 #include "library.h"
@@ -44,7 +44,7 @@ using gemv::PackedLinear;
 //   act_dtype: the linear layers' activation dtype (float32 or bfloat16);
 //   k_cache, v_cache: [L, P, page_size, Hkv, D] in T, the pool (L >= n; layer l uses
 //     [l]; written: each row's key and value at position lens[b] - 1), or int8 with
-//     k_scale and v_scale (houchu/gpu/kv_pool.py's int8 pool);
+//     k_scale and v_scale (houchu/model/kv_pool.py's int8 pool);
 //   pages: [B, n_pages] int64; lens: [B] int32, KV length with the new token;
 //   scale: softmax scale;
 //   final_norm, lm_head, head_group_size, vocab_size (optional, together): the model's

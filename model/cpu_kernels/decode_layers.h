@@ -105,7 +105,7 @@ class GemvInput {
 };
 
 // Per-(token, head) symmetric int8 quantization of one row x [D], exactly as
-// houchu/gpu/kv_pool.py's quantize_kv: scale = clamp(amax|x| / 127, 2^-14, 65504) rounded
+// houchu/model/kv_pool.py's quantize_kv: scale = clamp(amax|x| / 127, 2^-14, 65504) rounded
 // to float16, q = round_half_even(clamp(x / scale, -127, 127)).
 template <typename T>
 void quantize_kv_row(const T* x, int64_t d, int8_t* q, c10::Half* scale) {

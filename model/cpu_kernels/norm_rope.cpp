@@ -2,7 +2,7 @@
 // RMSNorm, rotate-half RoPE (queries and keys in one call) and SwiGLU's SiLU·mul.
 //
 // Each is one pass over memory and one operator dispatch where the torch reference
-// (houchu/gpu/ops.py, TorchOps) takes 3-8 ops. Numerics follow the reference op by op:
+// (houchu/model/ops.py, TorchOps) takes 3-8 ops. Numerics follow the reference op by op:
 // math in float32, rounded to the tensor dtype wherever the reference rounds, so
 // bfloat16 results differ from it at most by float32 summation order in the RMS.
 #include "aten.h"

@@ -1,6 +1,6 @@
 // Row kernels of the Llama block's elementwise ops (norm_rope.cpp has the operators;
 // decode_layers.cpp calls these from inside its own threads). Math in float32, rounded to
-// the storage type T wherever houchu/gpu/ops.py's TorchOps reference rounds.
+// the storage type T wherever houchu/model/ops.py's TorchOps reference rounds.
 #pragma once
 #include <c10/util/BFloat16.h>
 

@@ -167,3 +167,32 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server):
         assert stats["num_aborted"] >= before["num_aborted"] + 2
 
     asyncio.run(go())
+
+
+def test_default_max_tokens_fits_a_small_context_window(real_model_path):
+    """A request that does not ask for a number of tokens gets what the window leaves
+    after its prompt (the default 512 for chat is lowered), not a context error; one
+    that asks for too many is still refused."""
+    from tests.integration.conftest import start_server, stop_server
+
+    srv = start_server(real_model_path, "--kv-cache-mb", "64", "--max-context", "48")
+    try:
+
+        async def go():
+            chat = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
+            status, body = await post_json(f"{srv.url}/v1/chat/completions", chat)
+            assert status == 200, body
+            usage = body["usage"]
+            assert usage["prompt_tokens"] + usage["completion_tokens"] <= 48
+            prompt = {"prompt": "one two three four five six seven eight nine ten " * 4}
+            status, body = await post_json(f"{srv.url}/v1/completions", prompt)
+            assert status == 200, body
+            assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] <= 48
+            status, body = await post_json(
+                f"{srv.url}/v1/chat/completions", {**chat, "max_tokens": 48}
+            )
+            assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+
+        asyncio.run(go())
+    finally:
+        stop_server(srv)

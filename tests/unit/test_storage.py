@@ -229,7 +229,8 @@ def test_status_ranks_finished_over_aborted_and_failed_over_all(engine):
 def test_preemption_stage(engine):
     t = 100.0
     ev = LifecycleEvent
-    kinds = ["arrived", "tokenized", "scheduled", "first_token", "preempted", "resumed", "finished"]
+    kinds = ["arrived", "tokenized", "scheduled", "first_token", "preempted", "resumed"]
+    kinds += ["decode", "finished"]
     write(
         engine,
         [
@@ -240,7 +241,7 @@ def test_preemption_stage(engine):
     )
     d = requests_view.request_detail(engine, "p", 200.0)
     stages = [s["stage"] for s in d["segments"]]
-    assert stages == ["tokenize", "queue", "prefill", "decode", "preempted", "prefill"]
+    assert stages == ["tokenize", "queue", "prefill", "decode", "preempted", "prefill", "decode"]
     assert d["num_preemptions"] == 1
 
 
