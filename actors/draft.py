@@ -16,7 +16,7 @@ import traceback
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
-from houchu.options.runner import RunnerOptions
+from houchu.options.runner_options import RunnerOptions
 from houchu.spec.proposers import NgramProposer, Proposer, ProtocolError
 from houchu.transport.channel import Inbox
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown

@@ -17,7 +17,7 @@ import time
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
-from houchu.options.speculation import SpeculativeOptions
+from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.spec.calibrate import best_times, calibration_plans, calibration_sizes
 from houchu.transport.channel import Inbox, Outbox

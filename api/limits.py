@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from houchu.api.errors import ApiError
-from houchu.options.gateway import (
+from houchu.options.gateway_options import (
     DEFAULT_MAX_QUEUED_REQUESTS,
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_STREAM_BUFFER_BYTES,

@@ -44,7 +44,7 @@ from houchu.model import cpu_isa, cpu_kernels
 from houchu.model.model_runner import ModelRunner
 from houchu.model.qlinear import quant_act_dtype
 from houchu.model.w8a8 import W8A8_MIN_ROWS
-from houchu.options.runner import RunnerOptions
+from houchu.options.runner_options import RunnerOptions
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 
 FORMATS = {  # name: (model dtype, quantization); "act": the linear layers' activation dtype

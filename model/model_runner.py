@@ -51,7 +51,7 @@ from houchu.model.quant import QuantSpec, resolve_quant_mode
 from houchu.model.sampling import RequestState, Sampler
 from houchu.model.threads import ThreadGovernor, step_key
 from houchu.model.verify import sample_and_verify
-from houchu.options.runner import RunnerOptions
+from houchu.options.runner_options import RunnerOptions
 from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
 from houchu.transport.telemetry import LeverSample
 
@@ -61,7 +61,7 @@ class ModelRunner:
 
     Args:
         model_path: a ``.gguf`` file or a Hugging Face Llama directory.
-        options: how to load and run it (``houchu.options.runner.RunnerOptions``: the
+        options: how to load and run it (``houchu.options.runner_options.RunnerOptions``: the
             device, dtype, KV pool, threads, quantization, kernels and compiled step;
             ``houchu serve``'s "model runner" flags; None: their defaults).
         seed: seed of the generator unseeded requests share (None: random).

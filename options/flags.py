@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from houchu.actors.config import ServeConfig
-from houchu.options.batching import BatchingOptions
-from houchu.options.gateway import GatewayOptions
-from houchu.options.kv_tiers import KVTierOptions
-from houchu.options.placement import PlacementOptions
-from houchu.options.runner import RunnerOptions
-from houchu.options.speculation import SpeculativeOptions
-from houchu.options.supervision import SupervisionOptions
-from houchu.options.telemetry import TelemetryOptions
+from houchu.options.batching_options import BatchingOptions
+from houchu.options.gateway_options import GatewayOptions
+from houchu.options.kv_tier_options import KVTierOptions
+from houchu.options.placement_options import PlacementOptions
+from houchu.options.runner_options import RunnerOptions
+from houchu.options.speculation_options import SpeculativeOptions
+from houchu.options.supervision_options import SupervisionOptions
+from houchu.options.telemetry_options import TelemetryOptions
 from houchu.transport.channel import MAX_MESSAGE_BYTES
 
 #: Largest --max-request-mb: a request must fit well inside one actor message.

@@ -19,7 +19,7 @@ import itertools
 from collections import deque
 
 from houchu.kvcache.page_allocator import PageAllocator
-from houchu.options.batching import BatchingOptions
+from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.no_tiers import Tiers
 from houchu.scheduler.prefix_cache import NoPrefixCache, PrefixCache
 from houchu.scheduler.request import Request, Status

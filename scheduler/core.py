@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from houchu.kvcache.page_allocator import PageAllocator
 from houchu.kvcache.radix_tree import RadixTree
-from houchu.options.batching import BatchingOptions
-from houchu.options.speculation import SpeculativeOptions
+from houchu.options.batching_options import BatchingOptions
+from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.batcher import Batcher
 from houchu.scheduler.counters import SchedulerCounters
 from houchu.scheduler.ledger import SchedulerLedger
@@ -49,7 +49,7 @@ from houchu.scheduler.request import Request
 from houchu.scheduler.results import ResultApplier
 from houchu.scheduler.speculation import speculation
 from houchu.scheduler.steps import StepTracker
-from houchu.scheduler.telemetry import NullTelemetry, TelemetrySink
+from houchu.scheduler.telemetry_sink import NullTelemetry, TelemetrySink
 from houchu.scheduler.tiers import TierClient, TierReply
 from houchu.transport.failures import Failed, bad_request, overloaded
 from houchu.transport.limits import RunnerLimits

@@ -11,7 +11,7 @@ from houchu.scheduler.overlap import OverlapLedger, Slot
 from houchu.scheduler.request import Request
 from houchu.scheduler.speculation import Speculation
 from houchu.scheduler.steps import StepTracker
-from houchu.scheduler.telemetry import TelemetrySink
+from houchu.scheduler.telemetry_sink import TelemetrySink
 from houchu.transport.messages import RunnerInfo, StepPlan
 from houchu.transport.telemetry import LeverSample
 

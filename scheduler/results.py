@@ -16,7 +16,7 @@ from houchu.scheduler.ledger import SchedulerLedger
 from houchu.scheduler.overlap import OverlapLedger, Slot
 from houchu.scheduler.request import Request, Status
 from houchu.scheduler.speculation import Speculation
-from houchu.scheduler.telemetry import TelemetrySink
+from houchu.scheduler.telemetry_sink import TelemetrySink
 from houchu.transport.messages import Failure, RunnerInfo, SeqOutput, StepResult, TokenEvent
 
 

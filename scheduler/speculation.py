@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from houchu.options.speculation import SpeculativeOptions
+from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.request import Request
 from houchu.spec.scheduling import SpecScheduler
 from houchu.transport.spec_messages import DraftReply, DraftRequest

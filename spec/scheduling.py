@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from houchu.kvcache.page_allocator import PageAllocator
-from houchu.options.speculation import SpeculativeOptions
+from houchu.options.speculation_options import SpeculativeOptions
 from houchu.spec.adaptive import PRIOR_WEIGHT, SpecController
 from houchu.spec.ledger import SpecCounters
 from houchu.transport.messages import SeqWork

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from houchu.options.runner import RunnerOptions
+from houchu.options.runner_options import RunnerOptions
 
 
 def exact(**kw: object) -> RunnerOptions:

@@ -9,7 +9,7 @@ import pytest
 from houchu.model import cpu_isa, cpu_kernels
 from houchu.model.model_runner import ModelRunner
 from tests.runner_options import exact
-from tests.unit.test_gpu_quant import generate
+from tests.unit.test_model_quant import generate
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from houchu.api import app as app_module
 from houchu.api.app import STATE_KEY, GatewayLimits, make_app
 from houchu.api.engine_client import EngineError
-from houchu.options.gateway import DEFAULT_MAX_QUEUED_REQUESTS
+from houchu.options.gateway_options import DEFAULT_MAX_QUEUED_REQUESTS
 from houchu.transport.failures import bad_request, internal, unavailable
 from houchu.transport.messages import GenerateRequest, TextDelta, TokenLogprob
 

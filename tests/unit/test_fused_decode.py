@@ -117,7 +117,7 @@ def test_fused_stays_off_where_it_does_not_apply(models, kw):
 @pytest.mark.parametrize("kv", ["auto", "int8"])
 def test_fused_greedy_tokens_through_the_runner(models, kv):
     """Decode steps through ``execute``: the same greedy tokens fused and per-op."""
-    from tests.unit.test_gpu_quant import generate
+    from tests.unit.test_model_quant import generate
 
     kw = {"quantization": "int4", "dtype": "bfloat16", "kv_cache_dtype": kv}
     on = _runner(models["d64"], **kw)

@@ -16,7 +16,7 @@ from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_model, write_llama_gguf
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
-from tests.unit.test_gpu_model import ATOL, Runner, hf_logits, prompt
+from tests.unit.test_model_llama import ATOL, Runner, hf_logits, prompt
 
 FAMILIES = {
     "qwen2": {},

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import pytest
 
-from houchu.options.batching import BatchingOptions
-from houchu.options.speculation import SpeculativeOptions
+from houchu.options.batching_options import BatchingOptions
+from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.batcher import PLACEHOLDER_TOKEN
 from houchu.scheduler.core import SchedulerCore
 from houchu.scheduler.overlap import OverlapLedger

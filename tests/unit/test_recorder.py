@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from houchu.actors.config import Launch, ServeConfig
 from houchu.actors.recorder import RecorderActor, retention_of
-from houchu.options.telemetry import TelemetryOptions
+from houchu.options.telemetry_options import TelemetryOptions
 from houchu.storage.db import open_db
 from houchu.storage.ledger_view import counters
 from houchu.storage.models import EventRow, LeverRow, RequestRow, StepRow

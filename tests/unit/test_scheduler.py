@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from houchu.kvcache.page_allocator import OutOfPages, PageAllocator
-from houchu.options.batching import BatchingOptions
+from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.transport.failures import internal
 from houchu.transport.messages import (

@@ -8,7 +8,7 @@ import itertools
 import time
 
 from houchu.dashboard.store import DashboardStore
-from houchu.options.batching import BatchingOptions
+from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.storage.db import open_db
 from houchu.storage.writer import TelemetryWriter

@@ -9,8 +9,8 @@ import zmq.asyncio
 from houchu.actors.config import Launch, ServeConfig
 from houchu.actors.draft import DraftActor, make_proposer
 from houchu.model.testing import make_tiny_llama
-from houchu.options.runner import RunnerOptions
-from houchu.options.speculation import SpeculativeOptions
+from houchu.options.runner_options import RunnerOptions
+from houchu.options.speculation_options import SpeculativeOptions
 from houchu.spec.draft_model import DraftModelProposer
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.spec_messages import DraftRequest, DraftSeq

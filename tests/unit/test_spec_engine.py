@@ -9,8 +9,8 @@ import pytest
 
 from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_llama
-from houchu.options.batching import BatchingOptions
-from houchu.options.speculation import SpeculativeOptions
+from houchu.options.batching_options import BatchingOptions
+from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.spec.draft_model import DraftModelProposer
 from houchu.spec.proposers import NgramProposer

@@ -8,8 +8,8 @@ token — what ``houchu.model.verify`` does with a real model.
 
 from __future__ import annotations
 
-from houchu.options.batching import BatchingOptions
-from houchu.options.speculation import SpeculativeOptions
+from houchu.options.batching_options import BatchingOptions
+from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.text.stop import stop_ids
 from houchu.transport.messages import (

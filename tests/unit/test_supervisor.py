@@ -22,8 +22,8 @@ from houchu.actors.supervisor import (
     SupervisorStop,
     describe_exit,
 )
-from houchu.options.supervision import SupervisionOptions
-from houchu.options.telemetry import TelemetryOptions
+from houchu.options.supervision_options import SupervisionOptions
+from houchu.options.telemetry_options import TelemetryOptions
 from houchu.transport.channel import Inbox
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.messages import ActorDown, ActorUp, LauncherInbox, Shutdown

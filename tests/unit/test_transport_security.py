@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from houchu.actors.config import Launch, ServeConfig
 from houchu.actors.placement import PlacementError, free_ports, place_actors
-from houchu.options.placement import PlacementOptions
+from houchu.options.placement_options import PlacementOptions
 from houchu.transport.channel import BadMessage, Inbox, Outbox
 from houchu.transport.endpoints import ACTORS, Endpoints
 from houchu.transport.messages import AbortRequest, SchedulerInbox

@@ -11,7 +11,7 @@ import torch
 from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_llama
 from tests.runner_options import exact
-from tests.unit.test_gpu_quant import generate
+from tests.unit.test_model_quant import generate
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -15,7 +15,7 @@ from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_llama
 from houchu.transport.messages import SeqWork
 from tests.runner_options import exact
-from tests.unit.test_gpu_quant import generate
+from tests.unit.test_model_quant import generate
 
 
 @pytest.fixture(scope="module")

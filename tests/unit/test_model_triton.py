@@ -145,7 +145,7 @@ def test_runner_with_triton_backend_matches_torch(tmp_path, kv):
     from houchu.model.model_runner import ModelRunner
     from houchu.model.testing import make_tiny_llama
     from tests.runner_options import exact
-    from tests.unit.test_gpu_quant import generate
+    from tests.unit.test_model_quant import generate
 
     path = make_tiny_llama(tmp_path, seed=2)
     kw = {"page_size": 4, "num_pages": 24, "kv_cache_dtype": kv, "device": DEV}
