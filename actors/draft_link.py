@@ -159,3 +159,43 @@ class DraftLink:
             core.return_pages(pages)
         core.seed_spec_costs(best_times(sizes, seconds))
         return len(sizes)
+
+
+class NoDraftLink:
+    """``DraftLink``'s stand-in when speculation is off: never waits, asks nothing."""
+
+    is_waiting = False
+
+    def time_left(self) -> float:
+        """Nothing is awaited."""
+        return 0.0
+
+    async def before_plan(self, core: SchedulerCore) -> bool:
+        """Never wait: plan now."""
+        return False
+
+    def after_plan(self) -> None:
+        """Nothing to refresh."""
+
+    def on_reply(self, core: SchedulerCore, reply: DraftReply) -> None:
+        """No draft actor answers this scheduler."""
+
+    def on_timeout(self, core: SchedulerCore) -> None:
+        """Nothing was awaited."""
+
+    async def flush_releases(self, core: SchedulerCore) -> None:
+        """No draft KV to free."""
+
+    def on_down(self, core: SchedulerCore) -> None:
+        """No draft actor."""
+
+    def on_up(self) -> None:
+        """No draft actor."""
+
+    async def calibrate(self, core: SchedulerCore, *args: object, **kw: object) -> int:
+        """No cost model to feed: nothing timed."""
+        return 0
+
+
+#: What the scheduler actor holds: the link, or its stand-in when speculation is off.
+Draft = DraftLink | NoDraftLink

@@ -23,7 +23,7 @@ import time
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
-from houchu.actors.draft_link import DraftLink, spec_config
+from houchu.actors.draft_link import Draft, DraftLink, NoDraftLink, spec_config
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.scheduler.overlap import resolve_overlap
 from houchu.scheduler.tiers import TierClient
@@ -72,7 +72,9 @@ class SchedulerActor:
         self.runner_ready = False  # a runner's RunnerInfo came since its last restart
         self.overlap = False  # plan a step while one runs (resolved at start)
         self.stuck_reported = False  # the step in flight was reported stuck
-        self.draft = DraftLink(ctx, config, self.peers) if config.speculation.enabled else None
+        self.draft: Draft = (
+            DraftLink(ctx, config, self.peers) if config.speculation.enabled else NoDraftLink()
+        )
 
     async def start(self) -> str:
         """Wait for the runner's pool geometry, then build the core (messages that arrive
@@ -96,10 +98,9 @@ class SchedulerActor:
             tiers = TierClient(fingerprint, msg.page_size, c.kv_tiers.write_through, timeout_s)
         self.core = SchedulerCore(msg, batch, self.telemetry, tiers, spec_config(c), self.overlap)
         self.runner_ready = True
-        if self.draft is not None:
-            await self.draft.calibrate(
-                self.core, self.to_runner, self.inbox, early, c.supervision.heartbeat_timeout
-            )
+        await self.draft.calibrate(
+            self.core, self.to_runner, self.inbox, early, c.supervision.heartbeat_timeout
+        )
         for m in early:
             if not await self._handle(m):
                 raise RuntimeError("shut down while starting")
@@ -122,7 +123,7 @@ class SchedulerActor:
         waits = []
         if self.core.is_looking_up():
             waits.append(0.05)  # lower-tier lookups time out: look now and then
-        if self.draft is not None and self.draft.is_waiting:
+        if self.draft.is_waiting:
             waits.append(max(self.draft.time_left(), 0.0))
         if self.core.num_in_flight and not self.stuck_reported:
             left = self.config.supervision.heartbeat_timeout - self.core.at_runner_s()
@@ -131,7 +132,7 @@ class SchedulerActor:
 
     async def _on_quiet(self) -> None:
         """Nothing arrived in time: give up on late proposals, report a stuck runner."""
-        if self.draft is not None and self.draft.is_waiting and self.draft.time_left() <= 0:
+        if self.draft.is_waiting and self.draft.time_left() <= 0:
             self.draft.on_timeout(self.core)
         waited = self.core.at_runner_s()
         if self.core.num_in_flight and not self.stuck_reported:
@@ -186,8 +187,7 @@ class SchedulerActor:
                     return False
                 await self._on_peer_down(name)
             case ActorUp(name="draft"):
-                if self.draft is not None:
-                    self.draft.on_up()
+                self.draft.on_up()
             case Shutdown():
                 return False
         return True
@@ -198,28 +198,26 @@ class SchedulerActor:
             events = core.fail_all(unavailable("the model runner stopped and is restarting; retry"))
             if events:
                 await self.to_tokenizer.send(TokenBatch(events))
-            if self.draft is not None:
-                await self.draft.flush_releases(core)
+            await self.draft.flush_releases(core)
             core.restart_pool()
             self.stuck_reported = self.runner_ready = False
         elif name == "tokenizer":  # nobody can receive these requests' text any more
             core.abort_all()
         elif name == "kv_tiers":
             core.reset_tiers()
-        elif name == "draft" and self.draft is not None:
+        elif name == "draft":
             self.draft.on_down(core)
 
     async def _maybe_step(self) -> None:
         draft, core = self.draft, self.core
         if self.runner_ready and core.has_work and not core.num_in_flight:
             # with speculation, proposals may be asked for first: then wait for them
-            if draft is None or not await draft.before_plan(core):
+            if not await draft.before_plan(core):
                 await self._send_plan()
         if core.num_in_flight == 1 and self.overlap and core.has_work:
             if core.can_plan_ahead():  # overlap: planned while the step in flight runs
                 await self._send_plan()
-        if draft is not None:
-            await draft.flush_releases(core)
+        await draft.flush_releases(core)
         for m in core.tier_messages():
             await self.to_tiers.send(m)
 
@@ -228,8 +226,7 @@ class SchedulerActor:
         t0 = time.time()
         ahead = self.core.num_in_flight > 0
         plan = self.core.next_plan()
-        if self.draft is not None:
-            self.draft.after_plan()
+        self.draft.after_plan()
         if plan is not None:
             self.stuck_reported = False
             await self.to_runner.send(plan)
