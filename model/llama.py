@@ -92,7 +92,7 @@ class DecoderLayer(nn.Module):
         self.qkv = lin([w.pop(f"{a}.{n}_proj.weight") for n in "qkv"])
         self.o_proj = lin([w.pop(f"{a}.o_proj.weight")])
         #: the routed experts where this layer's MLP is a MoE (then gate_up/down are None)
-        self.moe = _moe(cfg, w, m, dtype) if moe else None
+        self.moe = MoEMLP.from_weights(cfg, w, m, dtype) if moe else None
         self.gate_up: LinearBase | None = None
         self.down: LinearBase | None = None
         if self.moe is None:
@@ -332,31 +332,6 @@ class LlamaModel(nn.Module):
             else:  # only the sampled rows feed the last MLP and the head
                 x = layer.post(x, o, ops, batch.sample_rows)  # [R, hidden]
         return self.head(x)  # [R, V]
-
-
-def _moe(cfg: ModelConfig, w: Weights, prefix: str, dtype: torch.dtype) -> MoEMLP:
-    """The MoE of the MLP at ``prefix`` from HF's per-expert tensors
-    (``experts.{e}.{gate,up,down}_proj.weight``, ``gate.weight`` the router); consumed.
-
-    Raises:
-        ModelLoadError: an expert's tensor is quantized (experts are kept dense).
-    """
-    gate_up, down = [], []
-    for e in range(cfg.num_experts):
-        parts = [w.pop(f"{prefix}.experts.{e}.{n}_proj.weight") for n in ("gate", "up", "down")]
-        if not all(isinstance(t, torch.Tensor) for t in parts):
-            raise ModelLoadError(f"{prefix}.experts.{e}: quantized experts are not supported")
-        gate_up.append(torch.cat(parts[:2]).to(dtype))  # [2I, hidden]
-        down.append(parts[2].to(dtype))  # [hidden, I]
-    router = w.pop(f"{prefix}.gate.weight")
-    assert isinstance(router, torch.Tensor)
-    return MoEMLP(
-        router.to(dtype),
-        torch.stack(gate_up),  # [E, 2I, hidden]
-        torch.stack(down),  # [E, hidden, I]
-        cfg.num_experts_per_tok,
-        cfg.norm_topk_prob,
-    )
 
 
 def _check_shapes(cfg: ModelConfig, w: Weights) -> None:

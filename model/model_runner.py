@@ -45,7 +45,7 @@ from houchu.model.kv_pool import KVPool
 from houchu.model.kv_transfer import HostKVMirror
 from houchu.model.lever_counters import LeverCounters, StepCost
 from houchu.model.loader import load_model, parse_dtype
-from houchu.model.moe import MoEMLP
+from houchu.model.moe import MoEMLP, moe_lever_sample
 from houchu.model.ops import make_ops
 from houchu.model.quant import QuantSpec, resolve_quant_mode
 from houchu.model.sampling import RequestState, Sampler
@@ -254,22 +254,9 @@ class ModelRunner:
         runner actor to emit); with MoE layers, also the FLOPs the experts a token did not
         run saved against the router's ("moe_routed_experts", compute_less)."""
         out = self.levers.samples()
-        moes = [m for m in self.model.modules() if isinstance(m, MoEMLP)]
-        counts = [m.take_counts() for m in moes]
-        if counts and any(saved for saved, _ in counts):
-            saved, spent = (sum(c[i] for c in counts) for i in (0, 1))
-            out.append(
-                LeverSample(
-                    "moe_routed_experts",
-                    "compute_less",
-                    saved,
-                    "flops",
-                    spent,
-                    "flops",
-                    time.time(),
-                )
-            )
-        return out
+        moes = (m for m in self.model.modules() if isinstance(m, MoEMLP))
+        moe = moe_lever_sample(moes, time.time())
+        return out if moe is None else [*out, moe]
 
     def attach_host_pool(self, host: HostPool) -> None:
         """Map the shared host KV pool so plans can save pages to it and load them back.

@@ -13,10 +13,14 @@ products in the model dtype).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
+
+from houchu.model.config import ModelConfig, ModelLoadError
+from houchu.transport.telemetry import LeverSample
 
 SiluMul = Callable[[torch.Tensor], torch.Tensor]
 
@@ -58,6 +62,33 @@ class MoEMLP(nn.Module):
         #: tokens routed to each expert by the last forward: ``[E]`` int64 (expert load)
         self.last_load = torch.zeros(e, dtype=torch.int64)
         self.tokens_since = 0  # tokens through this layer since ``take_counts``
+
+    @classmethod
+    def from_weights(
+        cls, cfg: ModelConfig, w: dict[str, Any], prefix: str, dtype: torch.dtype
+    ) -> MoEMLP:
+        """The MoE of the MLP at ``prefix`` from HF's per-expert tensors
+        (``experts.{e}.{gate,up,down}_proj.weight``, ``gate.weight`` the router), in
+        ``dtype``; the tensors are consumed from ``w``.
+
+        Raises:
+            ModelLoadError: an expert's tensor is quantized (experts are kept dense).
+        """
+        gate_up, down = [], []
+        for e in range(cfg.num_experts):
+            parts = [w.pop(f"{prefix}.experts.{e}.{n}_proj.weight") for n in ("gate", "up", "down")]
+            if not all(isinstance(t, torch.Tensor) for t in parts):
+                raise ModelLoadError(f"{prefix}.experts.{e}: quantized experts are not supported")
+            gate_up.append(torch.cat(parts[:2]).to(dtype))  # [2I, hidden]
+            down.append(parts[2].to(dtype))  # [hidden, I]
+        router = w.pop(f"{prefix}.gate.weight")  # [E, hidden]
+        return cls(
+            router.to(dtype),
+            torch.stack(gate_up),  # [E, 2I, hidden]
+            torch.stack(down),  # [E, hidden, I]
+            cfg.num_experts_per_tok,
+            cfg.norm_topk_prob,
+        )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: ``[T, hidden]`` -> ``(weights [T, top_k] in x's dtype, experts [T, top_k]
@@ -105,3 +136,14 @@ class MoEMLP(nn.Module):
         (scalars), plus the router."""
         per_expert = self.gate_up[0].numel() + self.down[0].numel()
         return self.top_k * per_expert + self.router.numel()
+
+
+def moe_lever_sample(moes: Iterable[MoEMLP], t: float) -> LeverSample | None:
+    """The "moe_routed_experts" sample (compute_less) of ``moes`` since the previous
+    call: the FLOPs of the experts each token skipped, against the routers' FLOPs; None
+    when no token went through them."""
+    counts = [m.take_counts() for m in moes]
+    saved, spent = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    if not saved:
+        return None
+    return LeverSample("moe_routed_experts", "compute_less", saved, "flops", spent, "flops", t)

@@ -151,8 +151,10 @@ class ThreadGovernor:
         kind = self.kinds[last.key]
         per_token = (now - last.start) / last.tokens
         kind.add(last.threads, per_token, self.keep)
+        if last.threads != kind.trial:
+            return  # only a trial step is judged at once
         base = kind.median(kind.threads)
-        if last.threads == kind.trial and base is not None and per_token > self.abort_ratio * base:
+        if base is not None and per_token > self.abort_ratio * base:
             kind.trial_left, kind.trial_lost = 0, True
 
     def _pick(self, kind: _Kind, now: float) -> int:
@@ -161,7 +163,7 @@ class ThreadGovernor:
                 kind.trial_left -= 1
                 return kind.trial
             self._judge(kind, now)
-        if self.max_threads == 1 or kind.median(kind.threads) is None:
+        if self.max_threads == 1 or len(kind.samples.get(kind.threads, ())) < 3:
             return kind.threads
         for d in sorted(kind.due, key=kind.due.get):  # the direction due longest first
             n = kind.threads + d
