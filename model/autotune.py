@@ -9,14 +9,19 @@ depends on the CPU (its ISA level, cores, caches), the model's shapes and the ba
 | ``gemv`` | houchu's C++ int4/int8 GEMV, one call per projection |
 | ``torch`` | torch's packed int4 / int8 CPU kernels (``_weight_int4pack_mm_for_cpu``, ``_weight_int8pack_mm``) |
 | ``dense`` | a kept dense float32/bfloat16 copy through oneDNN (memory for speed) |
+| ``fused-a8``, ``gemv-a8`` | as ``fused`` / ``gemv``, the int4 layers' activations quantized to int8 (W4A8, integer dot products: ``cpu_kernels/gemv_a8.h``) |
+
+The ``-a8`` paths exist where the int4 layers run on houchu's C++ GEMV and
+``QuantSpec.int4_activations`` is not "float"; with "int8" only they are timed.
 
 ``tune`` times one decode step of each available path at every decode bucket (best of a
 few, after a warm-up; a path four times slower than a bucket's best is not timed at the
 larger ones), keeps the fastest per bucket in a ``DecodeRoute`` that the model's
 quantized linears and the fused layers consult, and caches the result (``DecisionCache``,
 keyed by the model file, its format, the ISA level, the thread count and torch's version),
-so a second start only reads it. Steps of more rows than the largest bucket (prefill) keep
-the layers' own rules.
+so a second start only reads it. Steps of more rows than the largest bucket (prefill)
+take the path a one-sequence prefill measured fastest among ``dense``, ``gemv`` and
+``gemv-a8`` (``DecodeRoute.prefill``), else the layers' own rules.
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ if TYPE_CHECKING:
     from houchu.model.decisions import DecisionCache
     from houchu.model.kv_pool import KVPool
 
-PATHS = ("fused", "gemv", "torch", "dense")
+PATHS = ("fused", "gemv", "torch", "dense", "fused-a8", "gemv-a8")
+PREFILL_PATHS = ("dense", "gemv", "gemv-a8")  # timed on a prefill-sized step
+PREFILL_TOKENS = 128  # the prompt length of that step
 CONTENDED_SHARE = 0.75  # of the threads' cores: below it (and preempted) a measurement is not kept
 DROP_ABOVE = 4.0  # a path this many times slower than a bucket's best is not timed further
 
@@ -45,10 +52,13 @@ class DecodeRoute:
 
     Attributes:
         table: bucket (rows) -> path; a step of ``rows`` rows takes the path of the
-            smallest bucket >= rows; above the largest bucket, None (the layers' rules).
+            smallest bucket >= rows.
+        prefill: the path of steps above the largest bucket, or None (the layers'
+            rules).
     """
 
     table: dict[int, str]
+    prefill: str | None = None
 
     def __post_init__(self) -> None:
         # every quantized linear asks on every step: the buckets sorted once
@@ -59,11 +69,16 @@ class DecodeRoute:
         for b, path in self._order:
             if rows <= b:
                 return path
-        return None
+        return self.prefill
 
-    def describe(self, times: dict[int, dict[str, float]] | None = None) -> str:
-        """E.g. "b<=1 fused 2.4 ms (gemv 3.1, torch 9.0); b<=32 dense 20.1 ms (...)":
-        consecutive buckets with the same path merged, times in milliseconds."""
+    def describe(
+        self,
+        times: dict[int, dict[str, float]] | None = None,
+        prefill_times: dict[str, float] | None = None,
+    ) -> str:
+        """E.g. "b<=1 fused 2.4 ms (gemv 3.1, torch 9.0); b<=32 dense 20.1 ms (...);
+        prefill gemv-a8 40.2 ms (dense 90.3)": consecutive buckets with the same path
+        merged when no times are given, times in milliseconds."""
         parts, buckets = [], sorted(self.table)
         for i, b in enumerate(buckets):
             if i + 1 < len(buckets) and self.table[buckets[i + 1]] == self.table[b] and not times:
@@ -73,6 +88,15 @@ class DecodeRoute:
             if times and b in times:
                 others = ", ".join(f"{p} {t * 1e3:.1f}" for p, t in times[b].items() if p != path)
                 text += f" {times[b][path] * 1e3:.1f} ms" + (f" ({others})" if others else "")
+            parts.append(text)
+        if self.prefill is not None:
+            text = f"prefill {self.prefill}"
+            if prefill_times and self.prefill in prefill_times:
+                others = ", ".join(
+                    f"{p} {t * 1e3:.1f}" for p, t in prefill_times.items() if p != self.prefill
+                )
+                text += f" {prefill_times[self.prefill] * 1e3:.1f} ms"
+                text += f" ({others})" if others else ""
             parts.append(text)
         return "; ".join(parts)
 
@@ -88,17 +112,26 @@ def available_paths(model: torch.nn.Module) -> list[str]:
     from houchu.model.qlinear import Int4Linear, Int8Linear
 
     lins = [m for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
-    if not lins or any(m.sz.device.type != "cpu" for m in lins if isinstance(m, Int4Linear)):
+    int4 = [m for m in lins if isinstance(m, Int4Linear)]
+    if not lins or any(m.sz.device.type != "cpu" for m in int4):
         return []
     paths = []
-    if getattr(model, "fused", None) is not None:
+    fused = getattr(model, "fused", None) is not None
+    gemv = all(m._cpu_gemv is not None for m in lins)  # noqa: SLF001 (the layers' own state)
+    if fused:
         paths.append("fused")
-    if all(m._cpu_gemv is not None for m in lins):  # noqa: SLF001 (the layers' own state)
+    if gemv:
         paths.append("gemv")
     if all(isinstance(m, Int4Linear) or m.kernel for m in lins):
         paths.append("torch")
     if all(m._dense is not None for m in lins):  # noqa: SLF001
         paths.append("dense")
+    acts = {m.activations for m in int4}
+    if int4 and gemv and acts != {"float"}:
+        if acts == {"int8"}:  # int8 activations only: the float paths are not choices
+            paths = []
+        paths += ["fused-a8"] if fused else []
+        paths.append("gemv-a8")
     return paths
 
 
@@ -124,6 +157,7 @@ class Tuned:
     took_s: float
     cached: bool
     contended: bool = False  # measured while the cores were contended: not cached
+    prefill_times: dict[str, float] | None = None  # path -> seconds of the prefill step
 
 
 def tune(
@@ -133,6 +167,7 @@ def tune(
     cache_get: Callable[[], dict | None] = lambda: None,
     cache_put: Callable[[dict], None] = lambda v: None,
     reps: int = 3,
+    prefill_step: Callable[[], None] | None = None,
 ) -> Tuned | None:
     """Measure and attach the fastest path per bucket (see the module docstring).
 
@@ -142,6 +177,8 @@ def tune(
         step: runs one eager decode step of the given number of rows.
         cache_get, cache_put: read / store the measurement (a JSON-able dict).
         reps: timed steps per (bucket, path), the best taken, after one warm-up step.
+        prefill_step: runs one eager prefill step of more rows than the largest bucket
+            (None: no prefill path is chosen).
     Returns:
         None when there is nothing to choose (dense weights, fewer than two paths).
     """
@@ -151,9 +188,12 @@ def tune(
     cached = cache_get()
     if cached and set(cached.get("paths", [])) == set(paths):
         times = {int(b): t for b, t in cached["times"].items()}
-        route = DecodeRoute({b: min(t, key=t.get) for b, t in times.items()})
+        pre = cached.get("prefill_times") or None
+        route = DecodeRoute(
+            {b: min(t, key=t.get) for b, t in times.items()}, min(pre, key=pre.get) if pre else None
+        )
         attach(model, route)
-        return Tuned(route, times, 0.0, True)
+        return Tuned(route, times, 0.0, True, prefill_times=pre)
     t0 = time.perf_counter()
     cpu0, preempted0 = _usage()
     times: dict[int, dict[str, float]] = {}
@@ -162,24 +202,43 @@ def tune(
         times[b] = {}
         for p in live:
             attach(model, DecodeRoute({max(buckets): p}))
-            step(b)  # warm-up (first-call costs, caches)
-            best = float("inf")
-            for _ in range(reps):
-                t = time.perf_counter()
-                step(b)
-                best = min(best, time.perf_counter() - t)
-            times[b][p] = best
+            times[b][p] = _best_of(lambda b=b: step(b), reps)
         fastest = min(times[b].values())
         live = [p for p in live if times[b][p] <= DROP_ABOVE * fastest]
-    route = DecodeRoute({b: min(t, key=t.get) for b, t in times.items()})
+    pre: dict[str, float] = {}
+    candidates = [p for p in PREFILL_PATHS if p in paths]
+    if prefill_step is not None and len(candidates) >= 2:
+        for p in candidates:
+            attach(model, DecodeRoute({max(buckets): p}, prefill=p))
+            pre[p] = _best_of(prefill_step, reps)
+    route = DecodeRoute(
+        {b: min(t, key=t.get) for b, t in times.items()}, min(pre, key=pre.get) if pre else None
+    )
     attach(model, route)
     took = time.perf_counter() - t0
     cpu, preempted = _usage()
     share = (cpu - cpu0) / max(took * torch.get_num_threads(), 1e-9)
     contended = preempted > preempted0 and share < CONTENDED_SHARE
     if not contended:  # a measurement taken while other processes held the cores is not kept
-        cache_put({"paths": paths, "times": {str(b): t for b, t in times.items()}})
-    return Tuned(route, times, took, False, contended)
+        cache_put(
+            {
+                "paths": paths,
+                "times": {str(b): t for b, t in times.items()},
+                "prefill_times": pre,
+            }
+        )
+    return Tuned(route, times, took, False, contended, pre or None)
+
+
+def _best_of(run: Callable[[], None], reps: int) -> float:
+    """The fastest of ``reps`` timed calls of ``run``, after one warm-up call (seconds)."""
+    run()  # first-call costs, caches
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def tune_model(
@@ -191,15 +250,26 @@ def tune_model(
     key: str,
 ) -> Tuned | None:
     """``tune`` on ``model``'s eager decode steps of one-token sequences
-    (``batch.warmup_batch``), the buckets that fit ``pool``, kept in ``cache`` under
+    (``batch.warmup_batch``), the buckets that fit ``pool``, and a prefill of one
+    ``PREFILL_TOKENS``-token prompt where the pool holds it, kept in ``cache`` under
     ``key``."""
-    from houchu.model.batch import warmup_batch
+    from houchu.model.batch import prefill_warmup_batch, warmup_batch
 
     fit = tuple(b for b in buckets if b <= pool.num_pages)
+    tokens = min(PREFILL_TOKENS, pool.num_pages * pool.page_size)
 
     def step(rows: int) -> None:
         batch = warmup_batch(
             rows,
+            page_size=pool.page_size,
+            num_pages=pool.num_pages,
+            vocab_size=model.cfg.vocab_size,
+        )
+        model(batch, pool, backend)
+
+    def prefill() -> None:
+        batch = prefill_warmup_batch(
+            tokens,
             page_size=pool.page_size,
             num_pages=pool.num_pages,
             vocab_size=model.cfg.vocab_size,
@@ -213,4 +283,5 @@ def tune_model(
             step,
             cache_get=lambda: cache.get("decode_paths", key),
             cache_put=lambda v: cache.put("decode_paths", key, v),
+            prefill_step=prefill if fit and tokens > max(fit) else None,
         )

@@ -166,6 +166,32 @@ def build_batch(
     )
 
 
+def prefill_warmup_batch(
+    n: int, *, page_size: int, num_pages: int, vocab_size: int, device: torch.device | str = "cpu"
+) -> StepBatch:
+    """A prefill step of one ``n``-token prompt on pages ``0 .. ceil(n / page_size) - 1``,
+    for timing at startup (its K/V is garbage that no real step reads before rewriting).
+    ``n`` <= ``num_pages * page_size``."""
+    pages = list(range(-(-n // page_size)))
+    work = [
+        SeqWork(
+            rid="warmup-prefill",
+            token_ids=[1 + i % (vocab_size - 1) for i in range(n)],
+            start_pos=0,
+            page_table=pages,
+            sample=True,
+        )
+    ]
+    return build_batch(
+        work,
+        page_size=page_size,
+        num_pages=num_pages,
+        max_context=n,
+        vocab_size=vocab_size,
+        device=device,
+    )
+
+
 def warmup_batch(
     n: int, *, page_size: int, num_pages: int, vocab_size: int, device: torch.device | str = "cpu"
 ) -> StepBatch:

@@ -64,8 +64,11 @@ class FusedDecode:
         scales = {"k_scale": pool.k_scale, "v_scale": pool.v_scale} if int8_pool else {}
         rows = batch.num_tokens
         route = getattr(model, "route", None)  # the measured decode paths (gpu.autotune)
-        if route is not None and route.path_for(rows) not in (None, "fused"):
+        path = route.path_for(rows) if route is not None else None
+        if path not in (None, "fused", "fused-a8"):
             return None
+        # int8 activations in the int4 linears: the route's "fused-a8", else the option
+        a8 = path == "fused-a8" if path is not None else model.quant.int4_activations == "int8"
         if self._layer_weights(rows, len(model.layers)) is None:
             return None
         eps, scale = model.cfg.rms_norm_eps, 1.0 / math.sqrt(model.cfg.head_dim)
@@ -96,10 +99,16 @@ class FusedDecode:
             )
             blob = self._head(rows, w.act_dtype) if head else None
             if blob is None:
-                x = kernel(*args, **scales)
+                x = kernel(*args, **scales, int8_acts=a8)
                 return model.head(x) if head else x
             return kernel(
-                *args, model.norm.weight, blob[0], blob[1], model.cfg.vocab_size, **scales
+                *args,
+                model.norm.weight,
+                blob[0],
+                blob[1],
+                model.cfg.vocab_size,
+                **scales,
+                int8_acts=a8,
             )
 
         return run

@@ -97,7 +97,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         self.dtype = parse_dtype(o.dtype)
         mode = resolve_quant_mode(o.quantization, resolve_model_file(model_path))
-        quant = QuantSpec(mode, o.quant_group_size)
+        quant = QuantSpec(mode, o.quant_group_size, o.int4_activations)
         # the C++ kernels build (first start at this ISA level) while the weights load
         building = None
         if self.device.type == "cpu" and o.attention_backend in ("auto", "cpu"):
@@ -218,7 +218,7 @@ class ModelRunner:
             return ""
         how = "cached measurement" if t.cached else f"measured in {t.took_s:.1f}s"
         how += "; cores contended: not cached" if t.contended else ""
-        return f"{t.route.describe(t.times)} [{how}]"
+        return f"{t.route.describe(t.times, t.prefill_times)} [{how}]"
 
     def _build_note(self) -> str:
         """ " (C++ kernels built in N s)" when this process compiled them."""

@@ -72,6 +72,10 @@ class Int4Linear(LinearBase):
             (when no dense copy is kept).
         dense_min_rows: CPU with oneDNN: rows from which a kept dense prepacked copy is
             used; None: keep no copy.
+        activations: ``QuantSpec.int4_activations``: on houchu's C++ GEMV, "float"
+            multiplies the activations as they are, "int8" quantizes them per group
+            first (W4A8: every row count runs there, so no dense copy is kept), "auto"
+            follows the measured route's path ("gemv-a8" / "fused-a8": int8).
     Raises:
         ValueError: on CUDA, N not a multiple of 8 or K not a multiple of 32.
     """
@@ -82,11 +86,15 @@ class Int4Linear(LinearBase):
         device: torch.device | str = "cpu",
         dequant_min_rows: int = INT4_DEQUANT_MIN_ROWS,
         dense_min_rows: int | None = CPU_DENSE_MIN_ROWS,
+        activations: str = "auto",
     ) -> None:
         super().__init__()
         dev = torch.device(device)
         self.out_features, self.in_features = w.shape
         self.group_size, self.dequant_min_rows = w.group_size, dequant_min_rows
+        self.activations = activations
+        if activations == "int8" and dev.type == "cpu":
+            dense_min_rows = None
         self.kind = f"int4-g{w.group_size}"
         act = self.act_dtype = quant_act_dtype(dev.type)
         zero = w.offset + 8.0 * w.scale  # [N, K/G]
@@ -147,7 +155,11 @@ class Int4Linear(LinearBase):
         """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
         xa = x.to(self.act_dtype)
         path = _route(self, x.shape[0])
-        if path == "dense" or (path is None and _dense_at(self, x.shape[0])):
+        if self._cpu_gemv is not None and int8_acts(self, path):
+            y = cpu_kernels.ops().int4_gemv(
+                xa, self._cpu_gemv, self.group_size, self.out_features, True
+            )
+        elif path == "dense" or (path is None and _dense_at(self, x.shape[0])):
             y = packed_matmul(xa, self._dense, self.out_features)
         elif path is None and x.shape[0] >= self.dequant_min_rows:
             y = F.linear(xa, self.dequantize())
@@ -222,7 +234,9 @@ class Int8Linear(LinearBase):
         path = _route(self, xa.shape[0])
         if path == "dense" or (path is None and _dense_at(self, xa.shape[0])):
             return packed_matmul(xa, self._dense, self.out_features)
-        if path in ("gemv", "fused") or (path is None and xa.shape[0] < self.dequant_min_rows):
+        if base_path(path) in ("gemv", "fused") or (
+            path is None and xa.shape[0] < self.dequant_min_rows
+        ):
             if self._cpu_gemv is not None:
                 return cpu_kernels.ops().int8_gemv(xa, self._cpu_gemv, self.out_features)
         if self.kernel and (path == "torch" or xa.shape[0] < self.dequant_min_rows):
@@ -232,6 +246,19 @@ class Int8Linear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
         return self._weight_only(x.to(self.act_dtype)).to(x.dtype)
+
+
+def base_path(path: str | None) -> str | None:
+    """A route path without its activation format: "gemv-a8" -> "gemv"."""
+    return path.removesuffix("-a8") if path is not None else None
+
+
+def int8_acts(layer: Int4Linear, path: str | None) -> bool:
+    """Whether ``layer`` quantizes its activations to int8 on a step the route gives
+    ``path`` (None: no route; then its ``activations`` option decides)."""
+    if path is not None:
+        return path.endswith("-a8")
+    return layer.activations == "int8"
 
 
 def _route(layer: Int4Linear | Int8Linear, rows: int) -> str | None:
@@ -252,7 +279,9 @@ def _gemv_at(layer: Int4Linear | Int8Linear, rows: int) -> bool:
         return False
     path = _route(layer, rows)
     if path is not None:
-        return path in ("gemv", "fused")
+        return base_path(path) in ("gemv", "fused")
+    if isinstance(layer, Int4Linear) and layer.activations == "int8":
+        return True
     return not _dense_at(layer, rows) and rows < layer.dequant_min_rows
 
 
@@ -317,7 +346,8 @@ def make_linear(
         return W8A8Linear(w, device)
     if mode == "int8" or head:
         return Int8Linear(w, device)
-    return Int4Linear(w if isinstance(w, Int4Weight) else quantize_int4(w, spec.group_size), device)
+    q = w if isinstance(w, Int4Weight) else quantize_int4(w, spec.group_size)
+    return Int4Linear(q, device, activations=spec.int4_activations)
 
 
 def fuse_weights(

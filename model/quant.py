@@ -29,6 +29,8 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 QUANT_MODES = ("none", "int4", "int8", "w8a8")
 #: What ``--quantization`` accepts: the modes, and "auto" (``resolve_quant_mode``).
 QUANT_CHOICES = ("auto", *QUANT_MODES)
+#: int4 layers' activations: measured per batch bucket (auto), exact (float) or int8
+INT4_ACTIVATIONS = ("auto", "float", "int8")
 
 
 def resolve_quant_mode(mode: str, model_path: str | Path) -> str:
@@ -64,6 +66,10 @@ class QuantSpec:
             (int8 weights and activations).
         group_size: int4 input features per scale/zero group (32, 64 or 128). A GGUF
             file's Q4_0/Q4_1 tensors keep their own groups of 32 (converted losslessly).
+        int4_activations: what int4 layers multiply on houchu's CPU kernels: "float"
+            (the activations as they are, exact products), "int8" (quantized per group
+            to int8, integer dot products: W4A8, as llama.cpp's Q4 x Q8 kernels), or
+            "auto" (whichever the startup measurement finds faster, per batch bucket).
 
     Raises:
         ValueError: unknown mode or group size.
@@ -71,6 +77,7 @@ class QuantSpec:
 
     mode: str = "none"
     group_size: int = 32
+    int4_activations: str = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in QUANT_MODES:
@@ -78,6 +85,10 @@ class QuantSpec:
         if self.group_size not in INT4_GROUP_SIZES:
             raise ValueError(
                 f"int4 group size must be one of {INT4_GROUP_SIZES}, got {self.group_size}"
+            )
+        if self.int4_activations not in INT4_ACTIVATIONS:
+            raise ValueError(
+                f"int4 activations must be one of {INT4_ACTIVATIONS}, got {self.int4_activations!r}"
             )
 
     @property

@@ -138,6 +138,13 @@ RUNNER = Group(
         ),
         Flag("quant_group_size", "int4 input features per scale/zero group"),
         Flag(
+            "int4_activations",
+            "what int4 layers multiply on houchu's CPU kernels: float (the activations as "
+            "they are), int8 (quantized per group of 32: integer dot products, as llama.cpp's "
+            "Q4 x Q8), auto: the faster by startup measurement, per batch size (default: "
+            "%(default)s)",
+        ),
+        Flag(
             "kv_cache_dtype",
             "KV cache element type (auto: the model dtype; int8/fp8 hold ~2x the tokens)",
         ),

@@ -31,6 +31,10 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
         quantization: matmul weights: "none", "int4", "int8", "w8a8", or "auto" (int4
             for a GGUF whose projections are Q4_0/Q4_1, else none).
         quant_group_size: int4 input features per scale/zero group.
+        int4_activations: what the int4 layers multiply on houchu's CPU kernels:
+            "float" (the activations as they are), "int8" (quantized per group: W4A8,
+            integer dot products), or "auto" (the startup measurement picks per batch
+            bucket and for prefill; ``houchu.model.autotune``).
         kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8".
         attention_backend: see ``houchu.model.attention.make_backend``.
         compile: ``torch.compile`` the decode step at startup: "off", "on", or "auto"
@@ -55,6 +59,7 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     fixed_threads: bool = False
     quantization: Literal["auto", "none", "int4", "int8", "w8a8"] = "auto"
     quant_group_size: Literal[32, 64, 128] = 32
+    int4_activations: Literal["auto", "float", "int8"] = "auto"
     kv_cache_dtype: Literal["auto", "int8", "fp8"] = "auto"
     attention_backend: Literal["auto", "torch", "cpu", "triton", "flash-attn"] = "auto"
     compile: Literal["auto", "on", "off"] = "auto"

@@ -56,6 +56,7 @@ _HEADERS = (
     "vec.h",
     "simd.h",
     "gemv.h",
+    "gemv_a8.h",
     "norm_rope.h",
     "attention.h",
     "decode_layers.h",
@@ -294,7 +295,7 @@ def _register_fakes(level: str) -> None:
     reg(lib + "silu_mul")(lambda g: g.new_empty(g.shape[0], g.shape[1] // 2))
     reg(lib + "paged_decode_attention")(lambda q, *rest: q.new_empty(q.shape))
     reg(lib + "prefill_attention")(lambda q, k, v, start, scale: q.new_empty(q.shape))
-    reg(lib + "int4_gemv")(lambda x, packed, g, n: x.new_empty(x.shape[0], n))
+    reg(lib + "int4_gemv")(lambda x, packed, g, n, int8_acts=False: x.new_empty(x.shape[0], n))
     reg(lib + "int8_gemv")(lambda x, packed, n: x.new_empty(x.shape[0], n))
     reg(lib + "decode_layers")(_decode_layers_fake)
     reg(lib + "argmax_rows")(lambda x: x.new_empty(x.shape[0], dtype=torch.int64))
@@ -334,6 +335,7 @@ def _decode_layers_fake(  # noqa: PLR0913 (the operator's schema)
     vocab_size: int = 0,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    int8_acts: bool = False,
 ) -> torch.Tensor:
     if lm_head is None:
         return x.new_empty(x.shape)

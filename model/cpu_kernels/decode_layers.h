@@ -71,7 +71,7 @@ template <typename T, typename A>
 class GemvInput {
  public:
   GemvInput(const PackedLinear& p, const T* in, int64_t B, int64_t k)
-      : p_(p), B_(B), xa_(cast(in, B * k), B, k, k, 1, p.kpad, p.int4 ? p.G : 0) {}
+      : p_(p), B_(B), xa_(cast(in, B * k), B, k, k, 1, p.kpad, p.int4 ? p.G : 0, p.a8) {}
 
   // out[:, 16 b0 .. 16 b1) = in @ W.T for the blocks [b0, b1); out is [B, p.n].
   void run(T* out, int64_t b0, int64_t b1) const {

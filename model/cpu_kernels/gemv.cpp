@@ -39,13 +39,14 @@ void with_out_type(const at::Tensor& x, F&& f) {
 }
 
 // y = x @ W.T for a checked PackedLinear, blocks split over torch's threads.
-at::Tensor gemv_call(const at::Tensor& x, const PackedLinear& p, const char* who) {
+at::Tensor gemv_call(const at::Tensor& x, const PackedLinear& p, const char* who,
+                     bool int8_acts = false) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, who,
               ": x must be bfloat16 or float32, got ", x.scalar_type());
   const int64_t m = x.size(0);
   auto out = at::empty({m, p.n}, x.options());
   if (m == 0) return out;
-  const Acts xa = acts_of(x, p.kpad, p.int4 ? p.G : 0);
+  const Acts xa = acts_of(x, p.kpad, p.int4 ? p.G : 0, int8_acts);
   with_out_type(x, [&](auto out_t) {
     using scalar_t = decltype(out_t);
     scalar_t* op = out.data_ptr<scalar_t>();
@@ -122,14 +123,15 @@ at::Tensor int4_pack(const at::Tensor& q, const at::Tensor& scale,
 
 // x: [M, K] bfloat16 or float32 (any strides); packed: int4_pack's blob;
 // group_size: the G given to int4_pack; out_features: N -> [M, N] in x's dtype,
-// y = x @ (q * scale + offset).T with float32 accumulation.
+// y = x @ (q * scale + offset).T with float32 accumulation; int8_acts: x quantized to
+// int8 per group first, integer dot products (W4A8, gemv_a8.h).
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& blob, int64_t group_size,
-                     int64_t out_features) {
+                     int64_t out_features, bool int8_acts) {
   TORCH_CHECK(blob.scalar_type() == at::kByte, "int4_gemv: packed must be int4_pack's uint8 blob");
   const PackedLinear p = PackedLinear::of(blob, group_size, out_features, "int4_gemv");
   TORCH_CHECK(x.dim() == 2 && x.size(1) == p.kpad, "int4_gemv: x must be [M, K] with K = ",
               p.kpad, ", got ", x.sizes());
-  return gemv_call(x, p, "int4_gemv");
+  return gemv_call(x, p, "int4_gemv", int8_acts);
 }
 
 // ---- int8 -------------------------------------------------------------------------
@@ -187,7 +189,9 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& blob, int64_t out_fe
 
 HOUCHU_FRAGMENT(m) {
   m.def("int4_pack(Tensor q, Tensor scale, Tensor offset, int group_size) -> Tensor");
-  m.def("int4_gemv(Tensor x, Tensor packed, int group_size, int out_features) -> Tensor");
+  m.def(
+      "int4_gemv(Tensor x, Tensor packed, int group_size, int out_features, bool int8_acts=False) "
+      "-> Tensor");
   m.def("int8_pack(Tensor q, Tensor scale) -> Tensor");
   m.def("int8_gemv(Tensor x, Tensor packed, int out_features) -> Tensor");
 }

@@ -19,6 +19,14 @@ namespace gemv {
 constexpr int64_t kBlock = 16;  // output features per block (one 512-bit lane each)
 constexpr int64_t kMaxTile = 8;  // bfloat16 activation rows per pass over the weights
 
+}  // namespace gemv
+}  // namespace houchu_cpu
+
+#include "gemv_a8.h"
+
+namespace houchu_cpu {
+namespace gemv {
+
 inline uint16_t bf16_bits(c10::BFloat16 v) {
   uint16_t b;
   std::memcpy(&b, &v, 2);
@@ -47,23 +55,51 @@ inline uint16_t to_bf16_bits(float f) { return bf16_bits(c10::BFloat16(f)); }
 //     lane, converted to float32 (code * 2^4t), gives the exact product with x (see
 //     int4_tile_avx2); the group sums are of x itself.
 //   portable: x as float32 [M, k] (xf), group sums of the bfloat16 rows as AVX-512.
+//   int8 activations (a8, int4 only; every build): per group quantized rows xq [M, ld] in
+//     int4_pack's chunk order, their scales xs and exact group sums gsum (gemv_a8.h).
 struct Acts {
-  int64_t rows = 0, R = 1, k = 0, ld = 0;  // rows = M * R, ld = row stride of bits / xf
+  int64_t rows = 0, R = 1, k = 0, ld = 0;  // rows = M * R, ld = row stride of bits / xf / xq
+  bool a8 = false;                         // int8 activations (xq, xs, gsum)
+  const int8_t* xq = nullptr;              // a8: [M, ld]
+  const float* xs = nullptr;               // a8: [M, ngroups] scales
   const uint16_t* bits = nullptr;          // AVX-512: [rows, ld] bfloat16 bits, zero past k
   const float* xf = nullptr;               // AVX2: [M, ld] (scaled for int4), zero past k;
                                            // portable: [M, k]
   const float* gsum = nullptr;             // [rows, ngroups] sum of each group's values
 
   // x: [m, k] float32 or bfloat16 at strides (s0, s1) elements; kpad >= k: the padded
-  // row length the packed weight expects; group: int4 group size, or 0 (no group sums).
+  // row length the packed weight expects; group: int4 group size, or 0 (no group sums);
+  // int8_acts: quantize x per group to int8 (int4 only: group > 0, k == kpad).
   template <typename T>
-  Acts(const T* x, int64_t m, int64_t k_, int64_t s0, int64_t s1, int64_t kpad, int64_t group) {
+  Acts(const T* x, int64_t m, int64_t k_, int64_t s0, int64_t s1, int64_t kpad, int64_t group,
+       bool int8_acts = false) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>);
     thread_local std::vector<uint16_t> bits_buf;
     thread_local std::vector<float> float_buf;
     k = k_;
     ld = kpad;
     const int64_t ng = group > 0 ? kpad / group : 0;
+    if (int8_acts && group > 0) {
+      thread_local std::vector<int8_t> q_buf;
+      a8 = true;
+      rows = m;
+      if (static_cast<int64_t>(q_buf.size()) < m * ld) q_buf.resize(m * ld);
+      if (static_cast<int64_t>(float_buf.size()) < m * (ld + 2 * ng))
+        float_buf.resize(m * (ld + 2 * ng));
+      float* row = float_buf.data();
+      float* scales = row + ld;
+      float* sums = scales + m * ng;
+      for (int64_t i = 0; i < m; ++i) {
+        const T* p = x + i * s0;
+        for (int64_t j = 0; j < k; ++j) row[j] = static_cast<float>(p[j * s1]);
+        std::fill(row + k, row + ld, 0.f);
+        quantize_row_a8(row, ng, group, q_buf.data() + i * ld, scales + i * ng, sums + i * ng);
+      }
+      xq = q_buf.data();
+      xs = scales;
+      gsum = sums;
+      return;
+    }
 #ifdef HOUCHU_AVX2
     R = 1;
     rows = m;
@@ -138,11 +174,12 @@ struct Acts {
 };
 
 // Acts of a [M, K] float32 or bfloat16 tensor (any strides).
-inline Acts acts_of(const at::Tensor& x, int64_t kpad, int64_t group) {
+inline Acts acts_of(const at::Tensor& x, int64_t kpad, int64_t group, bool int8_acts = false) {
   if (x.scalar_type() == at::kBFloat16)
     return Acts(x.data_ptr<c10::BFloat16>(), x.size(0), x.size(1), x.stride(0), x.stride(1),
-                kpad, group);
-  return Acts(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), x.stride(1), kpad, group);
+                kpad, group, int8_acts);
+  return Acts(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), x.stride(1), kpad, group,
+              int8_acts);
 }
 
 
@@ -488,17 +525,6 @@ void int8_tile_avx2(const int8_t* w, int64_t b0, int64_t b1, int64_t nchunks, co
   }
 }
 
-// Calls f(std::integral_constant<int, MT>) for MT in 1..4 (runtime mt).
-template <typename F>
-void with_mt4(int64_t mt, F&& f) {
-  switch (mt) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    default: return f(std::integral_constant<int, 4>{});
-  }
-}
-
 #endif  // HOUCHU_AVX2
 
 // Byte and shift of code (feature i in its block, k % 8 = kk) inside a 64-byte chunk:
@@ -572,6 +598,7 @@ struct PackedLinear {
   int64_t H = 0;             // int4: header bytes per group (64 bfloat16, 128 float32)
   int64_t nc = 0;            // int8: 4-column chunks per row
   int64_t blk_bytes = 0;     // bytes per block
+  bool a8 = false;           // int4: its inputs are quantized to int8 (gemv_a8.h)
 
   // Whether x's width k fits this layout.
   bool fits(int64_t k) const { return int4 ? k == kpad : k > kpad - 4 && k <= kpad; }
@@ -619,6 +646,27 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
                 int64_t b1) {
   if (b0 >= b1) return;
   const int64_t n = p.n;
+  if (xa.a8) {
+    for (int64_t r0 = 0; r0 < m; r0 += kMaxTileA8) {
+      const int64_t mt = std::min(kMaxTileA8, m - r0);
+      const int8_t* xq = xa.xq + r0 * xa.ld;
+      const float* xs = xa.xs + r0 * p.ng;
+      const float* gs = xa.gsum + r0 * p.ng;
+      OutT* o = out + r0 * n;
+#ifdef HOUCHU_A8_X86
+      with_rows4(mt, [&](auto MT_) {
+        constexpr int MT = decltype(MT_)::value;
+        if (p.H == 128)
+          int4_tile_a8<MT, true>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xq, xa.ld, xs, gs, o, n, n);
+        else
+          int4_tile_a8<MT, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xq, xa.ld, xs, gs, o, n, n);
+      });
+#else
+      int4_scalar_a8(p.w, b0, b1, p.ng, p.G, p.H, xq, xa.ld, xs, gs, mt, o, n);
+#endif
+    }
+    return;
+  }
 #ifdef HOUCHU_AVX512
   for_tiles(m, xa.R, [&](int64_t r0, int64_t len) {
     const int64_t mt = len * xa.R;
@@ -658,7 +706,7 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
     const int64_t mt = std::min(kMaxTile2, m - r0);
     const float* xs = xa.xf + r0 * xa.ld;
     OutT* o = out + r0 * n;
-    with_mt4(mt, [&](auto MT_) {
+    with_rows4(mt, [&](auto MT_) {
       constexpr int MT = decltype(MT_)::value;
       if (p.int4) {
         const float* gs = xa.gsum + r0 * p.ng;

@@ -68,27 +68,51 @@ def test_auto_measures_then_reads_the_cache(tiny, monkeypatch):
     assert set(t.times) == {1, 2, 4}
     for b, by_path in t.times.items():  # the fastest measured is the one kept
         assert t.route.table[b] == min(by_path, key=by_path.get)
-        assert {"fused", "gemv", "torch"} <= set(by_path) or b > 1
-    assert "decode paths b<=1" in r.summary()
+        assert {"fused", "gemv", "torch", "fused-a8", "gemv-a8"} <= set(by_path) or b > 1
+    pre = t.prefill_times  # a prefill-sized step, timed per path, the fastest kept
+    assert pre is not None and {"gemv", "gemv-a8"} <= set(pre)
+    assert t.route.prefill == min(pre, key=pre.get) == t.route.path_for(1000)
+    assert "decode paths b<=1" in r.summary() and "prefill " in r.summary()
     again = _runner(tiny, decode_paths="auto")
     assert again.tuned.cached and again.tuned.route == t.route
+    assert again.tuned.prefill_times == pre
     info = again.info()
     assert info.decode_paths and info.cpu_isa
 
 
-@pytest.mark.parametrize("path", ["fused", "gemv", "torch", "dense"])
+@pytest.mark.parametrize("path", ["fused", "gemv", "torch", "dense", "fused-a8", "gemv-a8"])
 def test_every_path_runs_and_agrees(tiny, path):
     """The path a route names is the one that runs, and computes the same logits as the
     threshold rules up to the activation dtype's rounding (bfloat16 here where the CPU
-    has it: greedy tokens of a tiny random model can then flip at exact ties)."""
+    has it: greedy tokens of a tiny random model can then flip at exact ties) and, on
+    the -a8 paths, the int8 activations' (a few percent)."""
     ref = _decode_logits(_runner(tiny, decode_paths="rules"))
     r = _runner(tiny)
-    attach(r.model, DecodeRoute({4: path}))
+    attach(r.model, DecodeRoute({4: path}, prefill="gemv-a8" if "a8" in path else None))
     before = r.model.fused.steps
     got = _decode_logits(r)
-    assert (r.model.fused.steps > before) == (path == "fused")
+    assert (r.model.fused.steps > before) == path.startswith("fused")
     scale = ref.abs().amax()
-    torch.testing.assert_close(got / scale, ref / scale, atol=2e-2, rtol=0)
+    tol = 6e-2 if path.endswith("-a8") else 2e-2
+    torch.testing.assert_close(got / scale, ref / scale, atol=tol, rtol=0)
+    if path.endswith("-a8"):  # int8 activations did run: not the float path's values
+        assert not torch.allclose(got / scale, ref / scale, atol=1e-4, rtol=0)
+
+
+def test_int4_activations_option_sets_the_choices(tiny):
+    from houchu.model.autotune import available_paths
+
+    auto = available_paths(_runner(tiny).model)
+    assert {"fused", "gemv", "fused-a8", "gemv-a8"} <= set(auto)
+    assert not any(
+        p.endswith("-a8") for p in available_paths(_runner(tiny, int4_activations="float").model)
+    )
+    int8 = _runner(tiny, int4_activations="int8", decode_paths="rules")
+    assert available_paths(int8.model) == ["fused-a8", "gemv-a8"]
+    # without a route the option decides: int8 activations on every step, fused or not
+    routed = _runner(tiny, int4_activations="int8", decode_paths="rules")
+    attach(routed.model, DecodeRoute({4: "fused-a8"}, prefill="gemv-a8"))
+    torch.testing.assert_close(_decode_logits(int8), _decode_logits(routed), atol=0, rtol=0)
 
 
 def test_route_lookup():
@@ -102,6 +126,10 @@ def test_route_lookup():
         None,
     ]
     assert route.describe() == "b<=1 fused; b<=8 gemv; b<=32 dense"
+    pre = DecodeRoute({1: "fused"}, prefill="gemv-a8")
+    assert pre.path_for(1) == "fused" and pre.path_for(2) == pre.path_for(500) == "gemv-a8"
+    times = {"gemv-a8": 0.01, "dense": 0.02}
+    assert pre.describe(prefill_times=times) == "b<=1 fused; prefill gemv-a8 10.0 ms (dense 20.0)"
     times = {1: {"fused": 0.002, "gemv": 0.003}}
     assert DecodeRoute({1: "fused"}).describe(times) == "b<=1 fused 2.0 ms (gemv 3.0)"
     assert torch.get_num_threads() >= 1

@@ -1,0 +1,237 @@
+// int4 weights x int8 activations (W4A8): the int4 GEMV/GEMM with integer dot products,
+// as llama.cpp's Q4_1 x Q8 kernels compute (ggml-cpu's ggml_vec_dot_q4_1_q8_1).
+//
+// Each activation row is quantized per weight group of G inputs (symmetric, scale =
+// amax / 127, round half to even): x_k ~ xs_g * xq_k with xq_k in -127..127. Per group g
+// and output feature f, with the int4 weight w_fk = s_fg q_fk + o_fg:
+//   sum_k x_k w_fk ~ s_fg * xs_g * sum_k q_fk xq_k + o_fg * sum_k x_k,
+// the integer sum exact (u8 x s8 products), the offset term over the exact float32 sum
+// of x. The codes are int4_pack's blob as it is: in a chunk's 32-bit lane of feature i,
+// masking the nibbles 0x0F0F0F0F gives the bytes of k = (0, 4, 1, 5) and shifting by 4
+// first those of k = (2, 6, 3, 7) (see gemv.cpp's layout), so the quantized row is
+// stored in that order per 8 inputs and one broadcast 32-bit word meets each.
+//
+// x86 with AVX2 (every level: the AVX-512 builds run the same 256-bit code): vpmaddubsw
+// (u8 x s8 pairs to int16; 2 * 15 * 127 per pair, so 8 of them add up in int16 without
+// saturating: 4 chunks of 8 inputs) then vpmaddwd to int32; with AVX512-VNNI (the
+// avx512_bf16 level) one vpdpbusd does both.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HOUCHU_A8_X86 1
+#endif
+
+namespace houchu_cpu {
+namespace gemv {
+
+constexpr int64_t kMaxTileA8 = 4;  // activation rows per pass over the weights
+// stored position j of input 8c + kA8Order[j] in each chunk c of 8 inputs
+constexpr int kA8Order[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+// Quantizes row x [k] (k = ng * G) per group of G: q [k] int8 in int4_pack's chunk order
+// (kA8Order), xs [ng] float32 scales, gs [ng] float32 exact sums of x.
+inline void quantize_row_a8(const float* x, int64_t ng, int64_t G, int8_t* q, float* xs,
+                            float* gs) {
+#ifdef HOUCHU_A8_X86
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t g = 0; g < ng; ++g) {
+    const float* xg = x + g * G;
+    __m256 vmax = _mm256_setzero_ps(), vsum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < G; j += 8) {
+      const __m256 v = _mm256_loadu_ps(xg + j);
+      vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, v));
+      vsum = _mm256_add_ps(vsum, v);
+    }
+    alignas(32) float mx[8], sm[8];
+    _mm256_store_ps(mx, vmax);
+    _mm256_store_ps(sm, vsum);
+    float amax = 0.f, sum = 0.f;
+    for (int i = 0; i < 8; ++i) {
+      amax = std::max(amax, mx[i]);
+      sum += sm[i];
+    }
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    xs[g] = amax / 127.f;
+    gs[g] = sum;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (int64_t j = 0; j < G; j += 8) {  // cvtps rounds half to even, as nearbyint
+      const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + j), vinv));
+      const __m256i p = _mm256_permutevar8x32_epi32(v, order);
+      const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + g * G + j), _mm_packs_epi16(w16, w16));
+    }
+  }
+#else
+  for (int64_t g = 0; g < ng; ++g) {
+    const float* xg = x + g * G;
+    float amax = 0.f, sum = 0.f;
+    for (int64_t j = 0; j < G; ++j) {
+      amax = std::max(amax, std::abs(xg[j]));
+      sum += xg[j];
+    }
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    xs[g] = amax / 127.f;
+    gs[g] = sum;
+    int8_t* qg = q + g * G;
+    for (int64_t c = 0; c < G / 8; ++c)
+      for (int j = 0; j < 8; ++j)
+        qg[8 * c + j] = static_cast<int8_t>(std::nearbyint(xg[8 * c + kA8Order[j]] * inv));
+  }
+#endif
+}
+
+// Calls f(std::integral_constant<int, MT>) for MT in 1..4 (runtime mt).
+template <typename F>
+void with_rows4(int64_t mt, F&& f) {
+  switch (mt) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return f(std::integral_constant<int, 4>{});
+  }
+}
+
+template <typename OutT>
+inline void store_row8(OutT* p, const float* v, int64_t n) {
+  for (int64_t i = 0; i < std::min<int64_t>(n, 8); ++i) p[i] = static_cast<OutT>(v[i]);
+}
+
+#ifdef HOUCHU_A8_X86
+
+inline __m256i bcast_word(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// int4 x int8, MT rows (xq: [MT, ldq] quantized rows, xs / gs: [MT, ng] their scales and
+// group sums): row blocks [b0, b1) of a blob with H header bytes per group.
+template <int MT, bool F32S, typename OutT>
+void int4_tile_a8(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, int64_t ng,
+                  int64_t G, const int8_t* xq, int64_t ldq, const float* xs, const float* gs,
+                  OutT* out, int64_t ldo, int64_t n) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0F);
+  const __m256i hi16 = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+#ifndef __AVX512VNNI__
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  constexpr int64_t H = F32S ? 128 : 64;
+  const int64_t chunks = G / 8, gbytes = H + 8 * G;
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* blk = w + b * blk_bytes;
+    const int64_t n0 = b * kBlock;
+    for (int h = 0; h < 2 && n0 + 8 * h < n; ++h) {
+      __m256 acc[MT];
+      for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_ps();
+      for (int64_t g = 0; g < ng; ++g) {
+        const uint8_t* hdr = blk + g * gbytes;
+        __m256 s, o;
+        if constexpr (F32S) {
+          s = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr) + 8 * h);
+          o = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + 64) + 8 * h);
+        } else {  // dword = offset bits << 16 | scale bits
+          const __m256i so = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hdr) + h);
+          s = _mm256_castsi256_ps(_mm256_slli_epi32(so, 16));
+          o = _mm256_castsi256_ps(_mm256_and_si256(so, hi16));
+        }
+        const uint8_t* codes = hdr + H + 32 * h;
+        const int8_t* xg = xq + g * G;
+        // 4 chunks (32 inputs) at a time: the int16 sums of vpmaddubsw stay exact
+        for (int64_t c0 = 0; c0 < chunks; c0 += 4) {
+          const int64_t c1 = std::min<int64_t>(chunks, c0 + 4);
+          __m256i d[MT];
+          for (int m = 0; m < MT; ++m) d[m] = _mm256_setzero_si256();
+          for (int64_t c = c0; c < c1; ++c) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * c));
+            const __m256i ca = _mm256_and_si256(v, lo4);
+            const __m256i cb = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+#pragma GCC unroll 4
+            for (int m = 0; m < MT; ++m) {
+              const int8_t* xc = xg + m * ldq + 8 * c;
+#ifdef __AVX512VNNI__
+              d[m] = _mm256_dpbusd_epi32(d[m], ca, bcast_word(xc));
+              d[m] = _mm256_dpbusd_epi32(d[m], cb, bcast_word(xc + 4));
+#else
+              d[m] = _mm256_add_epi16(d[m], _mm256_maddubs_epi16(ca, bcast_word(xc)));
+              d[m] = _mm256_add_epi16(d[m], _mm256_maddubs_epi16(cb, bcast_word(xc + 4)));
+#endif
+            }
+          }
+          for (int m = 0; m < MT; ++m) {
+#ifdef __AVX512VNNI__
+            const __m256 dot = _mm256_cvtepi32_ps(d[m]);
+#else
+            const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(d[m], ones));
+#endif
+            acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(s, dot), _mm256_set1_ps(xs[m * ng + g]), acc[m]);
+          }
+        }
+        for (int m = 0; m < MT; ++m)
+          acc[m] = _mm256_fmadd_ps(o, _mm256_set1_ps(gs[m * ng + g]), acc[m]);
+      }
+      for (int m = 0; m < MT; ++m) {
+        if constexpr (std::is_same_v<OutT, float>) {
+          if (n - n0 - 8 * h >= 8) {
+            _mm256_storeu_ps(out + m * ldo + n0 + 8 * h, acc[m]);
+            continue;
+          }
+        }
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, acc[m]);
+        store_row8(out + m * ldo + n0 + 8 * h, tmp, n - n0 - 8 * h);
+      }
+    }
+  }
+}
+
+#endif  // HOUCHU_A8_X86
+
+// The same sums without SIMD (builds for CPUs without AVX2).
+template <typename OutT>
+void int4_scalar_a8(const uint8_t* w, int64_t b0, int64_t b1, int64_t ng, int64_t G, int64_t H,
+                    const int8_t* xq, int64_t ldq, const float* xs, const float* gs, int64_t m,
+                    OutT* out, int64_t n) {
+  const int64_t gbytes = H + 8 * G;
+  for (int64_t b = b0; b < b1; ++b)
+    for (int64_t i = 0; i < kBlock && b * kBlock + i < n; ++i)
+      for (int64_t r = 0; r < m; ++r) {
+        float acc = 0.f;
+        for (int64_t g = 0; g < ng; ++g) {
+          const uint8_t* hdr = w + (b * ng + g) * gbytes;
+          float s, o;
+          if (H == 128) {
+            std::memcpy(&s, hdr + 4 * i, 4);
+            std::memcpy(&o, hdr + 64 + 4 * i, 4);
+          } else {
+            uint32_t d;
+            std::memcpy(&d, hdr + 4 * i, 4);
+            const uint32_t sb = (d & 0xFFFFu) << 16, ob = d & 0xFFFF0000u;
+            std::memcpy(&s, &sb, 4);
+            std::memcpy(&o, &ob, 4);
+          }
+          int32_t dot = 0;
+          for (int64_t c = 0; c < G / 8; ++c) {
+            uint32_t lane;
+            std::memcpy(&lane, hdr + H + 64 * c + 4 * i, 4);
+            for (int j = 0; j < 8; ++j) {  // stored byte j: nibble j of (lane & 0x0F0F0F0F), ...
+              const int shift = j < 4 ? 8 * j : 8 * (j - 4) + 4;
+              const int32_t code = static_cast<int32_t>((lane >> shift) & 15);
+              dot += code * xq[r * ldq + g * G + 8 * c + j];
+            }
+          }
+          acc += s * xs[r * ng + g] * static_cast<float>(dot) + o * gs[r * ng + g];
+        }
+        out[r * n + b * kBlock + i] = static_cast<OutT>(acc);
+      }
+}
+
+}  // namespace gemv
+}  // namespace houchu_cpu

@@ -1,0 +1,75 @@
+"""houchu's W4A8 kernels (``int4_gemv(..., int8_acts=True)``, ``gemv_a8.h``): int4 weights
+times activations quantized to int8 per group, against a torch reference of the same
+quantization (scale = amax / 127, round half to even; integer dot products; the offset
+term over the exact float sums), once per ISA level; and the error such activations
+add against the exact product stays small."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from houchu.model import cpu_kernels
+from tests.unit.test_cpu_gemv import INT4_SHAPES, int4_weight
+
+pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
+
+
+def a8_reference(x: torch.Tensor, q: torch.Tensor, scale, offset, group: int) -> torch.Tensor:
+    """x [M, K] float -> [M, N] float32: per group g, s * xs_g * (q . round(x / xs_g)) +
+    o * sum(x_g), xs_g = amax|x_g| / 127 (the kernel's sums, in float64 here)."""
+    m, k = x.shape
+    n = q.shape[0]
+    xg = x.float().view(m, k // group, group)
+    amax = xg.abs().amax(-1, keepdim=True)  # [M, ng, 1]
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
+    xq = torch.round(xg * inv).double()  # [M, ng, G], exact small integers
+    dot = torch.einsum("mgk,ngk->mng", xq, q.double().view(n, k // group, group))
+    xs = (amax / 127).squeeze(-1).double()  # [M, ng]
+    s, o = scale.double(), offset.double()  # [N, ng]
+    y = (dot * s[None] * xs[:, None, :]).sum(-1) + (xg.double().sum(-1)[:, None, :] * o[None]).sum(
+        -1
+    )
+    return y.float()
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 16])
+@pytest.mark.parametrize(("n", "k", "group"), INT4_SHAPES)
+def test_int4_gemv_int8_acts_matches_reference(n, k, group, m, x_dtype):
+    q, scale, offset, dense = int4_weight(n, k, group, torch.bfloat16, seed=n + k + group)
+    packed = cpu_kernels.ops().int4_pack(q, scale, offset, group)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(x_dtype)
+    y = cpu_kernels.ops().int4_gemv(x, packed, group, n, True)
+    assert y.dtype == x_dtype and y.shape == (m, n)
+    ref = a8_reference(x, q, scale, offset, group)
+    mag = x.float().abs() @ dense.abs().T  # float32 summation-order bound
+    bound = 1e-5 * mag + 1e-30
+    if x_dtype == torch.bfloat16:
+        bound = bound + 2.0**-8 * ref.abs()
+    worst = ((y.float() - ref).abs() / bound).max().item()
+    assert worst <= 1.0, f"error {worst:.3g}x the bound"
+
+
+def test_int8_acts_error_against_the_exact_product_is_small():
+    n, k, group = 960, 576, 32
+    q, scale, offset, dense = int4_weight(n, k, group, torch.float32, seed=1)
+    packed = cpu_kernels.ops().int4_pack(q, scale, offset, group)
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(2))
+    exact = cpu_kernels.ops().int4_gemv(x, packed, group, n)
+    a8 = cpu_kernels.ops().int4_gemv(x, packed, group, n, True)
+    rel = ((a8 - exact).norm() / exact.norm()).item()
+    assert 0 < rel < 0.03, rel  # 7-bit activations: about 1% on Gaussian rows
+
+
+def test_int8_acts_rows_are_independent_and_zero_rows_stay_zero():
+    n, k, group = 200, 576, 32
+    q, scale, offset, _ = int4_weight(n, k, group, torch.bfloat16, seed=5)
+    packed = cpu_kernels.ops().int4_pack(q, scale, offset, group)
+    x = torch.randn(6, k, generator=torch.Generator().manual_seed(6))
+    x[2] = 0.0
+    y = cpu_kernels.ops().int4_gemv(x, packed, group, n, True)
+    for r in range(6):
+        one = cpu_kernels.ops().int4_gemv(x[r : r + 1], packed, group, n, True)
+        assert torch.equal(one[0], y[r])  # a row's result never depends on its batch
+    assert torch.equal(y[2], torch.zeros(n))
