@@ -9,6 +9,7 @@ llama.cpp's per-ISA CPU backends and PyTorch's ``CPU_CAPABILITY`` dispatch do:
 |---|---|---|
 | ``avx512_bf16`` | AVX-512 F/BW/VL/DQ/CD + AVX512-BF16 + AVX512-VNNI | x86-64-v4 + bf16, vnni |
 | ``avx512`` | AVX-512 F/BW/VL/DQ/CD | x86-64-v4 |
+| ``avx2_vnni`` | ``avx2``'s + AVX-VNNI (int8 dot products without AVX-512) | x86-64-v3 + avxvnni |
 | ``avx2`` | AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE | x86-64-v3 |
 | ``generic`` | none: houchu's C++ kernels are not used, torch's vectorized ops serve | — |
 
@@ -61,6 +62,7 @@ LEVELS: tuple[Level, ...] = (
         ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni"),
     ),
     Level("avx512", _X86, _V4, ("-march=x86-64-v4",)),
+    Level("avx2_vnni", _X86, _V3 | {"avx_vnni"}, ("-march=x86-64-v3", "-mavxvnni")),
     Level("avx2", _X86, _V3, ("-march=x86-64-v3",)),
     Level("generic", (), frozenset(), (), kernels=False),
 )
@@ -159,6 +161,11 @@ _TORCH_ENV = {
     "avx2": {
         "ATEN_CPU_CAPABILITY": "avx2",
         "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
+    "avx2_vnni": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI",
         "MKL_ENABLE_INSTRUCTIONS": "AVX2",
     },
     "avx512": {

@@ -13,8 +13,8 @@
 //
 // x86 with AVX2 (every level: the AVX-512 builds run the same 256-bit code): vpmaddubsw
 // (u8 x s8 pairs to int16; 2 * 15 * 127 per pair, so 8 of them add up in int16 without
-// saturating: 4 chunks of 8 inputs) then vpmaddwd to int32; with AVX512-VNNI (the
-// avx512_bf16 level) one vpdpbusd does both.
+// saturating: 4 chunks of 8 inputs) then vpmaddwd to int32; with VNNI (AVX512-VNNI: the
+// avx512_bf16 level; AVX-VNNI: the avx2_vnni level) one vpdpbusd does both.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -26,6 +26,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define HOUCHU_A8_X86 1
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define HOUCHU_A8_VNNI 1
+#endif
 #endif
 
 namespace houchu_cpu {
@@ -106,6 +109,17 @@ inline void store_row8(OutT* p, const float* v, int64_t n) {
 
 #ifdef HOUCHU_A8_X86
 
+#ifdef HOUCHU_A8_VNNI
+// acc + the 4-way u8 x s8 dot products of each 32-bit lane (vpdpbusd).
+inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
+#endif
+
 inline __m256i bcast_word(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -120,7 +134,7 @@ void int4_tile_a8(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, i
                   OutT* out, int64_t ldo, int64_t n) {
   const __m256i lo4 = _mm256_set1_epi8(0x0F);
   const __m256i hi16 = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-#ifndef __AVX512VNNI__
+#ifndef HOUCHU_A8_VNNI
   const __m256i ones = _mm256_set1_epi16(1);
 #endif
   constexpr int64_t H = F32S ? 128 : 64;
@@ -156,9 +170,9 @@ void int4_tile_a8(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, i
 #pragma GCC unroll 4
             for (int m = 0; m < MT; ++m) {
               const int8_t* xc = xg + m * ldq + 8 * c;
-#ifdef __AVX512VNNI__
-              d[m] = _mm256_dpbusd_epi32(d[m], ca, bcast_word(xc));
-              d[m] = _mm256_dpbusd_epi32(d[m], cb, bcast_word(xc + 4));
+#ifdef HOUCHU_A8_VNNI
+              d[m] = dpbusd(d[m], ca, bcast_word(xc));
+              d[m] = dpbusd(d[m], cb, bcast_word(xc + 4));
 #else
               d[m] = _mm256_add_epi16(d[m], _mm256_maddubs_epi16(ca, bcast_word(xc)));
               d[m] = _mm256_add_epi16(d[m], _mm256_maddubs_epi16(cb, bcast_word(xc + 4)));
@@ -166,7 +180,7 @@ void int4_tile_a8(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, i
             }
           }
           for (int m = 0; m < MT; ++m) {
-#ifdef __AVX512VNNI__
+#ifdef HOUCHU_A8_VNNI
             const __m256 dot = _mm256_cvtepi32_ps(d[m]);
 #else
             const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(d[m], ones));

@@ -31,6 +31,9 @@ def test_levels_follow_the_cpu_flags():
     assert cpu_isa.usable(features(AVX512), x86) == ["avx512", "avx2", "generic"]
     bf16 = features(AVX512 + " avx512_bf16 avx512_vnni")
     assert cpu_isa.usable(bf16, x86) == ["avx512_bf16", "avx512", "avx2", "generic"]
+    laptop = features(V3 + " avx_vnni")  # AVX-VNNI without AVX-512 (Alder Lake and later)
+    assert cpu_isa.usable(laptop, x86) == ["avx2_vnni", "avx2", "generic"]
+    assert "-mavxvnni" in cpu_isa.level("avx2_vnni").cflags
     assert cpu_isa.usable(features("fpu sse2 sse4_2"), x86) == ["generic"]
     assert cpu_isa.usable(features(AVX512), "aarch64") == ["generic"]  # no NEON kernels yet
     arm = cpu_isa.cpu_features("processor\t: 0\nFeatures\t: fp asimd asimddp\n")
