@@ -32,7 +32,7 @@ from aiohttp import web
 from houchu.actors.config import ServeConfig
 from houchu.actors.supervisor import RestartBudget, describe_exit
 from houchu.cluster.plan import ClusterPorts, ReplicaPlan, cluster_ports, plan_replicas
-from houchu.cluster.replica import ReplicaProcess
+from houchu.cluster.replica import ReplicaProcess, child_setup
 from houchu.cluster.router import find_smg, router_command
 from houchu.cluster.status import ClusterStatus, make_status_app
 
@@ -111,7 +111,7 @@ class ClusterLauncher:
             extra=c.cluster.router_args,
             api_key=c.gateway.api_key,
         )
-        self.router = subprocess.Popen(cmd, start_new_session=True)
+        self.router = subprocess.Popen(cmd, start_new_session=True, preexec_fn=child_setup())
         self.status.router_state = "starting"
 
     async def _wait_replicas(self, session: aiohttp.ClientSession) -> None:

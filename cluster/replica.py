@@ -9,17 +9,22 @@ is cleaned up whole (``kill_group``) before it is started again on the same port
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
 from houchu.actors.config import ServeConfig
 from houchu.cluster.plan import ReplicaPlan
+
+#: prctl option: the signal a process gets when its parent dies (linux/prctl.h)
+PR_SET_PDEATHSIG = 1
 
 
 def relay_output(index: int, stream: IO[bytes], out: IO[str]) -> None:
@@ -35,6 +40,20 @@ def relay_output(index: int, stream: IO[bytes], out: IO[str]) -> None:
         out.flush()
 
 
+def child_setup(cores: tuple[int, ...] | None = None) -> Callable[[], None]:
+    """What a child of the cluster launcher runs before exec: pin it to ``cores`` (when
+    given), and on Linux ask for SIGTERM when the cluster launcher dies
+    (``PR_SET_PDEATHSIG``), so that a killed launcher leaves no replica behind."""
+
+    def setup() -> None:
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return setup
+
+
 def spawn_replica(plan: ReplicaPlan) -> subprocess.Popen:
     """Start replica ``plan`` in a new session, pinned to ``plan.cores`` when set (the
     actors it starts inherit the pinning); its output is relayed to stdout
@@ -43,19 +62,13 @@ def spawn_replica(plan: ReplicaPlan) -> subprocess.Popen:
     Raises:
         OSError: it cannot be started.
     """
-    cores = plan.cores
-
-    def pin() -> None:  # runs in the child before exec
-        if cores is not None:
-            os.sched_setaffinity(0, cores)
-
     proc = subprocess.Popen(
         [sys.executable, "-m", "houchu.cluster.replica"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=pin if cores is not None else None,
+        preexec_fn=child_setup(plan.cores),
     )
     assert proc.stdin is not None
     try:
