@@ -66,17 +66,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prefixes", type=int, default=4)
     p.add_argument("--prefix-len", type=int, default=384)
     p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--kv-cache-mb", default="256", help="each engine's KV pool, MiB")
+    p.add_argument("--no-single", action="store_true", help="skip the one-engine run")
     args = p.parse_args(argv)
     model = args.model or str(fetch_default_model())
-    flags = ("--threads", str(args.threads), "--kv-cache-mb", "256", "--disable-telemetry")
+    flags = (
+        "--threads",
+        str(args.threads),
+        "--kv-cache-mb",
+        args.kv_cache_mb,
+        "--disable-telemetry",
+    )
     print(
         f"shared-prefix: {args.num_prefixes} system prompts x {args.prefix_len} tokens, "
         f"{args.num_requests} requests, concurrency {args.concurrency}, "
-        f"{args.output_len} output tokens, --threads {args.threads} in all"
+        f"{args.output_len} output tokens, --threads {args.threads} in all, "
+        f"--kv-cache-mb {args.kv_cache_mb} per engine"
     )
     print("| setting | ok | prefix hit rate | TTFT p50 ms | TTFT p90 ms | output tok/s |")
     print("|---|---|---|---|---|---|")
-    for name, extra in SETTINGS:
+    for name, extra in SETTINGS[:2] if args.no_single else SETTINGS:
         with running_server(model, *flags, *extra) as ws_url:
             base = ws_url.removeprefix("ws://").removesuffix("/ws")
             print(row(name, run_workload(f"http://{base}", args)), flush=True)
