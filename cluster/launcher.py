@@ -40,6 +40,8 @@ from houchu.cluster.status import ClusterStatus, make_status_app
 TICK_S = 0.5
 #: Seconds the router may take to list every replica as ready at start.
 ROUTER_READY_TIMEOUT_S = 60.0
+#: Seconds the router may take to stop (it lets requests in flight finish first).
+ROUTER_GRACE_S = 15.0
 
 
 def _say(text: str, err: bool = False) -> None:
@@ -241,10 +243,11 @@ class ClusterLauncher:
         if runner is not None:
             await runner.cleanup()
         if self.router is not None and self.router.poll() is None:
-            self.router.terminate()
-        await asyncio.gather(*(r.stop() for r in self.replicas))
-        if self.router is not None:
-            try:
-                self.router.wait(5.0)
-            except subprocess.TimeoutExpired:
+            self.router.terminate()  # first: no new requests reach the replicas
+            deadline = time.monotonic() + ROUTER_GRACE_S
+            while self.router.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            if self.router.poll() is None:
                 self.router.kill()
+                self.router.wait(2.0)
+        await asyncio.gather(*(r.stop() for r in self.replicas))

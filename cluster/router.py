@@ -20,7 +20,8 @@ from pathlib import Path
 #: houchu's choices of ``smg launch`` flags, beside the worker URLs, port and policy:
 #: probe each replica every second and take it out after 2 failed probes (a replica
 #: that restarts answers 503 on /health until its model is loaded), back after 1 good
-#: one; check a starting worker every second; log warnings only.
+#: one; check a starting worker every second; log warnings only; on SIGTERM let requests
+#: in flight finish for at most 10 s.
 DEFAULT_ROUTER_FLAGS: dict[str, list[str]] = {
     "--health-check-interval-secs": ["1"],
     "--health-failure-threshold": ["2"],
@@ -28,6 +29,7 @@ DEFAULT_ROUTER_FLAGS: dict[str, list[str]] = {
     "--health-check-timeout-secs": ["2"],
     "--worker-startup-check-interval": ["1"],
     "--log-level": ["warn"],
+    "--shutdown-grace-period-secs": ["10"],
 }
 
 
