@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 
 from houchu.options.batching_options import BatchingOptions
+from houchu.options.cluster_options import ClusterOptions
 from houchu.options.gateway_options import GatewayOptions
 from houchu.options.kv_tier_options import KVTierOptions
 from houchu.options.placement_options import PlacementOptions
@@ -67,7 +68,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         model: the model's .gguf file or Hugging Face folder, an absolute path (``--model``).
         runner, batching, speculation, kv_tiers, gateway, telemetry, supervision,
-            placement: the options of each consumer (``houchu.options``).
+            placement, cluster: the options of each consumer (``houchu.options``).
         timings: fixed waits.
         launch: filled in by the launcher.
     """
@@ -81,6 +82,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     telemetry: TelemetryOptions = msgspec.field(default_factory=TelemetryOptions)
     supervision: SupervisionOptions = msgspec.field(default_factory=SupervisionOptions)
     placement: PlacementOptions = msgspec.field(default_factory=PlacementOptions)
+    cluster: ClusterOptions = msgspec.field(default_factory=ClusterOptions)
     timings: Timings = msgspec.field(default_factory=Timings)
     launch: Launch = msgspec.field(default_factory=Launch)
 

@@ -186,7 +186,9 @@ class ScrapeSnapshot(Collector):
         """The engine numbers under the names that routers in front of vLLM scrape (the
         Gateway API Inference Extension, llm-d, vLLM's production-stack router), with
         vLLM's ``model_name`` label: requests running and waiting, the KV cache's usage
-        (a fraction, 1 = every page held) and the prefix cache's queried and hit prompt
+        (a fraction, 1 = every page held; also under vLLM's older name
+        ``vllm:gpu_cache_usage_perc``, with ``vllm:gpu_prefix_cache_hit_rate``: smg's
+        load poller reads those) and the prefix cache's queried and hit prompt
         tokens."""
         st = self.stats
         if not isinstance(st.get("num_running"), (int, float)):
@@ -194,10 +196,19 @@ class ScrapeSnapshot(Collector):
         labels, model = ["model_name"], [str(st.get("model", ""))]
         total = float(st.get("num_pages_total") or 0)
         usage = float(st.get("num_pages_used") or 0) / total if total else 0.0
+        queried = float(st.get("prefix_tokens_queried") or 0)
+        hit_rate = float(st.get("prefix_tokens_reused") or 0) / queried if queried else 0.0
         for name, doc, value in (
             ("vllm:num_requests_running", "Requests in the running batch.", st["num_running"]),
             ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", st["num_waiting"]),
             ("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent usage.", usage),
+            # vLLM's older names, which SGLang's Model Gateway (smg) reads for its load view
+            ("vllm:gpu_cache_usage_perc", "KV-cache usage; 1 means 100 percent usage.", usage),
+            (
+                "vllm:gpu_prefix_cache_hit_rate",
+                "Prefix-cache hit rate: prompt tokens found / looked up, since start.",
+                hit_rate,
+            ),
         ):
             g = GaugeMetricFamily(name, doc, labels=labels)
             g.add_metric(model, float(value))

@@ -7,6 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from houchu.actors.config import ServeConfig
 from houchu.bench.cli import add_bench_parser, run_bench
 from houchu.cli.fetch import FetchError, fetch_default_model
 from houchu.options.checks import check_device, check_serve_args
@@ -80,7 +81,23 @@ def _serve(args: argparse.Namespace) -> int:
     args.model = str(Path(args.model).resolve())
     config = config_from_args(args)
     install_uvloop()
+    if config.cluster.data_parallel_size > 1:
+        return _serve_replicas(config)
     return asyncio.run(Launcher(config).serve())
+
+
+def _serve_replicas(config: ServeConfig) -> int:
+    """``--data-parallel-size N``: N replicas behind smg (``houchu.cluster``)."""
+    from houchu.cluster.launcher import ClusterLauncher
+    from houchu.cluster.plan import ClusterPlanError
+    from houchu.cluster.router import RouterMissing
+
+    try:
+        launcher = ClusterLauncher(config)
+    except (RouterMissing, ClusterPlanError) as e:
+        print(f"houchu: {e}", file=sys.stderr)
+        return 2
+    return asyncio.run(launcher.serve())
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ start. The messages name the flags.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -118,6 +119,15 @@ def _check_supervision(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
 
 
+def _check_cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.data_parallel_size < 1:
+        parser.error(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    try:
+        shlex.split(args.router_args)
+    except ValueError as e:
+        parser.error(f"--router-args: {e}")
+
+
 def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Validate ``houchu serve``'s arguments, group by group; ``parser.error`` (exit 2
     with a message) on the first bad one. Normalizes ``args.api_key``,
@@ -129,6 +139,7 @@ def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     _check_gateway(parser, args)
     _check_telemetry(parser, args)
     _check_supervision(parser, args)
+    _check_cluster(parser, args)
 
 
 def check_device(args: argparse.Namespace) -> str | None:

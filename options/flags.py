@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from houchu.actors.config import ServeConfig
 from houchu.options.batching_options import BatchingOptions
+from houchu.options.cluster_options import ClusterOptions
 from houchu.options.gateway_options import GatewayOptions
 from houchu.options.kv_tier_options import KVTierOptions
 from houchu.options.placement_options import PlacementOptions
@@ -300,6 +301,25 @@ PLACEMENT = Group(
     ),
 )
 
+CLUSTER = Group(
+    "cluster",
+    ClusterOptions,
+    "data parallel (engine replicas behind SGLang's Model Gateway, smg: pip install houchu[cluster])",
+    (
+        Flag(
+            "data_parallel_size",
+            "engine replicas on this machine, each with its share of the cores (--threads "
+            "split) or its own GPU, behind smg on --port; replica i serves on port+1+i",
+        ),
+        Flag("router_policy", "smg's load-balancing policy (smg launch --policy)"),
+        Flag(
+            "router_args",
+            "more smg launch flags, one shell-quoted string (e.g. a lower balance "
+            "threshold); a flag given here wins over houchu's choice of it",
+        ),
+    ),
+)
+
 #: The whole table, in the order of the help.
 GROUPS: tuple[Group, ...] = (
     MODEL,
@@ -311,4 +331,5 @@ GROUPS: tuple[Group, ...] = (
     TELEMETRY,
     SUPERVISION,
     PLACEMENT,
+    CLUSTER,
 )

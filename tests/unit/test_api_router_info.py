@@ -58,5 +58,7 @@ async def test_vllm_named_metrics():
     assert got[("vllm:num_requests_running", label)] == 3
     assert got[("vllm:num_requests_waiting", label)] == 2
     assert got[("vllm:kv_cache_usage_perc", label)] == 0.25
+    assert got[("vllm:gpu_cache_usage_perc", label)] == 0.25  # smg's load poller reads it
+    assert got[("vllm:gpu_prefix_cache_hit_rate", label)] == 0.25
     assert got[("vllm:prefix_cache_queries_total", label)] == 640
     assert got[("vllm:prefix_cache_hits_total", label)] == 160

@@ -86,6 +86,7 @@ STRINGS = {
     "kv_cache_dir": "/tmp/flag-kv",
     "db_url": "sqlite:///flag.db",
     "actor_host": "127.0.0.2",
+    "router_args": "--log-level info",
 }
 COMPANIONS = {"ssd_kv_mb": ["--host-kv-mb", "1"]}
 
