@@ -45,6 +45,7 @@ from houchu.model.kv_pool import KVPool
 from houchu.model.kv_transfer import HostKVMirror
 from houchu.model.lever_counters import LeverCounters, StepCost
 from houchu.model.loader import load_model, parse_dtype
+from houchu.model.mla import LatentKVPool, MLALever, mla_levers_note, mla_summary
 from houchu.model.moe import MoEMLP, moe_lever_sample
 from houchu.model.ops import make_ops
 from houchu.model.quant import QuantSpec, resolve_quant_mode
@@ -121,6 +122,9 @@ class ModelRunner:
                 and self.config.plain_llama_layers
             ):
                 self.model.fused = FusedDecode(self.model)
+            kv_dtype = o.kv_cache_dtype
+            if self.config.mla is not None:  # a pool of latents; what does not apply, said
+                kv_dtype = mla_levers_note(self.config, o, self.backend.name)
             self.pool = KVPool.for_model(
                 self.config,
                 page_size=o.page_size,
@@ -128,7 +132,7 @@ class ModelRunner:
                 device=self.device,
                 num_pages=o.num_pages,
                 memory_bytes=o.kv_cache_bytes,
-                kv_dtype=o.kv_cache_dtype,
+                kv_dtype=kv_dtype,
                 scratch_pages=1 if graphs else 0,
             )
         if o.decode_paths not in ("rules", "auto"):
@@ -160,7 +164,7 @@ class ModelRunner:
         wb, wb16 = self.model.weight_bytes()
         p = self.pool
         cost = StepCost(
-            wb, wb16, p.bytes_per_token, p.bf16_bytes_per_token, quant.label(), o.kv_cache_dtype
+            wb, wb16, p.bytes_per_token, p.bf16_bytes_per_token, quant.label(), kv_dtype
         )
         a = self.accel
         self.levers = LeverCounters(
@@ -184,6 +188,7 @@ class ModelRunner:
         self.num_params = self.model.num_params()
         on_cpu = self.device.type == "cpu" and not o.fixed_threads
         self.governor = ThreadGovernor(torch.get_num_threads()) if on_cpu else None
+        self.mla_lever = MLALever(self.pool) if isinstance(self.pool, LatentKVPool) else None
         if not quiet:
             print(self.summary(time.perf_counter() - t0), flush=True)
 
@@ -208,6 +213,7 @@ class ModelRunner:
             f"matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
             f"{torch.get_num_threads()} threads{took}; {self.levers.summary()}"
             f"{'; decode paths ' + self.decode_paths() if self.tuned else ''}"
+            f"{'; ' + mla_summary(p, self.max_context) if self.mla_lever else ''}"
         )
 
     def decode_paths(self) -> str:
@@ -256,6 +262,8 @@ class ModelRunner:
         out = self.levers.samples()
         moes = (m for m in self.model.modules() if isinstance(m, MoEMLP))
         moe = moe_lever_sample(moes, time.time())
+        if self.mla_lever is not None:
+            out += self.mla_lever.samples(time.time())
         return out if moe is None else [*out, moe]
 
     def attach_host_pool(self, host: HostPool) -> None:
@@ -294,6 +302,8 @@ class ModelRunner:
             logits = self.model(batch, self.pool, self.backend)
         read = self.model.weight_bytes_at(batch.num_tokens, int(batch.sample_rows.numel()))
         self.levers.record(batch.num_tokens, sum(batch.kv_lens), fast, read)
+        if self.mla_lever is not None:
+            self.mla_lever.record(batch.num_tokens)
         return logits
 
     def execute(self, plan: StepPlan) -> StepResult:

@@ -1,6 +1,7 @@
 """Helpers for tests elsewhere in houchu: a tiny random Llama-family model (Llama, Qwen2,
-Qwen3) saved as a Hugging Face directory, and its GGUF as llama.cpp's converter writes it
-(needs ``transformers``; imported lazily)."""
+Qwen3, Qwen3-MoE, DeepSeek-V2/V3) saved as a Hugging Face directory, a tokenizer to
+serve it with, and its GGUF as llama.cpp's converter writes it (needs ``transformers``;
+imported lazily)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def make_tiny_model(
 ) -> Path:
     """Save a randomly initialised causal LM of ``family`` ("llama", "qwen2" or "qwen3",
     through ``transformers.AutoModelForCausalLM.from_config``; float32, safetensors) to
-    ``path``. 2-D weights are drawn from N(0, 0.08²) and 1-D ones (norms, biases) from
+    ``path``. 2-D weights (and 3-D stacked experts) are drawn from N(0, 0.08²) and 1-D ones (norms, biases) from
     1 + N(0, 0.1²) or N(0, 0.1²), so that every part changes the logits visibly.
 
     Args:
@@ -71,12 +72,15 @@ def make_tiny_model(
     model = AutoModelForCausalLM.from_config(cfg).float().eval()
     with torch.no_grad():  # larger-than-default weights so logits differ visibly
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # matrices, and stacked experts [E, ·, ·]
                 p.normal_(0.0, 0.08)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.1)
             elif family != "llama":  # norms: around 1
                 p.normal_(1.0, 0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's routing bias
+                b.normal_(0.0, 0.1)
     out = Path(path)
     model.save_pretrained(out, safe_serialization=True)
     return out
@@ -185,3 +189,36 @@ def write_llama_gguf(
     w.write_tensors_to_file()
     w.close()
     return Path(out)
+
+
+def write_tiny_tokenizer(path: str | Path, vocab_size: int = 128) -> Path:
+    """Save a byte-level word tokenizer of ``vocab_size`` tokens beside a tiny model
+    (``tokenizer.json`` and ``tokenizer_config.json``, through ``tokenizers`` and
+    transformers' ``PreTrainedTokenizerFast``): ids 0, 1, 2 are ``<unk>``, ``<s>``,
+    ``</s>`` and every other id one byte-level character, so any id decodes.
+
+    Returns:
+        ``path`` as a ``Path``.
+    Raises:
+        ValueError: ``vocab_size`` below 4 or above 259.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if not 4 <= vocab_size <= 259:
+        raise ValueError(f"vocab_size must be in [4, 259], got {vocab_size}")
+    chars = sorted(pre_tokenizers.ByteLevel.alphabet())[: vocab_size - 3]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {ch: i + 3 for i, ch in enumerate(chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            pre_tokenizers.Split(Regex("."), behavior="isolated"),  # one token per byte
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    fast.save_pretrained(str(path))
+    return Path(path)
