@@ -193,7 +193,7 @@ class ModelConfig:
 #: The families houchu runs: HF ``model_type`` / GGUF ``general.architecture`` values.
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 #: The GGUF ``general.architecture`` values houchu reads (MoE GGUFs not yet).
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "deepseek2")
 #: HF ``architectures`` class names per family.
 _HF_CLASSES = {
     "LlamaForCausalLM": "llama",
@@ -331,6 +331,11 @@ def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelCo
 
     def opt(key: str, default: Any) -> Any:
         return gguf_field(reader, f"{arch}.{key}", default)
+
+    if arch == "deepseek2":  # MLA and DeepSeekMoE: DeepSeek-V2 / V3
+        from houchu.model.config_deepseek import deepseek_config_from_gguf
+
+        return deepseek_config_from_gguf(reader, path, opt, need)
 
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))

@@ -5,6 +5,8 @@ run over the latent KV pool (absorbed decode) and through the scheduler."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ from houchu.model.mla import LatentKVPool, full_mha_bytes_per_token
 from houchu.model.model_runner import ModelRunner
 from houchu.model.quality import agreement, text_logprobs
 from houchu.model.quant import QuantSpec
-from houchu.model.testing import make_tiny_model
+from houchu.model.testing import make_tiny_model, write_deepseek_gguf
 from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.text.stop import stop_ids
@@ -301,3 +303,44 @@ def test_levers_that_do_not_apply_say_so(family, capsys):
     assert "decode eagerly" in err
     assert runner.pool.kv.dtype == torch.float32 and not runner.pool.quantized
     assert not [s for s in runner.lever_samples() if s.lever.startswith("kv_quant")]
+
+
+def runner_greedy(path, ids: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens after ``ids`` through ``ModelRunner`` (prefill, then decode)."""
+    runner = ModelRunner(str(path), exact(num_pages=16, page_size=4), quiet=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    init = [SeqInit(rid="a", sampling=greedy, prompt_ids=ids)]
+    work = SeqWork(rid="a", token_ids=ids, start_pos=0, page_table=list(range(8)), sample=True)
+    out: list[int] = []
+    for step in range(n):
+        res = runner.execute(StepPlan(step_id=step, work=[work], init=init if step == 0 else []))
+        out.append(res.outputs[0].token_id)
+        work = SeqWork(
+            rid="a",
+            token_ids=[out[-1]],
+            start_pos=len(ids) + step,
+            page_table=list(range(8)),
+            sample=True,
+        )
+    return out
+
+
+def test_gguf_twin_gives_the_same_tokens(family, tmp_path):
+    """A GGUF ``deepseek2`` written as llama.cpp's converter does (stacked experts, split
+    and transposed ``kv_b``, one MQA head of latent width) loads to the same config and
+    gives the safetensors twin's greedy tokens."""
+    kind, path, _ = family
+    hf_cfg = load_model_config(path)
+    if not hf_cfg.mla.rope_interleave:
+        pytest.skip("llama.cpp's deepseek2 rotates adjacent pairs: no GGUF of rotate-half RoPE")
+    gguf_path = write_deepseek_gguf(path, tmp_path / "model.gguf")
+    cfg = load_model_config(gguf_path)
+    other = ["name", "source", "bos_token_id", "eos_token_ids", "rope_original_max_position"]
+    floats = ["rms_norm_eps", "rope_mscale", "rope_mscale_all_dim"]  # stored as float32
+    if hf_cfg.rope_type == "yarn":
+        other.remove("rope_original_max_position")
+    assert dataclasses.replace(cfg, **{f: getattr(hf_cfg, f) for f in other + floats}) == hf_cfg
+    for f in floats:
+        assert getattr(cfg, f) == pytest.approx(getattr(hf_cfg, f), rel=1e-6)
+    ids = prompt(12, 13)
+    assert runner_greedy(gguf_path, ids, 6) == runner_greedy(path, ids, 6)
