@@ -467,11 +467,19 @@ def mla_summary(pool: LatentKVPool, max_context: int) -> str:
 
 class MLALever:
     """The "mla" lever (occupy_less), against the same model with full multi-head K/V:
-    the extra token slots the pool holds (once, "tokens" saved) and the KV bytes not
-    stored for the tokens written since the previous sample ("bytes" saved)."""
+    once, the extra token slots the pool holds ("tokens" saved) and the extra requests
+    of ``max_context`` tokens it holds at once ("requests" saved: the concurrency the
+    latent buys); then per call, the KV bytes not stored for the tokens written since
+    the previous call ("bytes" saved). Nothing is spent: the latent is the model's own
+    structure (the absorbed decode's extra query work is in its step time).
 
-    def __init__(self, pool: LatentKVPool) -> None:
-        self.pool = pool
+    Args:
+        pool: the latent pool.
+        max_context: tokens a request may hold at most.
+    """
+
+    def __init__(self, pool: LatentKVPool, max_context: int) -> None:
+        self.pool, self.max_context = pool, max(max_context, 1)
         self.tokens_written = 0
         self._capacity_reported = False
 
@@ -484,8 +492,11 @@ class MLALever:
         p, out = self.pool, []
         if not self._capacity_reported:
             self._capacity_reported = True
-            extra = p.num_tokens - p.num_bytes // p.full_kv_bytes
-            out.append(LeverSample("mla", "occupy_less", float(extra), "tokens", 0.0, "tokens", t))
+            full_tokens = p.num_bytes // p.full_kv_bytes
+            extra = float(p.num_tokens - full_tokens)
+            more = float(p.num_tokens // self.max_context - full_tokens // self.max_context)
+            out.append(LeverSample("mla", "occupy_less", extra, "tokens", 0.0, "tokens", t))
+            out.append(LeverSample("mla", "occupy_less", more, "requests", 0.0, "requests", t))
         if self.tokens_written:
             per = p.full_kv_bytes - p.bytes_per_token
             saved = float(per * self.tokens_written)

@@ -188,7 +188,8 @@ class ModelRunner:
         self.num_params = self.model.num_params()
         on_cpu = self.device.type == "cpu" and not o.fixed_threads
         self.governor = ThreadGovernor(torch.get_num_threads()) if on_cpu else None
-        self.mla_lever = MLALever(self.pool) if isinstance(self.pool, LatentKVPool) else None
+        mla = isinstance(self.pool, LatentKVPool)
+        self.mla_lever = MLALever(self.pool, self.max_context) if mla else None
         if not quiet:
             print(self.summary(time.perf_counter() - t0), flush=True)
 
@@ -258,7 +259,8 @@ class ModelRunner:
         """What weight and KV quantization and the compiled / graph-captured decode step
         saved and spent since the previous call (engine-wide ``LeverSample``s, for the
         runner actor to emit); with MoE layers, also the FLOPs the experts a token did not
-        run saved against the router's ("moe_routed_experts", compute_less)."""
+        run saved against the router's ("moe_routed_experts", compute_less); with MLA,
+        the KV bytes, token slots and requests the latent saves ("mla", occupy_less)."""
         out = self.levers.samples()
         moes = (m for m in self.model.modules() if isinstance(m, MoEMLP))
         moe = moe_lever_sample(moes, time.time())

@@ -185,7 +185,10 @@ def test_runner_greedy_equals_transformers_and_reports_mla_lever(family):
     first = {s.saved_unit: s for s in runner.lever_samples() if s.lever == "mla"}
     pool = runner.pool
     assert first["tokens"].verb == "occupy_less"
-    assert first["tokens"].saved == pool.num_tokens - pool.num_bytes // pool.full_kv_bytes > 0
+    full_tokens = pool.num_bytes // pool.full_kv_bytes
+    assert first["tokens"].saved == pool.num_tokens - full_tokens > 0
+    ctx = runner.max_context
+    assert first["requests"].saved == pool.num_tokens // ctx - full_tokens // ctx
     ids = prompt(5, 11)
     with torch.no_grad():
         want = hf.generate(
@@ -344,3 +347,31 @@ def test_gguf_twin_gives_the_same_tokens(family, tmp_path):
         assert getattr(cfg, f) == pytest.approx(getattr(hf_cfg, f), rel=1e-6)
     ids = prompt(12, 13)
     assert runner_greedy(gguf_path, ids, 6) == runner_greedy(path, ids, 6)
+
+
+def test_latent_pages_round_trip_through_the_host_tier(family):
+    """A page of latents saved to the shared host pool and loaded back into another page
+    (the KV tiers copy ``page_tensors()``); the launcher sizes a host slot as one page
+    of latents (``ModelConfig.kv_bytes_per_token``)."""
+    import os
+
+    from houchu.kvcache.host_pool import HostPool
+    from houchu.model.kv_transfer import HostKVMirror
+    from houchu.transport.messages import PageCopy
+
+    _, path, _ = family
+    cfg = load_model_config(path)
+    pool = KVPool.for_model(cfg, page_size=4, dtype=torch.float32, num_pages=4)
+    pool.kv.copy_(torch.randn_like(pool.kv))
+    slot = 4 * cfg.kv_bytes_per_token(4)
+    host = HostPool(f"houchu-test-mla-{os.getpid()}", 2, slot, create=True)
+    try:
+        mirror = HostKVMirror(pool, host)
+        assert mirror.page_bytes == slot
+        page = pool.kv[:, 1].clone()
+        mirror.save([PageCopy(1, 0)])
+        mirror.load([PageCopy(3, 0)])
+        assert torch.equal(pool.kv[:, 3], page)
+    finally:
+        del mirror
+        host.close()
