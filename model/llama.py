@@ -268,13 +268,13 @@ class LlamaModel(nn.Module):
         the experts one token runs (``MoEMLP.active_params_per_token``), an MLA layer its
         dense up-projections."""
         ls = self.linears()
-        moe = sum(m.active_params_per_token() for m in self.modules() if isinstance(m, MoEMLP))
+        dense = sum(m.active_params_per_token() for m in self.modules() if isinstance(m, MoEMLP))
         # MLA's up-projections, kept dense for the absorbed form: [H, dn, r] and [H, dv, r]
-        moe += sum(
+        dense += sum(
             m.w_uk.numel() + m.w_uv.numel() for m in self.modules() if isinstance(m, MLAAttention)
         )
-        stored = sum(m.weight_bytes() for m in ls) + moe * self.embed.element_size()
-        return stored, sum(m.bf16_bytes() for m in ls) + 2 * moe
+        stored = sum(m.weight_bytes() for m in ls) + dense * self.embed.element_size()
+        return stored, sum(m.bf16_bytes() for m in ls) + 2 * dense
 
     def weight_bytes_at(self, rows: int, head_rows: int) -> int:
         """Matmul weight bytes a step of ``rows`` tokens sampling ``head_rows`` of them

@@ -361,9 +361,11 @@ class MLAAttention(nn.Module):
         Returns:
             ``[B, n, H, dv]``.
         """
-        b, n, h, _ = q_nope.shape
+        b, n, h, dn = q_nope.shape
         r = self.m.kv_lora_rank
-        q_lat = torch.einsum("bnhd,hdr->bnhr", q_nope, self.w_uk)  # [B, n, H, r]
+        # per head, [B·n, dn] @ [dn, r] (a contiguous batch: BLAS's fast path)
+        qh = q_nope.permute(2, 0, 1, 3).reshape(h, b * n, dn).contiguous()  # [H, B·n, dn]
+        q_lat = torch.bmm(qh, self.w_uk).view(h, b, n, r).permute(1, 2, 0, 3)  # [B, n, H, r]
         qa = torch.cat([q_lat, q_pe], dim=-1)  # [B, n, H, r + dr]
         if n == 1:  # the H heads along SDPA's query axis: one KV head, no repeat
             o = F.scaled_dot_product_attention(
@@ -384,7 +386,9 @@ class MLAAttention(nn.Module):
                 enable_gqa=True,
             )  # [B, H, n, r]
             o_lat = o.transpose(1, 2)  # [B, n, H, r]
-        return torch.einsum("bnhr,hvr->bnhv", o_lat, self.w_uv)  # [B, n, H, dv]
+        oh = o_lat.permute(2, 0, 1, 3).reshape(h, b * n, r).contiguous()  # [H, B·n, r]
+        o = torch.bmm(oh, self.w_uv.transpose(1, 2))  # [H, B·n, dv]
+        return o.view(h, b, n, -1).permute(1, 2, 0, 3)  # [B, n, H, dv]
 
     def _expanded(
         self,
@@ -406,9 +410,9 @@ class MLAAttention(nn.Module):
         m, h = self.m, self.num_heads
         b, span = lat.shape[:2]
         r = m.kv_lora_rank
-        c = lat[..., :r]  # [B, L, r]
-        k_nope = torch.einsum("blr,hdr->blhd", c, self.w_uk)  # [B, L, H, dn]
-        v = torch.einsum("blr,hvr->blhv", c, self.w_uv)  # [B, L, H, dv]
+        c = lat[..., :r].reshape(b * span, r)  # [B·L, r]
+        k_nope = (c @ self.w_uk.view(-1, r).T).view(b, span, h, -1)  # [B, L, H, dn]
+        v = (c @ self.w_uv.view(-1, r).T).view(b, span, h, -1)  # [B, L, H, dv]
         k_pe = lat[:, :, None, r:].expand(b, span, h, m.qk_rope_head_dim)  # [B, L, H, dr]
         k = torch.cat([k_nope, k_pe], dim=-1)  # [B, L, H, dn + dr]
         q = torch.cat([q_nope, q_pe], dim=-1)  # [B, n, H, dn + dr]

@@ -203,7 +203,8 @@ class ModelRunner:
         p = self.pool
         took = "" if load_s is None else f" (loaded in {load_s:.1f}s)"
         return (
-            f"houchu runner: llama {self.config.name!r}, {self.num_params / 1e6:.1f}M params, "
+            f"houchu runner: {self.config.architecture} {self.config.name!r}, "
+            f"{self.num_params / 1e6:.1f}M params, "
             f"{str(self.dtype).removeprefix('torch.')} on {self.device}, "
             f"{self.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
             f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
