@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from houchu.model.config import num_parameters
-from houchu.model.mla import LatentKVPool, full_mha_bytes_per_token
+from houchu.model.mla_pool import LatentKVPool, full_mha_bytes_per_token
 from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_model
 from houchu.options.runner_options import RunnerOptions

@@ -127,14 +127,14 @@ class KVPool:
     ) -> KVPool:
         """Size a pool for ``cfg``: ``num_pages`` if given, else as many pages as fit in
         ``memory_bytes`` (bytes, K and V of all layers together, scales included). An MLA
-        model (``cfg.mla``) gets a ``houchu.model.mla.LatentKVPool`` (its latents, not K/V).
+        model (``cfg.mla``) gets a ``houchu.model.mla_pool.LatentKVPool`` (its latents, not K/V).
 
         Raises:
             ValueError: the budget holds not even one page, an unknown ``kv_dtype``, or a
                 quantized ``kv_dtype`` for an MLA model.
         """
         if cfg.mla is not None:
-            from houchu.model.mla import LatentKVPool
+            from houchu.model.mla_pool import LatentKVPool
 
             if kv_dtype != "auto":
                 raise ValueError(f"MLA's latent KV cache is stored in {dtype}, not {kv_dtype}")

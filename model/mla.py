@@ -27,8 +27,6 @@ permuted to rotate-half halves at load (the same rotation), softmax scaled by
 ``qk_head_dim^-0.5`` times YaRN's ``mscale(factor, mscale_all_dim)²``.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import Any
 
@@ -38,149 +36,12 @@ from torch import nn
 
 from houchu.model.attention import TorchSDPABackend, _TorchMeta
 from houchu.model.batch import StepBatch
-from houchu.model.config import MLAConfig, ModelConfig, ModelLoadError
+from houchu.model.config import ModelConfig, ModelLoadError
+from houchu.model.mla_pool import LatentKVPool, mla_of
 from houchu.model.ops import TorchOps
 from houchu.model.rope import apply_rope, yarn_attention_factor, yarn_mscale
-from houchu.transport.telemetry import LeverSample
 
 Linear = Callable[[list[Any]], nn.Module]
-
-
-class LatentKVPool:
-    """The paged KV pool of an MLA model: per token and layer, the latent ``c`` and
-    the RoPE key ``k_pe`` side by side.
-
-    Attributes:
-        kv: ``[num_layers, num_pages + scratch_pages, page_size, kv_lora_rank +
-            qk_rope_head_dim]`` in the model dtype, zero-initialised.
-        k: the same tensor (what code that asks a pool for its storage dtype reads).
-        num_layers, num_pages, page_size, scratch_pages, dtype: as ``KVPool``'s.
-        kv_lora_rank: elements of ``c`` (the first ones of each slot).
-        full_kv_bytes: bytes per token of the same model with full multi-head K/V at
-            this dtype (``ModelConfig.num_heads · (qk_head_dim + v_head_dim)`` per layer).
-
-    Raises:
-        ValueError: fewer than one page, or a page of fewer than one token.
-    """
-
-    quantized = False
-    kv_dtype = "auto"
-    k_scale = v_scale = None
-    num_kv_heads = 1
-
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        *,
-        num_pages: int,
-        page_size: int,
-        dtype: torch.dtype,
-        device: torch.device | str = "cpu",
-        scratch_pages: int = 0,
-    ) -> None:
-        if num_pages < 1 or page_size < 1:
-            raise ValueError(
-                f"KV pool needs >= 1 page of >= 1 token, got {num_pages} x {page_size}"
-            )
-        m = _mla(cfg)
-        self.num_layers, self.num_pages, self.page_size = cfg.num_layers, num_pages, page_size
-        self.scratch_pages, self.dtype, self.kv_lora_rank = scratch_pages, dtype, m.kv_lora_rank
-        self.head_dim = m.latent_dim
-        shape = (cfg.num_layers, num_pages + scratch_pages, page_size, m.latent_dim)
-        self.kv = torch.zeros(shape, dtype=dtype, device=device)  # [L, P, ps, r + dr]
-        self.k = self.v = self.kv
-        elem = self.kv.element_size()
-        self.full_kv_bytes = full_mha_bytes_per_token(cfg, elem)
-
-    @classmethod
-    def for_model(
-        cls,
-        cfg: ModelConfig,
-        *,
-        page_size: int,
-        dtype: torch.dtype,
-        device: torch.device | str = "cpu",
-        num_pages: int | None = None,
-        memory_bytes: int = 1 << 30,
-        scratch_pages: int = 0,
-    ) -> LatentKVPool:
-        """``num_pages`` if given, else as many pages as fit in ``memory_bytes``.
-
-        Raises:
-            ValueError: the budget holds not even one page.
-        """
-        per_page = page_size * cfg.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
-        if num_pages is None:
-            num_pages = memory_bytes // per_page
-            if num_pages < 1:
-                raise ValueError(
-                    f"KV budget of {memory_bytes} bytes is less than one page ({per_page} bytes)"
-                )
-        return cls(
-            cfg,
-            num_pages=num_pages,
-            page_size=page_size,
-            dtype=dtype,
-            device=device,
-            scratch_pages=scratch_pages,
-        )
-
-    @property
-    def num_tokens(self) -> int:
-        """Token slots in the pool."""
-        return self.num_pages * self.page_size
-
-    @property
-    def bytes_per_token(self) -> int:
-        """Bytes of ``[c, k_pe]`` per token slot, all layers."""
-        return self.num_layers * self.head_dim * self.kv.element_size()
-
-    @property
-    def bf16_bytes_per_token(self) -> int:
-        """The same latents in bfloat16 (the KV-quantization lever's baseline)."""
-        return self.num_layers * self.head_dim * 2
-
-    @property
-    def num_bytes(self) -> int:
-        """Bytes the scheduler's pages occupy (scratch pages not counted)."""
-        return self.num_tokens * self.bytes_per_token
-
-    def page_tensors(self) -> list[torch.Tensor]:
-        """The one tensor holding page data, ``[L, P, ...]`` (for host-tier copies)."""
-        return [self.kv]
-
-    def write(self, layer: int, slots: torch.Tensor, c: torch.Tensor, k_pe: torch.Tensor) -> None:
-        """Store new tokens' latents: slots ``[T]`` int64 (all distinct), c ``[T, r]``,
-        k_pe ``[T, dr]`` (RoPE applied), model dtype."""
-        flat = self.kv[layer].view(-1, self.head_dim)  # [P·ps, r + dr]
-        flat.index_copy_(0, slots, torch.cat([c, k_pe], dim=-1))
-
-    def gather(self, layer: int, page_table: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """One sequence's latents at positions ``0 .. kv_len-1``: page_table
-        ``[n_pages]`` int64 -> ``[kv_len, r + dr]`` (a copy)."""
-        n = -(-kv_len // self.page_size)
-        return self.kv[layer].index_select(0, page_table[:n]).flatten(0, 1)[:kv_len]
-
-    def gather_padded(self, layer: int, page_tables: torch.Tensor) -> torch.Tensor:
-        """Several sequences' latents: page_tables ``[B, n_pages]`` int64 ->
-        ``[B, n_pages · page_size, r + dr]`` (positions past a sequence's length hold
-        whatever the padding pages hold: mask them)."""
-        b, n = page_tables.shape
-        lat = self.kv[layer].index_select(0, page_tables.reshape(-1))  # [B·n, ps, r + dr]
-        return lat.view(b, n * self.page_size, self.head_dim)
-
-
-def full_mha_bytes_per_token(cfg: ModelConfig, element_size: int) -> int:
-    """Bytes per token, all layers, of ``cfg`` with full multi-head K/V (every head's
-    ``qk_head_dim`` key and ``v_head_dim`` value stored, as without the latent)."""
-    m = _mla(cfg)
-    return cfg.num_layers * cfg.num_heads * (m.qk_head_dim + m.v_head_dim) * element_size
-
-
-def _mla(cfg: ModelConfig) -> MLAConfig:
-    if cfg.mla is None:
-        raise ValueError(f"{cfg.name}: not an MLA model")
-    return cfg.mla
 
 
 def deinterleave_rope_rows(w: torch.Tensor, heads: int, nope: int, rope: int) -> torch.Tensor:
@@ -199,7 +60,7 @@ def deinterleave_rope_rows(w: torch.Tensor, heads: int, nope: int, rope: int) ->
 def softmax_scale(cfg: ModelConfig) -> float:
     """``qk_head_dim^-0.5``, times YaRN's ``mscale(factor, mscale_all_dim)²`` where
     the config uses YaRN with ``mscale_all_dim`` (transformers' ``yarn_apply_mscale``)."""
-    scale = _mla(cfg).qk_head_dim ** -0.5
+    scale = mla_of(cfg).qk_head_dim ** -0.5
     if cfg.rope_type == "yarn" and cfg.rope_mscale_all_dim:
         scale *= yarn_mscale(cfg.rope_factor, cfg.rope_mscale_all_dim) ** 2
     return scale
@@ -233,7 +94,7 @@ class MLAAttention(nn.Module):
         self, cfg: ModelConfig, w: dict[str, Any], prefix: str, linear: Linear, dtype: torch.dtype
     ) -> None:
         super().__init__()
-        m = _mla(cfg)
+        m = mla_of(cfg)
         h, self.m, self.eps = cfg.num_heads, m, cfg.rms_norm_eps
         self.num_heads = h
         _check_mla_shapes(cfg, w, prefix)
@@ -432,7 +293,7 @@ def _param(t: torch.Tensor) -> nn.Parameter:
 
 
 def _check_mla_shapes(cfg: ModelConfig, w: dict[str, Any], prefix: str) -> None:
-    m, h, hid = _mla(cfg), cfg.num_heads, cfg.hidden_size
+    m, h, hid = mla_of(cfg), cfg.num_heads, cfg.hidden_size
     want = {
         "kv_a_proj_with_mqa.weight": (m.latent_dim, hid),
         "kv_a_layernorm.weight": (m.kv_lora_rank,),
@@ -454,80 +315,3 @@ def _check_mla_shapes(cfg: ModelConfig, w: dict[str, Any], prefix: str) -> None:
             raise ModelLoadError(
                 f"tensor {prefix}.{name}: shape {tuple(t.shape)}, expected {shape}"
             )
-
-
-def mla_summary(pool: LatentKVPool, max_context: int) -> str:
-    """One line for the start-up summary: the latent's bytes per token against full
-    multi-head K/V, and the tokens and max-context requests the pool holds each way."""
-    full_tokens = pool.num_bytes // pool.full_kv_bytes
-    ratio = pool.full_kv_bytes / pool.bytes_per_token
-    return (
-        f"MLA latent KV {pool.bytes_per_token} B/token vs {pool.full_kv_bytes} B/token with "
-        f"full multi-head K/V ({ratio:.1f}x): the pool holds {pool.num_tokens} tokens "
-        f"instead of {full_tokens} ({pool.num_tokens // max(max_context, 1)} instead of "
-        f"{full_tokens // max(max_context, 1)} requests of {max_context} tokens)"
-    )
-
-
-class MLALever:
-    """The "mla" lever (occupy_less), against the same model with full multi-head K/V:
-    once, the extra token slots the pool holds ("tokens" saved) and the extra requests
-    of ``max_context`` tokens it holds at once ("requests" saved: the concurrency the
-    latent buys); then per call, the KV bytes not stored for the tokens written since
-    the previous call ("bytes" saved). Nothing is spent: the latent is the model's own
-    structure (the absorbed decode's extra query work is in its step time).
-
-    Args:
-        pool: the latent pool.
-        max_context: tokens a request may hold at most.
-    """
-
-    def __init__(self, pool: LatentKVPool, max_context: int) -> None:
-        self.pool, self.max_context = pool, max(max_context, 1)
-        self.tokens_written = 0
-        self._capacity_reported = False
-
-    def record(self, tokens: int) -> None:
-        """Count ``tokens`` whose latents a step stored."""
-        self.tokens_written += tokens
-
-    def samples(self, t: float) -> list[LeverSample]:
-        """The samples accrued since the previous call (then the count restarts)."""
-        p, out = self.pool, []
-        if not self._capacity_reported:
-            self._capacity_reported = True
-            full_tokens = p.num_bytes // p.full_kv_bytes
-            extra = float(p.num_tokens - full_tokens)
-            more = float(p.num_tokens // self.max_context - full_tokens // self.max_context)
-            out.append(LeverSample("mla", "occupy_less", extra, "tokens", 0.0, "tokens", t))
-            out.append(LeverSample("mla", "occupy_less", more, "requests", 0.0, "requests", t))
-        if self.tokens_written:
-            per = p.full_kv_bytes - p.bytes_per_token
-            saved = float(per * self.tokens_written)
-            out.append(LeverSample("mla", "occupy_less", saved, "bytes", 0.0, "bytes", t))
-        self.tokens_written = 0
-        return out
-
-
-def mla_levers_note(cfg: ModelConfig, options: Any, backend: str) -> str:
-    """Say at start-up which of the runner's levers do not apply to an MLA model, and
-    return the KV dtype its pool uses ("auto": the latent is stored in the model dtype).
-
-    Args:
-        cfg: the model's configuration.
-        options: the runner's ``RunnerOptions``.
-        backend: the attention backend's name.
-    """
-    notes = []
-    if options.kv_cache_dtype != "auto":
-        notes.append(
-            f"--kv-cache-dtype {options.kv_cache_dtype} does not apply to the latent KV "
-            f"cache (stored in {options.dtype})"
-        )
-    if backend not in ("torch-sdpa", "cpu"):
-        notes.append(f"attention runs on torch ops, not the {backend} backend's kernels")
-    if not options.disable_fused_layers and backend == "cpu":
-        notes.append("the fused C++ decode layers compute plain Llama blocks only: off")
-    for n in notes:
-        print(f"houchu runner: {cfg.architecture} (MLA): {n}", flush=True)
-    return "auto"

@@ -45,7 +45,8 @@ from houchu.model.kv_pool import KVPool
 from houchu.model.kv_transfer import HostKVMirror
 from houchu.model.lever_counters import LeverCounters, StepCost
 from houchu.model.loader import load_model, parse_dtype
-from houchu.model.mla import LatentKVPool, MLALever, mla_levers_note, mla_summary
+from houchu.model.mla_lever import MLALever, mla_levers_note, mla_summary
+from houchu.model.mla_pool import LatentKVPool
 from houchu.model.moe import MoEMLP, moe_lever_sample
 from houchu.model.ops import make_ops
 from houchu.model.quant import QuantSpec, resolve_quant_mode

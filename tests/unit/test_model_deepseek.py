@@ -13,7 +13,7 @@ import torch
 from houchu.model.config import load_model_config, num_parameters
 from houchu.model.kv_pool import KVPool
 from houchu.model.loader import load_model
-from houchu.model.mla import LatentKVPool, full_mha_bytes_per_token
+from houchu.model.mla_pool import LatentKVPool, full_mha_bytes_per_token
 from houchu.model.model_runner import ModelRunner
 from houchu.model.quality import agreement, text_logprobs
 from houchu.model.quant import QuantSpec
