@@ -27,6 +27,8 @@ permuted to rotate-half halves at load (the same rotation), softmax scaled by
 ``qk_head_dim^-0.5`` times YaRN's ``mscale(factor, mscale_all_dim)²``.
 """
 
+from __future__ import annotations
+
 from collections.abc import Callable
 from typing import Any
 
