@@ -17,7 +17,8 @@ def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
     model fingerprint filled in (``config.launch``).
 
     A slot holds one page of K and V over all layers at the model dtype:
-    ``2 * layers * page_size * kv_heads * head_dim * dtype bytes``.
+    ``2 * layers * page_size * kv_heads * head_dim * dtype bytes`` (an MLA model's page
+    of latents: ``layers * page_size * (kv_lora_rank + qk_rope_head_dim) * dtype bytes``).
 
     Raises:
         ModelLoadError: the model's configuration cannot be read.
@@ -27,11 +28,13 @@ def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
     r, tiers = config.runner, config.kv_tiers
     m = load_model_config(config.model)
     elem = _DTYPE_BYTES[r.dtype]
-    slot_bytes = 2 * m.num_layers * r.page_size * m.num_kv_heads * m.head_dim * elem
+    slot_bytes = r.page_size * m.kv_bytes_per_token(elem)
     layout = (
         f"llama L{m.num_layers} kv{m.num_kv_heads} d{m.head_dim} ps{r.page_size} "
         f"{r.dtype} kv:{r.kv_cache_dtype}"
     )
+    if m.mla is not None:  # a page of latents: [c, k_pe] per token and layer
+        layout += f" mla{m.mla.kv_lora_rank}+{m.mla.qk_rope_head_dim}"
     fingerprint = model_fingerprint(config.model, layout)
     name = f"houchu-kv-{os.getpid()}"
     pages = tiers.host_kv_pages or max(tiers.host_kv_bytes // slot_bytes, 1)

@@ -96,6 +96,13 @@ class DecodeAccelerator:
                 flush=True,
             )
             compile = "off"
+        if model.cfg.mla is not None and (compile != "off" or (cuda_graph and dev.type == "cuda")):
+            # MLA layers attend inside the model (model.mla), not through layer.pre/post
+            print(
+                "houchu runner: MLA models decode eagerly (no compiled step, no CUDA graphs)",
+                flush=True,
+            )
+            compile, cuda_graph = "off", False
         # a MoE step's shapes depend on its routing (tokens per expert): not capturable
         static = getattr(backend, "supports_static", False) and not model.cfg.moe_layers
         if dev.type == "cuda" and cuda_graph and static:

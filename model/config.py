@@ -11,6 +11,7 @@ each a flag of ``ModelConfig``:
 | Qwen2, Qwen2.5 (Qwen Team 2024) | ``qwen2`` | bias on the q, k and v projections |
 | Qwen3 (Qwen Team 2025) | ``qwen3`` | RMSNorm over each q and k head before RoPE (QK-norm) |
 | Qwen3-MoE | ``qwen3_moe`` (HF only) | QK-norm; top-k routed SwiGLU experts (``model.moe``) |
+| DeepSeek-V2 / V3 (DeepSeek-AI 2024) | ``deepseek_v2``, ``deepseek_v3`` / ``deepseek2`` | multi-head latent attention (``mla``, ``model.mla``); DeepSeekMoE: shared experts, group-limited routing, the first k layers dense; YaRN RoPE |
 
 Anything else raises ``ModelLoadError`` here, at load time, never later as a wrong answer.
 """
@@ -25,6 +26,39 @@ from typing import Any, NamedTuple
 
 class ModelLoadError(RuntimeError):
     """The model files are missing, malformed, or describe an unsupported architecture."""
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention's widths (DeepSeek-AI 2024, "DeepSeek-V2", §2.1).
+
+    Attributes:
+        q_lora_rank: width of the query's low-rank compression (0: a plain ``q_proj``).
+        kv_lora_rank: width of the compressed KV latent ``c`` each token stores.
+        qk_nope_head_dim: per-head query/key width without RoPE (up-projected from ``c``).
+        qk_rope_head_dim: width of the RoPE part of the query heads and of the one key
+            part all heads share (the decoupled RoPE key each token stores beside ``c``).
+        v_head_dim: per-head value width.
+        rope_interleave: the checkpoint lays the RoPE dimensions out in adjacent pairs
+            (DeepSeek's own layout; the loader permutes them to rotate-half halves).
+    """
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool = True
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query (and expanded key) head: nope plus RoPE parts."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_dim(self) -> int:
+        """Elements one token stores per layer: the latent ``c`` and the RoPE key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -62,6 +96,19 @@ class ModelConfig:
         moe_intermediate_size: one expert's SwiGLU inner width.
         norm_topk_prob: renormalize the top-k router probabilities to sum to 1.
         moe_layers: indices of the layers whose MLP is the MoE (the rest are dense).
+        mla: multi-head latent attention's widths (DeepSeek-V2/V3), or None. Then
+            ``head_dim`` is the RoPE width (``qk_rope_head_dim``, as transformers sets it)
+            and ``num_kv_heads`` equals ``num_heads``.
+        n_shared_experts: DeepSeekMoE's always-active experts, run as one dense SwiGLU
+            of ``n_shared_experts · moe_intermediate_size`` beside the routed ones.
+        topk_method: how the routed experts are chosen: "greedy" (softmax, top-k),
+            "group_limited_greedy" (DeepSeek-V2: softmax, top-k within the
+            ``topk_group`` groups of highest expert score) or "noaux_tc" (DeepSeek-V3:
+            sigmoid, a score-correction bias for the choice, groups by their two best).
+        n_group, topk_group: the expert groups and how many of them a token may use.
+        routed_scaling_factor: multiplies the routed experts' weights.
+        rope_beta_fast, rope_beta_slow, rope_mscale, rope_mscale_all_dim: YaRN's ramp
+            bounds and attention-scale parameters (only for rope_type "yarn").
 
     Raises:
         ModelLoadError: num_heads not a multiple of num_kv_heads, odd head_dim, or an
@@ -97,6 +144,16 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     moe_layers: tuple[int, ...] = ()
+    mla: MLAConfig | None = None
+    n_shared_experts: int = 0
+    topk_method: str = "greedy"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_mscale: float = 0.0
+    rope_mscale_all_dim: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads != 0:
@@ -106,32 +163,45 @@ class ModelConfig:
             )
         if self.head_dim % 2 != 0:
             raise ModelLoadError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.rope_type not in ("default", "linear", "llama3"):
+        if self.rope_type not in ("default", "linear", "llama3", "yarn"):
             raise ModelLoadError(f"unsupported RoPE scaling type {self.rope_type!r}")
         if self.architecture not in ARCHITECTURES:
             raise ModelLoadError(f"unsupported architecture {self.architecture!r}")
+        if self.topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+            raise ModelLoadError(f"unsupported MoE topk_method {self.topk_method!r}")
+        if self.num_experts and self.num_experts % self.n_group:
+            raise ModelLoadError(
+                f"{self.num_experts} experts do not split into n_group={self.n_group} groups"
+            )
 
     @property
     def plain_llama_layers(self) -> bool:
         """Whether every block is a plain Llama block (no projection bias, no QK-norm):
         what the fused C++ decode layers compute."""
-        return not (self.attention_bias or self.qk_norm or self.o_proj_bias or self.moe_layers)
+        return not (
+            self.attention_bias or self.qk_norm or self.o_proj_bias or self.moe_layers or self.mla
+        )
 
     def kv_bytes_per_token(self, element_size: int) -> int:
-        """Bytes of K plus V for one token over all layers, at ``element_size`` bytes each."""
+        """Bytes of K plus V for one token over all layers, at ``element_size`` bytes each
+        (with MLA: the latent and the RoPE key, ``MLAConfig.latent_dim`` per layer)."""
+        if self.mla is not None:
+            return self.num_layers * self.mla.latent_dim * element_size
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
 
 
 #: The families houchu runs: HF ``model_type`` / GGUF ``general.architecture`` values.
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 #: The GGUF ``general.architecture`` values houchu reads (MoE GGUFs not yet).
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "deepseek2")
 #: HF ``architectures`` class names per family.
 _HF_CLASSES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 
 
@@ -153,22 +223,38 @@ def num_parameters(cfg: ModelConfig) -> ParamCount:
     """Count a Llama model's parameters from its config alone (no weights needed)."""
     h, d = cfg.hidden_size, cfg.head_dim
     attn = h * cfg.num_heads * d * 2 + h * cfg.num_kv_heads * d * 2  # q, o, k, v
+    attn_norms = 0  # MLA's q_a and kv_a RMSNorm weights
+    if cfg.mla is not None:
+        attn, attn_norms = _mla_params(cfg.mla, h, cfg.num_heads)
     dense_mlp = 3 * h * cfg.intermediate_size
     expert = 3 * h * cfg.moe_intermediate_size
+    shared = cfg.n_shared_experts * expert  # DeepSeekMoE's always-active experts
     n_moe = len(cfg.moe_layers)
     # per layer on average: the MoE layers hold E experts and a router [E, hidden]
-    moe_total = n_moe * (cfg.num_experts * expert + cfg.num_experts * h)
-    moe_active = n_moe * (cfg.num_experts_per_tok * expert + cfg.num_experts * h)
+    moe_total = n_moe * (cfg.num_experts * expert + cfg.num_experts * h + shared)
+    moe_active = n_moe * (cfg.num_experts_per_tok * expert + cfg.num_experts * h + shared)
     dense_layers = cfg.num_layers - n_moe
     bias = (cfg.num_heads + 2 * cfg.num_kv_heads) * d if cfg.attention_bias else 0
     bias += h if cfg.o_proj_bias else 0
     qk_norm = 2 * d if cfg.qk_norm else 0
-    layer = attn + 2 * h + bias + qk_norm  # two RMSNorm weight vectors
+    layer = attn + attn_norms + 2 * h + bias + qk_norm  # two RMSNorm weight vectors
     body = cfg.num_layers * layer + dense_layers * dense_mlp + moe_total + h  # final norm
     embed = cfg.vocab_size * h
     head = 0 if cfg.tie_word_embeddings else embed
     matmul = cfg.num_layers * attn + dense_layers * dense_mlp + moe_active + embed
     return ParamCount(total=body + embed + head, non_embedding=body, matmul_per_token=matmul)
+
+
+def _mla_params(m: MLAConfig, h: int, heads: int) -> tuple[int, int]:
+    """``(matmul weights, norm weights)`` of one MLA attention block (scalars)."""
+    if m.q_lora_rank:
+        q, norms = h * m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim, m.q_lora_rank
+    else:
+        q, norms = h * heads * m.qk_head_dim, 0
+    kv_a = h * m.latent_dim
+    kv_b = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+    o = heads * m.v_head_dim * h
+    return q + kv_a + kv_b + o, norms + m.kv_lora_rank
 
 
 def load_model_config(path: str | Path) -> ModelConfig:
@@ -245,6 +331,11 @@ def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelCo
 
     def opt(key: str, default: Any) -> Any:
         return gguf_field(reader, f"{arch}.{key}", default)
+
+    if arch == "deepseek2":  # MLA and DeepSeekMoE: DeepSeek-V2 / V3
+        from houchu.model.config_deepseek import deepseek_config_from_gguf
+
+        return deepseek_config_from_gguf(reader, path, opt, need)
 
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))
@@ -334,7 +425,9 @@ def _config_from_hf(path: Path) -> ModelConfig:
         moe_layers = tuple(
             i for i in range(layers) if experts and i not in dense_only and (i + 1) % step == 0
         )
-        return ModelConfig(
+        if rope_type == "yarn" and not family.startswith("deepseek"):
+            raise ModelLoadError(f"{path}: YaRN RoPE is supported for DeepSeek models only")
+        base = ModelConfig(
             name=str(raw.get("_name_or_path") or path.name),
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
@@ -366,5 +459,10 @@ def _config_from_hf(path: Path) -> ModelConfig:
             norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
             moe_layers=moe_layers,
         )
+        if family.startswith("deepseek"):
+            from houchu.model.config_deepseek import deepseek_config
+
+            return deepseek_config(base, raw, path)
+        return base
     except KeyError as e:
         raise ModelLoadError(f"{path}/config.json lacks {e.args[0]!r}") from e

@@ -126,11 +126,27 @@ class KVPool:
         scratch_pages: int = 0,
     ) -> KVPool:
         """Size a pool for ``cfg``: ``num_pages`` if given, else as many pages as fit in
-        ``memory_bytes`` (bytes, K and V of all layers together, scales included).
+        ``memory_bytes`` (bytes, K and V of all layers together, scales included). An MLA
+        model (``cfg.mla``) gets a ``houchu.model.mla_pool.LatentKVPool`` (its latents, not K/V).
 
         Raises:
-            ValueError: the budget holds not even one page, or an unknown ``kv_dtype``.
+            ValueError: the budget holds not even one page, an unknown ``kv_dtype``, or a
+                quantized ``kv_dtype`` for an MLA model.
         """
+        if cfg.mla is not None:
+            from houchu.model.mla_pool import LatentKVPool
+
+            if kv_dtype != "auto":
+                raise ValueError(f"MLA's latent KV cache is stored in {dtype}, not {kv_dtype}")
+            return LatentKVPool.for_model(  # type: ignore[return-value]
+                cfg,
+                page_size=page_size,
+                dtype=dtype,
+                device=device,
+                num_pages=num_pages,
+                memory_bytes=memory_bytes,
+                scratch_pages=scratch_pages,
+            )
         per_page = page_size * token_bytes(cfg, dtype, kv_dtype)
         if num_pages is None:
             num_pages = memory_bytes // per_page

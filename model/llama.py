@@ -1,7 +1,8 @@
 """The Llama decoder (Touvron et al. 2023) over a flattened, paged batch, with the
 variations of the families built from its parts (``ModelConfig.architecture``): Qwen2's
-q/k/v projection bias, Qwen3's per-head QK-norm and Qwen3-MoE's routed experts
-(``houchu.model.moe``) in place of the dense MLP.
+q/k/v projection bias, Qwen3's per-head QK-norm, Qwen3-MoE's routed experts
+(``houchu.model.moe``) in place of the dense MLP, and DeepSeek-V2/V3's multi-head latent
+attention (``houchu.model.mla``, over a pool of latents) with DeepSeekMoE.
 
 Per block: RMSNorm (Zhang & Sennrich 2019) → attention with RoPE (Su et al. 2021) and
 grouped-query KV heads (Ainslie et al. 2023) → residual → RMSNorm → SwiGLU MLP
@@ -24,6 +25,7 @@ from houchu.model.config import ModelConfig, ModelLoadError
 from houchu.model.fused_cpu import FusedDecode
 from houchu.model.kv_pool import KVPool
 from houchu.model.linear import Linear, LinearBase, onednn_available
+from houchu.model.mla import MLAAttention, prepare_mla
 from houchu.model.moe import MoEMLP
 from houchu.model.ops import TorchOps
 from houchu.model.qlinear import fuse_weights, make_linear
@@ -89,10 +91,14 @@ class DecoderLayer(nn.Module):
         def lin(parts: list[torch.Tensor | Int4Weight]) -> LinearBase:
             return make_linear(fuse_weights(parts, dtype), spec, device, dtype=dtype)
 
-        self.qkv = lin([w.pop(f"{a}.{n}_proj.weight") for n in "qkv"])
+        #: multi-head latent attention (DeepSeek) in place of the qkv projection, or None
+        self.mla = MLAAttention(cfg, w, a, lin, dtype) if cfg.mla is not None else None
+        self.qkv: LinearBase | None = None
+        if self.mla is None:
+            self.qkv = lin([w.pop(f"{a}.{n}_proj.weight") for n in "qkv"])
         self.o_proj = lin([w.pop(f"{a}.o_proj.weight")])
         #: the routed experts where this layer's MLP is a MoE (then gate_up/down are None)
-        self.moe = MoEMLP.from_weights(cfg, w, m, dtype) if moe else None
+        self.moe = MoEMLP.from_weights(cfg, w, m, dtype, lin) if moe else None
         self.gate_up: LinearBase | None = None
         self.down: LinearBase | None = None
         if self.moe is None:
@@ -259,11 +265,16 @@ class LlamaModel(nn.Module):
     def weight_bytes(self) -> tuple[int, int]:
         """``(bytes, bf16_bytes)``: matmul weight bytes one decode step reads, as stored
         and as they would be in bfloat16 (the lever ledger's baseline); a MoE layer counts
-        the experts one token runs (``MoEMLP.active_params_per_token``)."""
+        the experts one token runs (``MoEMLP.active_params_per_token``), an MLA layer its
+        dense up-projections."""
         ls = self.linears()
-        moe = sum(m.active_params_per_token() for m in self.modules() if isinstance(m, MoEMLP))
-        stored = sum(m.weight_bytes() for m in ls) + moe * self.embed.element_size()
-        return stored, sum(m.bf16_bytes() for m in ls) + 2 * moe
+        dense = sum(m.active_params_per_token() for m in self.modules() if isinstance(m, MoEMLP))
+        # MLA's up-projections, kept dense for the absorbed form: [H, dn, r] and [H, dv, r]
+        dense += sum(
+            m.w_uk.numel() + m.w_uv.numel() for m in self.modules() if isinstance(m, MLAAttention)
+        )
+        stored = sum(m.weight_bytes() for m in ls) + dense * self.embed.element_size()
+        return stored, sum(m.bf16_bytes() for m in ls) + 2 * dense
 
     def weight_bytes_at(self, rows: int, head_rows: int) -> int:
         """Matmul weight bytes a step of ``rows`` tokens sampling ``head_rows`` of them
@@ -311,7 +322,7 @@ class LlamaModel(nn.Module):
         """
         max_pos = max(batch.kv_lens, default=0) - 1
         x, cos, sin = self.embed_and_rope(batch.token_ids, batch.positions, max_pos)
-        meta = backend.prepare(batch)
+        meta = backend.prepare(batch) if self.cfg.mla is None else prepare_mla(batch)
         last, ops = len(self.layers) - 1, self.ops
         first = 0  # layers [0, first) ran fused
         fused = self.fused.bind(batch, pool, meta) if self.fused is not None else None
@@ -323,8 +334,12 @@ class LlamaModel(nn.Module):
             x = fused(first, x, cos, sin) if first else x  # [T, hidden]
         for i in range(first, last + 1):
             layer = self.layers[i]
-            q, k, v = layer.pre(x, cos, sin, ops)
-            o = backend.forward(i, q, k, v, pool, batch, meta)  # [T, H, D]
+            if layer.mla is not None:  # the latent pool; attention on torch ops
+                h = ops.rms_norm(x, layer.input_norm.weight, layer.eps)
+                o = layer.mla(h, cos, sin, i, pool, batch, meta, ops)  # [T, H, dv]
+            else:
+                q, k, v = layer.pre(x, cos, sin, ops)
+                o = backend.forward(i, q, k, v, pool, batch, meta)  # [T, H, D]
             if i < last:
                 x = layer.post(x, o, ops)
             elif batch.sample_rows.numel() == 0:  # KV written; nothing to sample
@@ -345,11 +360,16 @@ def _check_shapes(cfg: ModelConfig, w: Weights) -> None:
         want |= {
             f"{p}.input_layernorm.weight": (h,),
             f"{p}.post_attention_layernorm.weight": (h,),
-            f"{p}.self_attn.q_proj.weight": (cfg.num_heads * d, h),
-            f"{p}.self_attn.k_proj.weight": (cfg.num_kv_heads * d, h),
-            f"{p}.self_attn.v_proj.weight": (cfg.num_kv_heads * d, h),
-            f"{p}.self_attn.o_proj.weight": (h, cfg.num_heads * d),
         }
+        if cfg.mla is None:
+            want |= {
+                f"{p}.self_attn.q_proj.weight": (cfg.num_heads * d, h),
+                f"{p}.self_attn.k_proj.weight": (cfg.num_kv_heads * d, h),
+                f"{p}.self_attn.v_proj.weight": (cfg.num_kv_heads * d, h),
+                f"{p}.self_attn.o_proj.weight": (h, cfg.num_heads * d),
+            }
+        else:  # MLA's own projections are checked by MLAAttention
+            want[f"{p}.self_attn.o_proj.weight"] = (h, cfg.num_heads * cfg.mla.v_head_dim)
         if n in cfg.moe_layers:
             mi = cfg.moe_intermediate_size
             want[f"{p}.mlp.gate.weight"] = (cfg.num_experts, h)
@@ -359,6 +379,13 @@ def _check_shapes(cfg: ModelConfig, w: Weights) -> None:
                     f"{q}.gate_proj.weight": (mi, h),
                     f"{q}.up_proj.weight": (mi, h),
                     f"{q}.down_proj.weight": (h, mi),
+                }
+            if cfg.n_shared_experts:
+                si, q = cfg.n_shared_experts * mi, f"{p}.mlp.shared_experts"
+                want |= {
+                    f"{q}.gate_proj.weight": (si, h),
+                    f"{q}.up_proj.weight": (si, h),
+                    f"{q}.down_proj.weight": (h, si),
                 }
         else:
             want |= {

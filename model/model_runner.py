@@ -45,6 +45,8 @@ from houchu.model.kv_pool import KVPool
 from houchu.model.kv_transfer import HostKVMirror
 from houchu.model.lever_counters import LeverCounters, StepCost
 from houchu.model.loader import load_model, parse_dtype
+from houchu.model.mla_lever import MLALever, mla_levers_note, mla_summary
+from houchu.model.mla_pool import LatentKVPool
 from houchu.model.moe import MoEMLP, moe_lever_sample
 from houchu.model.ops import make_ops
 from houchu.model.quant import QuantSpec, resolve_quant_mode
@@ -121,6 +123,9 @@ class ModelRunner:
                 and self.config.plain_llama_layers
             ):
                 self.model.fused = FusedDecode(self.model)
+            kv_dtype = o.kv_cache_dtype
+            if self.config.mla is not None:  # a pool of latents; what does not apply, said
+                kv_dtype = mla_levers_note(self.config, o, self.backend.name)
             self.pool = KVPool.for_model(
                 self.config,
                 page_size=o.page_size,
@@ -128,7 +133,7 @@ class ModelRunner:
                 device=self.device,
                 num_pages=o.num_pages,
                 memory_bytes=o.kv_cache_bytes,
-                kv_dtype=o.kv_cache_dtype,
+                kv_dtype=kv_dtype,
                 scratch_pages=1 if graphs else 0,
             )
         if o.decode_paths not in ("rules", "auto"):
@@ -160,7 +165,7 @@ class ModelRunner:
         wb, wb16 = self.model.weight_bytes()
         p = self.pool
         cost = StepCost(
-            wb, wb16, p.bytes_per_token, p.bf16_bytes_per_token, quant.label(), o.kv_cache_dtype
+            wb, wb16, p.bytes_per_token, p.bf16_bytes_per_token, quant.label(), kv_dtype
         )
         a = self.accel
         self.levers = LeverCounters(
@@ -184,6 +189,8 @@ class ModelRunner:
         self.num_params = self.model.num_params()
         on_cpu = self.device.type == "cpu" and not o.fixed_threads
         self.governor = ThreadGovernor(torch.get_num_threads()) if on_cpu else None
+        mla = isinstance(self.pool, LatentKVPool)
+        self.mla_lever = MLALever(self.pool, self.max_context) if mla else None
         if not quiet:
             print(self.summary(time.perf_counter() - t0), flush=True)
 
@@ -197,7 +204,8 @@ class ModelRunner:
         p = self.pool
         took = "" if load_s is None else f" (loaded in {load_s:.1f}s)"
         return (
-            f"houchu runner: llama {self.config.name!r}, {self.num_params / 1e6:.1f}M params, "
+            f"houchu runner: {self.config.architecture} {self.config.name!r}, "
+            f"{self.num_params / 1e6:.1f}M params, "
             f"{str(self.dtype).removeprefix('torch.')} on {self.device}, "
             f"{self.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
             f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
@@ -208,6 +216,7 @@ class ModelRunner:
             f"matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
             f"{torch.get_num_threads()} threads{took}; {self.levers.summary()}"
             f"{'; decode paths ' + self.decode_paths() if self.tuned else ''}"
+            f"{'; ' + mla_summary(p, self.max_context) if self.mla_lever else ''}"
         )
 
     def decode_paths(self) -> str:
@@ -252,10 +261,13 @@ class ModelRunner:
         """What weight and KV quantization and the compiled / graph-captured decode step
         saved and spent since the previous call (engine-wide ``LeverSample``s, for the
         runner actor to emit); with MoE layers, also the FLOPs the experts a token did not
-        run saved against the router's ("moe_routed_experts", compute_less)."""
+        run saved against the router's ("moe_routed_experts", compute_less); with MLA,
+        the KV bytes, token slots and requests the latent saves ("mla", occupy_less)."""
         out = self.levers.samples()
         moes = (m for m in self.model.modules() if isinstance(m, MoEMLP))
         moe = moe_lever_sample(moes, time.time())
+        if self.mla_lever is not None:
+            out += self.mla_lever.samples(time.time())
         return out if moe is None else [*out, moe]
 
     def attach_host_pool(self, host: HostPool) -> None:
@@ -294,6 +306,8 @@ class ModelRunner:
             logits = self.model(batch, self.pool, self.backend)
         read = self.model.weight_bytes_at(batch.num_tokens, int(batch.sample_rows.numel()))
         self.levers.record(batch.num_tokens, sum(batch.kv_lens), fast, read)
+        if self.mla_lever is not None:
+            self.mla_lever.record(batch.num_tokens)
         return logits
 
     def execute(self, plan: StepPlan) -> StepResult:

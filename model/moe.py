@@ -9,11 +9,20 @@ expert, each expert with tokens runs one ``[n, hidden] @ [hidden, 2·I]`` and on
 added back to their tokens with one ``index_add_``. An expert no token picked costs
 nothing. Numerics follow transformers' ``Qwen3MoeExperts`` (router softmax in float32,
 products in the model dtype).
+
+DeepSeekMoE (Dai et al. 2024; DeepSeek-AI 2024, "DeepSeek-V2" and "DeepSeek-V3") adds
+to the same grouped experts: shared experts every token runs (``SharedExperts``, one
+dense SwiGLU), group-limited routing (``Routing``: the experts are split in
+``n_group`` groups and a token chooses only within its ``topk_group`` best groups),
+DeepSeek-V3's sigmoid scores with a score-correction bias used for the choice only
+(auxiliary-loss-free balancing), and a ``routed_scaling_factor`` on the routed weights.
+Their router runs in float32, as transformers' ``DeepseekV3TopkRouter``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +34,54 @@ from houchu.transport.telemetry import LeverSample
 SiluMul = Callable[[torch.Tensor], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class Routing:
+    """How a token's experts are chosen from the router's logits.
+
+    Attributes:
+        method: "greedy" (softmax, top-k: Qwen3-MoE), "group_limited_greedy"
+            (DeepSeek-V2: softmax; only the ``topk_group`` groups with the highest
+            expert score are eligible) or "noaux_tc" (DeepSeek-V3: sigmoid; the
+            score-correction bias is added for the choice only, and groups rank by the
+            sum of their two best corrected scores).
+        n_group, topk_group: the expert groups and how many a token may use.
+        scaling: multiplies the chosen experts' weights (``routed_scaling_factor``).
+        fp32_router: compute the router's logits in float32 (DeepSeek).
+    """
+
+    method: str = "greedy"
+    n_group: int = 1
+    topk_group: int = 1
+    scaling: float = 1.0
+    fp32_router: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> Routing:
+        """The routing ``cfg`` names (``topk_method``, groups, scaling factor)."""
+        deepseek = cfg.mla is not None or cfg.topk_method != "greedy"
+        return cls(
+            cfg.topk_method, cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor, deepseek
+        )
+
+
+class SharedExperts(nn.Module):
+    """DeepSeekMoE's shared experts: one SwiGLU ``down(silu(gate(x)) * up(x))`` of
+    inner width ``n_shared_experts · moe_intermediate_size`` that every token runs.
+
+    Args:
+        gate_up: the fused ``[2·I_s, hidden]`` projection (any ``LinearBase``).
+        down: ``[hidden, I_s]``.
+    """
+
+    def __init__(self, gate_up: nn.Module, down: nn.Module) -> None:
+        super().__init__()
+        self.gate_up, self.down = gate_up, down
+
+    def forward(self, x: torch.Tensor, silu_mul: SiluMul) -> torch.Tensor:
+        """x: ``[T, hidden]`` -> ``[T, hidden]``, same dtype."""
+        return self.down(self.gate_up.forward_silu_mul(x, silu_mul))
+
+
 class MoEMLP(nn.Module):
     """Top-k routed SwiGLU experts.
 
@@ -34,8 +91,12 @@ class MoEMLP(nn.Module):
         down: ``[E, hidden, I]``.
         top_k: experts per token.
         norm_topk_prob: renormalize the chosen experts' probabilities to sum to 1.
+        routing: how experts are chosen (default: softmax top-k).
+        score_bias: ``[E]`` float32 score-correction bias ("noaux_tc" routing), or None.
+        shared: shared experts every token runs besides the routed ones, or None.
     Raises:
-        ValueError: shapes that disagree, or ``top_k`` not in ``[1, E]``.
+        ValueError: shapes that disagree, ``top_k`` not in ``[1, E]``, or groups that
+            do not split the experts or hold fewer than ``top_k`` of them.
     """
 
     def __init__(
@@ -45,6 +106,9 @@ class MoEMLP(nn.Module):
         down: torch.Tensor,
         top_k: int,
         norm_topk_prob: bool,
+        routing: Routing | None = None,
+        score_bias: torch.Tensor | None = None,
+        shared: SharedExperts | None = None,
     ) -> None:
         super().__init__()
         e, h = router.shape
@@ -55,6 +119,13 @@ class MoEMLP(nn.Module):
             )
         if not 1 <= top_k <= e:
             raise ValueError(f"top_k {top_k} not in [1, {e}]")
+        r = self.routing = routing or Routing()
+        if e % r.n_group or not 1 <= r.topk_group <= r.n_group:
+            raise ValueError(f"{e} experts, n_group {r.n_group}, topk_group {r.topk_group}")
+        if r.topk_group * (e // r.n_group) < top_k:
+            raise ValueError(f"top_k {top_k} exceeds the experts of {r.topk_group} groups")
+        self.register_buffer("score_bias", score_bias, persistent=False)  # [E] fp32 or None
+        self.shared = shared
         self.router = nn.Parameter(router, requires_grad=False)  # [E, hidden]
         self.gate_up = nn.Parameter(gate_up, requires_grad=False)  # [E, 2I, hidden]
         self.down = nn.Parameter(down, requires_grad=False)  # [E, hidden, I]
@@ -65,14 +136,23 @@ class MoEMLP(nn.Module):
 
     @classmethod
     def from_weights(
-        cls, cfg: ModelConfig, w: dict[str, Any], prefix: str, dtype: torch.dtype
+        cls,
+        cfg: ModelConfig,
+        w: dict[str, Any],
+        prefix: str,
+        dtype: torch.dtype,
+        linear: Callable[[list[Any]], nn.Module] | None = None,
     ) -> MoEMLP:
         """The MoE of the MLP at ``prefix`` from HF's per-expert tensors
-        (``experts.{e}.{gate,up,down}_proj.weight``, ``gate.weight`` the router), in
-        ``dtype``; the tensors are consumed from ``w``.
+        (``experts.{e}.{gate,up,down}_proj.weight``, ``gate.weight`` the router, and
+        DeepSeek's ``gate.e_score_correction_bias`` and
+        ``shared_experts.{gate,up,down}_proj.weight``), in ``dtype``; the tensors are
+        consumed from ``w``. ``linear`` builds the shared experts' projections from a
+        list of tensors to fuse (the layer's own builder: they may be quantized).
 
         Raises:
-            ModelLoadError: an expert's tensor is quantized (experts are kept dense).
+            ModelLoadError: an expert's tensor is quantized (experts are kept dense), or
+                shared experts without a ``linear`` builder.
         """
         gate_up, down = [], []
         for e in range(cfg.num_experts):
@@ -82,22 +162,59 @@ class MoEMLP(nn.Module):
             gate_up.append(torch.cat(parts[:2]).to(dtype))  # [2I, hidden]
             down.append(parts[2].to(dtype))  # [hidden, I]
         router = w.pop(f"{prefix}.gate.weight")  # [E, hidden]
+        routing = Routing.from_config(cfg)
+        bias = w.pop(f"{prefix}.gate.e_score_correction_bias", None)  # [E]
+        if routing.method == "noaux_tc" and bias is None:
+            bias = torch.zeros(cfg.num_experts)
+        shared = None
+        if cfg.n_shared_experts:
+            if linear is None:
+                raise ModelLoadError(f"{prefix}: shared experts need a projection builder")
+            s = f"{prefix}.shared_experts"
+            gu = linear([w.pop(f"{s}.gate_proj.weight"), w.pop(f"{s}.up_proj.weight")])
+            shared = SharedExperts(gu, linear([w.pop(f"{s}.down_proj.weight")]))
         return cls(
-            router.to(dtype),
+            router.to(torch.float32 if routing.fp32_router else dtype),
             torch.stack(gate_up),  # [E, 2I, hidden]
             torch.stack(down),  # [E, hidden, I]
             cfg.num_experts_per_tok,
             cfg.norm_topk_prob,
+            routing,
+            None if bias is None else bias.float(),
+            shared,
         )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: ``[T, hidden]`` -> ``(weights [T, top_k] in x's dtype, experts [T, top_k]
         int64)``."""
+        if self.routing.method != "greedy" or self.routing.fp32_router:
+            return self._route_grouped(x)
         probs = torch.softmax(x @ self.router.T, dim=-1, dtype=torch.float32)  # [T, E]
         weights, experts = torch.topk(probs, self.top_k, dim=-1)  # [T, k] each
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(x.dtype), experts
+
+    def _route_grouped(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSeek's routing (see ``Routing``), as transformers' DeepSeek-V2/V3 routers:
+        x ``[T, hidden]`` -> ``(weights [T, top_k] in x's dtype, experts [T, top_k])``."""
+        r, t, e = self.routing, x.shape[0], self.num_experts
+        logits = x.float() @ self.router.float().T  # [T, E] float32
+        v3 = r.method == "noaux_tc"
+        scores = logits.sigmoid() if v3 else logits.softmax(dim=-1)  # [T, E]
+        choice = scores + self.score_bias if v3 and self.score_bias is not None else scores
+        if r.method != "greedy":
+            g = choice.view(t, r.n_group, e // r.n_group)  # [T, G, E/G]
+            best = g.topk(2, dim=-1)[0].sum(dim=-1) if v3 else g.max(dim=-1).values  # [T, G]
+            groups = torch.topk(best, r.topk_group, dim=-1, sorted=False)[1]  # [T, topk_group]
+            keep = torch.zeros_like(best).scatter_(1, groups, 1.0).bool()  # [T, G]
+            keep = keep.unsqueeze(-1).expand(-1, -1, e // r.n_group).reshape(t, e)  # [T, E]
+            choice = choice.masked_fill(~keep, float("-inf") if v3 else 0.0)
+        experts = torch.topk(choice, self.top_k, dim=-1, sorted=False)[1]  # [T, k]
+        weights = scores.gather(1, experts)  # [T, k] float32
+        if self.norm_topk_prob and self.top_k > 1:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return (weights * r.scaling).to(x.dtype), experts
 
     def forward(self, x: torch.Tensor, silu_mul: SiluMul) -> torch.Tensor:
         """x: ``[T, hidden]`` -> ``[T, hidden]`` in x's dtype; ``silu_mul`` maps
@@ -120,7 +237,10 @@ class MoEMLP(nn.Module):
             ys[start : start + n] = silu_mul(seg @ self.gate_up[e].T) @ self.down[e].T
             start += n
         ys = ys * weights.reshape(-1).index_select(0, order).unsqueeze(1)  # [T·k, hidden]
-        return torch.zeros_like(x).index_add_(0, tokens, ys)  # [T, hidden]
+        out = torch.zeros_like(x).index_add_(0, tokens, ys)  # [T, hidden]
+        if self.shared is not None:
+            out = out + self.shared(x, silu_mul)
+        return out
 
     def take_counts(self) -> tuple[float, float]:
         """``(FLOPs not computed, router FLOPs)`` since the previous call: per token,
@@ -133,7 +253,8 @@ class MoEMLP(nn.Module):
 
     def active_params_per_token(self) -> int:
         """Expert weights one token reads: ``top_k`` experts' gate, up and down
-        (scalars), plus the router."""
+        (scalars), plus the router (the shared experts are projections of their own,
+        counted with the model's other linear layers)."""
         per_expert = self.gate_up[0].numel() + self.down[0].numel()
         return self.top_k * per_expert + self.router.numel()
 

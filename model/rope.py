@@ -2,7 +2,9 @@
 Hugging Face's Llama uses: dimension i is paired with i + head_dim/2.
 
 Frequency scaling: "linear" (position interpolation, Chen et al. 2023) divides every
-frequency by ``factor``; "llama3" is Meta's Llama 3.1 smoothed scaling; a GGUF
+frequency by ``factor``; "llama3" is Meta's Llama 3.1 smoothed scaling; "yarn" (Peng et
+al. 2023, "YaRN") interpolates the low frequencies, keeps the high ones and ramps
+between them, and scales attention (``yarn_attention_factor``, ``yarn_mscale``); a GGUF
 ``rope_freqs`` tensor (llama.cpp's per-frequency divisors) is applied on top.
 """
 
@@ -38,9 +40,47 @@ def rope_inv_freq(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) ->
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv = torch.where(medium, smoothed, scaled)
+    elif cfg.rope_type == "yarn":
+        inv = _yarn_inv_freq(cfg, inv)
     if freq_factors is not None:
         inv = inv / freq_factors.float()
     return inv
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature ``0.1 · mscale · ln(scale) + 1`` (1 for scale <= 1)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_attention_factor(cfg: ModelConfig) -> float:
+    """What YaRN multiplies cos and sin by (transformers' ``attention_factor``):
+    ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` where the config gives
+    both, else ``mscale(factor)``; 1.0 for other RoPE types."""
+    if cfg.rope_type != "yarn":
+        return 1.0
+    f = cfg.rope_factor
+    if cfg.rope_mscale and cfg.rope_mscale_all_dim:
+        return yarn_mscale(f, cfg.rope_mscale) / yarn_mscale(f, cfg.rope_mscale_all_dim)
+    return yarn_mscale(f)
+
+
+def _yarn_inv_freq(cfg: ModelConfig, inv: torch.Tensor) -> torch.Tensor:
+    """YaRN's blend of interpolated (``inv / factor``) and extrapolated (``inv``)
+    frequencies over a linear ramp between the dimensions that turn ``beta_fast`` and
+    ``beta_slow`` times in the original context (as transformers'
+    ``_compute_yarn_parameters``, truncated bounds)."""
+    d, base, old = cfg.head_dim, cfg.rope_theta, cfg.rope_original_max_position
+
+    def dim_of(rotations: float) -> float:
+        return (d * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(dim_of(cfg.rope_beta_fast)), 0)
+    high = min(math.ceil(dim_of(cfg.rope_beta_slow)), d - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # [D/2] weight of the extrapolated (unscaled) frequency
+    return (inv / cfg.rope_factor) * (1 - keep) + inv * keep
 
 
 def rope_cos_sin(

@@ -1,6 +1,7 @@
 """Helpers for tests elsewhere in houchu: a tiny random Llama-family model (Llama, Qwen2,
-Qwen3) saved as a Hugging Face directory, and its GGUF as llama.cpp's converter writes it
-(needs ``transformers``; imported lazily)."""
+Qwen3, Qwen3-MoE, DeepSeek-V2/V3) saved as a Hugging Face directory, a tokenizer to
+serve it with, and its GGUF as llama.cpp's converter writes it (needs ``transformers``;
+imported lazily)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def make_tiny_model(
 ) -> Path:
     """Save a randomly initialised causal LM of ``family`` ("llama", "qwen2" or "qwen3",
     through ``transformers.AutoModelForCausalLM.from_config``; float32, safetensors) to
-    ``path``. 2-D weights are drawn from N(0, 0.08²) and 1-D ones (norms, biases) from
+    ``path``. 2-D weights (and 3-D stacked experts) are drawn from N(0, 0.08²) and 1-D ones (norms, biases) from
     1 + N(0, 0.1²) or N(0, 0.1²), so that every part changes the logits visibly.
 
     Args:
@@ -71,12 +72,15 @@ def make_tiny_model(
     model = AutoModelForCausalLM.from_config(cfg).float().eval()
     with torch.no_grad():  # larger-than-default weights so logits differ visibly
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # matrices, and stacked experts [E, ·, ·]
                 p.normal_(0.0, 0.08)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.1)
             elif family != "llama":  # norms: around 1
                 p.normal_(1.0, 0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's routing bias
+                b.normal_(0.0, 0.1)
     out = Path(path)
     model.save_pretrained(out, safe_serialization=True)
     return out
@@ -180,6 +184,150 @@ def write_llama_gguf(
             w.add_tensor(gname, gguf.quants.quantize(t, qt), raw_dtype=qt)
         else:
             w.add_tensor(gname, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(out)
+
+
+def write_tiny_tokenizer(path: str | Path, vocab_size: int = 128) -> Path:
+    """Save a byte-level word tokenizer of ``vocab_size`` tokens beside a tiny model
+    (``tokenizer.json`` and ``tokenizer_config.json``, through ``tokenizers`` and
+    transformers' ``PreTrainedTokenizerFast``): ids 0, 1, 2 are ``<unk>``, ``<s>``,
+    ``</s>`` and every other id one byte-level character, so any id decodes.
+
+    Returns:
+        ``path`` as a ``Path``.
+    Raises:
+        ValueError: ``vocab_size`` below 4 or above 259.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if not 4 <= vocab_size <= 259:
+        raise ValueError(f"vocab_size must be in [4, 259], got {vocab_size}")
+    chars = sorted(pre_tokenizers.ByteLevel.alphabet())[: vocab_size - 3]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {ch: i + 3 for i, ch in enumerate(chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            pre_tokenizers.Split(Regex("."), behavior="isolated"),  # one token per byte
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    fast.save_pretrained(str(path))
+    return Path(path)
+
+
+_DEEPSEEK_TO_GGUF = {
+    "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm",
+    "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
+}
+
+
+def write_deepseek_gguf(hf_dir: str | Path, out: str | Path) -> Path:
+    """Convert a Hugging Face DeepSeek-V2/V3 directory to a float32 GGUF ``deepseek2``
+    the way llama.cpp's converter (``DeepseekV2Model``) does: MLA declared as one KV head
+    of ``kv_lora_rank + qk_rope_head_dim`` with the per-head widths in
+    ``key_length_mla`` / ``value_length_mla``; ``kv_b_proj`` split into ``attn_k_b``
+    (transposed, ``[H, r, dn]``) and ``attn_v_b``; each MoE layer's experts stacked into
+    ``ffn_{gate,up,down}_exps`` ``[E, out, in]``; the routing bias as ``exp_probs_b``;
+    YaRN as ``rope.scaling.*`` (``yarn_log_multiplier = 0.1 · mscale_all_dim``); RoPE
+    rows left in DeepSeek's interleaved order (so a checkpoint with ``rope_interleave``
+    false has no faithful GGUF: llama.cpp rotates adjacent pairs).
+
+    Returns:
+        ``out`` as a ``Path``.
+    """
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from houchu.model.config import load_model_config
+
+    cfg = load_model_config(hf_dir)
+    m = cfg.mla
+    assert m is not None, "not a DeepSeek model"
+    t: dict[str, np.ndarray] = {}
+    for f in sorted(Path(hf_dir).glob("*.safetensors")):
+        t |= load_file(str(f))
+    w = gguf.GGUFWriter(str(out), "deepseek2")
+    w.add_name("tiny-deepseek")
+    w.add_block_count(cfg.num_layers)
+    w.add_context_length(cfg.max_position)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(1)
+    w.add_key_length(m.kv_lora_rank + m.qk_rope_head_dim)
+    w.add_value_length(m.kv_lora_rank)
+    w.add_key_length_mla(m.qk_nope_head_dim + m.qk_rope_head_dim)
+    w.add_value_length_mla(m.v_head_dim)
+    if m.q_lora_rank:
+        w.add_q_lora_rank(m.q_lora_rank)
+    w.add_kv_lora_rank(m.kv_lora_rank)
+    w.add_rope_dimension_count(m.qk_rope_head_dim)
+    w.add_rope_freq_base(cfg.rope_theta)
+    if cfg.rope_type == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(cfg.rope_factor)
+        w.add_rope_scaling_orig_ctx_len(cfg.rope_original_max_position)
+        w.add_rope_scaling_yarn_log_mul(0.1 * cfg.rope_mscale_all_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_leading_dense_block_count(min(cfg.moe_layers, default=cfg.num_layers))
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    w.add_expert_count(cfg.num_experts)
+    w.add_expert_shared_count(cfg.n_shared_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_weights_scale(cfg.routed_scaling_factor)
+    w.add_expert_weights_norm(cfg.norm_topk_prob)
+    sigmoid = cfg.topk_method == "noaux_tc"
+    w.add_expert_gating_func(
+        gguf.ExpertGatingFuncType.SIGMOID if sigmoid else gguf.ExpertGatingFuncType.SOFTMAX
+    )
+    w.add_expert_group_count(cfg.n_group)
+    w.add_expert_group_used_count(cfg.topk_group)
+    w.add_bos_token_id(cfg.bos_token_id or 0)
+    w.add_eos_token_id(cfg.eos_token_ids[0] if cfg.eos_token_ids else 1)
+    h, dn = cfg.num_heads, m.qk_nope_head_dim
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}"
+        for e_proj in ("gate_proj", "up_proj", "down_proj") if i in cfg.moe_layers else ():
+            stack = [t.pop(f"{p}.mlp.experts.{e}.{e_proj}.weight") for e in range(cfg.num_experts)]
+            w.add_tensor(f"blk.{i}.ffn_{e_proj[:-5]}_exps.weight", np.stack(stack))
+        kv_b = t.pop(f"{p}.self_attn.kv_b_proj.weight").reshape(h, -1, m.kv_lora_rank)
+        w.add_tensor(f"blk.{i}.attn_k_b.weight", np.ascontiguousarray(kv_b[:, :dn].swapaxes(1, 2)))
+        w.add_tensor(f"blk.{i}.attn_v_b.weight", np.ascontiguousarray(kv_b[:, dn:]))
+        bias = t.pop(f"{p}.mlp.gate.e_score_correction_bias", None)
+        if bias is not None:
+            w.add_tensor(f"blk.{i}.exp_probs_b.bias", bias.astype(np.float32))
+    for name, a in t.items():
+        a = a.astype(np.float32)
+        if name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        elif name == "lm_head.weight":
+            gname = "output.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            part, kind = rest.rsplit(".", 1)
+            block = _DEEPSEEK_TO_GGUF.get(part) or _HF_TO_GGUF_BLOCK[part]
+            gname = f"blk.{layer}.{block}.{kind}"
+        w.add_tensor(gname, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

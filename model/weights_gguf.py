@@ -47,6 +47,23 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_q_norm": "self_attn.q_norm",  # Qwen3's QK-norm
     "attn_k_norm": "self_attn.k_norm",
+    # DeepSeek-V2/V3 (``deepseek2``): MLA, and DeepSeekMoE's stacked and shared experts
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj",
+    "attn_k_b": "self_attn.k_b_proj",
+    "attn_v_b": "self_attn.v_b_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+    "exp_probs_b": "mlp.gate.e_score_correction",
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
@@ -120,7 +137,9 @@ def iter_gguf_tensors(
     """
     for t in reader.tensors:
         name = gguf_to_hf_name(t.name)
-        if keep_q4 and t.tensor_type.name in Q4_TYPES and ".layers." in name:
+        # MLA's projections are permuted and its experts kept dense: no int4 repacking
+        q4 = keep_q4 and cfg.mla is None
+        if q4 and t.tensor_type.name in Q4_TYPES and ".layers." in name:
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             w: torch.Tensor | Int4Weight = gguf_q4_to_int4(t.data, t.tensor_type.name, shape)
         else:
@@ -162,4 +181,8 @@ def load_gguf(
         raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
     cfg = config_from_gguf_reader(reader, path)
     tensors = dict(iter_gguf_tensors(reader, cfg, dtype, keep_q4))
+    if cfg.mla is not None:  # deepseek2: back to the Hugging Face checkpoint's layout
+        from houchu.model.config_deepseek import split_gguf_deepseek
+
+        tensors = split_gguf_deepseek(tensors, cfg)
     return cfg, tensors
