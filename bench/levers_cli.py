@@ -23,6 +23,7 @@ import argparse
 import datetime as dt
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -157,8 +158,6 @@ def run_levers(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from houchu.bench.cli import bench_spec
-    from houchu.bench.prompts import PromptBuilder, load_encoder
     from houchu.bench.sweep_plan import build_plan, parse_loads
 
     serve_args = shlex.split(args.serve_args)
@@ -178,6 +177,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.target_load is not None and args.target_load not in [ld.value for ld in loads]:
         raise ValueError(f"--target-load {args.target_load:g} is not one of the load levels")
     workdir = Path(tempfile.mkdtemp(prefix="houchu-levers-"))
+    try:
+        return _prepare_and_sweep(args, plan, loads, serve_args, workdir)
+    finally:
+        if not os.environ.get("HOUCHU_LEVERS_KEEP_DB"):
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _prepare_and_sweep(args, plan, loads, serve_args, workdir) -> int:  # noqa: ANN001
+    """Build the workload and run the sweep in ``workdir``."""
+    from houchu.bench.cli import bench_spec
+    from houchu.bench.prompts import PromptBuilder, load_encoder
+
     builder = PromptBuilder(load_encoder(args.tokenizer))
     if args.replay_db is not None:
         args.workload, args.replay = "replay", _replay_from_db(args, builder, workdir)
@@ -204,7 +215,7 @@ def _sweep(args, plan, spec, builder, model, serve_args, workdir) -> int:  # noq
     from houchu.bench.sweep_runner import SweepInputs, SweepRunner
     from houchu.model import cpu_isa
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)
     load_start = os.getloadavg()
     lim = runner_limits.measure()
     inputs = SweepInputs(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,8 @@ def _binding(b: dict[str, Any] | None) -> str:
     if not b:
         return "-"
     return (
-        f"{b['kind']} ({100 * b['compute_frac']:.0f}% peak, "
-        f"{100 * b['bandwidth_frac']:.0f}% BW, {b['step_ms']:.1f} ms/step)"
+        f"{b['kind']} {100 * b['compute_frac']:.0f}%/{100 * b['bandwidth_frac']:.0f}% "
+        f"{b['step_ms']:.1f}ms"
     )
 
 
@@ -68,7 +69,12 @@ def _spent(lv: dict[str, Any], at: dict[str, Any]) -> str:
 def lever_table(answers: dict[str, Any], unit: str) -> Table:
     """One row per lever: the four questions at the target load, gains at every load."""
     target = answers["target_load"]
-    t = Table(title=f"Levers (the four questions; at {unit}={target:g} unless a load is named)")
+    t = Table(
+        title=f"Levers: the four questions (at {unit}={target:g} unless a load is named)",
+        caption="binding: the constraint of the step time, its ideal time at the matmul peak "
+        "/ at the memory bandwidth as % of the measured step, and the mean step; gains: "
+        "above 1x the lever helped (throughput on/off; TTFT, TPOT off/on)",
+    )
     for col in ("lever", "targets", "binding: baseline → on", "saved", "spent"):
         t.add_column(col, overflow="fold")
     t.add_column("throughput gain by load")
@@ -80,9 +86,9 @@ def lever_table(answers: dict[str, Any], unit: str) -> Table:
             f"{unit}={p['load']:g}:{_gain(p['gain']['throughput'])}" for p in lv["loads"]
         )
         t.add_row(
-            f"{lv['lever']}\n({lv['title']})",
+            lv["lever"],
             lv["bottleneck"],
-            f"{_binding(at['binding_baseline'])}\n→ {_binding(at['binding_on'])}",
+            f"{_binding(at['binding_baseline'])} → {_binding(at['binding_on'])}",
             _ledger_text(at["ledger"], "saved"),
             _spent(lv, at),
             curve,
@@ -158,7 +164,7 @@ def noise_text(record: dict[str, Any]) -> str:
 
 def print_report(record: dict[str, Any], console: Console | None = None) -> None:
     """Every table of the sweep, then the recommendation and the noise."""
-    c = console or Console()
+    c = console or Console(width=None if sys.stdout.isatty() else 200)
     answers = record["answers"]
     unit = "c" if record["settings"]["load_kind"] == "concurrency" else "r"
     s = record["settings"]

@@ -176,7 +176,7 @@ class SweepRunner:
             server.stop()
         self._read_db(db_url, windows)
         if db.exists() and not os.environ.get("HOUCHU_LEVERS_KEEP_DB"):
-            for suffix in ("", "-wal", "-shm"):
+            for suffix in ("", "-wal", "-shm", ".migrate-lock"):
                 Path(f"{db}{suffix}").unlink(missing_ok=True)
 
     async def _cell(
