@@ -67,7 +67,12 @@ def add_levers_parser(sub: argparse._SubParsersAction) -> None:
         dest="request_rates",
         help="load levels: Poisson requests per second, comma-separated",
     )
-    s.add_argument("--repeats", type=int, default=1, help="runs of each configuration and load")
+    s.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of each configuration and load; figures are their medians",
+    )
     s.add_argument(
         "--target-load", type=float, help="load of the recommendation (default: the highest)"
     )

@@ -32,6 +32,8 @@ def test_minimal_sweep_writes_its_record(tmp_path, real_model_path, capsys):
             "none",
             "--concurrency",
             "1,2",
+            "--repeats",
+            "1",
             "--workload",
             "shared-prefix",
             "--num-prefixes",

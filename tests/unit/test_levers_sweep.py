@@ -283,6 +283,7 @@ def test_answers_from_recorded_runs():
     assert by_load[1.0]["verdict"] == "add"  # 1.43 = 1.3 * 1.1
     assert by_load[4.0]["verdict"] == "cancel"  # 0.75 < 1.1
     assert [p["load"] for p in a["matrix"]] == [4.0]
+    _report_renders(plan, a, runs)
     rec = a["recommendation"]
     assert rec["config"] == "chunked-prefill" and rec["flags"] == [
         "--disable-radix-cache",
@@ -291,3 +292,64 @@ def test_answers_from_recorded_runs():
         "--max-batch-tokens",
         "512",
     ]
+
+
+def test_a_levers_ledger_counts_its_reported_variants_only():
+    from houchu.bench.sweep_analysis import CellSummary
+    from houchu.bench.sweep_answers import lever_ledger
+
+    cell = CellSummary(
+        "int4",
+        1,
+        {},
+        0.0,
+        1,
+        {
+            "weight_quant_int4-g32": {"saved bytes": 3e9},
+            "paged_kv": {"saved bytes": 1.0},
+            "kv_tier_host": {"saved tokens": 64.0},
+            "kv_tier_ssd": {"saved tokens": 16.0},
+        },
+    )
+    assert lever_ledger(cell, lever("int4").ledger) == {"saved bytes": 3e9}
+    assert lever_ledger(cell, lever("kv-tiers").ledger) == {"saved tokens": 80.0}
+    assert lever_ledger(None, ("x",)) == {}
+
+
+def test_amounts_in_physical_units():
+    from houchu.bench.sweep_report import amount
+
+    assert amount(3 * 2**30, "bytes") == "3 GiB"
+    assert amount(1.5e12, "flops") == "1.5T FLOP"
+    assert amount(1500, "tokens") == "1.5k tokens"
+    assert amount(2, "forward_passes") == "2 forward passes"
+
+
+def _report_renders(plan, answers, runs) -> None:
+    from rich.console import Console
+
+    from houchu.bench.sweep_report import print_report
+
+    record = {
+        "settings": {
+            "model": "/m.gguf",
+            "serve_args": ["--compile", "off"],
+            "workload": {"workload": "shared-prefix"},
+            "load_kind": "concurrency",
+            "loads": [1.0, 4.0],
+            "repeats": 1,
+            "cpu_flags": "avx2 fma",
+            "cpu_count": 2,
+        },
+        "limits": None,
+        "load_average": {"start": [1.0, 1.0, 1.0], "end": [2.0, 1.0, 1.0]},
+        "failures": {"x": "server did not start"},
+        "answers": answers,
+    }
+    console = Console(record=True, width=200)
+    print_report(record, console)
+    text = console.export_text()
+    assert "houchu serve --model /m.gguf --compile off --disable-radix-cache" in text
+    assert "radix-cache + chunked-prefill" in text and "cancel" in text
+    assert "400 tokens" in text  # radix-cache's saving at c=4
+    assert "x: server did not start" in text
