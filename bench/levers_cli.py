@@ -26,6 +26,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,13 @@ def add_levers_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--db", help="database URL to store the sweep in (default: houchu's)")
     o.add_argument("--no-db", action="store_true")
     o.add_argument("--no-progress", action="store_true")
+    o.add_argument(
+        "--reanalyze",
+        type=Path,
+        metavar="FILE",
+        help="answer again from a stored JSON record (no servers run); with --output, "
+        "write the new record there",
+    )
 
 
 def _machine(serve_args: list[str], draft: str | None) -> Any:
@@ -156,10 +164,36 @@ def _replay_from_db(args: argparse.Namespace, builder: Any, workdir: Path) -> st
 def run_levers(args: argparse.Namespace) -> int:
     """Run ``houchu levers``; returns the exit code (2: bad options; 1: nothing measured)."""
     try:
+        if args.reanalyze is not None:
+            return _reanalyze(args)
         return _run(args)
     except ValueError as exc:
         print(f"houchu levers: {exc}", file=sys.stderr)
         return 2
+
+
+def _reanalyze(args: argparse.Namespace) -> int:
+    """Print (and with ``--output`` write) a stored record analyzed again."""
+    import json
+
+    from rich.console import Console
+
+    from houchu.bench.sweep_reanalyze import reanalyze
+    from houchu.bench.sweep_report import print_report, save_record
+    from houchu.model import cpu_isa
+    from houchu.options.flags import GROUPS
+
+    try:
+        record = json.loads(args.reanalyze.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {args.reanalyze}: {exc}") from None
+    flags = frozenset(f.name for g in GROUPS for f in g.flags)
+    record = reanalyze(record, flags, cpu_isa.native_units(cpu_isa.usable()[0]))
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    print_report(record, console)
+    if args.output:
+        console.print(f"results: {save_record(record, args.output)}")
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -289,8 +323,10 @@ def _sweep(args, plan, spec, builder, model, serve_args, workdir) -> int:  # noq
             "objective": args.objective,
             "cpu_flags": " ".join(sorted(cpu_isa.isa_flags())),
             "cpu_count": os.cpu_count(),
+            "draft_model": args.draft_model,
         },
         "limits": lim.line(native),
+        "limits_values": asdict(lim),
         "load_average": {"start": list(load_start), "end": list(os.getloadavg())},
         "seconds": result.seconds,
         "facts": {k: v.__dict__ for k, v in result.facts.items()},

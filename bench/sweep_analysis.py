@@ -14,7 +14,8 @@
   ``cancel`` when the pair is slower than the better single by more than the noise
   tolerance, ``synergy`` when the ratio is above ``1 + tol``, ``add`` within ``tol`` of 1
   (the gains compound as if independent), ``overlap`` below it (part of one gain is
-  the other's).
+  the other's); ``noisy`` when the tolerance is above :data:`MAX_TOLERANCE`: the repeats
+  spread too much to tell.
 - **Recommendation.** The fastest measured configuration at the target load.
 """
 
@@ -31,6 +32,8 @@ from houchu.bench.sweep_records import METRICS, CellRun
 HIGHER_IS_BETTER = {"output_throughput": True, "median_ttft_ms": False, "median_tpot_ms": False}
 #: Smallest tolerance of a composition verdict (a relative difference).
 MIN_TOLERANCE = 0.03
+#: Above this tolerance no verdict is given (``noisy``).
+MAX_TOLERANCE = 0.5
 
 
 @dataclass
@@ -142,7 +145,7 @@ class Composition:
         a, b: the levers.
         gain_a, gain_b, gain_ab: speed-ups over the baseline, alone and together.
         ratio: ``gain_ab / (gain_a * gain_b)``.
-        verdict: ``add``, ``overlap``, ``cancel`` or ``synergy``.
+        verdict: ``add``, ``overlap``, ``cancel``, ``synergy`` or ``noisy``.
         tolerance: the relative difference within which gains count as adding.
     """
 
@@ -166,7 +169,9 @@ def compose(a: str, b: str, ga: float, gb: float, gab: float, tol: float) -> Com
         raise ValueError(f"speed-ups must be positive, got {ga}, {gb}, {gab}")
     tol = max(tol, MIN_TOLERANCE)
     ratio = gab / (ga * gb)
-    if gab < max(ga, gb) * (1.0 - tol):
+    if tol > MAX_TOLERANCE:
+        verdict = "noisy"
+    elif gab < max(ga, gb) * (1.0 - tol):
         verdict = "cancel"
     elif ratio > 1.0 + tol:
         verdict = "synergy"

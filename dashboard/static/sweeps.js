@@ -5,7 +5,7 @@
 const Sweeps = (() => {
   let sweeps = [];
   let picked = null;
-  const VERDICT_COLOR = { add: "#16a34a", overlap: "#ca8a04", cancel: "#dc2626", synergy: "#2563eb" };
+  const VERDICT_COLOR = { add: "#16a34a", overlap: "#ca8a04", cancel: "#dc2626", synergy: "#2563eb", noisy: "#64748b" };
 
   function isSweep(r) {
     return (r.results || {}).kind === "lever_sweep";

@@ -181,6 +181,7 @@ def test_composition_verdicts_follow_from_the_numbers():
     c = compose("a", "b", 1.2, 1.5, 1.6, 0.2)  # within a wide noise tolerance: add
     assert c.verdict == "add" and c.ratio == pytest.approx(1.6 / 1.8)
     assert compose("a", "b", 1.0, 1.0, 1.02, 0.0).verdict == "add"  # MIN_TOLERANCE
+    assert compose("a", "b", 1.2, 1.5, 1.3, 0.6).verdict == "noisy"  # repeats too spread
     with pytest.raises(ValueError):
         compose("a", "b", 0.0, 1.0, 1.0, 0.0)
 
@@ -353,3 +354,53 @@ def _report_renders(plan, answers, runs) -> None:
     assert "radix-cache + chunked-prefill" in text and "cancel" in text
     assert "400 tokens" in text  # radix-cache's saving at c=4
     assert "x: server did not start" in text
+
+
+def test_a_stored_record_is_answered_again_the_same():
+    from dataclasses import asdict
+
+    from houchu.bench.sweep_reanalyze import reanalyze, record_limits
+
+    loads = [Load("concurrency", x) for x in (1, 4)]
+    plan = build_plan(["radix-cache", "int4"], "all", loads, 1, CPU)
+    runs = [
+        run(c, x, t)
+        for c, x, t in (
+            ("baseline", 1, 10.0),
+            ("baseline", 4, 20.0),
+            ("radix-cache", 1, 12.0),
+            ("radix-cache", 4, 22.0),
+            ("int4", 1, 20.0),
+            ("int4", 4, 30.0),
+            ("int4+radix-cache", 1, 24.0),
+            ("int4+radix-cache", 4, 33.0),
+        )
+    ]
+    for r in runs:
+        r.steps = StepTotals(10, 1.0, 100, 50)
+    facts = {"baseline": ServerFacts(5.0, 1e8, 4e8, 1000.0, 1456, "float32", "none")}
+    lim = Limits(10.0, 50e9, 100e9, 200e9)
+    answers = analyze(plan, runs, facts, lim, frozenset({"fp32"}), {}, 4.0)
+    record = {
+        "settings": {
+            "backend": "houchu levers",
+            "levers": ["radix-cache", "int4"],
+            "pairs": ["radix-cache+int4"],
+            "load_kind": "concurrency",
+            "loads": [1.0, 4.0],
+            "repeats": 1,
+        },
+        "limits": lim.line(),
+        "runs": [r.to_json() for r in runs],
+        "facts": {k: asdict(v) for k, v in facts.items()},
+        "answers": answers,
+    }
+    again = reanalyze(record, SERVE_FLAGS, frozenset({"fp32"}))["answers"]
+    assert again["matrix"] == answers["matrix"] and again["matrix"][0]["verdict"] == "add"
+    assert again["recommendation"] == answers["recommendation"]
+    assert [lv["break_even"] for lv in again["levers"]] == [
+        lv["break_even"] for lv in answers["levers"]
+    ]
+    assert record_limits(record).copy_gbs == pytest.approx(10.0)
+    with pytest.raises(ValueError):
+        reanalyze({"settings": {}}, SERVE_FLAGS, frozenset())
