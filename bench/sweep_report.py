@@ -153,7 +153,7 @@ def noise_text(record: dict[str, Any]) -> str:
         f"repeats' throughput spread (max-min)/median: median {100 * n['median_spread']:.1f}%, "
         f"max {100 * n['max_spread']:.1f}%"
         if n["median_spread"] is not None
-        else "one repeat per cell: no spread measured (--repeats 3 measures it)"
+        else "no cell measured more than once: no spread (--repeats 3 measures it)"
     )
     la = record["load_average"]
     return (

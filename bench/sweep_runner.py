@@ -67,7 +67,8 @@ class SweepInputs:
     start_timeout_s: float = 600.0
 
 
-#: Progress events: ("server", text) when a server starts, ("cell", text) per run done.
+#: Progress events: ("server", text) when a server starts, ("fail", why) when a
+#: configuration fails, ("cell", text) once per planned run, measured or not.
 Progress = Callable[[str, str], None]
 
 
@@ -136,7 +137,8 @@ class SweepRunner:
         for repeat in range(self.plan.repeats):
             for config in self.plan.configs():
                 if config.name in self.failures:
-                    self.progress("skip", f"{config.name}: {self.failures[config.name]}")
+                    for _ in self.plan.loads:
+                        self.progress("cell", f"{config.name}: not measured (failed before)")
                     continue
                 groups = (
                     [[i] for i in range(len(self.plan.loads))]
@@ -158,7 +160,8 @@ class SweepRunner:
         try:
             server.start(self.inputs.start_timeout_s)
         except ServerError as exc:
-            self.failures[config.name] = f"server did not start: {str(exc)[-1500:]}"
+            tail = "\n".join(str(exc).strip().splitlines()[-4:])
+            self.failures[config.name] = f"server did not start: {tail}"
             self.progress("fail", f"{config.name}: server did not start")
             for _ in load_idx:
                 self.progress("cell", f"{config.name}: not measured")
@@ -172,6 +175,8 @@ class SweepRunner:
         except Exception as exc:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
             self.failures[config.name] = f"run failed: {type(exc).__name__}: {exc}"
             self.progress("fail", f"{config.name}: {self.failures[config.name]}")
+            for _ in load_idx[len(windows) :]:
+                self.progress("cell", f"{config.name}: not measured")
         finally:
             server.stop()
         self._read_db(db_url, windows)
