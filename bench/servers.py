@@ -80,8 +80,16 @@ class ManagedServer:
     """A server process, started and stopped here; its output is kept for errors."""
 
     def __init__(
-        self, name: str, cmd: list[str], port: int, ready_url: str, ready_line: str = ""
+        self,
+        name: str,
+        cmd: list[str],
+        port: int,
+        ready_url: str,
+        ready_line: str = "",
+        keep_prefix: str = "",
     ) -> None:
+        """``keep_prefix``: output lines that start with it are kept whole in ``kept``
+        (the tail keeps only the last 40 lines)."""
         self.name = name
         self.cmd = cmd
         self.port = port
@@ -89,6 +97,8 @@ class ManagedServer:
         self.ready_line = ready_line
         self.proc: subprocess.Popen[str] | None = None
         self._tail: deque[str] = deque(maxlen=40)
+        self.keep_prefix = keep_prefix
+        self.kept: list[str] = []
         self._ready = threading.Event()
 
     def start(self, timeout_s: float = 600.0) -> None:
@@ -129,6 +139,8 @@ class ManagedServer:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
             self._tail.append(line)
+            if self.keep_prefix and line.startswith(self.keep_prefix):
+                self.kept.append(line.rstrip("\n"))
             if self.ready_line and self.ready_line in line:
                 self._ready.set()
 
@@ -163,9 +175,17 @@ def houchu_server(s: ServerSettings, extra: list[str]) -> ManagedServer:
     return _houchu(cmd, port)
 
 
-def _houchu(cmd: list[str], port: int) -> ManagedServer:
+def _houchu(cmd: list[str], port: int, keep_prefix: str = "") -> ManagedServer:
     url = f"http://127.0.0.1:{port}/health"
-    return ManagedServer("houchu", cmd, port, url, ready_line="houchu: serving")
+    return ManagedServer("houchu", cmd, port, url, "houchu: serving", keep_prefix)
+
+
+def houchu_serve(model: str | Path, flags: list[str], keep_prefix: str = "") -> ManagedServer:
+    """``houchu serve --model MODEL FLAGS`` on a free port, not yet started; output
+    lines starting with ``keep_prefix`` are kept in its ``kept``."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "houchu.cli", "serve", "--model", str(model)]
+    return _houchu([*cmd, "--port", str(port), *flags], port, keep_prefix)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""The ``houchu`` command: ``houchu serve``, ``houchu fetch`` and ``houchu bench``."""
+"""The ``houchu`` command: ``houchu serve``, ``houchu fetch``, ``houchu bench`` and
+``houchu levers``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from houchu.actors.config import ServeConfig
 from houchu.bench.cli import add_bench_parser, run_bench
+from houchu.bench.levers_cli import add_levers_parser, run_levers
 from houchu.cli.fetch import FetchError, fetch_default_model
 from houchu.options.checks import check_device, check_serve_args
 from houchu.options.parser import add_serve_parser, config_from_args
@@ -38,6 +40,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve = add_serve_parser(sub)
     sub.add_parser("fetch", help="download the default model into the cache")
     add_bench_parser(sub)
+    add_levers_parser(sub)
     return parser, serve
 
 
@@ -48,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "bench":
         return run_bench(args)
+    if args.command == "levers":
+        return run_levers(args)
 
     if args.command == "fetch":
         try:

@@ -46,6 +46,7 @@ STATIC_FILES = {
     "timeline.js": "application/javascript",
     "panels.js": "application/javascript",
     "bench.js": "application/javascript",
+    "sweeps.js": "application/javascript",
     "format.js": "application/javascript",
 }
 #: Largest benchmark run body accepted (bytes).

@@ -4,6 +4,7 @@
 const Bench = (() => {
   let runs = [];
   let pick = { a: null, b: null };
+  let latest = null; // the newest stored run, sweeps included
   const LAT = /^(mean|median|p\d+)_(\w+?)_ms$/;
   const THROUGHPUT = /(throughput|goodput)$/;
 
@@ -100,7 +101,10 @@ const Bench = (() => {
   /** Load the stored runs (again) and draw them. */
   async function load() {
     try {
-      runs = (await H.getJSON("/dashboard/api/bench")).runs;
+      const all = (await H.getJSON("/dashboard/api/bench")).runs;
+      Sweeps.render(all);
+      latest = all.length ? all[0].id : null;
+      runs = all.filter((r) => !Sweeps.isSweep(r));
     } catch (e) {
       document.getElementById("bench-empty").textContent = `Benchmark runs unavailable: ${e.message}`;
       return;
@@ -114,5 +118,5 @@ const Bench = (() => {
     compare();
   }
 
-  return { load, latestId: () => (runs.length ? runs[0].id : null) };
+  return { load, latestId: () => latest };
 })();

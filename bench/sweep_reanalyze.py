@@ -1,0 +1,65 @@
+"""Answering again from a stored sweep record (``houchu levers --reanalyze FILE``): the
+plan is rebuilt from the record's settings, the measurements are its runs, so a record
+from another machine or an older version is read with this version's analysis.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+from typing import Any
+
+from houchu.bench.lever_table import Machine
+from houchu.bench.runner_limits import Limits
+from houchu.bench.sweep_answers import analyze
+from houchu.bench.sweep_plan import Load, build_plan
+from houchu.bench.sweep_records import CellRun, ServerFacts
+
+_LINE = re.compile(
+    r"copy ([\d.]+) GB/s, fp32 matmul ([\d.]+) GFLOP/s, bf16 matmul ([\d.]+) GFLOP/s"
+    r"[^,]*, int8 matmul ([\d.]+) GOP/s"
+)
+
+
+def record_limits(record: dict[str, Any]) -> Limits | None:
+    """The limits a record was measured against: ``limits_values``, else read from its
+    ``limits`` line (as printed, 3 digits)."""
+    if record.get("limits_values"):
+        return Limits(**record["limits_values"])
+    m = _LINE.search(record.get("limits") or "")
+    if not m:
+        return None
+    bw, fp32, bf16, int8 = (float(x) for x in m.groups())
+    return Limits(bw, fp32 * 1e9, bf16 * 1e9, int8 * 1e9)
+
+
+def reanalyze(
+    record: dict[str, Any], serve_flags: frozenset[str], native: frozenset[str]
+) -> dict[str, Any]:
+    """``record`` with its ``answers`` computed again from its runs (``serve_flags``:
+    this build's ``houchu serve`` flags; ``native``: the matmul formats of the CPU the
+    record was measured on, for the roofline).
+
+    Raises:
+        ValueError: the record is not a ``houchu levers`` record.
+    """
+    s = record.get("settings") or {}
+    if s.get("backend") != "houchu levers" or "runs" not in record:
+        raise ValueError("not a houchu levers record (no settings.backend 'houchu levers' or runs)")
+    loads = [Load(s["load_kind"], float(x)) for x in s["loads"]]
+    # the recorded levers ran where they were measured: judge them applicable
+    ran = Machine("cuda", frozenset({"avx512_vnni"}), serve_flags, s.get("draft_model"))
+    plan = build_plan(s["levers"], ",".join(s["pairs"]) or "none", loads, s["repeats"], ran)
+    old = record["answers"]
+    plan.not_applicable = dict(old.get("not_applicable", {}))
+    plan.skipped_pairs = dict(old.get("pairs_not_measured", {}))
+    runs = [CellRun.from_json(r) for r in record["runs"]]
+    facts = {k: ServerFacts(**v) for k, v in record.get("facts", {}).items()}
+    quality = {lv["lever"]: lv["accuracy"] for lv in old["levers"] if lv["accuracy"]}
+    lim = record_limits(record)
+    objective = old.get("objective", "output_throughput")
+    answers = analyze(plan, runs, facts, lim, native, quality, old["target_load"], objective)
+    out = {**record, "answers": answers}
+    if lim is not None:
+        out["limits_values"] = asdict(lim)
+    return out

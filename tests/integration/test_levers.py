@@ -1,0 +1,119 @@
+"""``houchu levers`` end to end on the default model: a minimal sweep (two levers and one
+that cannot apply on a CPU, two loads, a few short requests) starts its own servers one
+after another, measures every cell, reads each lever's own counters back, writes its
+JSON record and stores it in the database, where the dashboard draws its heat map and
+gain curves in a real browser (Debian's chromium) with no console error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from houchu.cli.main import main
+from tests.integration.conftest import start_server, stop_server
+from tests.integration.test_dashboard import CHROMIUM, CHROMIUM_ARGS
+
+pytestmark = pytest.mark.slow
+
+
+def test_minimal_sweep_writes_its_record(tmp_path, real_model_path, capsys):
+    out = tmp_path / "levers.json"
+    db = f"sqlite:///{tmp_path / 'houchu.db'}"
+    rc = main(
+        [
+            "levers",
+            "--model",
+            str(real_model_path),
+            "--levers",
+            "radix-cache,chunked-prefill,cuda-graph",
+            "--pairs",
+            "none",
+            "--concurrency",
+            "1,2",
+            "--repeats",
+            "1",
+            "--workload",
+            "shared-prefix",
+            "--num-prefixes",
+            "1",
+            "--prefix-len",
+            "64",
+            "--num-requests",
+            "3",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--serve-args",
+            "--compile off --decode-paths rules --kv-cache-mb 16",
+            "--output",
+            str(out),
+            "--db",
+            db,
+            "--no-progress",
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    record = json.loads(out.read_text())
+    assert record["failures"] == {}
+    runs = record["runs"]
+    assert {(r["config"], r["load"]) for r in runs} == {
+        (c, x) for c in ("baseline", "radix-cache", "chunked-prefill") for x in (1.0, 2.0)
+    }
+    for r in runs:
+        assert r["metrics"]["completed"] == 3 and r["metrics"]["failed"] == 0
+        assert r["steps"]["steps"] > 0 and r["steps"]["decode_tokens"] > 0
+    # the levers were toggled as asked: the baseline ran without the radix cache
+    reused = {
+        (r["config"], r["load"]): r["ledger"].get("radix_prefix_cache", {}).get("saved tokens", 0)
+        for r in runs
+    }
+    assert reused["baseline", 1.0] == 0 and reused["radix-cache", 1.0] > 0
+    answers = record["answers"]
+    assert "CUDA" in answers["not_applicable"]["cuda-graph"]
+    rc_answer = next(lv for lv in answers["levers"] if lv["lever"] == "radix-cache")
+    # the three requests share one 64-token system prompt: the cache reused it
+    assert rc_answer["loads"][0]["ledger"].get("saved tokens", 0) > 0
+    assert rc_answer["loads"][0]["binding_baseline"]["kind"] in (
+        "compute",
+        "bandwidth",
+        "overhead",
+    )
+    assert record["facts"]["baseline"]["params"] > 1e8
+    assert answers["recommendation"]["config"] in ("baseline", "radix-cache", "chunked-prefill")
+    assert "houchu serve --model" in printed and "Levers" in printed
+    assert "database: run 1" in printed
+    if CHROMIUM.exists():
+        _dashboard_shows_the_sweep(real_model_path, db)
+
+
+def _dashboard_shows_the_sweep(model: Path, db: str) -> None:
+    from playwright.sync_api import sync_playwright
+
+    srv = start_server(model, "--kv-cache-mb", "16", "--decode-paths", "rules", "--db-url", db)
+    errors: list[str] = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.goto(f"{srv.url}/dashboard")
+            page.wait_for_selector("#sweep-heatmap .main-svg", timeout=60_000)
+            page.wait_for_selector("#sweep-curves .main-svg", timeout=60_000)
+            assert page.get_attribute("#sweeps", "data-run") == "1"
+            traces = page.evaluate("document.getElementById('sweep-curves').data.map(t => t.name)")
+            assert traces == ["radix-cache", "chunked-prefill"]
+            assert (
+                page.evaluate("document.getElementById('sweep-heatmap').data[0].type") == "heatmap"
+            )
+            assert "not applicable" in page.inner_text("#sweeps")
+            # the sweep is not offered as a benchmark run to compare
+            assert page.locator("#bench-table tr[data-run]").count() == 0
+            browser.close()
+    finally:
+        stop_server(srv)
+    assert not errors, errors
