@@ -33,6 +33,8 @@ MAX_STOP_CHARS = 1024  # per stop string: each is searched in every new piece of
 MAX_COMPLETION_LOGPROBS = 5
 MAX_TOP_LOGPROBS = 20
 MAX_TOKEN_ID = 2**31 - 1
+#: Longest regex or grammar text (characters).
+MAX_GRAMMAR_CHARS = 100_000
 #: Largest ``top_k`` (any value above the vocabulary size keeps every token).
 MAX_TOP_K = 2**31 - 1
 #: int64 or uint64; msgspec's bounds hold int64 only, so the validator checks the top.
@@ -72,10 +74,44 @@ class StreamOptions(Struct, omit_defaults=True):
     include_usage: bool | None = None
 
 
-class ResponseFormat(Struct):
-    """``response_format``: only plain text."""
+class ResponseFormatText(Struct, tag_field="type", tag="text"):
+    """``response_format: {"type": "text"}``: free text (the default)."""
 
-    type: Literal["text"]
+
+class ResponseFormatJsonObject(Struct, tag_field="type", tag="json_object"):
+    """``response_format: {"type": "json_object"}``: any JSON object."""
+
+
+class JsonSchemaFormat(Struct, kw_only=True):
+    """``response_format.json_schema``: the schema the output follows. ``strict``: refuse
+    a schema with keywords the grammar engine cannot enforce (else they are ignored)."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=64)]
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormatJsonSchema(Struct, tag_field="type", tag="json_schema"):
+    """``response_format: {"type": "json_schema", "json_schema": {...}}``."""
+
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema
+GrammarText = Annotated[str, Meta(min_length=1, max_length=MAX_GRAMMAR_CHARS)]
+Choices = Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(min_length=1)]
+
+
+class StructuredOutputs(Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's ``structured_outputs``: exactly one of ``json`` (a JSON schema, or its
+    text), ``json_object``, ``regex``, ``choice`` or ``grammar`` (Lark, or EBNF/GBNF)."""
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool | None = None
+    regex: GrammarText | None = None
+    choice: Choices | None = None
+    grammar: GrammarText | None = None
 
 
 class TextPart(Struct):
@@ -115,12 +151,16 @@ class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
     logit_bias: Annotated[dict[str, Any], unsupported("is not supported", max_length=0)] | None = (
         None
     )
-    tools: Annotated[list[Any], unsupported("are not supported", max_length=0)] | None = None
     functions: Annotated[list[Any], unsupported("are not supported", max_length=0)] | None = None
-    tool_choice: Annotated[Literal["none"], unsupported("is not supported")] | None = None
-    response_format: (
-        Annotated[ResponseFormat, unsupported("must be {'type': 'text'} (only text output)")] | None
-    ) = None
+    response_format: ResponseFormat | None = None
+    # structured output: vLLM's fields, then SGLang's
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: GrammarText | None = None
+    guided_choice: Choices | None = None
+    guided_grammar: GrammarText | None = None
+    regex: GrammarText | None = None
+    ebnf: GrammarText | None = None
     user: str | None = None
 
 

@@ -7,7 +7,8 @@ strict about types: a wrong-typed value (``"temperature": "hot"``, ``"max_tokens
 400) whose message and ``param`` name the parameter (``schema_errors``). A ``null``
 value means "not given". Keys the gateway does not know (``metadata``, ...) are
 ignored; known OpenAI features it does not implement (``n > 1``,
-``echo``, ``best_of``, ``logit_bias``, ``tools``, JSON ``response_format``) are refused.
+``echo``, ``best_of``, ``logit_bias``) are refused. Structured output (``response_format``
+and its extensions) is checked by ``houchu.api.structured``.
 
 What the types cannot say is checked here: the served model's name, ``max_tokens``
 within the runner's context window (``houchu.transport.limits``), the seed's top,
@@ -38,6 +39,7 @@ from houchu.api.schema import (
     WsGenerateRequest,
 )
 from houchu.api.schema_errors import json_type, validation_error
+from houchu.api.structured import structured_output
 from houchu.transport.limits import RunnerLimits
 from houchu.transport.messages import ROLE_ALIASES, ChatMessage, GenerateRequest, SamplingParams
 
@@ -260,6 +262,7 @@ def _sampling(
         max_tokens_is_default=all(v is None for v in asked),
         logprobs=logprobs,
         top_logprobs=top_n if logprobs else 0,
+        structured=structured_output(req),
     )
 
 

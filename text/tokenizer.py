@@ -110,6 +110,11 @@ class TextTokenizer:
     # ------------------------------------------------------------------ properties
 
     @property
+    def hf_tokenizer(self) -> Any:
+        """The wrapped transformers fast tokenizer (for libraries that take one)."""
+        return self._hf
+
+    @property
     def chat_template(self) -> str | None:
         """The model's Jinja chat template, or None when it has none."""
         template = self._hf.chat_template

@@ -24,6 +24,7 @@ from typing import Literal, get_args
 import msgspec
 from msgspec import Struct, field
 
+from houchu.transport.structured import StructuredOutput
 from houchu.transport.tier_messages import HostSlotGrant, TierLookupResult, TierStats
 
 
@@ -38,6 +39,7 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     client did not ask for a number (``max_tokens`` is the API's default), so the
     tokenizer lowers it to what the context window leaves after the prompt, as vLLM does.
     ``top_logprobs`` is only meaningful when ``logprobs`` is true (0..20).
+    ``structured``: the grammar the output must follow (structured output), or None.
     """
 
     temperature: float = 1.0
@@ -55,6 +57,7 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    structured: StructuredOutput | None = None
 
 
 #: The roles a chat turn may have on the wire (tools are not supported, so no "tool").
