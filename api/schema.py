@@ -121,14 +121,68 @@ class TextPart(Struct):
     text: str
 
 
-class ChatMessageIn(Struct):
-    """One chat turn (``developer`` is read as ``system``); parts are joined by newlines."""
+class CalledFunction(Struct, kw_only=True):
+    """The function an assistant's tool call named, and its arguments (JSON text)."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallIn(Struct, kw_only=True):
+    """A tool call in an assistant turn of the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class ChatMessageIn(Struct, kw_only=True):
+    """One chat turn (``developer`` is read as ``system``); parts are joined by newlines.
+    ``content`` may be null in an assistant turn that made ``tool_calls``; a ``tool``
+    turn answers the call ``tool_call_id``."""
 
     role: Role
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
 
 Messages = Annotated[list[ChatMessageIn], Meta(min_length=1)]
+#: Letters, digits, ``_``, ``.`` and ``-`` (checked by ``houchu.api.tools``).
+FunctionName = Annotated[str, Meta(min_length=1, max_length=64)]
+
+
+class FunctionDef(Struct, kw_only=True):
+    """A function the model may call: ``parameters`` is the JSON schema of its
+    arguments (default: any object); ``strict`` as in ``response_format``."""
+
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(Struct, kw_only=True):
+    """One entry of ``tools``."""
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ChosenFunction(Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(Struct, kw_only=True):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``: call it."""
+
+    type: Literal["function"]
+    function: ChosenFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+Tools = Annotated[list[ToolDef], Meta(max_length=128)]
 
 
 class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -178,6 +232,9 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
     prompt: Prompt
     max_tokens: PositiveInt | None = None
     logprobs: Annotated[int, Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
+    tools: (
+        Annotated[list[Any], unsupported("are accepted on chat requests only", max_length=0)] | None
+    ) = None
     echo: Annotated[Literal[False], unsupported("is not supported")] | None = None
     best_of: Annotated[Literal[1], unsupported("must be 1")] | None = None
     suffix: Annotated[Literal[""], unsupported("is not supported")] | None = None
@@ -195,6 +252,9 @@ class ChatCompletionRequest(
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class WsGenerateRequest(
@@ -209,3 +269,6 @@ class WsGenerateRequest(
     max_tokens: PositiveInt | None = None
     logprobs: bool | TopLogprobs | None = None
     top_logprobs: TopLogprobs | None = None
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None

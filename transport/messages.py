@@ -19,7 +19,7 @@ Flow (see docs/architecture.md)::
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import msgspec
 from msgspec import Struct, field
@@ -60,18 +60,32 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     structured: StructuredOutput | None = None
 
 
-#: The roles a chat turn may have on the wire (tools are not supported, so no "tool").
-ChatRole = Literal["system", "user", "assistant"]
+#: The roles a chat turn may have on the wire ("tool": a tool's result).
+ChatRole = Literal["system", "user", "assistant", "tool"]
 CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
 #: Other names clients use for a role: newer OpenAI clients send "developer" for "system".
 ROLE_ALIASES = {"developer": "system"}
 
 
+class ToolCallMessage(Struct, frozen=True, kw_only=True):
+    """A tool call an assistant turn made: ``arguments`` as the client sent it (JSON
+    text, decoded for the chat template when it parses)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class ChatMessage(Struct, frozen=True):
-    """One chat turn: ``role`` is one of ``CHAT_ROLES`` (aliases already resolved)."""
+    """One chat turn: ``role`` is one of ``CHAT_ROLES`` (aliases already resolved).
+    An assistant turn may carry the ``tool_calls`` it made; a ``tool`` turn the
+    ``tool_call_id`` it answers (and the tool's ``name``)."""
 
     role: ChatRole
     content: str
+    tool_calls: list[ToolCallMessage] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class Failure(Struct, frozen=True, kw_only=True):
@@ -108,6 +122,8 @@ class GenerateRequest(Struct, tag=True, kw_only=True):
     messages: list[ChatMessage] | None = None
     sampling: SamplingParams = SamplingParams()
     arrival_time: float = 0.0
+    #: the tools a chat template is given (OpenAI ``tools`` entries), or None
+    tools: list[dict[str, Any]] | None = None
 
 
 class AbortRequest(Struct, tag=True):
