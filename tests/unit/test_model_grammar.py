@@ -175,3 +175,28 @@ def _regex(pattern: str) -> str:
     from llguidance import grammar_from
 
     return grammar_from("regex", pattern)
+
+
+def test_overlap_placeholders_keep_the_grammar_in_step(model_dir, tok) -> None:
+    """With the overlap scheduler a step's input token is the runner's own last sample
+    (a placeholder in the plan): the matcher has consumed it, so the output is the same."""
+    prompt = tok.encode("JSON:")
+    sp = SamplingParams(temperature=1.0, seed=4, structured=JSON)
+    want = run(
+        ModelRunner(str(model_dir), exact(page_size=16, num_pages=64), quiet=True),
+        {"a": (prompt, sp)},
+        80,
+    )["a"]
+    r = ModelRunner(str(model_dir), exact(page_size=16, num_pages=64), quiet=True)
+    pages = list(range(16))
+    init = [SeqInit(rid="a", sampling=sp, prompt_ids=prompt)]
+    got = [
+        r.execute(StepPlan(step_id=0, init=init, work=[_work("a", prompt, 0, pages)]))
+        .outputs[0]
+        .token_id
+    ]
+    while got[-1] != 2 and len(got) < 80:
+        w = _work("a", [-1], len(prompt) + len(got) - 1, pages)
+        w.use_last_sampled = True
+        got.append(r.execute(StepPlan(step_id=len(got), work=[w])).outputs[0].token_id)
+    assert got == want
