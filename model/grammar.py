@@ -171,13 +171,11 @@ class RequestGrammar:
 
     def __init__(self, matcher: llguidance.LLMatcher, eos_ids: Sequence[int], kind: str) -> None:
         self.matcher, self.eos_ids, self.kind = matcher, list(eos_ids), kind
-        self.mask_s = 0.0  # seconds spent computing this request's masks
 
     def fill(self, bitmask: torch.Tensor, row: int, drafts: Sequence[int]) -> None:
         """Write the masks of rows ``row .. row + m`` of ``bitmask`` (``[R, W]`` int32,
         contiguous): the next token now, then after each of the first ``m`` proposals
         the grammar accepts; the matcher is rolled back to where it was."""
-        t0 = time.perf_counter()
         m = self.matcher
         self._fill_row(bitmask, row)
         valid = m.validate_tokens(list(drafts)) if drafts and not m.is_stopped() else 0
@@ -186,7 +184,6 @@ class RequestGrammar:
             self._fill_row(bitmask, row + j + 1)
         if valid:
             m.rollback(valid)
-        self.mask_s += time.perf_counter() - t0
 
     def _fill_row(self, bitmask: torch.Tensor, row: int) -> None:
         m = self.matcher
@@ -328,11 +325,6 @@ class GrammarEngine:
         self.mask_s = self.waited_s = 0.0
         self.steps = 0
         return out
-
-    def close(self) -> None:
-        """Stop the mask worker."""
-        if self._worker is not None:
-            self._worker.shutdown(wait=False, cancel_futures=True)
 
 
 def _fill_all(rows: list[_Row], bitmask: torch.Tensor) -> None:
