@@ -66,6 +66,7 @@ class GatewayActor:
                 stream_buffer_bytes=gw.stream_buffer_bytes,
                 api_key=gw.api_key,
             ),
+            tool_call_parser=gw.tool_call_parser,
         )
         # handler_cancellation: a client that goes away while its request is queued or
         # prefilling cancels the handler at once, which aborts the request in the engine.

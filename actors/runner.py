@@ -118,6 +118,7 @@ class RunnerActor:
                 launch.host_pool_name, launch.host_pool_pages, launch.host_slot_bytes
             )
             self.runner.attach_host_pool(self.host_pool)
+        self.runner.grammar.warm()  # structured output's tokenizer, in the background
         info = self.info()
         self.telemetry.start()
         self.trimmer = asyncio.create_task(self._trim_when_idle())
@@ -169,7 +170,7 @@ class RunnerActor:
                 if name == "scheduler":
                     # the new scheduler knows none of the old requests: forget them all
                     loop = asyncio.get_running_loop()
-                    await loop.run_in_executor(self.torch, self.runner.states.clear)
+                    await loop.run_in_executor(self.torch, self.runner.forget_requests)
                     self.prompts.clear()
                 if name in self.to_info:  # its replacement learns the limits again
                     await self.to_info[name].send(self.info())

@@ -180,7 +180,7 @@ class TokenizerActor:
     def _encode(self, req: GenerateRequest) -> list[int]:
         """Prompt token ids. Raises TokenizerError (or the library's error) on bad input."""
         if req.messages is not None:
-            return self.tokenizer.apply_chat_template(req.messages)
+            return self.tokenizer.apply_chat_template(req.messages, req.tools)
         if req.prompt_ids is not None:
             return list(req.prompt_ids)
         return self.tokenizer.encode(req.prompt or "")

@@ -70,6 +70,7 @@ def make_app(
     store: DashboardStore | None = None,
     gateway_metrics: GatewayMetrics | None = None,
     limits: GatewayLimits | None = None,
+    tool_call_parser: str = "hermes",
 ) -> web.Application:
     """Build the gateway application.
 
@@ -85,6 +86,8 @@ def make_app(
         gateway_metrics: the Prometheus metrics the engine client feeds (None: fresh).
         limits: admission, body size, slow-reader and API-key settings (None: defaults,
             no key).
+        tool_call_parser: how replies to ``tool_choice: "auto"`` are parsed
+            (``houchu.text.tool_calls.PARSERS``).
     """
     if (max_context is None) == (runner is None):
         raise ValueError("give exactly one of max_context and runner")
@@ -99,7 +102,11 @@ def make_app(
     app = web.Application(middlewares=middlewares, client_max_size=limits.max_body_bytes)
     app[ENGINE_KEY] = engine
     app[STATE_KEY] = GatewayState(
-        model_name=model_name, runner=runner, created=int(time.time()), limits=limits
+        model_name=model_name,
+        runner=runner,
+        created=int(time.time()),
+        limits=limits,
+        tool_call_parser=tool_call_parser,
     )
     app.router.add_get("/health", health)
     app.router.add_get("/stats", stats)

@@ -120,6 +120,7 @@ async def _admitted(
         logprobs=parsed.sampling.logprobs,
         top_n=parsed.sampling.top_logprobs,
         include_usage=parsed.include_usage,
+        tool_parser=parsed.tools.parser(state.tool_call_parser) if parsed.tools else None,
     )
     async with open_generation(request.app, parsed.to_generate(rid)) as deltas:
         if parsed.stream:
@@ -192,7 +193,8 @@ async def _send_events(
         while delta is not None:
             tally.add(delta)
             if delta.text or delta.logprobs:
-                await send(fmt.content_chunk(delta.text, delta.logprobs))
+                for chunk in fmt.content_chunks(delta.text, delta.logprobs):
+                    await send(chunk)
             delta = await anext(deltas, None)
     except EngineError as exc:  # e.g. an actor died: a finish chunk, the error, [DONE]
         err = api_error(exc)
@@ -204,7 +206,8 @@ async def _send_events(
     if tally.finish_reason is None:
         log.warning("engine ended %s without a finish reason", fmt.rid)
         tally.finish_reason = "abort"
-    await send(fmt.finish_chunk(tally.finish_reason))
+    for chunk in fmt.finish_chunks(tally.finish_reason):
+        await send(chunk)
     if fmt.include_usage:
         await send(fmt.usage_chunk(tally))
     await resp.write(b"data: [DONE]\n\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from houchu.text.tool_calls import StreamDelta, ToolCallParser, ToolCallStream
 from houchu.transport.messages import TextDelta, TokenLogprob
 
 
@@ -121,6 +122,12 @@ def ws_logprobs(lps: list[TokenLogprob], top_n: int) -> list[dict[str, Any]]:
     ]
 
 
+def tool_finish(reason: str | None, called: bool) -> str | None:
+    """OpenAI's finish reason of a reply that made tool calls: "tool_calls" where it
+    ended by itself."""
+    return "tool_calls" if called and reason == "stop" else reason
+
+
 class Formatter:
     """Builds one response's JSON objects; subclasses fix the endpoint's shapes.
 
@@ -131,6 +138,8 @@ class Formatter:
         logprobs: whether the client asked for logprobs.
         top_n: alternatives per token.
         include_usage: stream chunks carry ``"usage": null`` and a usage chunk follows.
+        tool_parser: how the reply is parsed into tool calls (chat with ``tools``), or
+            None.
     """
 
     object_name = ""
@@ -145,7 +154,10 @@ class Formatter:
         logprobs: bool,
         top_n: int,
         include_usage: bool = False,
+        tool_parser: ToolCallParser | None = None,
     ) -> None:
+        self.tool_parser = tool_parser
+        self.tool_stream: ToolCallStream | None = tool_parser.stream() if tool_parser else None
         self.rid = rid
         self.created = created
         self.model = model
@@ -179,6 +191,14 @@ class Formatter:
     def finish_chunk(self, reason: str) -> dict[str, Any]:
         """The chunk carrying ``finish_reason``."""
         raise NotImplementedError
+
+    def content_chunks(self, text: str, lps: list[TokenLogprob] | None) -> list[dict[str, Any]]:
+        """The chunks new text makes (tool-call deltas too, on chat with tools)."""
+        return [self.content_chunk(text, lps)]
+
+    def finish_chunks(self, reason: str) -> list[dict[str, Any]]:
+        """The last chunks: what was held back, then ``finish_reason``."""
+        return [self.finish_chunk(reason)]
 
     def usage_chunk(self, tally: Tally) -> dict[str, Any]:
         """The last chunk when ``include_usage``: no choices, the usage."""
@@ -242,13 +262,41 @@ class ChatFormatter(Formatter):
     def finish_chunk(self, reason: str) -> dict[str, Any]:
         return self._chunk({"delta": {}, "logprobs": None, "finish_reason": reason})
 
+    def content_chunks(self, text: str, lps: list[TokenLogprob] | None) -> list[dict[str, Any]]:
+        if self.tool_stream is None:
+            return [self.content_chunk(text, lps)]
+        return self._tool_chunks(self.tool_stream.feed(text), lps)
+
+    def finish_chunks(self, reason: str) -> list[dict[str, Any]]:
+        if self.tool_stream is None:
+            return [self.finish_chunk(reason)]
+        out = self._tool_chunks(self.tool_stream.finish(), None)
+        return [*out, self.finish_chunk(tool_finish(reason, bool(self.tool_stream.calls)))]
+
+    def _tool_chunks(self, d: StreamDelta, lps: list[TokenLogprob] | None) -> list[dict[str, Any]]:
+        out = []
+        if d.content or (lps and self.logprobs):
+            out.append(self.content_chunk(d.content, lps))
+        if d.tool_calls:
+            delta = {"tool_calls": d.tool_calls}
+            out.append(self._chunk({"delta": delta, "logprobs": None, "finish_reason": None}))
+        return out
+
     def response(self, tally: Tally) -> dict[str, Any]:
         logprobs = chat_logprobs(tally.logprobs, self.top_n) if self.logprobs else None
+        message: dict[str, Any] = {"role": "assistant", "content": tally.text}
+        reason = tally.finish_reason
+        if self.tool_parser is not None:
+            parsed = self.tool_parser.parse(tally.text)
+            message["content"] = parsed.content
+            if parsed.calls:
+                message["tool_calls"] = [c.to_openai() for c in parsed.calls]
+            reason = tool_finish(reason, bool(parsed.calls))
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": tally.text},
+            "message": message,
             "logprobs": logprobs,
-            "finish_reason": tally.finish_reason,
+            "finish_reason": reason,
         }
         out = self._envelope(self.object_name, [choice])
         out["usage"] = tally.usage()

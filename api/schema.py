@@ -33,6 +33,8 @@ MAX_STOP_CHARS = 1024  # per stop string: each is searched in every new piece of
 MAX_COMPLETION_LOGPROBS = 5
 MAX_TOP_LOGPROBS = 20
 MAX_TOKEN_ID = 2**31 - 1
+#: Longest regex or grammar text (characters).
+MAX_GRAMMAR_CHARS = 100_000
 #: Largest ``top_k`` (any value above the vocabulary size keeps every token).
 MAX_TOP_K = 2**31 - 1
 #: int64 or uint64; msgspec's bounds hold int64 only, so the validator checks the top.
@@ -72,10 +74,44 @@ class StreamOptions(Struct, omit_defaults=True):
     include_usage: bool | None = None
 
 
-class ResponseFormat(Struct):
-    """``response_format``: only plain text."""
+class ResponseFormatText(Struct, tag_field="type", tag="text"):
+    """``response_format: {"type": "text"}``: free text (the default)."""
 
-    type: Literal["text"]
+
+class ResponseFormatJsonObject(Struct, tag_field="type", tag="json_object"):
+    """``response_format: {"type": "json_object"}``: any JSON object."""
+
+
+class JsonSchemaFormat(Struct, kw_only=True):
+    """``response_format.json_schema``: the schema the output follows. ``strict``: refuse
+    a schema with keywords the grammar engine cannot enforce (else they are ignored)."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=64)]
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormatJsonSchema(Struct, tag_field="type", tag="json_schema"):
+    """``response_format: {"type": "json_schema", "json_schema": {...}}``."""
+
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema
+GrammarText = Annotated[str, Meta(min_length=1, max_length=MAX_GRAMMAR_CHARS)]
+Choices = Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(min_length=1)]
+
+
+class StructuredOutputs(Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's ``structured_outputs``: exactly one of ``json`` (a JSON schema, or its
+    text), ``json_object``, ``regex``, ``choice`` or ``grammar`` (Lark, or EBNF/GBNF)."""
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool | None = None
+    regex: GrammarText | None = None
+    choice: Choices | None = None
+    grammar: GrammarText | None = None
 
 
 class TextPart(Struct):
@@ -85,14 +121,68 @@ class TextPart(Struct):
     text: str
 
 
-class ChatMessageIn(Struct):
-    """One chat turn (``developer`` is read as ``system``); parts are joined by newlines."""
+class CalledFunction(Struct, kw_only=True):
+    """The function an assistant's tool call named, and its arguments (JSON text)."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallIn(Struct, kw_only=True):
+    """A tool call in an assistant turn of the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class ChatMessageIn(Struct, kw_only=True):
+    """One chat turn (``developer`` is read as ``system``); parts are joined by newlines.
+    ``content`` may be null in an assistant turn that made ``tool_calls``; a ``tool``
+    turn answers the call ``tool_call_id``."""
 
     role: Role
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
 
 Messages = Annotated[list[ChatMessageIn], Meta(min_length=1)]
+#: Letters, digits, ``_``, ``.`` and ``-`` (checked by ``houchu.api.tools``).
+FunctionName = Annotated[str, Meta(min_length=1, max_length=64)]
+
+
+class FunctionDef(Struct, kw_only=True):
+    """A function the model may call: ``parameters`` is the JSON schema of its
+    arguments (default: any object); ``strict`` as in ``response_format``."""
+
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(Struct, kw_only=True):
+    """One entry of ``tools``."""
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ChosenFunction(Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(Struct, kw_only=True):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``: call it."""
+
+    type: Literal["function"]
+    function: ChosenFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+Tools = Annotated[list[ToolDef], Meta(max_length=128)]
 
 
 class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -115,12 +205,16 @@ class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
     logit_bias: Annotated[dict[str, Any], unsupported("is not supported", max_length=0)] | None = (
         None
     )
-    tools: Annotated[list[Any], unsupported("are not supported", max_length=0)] | None = None
     functions: Annotated[list[Any], unsupported("are not supported", max_length=0)] | None = None
-    tool_choice: Annotated[Literal["none"], unsupported("is not supported")] | None = None
-    response_format: (
-        Annotated[ResponseFormat, unsupported("must be {'type': 'text'} (only text output)")] | None
-    ) = None
+    response_format: ResponseFormat | None = None
+    # structured output: vLLM's fields, then SGLang's
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: GrammarText | None = None
+    guided_choice: Choices | None = None
+    guided_grammar: GrammarText | None = None
+    regex: GrammarText | None = None
+    ebnf: GrammarText | None = None
     user: str | None = None
 
 
@@ -138,6 +232,9 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
     prompt: Prompt
     max_tokens: PositiveInt | None = None
     logprobs: Annotated[int, Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
+    tools: (
+        Annotated[list[Any], unsupported("are accepted on chat requests only", max_length=0)] | None
+    ) = None
     echo: Annotated[Literal[False], unsupported("is not supported")] | None = None
     best_of: Annotated[Literal[1], unsupported("must be 1")] | None = None
     suffix: Annotated[Literal[""], unsupported("is not supported")] | None = None
@@ -155,6 +252,9 @@ class ChatCompletionRequest(
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class WsGenerateRequest(
@@ -169,3 +269,6 @@ class WsGenerateRequest(
     max_tokens: PositiveInt | None = None
     logprobs: bool | TopLogprobs | None = None
     top_logprobs: TopLogprobs | None = None
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None

@@ -64,6 +64,7 @@ class GatewayState:
         admission: the count of accepted, unfinished requests (``in_flight``).
         engine_ready_once: ``/health`` has seen the engine ready (before that, an engine
             that does not answer is still starting).
+        tool_call_parser: the ``--tool-call-parser`` (``houchu.text.tool_calls``).
     """
 
     model_name: str
@@ -72,6 +73,7 @@ class GatewayState:
     limits: GatewayLimits = field(default_factory=GatewayLimits)
     admission: Admission = field(init=False)
     engine_ready_once: bool = False
+    tool_call_parser: str = "hermes"
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.limits.max_in_flight)

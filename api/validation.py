@@ -7,7 +7,8 @@ strict about types: a wrong-typed value (``"temperature": "hot"``, ``"max_tokens
 400) whose message and ``param`` name the parameter (``schema_errors``). A ``null``
 value means "not given". Keys the gateway does not know (``metadata``, ...) are
 ignored; known OpenAI features it does not implement (``n > 1``,
-``echo``, ``best_of``, ``logit_bias``, ``tools``, JSON ``response_format``) are refused.
+``echo``, ``best_of``, ``logit_bias``) are refused. Structured output (``response_format``
+and its extensions) is checked by ``houchu.api.structured``.
 
 What the types cannot say is checked here: the served model's name, ``max_tokens``
 within the runner's context window (``houchu.transport.limits``), the seed's top,
@@ -38,8 +39,16 @@ from houchu.api.schema import (
     WsGenerateRequest,
 )
 from houchu.api.schema_errors import json_type, validation_error
+from houchu.api.structured import structured_output
+from houchu.api.tools import ToolSetup, tool_setup
 from houchu.transport.limits import RunnerLimits
-from houchu.transport.messages import ROLE_ALIASES, ChatMessage, GenerateRequest, SamplingParams
+from houchu.transport.messages import (
+    ROLE_ALIASES,
+    ChatMessage,
+    GenerateRequest,
+    SamplingParams,
+    ToolCallMessage,
+)
 
 __all__ = [
     "DEFAULT_CHAT_MAX_TOKENS",
@@ -82,6 +91,7 @@ class ParsedRequest:
     messages: list[ChatMessage] | None = None
     stream: bool = False
     include_usage: bool = False
+    tools: ToolSetup | None = None  # a chat request's tools and tool_choice
 
     def to_generate(self, rid: str) -> GenerateRequest:
         """The wire request, stamped with ``rid`` and the arrival time."""
@@ -92,6 +102,7 @@ class ParsedRequest:
             messages=self.messages,
             sampling=self.sampling,
             arrival_time=time.time(),
+            tools=None if self.tools is None else self.tools.template_tools,
         )
 
 
@@ -152,11 +163,15 @@ def parse_chat(body: Body, *, model_name: str, max_context: int) -> ParsedReques
     max_tokens = _max_tokens(value, name, DEFAULT_CHAT_MAX_TOKENS, max_context)
     stream, include_usage = _stream(req)
     logprobs = bool(req.logprobs)
+    tools = tool_setup(req)
     return ParsedRequest(
-        sampling=_sampling(req, max_tokens, logprobs=logprobs, top_n=req.top_logprobs or 0),
+        sampling=_sampling(
+            req, max_tokens, logprobs=logprobs, top_n=req.top_logprobs or 0, tools=tools
+        ),
         messages=_messages(req.messages),
         stream=stream,
         include_usage=include_usage,
+        tools=tools,
     )
 
 
@@ -186,12 +201,16 @@ def parse_ws_generate(body: Body, *, model_name: str, max_context: int) -> Parse
             param="prompt",
             code="missing_required_parameter",
         )
+    if messages is None and (req.tools or req.tool_choice is not None):
+        raise ApiError("'tools' need 'messages' (a chat request)", param="tools")
     max_tokens = _max_tokens(req.max_tokens, "max_tokens", default, max_context)
+    tools = tool_setup(req)
     return ParsedRequest(
-        sampling=_sampling(req, max_tokens, logprobs=logprobs, top_n=top_n),
+        sampling=_sampling(req, max_tokens, logprobs=logprobs, top_n=top_n, tools=tools),
         prompt=prompt,
         prompt_ids=prompt_ids,
         messages=messages,
+        tools=tools,
     )
 
 
@@ -244,10 +263,26 @@ def _prompt(prompt: str | list[int]) -> tuple[str | None, list[int] | None]:
 
 
 def _sampling(
-    req: SamplingFields, max_tokens: int, *, logprobs: bool, top_n: int
+    req: SamplingFields,
+    max_tokens: int,
+    *,
+    logprobs: bool,
+    top_n: int,
+    tools: ToolSetup | None = None,
 ) -> SamplingParams:
     """The engine's parameters: what the client gave, ``SamplingParams``'s defaults for
-    the rest."""
+    the rest; the output grammar of a structured output constraint or of a forced tool
+    call (not both: a 400)."""
+    structured = structured_output(req)
+    if tools is not None and tools.structured is not None:
+        if structured is not None:
+            raise ApiError(
+                "a required or named 'tool_choice' cannot be combined with another "
+                "structured output constraint",
+                param="tool_choice",
+                code="invalid_value",
+            )
+        structured = tools.structured
     given = {f: getattr(req, f) for f in _SAMPLING_FIELDS if getattr(req, f) is not None}
     if req.top_k is not None:
         given["top_k"] = max(req.top_k, 0)  # -1 (vLLM) and 0 (OpenAI) both mean off
@@ -260,6 +295,7 @@ def _sampling(
         max_tokens_is_default=all(v is None for v in asked),
         logprobs=logprobs,
         top_logprobs=top_n if logprobs else 0,
+        structured=structured,
     )
 
 
@@ -290,9 +326,32 @@ def _stream(req: HttpFields) -> tuple[bool, bool]:
 
 def _messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
     """The wire's chat turns: roles resolved (``developer`` is ``system``), content
-    parts joined by newlines."""
+    parts joined by newlines, tool calls and tool results kept.
+
+    Raises:
+        ApiError: (400) a turn without content that is not an assistant's tool call.
+    """
     out = []
-    for m in messages:
-        content = m.content if isinstance(m.content, str) else "\n".join(p.text for p in m.content)
-        out.append(ChatMessage(ROLE_ALIASES.get(m.role, m.role), content))
+    for i, m in enumerate(messages):
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise ApiError(
+                f"missing required parameter 'messages[{i}].content' (only an assistant "
+                "turn with 'tool_calls' may leave it out)",
+                param=f"messages[{i}].content",
+                code="missing_required_parameter",
+            )
+        if m.content is None:
+            content = ""
+        elif isinstance(m.content, str):
+            content = m.content
+        else:
+            content = "\n".join(p.text for p in m.content)
+        calls = None
+        if m.tool_calls:
+            calls = [
+                ToolCallMessage(id=c.id, name=c.function.name, arguments=c.function.arguments)
+                for c in m.tool_calls
+            ]
+        role = ROLE_ALIASES.get(m.role, m.role)
+        out.append(ChatMessage(role, content, calls, m.tool_call_id, m.name))
     return out

@@ -49,9 +49,10 @@ from aiohttp import WSMsgType, web
 from houchu.api.engine_client import EngineError
 from houchu.api.errors import ApiError, api_error
 from houchu.api.limits import SlowReader, StreamGuard
-from houchu.api.openai_format import Tally, ws_logprobs
+from houchu.api.openai_format import Tally, tool_finish, ws_logprobs
 from houchu.api.state import STATE_KEY, open_generation
 from houchu.api.validation import ParsedRequest, parse_ws_generate
+from houchu.text.tool_calls import ToolCallStream
 from houchu.transport.messages import GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,15 @@ class _Job:
     top_n: int
     tally: Tally = field(default_factory=Tally)
     task: asyncio.Task[None] | None = None
+    tools: ToolCallStream | None = None  # parses tool calls (a chat with tools)
+    content: list[str] = field(default_factory=list)  # the text that is not a call
+
+    def tool_deltas(self, text: str | None) -> list[dict[str, Any]]:
+        """Tool-call deltas ``text`` releases (None: the reply is complete)."""
+        assert self.tools is not None
+        d = self.tools.feed(text) if text is not None else self.tools.finish()
+        self.content.append(d.content)
+        return d.tool_calls
 
 
 class WsSession:
@@ -200,6 +210,8 @@ class WsSession:
             return
         req = parsed.to_generate(f"ws-{uuid.uuid4().hex}-{key}")
         job = _Job(client_id, parsed.sampling.logprobs, parsed.sampling.top_logprobs)
+        parser = parsed.tools.parser(state.tool_call_parser) if parsed.tools else None
+        job.tools = parser.stream() if parser else None
         self._jobs[key] = job
         job.task = asyncio.create_task(self._run(key, job, req))
 
@@ -238,7 +250,12 @@ class WsSession:
                     }
                     if job.logprobs:
                         out["logprobs"] = ws_logprobs(delta.logprobs or [], job.top_n)
+                    if job.tools is not None and (calls := job.tool_deltas(delta.text)):
+                        out["tool_calls"] = calls
                     await self.send(out)
+        if job.tools is not None and (calls := job.tool_deltas(None)):
+            delta_frame = {"id": job.client_id, "type": "delta", "text": "", "token_ids": []}
+            await self.send({**delta_frame, "tool_calls": calls})
         await self._send_final(job, job.tally.finish_reason or "abort")
 
     async def _send_final(self, job: _Job, finish_reason: str, err: ApiError | None = None) -> None:
@@ -249,6 +266,11 @@ class WsSession:
             "usage": job.tally.usage(),
             "text": "",
         }
+        if job.tools is not None and err is None:
+            calls = job.tools.calls
+            frame["finish_reason"] = tool_finish(finish_reason, bool(calls))
+            frame["content"] = "".join(job.content) if job.content else None
+            frame["tool_calls"] = [c.to_openai() for c in calls]
         if err is not None:
             frame["status"] = err.status
             frame["error"] = err.body()["error"]

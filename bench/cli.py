@@ -71,6 +71,13 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--temperature", type=float, default=0.0)
     r.add_argument("--no-ignore-eos", action="store_true", help="let requests end at EOS")
     r.add_argument(
+        "--structured",
+        choices=("none", "json-schema"),
+        default="none",
+        help="json-schema: every request's output follows a JSON schema (an array of "
+        "records: the grammar stays active for the whole output), as response_format",
+    )
+    r.add_argument(
         "--goodput",
         nargs="+",
         default=[],
@@ -155,8 +162,34 @@ def bench_spec(args: argparse.Namespace, model_name: str | None = None) -> Any:
         not args.no_ignore_eos,
         args.request_timeout,
         getattr(args, "model", None),
+        structured_fields(getattr(args, "structured", "none")),
     )
     return BenchSpec(workload, run, params, args.warmup, parse_slo(args.goodput) or None)
+
+
+#: The schema of ``--structured json-schema``: records until the output length is spent.
+BENCH_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "name": {"type": "string", "maxLength": 16},
+            "active": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        },
+        "required": ["id", "name", "active", "tags"],
+        "additionalProperties": False,
+    },
+}
+
+
+def structured_fields(kind: str) -> dict[str, Any]:
+    """The request fields of ``--structured KIND`` ({} for none)."""
+    if kind == "json-schema":
+        spec = {"name": "records", "schema": BENCH_SCHEMA}
+        return {"response_format": {"type": "json_schema", "json_schema": spec}}
+    return {}
 
 
 def make_backend(args: argparse.Namespace, params: Any) -> Any:

@@ -178,6 +178,14 @@ KNOWN_LEVERS: tuple[LeverInfo, ...] = (
         "one step of speculative planning: tokens computed for requests already finished",
     ),
     _l(
+        "structured_output_mask",
+        "fill",
+        "Grammar masks beside the forward pass",
+        "Structured output computes each constrained request's allowed-token mask on the CPU while the model runs, so the sampler rarely waits for it.",
+        "mask time hidden behind the forward pass",
+        "time the sampler waited for masks",
+    ),
+    _l(
         "tensor_parallel",
         "fill",
         "Tensor parallel",

@@ -41,6 +41,7 @@ from houchu.model.config import ModelConfig, num_parameters, resolve_model_file
 from houchu.model.decisions import DecisionCache, model_key
 from houchu.model.device import resolve_device
 from houchu.model.fused_cpu import FusedDecode
+from houchu.model.grammar import GrammarEngine, RequestGrammar
 from houchu.model.kv_pool import KVPool
 from houchu.model.kv_transfer import HostKVMirror
 from houchu.model.lever_counters import LeverCounters, StepCost
@@ -184,6 +185,9 @@ class ModelRunner:
         if self.max_context < 1:
             raise ValueError(f"max_context must be >= 1, got {o.max_context}")
         self.states: dict[str, RequestState] = {}
+        #: structured output: the grammar of each constrained request (rid -> matcher)
+        self.grammar = GrammarEngine(model_path, self.config.vocab_size)
+        self.grammars: dict[str, RequestGrammar] = {}
         self.last_sampled: dict[str, int] = {}  # rid -> token sampled by the previous call
         self.host_kv: HostKVMirror | None = None  # the shared host KV pool, when tiers are on
         self.num_params = self.model.num_params()
@@ -262,8 +266,9 @@ class ModelRunner:
         saved and spent since the previous call (engine-wide ``LeverSample``s, for the
         runner actor to emit); with MoE layers, also the FLOPs the experts a token did not
         run saved against the router's ("moe_routed_experts", compute_less); with MLA,
-        the KV bytes, token slots and requests the latent saves ("mla", occupy_less)."""
-        out = self.levers.samples()
+        the KV bytes, token slots and requests the latent saves ("mla", occupy_less); with
+        structured output, the grammar masks' time ("structured_output_mask")."""
+        out = [*self.levers.samples(), *self.grammar.samples()]
         moes = (m for m in self.model.modules() if isinstance(m, MoEMLP))
         moe = moe_lever_sample(moes, time.time())
         if self.mla_lever is not None:
@@ -277,6 +282,11 @@ class ModelRunner:
             ValueError: its slots are smaller than one device page.
         """
         self.host_kv = HostKVMirror(self.pool, host)
+
+    def forget_requests(self) -> None:
+        """Drop every request's sampling state and grammar (their scheduler is gone)."""
+        self.states.clear()
+        self.grammars.clear()
 
     def info(self) -> RunnerInfo:
         """What the scheduler needs to know about this runner, and the limits every
@@ -339,6 +349,11 @@ class ModelRunner:
                 new[si.rid] = RequestState(
                     si.rid, si.sampling, si.prompt_ids, self.config.vocab_size, self.device
                 )
+            new_grammars = {
+                si.rid: self.grammar.compile(si.rid, si.sampling.structured)
+                for si in plan.init
+                if si.sampling.structured is not None
+            }
             for w in plan.work:
                 if w.rid not in live and w.rid not in new:
                     raise ValueError(f"request {w.rid!r} was never initialised (or released)")
@@ -363,16 +378,25 @@ class ModelRunner:
                 self.host_kv.load(plan.kv_loads)
             for rid in plan.release:
                 self.states.pop(rid, None)
+                self.grammars.pop(rid, None)
             self.states.update(new)
+            self.grammars.update(new_grammars)
             outputs: list[SeqOutput] = []
             if batch is not None:
-                logits = self._timed_forward(batch)  # [R, V] fp32
                 ws = [plan.work[i] for i in batch.sampled]
                 states = [self.states[w.rid] for w in ws]
                 drafts = [w.token_ids[len(w.token_ids) - w.num_draft :] for w in ws]
+                grammars = [self.grammars.get(w.rid) for w in ws]
+                # the grammar masks are computed while the model runs
+                masking = self.grammar.start(grammars, batch.sample_counts, drafts)
+                logits = self._timed_forward(batch)  # [R, V] fp32
+                masks = None if masking is None else masking.wait(logits.shape[1], self.device)
                 samples = sample_and_verify(
-                    self.sampler, logits, batch.sample_counts, states, drafts
+                    self.sampler, logits, batch.sample_counts, states, drafts, masks
                 )  # appends each emitted token to its request's state
+                for g, ss in zip(grammars, samples, strict=True):
+                    if g is not None:
+                        g.commit([s.token_id for s in ss])
                 for st, ss in zip(states, samples, strict=True):
                     outputs.extend(
                         SeqOutput(

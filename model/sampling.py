@@ -143,6 +143,28 @@ def apply_penalties(logits: torch.Tensor, states: list[RequestState]) -> torch.T
     return out
 
 
+def apply_grammar_masks(
+    logits: torch.Tensor, masks: list[torch.Tensor | None] | None
+) -> torch.Tensor:
+    """Set the tokens a row's grammar disallows to -inf.
+
+    Args:
+        logits: ``[R, V]`` float32 (not modified).
+        masks: per row, ``[V]`` bool (True: allowed) or None (unconstrained).
+    Returns:
+        ``[R, V]`` float32 (the input itself when no row is constrained).
+    """
+    rows = [i for i, m in enumerate(masks or ()) if m is not None]
+    if not rows:
+        return logits
+    assert masks is not None
+    out = logits.clone()
+    idx = torch.tensor(rows, device=logits.device)
+    allowed = torch.stack([masks[i] for i in rows])  # [Rc, V] bool
+    out[idx] = out[idx].masked_fill(~allowed, float("-inf"))
+    return out
+
+
 def apply_top_k(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Keep each row's ``k`` largest logits (ties at the k-th value are kept).
 
@@ -235,12 +257,19 @@ class Sampler:
             self.shared.manual_seed(seed)
         self.logprobs_mode = logprobs_mode
 
-    def sample(self, logits: torch.Tensor, states: list[RequestState]) -> list[Sample]:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        states: list[RequestState],
+        masks: list[torch.Tensor | None] | None = None,
+    ) -> list[Sample]:
         """Draw one token per row.
 
         Args:
             logits: ``[R, V]`` float32 raw logits.
             states: R request states, row order.
+            masks: per row, the tokens its grammar allows (``[V]`` bool) or None
+                (structured output, ``houchu.model.grammar``); applied after penalties.
         Returns:
             R ``Sample``s (logprob fields set only for requests with ``logprobs``).
         """
@@ -248,7 +277,7 @@ class Sampler:
         if r == 0:
             return []
         dev = logits.device
-        x = apply_penalties(logits, states)  # [R, V]
+        x = apply_grammar_masks(apply_penalties(logits, states), masks)  # [R, V]
         temps = [s.params.temperature for s in states]
         rand = [i for i, t in enumerate(temps) if t >= GREEDY_EPS]
         tokens = argmax_rows(x)  # [R] int64 (greedy rows keep this)

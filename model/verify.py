@@ -40,6 +40,7 @@ def sample_and_verify(
     counts: Sequence[int],
     states: Sequence[RequestState],
     drafts: Sequence[Sequence[int]],
+    masks: Sequence[torch.Tensor | None] | None = None,
 ) -> list[list[Sample]]:
     """Sample every sampled request's next token(s), verifying proposals where there are.
 
@@ -53,6 +54,8 @@ def sample_and_verify(
         counts: rows per request (``len(drafts[i]) + 1``); ``sum(counts) == R``.
         states: each request's sampling state.
         drafts: each request's proposals (empty: an ordinary one-token sample).
+        masks: per logits row, the tokens its grammar allows (``[V]`` bool) or None
+            (``houchu.model.grammar``): a proposal outside it is never accepted.
     Returns:
         Per request, the emitted tokens in order: the accepted proposals, then the target's
         own token (1 .. ``len(drafts[i]) + 1`` of them).
@@ -77,7 +80,8 @@ def sample_and_verify(
             wave = logits
         else:
             wave = logits.index_select(0, torch.tensor(rows, device=logits.device))
-        samples = sampler.sample(wave, [states[i] for i in active])
+        wave_masks = None if masks is None else [masks[r] for r in rows]
+        samples = sampler.sample(wave, [states[i] for i in active], wave_masks)
         still = []
         for i, s in zip(active, samples, strict=True):
             states[i].append(s.token_id)

@@ -107,6 +107,12 @@ GATEWAY = Group(
             "unsent KiB a stream may leave buffered for a client that does not read "
             "before it is aborted",
         ),
+        Flag(
+            "tool_call_parser",
+            "the model family's tool-call format, for tool_choice auto: hermes "
+            "(<tool_call>...</tool_call>: Hermes, Qwen2.5/3), mistral ([TOOL_CALLS]) "
+            "or llama3_json (Llama 3.1+)",
+        ),
     ),
 )
 

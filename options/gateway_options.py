@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 #: Accepted, unfinished requests the gateway holds (queued or running).
@@ -29,6 +31,8 @@ class GatewayOptions(msgspec.Struct, frozen=True, kw_only=True):
         max_request_mb: largest request body or WebSocket frame, MiB (413 beyond it).
         stream_buffer_kb: unsent KiB a stream may leave in its socket buffer for a client
             that does not read before it is aborted.
+        tool_call_parser: how a reply to ``tool_choice: "auto"`` is parsed into tool
+            calls (the model family's format, ``houchu.text.tool_calls``).
     """
 
     host: str = "127.0.0.1"
@@ -39,6 +43,7 @@ class GatewayOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
     max_request_mb: float = DEFAULT_MAX_REQUEST_BYTES / 2**20
     stream_buffer_kb: int = DEFAULT_STREAM_BUFFER_BYTES >> 10
+    tool_call_parser: Literal["hermes", "mistral", "llama3_json"] = "hermes"
 
     @property
     def max_request_bytes(self) -> int:

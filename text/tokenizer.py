@@ -110,6 +110,11 @@ class TextTokenizer:
     # ------------------------------------------------------------------ properties
 
     @property
+    def hf_tokenizer(self) -> Any:
+        """The wrapped transformers fast tokenizer (for libraries that take one)."""
+        return self._hf
+
+    @property
     def chat_template(self) -> str | None:
         """The model's Jinja chat template, or None when it has none."""
         template = self._hf.chat_template
@@ -129,28 +134,42 @@ class TextTokenizer:
             ids.insert(0, self.bos_token_id)
         return ids
 
-    def render_chat(self, messages: Sequence[ChatMessage]) -> str:
+    def render_chat(
+        self, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         """The chat template rendered as text, with the assistant generation prompt.
 
         Raises :class:`TokenizerError` when there are no messages, a role is not one of
         system / user / assistant / tool (``developer`` counts as system), the model has
         no chat template, or the template fails (for example ``raise_exception``).
         """
-        return str(self._apply_template(messages, tokenize=False))
+        return str(self._apply_template(messages, tools, tokenize=False))
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Token ids of a chat prompt, ending with the assistant generation prompt.
 
-        Identical to ``AutoTokenizer.apply_chat_template(messages,
+        Identical to ``AutoTokenizer.apply_chat_template(messages, tools=tools,
         add_generation_prompt=True)``: the template writes any BOS itself, so none is
-        added. Raises :class:`TokenizerError` as :meth:`render_chat` does.
+        added. ``tools``: OpenAI ``tools`` entries, the template's ``tools`` variable
+        (a template that does not read it ignores them). An assistant turn's tool calls
+        reach the template as ``tool_calls`` (``function.arguments`` decoded from JSON
+        when it parses), a tool turn's ``tool_call_id`` and ``name`` as such. Raises
+        :class:`TokenizerError` as :meth:`render_chat` does.
         """
-        ids = self._apply_template(messages, tokenize=True)
+        ids = self._apply_template(messages, tools, tokenize=True)
         if hasattr(ids, "keys"):  # a BatchEncoding despite return_dict=False
             ids = ids["input_ids"]
         return [int(i) for i in ids]
 
-    def _apply_template(self, messages: Sequence[ChatMessage], *, tokenize: bool) -> Any:
+    def _apply_template(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        tokenize: bool,
+    ) -> Any:
         """Validate ``messages`` and run transformers' template renderer."""
         if self.chat_template is None:
             raise TokenizerError(
@@ -166,10 +185,14 @@ class TextTokenizer:
                 raise TokenizerError(
                     f"messages[{index}].role is {message.role!r}; expected one of {allowed}"
                 )
-            conversation.append({"role": role, "content": message.content})
+            conversation.append(_turn(role, message))
         try:
             return self._hf.apply_chat_template(
-                conversation, add_generation_prompt=True, tokenize=tokenize, return_dict=False
+                conversation,
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=tokenize,
+                return_dict=False,
             )
         except Exception as exc:  # jinja2 errors, raise_exception(), bad template input
             raise TokenizerError(f"chat template of {self.name!r} failed: {exc}") from exc
@@ -228,6 +251,34 @@ class TextTokenizer:
                     pass
             return piece.replace(self._space_marker, " ").encode("utf-8")
         return self._backend.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+
+def _turn(role: str, message: ChatMessage) -> dict[str, Any]:
+    """One turn as chat templates read it."""
+    turn: dict[str, Any] = {"role": role, "content": message.content}
+    if message.tool_calls:
+        turn["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": _arguments(c.arguments)},
+            }
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        turn["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        turn["name"] = message.name
+    return turn
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments decoded from JSON (templates write them with ``tojson``), or
+    the text itself when it is not JSON."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _decoder_kind(tokenizer_json: str) -> tuple[bool, str | None]:

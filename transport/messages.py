@@ -19,11 +19,12 @@ Flow (see docs/architecture.md)::
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import msgspec
 from msgspec import Struct, field
 
+from houchu.transport.structured import StructuredOutput
 from houchu.transport.tier_messages import HostSlotGrant, TierLookupResult, TierStats
 
 
@@ -38,6 +39,7 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     client did not ask for a number (``max_tokens`` is the API's default), so the
     tokenizer lowers it to what the context window leaves after the prompt, as vLLM does.
     ``top_logprobs`` is only meaningful when ``logprobs`` is true (0..20).
+    ``structured``: the grammar the output must follow (structured output), or None.
     """
 
     temperature: float = 1.0
@@ -55,20 +57,35 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    structured: StructuredOutput | None = None
 
 
-#: The roles a chat turn may have on the wire (tools are not supported, so no "tool").
-ChatRole = Literal["system", "user", "assistant"]
+#: The roles a chat turn may have on the wire ("tool": a tool's result).
+ChatRole = Literal["system", "user", "assistant", "tool"]
 CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
 #: Other names clients use for a role: newer OpenAI clients send "developer" for "system".
 ROLE_ALIASES = {"developer": "system"}
 
 
+class ToolCallMessage(Struct, frozen=True, kw_only=True):
+    """A tool call an assistant turn made: ``arguments`` as the client sent it (JSON
+    text, decoded for the chat template when it parses)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class ChatMessage(Struct, frozen=True):
-    """One chat turn: ``role`` is one of ``CHAT_ROLES`` (aliases already resolved)."""
+    """One chat turn: ``role`` is one of ``CHAT_ROLES`` (aliases already resolved).
+    An assistant turn may carry the ``tool_calls`` it made; a ``tool`` turn the
+    ``tool_call_id`` it answers (and the tool's ``name``)."""
 
     role: ChatRole
     content: str
+    tool_calls: list[ToolCallMessage] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class Failure(Struct, frozen=True, kw_only=True):
@@ -105,6 +122,8 @@ class GenerateRequest(Struct, tag=True, kw_only=True):
     messages: list[ChatMessage] | None = None
     sampling: SamplingParams = SamplingParams()
     arrival_time: float = 0.0
+    #: the tools a chat template is given (OpenAI ``tools`` entries), or None
+    tools: list[dict[str, Any]] | None = None
 
 
 class AbortRequest(Struct, tag=True):

@@ -17,6 +17,17 @@ CMPL = {"prompt": "Hello", "max_tokens": 4}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 
 # Parameters shared by both endpoints: (extra fields, parameter named in the error).
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 COMMON_BAD: list[tuple[dict[str, Any], str]] = [
     ({"temperature": "hot"}, "temperature"),
     ({"temperature": -1}, "temperature"),
@@ -63,8 +74,33 @@ COMMON_BAD: list[tuple[dict[str, Any], str]] = [
     ({"stream": True, "stream_options": 5}, "stream_options"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
     ({"logit_bias": {"1": 5}}, "logit_bias"),
-    ({"tools": [{"type": "function"}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}},
+        "response_format.json_schema.schema",
+    ),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "a"}}}},
+        "response_format.json_schema.name",
+    ),
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "a"}},
+            }
+        },
+        "response_format",
+    ),
+    ({"regex": "[a-"}, "regex"),
+    ({"guided_regex": "(unclosed"}, "guided_regex"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_grammar": "start: undefined_rule"}, "guided_grammar"),
+    ({"ebnf": "root ::= missing"}, "ebnf"),
+    ({"structured_outputs": {"grammar": "start: x"}}, "structured_outputs.grammar"),
+    ({"structured_outputs": {"unknown": 1}}, "structured_outputs"),
+    ({"guided_json": "not json"}, "guided_json"),
+    ({"regex": "a", "guided_choice": ["b"]}, "regex"),
 ]
 
 CMPL_BAD: list[tuple[dict[str, Any], str]] = [
@@ -77,6 +113,7 @@ CMPL_BAD: list[tuple[dict[str, Any], str]] = [
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": [1, -2]}, "prompt"),
     ({"prompt": [1, True]}, "prompt"),
+    ({"tools": [WEATHER]}, "tools"),
     ({"logprobs": 6}, "logprobs"),
     ({"logprobs": -1}, "logprobs"),
     ({"logprobs": True}, "logprobs"),
@@ -88,6 +125,25 @@ CMPL_BAD: list[tuple[dict[str, Any], str]] = [
 ]
 
 CHAT_BAD: list[tuple[dict[str, Any], str]] = [
+    ({"tools": [{"type": "function"}]}, "tools[0].function"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+    ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 1}}}]},
+        "tools[0].function.parameters",
+    ),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    (
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice",
+    ),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": "required", "regex": "a"}, "tool_choice"),
+    ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
+    (
+        {"messages": [{"role": "tool", "tool_call_id": 5, "content": "1"}]},
+        "messages[0].tool_call_id",
+    ),
     ({"messages": None}, "messages"),
     ({"messages": []}, "messages"),
     ({"messages": "hello"}, "messages"),
@@ -242,7 +298,7 @@ async def test_chat_messages_and_defaults(api: Api) -> None:
     assert req.messages == [
         ChatMessage("system", "Be brief."),
         ChatMessage("user", "a\nb"),
-        ChatMessage("assistant", "ok"),
+        ChatMessage("assistant", "ok", name="bot"),
         ChatMessage("user", ""),
     ]
     assert req.sampling.max_tokens == DEFAULT_CHAT_MAX_TOKENS and req.sampling.top_k == 5

@@ -233,3 +233,29 @@ def test_template_raising_becomes_tokenizer_error(hf_dir: Path, tmp_path: Path) 
     assert local.apply_chat_template([ChatMessage("user", "hi")])[-4:] == [1, 520, 9531, 198]
     with pytest.raises(TokenizerError, match="tools are not supported"):
         local.apply_chat_template([ChatMessage("tool", "42")])
+
+
+def test_tools_and_tool_calls_reach_the_template(hf_dir: Path, tmp_path: Path) -> None:
+    from houchu.transport.messages import ToolCallMessage
+
+    path = tmp_path / "tools"
+    shutil.copytree(hf_dir, path)
+    set_template(
+        path,
+        "{% if tools %}TOOLS:{% for t in tools %}{{ t.function.name }};{% endfor %}|{% endif %}"
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}[{{ c.function.name }} {{ c.function.arguments.city }}]"
+        "{% endfor %}{% if m.tool_call_id %}({{ m.tool_call_id }}){% endif %}|{% endfor %}",
+    )
+    local = load_tokenizer(path)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    call = ToolCallMessage(id="c1", name="get_weather", arguments='{"city": "Oslo"}')
+    messages = [
+        ChatMessage("user", "weather?"),
+        ChatMessage("assistant", "", [call]),
+        ChatMessage("tool", "sunny", tool_call_id="c1"),
+    ]
+    assert local.render_chat(messages, tools) == (
+        "TOOLS:get_weather;|user:weather?|assistant:[get_weather Oslo]|tool:sunny(c1)|"
+    )
+    assert local.render_chat(messages[:1]) == "user:weather?|"

@@ -1,0 +1,167 @@
+"""Structured output at the gateway: a request's output grammar from its fields.
+
+The forms accepted (exactly one per request):
+
+- OpenAI's ``response_format``: ``{"type": "json_object"}`` (any JSON object) or
+  ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``; with
+  ``strict: true`` a schema keyword the grammar engine cannot enforce is an error,
+  otherwise it is ignored (llguidance's ``lenient`` JSON compile option);
+- vLLM's ``structured_outputs`` (``json``, ``json_object``, ``regex``, ``choice``,
+  ``grammar``) and its older ``guided_json``, ``guided_regex``, ``guided_choice``,
+  ``guided_grammar``;
+- SGLang's ``regex`` and ``ebnf``.
+
+A grammar is Lark (llguidance's dialect) or EBNF as llama.cpp's GBNF writes it (told
+apart by ``::=``). Each becomes one llguidance grammar (``llguidance.grammar_from``),
+validated here with llguidance's own compiler, so a grammar that cannot compile is a 400
+before the request reaches the engine. The runner compiles the same text into a token
+matcher (``houchu.model.grammar``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llguidance import LLMatcher, grammar_from
+
+from houchu.api.errors import ApiError
+from houchu.api.schema import (
+    ResponseFormatJsonObject,
+    ResponseFormatJsonSchema,
+    SamplingFields,
+    StructuredOutputs,
+)
+from houchu.transport.structured import GrammarKind, StructuredOutput
+
+#: JSON is written as Python's ``json.dumps`` writes it (", " and ": ", no other
+#: whitespace): a small model cannot wander into endless whitespace.
+JSON_LAYOUT: dict[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+#: The schema of ``{"type": "json_object"}``: any JSON object.
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def structured_output(req: SamplingFields) -> StructuredOutput | None:
+    """The grammar ``req`` asks for, or None for free text.
+
+    Raises:
+        ApiError: (400) several forms at once, a schema that is not a JSON object, or a
+            grammar, regex or schema llguidance cannot compile (the message is its).
+    """
+    forms = _forms(req)
+    if not forms:
+        return None
+    if len(forms) > 1:
+        names = ", ".join(f"'{param}'" for param, _, _ in forms)
+        raise ApiError(
+            f"give one structured output constraint, not several: {names}",
+            param=forms[1][0],
+            code="invalid_value",
+        )
+    param, kind, build = forms[0]
+    try:
+        grammar = build()
+    except (ValueError, TypeError) as exc:
+        raise ApiError(f"'{param}' is not a valid {_what(kind)}: {exc}", param=param) from None
+    return StructuredOutput(kind=kind, grammar=checked(grammar, param, kind))
+
+
+def checked(grammar: str, param: str, kind: GrammarKind) -> str:
+    """``grammar`` when llguidance compiles it.
+
+    Raises:
+        ApiError: (400, code ``invalid_grammar``) with llguidance's message.
+    """
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        why = messages[0].strip() if messages else "it does not compile"
+        raise ApiError(
+            f"'{param}' is not a valid {_what(kind)}: {why}", param=param, code="invalid_grammar"
+        )
+    return grammar
+
+
+def json_schema_grammar(schema: dict[str, Any] | str, *, strict: bool = False) -> str:
+    """llguidance's grammar of a JSON schema (a dict or its text). ``strict``: unknown
+    or unsupported keywords are errors, else ignored.
+
+    Raises:
+        ValueError: the schema is not a JSON object.
+    """
+    if isinstance(schema, str):
+        schema = json.loads(schema)
+    if not isinstance(schema, dict):
+        raise ValueError("a JSON schema must be an object")
+    return LLMatcher.grammar_from_json_schema(
+        schema, overrides={**JSON_LAYOUT, "lenient": not strict}
+    )
+
+
+def _what(kind: GrammarKind) -> str:
+    return {
+        "json_object": "JSON object format",
+        "json_schema": "JSON schema",
+        "regex": "regular expression",
+        "choice": "choice list",
+        "grammar": "grammar",
+        "tool_call": "tool definition",
+    }[kind]
+
+
+def _grammar(text: str) -> str:
+    """A Lark grammar, or GBNF/EBNF (``::=``) converted to Lark."""
+    return grammar_from("ebnf" if "::=" in text else "lark", text)
+
+
+def _forms(req: SamplingFields) -> list[tuple[str, GrammarKind, Any]]:
+    """(parameter, kind, grammar builder) of every constraint ``req`` gives."""
+    out: list[tuple[str, GrammarKind, Any]] = []
+    rf = req.response_format
+    if isinstance(rf, ResponseFormatJsonObject):
+        out.append(("response_format", "json_object", lambda: json_schema_grammar(ANY_OBJECT)))
+    elif isinstance(rf, ResponseFormatJsonSchema):
+        spec = rf.json_schema
+        schema = spec.schema if spec.schema is not None else ANY_OBJECT
+        out.append(
+            (
+                "response_format",
+                "json_schema",
+                lambda: json_schema_grammar(schema, strict=bool(spec.strict)),
+            )
+        )
+    so = req.structured_outputs
+    if so is not None:
+        out.extend(_vllm_forms(so))
+    if req.guided_json is not None:
+        out.append(("guided_json", "json_schema", lambda: json_schema_grammar(req.guided_json)))
+    for param, kind, value, build in (
+        ("guided_regex", "regex", req.guided_regex, lambda v: grammar_from("regex", v)),
+        ("guided_choice", "choice", req.guided_choice, lambda v: grammar_from("choice", v)),
+        ("guided_grammar", "grammar", req.guided_grammar, _grammar),
+        ("regex", "regex", req.regex, lambda v: grammar_from("regex", v)),
+        ("ebnf", "grammar", req.ebnf, lambda v: grammar_from("ebnf", v)),
+    ):
+        if value is not None:
+            out.append((param, kind, lambda b=build, v=value: b(v)))
+    return out
+
+
+def _vllm_forms(so: StructuredOutputs) -> list[tuple[str, GrammarKind, Any]]:
+    """The constraints of vLLM's ``structured_outputs`` object."""
+    out: list[tuple[str, GrammarKind, Any]] = []
+    p = "structured_outputs"
+    if so.json is not None:
+        out.append((f"{p}.json", "json_schema", lambda: json_schema_grammar(so.json)))
+    if so.json_object:
+        out.append((f"{p}.json_object", "json_object", lambda: json_schema_grammar(ANY_OBJECT)))
+    if so.regex is not None:
+        out.append((f"{p}.regex", "regex", lambda: grammar_from("regex", so.regex)))
+    if so.choice is not None:
+        out.append((f"{p}.choice", "choice", lambda: grammar_from("choice", so.choice)))
+    if so.grammar is not None:
+        out.append((f"{p}.grammar", "grammar", lambda: _grammar(so.grammar)))
+    return out

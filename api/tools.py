@@ -1,0 +1,157 @@
+"""Tool calls at the gateway: ``tools`` and ``tool_choice`` checked, the chat template's
+``tools``, the grammar that enforces ``required`` and a named function, and the parser
+of the model's reply.
+
+``tool_choice`` (default ``auto`` when ``tools`` are given, as OpenAI's):
+
+- ``none``: the template is not given the tools and the reply is plain content;
+- ``auto``: the template is given the tools; the reply is parsed by the server's
+  ``--tool-call-parser`` (``houchu.text.tool_calls``) into content and calls;
+- ``required``: the reply is forced (structured output) to be a JSON array of
+  ``{"name": <one of the tools>, "parameters": <its arguments>}``, at least one;
+- ``{"type": "function", "function": {"name": N}}``: the reply is forced to be the
+  arguments of ``N``, valid for its ``parameters`` schema.
+
+The two forced forms are vLLM's. Each function's schema is compiled by llguidance when
+the request arrives, so an invalid schema is a 400.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from houchu.api.errors import ApiError
+from houchu.api.schema import ChatCompletionRequest, NamedToolChoice, ToolDef, WsGenerateRequest
+from houchu.api.structured import ANY_OBJECT, checked, json_schema_grammar
+from houchu.text.tool_calls import (
+    ForcedCallParser,
+    RequiredCallsParser,
+    ToolCallParser,
+    make_parser,
+)
+from houchu.transport.structured import StructuredOutput
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclass(frozen=True)
+class ToolSetup:
+    """What a request's ``tools`` / ``tool_choice`` mean.
+
+    Attributes:
+        choice: "none", "auto", "required" or "named".
+        name: the named function (``choice`` "named").
+        template_tools: the ``tools`` the chat template is given (None: none).
+        structured: the grammar that forces the reply (required / named), or None.
+    """
+
+    choice: str
+    name: str | None
+    template_tools: list[dict[str, Any]] | None
+    structured: StructuredOutput | None
+
+    def parser(self, auto_parser: str) -> ToolCallParser | None:
+        """The parser of the reply (None: plain content); ``auto_parser``: the server's
+        ``--tool-call-parser``."""
+        if self.choice == "named":
+            assert self.name is not None
+            return ForcedCallParser(self.name)
+        if self.choice == "required":
+            return RequiredCallsParser()
+        if self.choice == "auto":
+            return make_parser(auto_parser)
+        return None
+
+
+def tool_setup(req: ChatCompletionRequest | WsGenerateRequest) -> ToolSetup | None:
+    """The tool setup of ``req``, or None when it gives no tools.
+
+    Raises:
+        ApiError: (400) ``tool_choice`` without ``tools`` (other than ``none`` /
+            ``auto``), a named function not in ``tools``, two tools of one name, or a
+            parameters schema llguidance cannot compile.
+    """
+    tools, choice = req.tools or [], req.tool_choice
+    if not tools:
+        if choice is None or choice in ("none", "auto"):
+            return None
+        raise ApiError("'tool_choice' requires 'tools'", param="tool_choice", code="invalid_value")
+    by_name: dict[str, ToolDef] = {}
+    for i, tool in enumerate(tools):
+        name = tool.function.name
+        if not _NAME.fullmatch(name):
+            raise ApiError(
+                f"'tools[{i}].function.name' must be letters, digits, '_', '.' or '-', "
+                f"got {name!r}",
+                param=f"tools[{i}].function.name",
+                code="invalid_value",
+            )
+        if name in by_name:
+            raise ApiError(
+                f"'tools[{i}].function.name' repeats the name {name!r}",
+                param=f"tools[{i}].function.name",
+                code="invalid_value",
+            )
+        by_name[name] = tool
+    grammars = {name: _arguments_grammar(t, i) for i, (name, t) in enumerate(by_name.items())}
+    mode = "auto" if choice is None else choice
+    named: str | None = None
+    structured = None
+    if isinstance(mode, NamedToolChoice):
+        named = mode.function.name
+        if named not in by_name:
+            known = ", ".join(repr(n) for n in by_name)
+            raise ApiError(
+                f"'tool_choice' names the function {named!r}, which is not in 'tools' ({known})",
+                param="tool_choice",
+                code="invalid_value",
+            )
+        structured = StructuredOutput(kind="tool_call", grammar=grammars[named])
+        mode = "named"
+    elif mode == "required":
+        structured = StructuredOutput(kind="tool_call", grammar=_required_grammar(tools))
+    template = None if mode == "none" else [_template_tool(t) for t in tools]
+    return ToolSetup(mode, named, template, structured)
+
+
+def _schema(tool: ToolDef) -> dict[str, Any]:
+    return tool.function.parameters if tool.function.parameters is not None else ANY_OBJECT
+
+
+def _arguments_grammar(tool: ToolDef, i: int) -> str:
+    """The grammar of one function's arguments. Raises ApiError (400)."""
+    param = f"tools[{i}].function.parameters"
+    try:
+        grammar = json_schema_grammar(_schema(tool), strict=bool(tool.function.strict))
+    except (ValueError, TypeError) as exc:
+        raise ApiError(f"'{param}' is not a valid JSON schema: {exc}", param=param) from None
+    return checked(grammar, param, "json_schema")
+
+
+def _required_grammar(tools: list[ToolDef]) -> str:
+    """At least one call to any of ``tools``, as a JSON array (vLLM's form)."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "enum": [t.function.name]},
+                "parameters": _schema(t),
+            },
+            "required": ["name", "parameters"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    return checked(json_schema_grammar(schema), "tools", "tool_call")
+
+
+def _template_tool(tool: ToolDef) -> dict[str, Any]:
+    """A ``tools`` entry as chat templates read it (OpenAI's shape)."""
+    f = tool.function
+    function: dict[str, Any] = {"name": f.name, "parameters": _schema(tool)}
+    if f.description is not None:
+        function["description"] = f.description
+    return {"type": "function", "function": function}

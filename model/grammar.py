@@ -1,0 +1,333 @@
+"""Structured output in the runner: a grammar matcher per constrained request, its token
+mask computed beside the forward pass, applied in the sampler.
+
+The grammar engine is llguidance (Microsoft's guidance project; Earley parser over a
+lexer, token masks from a token trie: https://github.com/guidance-ai/llguidance). Each
+constrained request (``SamplingParams.structured``) gets an ``llguidance.LLMatcher`` at
+``SeqInit``, built on the model's tokenizer (loaded once, on first use or by
+``GrammarEngine.warm``).
+
+Per step (``GrammarEngine.start`` / ``MaskJob.wait``), as vLLM and SGLang do it:
+
+1. before the forward pass, one worker thread fills each constrained row's bitmask
+   (``[rows, ceil(V / 32)]`` int32, bit ``t % 32`` of word ``t // 32`` set when token
+   ``t`` is allowed) while the model runs; llguidance drops the GIL while it computes;
+2. after the forward pass the sampler waits for the masks (the wait is the mask time
+   the forward pass did not hide) and sets disallowed logits to -inf
+   (``Sampler.sample(masks=...)``);
+3. the emitted tokens are consumed by each matcher (``RequestGrammar.commit``).
+
+Speculative decoding: a verified request's rows are the distributions after each
+proposal. The worker consumes the proposals the grammar accepts (``validate_tokens``),
+one mask per row, then rolls the matcher back; a proposal the grammar rejects cannot be
+accepted (its row's mask excludes it), so rows after it are never sampled. Only the
+emitted tokens are committed.
+
+A matcher that has finished (or, never expected, entered an error state) allows only
+the end-of-sequence tokens, so the request ends.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from houchu.model import cpu_kernels
+from houchu.transport.structured import StructuredOutput
+from houchu.transport.telemetry import LeverSample
+
+if TYPE_CHECKING:
+    import llguidance
+
+log = logging.getLogger(__name__)
+
+#: The ledger's name for the mask computation hidden behind the forward pass.
+LEVER = "structured_output_mask"
+_BITS = torch.arange(32, dtype=torch.int32)  # [32]
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """int32 words per bitmask row for ``vocab_size`` tokens."""
+    return (vocab_size + 31) // 32
+
+
+def bitmask_to_allowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Unpack llguidance bitmasks.
+
+    Args:
+        bitmask: ``[R, ceil(V / 32)]`` int32, bit ``t % 32`` of word ``t // 32`` set when
+            token ``t`` is allowed.
+        vocab_size: V.
+    Returns:
+        ``[R, V]`` bool, True where allowed.
+    """
+    r = bitmask.shape[0]
+    bits = (bitmask[:, :, None] >> _BITS) & 1  # [R, W, 32] int32
+    return bits.bool().reshape(r, -1)[:, :vocab_size]
+
+
+class GrammarTokenizer:
+    """The model's tokenizer as llguidance needs it, loaded once in the background.
+
+    Args:
+        model_path: the model (its tokenizer is loaded as the tokenizer actor loads it:
+            ``houchu.text.tokenizer.load_tokenizer``).
+        vocab_size: the model's vocabulary (rows of its logits; may exceed the
+            tokenizer's).
+    """
+
+    def __init__(self, model_path: str | Path, vocab_size: int) -> None:
+        self.model_path, self.vocab_size = model_path, vocab_size
+        self._lock = threading.Lock()
+        self._future: Future[llguidance.LLTokenizer] | None = None
+
+    def warm(self) -> None:
+        """Start loading (on a thread of its own) unless already started."""
+        with self._lock:
+            if self._future is None:
+                self._future = Future()
+                threading.Thread(target=self._load, name="houchu-grammar-tok", daemon=True).start()
+
+    def _load(self) -> None:
+        assert self._future is not None
+        try:
+            import llguidance
+
+            text, eos = self._tokenizer_json()
+            lt = llguidance.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=eos)
+            self._future.set_result(lt)
+        except Exception as exc:  # no tokenizer in the model folder, say
+            self._future.set_exception(exc)
+
+    def _tokenizer_json(self) -> tuple[str, list[int]]:
+        """The tokenizer as ``tokenizers`` JSON and its end-of-sequence ids: from the
+        cache (a GGUF vocabulary takes seconds to convert), else loaded and cached."""
+        path = Path(self.model_path)
+        if path.is_dir():  # a Hugging Face folder: tokenizer.json loads quickly
+            return self._convert(path)
+        st = path.stat()
+        key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+        cached = cpu_kernels.cache_dir() / "grammar_tokenizers" / f"{key.hexdigest()[:24]}.json"
+        try:
+            entry = json.loads(cached.read_text(encoding="utf-8"))
+            return entry["tokenizer"], entry["eos"]
+        except (OSError, ValueError, KeyError):
+            pass
+        text, eos = self._convert(path)
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"tokenizer": text, "eos": eos}), encoding="utf-8")
+            tmp.replace(cached)
+        except OSError:  # an unwritable cache: convert again next time
+            pass
+        return text, eos
+
+    @staticmethod
+    def _convert(path: Path) -> tuple[str, list[int]]:
+        """Load the tokenizer as the tokenizer actor does; its JSON and EOS ids."""
+        from houchu.text.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(path)
+        backend = copy.copy(tok.hf_tokenizer.backend_tokenizer)
+        backend.no_padding()
+        backend.no_truncation()
+        return backend.to_str(), tok.eos_token_ids
+
+    def get(self) -> llguidance.LLTokenizer:
+        """The tokenizer (waits for the load).
+
+        Raises:
+            ValueError: the model's tokenizer cannot be loaded.
+        """
+        self.warm()
+        assert self._future is not None
+        try:
+            return self._future.result()
+        except Exception as exc:
+            raise ValueError(f"structured output needs the model's tokenizer: {exc}") from exc
+
+
+class RequestGrammar:
+    """One request's matcher.
+
+    Args:
+        matcher: an ``llguidance.LLMatcher`` at the start of the output.
+        eos_ids: the tokens that end a request (allowed when the grammar is done).
+        kind: the grammar's form (``StructuredOutput.kind``).
+    """
+
+    def __init__(self, matcher: llguidance.LLMatcher, eos_ids: Sequence[int], kind: str) -> None:
+        self.matcher, self.eos_ids, self.kind = matcher, list(eos_ids), kind
+
+    def fill(self, bitmask: torch.Tensor, row: int, drafts: Sequence[int]) -> None:
+        """Write the masks of rows ``row .. row + m`` of ``bitmask`` (``[R, W]`` int32,
+        contiguous): the next token now, then after each of the first ``m`` proposals
+        the grammar accepts; the matcher is rolled back to where it was."""
+        m = self.matcher
+        self._fill_row(bitmask, row)
+        valid = m.validate_tokens(list(drafts)) if drafts and not m.is_stopped() else 0
+        for j in range(valid):
+            m.consume_token(drafts[j])
+            self._fill_row(bitmask, row + j + 1)
+        if valid:
+            m.rollback(valid)
+
+    def _fill_row(self, bitmask: torch.Tensor, row: int) -> None:
+        m = self.matcher
+        v = bitmask[row]
+        if m.is_error():
+            self._eos_only(v)
+            return
+        m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * v.element_size())
+        if m.is_stopped():
+            self._eos_only(v)
+
+    def _eos_only(self, v: torch.Tensor) -> None:
+        """Row ``v`` (``[W]`` int32) allowing only the end-of-sequence tokens."""
+        v.zero_()
+        b = v.view(torch.uint8)  # little-endian words: token t is bit t % 8 of byte t // 8
+        for t in self.eos_ids:
+            if 0 <= t < b.numel() * 8:
+                b[t // 8] |= 1 << (t % 8)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Consume the tokens emitted for this request this step."""
+        m = self.matcher
+        for t in tokens:
+            if m.is_stopped():
+                return  # done: only EOS could follow
+            if not m.consume_token(t):
+                log.warning("grammar matcher rejected token %d: %s", t, m.get_error())
+                return
+
+
+@dataclass
+class _Row:
+    grammar: RequestGrammar
+    row: int
+    drafts: Sequence[int]
+
+
+class MaskJob:
+    """The masks of one step, computed on the engine's worker thread."""
+
+    def __init__(
+        self, engine: GrammarEngine, future: Future[None], bitmask: torch.Tensor, rows: list[_Row]
+    ) -> None:
+        self.engine, self.future, self.bitmask, self.rows = engine, future, bitmask, rows
+        self.started = time.perf_counter()
+
+    def wait(self, vocab_size: int, device: torch.device) -> list[torch.Tensor | None]:
+        """Each logits row's mask (``[V]`` bool on ``device``), None for free rows; counts
+        the wait in the ledger."""
+        t0 = time.perf_counter()
+        self.future.result()
+        waited = time.perf_counter() - t0
+        self.engine.count(time.perf_counter() - self.started, waited)
+        masks: list[torch.Tensor | None] = [None] * self.bitmask.shape[0]
+        constrained = sorted({r.row + j for r in self.rows for j in range(len(r.drafts) + 1)})
+        if constrained:
+            idx = torch.tensor(constrained)
+            allowed = bitmask_to_allowed(self.bitmask[idx], vocab_size).to(device)  # [Rc, V]
+            for k, i in enumerate(constrained):
+                masks[i] = allowed[k]
+        return masks
+
+
+class GrammarEngine:
+    """The runner's structured output: matchers, the mask worker, the ledger.
+
+    Args:
+        model_path: the model (for its tokenizer).
+        vocab_size: V, the rows of the model's logits.
+    """
+
+    def __init__(self, model_path: str | Path, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.tokenizer = GrammarTokenizer(model_path, vocab_size)
+        self._worker: ThreadPoolExecutor | None = None
+        self.mask_s = 0.0  # mask wall seconds since the last samples()
+        self.waited_s = 0.0  # seconds the sampler waited for masks
+        self.steps = 0
+
+    def warm(self) -> None:
+        """Start loading the tokenizer now (a server calls it at start-up)."""
+        self.tokenizer.warm()
+
+    def compile(self, rid: str, spec: StructuredOutput) -> RequestGrammar:
+        """A matcher for ``spec``.
+
+        Raises:
+            ValueError: no tokenizer, or a grammar llguidance cannot compile.
+        """
+        import llguidance
+
+        tok = self.tokenizer.get()
+        matcher = llguidance.LLMatcher(tok, spec.grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"request {rid!r}: grammar does not compile: {matcher.get_error()}")
+        return RequestGrammar(matcher, tok.eos_tokens, spec.kind)
+
+    def start(
+        self,
+        grammars: Sequence[RequestGrammar | None],
+        counts: Sequence[int],
+        drafts: Sequence[Sequence[int]],
+    ) -> MaskJob | None:
+        """Start filling the masks of a step's sampled requests (None when none is
+        constrained); call before the forward pass.
+
+        Args:
+            grammars: per sampled request, its grammar or None.
+            counts: logits rows per request (``len(drafts[i]) + 1``).
+            drafts: per request, the proposals to verify.
+        """
+        rows, row = [], 0
+        for g, c, d in zip(grammars, counts, drafts, strict=True):
+            if g is not None:
+                rows.append(_Row(g, row, d))
+            row += c
+        if not rows:
+            return None
+        bitmask = torch.full((row, bitmask_words(self.vocab_size)), -1, dtype=torch.int32)
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="houchu-grammar")
+        future = self._worker.submit(_fill_all, rows, bitmask)
+        return MaskJob(self, future, bitmask, rows)
+
+    def count(self, mask_wall_s: float, waited_s: float) -> None:
+        """Record one step's mask time: its wall time and the part not hidden."""
+        self.mask_s += mask_wall_s
+        self.waited_s += waited_s
+        self.steps += 1
+
+    def samples(self, now: float | None = None) -> list[LeverSample]:
+        """The ledger since the last call: mask seconds hidden behind the forward pass
+        (saved) and seconds the sampler waited for masks (spent), fill verb."""
+        if not self.steps:
+            return []
+        t = time.time() if now is None else now
+        hidden = max(0.0, self.mask_s - self.waited_s)
+        out = [LeverSample(LEVER, "fill", hidden, "seconds", self.waited_s, "seconds", t)]
+        self.mask_s = self.waited_s = 0.0
+        self.steps = 0
+        return out
+
+
+def _fill_all(rows: list[_Row], bitmask: torch.Tensor) -> None:
+    with torch.inference_mode():  # the runner made ``bitmask`` in inference mode
+        for r in rows:
+            r.grammar.fill(bitmask, r.row, r.drafts)

@@ -1,0 +1,273 @@
+"""Structured output and tool calls through the official openai client and the
+WebSocket API, on the real model, with speculation off and on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.integration.client import ws_generate
+from tests.integration.conftest import start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 130},
+        "city": {"enum": ["Paris", "Rome", "Oslo"]},
+        "student": {"type": "boolean"},
+    },
+    "required": ["name", "age", "city", "student"],
+    "additionalProperties": False,
+}
+PERSON = [{"role": "user", "content": "Describe a person as JSON."}]
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def ngram_server(real_model_path):
+    """A server that speculates with n-gram proposals whatever the batch."""
+    srv = start_server(
+        real_model_path,
+        "--kv-cache-mb",
+        "128",
+        "--speculative",
+        "ngram",
+        "--speculative-max-batch",
+        "32",
+    )
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(params=["plain", "ngram"])
+def any_server(request, server):
+    return server if request.param == "plain" else request.getfixturevalue("ngram_server")
+
+
+def client(server) -> OpenAI:
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def chat(server, **kw):
+    return client(server).chat.completions.create(model=_model(server), **kw)
+
+
+def _model(server) -> str:
+    return client(server).models.list().data[0].id
+
+
+def test_json_schema_20_seeds_validate(any_server) -> None:
+    def one(seed: int) -> str:
+        out = chat(
+            any_server,
+            messages=PERSON,
+            response_format=JSON_SCHEMA,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=120,
+        )
+        assert out.choices[0].finish_reason == "stop"
+        return out.choices[0].message.content
+
+    with ThreadPoolExecutor(20) as pool:  # one batch, as far as the scheduler allows
+        texts = list(pool.map(one, range(20)))
+    for t in texts:
+        jsonschema.validate(json.loads(t), SCHEMA)
+    assert len(set(texts)) > 1
+
+
+def test_free_requests_unchanged_beside_constrained_ones(server) -> None:
+    prompts = ["Name three rivers.", "Write a haiku about rain.", "What is 2+2?"]
+
+    def free(p: str) -> str:
+        msg = [{"role": "user", "content": p}]
+        return chat(server, messages=msg, temperature=0, max_tokens=24).choices[0].message.content
+
+    alone = [free(p) for p in prompts]
+
+    def constrained(seed: int) -> str:
+        out = chat(server, messages=PERSON, response_format=JSON_SCHEMA, seed=seed, max_tokens=120)
+        return out.choices[0].message.content
+
+    with ThreadPoolExecutor(6) as pool:
+        frees = [pool.submit(free, p) for p in prompts]
+        cons = [pool.submit(constrained, s) for s in range(3)]
+        assert [f.result() for f in frees] == alone
+        for c in cons:
+            jsonschema.validate(json.loads(c.result()), SCHEMA)
+
+
+def test_regex_choice_grammar_and_json_object(server) -> None:
+    msg = [{"role": "user", "content": "Give me a phone number."}]
+    out = chat(server, messages=msg, max_tokens=20, extra_body={"guided_regex": r"\d{3}-\d{4}"})
+    assert re.fullmatch(r"\d{3}-\d{4}", out.choices[0].message.content)
+    choices = ["sunny", "rainy", "cloudy"]
+    for seed in range(4):
+        out = chat(
+            server,
+            messages=ASK_WEATHER,
+            max_tokens=8,
+            temperature=1.0,
+            seed=seed,
+            extra_body={"structured_outputs": {"choice": choices}},
+        )
+        assert out.choices[0].message.content in choices
+    lark = 'start: "The answer is " NUM "."\nNUM: /[0-9]{1,3}/'
+    out = chat(server, messages=msg, max_tokens=16, extra_body={"guided_grammar": lark})
+    assert re.fullmatch(r"The answer is [0-9]{1,3}\.", out.choices[0].message.content)
+    cmpl = client(server).completions.create(
+        model=_model(server),
+        prompt="The year was",
+        max_tokens=8,
+        extra_body={"ebnf": 'root ::= " " [0-9] [0-9] [0-9] [0-9]'},
+    )
+    assert re.fullmatch(r" [0-9]{4}", cmpl.choices[0].text)
+    out = chat(server, messages=PERSON, max_tokens=120, response_format={"type": "json_object"})
+    assert isinstance(json.loads(out.choices[0].message.content), dict)
+
+
+def test_bad_input_is_400_and_the_server_keeps_serving(server) -> None:
+    bad = [
+        {"extra_body": {"guided_grammar": "start: undefined_rule"}},
+        {"extra_body": {"regex": "[a-"}},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": 7}},
+            }
+        },
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+    ]
+    for kw in bad:
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(server, messages=PERSON, max_tokens=8, **kw)
+        assert err.value.status_code == 400 and err.value.body["message"]
+    out = chat(server, messages=PERSON, max_tokens=4, temperature=0)
+    assert out.choices[0].finish_reason == "length"
+
+
+def test_named_tool_choice_validates_against_the_schema(any_server) -> None:
+    for seed in range(3):
+        out = chat(
+            any_server,
+            messages=ASK_WEATHER,
+            tools=[WEATHER],
+            tool_choice=NAMED,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=60,
+        )
+        (call,) = out.choices[0].message.tool_calls
+        assert call.type == "function" and call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+        assert out.choices[0].finish_reason == "tool_calls"
+
+
+def test_required_tool_choice_calls_a_tool(server) -> None:
+    out = chat(server, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="required", max_tokens=80)
+    calls = out.choices[0].message.tool_calls
+    assert calls and all(c.function.name == "get_weather" for c in calls)
+    for c in calls:
+        jsonschema.validate(json.loads(c.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_auto_without_a_call_is_plain_content(server) -> None:
+    msg = [{"role": "user", "content": "Say hello."}]
+    out = chat(server, messages=msg, tools=[WEATHER], temperature=0, max_tokens=16)
+    m = out.choices[0].message
+    assert m.content and not m.tool_calls
+    assert out.choices[0].finish_reason in ("stop", "length")
+
+
+def test_streamed_tool_call_deltas_reassemble_to_the_same_call(server) -> None:
+    kw = {"messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": NAMED, "temperature": 0}
+    whole = chat(server, max_tokens=60, **kw).choices[0].message.tool_calls[0]
+    calls: dict[int, dict] = {}
+    reasons = []
+    for chunk in chat(server, max_tokens=60, stream=True, **kw):
+        choice = chunk.choices[0]
+        reasons.append(choice.finish_reason)
+        for d in choice.delta.tool_calls or []:
+            c = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            c["id"] = c["id"] or d.id
+            if d.function is not None:
+                c["name"] += d.function.name or ""
+                c["arguments"] += d.function.arguments or ""
+    assert list(calls) == [0] and calls[0]["id"]
+    assert (calls[0]["name"], calls[0]["arguments"]) == (
+        whole.function.name,
+        whole.function.arguments,
+    )
+    assert reasons[-1] == "tool_calls"
+
+
+def test_tool_message_in_the_history_is_accepted(server) -> None:
+    history = [
+        *ASK_WEATHER,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"},
+    ]
+    out = chat(server, messages=history, tools=[WEATHER], temperature=0, max_tokens=16)
+    assert out.choices[0].message.content
+
+
+def test_websocket_structured_output_and_tool_calls(server) -> None:
+    got = asyncio.run(
+        ws_generate(
+            server.ws_url,
+            {"messages": PERSON, "response_format": JSON_SCHEMA, "seed": 3, "max_tokens": 120},
+        )
+    )
+    assert got["error"] is None
+    jsonschema.validate(json.loads(got["text"]), SCHEMA)
+    got = asyncio.run(
+        ws_generate(
+            server.ws_url,
+            {"messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": NAMED, "max_tokens": 60},
+        )
+    )
+    final = got["final"]
+    assert final["finish_reason"] == "tool_calls"
+    (call,) = final["tool_calls"]
+    assert call["function"]["arguments"] == got["text"]
+    jsonschema.validate(json.loads(got["text"]), WEATHER["function"]["parameters"])
+    got = asyncio.run(ws_generate(server.ws_url, {"messages": PERSON, "regex": "[a-"}))
+    assert got["error"]["param"] == "regex"

@@ -1,0 +1,202 @@
+"""Structured output in the runner: grammar masks in the sampler, batched with free
+requests, verified proposals (tiny random model on the real model's tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+
+from houchu.api.structured import json_schema_grammar
+from houchu.model.grammar import bitmask_to_allowed
+from houchu.model.model_runner import ModelRunner
+from houchu.model.testing import make_tiny_llama
+from houchu.text.tokenizer import TextTokenizer, load_tokenizer
+from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+from houchu.transport.structured import StructuredOutput
+from tests.runner_options import exact
+
+VOCAB = 49152
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+JSON = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(SCHEMA))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, real_model_path: Path) -> Path:
+    """A tiny random Llama with the default model's vocabulary and tokenizer."""
+    path = make_tiny_llama(tmp_path_factory.mktemp("grammar"), seed=5, vocab_size=VOCAB)
+    load_tokenizer(real_model_path).hf_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir: Path) -> TextTokenizer:
+    return load_tokenizer(model_dir)
+
+
+@pytest.fixture
+def runner(model_dir: Path) -> ModelRunner:
+    return ModelRunner(str(model_dir), exact(page_size=16, num_pages=512), quiet=True)
+
+
+def run(
+    runner: ModelRunner,
+    requests: dict[str, tuple[list[int], SamplingParams]],
+    steps: int,
+    drafts: dict[str, list[int]] | None = None,
+) -> dict[str, list[int]]:
+    """Prefill then decode every request for ``steps`` steps in one batch (stopping a
+    request at its EOS); ``drafts`` gives proposals to verify at the first decode step."""
+    pages = {rid: list(range(i * 16, (i + 1) * 16)) for i, rid in enumerate(requests)}
+    init = [SeqInit(rid=r, sampling=sp, prompt_ids=p) for r, (p, sp) in requests.items()]
+    work = [_work(r, p, 0, pages[r]) for r, (p, _) in requests.items()]
+    out: dict[str, list[int]] = {r: [] for r in requests}
+    res = runner.execute(StepPlan(step_id=0, init=init, work=work))
+    for step in range(1, steps):
+        for o in res.outputs:
+            out[o.rid].append(o.token_id)
+        live = [r for r in requests if not out[r] or out[r][-1] != 2]
+        if not live:
+            break
+        work = []
+        for r in live:
+            d = (drafts or {}).get(r, []) if step == 1 else []
+            pos = len(requests[r][0]) + len(out[r]) - 1
+            work.append(_work(r, [out[r][-1], *d], pos, pages[r], num_draft=len(d)))
+        res = runner.execute(StepPlan(step_id=step, work=work))
+    runner.execute(StepPlan(step_id=steps, work=[], release=list(requests)))
+    return out
+
+
+def text_of(tok: TextTokenizer, ids: list[int]) -> str:
+    assert ids and ids[-1] == 2, "the grammar ended the output with EOS"
+    return tok.decode(ids[:-1])
+
+
+def test_bitmask_unpacks_bit_per_token() -> None:
+    bm = torch.zeros(2, 2, dtype=torch.int32)  # [R, ceil(V/32)], V = 40
+    bm[0, 0] = 1 << 3
+    bm[1, 1] = 1 << 7  # token 39
+    bm[1, 0] = -(2**31)  # bit 31: token 31
+    allowed = bitmask_to_allowed(bm, 40)
+    assert allowed.shape == (2, 40)
+    assert allowed[0].nonzero().flatten().tolist() == [3]
+    assert allowed[1].nonzero().flatten().tolist() == [31, 39]
+
+
+def test_json_schema_20_seeds_validate(runner, tok) -> None:
+    prompt = tok.encode("Person as JSON:")
+    reqs = {
+        f"r{s}": (prompt, SamplingParams(temperature=1.0, seed=s, structured=JSON))
+        for s in range(20)
+    }
+    out = run(runner, reqs, 80)
+    texts = {r: text_of(tok, ids) for r, ids in out.items()}
+    for t in texts.values():
+        jsonschema.validate(json.loads(t), SCHEMA)
+    assert len(set(texts.values())) > 1  # the seeds differ
+    assert runner.grammar.samples()[0].spent_unit == "seconds"  # mask time in the ledger
+
+
+def test_free_requests_unchanged_beside_a_constrained_one(runner, tok) -> None:
+    free = {
+        "g": (tok.encode("Once upon"), SamplingParams(temperature=0.0)),
+        "s": (tok.encode("The sky"), SamplingParams(temperature=0.9, seed=7)),
+    }
+    alone = run(runner, free, 12)
+    regex = StructuredOutput(kind="regex", grammar=_regex(r"[0-9]{3}-[a-z]{2}"))
+    both = {**free, "c": (tok.encode("Code:"), SamplingParams(temperature=1.0, structured=regex))}
+    mixed = run(runner, both, 12)
+    assert {r: mixed[r] for r in free} == alone
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", text_of(tok, mixed["c"]))
+
+
+def test_choice_list_constrains_exactly(runner, tok) -> None:
+    from llguidance import grammar_from
+
+    spec = StructuredOutput(kind="choice", grammar=grammar_from("choice", ["yes", "no", "maybe"]))
+    reqs = {
+        f"c{s}": (tok.encode("Answer:"), SamplingParams(temperature=1.5, seed=s, structured=spec))
+        for s in range(6)
+    }
+    for ids in run(runner, reqs, 10).values():
+        assert text_of(tok, ids) in {"yes", "no", "maybe"}
+
+
+def test_proposals_checked_against_the_grammar(model_dir, tok) -> None:
+    """Proposals the grammar rejects are never accepted, the matcher rolls back, and a
+    seeded request emits the same tokens with and without speculation."""
+    prompt = tok.encode("JSON:")
+    sp = SamplingParams(temperature=1.0, seed=11, structured=JSON)
+
+    def fresh() -> ModelRunner:
+        return ModelRunner(str(model_dir), exact(page_size=16, num_pages=64), quiet=True)
+
+    plain = run(fresh(), {"a": (prompt, sp)}, 80)["a"]
+    good = plain[1:4]  # what the request goes on to emit: accepted
+    bad = tok.encode("hello")[:3]  # not JSON: rejected by the grammar
+    assert run(fresh(), {"a": (prompt, sp)}, 80, drafts={"a": good})["a"] == plain
+    assert run(fresh(), {"a": (prompt, sp)}, 80, drafts={"a": bad})["a"] == plain
+    jsonschema.validate(json.loads(text_of(tok, plain)), SCHEMA)
+
+
+def test_bad_grammar_in_a_plan_is_refused(runner) -> None:
+    spec = StructuredOutput(kind="grammar", grammar='{"grammars": [{"lark_grammar": "start: x"}]}')
+    plan = StepPlan(
+        step_id=0,
+        init=[SeqInit(rid="a", sampling=SamplingParams(structured=spec), prompt_ids=[5])],
+        work=[_work("a", [5], 0, [0])],
+    )
+    with pytest.raises(ValueError, match="grammar"):
+        runner.execute(plan)
+    assert runner.states == {} and runner.grammars == {}
+
+
+def _work(rid: str, ids: list[int], start: int, pages: list[int], num_draft: int = 0) -> SeqWork:
+    return SeqWork(
+        rid=rid, token_ids=ids, start_pos=start, page_table=pages, sample=True, num_draft=num_draft
+    )
+
+
+def _regex(pattern: str) -> str:
+    from llguidance import grammar_from
+
+    return grammar_from("regex", pattern)
+
+
+def test_overlap_placeholders_keep_the_grammar_in_step(model_dir, tok) -> None:
+    """With the overlap scheduler a step's input token is the runner's own last sample
+    (a placeholder in the plan): the matcher has consumed it, so the output is the same."""
+    prompt = tok.encode("JSON:")
+    sp = SamplingParams(temperature=1.0, seed=4, structured=JSON)
+    want = run(
+        ModelRunner(str(model_dir), exact(page_size=16, num_pages=64), quiet=True),
+        {"a": (prompt, sp)},
+        80,
+    )["a"]
+    r = ModelRunner(str(model_dir), exact(page_size=16, num_pages=64), quiet=True)
+    pages = list(range(16))
+    init = [SeqInit(rid="a", sampling=sp, prompt_ids=prompt)]
+    got = [
+        r.execute(StepPlan(step_id=0, init=init, work=[_work("a", prompt, 0, pages)]))
+        .outputs[0]
+        .token_id
+    ]
+    while got[-1] != 2 and len(got) < 80:
+        w = _work("a", [-1], len(prompt) + len(got) - 1, pages)
+        w.use_last_sampled = True
+        got.append(r.execute(StepPlan(step_id=len(got), work=[w])).outputs[0].token_id)
+    assert got == want

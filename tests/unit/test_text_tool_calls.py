@@ -1,0 +1,111 @@
+"""Tool-call parsing: whole replies and streams (split anywhere) of each format, and the
+chat formatter's tool_calls."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from houchu.api.openai_format import ChatFormatter, Tally
+from houchu.text.tool_calls import (
+    ForcedCallParser,
+    RequiredCallsParser,
+    ToolCallParser,
+    make_parser,
+)
+from houchu.transport.messages import TextDelta
+
+HERMES = (
+    'Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    '</tool_call>\n<tool_call>{"name": "time", "arguments": {}}</tool_call>'
+)
+CASES = [
+    ("hermes", HERMES, "Let me check. \n", [("get_weather", {"city": "Paris"}), ("time", {})]),
+    ("hermes", "No call here, <tool > tag.", "No call here, <tool > tag.", []),
+    ("hermes", "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+    (
+        "mistral",
+        '[TOOL_CALLS][{"name": "f", "arguments": {"x": 1}}, {"name": "g", "arguments": {}}]',
+        None,
+        [("f", {"x": 1}), ("g", {})],
+    ),
+    (
+        "llama3_json",
+        '<|python_tag|>{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}',
+        None,
+        [("f", {"x": 1}), ("g", {})],
+    ),
+    ("llama3_json", "Hello there.", "Hello there.", []),
+]
+
+
+def _calls(calls) -> list[tuple[str, object]]:
+    return [(c.name, json.loads(c.arguments)) for c in calls]
+
+
+def _stream(parser: ToolCallParser, text: str, step: int) -> tuple[str, list[tuple[str, object]]]:
+    """Feed ``text`` in pieces of ``step`` characters; reassemble content and calls."""
+    s = parser.stream()
+    content, calls = "", {}
+    pieces = [text[i : i + step] for i in range(0, len(text), step)]
+    for d in [*(s.feed(p) for p in pieces), s.finish()]:
+        content += d.content
+        for t in d.tool_calls:
+            c = calls.setdefault(t["index"], {"name": "", "arguments": ""})
+            c["name"] += t.get("function", {}).get("name", "")
+            c["arguments"] += t["function"].get("arguments", "")
+    return content, [(c["name"], json.loads(c["arguments"])) for c in calls.values()]
+
+
+@pytest.mark.parametrize(("parser", "text", "content", "calls"), CASES)
+def test_whole_reply(parser, text, content, calls) -> None:
+    parsed = make_parser(parser).parse(text)
+    assert parsed.content == content and _calls(parsed.calls) == calls
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+@pytest.mark.parametrize(("parser", "text", "content", "calls"), CASES)
+def test_stream_reassembles_to_the_whole_reply(parser, text, content, calls, step) -> None:
+    got_content, got_calls = _stream(make_parser(parser), text, step)
+    assert got_content == (content or "") and got_calls == calls
+
+
+def test_forced_and_required_forms() -> None:
+    forced = ForcedCallParser("get_weather")
+    assert _calls(forced.parse('{"city": "Oslo"}').calls) == [("get_weather", {"city": "Oslo"})]
+    assert _stream(forced, '{"city": "Oslo"}', 2) == ("", [("get_weather", {"city": "Oslo"})])
+    req = RequiredCallsParser()
+    text = '[{"name": "a", "parameters": {"x": 1}}, {"name": "b", "parameters": {}}]'
+    assert _calls(req.parse(text).calls) == [("a", {"x": 1}), ("b", {})]
+    assert _stream(req, text, 5) == ("", [("a", {"x": 1}), ("b", {})])
+
+
+def test_unknown_parser_is_refused() -> None:
+    with pytest.raises(ValueError, match="hermes"):
+        make_parser("nope")
+
+
+def test_chat_formatter_tool_calls_and_finish_reason() -> None:
+    fmt = ChatFormatter("r", 0, "m", logprobs=False, top_n=0, tool_parser=make_parser("hermes"))
+    tally = Tally()
+    tally.add(TextDelta(rid="r", text=HERMES, finish_reason="stop"))
+    choice = fmt.response(tally)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me check. \n"
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == [
+        "get_weather",
+        "time",
+    ]
+    stream = ChatFormatter("r", 0, "m", logprobs=False, top_n=0, tool_parser=make_parser("hermes"))
+    chunks = [*stream.content_chunks(HERMES[:20], None), *stream.content_chunks(HERMES[20:], None)]
+    chunks += stream.finish_chunks("stop")
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    first = next(d["tool_calls"][0] for d in deltas if "tool_calls" in d)
+    assert first["id"].startswith("call_") and first["function"]["name"] == "get_weather"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    plain = ChatFormatter("r", 0, "m", logprobs=False, top_n=0)
+    assert plain.response(tally)["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": HERMES,
+    }

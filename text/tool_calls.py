@@ -1,0 +1,333 @@
+"""Tool calls in a model's output: parse the text into OpenAI ``tool_calls``, whole or
+as it streams.
+
+How a model writes a call depends on its family; the parser is chosen per server
+(``--tool-call-parser``, named as vLLM names its parsers):
+
+- ``hermes`` (Hermes, Qwen2.5 / Qwen3, SmolLM3):
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, any number of them;
+- ``mistral``: ``[TOOL_CALLS]`` followed by a JSON array of ``{"name", "arguments"}``;
+- ``llama3_json`` (Llama 3.1+): the whole reply is ``{"name": ..., "parameters": {...}}``
+  (optionally after ``<|python_tag|>``), several separated by ``;``.
+
+Two forms do not depend on the family, because structured output forces them
+(``houchu.api.tools``): a named ``tool_choice`` makes the reply the arguments object
+itself (``ForcedCallParser``), and ``required`` makes it a JSON array of
+``{"name", "parameters"}`` (``RequiredCallsParser``), as vLLM does.
+
+A call whose JSON does not parse stays in the content. Streaming (``ToolCallStream``):
+content is released as it comes except text that may start a call marker, which is held
+back until it cannot; a call is released once complete (its name, then its arguments),
+as OpenAI's deltas do (a first delta with ``id``, ``type`` and ``function.name``, then
+``function.arguments`` fragments).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The ``--tool-call-parser`` choices.
+PARSERS = ("hermes", "mistral", "llama3_json")
+
+
+@dataclass
+class ToolCall:
+    """One call: ``arguments`` is JSON text (as OpenAI sends it)."""
+
+    name: str
+    arguments: str
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    def to_openai(self, index: int | None = None) -> dict[str, Any]:
+        """The OpenAI ``tool_calls`` entry (with ``index`` in a stream delta)."""
+        out: dict[str, Any] = {} if index is None else {"index": index}
+        out.update(
+            {
+                "id": self.id,
+                "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments},
+            }
+        )
+        return out
+
+
+@dataclass
+class Parsed:
+    """A reply split into its content (None when there is none) and its calls."""
+
+    content: str | None
+    calls: list[ToolCall]
+
+
+def _call(obj: Any, args_key: str = "arguments") -> ToolCall | None:
+    """A call from a decoded ``{"name", args_key: {...}}`` object, else None."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return ToolCall(obj["name"], text)
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+class ToolCallParser:
+    """Parses a whole reply; ``stream()`` gives an incremental parser of the same form."""
+
+    def parse(self, text: str) -> Parsed:
+        """Content and calls of a finished reply."""
+        raise NotImplementedError
+
+    def stream(self) -> ToolCallStream:
+        """A fresh incremental parser."""
+        return BufferedStream(self)
+
+
+class MarkerParser(ToolCallParser):
+    """Calls between ``start`` and ``end`` markers (``end`` "": to the end of the reply)
+    holding one JSON object each, or (``array``) a JSON array of them."""
+
+    def __init__(self, start: str, end: str, *, array: bool = False) -> None:
+        self.start, self.end, self.array = start, end, array
+
+    def parse(self, text: str) -> Parsed:
+        content, calls, rest = [], [], text
+        while True:
+            i = rest.find(self.start)
+            if i < 0:
+                content.append(rest)
+                break
+            content.append(rest[:i])
+            body_start = i + len(self.start)
+            j = rest.find(self.end, body_start) if self.end else -1
+            body = rest[body_start:] if j < 0 else rest[body_start:j]
+            found = self._calls(body.strip())
+            if found is None:  # not a call after all: keep the text
+                content.append(rest[i:] if j < 0 else rest[i : j + len(self.end)])
+            else:
+                calls.extend(found)
+            if j < 0:
+                break
+            rest = rest[j + len(self.end) :]
+        joined = "".join(content)
+        return Parsed(joined if joined.strip() or not calls else None, calls)
+
+    def _calls(self, body: str) -> list[ToolCall] | None:
+        obj = _loads(body)
+        items = obj if self.array and isinstance(obj, list) else [obj]
+        calls = [_call(o) for o in items]
+        return None if not calls or any(c is None for c in calls) else calls  # type: ignore[misc]
+
+    def stream(self) -> ToolCallStream:
+        return MarkerStream(self)
+
+
+class Llama3JsonParser(ToolCallParser):
+    """Llama 3.1's JSON calls: the reply (after an optional ``<|python_tag|>``) is one or
+    more ``{"name", "parameters"}`` objects separated by ``;``; anything else is content."""
+
+    TAG = "<|python_tag|>"
+
+    def parse(self, text: str) -> Parsed:
+        body = text.strip().removeprefix(self.TAG).strip()
+        if not body.startswith("{"):
+            return Parsed(text, [])
+        calls = [_call(_loads(part), "parameters") for part in body.split(";") if part.strip()]
+        if not calls or any(c is None for c in calls):
+            return Parsed(text, [])
+        return Parsed(None, calls)  # type: ignore[arg-type]
+
+
+class ForcedCallParser(ToolCallParser):
+    """A named ``tool_choice``: the reply is the arguments of ``name``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def parse(self, text: str) -> Parsed:
+        return Parsed(None, [ToolCall(self.name, text)])
+
+    def stream(self) -> ToolCallStream:
+        return ForcedStream(self.name)
+
+
+class RequiredCallsParser(ToolCallParser):
+    """``tool_choice: "required"``: the reply is a JSON array of
+    ``{"name", "parameters"}`` (the grammar sees to it)."""
+
+    def parse(self, text: str) -> Parsed:
+        obj = _loads(text)
+        calls = [_call(o, "parameters") for o in obj] if isinstance(obj, list) else []
+        if not calls or any(c is None for c in calls):
+            return Parsed(text, [])
+        return Parsed(None, calls)  # type: ignore[arg-type]
+
+
+def make_parser(name: str) -> ToolCallParser:
+    """The ``--tool-call-parser`` named ``name`` (one of ``PARSERS``).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == "hermes":
+        return MarkerParser("<tool_call>", "</tool_call>")
+    if name == "mistral":
+        return MarkerParser("[TOOL_CALLS]", "", array=True)
+    if name == "llama3_json":
+        return Llama3JsonParser()
+    raise ValueError(f"unknown tool call parser {name!r}; expected one of {', '.join(PARSERS)}")
+
+
+# ------------------------------------------------------------------------ streaming
+
+
+@dataclass
+class StreamDelta:
+    """What one piece of text releases: content, and tool-call deltas (OpenAI's
+    ``delta.tool_calls`` entries, each with its ``index``)."""
+
+    content: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ToolCallStream:
+    """An incremental parser: ``feed`` each new piece of text, then ``finish``. The
+    calls released so far are ``calls``."""
+
+    def __init__(self) -> None:
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str) -> StreamDelta:
+        """Release what ``text`` (the next piece of the reply) allows."""
+        raise NotImplementedError
+
+    def finish(self) -> StreamDelta:
+        """Release the rest (the reply is complete)."""
+        raise NotImplementedError
+
+    def _release(self, calls: list[ToolCall]) -> list[dict[str, Any]]:
+        """Deltas of complete calls: name first, then the arguments."""
+        out = []
+        for c in calls:
+            i = len(self.calls)
+            self.calls.append(c)
+            first = c.to_openai(i)
+            first["function"]["arguments"] = ""
+            out.append(first)
+            out.append({"index": i, "function": {"arguments": c.arguments}})
+        return out
+
+
+class BufferedStream(ToolCallStream):
+    """Holds the whole reply when it may be a call (it starts like one), else streams
+    it as content; parses at the end."""
+
+    def __init__(self, parser: ToolCallParser) -> None:
+        super().__init__()
+        self.parser, self.held, self.holding = parser, "", None
+
+    def feed(self, text: str) -> StreamDelta:
+        if self.holding is False:
+            return StreamDelta(content=text)
+        self.held += text
+        head = self.held.lstrip()
+        if not head:
+            return StreamDelta()
+        self.holding = head[0] in "{[<"
+        if self.holding:
+            return StreamDelta()
+        out, self.held = self.held, ""
+        return StreamDelta(content=out)
+
+    def finish(self) -> StreamDelta:
+        if not self.held:
+            return StreamDelta()
+        parsed = self.parser.parse(self.held)
+        self.held = ""
+        return StreamDelta(content=parsed.content or "", tool_calls=self._release(parsed.calls))
+
+
+class MarkerStream(ToolCallStream):
+    """Streams content around ``start`` / ``end`` markers; each call is released when
+    its end marker arrives (or at the end)."""
+
+    def __init__(self, parser: MarkerParser) -> None:
+        super().__init__()
+        self.parser, self.buf, self.inside = parser, "", False
+
+    def feed(self, text: str) -> StreamDelta:
+        self.buf += text
+        out = StreamDelta()
+        p = self.parser
+        while True:
+            if not self.inside:
+                i = self.buf.find(p.start)
+                if i < 0:
+                    keep = _partial_suffix(self.buf, p.start)
+                    out.content += self.buf[: len(self.buf) - keep]
+                    self.buf = self.buf[len(self.buf) - keep :]
+                    return out
+                out.content += self.buf[:i]
+                self.buf, self.inside = self.buf[i:], True
+            j = self.buf.find(p.end, len(p.start)) if p.end else -1
+            if j < 0:
+                return out
+            whole, self.buf, self.inside = (
+                self.buf[: j + len(p.end)],
+                self.buf[j + len(p.end) :],
+                False,
+            )
+            self._add(whole, out)
+
+    def finish(self) -> StreamDelta:
+        out = StreamDelta()
+        if self.inside:
+            self._add(self.buf, out)
+        else:
+            out.content += self.buf
+        self.buf, self.inside = "", False
+        return out
+
+    def _add(self, whole: str, out: StreamDelta) -> None:
+        parsed = self.parser.parse(whole)
+        out.content += parsed.content or ""
+        out.tool_calls.extend(self._release(parsed.calls))
+
+
+class ForcedStream(ToolCallStream):
+    """A named ``tool_choice``: the call starts at once; every piece of text is a
+    fragment of its arguments."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.call = ToolCall(name, "")
+        self.started = False
+
+    def feed(self, text: str) -> StreamDelta:
+        out = StreamDelta()
+        if not self.started:
+            self.started = True
+            self.calls.append(self.call)
+            out.tool_calls.append(self.call.to_openai(0))
+        if text:
+            self.call.arguments += text
+            out.tool_calls.append({"index": 0, "function": {"arguments": text}})
+        return out
+
+    def finish(self) -> StreamDelta:
+        return self.feed("") if not self.started else StreamDelta()
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
+    for n in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
