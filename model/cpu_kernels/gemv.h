@@ -55,13 +55,14 @@ inline uint16_t to_bf16_bits(float f) { return bf16_bits(c10::BFloat16(f)); }
 //     lane, converted to float32 (code * 2^4t), gives the exact product with x (see
 //     int4_tile_avx2); the group sums are of x itself.
 //   portable: x as float32 [M, k] (xf), group sums of the bfloat16 rows as AVX-512.
-//   int8 activations (a8, int4 only; every build): per group quantized rows xq [M, ld] in
-//     int4_pack's chunk order, their scales xs and exact group sums gsum (gemv_a8.h).
+//   int8 activations (a8, int4 only; every build): quantized rows xq [M, ld] in
+//     int4_pack's chunk order, their scales xs [M, ld / a8_block(G)] and exact group
+//     sums gsum [M, ngroups] (gemv_a8.h).
 struct Acts {
   int64_t rows = 0, R = 1, k = 0, ld = 0;  // rows = M * R, ld = row stride of bits / xf / xq
   bool a8 = false;                         // int8 activations (xq, xs, gsum)
   const int8_t* xq = nullptr;              // a8: [M, ld]
-  const float* xs = nullptr;               // a8: [M, ngroups] scales
+  const float* xs = nullptr;               // a8: [M, ld / a8_block(G)] scales
   const uint16_t* bits = nullptr;          // AVX-512: [rows, ld] bfloat16 bits, zero past k
   const float* xf = nullptr;               // AVX2: [M, ld] (scaled for int4), zero past k;
                                            // portable: [M, k]
@@ -83,17 +84,18 @@ struct Acts {
       thread_local std::vector<int8_t> q_buf;
       a8 = true;
       rows = m;
+      const int64_t ns = ld / a8_block(group);  // activation scales per row
       if (static_cast<int64_t>(q_buf.size()) < m * ld) q_buf.resize(m * ld);
-      if (static_cast<int64_t>(float_buf.size()) < m * (ld + 2 * ng))
-        float_buf.resize(m * (ld + 2 * ng));
+      if (static_cast<int64_t>(float_buf.size()) < ld + m * (ns + ng))
+        float_buf.resize(ld + m * (ns + ng));
       float* row = float_buf.data();
       float* scales = row + ld;
-      float* sums = scales + m * ng;
+      float* sums = scales + m * ns;
       for (int64_t i = 0; i < m; ++i) {
         const T* p = x + i * s0;
         for (int64_t j = 0; j < k; ++j) row[j] = static_cast<float>(p[j * s1]);
         std::fill(row + k, row + ld, 0.f);
-        quantize_row_a8(row, ng, group, q_buf.data() + i * ld, scales + i * ng, sums + i * ng);
+        quantize_row_a8(row, ng, group, q_buf.data() + i * ld, scales + i * ns, sums + i * ng);
       }
       xq = q_buf.data();
       xs = scales;
@@ -650,7 +652,7 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
     for (int64_t r0 = 0; r0 < m; r0 += kMaxTileA8) {
       const int64_t mt = std::min(kMaxTileA8, m - r0);
       const int8_t* xq = xa.xq + r0 * xa.ld;
-      const float* xs = xa.xs + r0 * p.ng;
+      const float* xs = xa.xs + r0 * (xa.ld / a8_block(p.G));
       const float* gs = xa.gsum + r0 * p.ng;
       OutT* o = out + r0 * n;
 #ifdef HOUCHU_A8_X86

@@ -1,5 +1,5 @@
 """houchu's W4A8 kernels (``int4_gemv(..., int8_acts=True)``, ``gemv_a8.h``): int4 weights
-times activations quantized to int8 per group, against a torch reference of the same
+times activations quantized to int8 per 16 inputs, against a torch reference of the same
 quantization (scale = amax / 127, round half to even; integer dot products; the offset
 term over the exact float sums), once per ISA level; and the error such activations
 add against the exact product stays small."""
@@ -16,20 +16,22 @@ pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 
 
 def a8_reference(x: torch.Tensor, q: torch.Tensor, scale, offset, group: int) -> torch.Tensor:
-    """x [M, K] float -> [M, N] float32: per group g, s * xs_g * (q . round(x / xs_g)) +
-    o * sum(x_g), xs_g = amax|x_g| / 127 (the kernel's sums, in float64 here)."""
+    """x [M, K] float -> [M, N] float32: per block b of A = 16 inputs (8 where 16 does not
+    divide the group), s * xs_b * (q . round(x / xs_b)) with xs_b = amax|x_b| / 127, plus
+    o * sum(x_g) per weight group (the kernel's sums, in float64 here)."""
     m, k = x.shape
     n = q.shape[0]
-    xg = x.float().view(m, k // group, group)
-    amax = xg.abs().amax(-1, keepdim=True)  # [M, ng, 1]
+    a = 16 if group % 16 == 0 else 8
+    xb = x.float().view(m, k // a, a)
+    amax = xb.abs().amax(-1, keepdim=True)  # [M, K/A, 1]
     inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
-    xq = torch.round(xg * inv).double()  # [M, ng, G], exact small integers
-    dot = torch.einsum("mgk,ngk->mng", xq, q.double().view(n, k // group, group))
-    xs = (amax / 127).squeeze(-1).double()  # [M, ng]
-    s, o = scale.double(), offset.double()  # [N, ng]
-    y = (dot * s[None] * xs[:, None, :]).sum(-1) + (xg.double().sum(-1)[:, None, :] * o[None]).sum(
-        -1
-    )
+    xq = torch.round(xb * inv).double()  # [M, K/A, A], exact small integers
+    dot = torch.einsum("mbk,nbk->mnb", xq, q.double().view(n, k // a, a))  # [M, N, K/A]
+    xs = (amax / 127).squeeze(-1).double()  # [M, K/A]
+    s = scale.double().repeat_interleave(group // a, dim=1)  # [N, K/A]
+    xg = x.double().view(m, k // group, group)  # [M, ng, G]
+    y = (dot * s[None] * xs[:, None, :]).sum(-1)
+    y = y + (xg.sum(-1)[:, None, :] * offset.double()[None]).sum(-1)
     return y.float()
 
 
