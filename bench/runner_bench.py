@@ -53,7 +53,9 @@ FORMATS = {  # name: (model dtype, quantization); "act": the linear layers' acti
     "int8": ("act", "int8"),
     "int4": ("act", "int4"),
     "w8a8": ("act", "w8a8"),
+    "w4a8": ("act", "int4"),  # int4 weights x int8 activations (--int4-activations int8)
 }
+INT8_ACTS = {"w4a8"}  # formats whose int4 layers quantize their activations to int8
 _CHILD = "HOUCHU_RUNNER_BENCH_LEVEL"  # set in the per-level child processes
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 
@@ -159,6 +161,7 @@ def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:
         compile="on" if mode == "compiled" else "off",
         decode_batch_sizes=tuple(args.batches),
         decode_paths="rules",
+        int4_activations="int8" if fmt in INT8_ACTS else "float",
     )
     runner = ModelRunner(args.model, options, quiet=True)
     print(f"  {fmt} {mode}: ready in {time.perf_counter() - t0:.1f}s; {runner.levers.summary()}")
@@ -193,7 +196,8 @@ def print_table(
     for r in rows:
         gbs = r.bytes / r.step_s / 1e9
         fl = r.flops / r.step_s
-        gemm_fmt = "int8" if (r.fmt == "w8a8" and r.tokens >= W8A8_MIN_ROWS) else r.compute
+        w8a8_gemm = r.fmt == "w8a8" and r.tokens >= W8A8_MIN_ROWS
+        gemm_fmt = "int8" if w8a8_gemm or r.fmt in INT8_ACTS else r.compute
         # the step's time at the peaks of the formats its parts compute in: only w8a8's
         # int8 GEMMs differ from its attention
         ideal_s = (r.flops - r.attn_flops) / lim.compute_peak(gemm_fmt) + r.attn_flops / (
