@@ -11,6 +11,7 @@ each a flag of ``ModelConfig``:
 | Qwen2, Qwen2.5 (Qwen Team 2024) | ``qwen2`` | bias on the q, k and v projections |
 | Qwen3 (Qwen Team 2025) | ``qwen3`` | RMSNorm over each q and k head before RoPE (QK-norm) |
 | Qwen3-MoE | ``qwen3_moe`` (HF only) | QK-norm; top-k routed SwiGLU experts (``model.moe``) |
+| Mistral, Gemma 2, Gemma 3 | ``mistral``, ``gemma2``, ``gemma3_text`` | sliding windows, Gemma's blocks (``model.structure``) |
 
 Anything else raises ``ModelLoadError`` here, at load time, never later as a wrong answer.
 """
@@ -21,6 +22,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from houchu.model.structure import STRUCTURE_FAMILIES, gguf_structure, hf_structure
 
 
 class ModelLoadError(RuntimeError):
@@ -62,6 +65,17 @@ class ModelConfig:
         moe_intermediate_size: one expert's SwiGLU inner width.
         norm_topk_prob: renormalize the top-k router probabilities to sum to 1.
         moe_layers: indices of the layers whose MLP is the MoE (the rest are dense).
+        sliding_window: tokens a sliding-window layer attends, its own included (0: none).
+        sliding_layers: indices of the sliding-window layers (the rest attend everything).
+        attn_scale: the attention score scale (None: 1 / sqrt(head_dim); Gemma:
+            ``query_pre_attn_scalar ** -0.5``).
+        attn_softcap: attention scores become ``c * tanh(s / c)`` (0: off; Gemma 2).
+        final_softcap: the same on the output logits (0: off; Gemma 2).
+        gemma_blocks: Gemma's block: (1 + w) RMSNorms, a norm after attention and one on
+            each side of the MLP, the embedding scaled by sqrt(hidden).
+        hidden_act: the gated MLP's activation, "silu" (SwiGLU) or "gelu_tanh" (GeGLU).
+        rope_local_theta: the RoPE base of the sliding-window layers (0: ``rope_theta``
+            for all; Gemma 3).
 
     Raises:
         ModelLoadError: num_heads not a multiple of num_kv_heads, odd head_dim, or an
@@ -97,6 +111,14 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     moe_layers: tuple[int, ...] = ()
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
+    attn_scale: float | None = None
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    gemma_blocks: bool = False
+    hidden_act: str = "silu"
+    rope_local_theta: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads != 0:
@@ -110,12 +132,30 @@ class ModelConfig:
             raise ModelLoadError(f"unsupported RoPE scaling type {self.rope_type!r}")
         if self.architecture not in ARCHITECTURES:
             raise ModelLoadError(f"unsupported architecture {self.architecture!r}")
+        if self.sliding_window < 0 or (self.sliding_layers and not self.sliding_window):
+            raise ModelLoadError(f"bad sliding window {self.sliding_window}")
 
     @property
     def plain_llama_layers(self) -> bool:
         """Whether every block is a plain Llama block (no projection bias, no QK-norm):
         what the fused C++ decode layers compute."""
-        return not (self.attention_bias or self.qk_norm or self.o_proj_bias or self.moe_layers)
+        return not (
+            self.attention_bias
+            or self.qk_norm
+            or self.o_proj_bias
+            or self.moe_layers
+            or self.gemma_blocks
+            or self.hidden_act != "silu"
+        )
+
+    def layer_window(self, layer: int) -> int:
+        """Tokens layer ``layer`` attends (its own included); 0: all of them."""
+        return self.sliding_window if layer in self.sliding_layers else 0
+
+    @property
+    def every_layer_windowed(self) -> bool:
+        """Every layer has a sliding window: KV older than the window is never read again."""
+        return bool(self.sliding_window) and len(self.sliding_layers) == self.num_layers
 
     def kv_bytes_per_token(self, element_size: int) -> int:
         """Bytes of K plus V for one token over all layers, at ``element_size`` bytes each."""
@@ -123,15 +163,18 @@ class ModelConfig:
 
 
 #: The families houchu runs: HF ``model_type`` / GGUF ``general.architecture`` values.
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe", *STRUCTURE_FAMILIES)
 #: The GGUF ``general.architecture`` values houchu reads (MoE GGUFs not yet).
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 #: HF ``architectures`` class names per family.
 _HF_CLASSES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MistralForCausalLM": "mistral",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
 
 
@@ -163,7 +206,8 @@ def num_parameters(cfg: ModelConfig) -> ParamCount:
     bias = (cfg.num_heads + 2 * cfg.num_kv_heads) * d if cfg.attention_bias else 0
     bias += h if cfg.o_proj_bias else 0
     qk_norm = 2 * d if cfg.qk_norm else 0
-    layer = attn + 2 * h + bias + qk_norm  # two RMSNorm weight vectors
+    norms = 4 * h if cfg.gemma_blocks else 2 * h  # RMSNorm weight vectors
+    layer = attn + norms + bias + qk_norm
     body = cfg.num_layers * layer + dense_layers * dense_mlp + moe_total + h  # final norm
     embed = cfg.vocab_size * h
     head = 0 if cfg.tie_word_embeddings else embed
@@ -268,7 +312,8 @@ def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelCo
         rope_type, rope_factor = "linear", float(opt("rope.scaling.factor", 1.0))
     elif scaling not in ("none", None):
         raise ModelLoadError(f"{path}: unsupported RoPE scaling {scaling!r}")
-    return ModelConfig(
+    structure = gguf_structure(arch, opt, int(need("block_count")), hidden, heads, head_dim)
+    fields = dict(
         name=str(gguf_field(reader, "general.name", Path(str(path)).stem)),
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -291,6 +336,7 @@ def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelCo
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         o_proj_bias="blk.0.attn_output.bias" in tensor_names,
     )
+    return ModelConfig(**(fields | structure))
 
 
 # ---------------------------------------------------------------------------- HF
@@ -316,7 +362,7 @@ def _config_from_hf(path: Path) -> ModelConfig:
         raise ModelLoadError(f"{path}: attention_bias=true is not supported for llama")
     if raw.get("use_sliding_window"):
         raise ModelLoadError(f"{path}: use_sliding_window=true is not supported")
-    if raw.get("hidden_act", "silu") != "silu":
+    if family not in STRUCTURE_FAMILIES and raw.get("hidden_act", "silu") != "silu":
         raise ModelLoadError(f"{path}: hidden_act {raw.get('hidden_act')!r} is not supported")
     try:
         hidden = int(raw["hidden_size"])
@@ -334,7 +380,12 @@ def _config_from_hf(path: Path) -> ModelConfig:
         moe_layers = tuple(
             i for i in range(layers) if experts and i not in dense_only and (i + 1) % step == 0
         )
-        return ModelConfig(
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        try:
+            structure = hf_structure(raw, family, layers, head_dim)
+        except ValueError as e:
+            raise ModelLoadError(f"{path}: {e}") from e
+        fields = dict(
             name=str(raw.get("_name_or_path") or path.name),
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
@@ -342,7 +393,7 @@ def _config_from_hf(path: Path) -> ModelConfig:
             num_layers=layers,
             num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
             max_position=int(raw.get("max_position_embeddings", 2048)),
@@ -366,5 +417,6 @@ def _config_from_hf(path: Path) -> ModelConfig:
             norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
             moe_layers=moe_layers,
         )
+        return ModelConfig(**(fields | structure))
     except KeyError as e:
         raise ModelLoadError(f"{path}/config.json lacks {e.args[0]!r}") from e
