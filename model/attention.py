@@ -314,21 +314,24 @@ class TorchSDPABackend(AttentionBackend):
         dev = batch.token_ids.device
         n = max(batch.q_len(i) for i in seqs)
         n_pages = -(-max(batch.kv_lens[i] for i in seqs) // batch.page_size)
+        # the pages from the one holding the earliest window's first position
+        first = min(window_start(batch.start_pos[i] + 1, window) for i in seqs) // batch.page_size
         j = torch.arange(n, device=dev)  # [n]
         q_len = torch.tensor([batch.q_len(i) for i in seqs], device=dev)  # [B]
-        first = torch.tensor([batch.q_starts[i] for i in seqs], device=dev)  # [B]
+        q_first = torch.tensor([batch.q_starts[i] for i in seqs], device=dev)  # [B]
         start = torch.tensor([batch.start_pos[i] for i in seqs], device=dev)  # [B]
         last = torch.minimum(j[None, :], q_len[:, None] - 1)  # [B, n] padding repeats the last
         pos = start[:, None] + last  # [B, n] position of each query
-        span = torch.arange(n_pages * batch.page_size, device=dev)  # [L]
+        ps = batch.page_size
+        span = torch.arange(first * ps, n_pages * ps, device=dev)  # [L] positions read
         idx = torch.tensor(seqs, dtype=torch.int64, device=dev)
         mask = span[None, None, :] <= pos[:, :, None]  # [B, n, L]
         if window:
             mask &= span[None, None, :] > pos[:, :, None] - window
         return _MultiQuery(
-            rows=first[:, None] + last,
+            rows=q_first[:, None] + last,
             valid=j[None, :] < q_len[:, None],
-            pages=batch.page_tables[idx, :n_pages].contiguous(),
+            pages=batch.page_tables[idx, first:n_pages].contiguous(),
             mask=mask[:, None],
         )
 

@@ -106,3 +106,32 @@ def sdpa(
         s = s.masked_fill(~mask, float("-inf"))
     p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(p, v)
+
+
+class WindowLedger:
+    """KV bytes the sliding windows kept attention from reading: per windowed layer and
+    sequence of a step, the positions before its first query's window (attention reads
+    from the page holding the window's first position; those before it are never read).
+
+    Args:
+        layers: each layer's ``LayerAttention``.
+        bytes_per_token_layer: K plus V bytes of one position in one layer (the pool's).
+    """
+
+    def __init__(self, layers: tuple[LayerAttention, ...], bytes_per_token_layer: int) -> None:
+        self.windows = [s.window for s in layers if s.window]
+        self.bytes_per_token_layer = bytes_per_token_layer
+        self.bytes_not_read = 0  # since the last take()
+        self.total_bytes_not_read = 0
+
+    def record(self, start_pos: list[int]) -> None:
+        """A step whose sequences' first new tokens sit at ``start_pos``."""
+        skipped = sum(window_start(p + 1, w) for w in self.windows for p in start_pos)
+        n = skipped * self.bytes_per_token_layer
+        self.bytes_not_read += n
+        self.total_bytes_not_read += n
+
+    def take(self) -> int:
+        """The bytes not read since the previous call."""
+        n, self.bytes_not_read = self.bytes_not_read, 0
+        return n
