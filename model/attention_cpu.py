@@ -9,9 +9,10 @@ torch backend's SDPA path (``TorchSDPABackend``), which this class extends. Its 
 set is ``houchu.model.ops.CpuOps`` (fused RMSNorm, RoPE, SiLU·mul). An fp8 pool, which the
 C++ kernel does not read, decodes through the torch path. Per-layer variants (``houchu.model.attention_window``): decode reads only
 each row's window (the kernel's ``starts``: the first position attended, within pages
-from the window's first page) with the layer's scale; prefill chunks whose window drops
-keys run through torch's SDPA with a window mask over the window's pages, and soft-capped
-layers (Gemma 2) run on torch ops (the C++ kernels do not soft-cap).
+from the window's first page) with the layer's scale; prefill chunks read K/V from the
+page holding their first query's window start and the kernel masks the keys before each
+query's window (``window``); soft-capped layers (Gemma 2) run on torch ops (the C++
+kernels do not soft-cap).
 """
 
 from __future__ import annotations
@@ -70,12 +71,8 @@ class CpuBackend(TorchSDPABackend):
     ) -> torch.Tensor:
         """Causal attention of one sequence's new tokens. q: ``[n, H, D]``; k, v:
         ``[L - base, Hkv, D]`` (its KV from position ``seq.base``) -> ``[n, H, D]``."""
-        if (
-            q.dtype not in (torch.float32, torch.bfloat16)
-            or k.dtype != q.dtype
-            or seq.windowed
-            or spec.softcap
-        ):
+        if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype or spec.softcap:
             return super()._prefill(q, k, v, seq, spec)
         scale = spec.scale_for(q.shape[-1])
-        return cpu_kernels.ops().prefill_attention(q, k, v, seq.start - seq.base, scale)
+        start = seq.start - seq.base  # k, v begin at position base
+        return cpu_kernels.ops().prefill_attention(q, k, v, start, scale, spec.window)

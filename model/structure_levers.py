@@ -41,8 +41,8 @@ def structure_notes(
         )
     if windows and backend == "cpu":
         out.append(
-            "sliding windows: decode reads only the window in the C++ kernel; a prefill chunk "
-            "whose window drops keys runs on torch SDPA with a window mask"
+            "sliding windows: the C++ decode and prefill attention kernels read only each "
+            "layer's window"
         )
     if windows and backend == "triton":
         out.append("sliding windows: windowed layers decode on torch SDPA (no Triton window)")

@@ -1,7 +1,8 @@
 """Sliding-window attention in the backends against a dense reference: decode rows longer
 than the window read only the window's pages (the C++ kernel's ``starts``, at every ISA
-level; the torch path's gather), and prefill chunks mask keys before each query's
-window, over plain and int8 pools."""
+level; the torch path's gather), and prefill chunks read from their first window's page
+and mask keys before each query's window (the C++ tiled and portable kernels' ``window``;
+the torch path's mask), over plain and int8 pools."""
 
 from __future__ import annotations
 
@@ -52,6 +53,10 @@ def reference(q, pool, tables, starts, lens, window):
         (8, 4, 4, 16, 9, [(25, 1), (3, 1)]),  # D = 16: the portable kernel
         # a prefill chunk longer than the window, and one after a cached prefix
         (4, 4, 2, 64, 8, [(0, 21), (11, 6)]),
+        # the tiled kernel over several 64-key blocks, the first ones skipped
+        (16, 4, 2, 64, 70, [(40, 150)]),
+        (8, 6, 3, 128, 100, [(0, 130), (77, 20)]),
+        (4, 4, 2, 48, 8, [(0, 19), (9, 7)]),  # D = 48: the portable prefill
     ],
 )
 def test_windowed_attention_matches_dense(kv_dtype, dtype, ps, h, hkv, d, window, work):

@@ -219,3 +219,24 @@ def test_quantized_top1_agreement(family):
     a = agreement(ref, got, ids)
     assert a.positions == len(ids) - 1
     assert a.top1 >= 0.95, a
+
+
+def test_fused_decode_layers_only_within_the_window(family):
+    """Mistral with int8 weights on the CPU: the fused C++ decode layers (which attend the
+    whole context) run while sequences fit in the window, and the per-op path after; the
+    tokens equal the per-op path's throughout."""
+    kind, path, _, _ = family
+    if kind != "mistral":
+        pytest.skip("the fused layers compute plain Llama blocks only")
+
+    def run(disable: bool) -> tuple[list[int], int]:
+        opts = exact(num_pages=32, page_size=4, quantization="int8", disable_fused_layers=disable)
+        runner = ModelRunner(str(path), opts, quiet=True)
+        assert (runner.model.fused is None) == disable
+        got, _ = _serve(runner, [{"a": prompt(21, 3)}], n=14)
+        return got["a"], runner.model.fused.steps if runner.model.fused else 0
+
+    fused, steps = run(False)
+    plain, _ = run(True)
+    assert fused == plain
+    assert 0 < steps < 13  # fused while the context fits in the window of 8, not after
