@@ -4,7 +4,7 @@ active parameters per token, and what the windows saved (KV bytes not read, with
 window against without it).
 
     python -m houchu.bench.family_bench [--families llama,mistral,gemma2,gemma3_text]
-        [--context 768] [--window 256] [--steps 16] [--quantization none]
+        [--context 512] [--window 128] [--steps 12] [--quantization none]
 
 Each family is built by transformers (``from_config``) at the same widths, saved to a
 temporary folder and served by a ``ModelRunner`` (CPU, float32 unless ``--dtype``). The
@@ -88,7 +88,7 @@ def decode_rate(runner: ModelRunner, batch: int, context: int, steps: int) -> fl
         last = {o.rid: o.token_id for o in res.outputs}
         step += 1
     took = time.perf_counter() - t0
-    runner.execute(StepPlan(step_id=step, release=list(last)))
+    runner.execute(StepPlan(step_id=step, work=[], release=list(last)))
     return batch * steps / took
 
 
@@ -138,9 +138,9 @@ def bench(args: argparse.Namespace) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", default="llama,mistral,gemma2,gemma3_text")
-    ap.add_argument("--context", type=int, default=768)
-    ap.add_argument("--window", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--window", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--quantization", default="none")
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
