@@ -87,11 +87,19 @@ KNOWN_LEVERS: tuple[LeverInfo, ...] = (
     ),
     _l(
         "sliding_window_attention",
-        "compute_less",
+        "move_less",
         "Sliding-window / sparse attention",
         "Attends to a window of recent tokens instead of all of them: attention cost stops growing with context.",
-        "attention FLOPs",
+        "KV bytes not read (positions outside each layer's window)",
         "long-range recall",
+    ),
+    _l(
+        "sliding_window_pages",
+        "occupy_less",
+        "Sliding-window page release",
+        "Where every layer attends a window, a request's pages older than the window are released (freed, or left to the radix cache): its KV stops growing with context.",
+        "KV bytes released",
+        "pages released (never read again)",
     ),
     # move less
     _l(

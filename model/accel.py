@@ -38,8 +38,8 @@ class _ErrorProbe(AttentionBackend):
         self.inner, self.pool = inner, pool
         self.err2 = self.ref2 = 0.0
 
-    def prepare(self, batch: StepBatch) -> Any:
-        return self.inner.prepare(batch)
+    def prepare(self, batch: StepBatch, layers: tuple = ()) -> Any:
+        return self.inner.prepare(batch, layers)
 
     def forward(self, layer, q, k, v, pool, batch, meta):  # noqa: ANN001 (see base class)
         for x, dt in ((k, pool.k.dtype), (v, pool.v.dtype)):
@@ -103,8 +103,17 @@ class DecodeAccelerator:
                 flush=True,
             )
             compile, cuda_graph = "off", False
-        # a MoE step's shapes depend on its routing (tokens per expert): not capturable
+        # a MoE step's shapes depend on its routing (tokens per expert): not capturable;
+        # the static decode path attends plainly (no window, scale or soft-cap)
+        plain = all(s.is_plain for s in model.attention)
         static = getattr(backend, "supports_static", False) and not model.cfg.moe_layers
+        if dev.type == "cuda" and cuda_graph and static and not plain:
+            print(
+                "houchu runner: CUDA graphs are off: the static decode path does not compute "
+                "this model's sliding windows, score scale or soft-capping",
+                flush=True,
+            )
+            static = False
         if dev.type == "cuda" and cuda_graph and static:
             from houchu.model.cuda_graph import CudaGraphDecode
 

@@ -7,17 +7,21 @@ tensor, one call per layer); prefill chunks run through the tiled causal kernel
 skipped, about 3x torch's SDPA on bfloat16); speculative verification runs through the
 torch backend's SDPA path (``TorchSDPABackend``), which this class extends. Its kernel
 set is ``houchu.model.ops.CpuOps`` (fused RMSNorm, RoPE, SiLU·mul). An fp8 pool, which the
-C++ kernel does not read, decodes through the torch path.
+C++ kernel does not read, decodes through the torch path. Per-layer variants (``houchu.model.attention_window``): decode reads only
+each row's window (the kernel's ``starts``: the first position attended, within pages
+from the window's first page) with the layer's scale; prefill chunks read K/V from the
+page holding their first query's window start and the kernel masks the keys before each
+query's window (``window``); soft-capped layers (Gemma 2) run on torch ops (the C++
+kernels do not soft-cap).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
 from houchu.model import cpu_kernels
 from houchu.model.attention import TorchSDPABackend, _PrefillSeq, _TorchMeta
+from houchu.model.attention_window import PLAIN, LayerAttention
 from houchu.model.kv_pool import KVPool
 
 
@@ -34,10 +38,17 @@ class CpuBackend(TorchSDPABackend):
     def __init__(self) -> None:
         self.build_s = cpu_kernels.load()
 
-    def _decode(self, layer: int, q: torch.Tensor, pool: KVPool, meta: _TorchMeta) -> torch.Tensor:
+    def _decode(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        pool: KVPool,
+        meta: _TorchMeta,
+        spec: LayerAttention = PLAIN,
+    ) -> torch.Tensor:
         """Batched one-token attention. q: ``[B, H, D]`` -> ``[B, H, D]``."""
-        if pool.k.dtype not in (q.dtype, torch.int8):
-            return super()._decode(layer, q, pool, meta)
+        if pool.k.dtype not in (q.dtype, torch.int8) or spec.softcap:
+            return super()._decode(layer, q, pool, meta, spec)
         scales = (pool.k_scale[layer], pool.v_scale[layer]) if pool.quantized else (None, None)
         return cpu_kernels.ops().paged_decode_attention(
             q,
@@ -46,14 +57,22 @@ class CpuBackend(TorchSDPABackend):
             *scales,  # [P, page_size, Hkv] float16 each, or None
             meta.decode_pages,  # [B, n_pages] int64
             meta.decode_lens,  # [B] int32
-            1.0 / math.sqrt(q.shape[-1]),
+            spec.scale_for(q.shape[-1]),
+            meta.decode_starts,  # [B] int32 or None
         )
 
     def _prefill(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: _PrefillSeq
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        seq: _PrefillSeq,
+        spec: LayerAttention = PLAIN,
     ) -> torch.Tensor:
         """Causal attention of one sequence's new tokens. q: ``[n, H, D]``; k, v:
-        ``[L, Hkv, D]`` (its whole KV, cached prefix first) -> ``[n, H, D]``."""
-        if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype:
-            return super()._prefill(q, k, v, seq)
-        return cpu_kernels.ops().prefill_attention(q, k, v, seq.start, 1.0 / math.sqrt(q.shape[-1]))
+        ``[L - base, Hkv, D]`` (its KV from position ``seq.base``) -> ``[n, H, D]``."""
+        if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype or spec.softcap:
+            return super()._prefill(q, k, v, seq, spec)
+        scale = spec.scale_for(q.shape[-1])
+        start = seq.start - seq.base  # k, v begin at position base
+        return cpu_kernels.ops().prefill_attention(q, k, v, start, scale, spec.window)

@@ -10,6 +10,9 @@ KV pool, through flash-attn's paged entry points (``block_table`` argument):
 
 flash-attn is imported lazily (it is the ``gpu`` extra). Its paged KV needs pages of a
 multiple of 256 tokens and fp16/bf16 KV (no int8/fp8 pool); both are checked at startup.
+A layer's sliding window, score scale and soft-cap go to flash-attn's ``window_size``,
+``softmax_scale`` and ``softcap`` (the static decode path is plain: CUDA graphs are off
+for such models).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import math
 import torch
 
 from houchu.model.attention import AttentionBackend
+from houchu.model.attention_window import PLAIN, LayerAttention
 from houchu.model.batch import StepBatch
 from houchu.model.kv_pool import KVPool
 
@@ -78,7 +82,9 @@ class FlashAttentionBackend(AttentionBackend):
 
         self.ops_name = "triton" if triton_available() else "torch"
 
-    def prepare(self, batch: StepBatch) -> dict[str, object]:
+    def prepare(
+        self, batch: StepBatch, layers: tuple[LayerAttention, ...] = ()
+    ) -> dict[str, object]:
         dev = batch.token_ids.device
         q_lens = [batch.q_len(i) for i in range(batch.num_seqs)]
         cu_q = torch.tensor([0, *_cumsum(q_lens)], dtype=torch.int32, device=dev)
@@ -89,12 +95,15 @@ class FlashAttentionBackend(AttentionBackend):
             "max_q": max(q_lens),
             "max_k": max(batch.kv_lens),
             "block_table": batch.page_tables.to(torch.int32),  # [S, max_pages]
+            "layers": layers,  # each layer's window, scale and soft-cap
         }
 
     def forward(self, layer, q, k, v, pool, batch, meta):  # noqa: ANN001 (see base class)
         from flash_attn import flash_attn_varlen_func
 
         pool.write(layer, batch.slot_mapping, k, v)
+        layers = meta["layers"]
+        spec = layers[layer] if layers else PLAIN
         return flash_attn_varlen_func(
             q,  # [T, H, D]
             pool.k[layer],  # [P, ps, Hkv, D]
@@ -103,8 +112,10 @@ class FlashAttentionBackend(AttentionBackend):
             meta["cu_k"],
             meta["max_q"],
             meta["max_k"],
-            softmax_scale=1.0 / math.sqrt(q.shape[-1]),
+            softmax_scale=spec.scale_for(q.shape[-1]),
             causal=True,
+            window_size=(spec.window - 1, 0) if spec.window else (-1, -1),
+            softcap=spec.softcap,
             block_table=meta["block_table"],
         )  # [T, H, D]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from houchu.model.attention import TorchSDPABackend, _TorchMeta
+from houchu.model.attention_window import PLAIN, LayerAttention
 from houchu.model.kv_pool import KVPool
 from houchu.model.triton_kernels.ops import store_kv
 from houchu.model.triton_kernels.paged_attention import paged_decode
@@ -30,8 +31,18 @@ class TritonBackend(TorchSDPABackend):
         """Write new K/V ``[T, Hkv, D]`` at ``slots`` ``[T]`` with the fused store kernel."""
         store_kv(pool, layer, slots, k, v)
 
-    def _decode(self, layer: int, q: torch.Tensor, pool: KVPool, meta: _TorchMeta) -> torch.Tensor:
-        """Batched one-token attention. q: ``[B, H, D]`` -> ``[B, H, D]``."""
+    def _decode(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        pool: KVPool,
+        meta: _TorchMeta,
+        spec: LayerAttention = PLAIN,
+    ) -> torch.Tensor:
+        """Batched one-token attention. q: ``[B, H, D]`` -> ``[B, H, D]``. A layer with a
+        window, scale or soft-cap the kernel does not compute runs the torch path."""
+        if not spec.is_plain or meta.decode_starts is not None:
+            return super()._decode(layer, q, pool, meta, spec)
         return paged_decode(q, pool, layer, meta.decode_pages, meta.decode_lens)
 
     def decode_static(self, layer, q, k, v, pool, slots, block_table, seq_lens):  # noqa: ANN001

@@ -109,7 +109,7 @@ class CompiledDecode:
         ids = F.pad(batch.token_ids, (0, pad))  # [Bp]
         pos = F.pad(batch.positions, (0, pad))  # [Bp]
         x, cos, sin = m.embed_and_rope(ids, pos)
-        meta = backend.prepare(batch)
+        meta = backend.prepare(batch, m.attention)
         for i, layer in enumerate(m.layers):
             q, k, v = self._pre(layer, x, cos, sin, m.ops)  # [Bp, H, D], [Bp, Hkv, D] x2
             o = backend.forward(i, q[:n], k[:n], v[:n], pool, batch, meta)  # [n, H, D]

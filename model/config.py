@@ -12,6 +12,7 @@ each a flag of ``ModelConfig``:
 | Qwen3 (Qwen Team 2025) | ``qwen3`` | RMSNorm over each q and k head before RoPE (QK-norm) |
 | Qwen3-MoE | ``qwen3_moe`` (HF only) | QK-norm; top-k routed SwiGLU experts (``model.moe``) |
 | DeepSeek-V2 / V3 (DeepSeek-AI 2024) | ``deepseek_v2``, ``deepseek_v3`` / ``deepseek2`` | multi-head latent attention (``mla``, ``model.mla``); DeepSeekMoE: shared experts, group-limited routing, the first k layers dense; YaRN RoPE |
+| Mistral, Gemma 2, Gemma 3 | ``mistral``, ``gemma2``, ``gemma3_text`` | sliding windows, Gemma's blocks (``model.structure``) |
 
 Anything else raises ``ModelLoadError`` here, at load time, never later as a wrong answer.
 """
@@ -22,6 +23,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from houchu.model.structure import STRUCTURE_FAMILIES, gguf_structure, hf_structure
 
 
 class ModelLoadError(RuntimeError):
@@ -109,6 +112,17 @@ class ModelConfig:
         routed_scaling_factor: multiplies the routed experts' weights.
         rope_beta_fast, rope_beta_slow, rope_mscale, rope_mscale_all_dim: YaRN's ramp
             bounds and attention-scale parameters (only for rope_type "yarn").
+        sliding_window: tokens a sliding-window layer attends, its own included (0: none).
+        sliding_layers: indices of the sliding-window layers (the rest attend everything).
+        attn_scale: the attention score scale (None: 1 / sqrt(head_dim); Gemma:
+            ``query_pre_attn_scalar ** -0.5``).
+        attn_softcap: attention scores become ``c * tanh(s / c)`` (0: off; Gemma 2).
+        final_softcap: the same on the output logits (0: off; Gemma 2).
+        gemma_blocks: Gemma's block: (1 + w) RMSNorms, a norm after attention and one on
+            each side of the MLP, the embedding scaled by sqrt(hidden).
+        hidden_act: the gated MLP's activation, "silu" (SwiGLU) or "gelu_tanh" (GeGLU).
+        rope_local_theta: the RoPE base of the sliding-window layers (0: ``rope_theta``
+            for all; Gemma 3).
 
     Raises:
         ModelLoadError: num_heads not a multiple of num_kv_heads, odd head_dim, or an
@@ -154,6 +168,14 @@ class ModelConfig:
     rope_beta_slow: float = 1.0
     rope_mscale: float = 0.0
     rope_mscale_all_dim: float = 0.0
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
+    attn_scale: float | None = None
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    gemma_blocks: bool = False
+    hidden_act: str = "silu"
+    rope_local_theta: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads != 0:
@@ -173,14 +195,31 @@ class ModelConfig:
             raise ModelLoadError(
                 f"{self.num_experts} experts do not split into n_group={self.n_group} groups"
             )
+        if self.sliding_window < 0 or (self.sliding_layers and not self.sliding_window):
+            raise ModelLoadError(f"bad sliding window {self.sliding_window}")
 
     @property
     def plain_llama_layers(self) -> bool:
         """Whether every block is a plain Llama block (no projection bias, no QK-norm):
         what the fused C++ decode layers compute."""
         return not (
-            self.attention_bias or self.qk_norm or self.o_proj_bias or self.moe_layers or self.mla
+            self.attention_bias
+            or self.qk_norm
+            or self.o_proj_bias
+            or self.moe_layers
+            or self.mla
+            or self.gemma_blocks
+            or self.hidden_act != "silu"
         )
+
+    def layer_window(self, layer: int) -> int:
+        """Tokens layer ``layer`` attends (its own included); 0: all of them."""
+        return self.sliding_window if layer in self.sliding_layers else 0
+
+    @property
+    def every_layer_windowed(self) -> bool:
+        """Every layer has a sliding window: KV older than the window is never read again."""
+        return bool(self.sliding_window) and len(self.sliding_layers) == self.num_layers
 
     def kv_bytes_per_token(self, element_size: int) -> int:
         """Bytes of K plus V for one token over all layers, at ``element_size`` bytes each
@@ -191,9 +230,17 @@ class ModelConfig:
 
 
 #: The families houchu runs: HF ``model_type`` / GGUF ``general.architecture`` values.
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3")
-#: The GGUF ``general.architecture`` values houchu reads (MoE GGUFs not yet).
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "deepseek2")
+ARCHITECTURES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    *STRUCTURE_FAMILIES,
+)
+#: The GGUF ``general.architecture`` values houchu reads (Qwen3-MoE GGUFs not yet).
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "deepseek2", "gemma2", "gemma3")
 #: HF ``architectures`` class names per family.
 _HF_CLASSES = {
     "LlamaForCausalLM": "llama",
@@ -202,6 +249,9 @@ _HF_CLASSES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "MistralForCausalLM": "mistral",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
 
 
@@ -237,7 +287,8 @@ def num_parameters(cfg: ModelConfig) -> ParamCount:
     bias = (cfg.num_heads + 2 * cfg.num_kv_heads) * d if cfg.attention_bias else 0
     bias += h if cfg.o_proj_bias else 0
     qk_norm = 2 * d if cfg.qk_norm else 0
-    layer = attn + attn_norms + 2 * h + bias + qk_norm  # two RMSNorm weight vectors
+    norms = 4 * h if cfg.gemma_blocks else 2 * h  # RMSNorm weight vectors
+    layer = attn + attn_norms + norms + bias + qk_norm
     body = cfg.num_layers * layer + dense_layers * dense_mlp + moe_total + h  # final norm
     embed = cfg.vocab_size * h
     head = 0 if cfg.tie_word_embeddings else embed
@@ -359,7 +410,8 @@ def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelCo
         rope_type, rope_factor = "linear", float(opt("rope.scaling.factor", 1.0))
     elif scaling not in ("none", None):
         raise ModelLoadError(f"{path}: unsupported RoPE scaling {scaling!r}")
-    return ModelConfig(
+    structure = gguf_structure(arch, opt, int(need("block_count")), hidden, heads, head_dim)
+    fields = dict(
         name=str(gguf_field(reader, "general.name", Path(str(path)).stem)),
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -382,6 +434,7 @@ def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelCo
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         o_proj_bias="blk.0.attn_output.bias" in tensor_names,
     )
+    return ModelConfig(**(fields | structure))
 
 
 # ---------------------------------------------------------------------------- HF
@@ -407,7 +460,7 @@ def _config_from_hf(path: Path) -> ModelConfig:
         raise ModelLoadError(f"{path}: attention_bias=true is not supported for llama")
     if raw.get("use_sliding_window"):
         raise ModelLoadError(f"{path}: use_sliding_window=true is not supported")
-    if raw.get("hidden_act", "silu") != "silu":
+    if family not in STRUCTURE_FAMILIES and raw.get("hidden_act", "silu") != "silu":
         raise ModelLoadError(f"{path}: hidden_act {raw.get('hidden_act')!r} is not supported")
     try:
         hidden = int(raw["hidden_size"])
@@ -427,7 +480,12 @@ def _config_from_hf(path: Path) -> ModelConfig:
         )
         if rope_type == "yarn" and not family.startswith("deepseek"):
             raise ModelLoadError(f"{path}: YaRN RoPE is supported for DeepSeek models only")
-        base = ModelConfig(
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        try:
+            structure = hf_structure(raw, family, layers, head_dim)
+        except ValueError as e:
+            raise ModelLoadError(f"{path}: {e}") from e
+        fields = dict(
             name=str(raw.get("_name_or_path") or path.name),
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
@@ -435,7 +493,7 @@ def _config_from_hf(path: Path) -> ModelConfig:
             num_layers=layers,
             num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
             max_position=int(raw.get("max_position_embeddings", 2048)),
@@ -459,6 +517,7 @@ def _config_from_hf(path: Path) -> ModelConfig:
             norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
             moe_layers=moe_layers,
         )
+        base = ModelConfig(**(fields | structure))
         if family.startswith("deepseek"):
             from houchu.model.config_deepseek import deepseek_config
 

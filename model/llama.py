@@ -1,8 +1,12 @@
 """The Llama decoder (Touvron et al. 2023) over a flattened, paged batch, with the
 variations of the families built from its parts (``ModelConfig.architecture``): Qwen2's
 q/k/v projection bias, Qwen3's per-head QK-norm, Qwen3-MoE's routed experts
-(``houchu.model.moe``) in place of the dense MLP, and DeepSeek-V2/V3's multi-head latent
-attention (``houchu.model.mla``, over a pool of latents) with DeepSeekMoE.
+(``houchu.model.moe``) in place of the dense MLP, DeepSeek-V2/V3's multi-head latent
+attention (``houchu.model.mla``, over a pool of latents) with DeepSeekMoE, Mistral's
+sliding windows and Gemma 2/3's blocks (``houchu.model.structure``: local and global
+layers, (1 + w) norms around attention and the MLP, GeGLU, a scaled embedding,
+soft-capping, a RoPE base per layer type; parts in ``houchu.model.block_parts`` and
+``houchu.model.attention_window``).
 
 Per block: RMSNorm (Zhang & Sennrich 2019) → attention with RoPE (Su et al. 2021) and
 grouped-query KV heads (Ainslie et al. 2023) → residual → RMSNorm → SwiGLU MLP
@@ -14,13 +18,17 @@ match it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from houchu.model.attention import AttentionBackend
+from houchu.model.attention_window import layer_attention
 from houchu.model.autotune import DecodeRoute
 from houchu.model.batch import StepBatch
+from houchu.model.block_parts import OffsetRMSNorm, apply_norm, gelu_tanh_mul, softcap
 from houchu.model.config import ModelConfig, ModelLoadError
 from houchu.model.fused_cpu import FusedDecode
 from houchu.model.kv_pool import KVPool
@@ -74,6 +82,7 @@ class DecoderLayer(nn.Module):
         device: torch.device,
         dtype: torch.dtype,
         moe: bool = False,
+        layer: int = 0,
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -82,10 +91,21 @@ class DecoderLayer(nn.Module):
             cfg.head_dim,
         )
         self.eps = cfg.rms_norm_eps
-        self.input_norm = RMSNorm(w.pop(f"{prefix}.input_layernorm.weight"), cfg.rms_norm_eps)
-        self.post_norm = RMSNorm(
-            w.pop(f"{prefix}.post_attention_layernorm.weight"), cfg.rms_norm_eps
-        )
+        norm = _norm_kind(cfg)
+        self.input_norm = norm(w.pop(f"{prefix}.input_layernorm.weight"), cfg.rms_norm_eps)
+        # Gemma: applied to the attention output; Llama: before the MLP
+        self.post_norm = norm(w.pop(f"{prefix}.post_attention_layernorm.weight"), cfg.rms_norm_eps)
+        #: Gemma's norms before and after the MLP (None: a Llama block)
+        self.ff_norms: nn.ModuleList | None = None
+        if cfg.gemma_blocks:
+            self.ff_norms = nn.ModuleList(
+                norm(w.pop(f"{prefix}.{n}_feedforward_layernorm.weight"), cfg.rms_norm_eps)
+                for n in ("pre", "post")
+            )
+        self.gelu = cfg.hidden_act == "gelu_tanh"  # GeGLU (Gemma) instead of SwiGLU
+        #: which RoPE table of ``LlamaModel.embed_and_rope`` this layer reads, when it
+        #: gives several (Gemma 3's local layers: 1)
+        self.rope_slot = int(bool(cfg.rope_local_theta) and layer in cfg.sliding_layers)
         a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
 
         def lin(parts: list[torch.Tensor | Int4Weight]) -> LinearBase:
@@ -113,12 +133,8 @@ class DecoderLayer(nn.Module):
         # Qwen3 with attention_bias: the output projection's bias, [hidden]
         self.o_bias = _param(w.pop(f"{a}.o_proj.bias").to(dtype)) if cfg.o_proj_bias else None
         # Qwen3: RMSNorm over each head of q and of k before RoPE, weights [D]
-        self.q_norm = (
-            RMSNorm(w.pop(f"{a}.q_norm.weight"), cfg.rms_norm_eps) if cfg.qk_norm else None
-        )
-        self.k_norm = (
-            RMSNorm(w.pop(f"{a}.k_norm.weight"), cfg.rms_norm_eps) if cfg.qk_norm else None
-        )
+        self.q_norm = norm(w.pop(f"{a}.q_norm.weight"), cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = norm(w.pop(f"{a}.k_norm.weight"), cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def pre(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: TorchOps
@@ -127,20 +143,24 @@ class DecoderLayer(nn.Module):
 
         Args:
             x: ``[T, hidden]`` residual stream.
-            cos, sin: ``[T, 1, D]`` RoPE tables.
+            cos, sin: ``[T, 1, D]`` RoPE tables, or ``[K, T, 1, D]`` (one per RoPE
+                setting; the layer reads its ``rope_slot``).
             ops: the kernel set.
         Returns:
             ``(q [T, H, D], k [T, Hkv, D], v [T, Hkv, D])`` in the model dtype.
         """
         t = x.shape[0]
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv(ops.rms_norm(x, self.input_norm.weight, self.eps))  # [T, (H+2Hkv)*D]
+        if cos.dim() == 4:
+            cos, sin = cos[self.rope_slot], sin[self.rope_slot]
+        assert self.qkv is not None  # MLA layers attend through ``self.mla``
+        qkv = self.qkv(apply_norm(self.input_norm, x, ops))  # [T, (H+2Hkv)*D]
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
         q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
         if self.q_norm is not None and self.k_norm is not None:  # per head: [T·H, D] rows
-            q = ops.rms_norm(q.reshape(t * h, d), self.q_norm.weight, self.eps)
-            k = ops.rms_norm(k.reshape(t * hkv, d), self.k_norm.weight, self.eps)
+            q = apply_norm(self.q_norm, q.reshape(t * h, d), ops)
+            k = apply_norm(self.k_norm, k.reshape(t * hkv, d), ops)
         q, k = ops.rope(q.reshape(t, h, d), k.reshape(t, hkv, d), cos, sin)
         return q, k, v.reshape(t, hkv, d)
 
@@ -168,11 +188,20 @@ class DecoderLayer(nn.Module):
             a = a + self.o_bias
         if rows is not None:
             x, a = x.index_select(0, rows), a.index_select(0, rows)
+        if self.ff_norms is not None:  # Gemma: norm the attention output, then the MLP's
+            x = x + self.post_norm(a)
+            return x + self.ff_norms[1](self._mlp(self.ff_norms[0](x), ops))
         h, x = ops.add_rms_norm(x, a, self.post_norm.weight, self.eps)
+        return x + self._mlp(h, ops)
+
+    def _mlp(self, h: torch.Tensor, ops: TorchOps) -> torch.Tensor:
+        """The gated MLP (or the MoE): h ``[R, hidden]`` -> ``[R, hidden]``."""
         if self.moe is not None:
-            return x + self.moe(h, ops.silu_mul)
+            return self.moe(h, ops.silu_mul)
         assert self.gate_up is not None and self.down is not None
-        return x + self.down(self.gate_up.forward_silu_mul(h, ops.silu_mul))
+        if self.gelu:
+            return self.down(gelu_tanh_mul(self.gate_up(h)))
+        return self.down(self.gate_up.forward_silu_mul(h, ops.silu_mul))
 
 
 class LlamaModel(nn.Module):
@@ -202,10 +231,14 @@ class LlamaModel(nn.Module):
         self.fused: FusedDecode | None = None  # fused decode layers, set by the runner
         self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, w, f"model.layers.{i}", self.quant, dev, dtype, i in cfg.moe_layers)
+            DecoderLayer(
+                cfg, w, f"model.layers.{i}", self.quant, dev, dtype, i in cfg.moe_layers, i
+            )
             for i in range(cfg.num_layers)
         )
-        self.norm = RMSNorm(w.pop("model.norm.weight"), cfg.rms_norm_eps)
+        #: each layer's window, score scale and soft-cap, for the attention backend
+        self.attention = layer_attention(cfg)
+        self.norm = _norm_kind(cfg)(w.pop("model.norm.weight"), cfg.rms_norm_eps)
         self.embed = _param(w.pop("model.embed_tokens.weight"))  # [V, hidden]
         self.tied = cfg.tie_word_embeddings
         head = self.embed if self.tied else w.pop("lm_head.weight")  # [V, hidden]
@@ -215,7 +248,15 @@ class LlamaModel(nn.Module):
             self.lm_head = make_linear(head.data, self.quant, dev, dtype=dtype, head=True)
         inv = rope_inv_freq(cfg, w.get("rope_freqs"))
         self.register_buffer("inv_freq", inv, persistent=False)  # [D/2] fp32
-        self._rope_table: RopeTable | None = None  # built on first use
+        #: Gemma 3's local layers' RoPE (their own base, no scaling), or None
+        local = None
+        if cfg.rope_local_theta:
+            local_cfg = dataclasses.replace(
+                cfg, rope_theta=cfg.rope_local_theta, rope_type="default", rope_factor=1.0
+            )
+            local = rope_inv_freq(local_cfg)  # [D/2] fp32
+        self.register_buffer("inv_freq_local", local, persistent=False)
+        self._rope_tables: dict[int, RopeTable] = {}  # per slot, built on first use
         self.to(dev)
         self._num_params = sum(p.numel() for p in self.parameters()) + sum(
             m.out_features * m.in_features
@@ -291,23 +332,43 @@ class LlamaModel(nn.Module):
         self, token_ids: torch.Tensor, positions: torch.Tensor, max_pos: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """token_ids, positions: ``[T]`` int64 -> ``(x [T, hidden], cos [T, 1, D],
-        sin [T, 1, D])`` in the model dtype. ``max_pos``, when given, bounds the positions:
-        below the model's trained context (and ``ROPE_TABLE_MAX``) cos and sin are then
-        looked up in a table (the same values as computing them)."""
+        sin [T, 1, D])`` in the model dtype (with a second RoPE setting, Gemma 3's, cos and
+        sin are ``[2, T, 1, D]``: global, local). ``max_pos``, when given, bounds the
+        positions: below the model's trained context (and ``ROPE_TABLE_MAX``) cos and sin
+        are then looked up in a table (the same values as computing them). Gemma scales
+        the embedding by sqrt(hidden) (rounded to the model dtype, as HF does)."""
         x = F.embedding(token_ids, self.embed)  # [T, hidden]
-        n = min(self.cfg.max_position, ROPE_TABLE_MAX)
-        if max_pos is not None and max_pos < n:
-            table = self._rope_table
-            if table is None or table.cos.dtype != x.dtype or table.cos.device != x.device:
-                table = RopeTable(self.inv_freq, x.dtype, n)
-                self._rope_table = table
-            return x, *table.lookup(positions)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)  # [T, 1, D] each
+        if self.cfg.gemma_blocks:
+            x = x * torch.tensor(self.cfg.hidden_size**0.5, dtype=x.dtype)
+        cos, sin = self._rope(0, self.inv_freq, positions, max_pos, x)
+        if self.inv_freq_local is not None:
+            cos_l, sin_l = self._rope(1, self.inv_freq_local, positions, max_pos, x)
+            return x, torch.stack((cos, cos_l)), torch.stack((sin, sin_l))
         return x, cos, sin
 
+    def _rope(
+        self,
+        slot: int,
+        inv_freq: torch.Tensor,
+        positions: torch.Tensor,
+        max_pos: int | None,
+        x: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``[T, 1, D]`` of one RoPE setting (see ``embed_and_rope``)."""
+        n = min(self.cfg.max_position, ROPE_TABLE_MAX)
+        if max_pos is not None and max_pos < n:
+            table = self._rope_tables.get(slot)
+            if table is None or table.cos.dtype != x.dtype or table.cos.device != x.device:
+                table = RopeTable(inv_freq, x.dtype, n)
+                self._rope_tables[slot] = table
+            return table.lookup(positions)
+        return rope_cos_sin(positions, inv_freq, x.dtype)  # [T, 1, D] each
+
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm and LM head: x ``[R, hidden]`` -> ``[R, vocab]`` float32 logits."""
-        return self.lm_head(self.ops.rms_norm(x, self.norm.weight, self.norm.eps)).float()
+        """Final norm and LM head: x ``[R, hidden]`` -> ``[R, vocab]`` float32 logits
+        (soft-capped where the model says: Gemma 2)."""
+        logits = self.lm_head(apply_norm(self.norm, x, self.ops)).float()
+        return softcap(logits, self.cfg.final_softcap)
 
     def forward(self, batch: StepBatch, pool: KVPool, backend: AttentionBackend) -> torch.Tensor:
         """Run one step: write every new token's K/V into the pool, return sampled logits.
@@ -322,7 +383,10 @@ class LlamaModel(nn.Module):
         """
         max_pos = max(batch.kv_lens, default=0) - 1
         x, cos, sin = self.embed_and_rope(batch.token_ids, batch.positions, max_pos)
-        meta = backend.prepare(batch) if self.cfg.mla is None else prepare_mla(batch)
+        if self.cfg.mla is None:
+            meta = backend.prepare(batch, self.attention)
+        else:
+            meta = prepare_mla(batch)
         last, ops = len(self.layers) - 1, self.ops
         first = 0  # layers [0, first) ran fused
         fused = self.fused.bind(batch, pool, meta) if self.fused is not None else None
@@ -347,6 +411,11 @@ class LlamaModel(nn.Module):
             else:  # only the sampled rows feed the last MLP and the head
                 x = layer.post(x, o, ops, batch.sample_rows)  # [R, hidden]
         return self.head(x)  # [R, V]
+
+
+def _norm_kind(cfg: ModelConfig) -> type[nn.Module]:
+    """The RMSNorm of the model's blocks: Gemma's (1 + w) or Llama's."""
+    return OffsetRMSNorm if cfg.gemma_blocks else RMSNorm
 
 
 def _check_shapes(cfg: ModelConfig, w: Weights) -> None:
@@ -403,6 +472,8 @@ def _check_shapes(cfg: ModelConfig, w: Weights) -> None:
             want[f"{p}.self_attn.o_proj.bias"] = (h,)
         if cfg.qk_norm:
             want |= {f"{p}.self_attn.q_norm.weight": (d,), f"{p}.self_attn.k_norm.weight": (d,)}
+        if cfg.gemma_blocks:
+            want |= {f"{p}.{n}_feedforward_layernorm.weight": (h,) for n in ("pre", "post")}
     if not cfg.tie_word_embeddings:
         want["lm_head.weight"] = (cfg.vocab_size, h)
     for name, shape in want.items():

@@ -83,8 +83,8 @@ def mla_levers_note(cfg: ModelConfig, options: Any, backend: str) -> str:
         )
     if backend not in ("torch-sdpa", "cpu"):
         notes.append(f"attention runs on torch ops, not the {backend} backend's kernels")
-    if not options.disable_fused_layers and backend == "cpu":
-        notes.append("the fused C++ decode layers compute plain Llama blocks only: off")
+    # the fused decode layers being off is said by ``structure_notes`` (every family
+    # whose blocks are not plain Llama blocks)
     for n in notes:
         print(f"houchu runner: {cfg.architecture} (MLA): {n}", flush=True)
     return "auto"

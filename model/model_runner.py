@@ -35,6 +35,7 @@ from houchu.kvcache.host_pool import HostPool
 from houchu.model import cpu_kernels
 from houchu.model.accel import DecodeAccelerator
 from houchu.model.attention import make_backend
+from houchu.model.attention_window import WindowLedger
 from houchu.model.autotune import Tuned, tune_model
 from houchu.model.batch import StepBatch, build_batch
 from houchu.model.config import ModelConfig, num_parameters, resolve_model_file
@@ -52,6 +53,7 @@ from houchu.model.moe import MoEMLP, moe_lever_sample
 from houchu.model.ops import make_ops
 from houchu.model.quant import QuantSpec, resolve_quant_mode
 from houchu.model.sampling import RequestState, Sampler
+from houchu.model.structure_levers import structure_notes
 from houchu.model.threads import ThreadGovernor, step_key
 from houchu.model.verify import sample_and_verify
 from houchu.options.runner_options import RunnerOptions
@@ -179,6 +181,12 @@ class ModelRunner:
             a.dropped,
             cached=a.cached,
         )
+        per_layer = self.pool.bytes_per_token // max(self.config.num_layers, 1)
+        self.window_ledger = WindowLedger(self.model.attention, per_layer)
+        #: what the model's structure does to the other levers (said at startup)
+        self.notes = structure_notes(
+            self.config, self.model.attention, self.backend.name, not o.disable_fused_layers
+        )
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
         limit = min(self.config.max_position, self.pool.num_tokens)
         self.max_context = limit if o.max_context is None else min(o.max_context, limit)
@@ -197,6 +205,8 @@ class ModelRunner:
         self.mla_lever = MLALever(self.pool, self.max_context) if mla else None
         if not quiet:
             print(self.summary(time.perf_counter() - t0), flush=True)
+            for note in self.notes:
+                print(f"houchu runner: {note}", flush=True)
 
     @property
     def config(self) -> ModelConfig:
@@ -266,14 +276,26 @@ class ModelRunner:
         saved and spent since the previous call (engine-wide ``LeverSample``s, for the
         runner actor to emit); with MoE layers, also the FLOPs the experts a token did not
         run saved against the router's ("moe_routed_experts", compute_less); with MLA,
-        the KV bytes, token slots and requests the latent saves ("mla", occupy_less); with
-        structured output, the grammar masks' time ("structured_output_mask")."""
+        the KV bytes, token slots and requests the latent saves ("mla", occupy_less);
+        with sliding windows, the KV bytes attention did not read
+        ("sliding_window_attention", move_less); with structured output, the grammar
+        masks' time ("structured_output_mask")."""
         out = [*self.levers.samples(), *self.grammar.samples()]
+        now = time.time()
         moes = (m for m in self.model.modules() if isinstance(m, MoEMLP))
-        moe = moe_lever_sample(moes, time.time())
+        moe = moe_lever_sample(moes, now)
         if self.mla_lever is not None:
-            out += self.mla_lever.samples(time.time())
-        return out if moe is None else [*out, moe]
+            out += self.mla_lever.samples(now)
+        if moe is not None:
+            out.append(moe)
+        skipped = self.window_ledger.take()
+        if skipped:
+            out.append(
+                LeverSample(
+                    "sliding_window_attention", "move_less", skipped, "bytes", 0.0, "bytes", now
+                )
+            )
+        return out
 
     def attach_host_pool(self, host: HostPool) -> None:
         """Map the shared host KV pool so plans can save pages to it and load them back.
@@ -306,6 +328,7 @@ class ModelRunner:
             num_threads=torch.get_num_threads(),
             cpu_isa=self.cpu_isa if self.device.type == "cpu" else "",
             decode_paths=self.tuned.route.describe(self.tuned.times) if self.tuned else "",
+            sliding_window=c.sliding_window if c.every_layer_windowed else 0,
         )
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
@@ -318,6 +341,7 @@ class ModelRunner:
         self.levers.record(batch.num_tokens, sum(batch.kv_lens), fast, read)
         if self.mla_lever is not None:
             self.mla_lever.record(batch.num_tokens)
+        self.window_ledger.record(batch.start_pos)
         return logits
 
     def execute(self, plan: StepPlan) -> StepResult:

@@ -1,7 +1,7 @@
 """Helpers for tests elsewhere in houchu: a tiny random Llama-family model (Llama, Qwen2,
-Qwen3, Qwen3-MoE, DeepSeek-V2/V3) saved as a Hugging Face directory, a tokenizer to
-serve it with, and its GGUF as llama.cpp's converter writes it (needs ``transformers``;
-imported lazily)."""
+Qwen3, Qwen3-MoE, DeepSeek-V2/V3, Mistral, Gemma 2/3) saved as a Hugging Face directory,
+a tokenizer to serve it with, and its GGUF as llama.cpp's converter writes it (needs
+``transformers``; imported lazily)."""
 
 from __future__ import annotations
 
@@ -48,10 +48,11 @@ def make_tiny_model(
     seed: int = 0,
     **overrides: Any,
 ) -> Path:
-    """Save a randomly initialised causal LM of ``family`` ("llama", "qwen2" or "qwen3",
-    through ``transformers.AutoModelForCausalLM.from_config``; float32, safetensors) to
-    ``path``. 2-D weights (and 3-D stacked experts) are drawn from N(0, 0.08²) and 1-D ones (norms, biases) from
-    1 + N(0, 0.1²) or N(0, 0.1²), so that every part changes the logits visibly.
+    """Save a randomly initialised causal LM of ``family`` (an HF ``model_type`` houchu
+    runs: "llama", "qwen2", "gemma2", "deepseek_v3", ...) through
+    ``transformers.AutoModelForCausalLM.from_config`` (float32, safetensors) to ``path``. 2-D weights (and 3-D stacked experts) are drawn from N(0, 0.08²) and 1-D
+    ones (norms, biases) from 1 + N(0, 0.1²) or N(0, 0.1²) (Gemma's norms, which scale by
+    1 + w: N(0, 0.1²)), so that every part changes the logits visibly.
 
     Args:
         path: target directory (created).
@@ -76,6 +77,8 @@ def make_tiny_model(
                 p.normal_(0.0, 0.08)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.1)
+            elif family.startswith("gemma"):  # norms: 1 + w around 1
+                p.normal_(0.0, 0.1)
             elif family != "llama":  # norms: around 1
                 p.normal_(1.0, 0.1)
         for name, b in model.named_buffers():
@@ -99,6 +102,14 @@ _HF_TO_GGUF_BLOCK = {
     "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
 }
+#: Gemma 2/3's block norms as llama.cpp names them
+_HF_TO_GGUF_GEMMA = _HF_TO_GGUF_BLOCK | {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+#: houchu's family -> the GGUF architecture llama.cpp writes (Mistral is a Llama there)
+_GGUF_ARCH = {"mistral": "llama", "gemma3_text": "gemma3"}
 
 
 def permute_qk(w: Any, n_head: int) -> Any:
@@ -124,7 +135,10 @@ def write_llama_gguf(
     """Convert a Hugging Face Llama-family directory to GGUF the way llama.cpp does (a
     Llama's q/k rows permuted, names mapped), quantizing 2-D weights to ``qtype`` (a
     ``gguf.GGMLQuantizationType`` name: F32, F16, Q8_0, Q4_0, Q4_1 …); norms and biases
-    stay F32.
+    stay F32. A Mistral is written as a Llama with ``attention.sliding_window``; Gemma
+    2/3 with their norms as 1 + w, the window, soft-caps, one sliding flag per layer
+    (``attention.sliding_window_pattern``) and Gemma 3's local RoPE base
+    (``rope.freq_base_swa``).
 
     Args:
         hf_dir: directory from ``make_tiny_model``.
@@ -134,6 +148,9 @@ def write_llama_gguf(
         drop_output: omit ``output.weight`` (a tied-embedding model).
     Returns:
         ``out`` as a ``Path``.
+    Raises:
+        ValueError: a Gemma whose ``query_pre_attn_scalar`` is not its head_dim (GGUF has
+            no key for it: llama.cpp scales by head_dim).
     """
     import gguf
     import numpy as np
@@ -146,8 +163,14 @@ def write_llama_gguf(
     for f in sorted(Path(hf_dir).glob("*.safetensors")):
         tensors |= load_file(str(f))
     qt = gguf.GGMLQuantizationType[qtype]
-    permute = cfg.architecture == "llama"  # llama.cpp keeps Qwen's rotate-half rows
-    w = gguf.GGUFWriter(str(out), arch or cfg.architecture)
+    gguf_arch = arch or _GGUF_ARCH.get(cfg.architecture, cfg.architecture)
+    # llama.cpp keeps Qwen's and Gemma's rotate-half rows
+    permute = cfg.architecture in ("llama", "mistral")
+    gemma = cfg.gemma_blocks
+    if gemma and cfg.attn_scale is not None and abs(cfg.attn_scale * cfg.head_dim**0.5 - 1) > 1e-9:
+        raise ValueError("GGUF has no query_pre_attn_scalar: llama.cpp scales by head_dim")
+    block_names = _HF_TO_GGUF_GEMMA if gemma else _HF_TO_GGUF_BLOCK
+    w = gguf.GGUFWriter(str(out), gguf_arch)
     w.add_name("tiny-llama")
     w.add_block_count(cfg.num_layers)
     w.add_context_length(cfg.max_position)
@@ -162,8 +185,21 @@ def write_llama_gguf(
     w.add_vocab_size(cfg.vocab_size)
     w.add_bos_token_id(cfg.bos_token_id or 1)
     w.add_eos_token_id(cfg.eos_token_ids[0] if cfg.eos_token_ids else 2)
+    if cfg.sliding_window:
+        w.add_sliding_window(cfg.sliding_window)
+    if gemma:
+        flags = [i in cfg.sliding_layers for i in range(cfg.num_layers)]
+        w.add_array(f"{gguf_arch}.attention.sliding_window_pattern", flags)
+        if cfg.attn_softcap:
+            w.add_attn_logit_softcapping(cfg.attn_softcap)
+        if cfg.final_softcap:
+            w.add_final_logit_softcapping(cfg.final_softcap)
+        if cfg.rope_local_theta:
+            w.add_float32(f"{gguf_arch}.rope.freq_base_swa", cfg.rope_local_theta)
     for name, t in tensors.items():
         t = t.astype(np.float32)
+        if gemma and name.endswith("norm.weight"):
+            t = t + np.float32(1.0)  # llama.cpp's converter stores Gemma's norms as 1 + w
         if name == "model.embed_tokens.weight":
             gname = "token_embd.weight"
         elif name == "model.norm.weight":
@@ -175,7 +211,7 @@ def write_llama_gguf(
         else:
             _, _, layer, rest = name.split(".", 3)
             part, kind = rest.rsplit(".", 1)  # kind: weight or bias
-            gname = f"blk.{layer}.{_HF_TO_GGUF_BLOCK[part]}.{kind}"
+            gname = f"blk.{layer}.{block_names[part]}.{kind}"
             if permute and part == "self_attn.q_proj":
                 t = permute_qk(t, cfg.num_heads)
             elif permute and part == "self_attn.k_proj":

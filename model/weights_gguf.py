@@ -65,11 +65,18 @@ _BLOCK_NAMES = {
     "ffn_down_shexp": "mlp.shared_experts.down_proj",
     "exp_probs_b": "mlp.gate.e_score_correction",
 }
+#: Gemma 2/3's block norms (llama.cpp's names): its ``ffn_norm`` is the norm before the MLP
+_GEMMA_BLOCK_NAMES = _BLOCK_NAMES | {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def gguf_to_hf_name(name: str) -> str:
-    """Map a GGUF tensor name to houchu's (Hugging Face) name.
+def gguf_to_hf_name(name: str, gemma: bool = False) -> str:
+    """Map a GGUF tensor name to houchu's (Hugging Face) name (``gemma``: a Gemma 2/3
+    file, whose block norms are named differently).
 
     Raises:
         ModelLoadError: the tensor is not part of a dense Llama model (e.g. MoE experts).
@@ -77,8 +84,9 @@ def gguf_to_hf_name(name: str) -> str:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = _BLOCK_RE.match(name)
-    if m and m.group(2) in _BLOCK_NAMES:
-        return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+    names = _GEMMA_BLOCK_NAMES if gemma else _BLOCK_NAMES
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
     raise ModelLoadError(f"unsupported GGUF tensor {name!r} (not a dense Llama weight)")
 
 
@@ -130,13 +138,14 @@ def iter_gguf_tensors(
     """Yield ``(hf_name, tensor)`` for every tensor of an open ``gguf.GGUFReader``.
 
     A Llama file's q and k projections come out un-permuted (see module docstring);
-    llama.cpp's converter leaves Qwen2/Qwen3's rows in rotate-half order already. Tensors are dense,
-    contiguous, on CPU, in ``dtype`` (``rope_freqs`` stays float32). With ``keep_q4``,
-    Q4_0/Q4_1 projection weights come out as ``Int4Weight`` instead (not the embedding,
-    whose rows are looked up densely).
+    llama.cpp's converter leaves Qwen2/Qwen3's and Gemma's rows in rotate-half order
+    already. Gemma's norm weights, stored as 1 + w, come out as w (Hugging Face's).
+    Tensors are dense, contiguous, on CPU, in ``dtype`` (``rope_freqs`` stays float32).
+    With ``keep_q4``, Q4_0/Q4_1 projection weights come out as ``Int4Weight`` instead
+    (not the embedding, whose rows are looked up densely; not an MLA model's).
     """
     for t in reader.tensors:
-        name = gguf_to_hf_name(t.name)
+        name = gguf_to_hf_name(t.name, cfg.gemma_blocks)
         # MLA's projections are permuted and its experts kept dense: no int4 repacking
         q4 = keep_q4 and cfg.mla is None
         if q4 and t.tensor_type.name in Q4_TYPES and ".layers." in name:
@@ -144,10 +153,13 @@ def iter_gguf_tensors(
             w: torch.Tensor | Int4Weight = gguf_q4_to_int4(t.data, t.tensor_type.name, shape)
         else:
             w = torch.from_numpy(dequantize_tensor(t))
-        if cfg.architecture == "llama" and name.endswith("q_proj.weight"):
+        llama = cfg.architecture in ("llama", "mistral")  # a GGUF Mistral is a Llama
+        if llama and name.endswith("q_proj.weight"):
             w = _unpermute(w, cfg.num_heads)
-        elif cfg.architecture == "llama" and name.endswith("k_proj.weight"):
+        elif llama and name.endswith("k_proj.weight"):
             w = _unpermute(w, cfg.num_kv_heads)
+        if cfg.gemma_blocks and name.endswith("norm.weight") and isinstance(w, torch.Tensor):
+            w = w - 1.0  # llama.cpp's converter stores Gemma's norms as 1 + w (exact back)
         if isinstance(w, torch.Tensor):
             w = (w if name == "rope_freqs" else w.to(dtype)).contiguous()
         yield name, w

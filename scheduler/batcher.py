@@ -23,6 +23,7 @@ from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.no_tiers import Tiers
 from houchu.scheduler.prefix_cache import NoPrefixCache, PrefixCache
 from houchu.scheduler.request import Request, Status
+from houchu.scheduler.window_pages import WindowPages
 from houchu.spec.scheduling import add_drafts, free_pages_past
 from houchu.transport.messages import PageCopy, SeqInit, SeqWork, StepPlan
 
@@ -39,6 +40,7 @@ class Batcher:
             ``--max-running-requests``, ``--max-queued-tokens``).
         prefix: the radix prefix cache over the allocator's pool (or ``NoPrefixCache``).
         tiers: the KV tiers' client (or ``NoTiers``).
+        window: releases pages outside every sliding window (None: the model has none).
     """
 
     def __init__(
@@ -47,8 +49,10 @@ class Batcher:
         config: BatchingOptions,
         prefix: PrefixCache | NoPrefixCache,
         tiers: Tiers,
+        window: WindowPages | None = None,
     ) -> None:
         self.allocator = allocator
+        self.window = window or WindowPages(0, allocator.page_size)
         self.config = config
         self.prefix = prefix
         self.tiers = tiers
@@ -240,8 +244,10 @@ class Batcher:
 
     def index_computed(self, req: Request) -> None:
         """Put ``req``'s newly completed full pages into the prefix cache, so that other
-        requests (and this one, if it is preempted) can reuse them."""
+        requests (and this one, if it is preempted) can reuse them; then release its pages
+        outside every sliding window (``scheduler.window_pages``)."""
         self.prefix.index(req)
+        self.window.release(req, self.allocator)
 
     def free_rejected(self, req: Request) -> None:
         """Free ``req``'s pages past its tokens: those of proposals the runner rejected."""
@@ -268,7 +274,7 @@ class Batcher:
 
     def _drop_pages(self, req: Request) -> None:
         if req.page_table:
-            self.allocator.free(req.page_table)
+            self.allocator.free(req.page_table[req.num_dead_pages :])
         req.page_table = []
-        req.num_computed = req.num_tree_pages = 0
+        req.num_computed = req.num_tree_pages = req.num_dead_pages = 0
         req.tree_node = None

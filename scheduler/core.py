@@ -51,6 +51,7 @@ from houchu.scheduler.speculation import speculation
 from houchu.scheduler.steps import StepTracker
 from houchu.scheduler.telemetry_sink import NullTelemetry, TelemetrySink
 from houchu.scheduler.tiers import TierClient, TierReply
+from houchu.scheduler.window_pages import WindowPages
 from houchu.transport.failures import Failed, bad_request, overloaded
 from houchu.transport.limits import RunnerLimits
 from houchu.transport.messages import (
@@ -104,7 +105,13 @@ class SchedulerCore:
         self.tiers: Tiers = (tiers or NoTiers()) if radix_cache else NoTiers()
         self.allocator = PageAllocator(runner.num_pages, runner.page_size)
         self.prefix = prefix_cache(radix_cache, self.allocator, self.tiers)
-        self.batcher = Batcher(self.allocator, config, self.prefix, self.tiers)
+        self.batcher = Batcher(
+            self.allocator,
+            config,
+            self.prefix,
+            self.tiers,
+            WindowPages(runner.sliding_window, runner.page_size),
+        )
         self.spec = speculation(spec, runner.max_context, config.max_running_requests)
         self.steps = StepTracker()
         self.ledger = SchedulerLedger(runner)
@@ -334,6 +341,8 @@ class SchedulerCore:
         allocator = PageAllocator(runner.num_pages, runner.page_size)
         prefix = self.prefix.renew(allocator, self.tiers)
         self.batcher.restart(allocator, prefix)
+        self.batcher.window.window = runner.sliding_window  # the counters keep adding up
+        self.batcher.window.page_size = runner.page_size
         self.runner, self.allocator, self.prefix = runner, allocator, prefix
         self.tiers.drop_saves()  # the device pages they would copy are gone
         self._wire()
@@ -361,7 +370,8 @@ class SchedulerCore:
         """Counters for the stats endpoint (pages are KV pages of ``page_size`` tokens)."""
         running = self.batcher.running.values()
         bpt = self.runner.kv_bytes_per_token
-        reserved = sum(len(r.page_table) for r in running) * self.runner.page_size * bpt
+        held = sum(len(r.page_table) - r.num_dead_pages for r in running)
+        reserved = held * self.runner.page_size * bpt
         max_len = sum(
             min(r.num_prompt + r.sampling.max_tokens, self.runner.max_context) for r in running
         )
@@ -383,6 +393,7 @@ class SchedulerCore:
             "num_preemptions": self.batcher.num_preemptions,
             **self.counters.stats(),
             **self.prefix.stats(),
+            **self.batcher.window.stats(),
             **self.steps.stats(),
             **self.ledger.stats(),
             **self.overlap.stats(),

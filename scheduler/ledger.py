@@ -8,6 +8,7 @@ Levers and their units (docs/architecture.md, "The lever ledger"):
 | paged_kv | occupy_less | KV bytes not reserved vs. max-length reservation | page-table entries |
 | continuous_batching | fill | forward passes shared (requests per step - 1) | seconds queued |
 | chunked_prefill | fill | prefill tokens moved out of one long step | extra steps |
+| sliding_window_pages | occupy_less | KV bytes of pages released outside every window | pages released (re-read never) |
 
 FLOPs of a skipped prefill token at position ``p``: ``2 * N`` for the matmuls (``N``
 non-embedding parameters; Kaplan et al. 2020, "Scaling Laws", the forward-pass count)
@@ -127,6 +128,20 @@ class SchedulerLedger:
                 rid=req.rid,
             )
         ]
+        if req.window_pages_released:
+            pages = req.window_pages_released
+            out.append(
+                LeverSample(
+                    lever="sliding_window_pages",
+                    verb="occupy_less",
+                    saved=float(pages * r.page_size * r.kv_bytes_per_token),
+                    saved_unit="bytes",
+                    spent=float(pages),
+                    spent_unit="pages",
+                    t=now,
+                    rid=req.rid,
+                )
+            )
         if req.num_chunks > 1:
             chunked = req.num_prompt - req.cached_tokens
             self.chunked_tokens += chunked

@@ -65,6 +65,10 @@ class Request:
         self.num_computed = 0
         self.num_tree_pages = 0  # leading pages of page_table indexed by the radix tree
         self.tree_node = None  # radix tree node of the last indexed page
+        # leading pages of page_table released as outside every sliding window
+        # (placeholders now: never read, never freed again; scheduler.window_pages)
+        self.num_dead_pages = 0
+        self.window_pages_released = 0  # over its life, preemptions included
         self.max_itl_s = 0.0  # longest gap between two of its tokens, seconds
         self.last_token_time = 0.0
         self.num_chunks = 0  # prefill steps taken

@@ -149,7 +149,7 @@ class ResultApplier:
         """Take ``req`` out of the batch (finished or aborted), accounting what paging
         and speculation did for it."""
         r = self.runner
-        held = len(req.page_table) * r.page_size * r.kv_bytes_per_token
+        held = (len(req.page_table) - req.num_dead_pages) * r.page_size * r.kv_bytes_per_token
         for sample in self.ledger.on_finished(req, held):
             self.telemetry.lever(sample)
         for sample in self.spec.on_leave(req):

@@ -1,5 +1,5 @@
 // Paged decode attention for the CPU: each sequence's one new query token attends over
-// its KV positions 0..len-1, read in place from the page pool through its page table
+// its KV positions 0..len-1 (start..len-1 with a sliding window's starts), read in place from the page pool through its page table
 // (no gather into a padded copy first, which is what the torch backend must do).
 //
 // Softmax attention (Vaswani et al. 2017) with grouped-query KV heads (Ainslie et al.
@@ -36,7 +36,8 @@ bool decode_attention_group(const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache,
                             const std::optional<at::Tensor>& k_scale,
                             const std::optional<at::Tensor>& v_scale, const at::Tensor& pages,
-                            const at::Tensor& lens, double scale, at::Tensor& out) {
+                            const at::Tensor& lens, double scale, const int32_t* sp,
+                            at::Tensor& out) {
   const int64_t b = q.size(0), h = q.size(1), d = q.size(2);
   const int64_t ps = k_cache.size(1), hkv = k_cache.size(2), group = h / hkv;
   if ((d != 64 && d != 128) || group > kMaxGroup) return false;
@@ -59,7 +60,8 @@ bool decode_attention_group(const at::Tensor& q, const at::Tensor& k_cache,
       const T* qi = qp + bi * qs0 + kvh * group * qs1;
       T* oi = op + (bi * h + kvh * group) * d;
       attn::attend_group<T, C>(qi, qs1, kc, vc, pp + bi * n_pages, lp[bi], ps, hkv, kvh, group,
-                               d, static_cast<float>(scale), oi, scores.data(), ks, vs);
+                               d, static_cast<float>(scale), oi, scores.data(), ks, vs,
+                               sp ? sp[bi] : 0);
     }
   });
   return true;
@@ -71,7 +73,8 @@ template <typename T, typename C>
 void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                       const std::optional<at::Tensor>& k_scale,
                       const std::optional<at::Tensor>& v_scale, const at::Tensor& pages,
-                      const at::Tensor& lens, double scale, at::Tensor& out) {
+                      const at::Tensor& lens, double scale, const int32_t* sp,
+                      at::Tensor& out) {
   const int64_t b = q.size(0), h = q.size(1), d = q.size(2);
   const int64_t ps = k_cache.size(1), hkv = k_cache.size(2), group = h / hkv;
   const int64_t n_pages = pages.size(1);
@@ -94,7 +97,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::
       attend_one<T, C>(qp + bi * qs0 + hi * qs1, kc, vc, ks, vs, pp + bi * n_pages, lp[bi], ps,
                        hkv, hi / group, d, static_cast<float>(scale), op + i * d,
                        scratch.data() + (2 + ps) * d, scratch.data(), scratch.data() + d,
-                       scratch.data() + 2 * d);
+                       scratch.data() + 2 * d, sp ? sp[bi] : 0);
     }
   });
 }
@@ -104,13 +107,15 @@ void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::
 // q: [B, H, D]; k_cache, v_cache: [P, page_size, Hkv, D] (one layer of the pool);
 // k_scale, v_scale: [P, page_size, Hkv] float16 for an int8 pool, else None;
 // pages: [B, n_pages] int64; lens: [B] int32 (1 <= len <= n_pages * page_size);
-// scale: softmax scale (1 / sqrt(D)) -> [B, H, D] in q's dtype.
+// scale: softmax scale (1 / sqrt(D) for Llama); starts: [B] int32, the first position
+// each row attends (a sliding window; 0 <= start < len), or None for 0 -> [B, H, D] in
+// q's dtype.
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache,
                                   const std::optional<at::Tensor>& k_scale,
                                   const std::optional<at::Tensor>& v_scale,
                                   const at::Tensor& pages, const at::Tensor& lens,
-                                  double scale) {
+                                  double scale, const std::optional<at::Tensor>& starts) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "paged_decode_attention: q must be [B, H, D]");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   v_cache.sizes() == k_cache.sizes() && k_cache.size(3) == q.size(2),
@@ -125,12 +130,18 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
               "paged_decode_attention: lens must be a contiguous [B] int32");
   TORCH_CHECK(k_scale.has_value() == v_scale.has_value(),
               "paged_decode_attention: give both scales or neither");
+  TORCH_CHECK(!starts || (starts->dim() == 1 && starts->size(0) == q.size(0) &&
+                          starts->is_contiguous() && starts->scalar_type() == at::kInt),
+              "paged_decode_attention: starts must be a contiguous [B] int32");
+  const int32_t* sp = starts ? starts->data_ptr<int32_t>() : nullptr;
   const int64_t cap = pages.size(1) * k_cache.size(1);
   const int32_t* lp = lens.data_ptr<int32_t>();
   const int64_t* pp = pages.data_ptr<int64_t>();
   for (int64_t i = 0; i < lens.size(0); ++i) {
     TORCH_CHECK(lp[i] >= 1 && lp[i] <= cap, "paged_decode_attention: len ", lp[i],
                 " outside [1, ", cap, "]");
+    TORCH_CHECK(!sp || (sp[i] >= 0 && sp[i] < lp[i]), "paged_decode_attention: start ",
+                sp ? sp[i] : 0, " outside [0, len)");
     for (int64_t j = 0; j < (lp[i] + k_cache.size(1) - 1) / k_cache.size(1); ++j) {
       const int64_t pg = pp[i * pages.size(1) + j];
       TORCH_CHECK(pg >= 0 && pg < k_cache.size(0), "paged_decode_attention: page ", pg,
@@ -155,19 +166,19 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 #if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2)
     if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, c10::BFloat16>) {
       if (quantized ? decode_attention_group<scalar_t, int8_t>(q, k_cache, v_cache, k_scale,
-                                                               v_scale, pages, lens, scale, out)
+                                                               v_scale, pages, lens, scale, sp, out)
                     : decode_attention_group<scalar_t, scalar_t>(
-                          q, k_cache, v_cache, k_scale, v_scale, pages, lens, scale, out)) {
+                          q, k_cache, v_cache, k_scale, v_scale, pages, lens, scale, sp, out)) {
         return;
       }
     }
 #endif
     if (quantized) {
       decode_attention<scalar_t, int8_t>(q, k_cache, v_cache, k_scale, v_scale, pages, lens,
-                                         scale, out);
+                                         scale, sp, out);
     } else {
       decode_attention<scalar_t, scalar_t>(q, k_cache, v_cache, k_scale, v_scale, pages, lens,
-                                           scale, out);
+                                           scale, sp, out);
     }
   });
   return out;
@@ -178,7 +189,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 HOUCHU_FRAGMENT(m) {
   m.def(
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? k_scale, "
-      "Tensor? v_scale, Tensor pages, Tensor lens, float scale) -> Tensor");
+      "Tensor? v_scale, Tensor pages, Tensor lens, float scale, Tensor? starts=None) -> Tensor");
 }
 
 HOUCHU_IMPL(m) {

@@ -17,6 +17,13 @@
 namespace houchu_cpu {
 namespace attn {
 
+// A sliding window (houchu.model.attention_window): the kernels below attend positions
+// [start, len) of the pages they are given (start = 0: all). The first row of page p
+// read is start - p * page_size on the page holding start, else 0.
+inline int64_t first_row(int64_t p, int64_t start, int64_t ps) {
+  return p == start / ps ? start - p * ps : 0;
+}
+
 #ifdef HOUCHU_AVX512
 constexpr int64_t kMaxGroup = 16, kMaxDv = 16;  // query heads per KV head; D / 16
 
@@ -46,7 +53,7 @@ inline __m512 sum16x16(const __m512 v[16]) {
 template <int DV>
 void scores_bf16(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16* kc,
                  const int64_t* pages, int64_t len, int64_t ps, int64_t hkv, int64_t kvh,
-                 int64_t group, float scale, float* scores, float* mx) {
+                 int64_t group, float scale, float* scores, float* mx, int64_t start) {
   constexpr int64_t d = DV * 16, pairs = DV / 2;  // zmm of 32 bfloat16 per row
   const int64_t n_pages = (len + ps - 1) / ps, stride = hkv * d;
   const __m512 sc = _mm512_set1_ps(scale);
@@ -54,10 +61,10 @@ void scores_bf16(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16* 
     __m512i qb[pairs];
     for (int i = 0; i < pairs; ++i) qb[i] = _mm512_loadu_si512(q + g * q_stride + i * 32);
     __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int64_t p = 0; p < n_pages; ++p) {
+    for (int64_t p = start / ps; p < n_pages; ++p) {
       const int64_t n = std::min(ps, len - p * ps);
       const c10::BFloat16* k = kc + (pages[p] * ps * hkv + kvh) * d;
-      for (int64_t r0 = 0; r0 < n; r0 += 16) {
+      for (int64_t r0 = first_row(p, start, ps); r0 < n; r0 += 16) {
         const int64_t m = std::min<int64_t>(16, n - r0);
         __m512 dots[16];
         auto dot = [&](int64_t j) {
@@ -109,7 +116,8 @@ template <typename T, int DV, typename C = T>
 void attend_group_avx512(const T* q, int64_t q_stride, const C* kc, const C* vc,
                          const int64_t* pages, int64_t len, int64_t ps, int64_t hkv,
                          int64_t kvh, int64_t group, float scale, T* out, float* scores,
-                         const c10::Half* ks = nullptr, const c10::Half* vs = nullptr) {
+                         const c10::Half* ks = nullptr, const c10::Half* vs = nullptr,
+                         int64_t start = 0) {
   using namespace vec;
   constexpr int64_t d = DV * 16;
   __m512 qv[kMaxGroup][DV];
@@ -122,16 +130,17 @@ void attend_group_avx512(const T* q, int64_t q_stride, const C* kc, const C* vc,
   float mx[kMaxGroup];
 #ifdef __AVX512BF16__
   if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, T>) {
-    scores_bf16<DV>(q, q_stride, kc, pages, len, ps, hkv, kvh, group, scale, scores, mx);
+    scores_bf16<DV>(q, q_stride, kc, pages, len, ps, hkv, kvh, group, scale, scores, mx, start);
   } else
 #endif
   {
     for (int64_t g = 0; g < group; ++g) mx[g] = -std::numeric_limits<float>::infinity();
-    for (int64_t p = 0; p < n_pages; ++p) {
+    for (int64_t p = start / ps; p < n_pages; ++p) {
       const int64_t n = std::min(ps, len - p * ps);
       const int64_t first = pages[p] * ps * hkv + kvh;  // (slot, head) row of the page's first
-      const C* k = kc + first * d;
-      for (int64_t r = 0; r < n; ++r, k += stride) {
+      const int64_t r_lo = first_row(p, start, ps);
+      const C* k = kc + (first + r_lo * hkv) * d;
+      for (int64_t r = r_lo; r < n; ++r, k += stride) {
         __m512 kv[DV];
         load_row<T, C, DV>(k, ks ? ks + first + r * hkv : nullptr, kv);
         for (int64_t g = 0; g < group; ++g) {
@@ -149,7 +158,7 @@ void attend_group_avx512(const T* q, int64_t q_stride, const C* kc, const C* vc,
     float* sg = scores + g * len;
     __m512 sum = _mm512_setzero_ps();
     const __m512 m = _mm512_set1_ps(mx[g]);
-    int64_t t = 0;
+    int64_t t = start;
     for (; t + 16 <= len; t += 16) {
       const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + t), m));
       _mm512_storeu_ps(sg + t, e);
@@ -167,11 +176,12 @@ void attend_group_avx512(const T* q, int64_t q_stride, const C* kc, const C* vc,
   for (int64_t g = 0; g < group; ++g) {
     for (int i = 0; i < DV; ++i) acc[g][i] = _mm512_setzero_ps();
   }
-  for (int64_t p = 0; p < n_pages; ++p) {
+  for (int64_t p = start / ps; p < n_pages; ++p) {
     const int64_t n = std::min(ps, len - p * ps);
     const int64_t first = pages[p] * ps * hkv + kvh;
-    const C* v = vc + first * d;
-    for (int64_t r = 0; r < n; ++r, v += stride) {
+    const int64_t r_lo = first_row(p, start, ps);
+    const C* v = vc + (first + r_lo * hkv) * d;
+    for (int64_t r = r_lo; r < n; ++r, v += stride) {
       __m512 vv[DV];
       load_row<T, C, DV>(v, vs ? vs + first + r * hkv : nullptr, vv);
       for (int64_t g = 0; g < group; ++g) {
@@ -255,7 +265,8 @@ template <typename T, int DV, typename C = T>
 void attend_group_avx2(const T* q, int64_t q_stride, const C* kc, const C* vc,
                        const int64_t* pages, int64_t len, int64_t ps, int64_t hkv, int64_t kvh,
                        int64_t group, float scale, T* out, float* scores,
-                       const c10::Half* ks = nullptr, const c10::Half* vs = nullptr) {
+                       const c10::Half* ks = nullptr, const c10::Half* vs = nullptr,
+                       int64_t start = 0) {
   using namespace simd;
   constexpr int64_t d = DV * 8;
   constexpr int CW = DV < 8 ? DV : 8;  // output vectors per accumulation pass
@@ -273,10 +284,10 @@ void attend_group_avx2(const T* q, int64_t q_stride, const C* kc, const C* vc,
   const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   __m256 best[kMaxGroup];
   for (int64_t g = 0; g < group; ++g) best[g] = ninf;
-  for (int64_t p = 0; p < n_pages; ++p) {
+  for (int64_t p = start / ps; p < n_pages; ++p) {
     const int64_t n = std::min(ps, len - p * ps);
     const int64_t first = pages[p] * ps * hkv + kvh;  // (slot, head) row of the page's first
-    for (int64_t r0 = 0; r0 < n; r0 += kTileRows) {
+    for (int64_t r0 = first_row(p, start, ps); r0 < n; r0 += kTileRows) {
       const int64_t m = std::min(kTileRows, n - r0);
       tile_rows<T, C, DV>(kc + (first + r0 * hkv) * d, stride,
                           ks ? ks + first + r0 * hkv : nullptr, hkv, m, tile[0], rows);
@@ -312,7 +323,7 @@ void attend_group_avx2(const T* q, int64_t q_stride, const C* kc, const C* vc,
     float* sg = scores + g * len;
     __m256 sum = _mm256_setzero_ps();
     const __m256 mx = _mm256_set1_ps(hmax8(best[g]));
-    int64_t t = 0;
+    int64_t t = start;
     for (; t + 8 <= len; t += 8) {
       const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), mx));
       _mm256_storeu_ps(sg + t, e);
@@ -327,10 +338,10 @@ void attend_group_avx2(const T* q, int64_t q_stride, const C* kc, const C* vc,
     inv[g] = 1.f / hsum8(sum);
     std::fill(acc[g], acc[g] + d, 0.f);
   }
-  for (int64_t p = 0; p < n_pages; ++p) {
+  for (int64_t p = start / ps; p < n_pages; ++p) {
     const int64_t n = std::min(ps, len - p * ps);
     const int64_t first = pages[p] * ps * hkv + kvh;
-    for (int64_t r0 = 0; r0 < n; r0 += kTileRows) {
+    for (int64_t r0 = first_row(p, start, ps); r0 < n; r0 += kTileRows) {
       const int64_t m = std::min(kTileRows, n - r0);
       tile_rows<T, C, DV>(vc + (first + r0 * hkv) * d, stride,
                           vs ? vs + first + r0 * hkv : nullptr, hkv, m, tile[0], rows);
@@ -365,21 +376,22 @@ template <typename T, typename C>
 inline void attend_group(const T* q, int64_t q_stride, const C* kc, const C* vc,
                          const int64_t* pages, int64_t len, int64_t ps, int64_t hkv,
                          int64_t kvh, int64_t group, int64_t d, float scale, T* out,
-                         float* scores, const c10::Half* ks, const c10::Half* vs) {
+                         float* scores, const c10::Half* ks, const c10::Half* vs,
+                         int64_t start = 0) {
 #ifdef HOUCHU_AVX512
   if (d == 64)
     attend_group_avx512<T, 4, C>(q, q_stride, kc, vc, pages, len, ps, hkv, kvh, group, scale,
-                                 out, scores, ks, vs);
+                                 out, scores, ks, vs, start);
   else
     attend_group_avx512<T, 8, C>(q, q_stride, kc, vc, pages, len, ps, hkv, kvh, group, scale,
-                                 out, scores, ks, vs);
+                                 out, scores, ks, vs, start);
 #else
   if (d == 64)
     attend_group_avx2<T, 8, C>(q, q_stride, kc, vc, pages, len, ps, hkv, kvh, group, scale,
-                               out, scores, ks, vs);
+                               out, scores, ks, vs, start);
   else
     attend_group_avx2<T, 16, C>(q, q_stride, kc, vc, pages, len, ps, hkv, kvh, group, scale,
-                                out, scores, ks, vs);
+                                out, scores, ks, vs, start);
 #endif
 }
 #endif
@@ -411,14 +423,14 @@ template <typename T, typename C>
 void attend_one(const T* q, const C* kc, const C* vc, const c10::Half* ks, const c10::Half* vs,
                 const int64_t* pages, int64_t len, int64_t ps, int64_t hkv, int64_t kvh,
                 int64_t d, float scale, T* out, float* scores, float* acc, float* qf,
-                float* tile) {
+                float* tile, int64_t start = 0) {
   for (int64_t j = 0; j < d; ++j) qf[j] = static_cast<float>(q[j]) * scale;
   const int64_t n_pages = (len + ps - 1) / ps, stride = hkv * d;
   float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t p = 0; p < n_pages; ++p) {
+  for (int64_t p = start / ps; p < n_pages; ++p) {
     const int64_t n = std::min(ps, len - p * ps), first = pages[p] * ps * hkv + kvh;
     rows_to_float<T, C>(kc + first * d, stride, ks ? ks + first : nullptr, hkv, n, d, tile);
-    for (int64_t r = 0; r < n; ++r) {
+    for (int64_t r = first_row(p, start, ps); r < n; ++r) {
       const float* k = tile + r * d;
       float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
@@ -429,15 +441,15 @@ void attend_one(const T* q, const C* kc, const C* vc, const c10::Half* ks, const
   }
   float denom = 0.f;
 #pragma omp simd reduction(+ : denom)
-  for (int64_t t = 0; t < len; ++t) {
+  for (int64_t t = start; t < len; ++t) {
     scores[t] = std::exp(scores[t] - mx);
     denom += scores[t];
   }
   std::fill(acc, acc + d, 0.f);
-  for (int64_t p = 0; p < n_pages; ++p) {
+  for (int64_t p = start / ps; p < n_pages; ++p) {
     const int64_t n = std::min(ps, len - p * ps), first = pages[p] * ps * hkv + kvh;
     rows_to_float<T, C>(vc + first * d, stride, vs ? vs + first : nullptr, hkv, n, d, tile);
-    for (int64_t r = 0; r < n; ++r) {
+    for (int64_t r = first_row(p, start, ps); r < n; ++r) {
       const float pr = scores[p * ps + r];
       const float* v = tile + r * d;
 #pragma omp simd

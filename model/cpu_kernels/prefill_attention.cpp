@@ -17,6 +17,10 @@
 //
 // The AVX2 level runs the same tiling in 8-lane float32 vectors (K/V packed as float32,
 // bfloat16 widened; see prefill_avx2).
+//
+// A sliding window of W keys (Mistral, Gemma's local layers; window = 0: none) lets query
+// position p see keys p - W + 1 .. p: key blocks before a task's first window are skipped
+// and the keys before each row's window masked, as those past the diagonal are.
 #include "aten.h"
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -49,7 +53,14 @@ struct Problem {
   int64_t n, len, heads, kv_heads, group, dim, start;
   int64_t qs0, qs1, ks0, ks1, vs0, vs1;
   float scale;
+  int64_t window;  // keys each query sees, its own included (0: all before it)
 };
+
+// The first key query position `pos` sees.
+template <typename T>
+inline int64_t first_key(const Problem<T>& p, int64_t pos) {
+  return p.window ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+}
 
 // Portable path: one query row at a time, two-pass softmax, float32 throughout.
 template <typename T>
@@ -58,10 +69,10 @@ void prefill_reference(const Problem<T>& p) {
     std::vector<float> s(p.len), acc(p.dim);
     for (int64_t t = a; t < e; ++t) {
       const int64_t i = t / p.heads, h = t % p.heads, kvh = h / p.group;
-      const int64_t visible = p.start + i + 1;
+      const int64_t visible = p.start + i + 1, lo = first_key(p, p.start + i);
       const T* qi = p.q + i * p.qs0 + h * p.qs1;
       float mx = kNegInf;
-      for (int64_t j = 0; j < visible; ++j) {
+      for (int64_t j = lo; j < visible; ++j) {
         const T* kj = p.k + j * p.ks0 + kvh * p.ks1;
         float dot = 0.f;
         for (int64_t d = 0; d < p.dim; ++d)
@@ -71,7 +82,7 @@ void prefill_reference(const Problem<T>& p) {
       }
       float sum = 0.f;
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j < visible; ++j) {
+      for (int64_t j = lo; j < visible; ++j) {
         const float w = std::exp(s[j] - mx);
         sum += w;
         const T* vj = p.v + j * p.vs0 + kvh * p.vs1;
@@ -220,23 +231,34 @@ inline void store_prob(c10::BFloat16* p, __m512 v) {
 #endif
 }
 
-// Online softmax of one row's block scores (keys k0..k0+63; those past pos masked):
-// rescales the row's running output by exp(m_old - m_new) and writes the probabilities.
+// Online softmax of one row's block scores (keys k0..k0+63; those past pos, or before
+// lo, masked): rescales the row's running output by exp(m_old - m_new) and writes the
+// probabilities (all zero for a block before the row's window).
 template <typename T>
-inline void softmax_row(float* s, int64_t k0, int64_t pos, float scale, float& m, float& l,
-                        float* o, int64_t d, T* prob) {
+inline void softmax_row(float* s, int64_t k0, int64_t pos, int64_t lo, float scale, float& m,
+                        float& l, float* o, int64_t d, T* prob) {
   __m512 v[4];
   __mmask16 keep[4];
   __m512 mx = _mm512_set1_ps(kNegInf);
   const __m512 sc = _mm512_set1_ps(scale);
   for (int t = 0; t < 4; ++t) {
     const int64_t visible = pos - (k0 + t * 16) + 1;  // keys of this tile at or before pos
-    keep[t] = visible >= 16 ? __mmask16(0xFFFF)
-                            : visible <= 0 ? __mmask16(0) : __mmask16((1u << visible) - 1);
+    const int64_t skip = lo - (k0 + t * 16);          // keys of this tile before lo
+    const __mmask16 upto = visible >= 16 ? __mmask16(0xFFFF)
+                           : visible <= 0 ? __mmask16(0)
+                                          : __mmask16((1u << visible) - 1);
+    const __mmask16 from = skip <= 0 ? __mmask16(0xFFFF)
+                           : skip >= 16 ? __mmask16(0)
+                                        : __mmask16(0xFFFFu << skip);
+    keep[t] = upto & from;
     v[t] = _mm512_maskz_mul_ps(keep[t], _mm512_loadu_ps(s + t * 16), sc);
     mx = _mm512_mask_max_ps(mx, keep[t], mx, v[t]);
   }
-  const float m_new = std::max(m, _mm512_reduce_max_ps(mx));  // finite: key 0 is visible
+  const float m_new = std::max(m, _mm512_reduce_max_ps(mx));
+  if (m_new == kNegInf) {  // no key of the row's window yet
+    for (int t = 0; t < 4; ++t) store_prob(prob + t * 16, _mm512_setzero_ps());
+    return;
+  }
   const float alpha = std::exp(m - m_new);  // 0 on the first block (m = -inf)
   const __m512 mv = _mm512_set1_ps(m_new);
   __m512 sum = _mm512_setzero_ps();
@@ -275,12 +297,13 @@ void run_task(const Problem<T>& p, const Packed<T>& pk, int64_t h, int64_t i0, i
   const T* kh = pk.k.data() + h * tiles * 16 * d;
   const T* vh = pk.v.data() + h * pk.lp * d;
   const int64_t keys = p.start + i1;  // keys the last position sees
-  for (int64_t k0 = 0; k0 < keys; k0 += kBK) {
+  // key blocks before the first position's window are never read
+  for (int64_t k0 = first_key(p, p.start + i0) / kBK * kBK; k0 < keys; k0 += kBK) {
     for (int64_t r = 0; r < rows; r += kRB)
       score_tile<T>(w.qrow.data() + r, kh + k0 * d, d, w.s.data() + r * kBK);
     for (int64_t r = 0; r < rows; ++r)
-      softmax_row<T>(w.s.data() + r * kBK, k0, w.pos[r], p.scale, w.m[r], w.l[r],
-                     w.o.data() + r * d, d, w.prob.data() + r * kBK);
+      softmax_row<T>(w.s.data() + r * kBK, k0, w.pos[r], first_key(p, w.pos[r]), p.scale,
+                     w.m[r], w.l[r], w.o.data() + r * d, d, w.prob.data() + r * kBK);
     for (int64_t r = 0; r < rows; r += NR)
       pv_tile<T, DV, NR>(w.prob.data() + r * kBK, vh + k0 * d, w.o.data() + r * d);
   }
@@ -436,18 +459,25 @@ inline void pv_tile8(const float* prob, const float* vblock, int64_t d, float* o
 // the AVX-512 softmax_row: rescales the row's running output by exp(m_old - m_new), sums
 // the unrounded probabilities and writes them rounded to T.
 template <typename T>
-inline void softmax_row8(float* s, int64_t k0, int64_t pos, float scale, float& m, float& l,
-                         float* o, int64_t d, float* prob) {
+inline void softmax_row8(float* s, int64_t k0, int64_t pos, int64_t lo, float scale, float& m,
+                         float& l, float* o, int64_t d, float* prob) {
   const __m256 ninf = _mm256_set1_ps(kNegInf), sc = _mm256_set1_ps(scale);
   __m256 v[8], keep[8];
   __m256 mx = ninf;
   for (int t = 0; t < 8; ++t) {
     const int64_t visible = pos - (k0 + t * 8) + 1;  // keys of this tile at or before pos
-    keep[t] = _mm256_castsi256_ps(simd::lanes8(std::clamp<int64_t>(visible, 0, 8)));
+    const int64_t skip = lo - (k0 + t * 8);          // keys of this tile before lo
+    keep[t] = _mm256_andnot_ps(
+        _mm256_castsi256_ps(simd::lanes8(std::clamp<int64_t>(skip, 0, 8))),
+        _mm256_castsi256_ps(simd::lanes8(std::clamp<int64_t>(visible, 0, 8))));
     v[t] = _mm256_and_ps(keep[t], _mm256_mul_ps(_mm256_loadu_ps(s + t * 8), sc));
     mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, v[t], keep[t]));
   }
-  const float m_new = std::max(m, simd::hmax8(mx));  // finite: key 0 is visible
+  const float m_new = std::max(m, simd::hmax8(mx));
+  if (m_new == kNegInf) {  // no key of the row's window yet
+    for (int t = 0; t < 8; ++t) _mm256_storeu_ps(prob + t * 8, _mm256_setzero_ps());
+    return;
+  }
   const float alpha = std::exp(m - m_new);            // 0 on the first block (m = -inf)
   const __m256 mv = _mm256_set1_ps(m_new);
   __m256 sum = _mm256_setzero_ps();
@@ -490,12 +520,13 @@ void run_task8(const Problem<T>& p, const Packed8& pk, int64_t h, int64_t i0, in
   const float* kh = pk.k.data() + h * pk.lp * d;
   const float* vh = pk.v.data() + h * pk.lp * d;
   const int64_t keys = p.start + i1;  // keys the last position sees
-  for (int64_t k0 = 0; k0 < keys; k0 += kBK) {
+  // key blocks before the first position's window are never read
+  for (int64_t k0 = first_key(p, p.start + i0) / kBK * kBK; k0 < keys; k0 += kBK) {
     for (int64_t r = 0; r < rows; r += kRB)
       score_tile8(w.q.data() + r * d, kh + k0 * d, d, w.s.data() + r * kBK);
     for (int64_t r = 0; r < rows; ++r)
-      softmax_row8<T>(w.s.data() + r * kBK, k0, w.pos[r], p.scale, w.m[r], w.l[r],
-                      w.o.data() + r * d, d, w.prob.data() + r * kBK);
+      softmax_row8<T>(w.s.data() + r * kBK, k0, w.pos[r], first_key(p, w.pos[r]), p.scale,
+                      w.m[r], w.l[r], w.o.data() + r * d, d, w.prob.data() + r * kBK);
     for (int64_t r = 0; r < rows; r += kRB)
       pv_tile8(w.prob.data() + r * kBK, vh + k0 * d, d, w.o.data() + r * d);
   }
@@ -547,10 +578,11 @@ void prefill_dispatch(const Problem<T>& p) {
 
 // q: [n, H, D]; k, v: [L, Hkv, D] (float32 or bfloat16, all one dtype, last dimension
 // contiguous, any other strides); start: position of the first query (its cached KV
-// prefix), start + n <= L; scale: the score scale (1 / sqrt(D) for Llama)
-// -> [n, H, D] contiguous: query i attends keys 0..start+i.
+// prefix), start + n <= L; scale: the score scale (1 / sqrt(D) for Llama); window: keys
+// each query sees, its own included (0: all) -> [n, H, D] contiguous: query i attends keys
+// max(0, start + i - window + 1)..start+i.
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             int64_t start, double scale) {
+                             int64_t start, double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
               "prefill_attention: q must be [n, H, D] and k, v [L, Hkv, D]");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
@@ -568,6 +600,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
               "multiple of ", hkv, " KV heads");
   TORCH_CHECK(start >= 0 && start + n <= len, "prefill_attention: start ", start, " + ", n,
               " queries exceeds ", len, " keys");
+  TORCH_CHECK(window >= 0, "prefill_attention: negative window ", window);
   auto out = at::empty({n, h, d}, q.options());
   if (n == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "prefill_attention", [&] {
@@ -575,7 +608,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
                               v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                               n, len, h, hkv, h / hkv, d, start,
                               q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                              v.stride(0), v.stride(1), static_cast<float>(scale)};
+                              v.stride(0), v.stride(1), static_cast<float>(scale), window};
     prefill_dispatch(p);
   });
   return out;
@@ -584,7 +617,9 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
 }  // namespace houchu_cpu
 
 HOUCHU_FRAGMENT(m) {
-  m.def("prefill_attention(Tensor q, Tensor k, Tensor v, int start, float scale) -> Tensor");
+  m.def(
+      "prefill_attention(Tensor q, Tensor k, Tensor v, int start, float scale, int window=0) "
+      "-> Tensor");
 }
 
 HOUCHU_IMPL(m) {

@@ -304,6 +304,9 @@ def test_levers_that_do_not_apply_say_so(family, capsys):
     err = capsys.readouterr().out
     assert "--kv-cache-dtype int8 does not apply to the latent KV cache" in err
     assert "decode eagerly" in err
+    # the fused layers being off: said by the structure notes, as for every family whose
+    # blocks are not plain Llama blocks (printed at start-up unless quiet)
+    assert any("fused decode layers off" in n for n in runner.notes)
     assert runner.pool.kv.dtype == torch.float32 and not runner.pool.quantized
     assert not [s for s in runner.lever_samples() if s.lever.startswith("kv_quant")]
 

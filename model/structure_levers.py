@@ -1,0 +1,63 @@
+"""What the model's structure does to the other levers, said at startup: which levers
+cannot apply to its blocks or attention, and what its sliding windows save.
+
+A lever that cannot apply to a structure is never dropped silently: ``structure_notes``
+gives one line per such case for the runner's start-up output.
+"""
+
+from __future__ import annotations
+
+from houchu.model.attention_window import LayerAttention
+from houchu.model.config import ModelConfig
+
+
+def structure_notes(
+    cfg: ModelConfig,
+    layers: tuple[LayerAttention, ...],
+    backend: str,
+    fused_asked: bool,
+) -> list[str]:
+    """One line per lever the model's structure limits.
+
+    Args:
+        cfg: the model's configuration.
+        layers: each layer's ``LayerAttention``.
+        backend: the attention backend's name ("cpu", "torch-sdpa", "triton", "flash-attn").
+        fused_asked: the fused C++ decode layers were not turned off.
+    Returns:
+        Lines for the start-up output (empty for a plain Llama-family model).
+    """
+    out = []
+    if fused_asked and backend == "cpu" and not cfg.plain_llama_layers:
+        out.append(
+            f"fused decode layers off: they compute plain Llama blocks only, and "
+            f"{cfg.architecture}'s blocks differ (they run op by op)"
+        )
+    windows = sorted({s.window for s in layers if s.window})
+    if windows and fused_asked and backend == "cpu" and cfg.plain_llama_layers:
+        out.append(
+            f"fused decode layers run only while every sequence fits in the {windows[0]}-token "
+            "window (they attend the whole context); longer ones decode op by op"
+        )
+    if windows and backend == "cpu":
+        out.append(
+            "sliding windows: the C++ decode and prefill attention kernels read only each "
+            "layer's window"
+        )
+    if windows and backend == "triton":
+        out.append("sliding windows: windowed layers decode on torch SDPA (no Triton window)")
+    if any(s.softcap for s in layers) and backend in ("cpu", "triton"):
+        out.append(
+            "attention soft-capping runs on torch ops (houchu's attention kernels do not soft-cap)"
+        )
+    if windows and not cfg.every_layer_windowed:
+        out.append(
+            f"sliding-window page release off: {cfg.num_layers - len(cfg.sliding_layers)} "
+            "global layers read the whole context (only the reads shrink)"
+        )
+    elif windows:
+        out.append(
+            f"sliding-window page release on: pages before each request's "
+            f"{windows[0]}-token window are released"
+        )
+    return out
