@@ -77,7 +77,7 @@ class QuantSpec:
 
     mode: str = "none"
     group_size: int = 32
-    int4_activations: str = "auto"
+    int4_activations: str = "float"
 
     def __post_init__(self) -> None:
         if self.mode not in QUANT_MODES:

@@ -34,7 +34,9 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
         int4_activations: what the int4 layers multiply on houchu's CPU kernels:
             "float" (the activations as they are), "int8" (quantized per group: W4A8,
             integer dot products), or "auto" (the startup measurement picks per batch
-            bucket and for prefill; ``houchu.model.autotune``).
+            bucket and for prefill; ``houchu.model.autotune``). "float" by default: int8
+            activations cost about 3 points of top-1 agreement with the exact path on
+            SmolLM2 (0.937 against 0.965), below the 95% the quantized paths keep.
         kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8".
         attention_backend: see ``houchu.model.attention.make_backend``.
         compile: ``torch.compile`` the decode step at startup: "off", "on", or "auto"
@@ -59,7 +61,7 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     fixed_threads: bool = False
     quantization: Literal["auto", "none", "int4", "int8", "w8a8"] = "auto"
     quant_group_size: Literal[32, 64, 128] = 32
-    int4_activations: Literal["auto", "float", "int8"] = "auto"
+    int4_activations: Literal["auto", "float", "int8"] = "float"
     kv_cache_dtype: Literal["auto", "int8", "fp8"] = "auto"
     attention_backend: Literal["auto", "torch", "cpu", "triton", "flash-attn"] = "auto"
     compile: Literal["auto", "on", "off"] = "auto"

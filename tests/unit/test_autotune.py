@@ -62,7 +62,7 @@ def test_auto_measures_then_reads_the_cache(tiny, monkeypatch):
     import houchu.model.autotune as autotune
 
     monkeypatch.setattr(autotune, "CONTENDED_SHARE", 0.0)  # however busy this machine is
-    r = _runner(tiny, decode_paths="auto")
+    r = _runner(tiny, decode_paths="auto", int4_activations="auto")
     assert r.tuned is not None and not r.tuned.cached
     t = r.tuned
     assert set(t.times) == {1, 2, 4}
@@ -73,7 +73,7 @@ def test_auto_measures_then_reads_the_cache(tiny, monkeypatch):
     assert pre is not None and {"gemv", "gemv-a8"} <= set(pre)
     assert t.route.prefill == min(pre, key=pre.get) == t.route.path_for(1000)
     assert "decode paths b<=1" in r.summary() and "prefill " in r.summary()
-    again = _runner(tiny, decode_paths="auto")
+    again = _runner(tiny, decode_paths="auto", int4_activations="auto")
     assert again.tuned.cached and again.tuned.route == t.route
     assert again.tuned.prefill_times == pre
     info = again.info()
@@ -87,7 +87,7 @@ def test_every_path_runs_and_agrees(tiny, path):
     has it: greedy tokens of a tiny random model can then flip at exact ties) and, on
     the -a8 paths, the int8 activations' (a few percent)."""
     ref = _decode_logits(_runner(tiny, decode_paths="rules"))
-    r = _runner(tiny)
+    r = _runner(tiny, int4_activations="auto")
     attach(r.model, DecodeRoute({4: path}, prefill="gemv-a8" if "a8" in path else None))
     before = r.model.fused.steps
     got = _decode_logits(r)
@@ -102,7 +102,7 @@ def test_every_path_runs_and_agrees(tiny, path):
 def test_int4_activations_option_sets_the_choices(tiny):
     from houchu.model.autotune import available_paths
 
-    auto = available_paths(_runner(tiny).model)
+    auto = available_paths(_runner(tiny, int4_activations="auto").model)
     assert {"fused", "gemv", "fused-a8", "gemv-a8"} <= set(auto)
     assert not any(
         p.endswith("-a8") for p in available_paths(_runner(tiny, int4_activations="float").model)
