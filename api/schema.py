@@ -12,8 +12,10 @@ or at their neutral value (``n: 1``, ``tools: []``, ...).
 What a field's type cannot say is checked by the validator (and added to the generated
 schema where JSON Schema can say it): the served model's name, ``max_tokens`` at most
 the context window, the seed's unsigned 64-bit top, a batch of one prompt
-(``["text"]``), and the rules across fields (``stream_options`` needs ``stream``,
-``top_logprobs`` needs ``logprobs``, a WebSocket frame has ``prompt`` or ``messages``).
+(``["text"]``), token ids within the vocabulary (``logit_bias``, ``allowed_token_ids``),
+and the rules across fields (``stream_options`` needs ``stream``, ``top_logprobs`` needs
+``logprobs``, a WebSocket frame has ``prompt`` or ``messages``, ``min_tokens`` at most
+``max_tokens``, ``best_of`` at least ``n`` and, above ``n``, not streamed).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ MAX_STOP_CHARS = 1024  # per stop string: each is searched in every new piece of
 MAX_COMPLETION_LOGPROBS = 5
 MAX_TOP_LOGPROBS = 20
 MAX_TOKEN_ID = 2**31 - 1
+#: Most choices per request (``n``, ``best_of``), OpenAI's bound.
+MAX_CHOICES = 128
+#: ``logit_bias`` values: OpenAI's range (the ends ban or force the token).
+MAX_LOGIT_BIAS = 100.0
 #: Largest ``top_k`` (any value above the vocabulary size keeps every token).
 MAX_TOP_K = 2**31 - 1
 #: int64 or uint64; msgspec's bounds hold int64 only, so the validator checks the top.
@@ -55,6 +61,15 @@ TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 TopK = Annotated[int, Meta(ge=-1, le=MAX_TOP_K, description="-1 or 0: off")]
 Unit = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+Choices = Annotated[int, Meta(ge=1, le=MAX_CHOICES)]
+LogitBias = Annotated[
+    dict[Annotated[str, Meta(pattern=r"^[0-9]+$")], Annotated[float, Meta(ge=-100.0, le=100.0)]],
+    Meta(
+        description="token id (a string of digits) -> bias added to its logit; "
+        "-100 bans the token, 100 selects it exclusively"
+    ),
+]
+BadWord = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
 RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=2.0)]
 Seed = Annotated[int, Meta(ge=SEED_RANGE[0])]  # the top: see SEED_RANGE
 StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
@@ -111,10 +126,12 @@ class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
     stop: Stop | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
-    n: Annotated[Literal[1], unsupported("must be 1 (one choice per request)")] | None = None
-    logit_bias: Annotated[dict[str, Any], unsupported("is not supported", max_length=0)] | None = (
-        None
-    )
+    n: Choices | None = None
+    logit_bias: LogitBias | None = None
+    allowed_token_ids: Annotated[list[TokenId], Meta(min_length=1)] | None = None
+    bad_words: list[BadWord] | None = None
+    min_tokens: Annotated[int, Meta(ge=0)] | None = None
+    prompt_logprobs: TopLogprobs | None = None
     tools: Annotated[list[Any], unsupported("are not supported", max_length=0)] | None = None
     functions: Annotated[list[Any], unsupported("are not supported", max_length=0)] | None = None
     tool_choice: Annotated[Literal["none"], unsupported("is not supported")] | None = None
@@ -138,8 +155,8 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
     prompt: Prompt
     max_tokens: PositiveInt | None = None
     logprobs: Annotated[int, Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
-    echo: Annotated[Literal[False], unsupported("is not supported")] | None = None
-    best_of: Annotated[Literal[1], unsupported("must be 1")] | None = None
+    echo: bool | None = None
+    best_of: Choices | None = None
     suffix: Annotated[Literal[""], unsupported("is not supported")] | None = None
 
 

@@ -47,12 +47,19 @@ from houchu.model.lever_counters import LeverCounters, StepCost
 from houchu.model.loader import load_model, parse_dtype
 from houchu.model.moe import MoEMLP, moe_lever_sample
 from houchu.model.ops import make_ops
+from houchu.model.prompt_logprobs import rows_wanted, score
 from houchu.model.quant import QuantSpec, resolve_quant_mode
 from houchu.model.sampling import RequestState, Sampler
 from houchu.model.threads import ThreadGovernor, step_key
 from houchu.model.verify import sample_and_verify
 from houchu.options.runner_options import RunnerOptions
-from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
+from houchu.transport.messages import (
+    PromptLogprobs,
+    RunnerInfo,
+    SeqOutput,
+    StepPlan,
+    StepResult,
+)
 from houchu.transport.telemetry import LeverSample
 
 
@@ -323,12 +330,20 @@ class ModelRunner:
                 if si.rid in live or si.rid in new:
                     raise ValueError(f"request {si.rid!r} is already registered")
                 new[si.rid] = RequestState(
-                    si.rid, si.sampling, si.prompt_ids, self.config.vocab_size, self.device
+                    si.rid,
+                    si.sampling,
+                    si.prompt_ids,
+                    self.config.vocab_size,
+                    self.device,
+                    stop_ids=si.stop_ids,
                 )
             for w in plan.work:
                 if w.rid not in live and w.rid not in new:
                     raise ValueError(f"request {w.rid!r} was never initialised (or released)")
             batch = None
+            scored = [  # (prompt rows to score, first position) per work item
+                rows_wanted(w, live_state(w.rid, self.states, new)) for w in plan.work
+            ]
             if plan.work:
                 batch = build_batch(
                     plan.work,
@@ -337,6 +352,7 @@ class ModelRunner:
                     max_context=self.max_context,
                     vocab_size=self.config.vocab_size,
                     device=self.device,
+                    prompt_rows=[n for n, _ in scored],
                 )
             if self.host_kv is not None:
                 self.host_kv.check(plan.kv_saves)
@@ -351,8 +367,14 @@ class ModelRunner:
                 self.states.pop(rid, None)
             self.states.update(new)
             outputs: list[SeqOutput] = []
+            prompt_lps: list[PromptLogprobs] = []
             if batch is not None:
                 logits = self._timed_forward(batch)  # [R, V] fp32
+                if batch.prompt_spans:
+                    spans = [(row, n, scored[i][1]) for i, row, n in batch.prompt_spans]
+                    owners = [self.states[plan.work[i].rid] for i, _, _ in batch.prompt_spans]
+                    prompt_lps = score(logits, spans, owners)
+                    logits = logits.index_select(0, batch.sample_select)  # [R_sampled, V]
                 ws = [plan.work[i] for i in batch.sampled]
                 states = [self.states[w.rid] for w in ws]
                 drafts = [w.token_ids[len(w.token_ids) - w.num_draft :] for w in ws]
@@ -376,7 +398,22 @@ class ModelRunner:
             duration_s=time.perf_counter() - t0,
             num_tokens=0 if batch is None else batch.num_tokens,
             started_at=started_at,
+            prompt_logprobs=prompt_lps,
         )
+
+
+def live_state(
+    rid: str, states: dict[str, RequestState], new: dict[str, RequestState]
+) -> RequestState:
+    """The state of ``rid``, registered before or by this plan.
+
+    Raises:
+        ValueError: ``rid`` was never initialised (or was released).
+    """
+    state = new.get(rid) or states.get(rid)
+    if state is None:
+        raise ValueError(f"request {rid!r} was never initialised (or released)")
+    return state
 
 
 def resolve_last_sampled(plan: StepPlan, previous: dict[str, int]) -> None:

@@ -2,6 +2,8 @@
 
 Pipeline per row (logits ``[R, V]`` float32):
 
+0. logits processors (``houchu.model.logits_processors``): ``logit_bias``,
+   ``allowed_token_ids``, ``bad_words``, ``min_tokens``;
 1. penalties: repetition (CTRL, Keskar et al. 2019: a seen token's logit is divided by
    the penalty if positive, multiplied if negative; seen = prompt + generated, as vLLM),
    then frequency and presence (OpenAI: ``logit -= f * count + p * (count > 0)``, counts
@@ -19,11 +21,13 @@ default "raw" mode), or of the processed logits with ``logprobs_mode="processed"
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from houchu.model import cpu_kernels
+from houchu.model.logits_processors import LogitsProcessors, apply_processors
 from houchu.transport.messages import SamplingParams
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy
@@ -42,10 +46,16 @@ class RequestState:
         generator: ``torch.Generator`` seeded with ``params.seed``, or None.
         seen: ``[V]`` bool, tokens in prompt or generated (only with a repetition penalty).
         counts: ``[V]`` float32, generated-token counts (only with frequency/presence).
+        processors: its logits processors, or None (``LogitsProcessors.of``).
+        prompt_logprobs_done: prompt positions whose next token's log-probability was
+            already returned (``houchu.model.prompt_logprobs``).
+
+    ``stop_ids``: the ids that end the request (for ``min_tokens``).
 
     Raises:
-        ValueError: sampling parameters out of their domains (``validate_params``) or a
-            prompt token id outside ``0..vocab_size-1``.
+        ValueError: sampling parameters out of their domains (``validate_params``,
+            ``logits_processors.check_params``) or a prompt token id outside
+            ``0..vocab_size-1``.
     """
 
     def __init__(
@@ -55,8 +65,14 @@ class RequestState:
         prompt_ids: list[int],
         vocab_size: int,
         device: torch.device | str = "cpu",
+        stop_ids: Sequence[int] = (),
     ) -> None:
         validate_params(params, rid)
+        try:
+            self.processors = LogitsProcessors.of(params, stop_ids, vocab_size, device)
+        except ValueError as e:
+            raise ValueError(f"request {rid!r}: {e}") from None
+        self.prompt_logprobs_done = 0
         if prompt_ids and (min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size):
             raise ValueError(f"request {rid!r}: prompt token id out of range 0..{vocab_size - 1}")
         self.rid, self.params, self.prompt_ids = rid, params, list(prompt_ids)
@@ -248,7 +264,8 @@ class Sampler:
         if r == 0:
             return []
         dev = logits.device
-        x = apply_penalties(logits, states)  # [R, V]
+        x = apply_processors(logits, [s.processors for s in states], [s.generated for s in states])
+        x = apply_penalties(x, states)  # [R, V]
         temps = [s.params.temperature for s in states]
         rand = [i for i, t in enumerate(temps) if t >= GREEDY_EPS]
         tokens = argmax_rows(x)  # [R] int64 (greedy rows keep this)
