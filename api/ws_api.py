@@ -13,9 +13,14 @@ The client sends JSON text frames:
 The server answers with frames carrying the client's ``id``:
 
 - ``{"id", "type": "delta", "text", "token_ids"}`` (plus ``"logprobs"``: a list of
-  ``{"token", "token_id", "logprob", "bytes", "top_logprobs"}`` when asked for), then
+  ``{"token", "token_id", "logprob", "bytes", "top_logprobs"}`` when asked for; the
+  first delta has ``"prompt_logprobs"`` when asked for: vLLM's list, ``null`` for the
+  first prompt token), then
 - one ``{"id", "type": "final", "finish_reason", "usage", "text": ""}``; ``usage`` is the
-  OpenAI usage object with ``prompt_tokens_details.cached_tokens``. An aborted request
+  OpenAI usage object with ``prompt_tokens_details.cached_tokens``. With ``n`` > 1 every
+  delta carries its choice's ``"index"``, and the final frame (after every choice ended)
+  has ``"choices": [{"index", "finish_reason"}]``; ``finish_reason`` is choice 0's and
+  ``usage`` counts every choice. An aborted request
   ends with a final frame whose ``finish_reason`` is ``"abort"``; one the engine failed
   after taking it (an actor died and is restarting) with ``finish_reason: "error"``,
   ``"status"`` (503, or 500) and ``"error"`` as below.
@@ -46,11 +51,12 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
+from houchu.api.choices import open_choices
 from houchu.api.engine_client import EngineError
 from houchu.api.errors import ApiError, api_error
 from houchu.api.limits import SlowReader, StreamGuard
-from houchu.api.openai_format import Tally, ws_logprobs
-from houchu.api.state import STATE_KEY, open_generation
+from houchu.api.openai_format import Tally, usage_of, vllm_prompt_logprobs, ws_logprobs
+from houchu.api.state import STATE_KEY
 from houchu.api.validation import ParsedRequest, parse_ws_generate
 from houchu.transport.messages import GenerateRequest
 
@@ -72,8 +78,13 @@ class _Job:
     client_id: ClientId
     logprobs: bool
     top_n: int
-    tally: Tally = field(default_factory=Tally)
+    n: int = 1
+    prompt_logprobs: bool = False
+    tallies: list[Tally] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.tallies = [Tally() for _ in range(self.n)]
 
 
 class WsSession:
@@ -193,20 +204,29 @@ class WsSession:
         try:
             limits = await state.runner_limits()
             parsed: ParsedRequest = parse_ws_generate(
-                body, model_name=state.model_name, max_context=limits.max_context
+                body,
+                model_name=state.model_name,
+                max_context=limits.max_context,
+                vocab_size=limits.vocab_size,
             )
         except ApiError as err:
             await self.send_error(client_id, err)
             return
-        req = parsed.to_generate(f"ws-{uuid.uuid4().hex}-{key}")
-        job = _Job(client_id, parsed.sampling.logprobs, parsed.sampling.top_logprobs)
+        reqs = parsed.to_generates(f"ws-{uuid.uuid4().hex}-{key}")
+        job = _Job(
+            client_id,
+            parsed.sampling.logprobs,
+            parsed.sampling.top_logprobs,
+            n=len(reqs),
+            prompt_logprobs=parsed.prompt_logprobs is not None,
+        )
         self._jobs[key] = job
-        job.task = asyncio.create_task(self._run(key, job, req))
+        job.task = asyncio.create_task(self._run(key, job, reqs))
 
-    async def _run(self, key: str, job: _Job, req: GenerateRequest) -> None:
+    async def _run(self, key: str, job: _Job, reqs: list[GenerateRequest]) -> None:
         try:
             with self._app[STATE_KEY].admission.admit():
-                await self._generate(job, req)
+                await self._generate(job, reqs)
         except ApiError as err:  # refused: the server is full
             await self.send_error(job.client_id, err)
         except EngineError as exc:
@@ -216,7 +236,7 @@ class WsSession:
             else:
                 await self.send_error(job.client_id, err)
         except Exception:
-            log.exception("websocket request %s failed", req.rid)
+            log.exception("websocket request %s failed", reqs[0].rid)
             await self.send_error(
                 job.client_id, ApiError("internal server error", status=500, code="internal_error")
             )
@@ -224,31 +244,41 @@ class WsSession:
             if self._jobs.get(key) is job:
                 del self._jobs[key]
 
-    async def _generate(self, job: _Job, req: GenerateRequest) -> None:
-        """Stream one admitted request's deltas, then its final frame."""
-        async with open_generation(self._app, req) as deltas:
-            async for delta in deltas:
-                job.tally.add(delta)
-                if delta.text or delta.token_ids or delta.logprobs:
+    async def _generate(self, job: _Job, reqs: list[GenerateRequest]) -> None:
+        """Stream one admitted request's deltas (of every choice), then its final frame."""
+        async with open_choices(self._app, reqs) as deltas:
+            async for i, delta in deltas:
+                job.tallies[i].add(delta)
+                prompt = delta.prompt_logprobs is not None and job.prompt_logprobs
+                if delta.text or delta.token_ids or delta.logprobs or prompt:
                     out: dict[str, Any] = {
                         "id": job.client_id,
                         "type": "delta",
                         "text": delta.text,
                         "token_ids": delta.token_ids,
                     }
+                    if job.n > 1:
+                        out["index"] = i
                     if job.logprobs:
                         out["logprobs"] = ws_logprobs(delta.logprobs or [], job.top_n)
+                    if prompt:
+                        out["prompt_logprobs"] = vllm_prompt_logprobs(delta.prompt_logprobs)
                     await self.send(out)
-        await self._send_final(job, job.tally.finish_reason or "abort")
+        await self._send_final(job, job.tallies[0].finish_reason or "abort")
 
     async def _send_final(self, job: _Job, finish_reason: str, err: ApiError | None = None) -> None:
         frame: dict[str, Any] = {
             "id": job.client_id,
             "type": "final",
             "finish_reason": finish_reason,
-            "usage": job.tally.usage(),
+            "usage": usage_of(job.tallies),
             "text": "",
         }
+        if job.n > 1:
+            frame["choices"] = [
+                {"index": i, "finish_reason": t.finish_reason or finish_reason}
+                for i, t in enumerate(job.tallies)
+            ]
         if err is not None:
             frame["status"] = err.status
             frame["error"] = err.body()["error"]
