@@ -126,12 +126,24 @@ class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
     stop: Stop | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
-    n: Choices | None = None
+    n: Annotated[Choices, Meta(description="choices; the prompt is prefilled once")] | None = None
     logit_bias: LogitBias | None = None
-    allowed_token_ids: Annotated[list[TokenId], Meta(min_length=1)] | None = None
-    bad_words: list[BadWord] | None = None
-    min_tokens: Annotated[int, Meta(ge=0)] | None = None
-    prompt_logprobs: TopLogprobs | None = None
+    allowed_token_ids: (
+        Annotated[list[TokenId], Meta(min_length=1, description="only these may be sampled")] | None
+    ) = None
+    bad_words: Annotated[list[BadWord], Meta(description="words never generated (vLLM)")] | None = (
+        None
+    )
+    min_tokens: (
+        Annotated[int, Meta(ge=0, description="no stop before this many tokens (vLLM)")] | None
+    ) = None
+    prompt_logprobs: (
+        Annotated[
+            TopLogprobs,
+            Meta(description="every prompt token's logprob, with this many alternatives (vLLM)"),
+        ]
+        | None
+    ) = None
     tools: Annotated[list[Any], unsupported("are not supported", max_length=0)] | None = None
     functions: Annotated[list[Any], unsupported("are not supported", max_length=0)] | None = None
     tool_choice: Annotated[Literal["none"], unsupported("is not supported")] | None = None
@@ -155,8 +167,13 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
     prompt: Prompt
     max_tokens: PositiveInt | None = None
     logprobs: Annotated[int, Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
-    echo: bool | None = None
-    best_of: Choices | None = None
+    echo: (
+        Annotated[bool, Meta(description="the prompt (and, with logprobs, its logprobs) first")]
+        | None
+    ) = None
+    best_of: (
+        Annotated[Choices, Meta(description="choices generated; the n most likely returned")] | None
+    ) = None
     suffix: Annotated[Literal[""], unsupported("is not supported")] | None = None
 
 
