@@ -28,6 +28,7 @@ import msgspec
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
+from houchu.text.bad_words import bad_words_ids
 from houchu.text.request_text import RequestText
 from houchu.text.stop import stop_ids
 from houchu.transport.channel import Inbox
@@ -164,9 +165,13 @@ class TokenizerActor:
         room = limits.max_context - len(ids)  # < 1: the scheduler's check refuses it
         if s.max_tokens_is_default and 1 <= room < s.max_tokens:
             s = msgspec.structs.replace(s, max_tokens=room)
+        if s.bad_words:
+            s = msgspec.structs.replace(s, bad_words_ids=bad_words_ids(self.tokenizer, s.bad_words))
         stops = stop_ids(s, self.tokenizer.eos_token_ids)
         self.telemetry.event(req.rid, "tokenized", prompt_tokens=len(ids))
-        self.requests[req.rid] = RequestText(req.rid, self.tokenizer, ids, s, stops)
+        self.requests[req.rid] = RequestText(
+            req.rid, self.tokenizer, ids, s, stops, prompt_text=req.prompt
+        )
         await self.to_scheduler.send(
             TokenizedRequest(
                 rid=req.rid,
@@ -174,6 +179,7 @@ class TokenizerActor:
                 sampling=s,
                 stop_ids=stops,
                 arrival_time=req.arrival_time or time.time(),
+                prefill_group=req.prefill_group,
             )
         )
 

@@ -26,11 +26,12 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from houchu.api.choices import best_choices, open_choices
 from houchu.api.engine_client import EngineError
 from houchu.api.errors import api_error, error_body, json_response
 from houchu.api.limits import StreamGuard
 from houchu.api.openai_format import ChatFormatter, CompletionFormatter, Formatter, Tally
-from houchu.api.state import STATE_KEY, open_generation
+from houchu.api.state import STATE_KEY
 from houchu.api.validation import ParsedRequest, decode_body, parse_chat, parse_completion
 from houchu.transport.messages import TextDelta
 
@@ -111,7 +112,12 @@ async def _admitted(
     state = request.app[STATE_KEY]
     body = decode_body(await request.read())
     limits = await state.runner_limits()
-    parsed = parse(body, model_name=state.model_name, max_context=limits.max_context)
+    parsed = parse(
+        body,
+        model_name=state.model_name,
+        max_context=limits.max_context,
+        vocab_size=limits.vocab_size,
+    )
     rid = f"{prefix}-{uuid.uuid4().hex}"
     fmt = formatter_cls(
         rid,
@@ -121,36 +127,44 @@ async def _admitted(
         top_n=parsed.sampling.top_logprobs,
         include_usage=parsed.include_usage,
         tool_parser=parsed.tools.parser(state.tool_call_parser) if parsed.tools else None,
+        echo=parsed.sampling.echo,
+        prompt_logprobs=parsed.prompt_logprobs is not None,
     )
-    async with open_generation(request.app, parsed.to_generate(rid)) as deltas:
+    reqs = parsed.to_generates(rid)
+    async with open_choices(request.app, reqs) as deltas:
         if parsed.stream:
-            return await _stream(request, deltas, fmt)
-        return await _aggregate(request, deltas, fmt)
+            return await _stream(request, deltas, fmt, len(reqs))
+        return await _aggregate(request, deltas, fmt, len(reqs), parsed.n)
+
+
+Deltas = AsyncIterator[tuple[int, TextDelta]]
 
 
 async def _aggregate(
-    request: web.Request, deltas: AsyncIterator[TextDelta], fmt: Formatter
+    request: web.Request, deltas: Deltas, fmt: Formatter, count: int, n: int
 ) -> web.Response:
-    tally = Tally()
+    tallies = [Tally() for _ in range(count)]
     try:
-        async for delta in deltas:
+        async for i, delta in deltas:
+            tally = tallies[i]
             tally.add(delta)  # read to the end: closing after the final delta would abort
             if tally.finish_reason is None and client_gone(request):
                 log.info("client of %s went away; aborting", fmt.rid)
                 return web.Response(status=CLIENT_CLOSED_STATUS, reason="Client Closed Request")
     except EngineError as exc:
         raise api_error(exc) from None
-    if tally.finish_reason is None:
-        log.warning("engine ended %s without a finish reason", fmt.rid)
-        tally.finish_reason = "abort"
-    return json_response(fmt.response(tally))
+    for tally in tallies:
+        if tally.finish_reason is None:
+            log.warning("engine ended %s without a finish reason", fmt.rid)
+            tally.finish_reason = "abort"
+    return json_response(fmt.response(tallies, best_choices(tallies, n)))
 
 
 async def _stream(
-    request: web.Request, deltas: AsyncIterator[TextDelta], fmt: Formatter
+    request: web.Request, deltas: Deltas, fmt: Formatter, count: int
 ) -> web.StreamResponse:
     try:
-        first: TextDelta | None = await anext(deltas)
+        first: tuple[int, TextDelta] | None = await anext(deltas)
     except StopAsyncIteration:
         first = None
     except EngineError as exc:
@@ -161,7 +175,7 @@ async def _stream(
         await resp.prepare(request)
         limit = request.app[STATE_KEY].limits.stream_buffer_bytes
         guard = StreamGuard(request.transport, limit, fmt.rid)
-        await _send_events(request, resp, deltas, fmt, first, guard)
+        await _send_events(request, resp, deltas, fmt, first, guard, count)
     except ConnectionResetError:
         log.info("client of %s went away mid-stream; aborting", fmt.rid)
     except Exception:  # headers are sent: report in the stream, not as a new response
@@ -175,39 +189,74 @@ async def _stream(
 async def _send_events(
     request: web.Request,
     resp: web.StreamResponse,
-    deltas: AsyncIterator[TextDelta],
+    deltas: Deltas,
     fmt: Formatter,
-    delta: TextDelta | None,
+    item: tuple[int, TextDelta] | None,
     guard: StreamGuard,
+    count: int,
 ) -> None:
+    """Stream every choice's chunks, each with its ``index``. A choice's first chunks
+    (the role, the echoed prompt) go out before its first content; the prompt comes
+    with choice 0's first delta, so the other choices' deltas wait for it."""
+
     async def send(obj: Any) -> None:
         if client_gone(request):
             raise ClientGone("client closed the connection")
         guard.check()  # raises SlowReader (a ConnectionResetError) for a stalled client
         await resp.write(b"data: " + msgspec.json.encode(obj) + b"\n\n")
 
-    tally = Tally()
-    for chunk in fmt.start_chunks():
-        await send(chunk)
+    tallies = [Tally() for _ in range(count)]
+    started = [False] * count
+    held: list[tuple[int, TextDelta]] = []  # deltas waiting for choice 0's prompt
+    needs_prompt = fmt.echo or fmt.prompt_logprobs
+
+    async def emit(i: int, delta: TextDelta) -> None:
+        tally = tallies[i]
+        tally.add(delta)
+        if not started[i]:
+            started[i] = True
+            for chunk in fmt.start_chunks(i) + fmt.prompt_chunks(i, tallies[0]):
+                await send(chunk)
+        if delta.text or delta.logprobs:
+            for chunk in fmt.content_chunks(delta.text, delta.logprobs, i):
+                await send(chunk)
+        if delta.finish_reason is not None:
+            for chunk in fmt.finish_chunks(delta.finish_reason, i):
+                await send(chunk)
+
     try:
-        while delta is not None:
-            tally.add(delta)
-            if delta.text or delta.logprobs:
-                for chunk in fmt.content_chunks(delta.text, delta.logprobs):
-                    await send(chunk)
-            delta = await anext(deltas, None)
+        while item is not None:
+            i, delta = item
+            if needs_prompt and i != 0 and not started[0]:
+                held.append(item)
+            else:
+                await emit(i, delta)
+                if i == 0 and held:
+                    for j, d in held:
+                        await emit(j, d)
+                    held = []
+            item = await anext(deltas, None)
     except EngineError as exc:  # e.g. an actor died: a finish chunk, the error, [DONE]
         err = api_error(exc)
         log.info("request %s failed mid-stream: %s", fmt.rid, exc.message)
-        await send(fmt.finish_chunk("error"))
+        for i, tally in enumerate(tallies):
+            if tally.finish_reason is None:
+                await send(fmt.finish_chunk("error", i))
         await send(error_body(err.message, type_=err.type, code=err.code))
         await resp.write(b"data: [DONE]\n\n")
         return
-    if tally.finish_reason is None:
-        log.warning("engine ended %s without a finish reason", fmt.rid)
-        tally.finish_reason = "abort"
-    for chunk in fmt.finish_chunks(tally.finish_reason):
-        await send(chunk)
+    for j, d in held:  # choice 0 never came (cannot happen unless it failed)
+        await emit(j, d)
+    for i, tally in enumerate(tallies):
+        if tally.finish_reason is None:
+            log.warning("engine ended %s without a finish reason", fmt.rid)
+            tally.finish_reason = "abort"
+            if not started[i]:
+                started[i] = True
+                for chunk in fmt.start_chunks(i):
+                    await send(chunk)
+            for chunk in fmt.finish_chunks("abort", i):
+                await send(chunk)
     if fmt.include_usage:
-        await send(fmt.usage_chunk(tally))
+        await send(fmt.usage_chunk(tallies))
     await resp.write(b"data: [DONE]\n\n")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from houchu.text.tool_calls import StreamDelta, ToolCallParser, ToolCallStream
-from houchu.transport.messages import TextDelta, TokenLogprob
+from houchu.transport.messages import PromptTokenLogprob, TextDelta, TokenLogprob
 
 
 @dataclass
@@ -28,9 +28,15 @@ class Tally:
     completion_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str | None = None
+    prompt_text: str | None = None  # echo
+    prompt_logprobs: list[PromptTokenLogprob] | None = None
 
     def add(self, delta: TextDelta) -> None:
         """Fold one delta in."""
+        if delta.prompt_text is not None:
+            self.prompt_text = delta.prompt_text
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         self.texts.append(delta.text)
         if delta.logprobs:
             self.logprobs.extend(delta.logprobs)
@@ -53,6 +59,79 @@ class Tally:
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+
+
+def usage_of(tallies: list[Tally]) -> dict[str, Any]:
+    """The ``usage`` of several choices of one prompt: the prompt (and its cached
+    tokens) counted once, as the first choice saw it; the completion tokens of every
+    choice (OpenAI's and vLLM's ``n`` and ``best_of``)."""
+    first = tallies[0]
+    completion = sum(t.completion_tokens for t in tallies)
+    prompt = max(t.prompt_tokens for t in tallies)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+    }
+
+
+def vllm_prompt_logprobs(
+    lps: list[PromptTokenLogprob] | None,
+) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's ``prompt_logprobs``: per prompt token, None for the first, else
+    ``{token_id: {"logprob", "rank", "decoded_token"}}`` for the token and its top
+    alternatives."""
+    if lps is None:
+        return None
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for lp in lps:
+        if lp.logprob is None:
+            out.append(None)
+            continue
+        entry = {
+            str(i): {"logprob": p, "rank": r + 1, "decoded_token": t}
+            for r, (t, i, p) in enumerate(lp.top)
+        }
+        entry[str(lp.token_id)] = {
+            "logprob": lp.logprob,
+            "rank": lp.rank,
+            "decoded_token": lp.token,
+        }
+        out.append(entry)
+    return out
+
+
+def echo_logprobs(
+    lps: list[PromptTokenLogprob], top_n: int, offset: int = 0
+) -> tuple[dict[str, Any], int]:
+    """The prompt's part of an echoed completion's ``logprobs`` (legacy format, as
+    ``completion_logprobs``): the first token's ``token_logprobs`` and ``top_logprobs``
+    are null, as OpenAI and vLLM return them. Returns it and the offset after it."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for lp in lps:
+        tokens.append(lp.token)
+        token_lps.append(lp.logprob)
+        if lp.logprob is None:
+            tops.append(None)
+        else:
+            top = {t: p for t, _, p in lp.top[:top_n]}
+            top.setdefault(lp.token, lp.logprob)
+            tops.append(top)
+        offsets.append(offset)
+        offset += len(lp.token)
+    body = {
+        "tokens": tokens,
+        "token_logprobs": token_lps,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+    return body, offset
+
+
+def join_logprobs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two legacy ``logprobs`` bodies, one after the other."""
+    return {k: a[k] + b[k] for k in a}
 
 
 def token_bytes(token: str) -> list[int]:
@@ -132,14 +211,16 @@ class Formatter:
     """Builds one response's JSON objects; subclasses fix the endpoint's shapes.
 
     Args:
-        rid: the response id (also the engine request id).
+        rid: the response id (also the engine request id, or its choices' prefix).
         created: unix seconds.
         model: the served model name.
         logprobs: whether the client asked for logprobs.
         top_n: alternatives per token.
         include_usage: stream chunks carry ``"usage": null`` and a usage chunk follows.
         tool_parser: how the reply is parsed into tool calls (chat with ``tools``), or
-            None.
+            None; every choice is parsed on its own.
+        echo: the prompt comes before each choice's text (completions).
+        prompt_logprobs: the client asked for vLLM's ``prompt_logprobs``.
     """
 
     object_name = ""
@@ -155,15 +236,19 @@ class Formatter:
         top_n: int,
         include_usage: bool = False,
         tool_parser: ToolCallParser | None = None,
+        echo: bool = False,
+        prompt_logprobs: bool = False,
     ) -> None:
         self.tool_parser = tool_parser
-        self.tool_stream: ToolCallStream | None = tool_parser.stream() if tool_parser else None
+        self.tool_streams: dict[int, ToolCallStream] = {}  # choice -> its tool-call parser
         self.rid = rid
         self.created = created
         self.model = model
         self.logprobs = logprobs
         self.top_n = top_n
         self.include_usage = include_usage
+        self.echo = echo
+        self.prompt_logprobs = prompt_logprobs
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -174,40 +259,62 @@ class Formatter:
             "choices": choices,
         }
 
-    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
-        out = self._envelope(self.chunk_object_name, [{"index": 0, **choice}])
+    def _chunk(self, index: int, choice: dict[str, Any]) -> dict[str, Any]:
+        out = self._envelope(self.chunk_object_name, [{"index": index, **choice}])
         if self.include_usage:
             out["usage"] = None
         return out
 
-    def start_chunks(self) -> list[dict[str, Any]]:
-        """Chunks sent before the first content."""
+    def start_chunks(self, index: int = 0) -> list[dict[str, Any]]:
+        """Chunks sent before choice ``index``'s first content."""
         return []
 
-    def content_chunk(self, text: str, lps: list[TokenLogprob] | None) -> dict[str, Any]:
-        """A chunk carrying new text (and its logprobs)."""
+    def prompt_chunks(self, index: int, prompt: Tally) -> list[dict[str, Any]]:
+        """Chunks of the prompt (``echo``, ``prompt_logprobs``) before choice
+        ``index``'s first content; ``prompt``: the tally holding them."""
+        return []
+
+    def content_chunk(
+        self, text: str, lps: list[TokenLogprob] | None, index: int = 0
+    ) -> dict[str, Any]:
+        """A chunk carrying new text (and its logprobs) of choice ``index``."""
         raise NotImplementedError
 
-    def finish_chunk(self, reason: str) -> dict[str, Any]:
-        """The chunk carrying ``finish_reason``."""
+    def finish_chunk(self, reason: str, index: int = 0) -> dict[str, Any]:
+        """The chunk carrying choice ``index``'s ``finish_reason``."""
         raise NotImplementedError
 
-    def content_chunks(self, text: str, lps: list[TokenLogprob] | None) -> list[dict[str, Any]]:
-        """The chunks new text makes (tool-call deltas too, on chat with tools)."""
-        return [self.content_chunk(text, lps)]
+    def content_chunks(
+        self, text: str, lps: list[TokenLogprob] | None, index: int = 0
+    ) -> list[dict[str, Any]]:
+        """The chunks new text of choice ``index`` makes (tool-call deltas too, on chat
+        with tools)."""
+        return [self.content_chunk(text, lps, index)]
 
-    def finish_chunks(self, reason: str) -> list[dict[str, Any]]:
-        """The last chunks: what was held back, then ``finish_reason``."""
-        return [self.finish_chunk(reason)]
+    def finish_chunks(self, reason: str, index: int = 0) -> list[dict[str, Any]]:
+        """Choice ``index``'s last chunks: what was held back, then ``finish_reason``."""
+        return [self.finish_chunk(reason, index)]
 
-    def usage_chunk(self, tally: Tally) -> dict[str, Any]:
-        """The last chunk when ``include_usage``: no choices, the usage."""
+    def usage_chunk(self, tally: Tally | list[Tally]) -> dict[str, Any]:
+        """The last chunk when ``include_usage``: no choices, the usage of every choice."""
         out = self._envelope(self.chunk_object_name, [])
-        out["usage"] = tally.usage()
+        out["usage"] = usage_of(tally if isinstance(tally, list) else [tally])
         return out
 
-    def response(self, tally: Tally) -> dict[str, Any]:
-        """The non-streaming response."""
+    def response(
+        self, tally: Tally | list[Tally], order: list[int] | None = None
+    ) -> dict[str, Any]:
+        """The non-streaming response: the choices ``order`` (default: all) of
+        ``tally`` (one per generated choice; the first holds the prompt's text and
+        logprobs), renumbered from 0; the usage counts every generated choice."""
+        tallies = tally if isinstance(tally, list) else [tally]
+        order = list(range(len(tallies))) if order is None else order
+        choices = [self._choice(i, tallies[j], tallies[0]) for i, j in enumerate(order)]
+        out = self._envelope(self.object_name, choices)
+        out["usage"] = usage_of(tallies)
+        return out
+
+    def _choice(self, index: int, tally: Tally, prompt: Tally) -> dict[str, Any]:
         raise NotImplementedError
 
 
@@ -219,70 +326,134 @@ class CompletionFormatter(Formatter):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._offset = 0
+        self._offsets: dict[int, int] = {}  # choice -> text offset of its next token
 
-    def content_chunk(self, text: str, lps: list[TokenLogprob] | None) -> dict[str, Any]:
+    def prompt_chunks(self, index: int, prompt: Tally) -> list[dict[str, Any]]:
+        if not self.echo and not self.prompt_logprobs:
+            return []
+        logprobs = None
+        if self.echo and self.logprobs:
+            logprobs, self._offsets[index] = echo_logprobs(prompt.prompt_logprobs or [], self.top_n)
+        choice: dict[str, Any] = {
+            "text": (prompt.prompt_text or "") if self.echo else "",
+            "logprobs": logprobs,
+            "finish_reason": None,
+        }
+        if self.prompt_logprobs:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(prompt.prompt_logprobs)
+        return [self._chunk(index, choice)]
+
+    def content_chunk(
+        self, text: str, lps: list[TokenLogprob] | None, index: int = 0
+    ) -> dict[str, Any]:
         logprobs = None
         if self.logprobs:
-            logprobs, self._offset = completion_logprobs(lps or [], self.top_n, self._offset)
-        return self._chunk({"text": text, "logprobs": logprobs, "finish_reason": None})
+            offset = self._offsets.get(index, 0)
+            logprobs, self._offsets[index] = completion_logprobs(lps or [], self.top_n, offset)
+        return self._chunk(index, {"text": text, "logprobs": logprobs, "finish_reason": None})
 
-    def finish_chunk(self, reason: str) -> dict[str, Any]:
-        return self._chunk({"text": "", "logprobs": None, "finish_reason": reason})
+    def finish_chunk(self, reason: str, index: int = 0) -> dict[str, Any]:
+        return self._chunk(index, {"text": "", "logprobs": None, "finish_reason": reason})
 
-    def response(self, tally: Tally) -> dict[str, Any]:
-        logprobs = completion_logprobs(tally.logprobs, self.top_n)[0] if self.logprobs else None
+    def _choice(self, index: int, tally: Tally, prompt: Tally) -> dict[str, Any]:
+        text, logprobs = tally.text, None
+        if self.echo:
+            text = (prompt.prompt_text or "") + text
+        if self.logprobs:
+            offset = 0
+            head = None
+            if self.echo:
+                head, offset = echo_logprobs(prompt.prompt_logprobs or [], self.top_n)
+            logprobs = completion_logprobs(tally.logprobs, self.top_n, offset)[0]
+            if head is not None:
+                logprobs = join_logprobs(head, logprobs)
         choice = {
-            "index": 0,
-            "text": tally.text,
+            "index": index,
+            "text": text,
             "logprobs": logprobs,
             "finish_reason": tally.finish_reason,
         }
-        out = self._envelope(self.object_name, [choice])
-        out["usage"] = tally.usage()
-        return out
+        if self.prompt_logprobs:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(prompt.prompt_logprobs)
+        return choice
 
 
 class ChatFormatter(Formatter):
-    """``/v1/chat/completions``: ``chat.completion`` / ``chat.completion.chunk``."""
+    """``/v1/chat/completions``: ``chat.completion`` / ``chat.completion.chunk``; vLLM's
+    ``prompt_logprobs`` sits beside ``choices``."""
 
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
-    def start_chunks(self) -> list[dict[str, Any]]:
+    def start_chunks(self, index: int = 0) -> list[dict[str, Any]]:
         delta = {"role": "assistant", "content": ""}
-        return [self._chunk({"delta": delta, "logprobs": None, "finish_reason": None})]
+        return [self._chunk(index, {"delta": delta, "logprobs": None, "finish_reason": None})]
 
-    def content_chunk(self, text: str, lps: list[TokenLogprob] | None) -> dict[str, Any]:
+    def prompt_chunks(self, index: int, prompt: Tally) -> list[dict[str, Any]]:
+        if not self.prompt_logprobs or index != 0:
+            return []
+        out = self._envelope(self.chunk_object_name, [])
+        out["prompt_logprobs"] = vllm_prompt_logprobs(prompt.prompt_logprobs)
+        if self.include_usage:
+            out["usage"] = None
+        return [out]
+
+    def content_chunk(
+        self, text: str, lps: list[TokenLogprob] | None, index: int = 0
+    ) -> dict[str, Any]:
         logprobs = chat_logprobs(lps or [], self.top_n) if self.logprobs else None
         return self._chunk(
-            {"delta": {"content": text}, "logprobs": logprobs, "finish_reason": None}
+            index, {"delta": {"content": text}, "logprobs": logprobs, "finish_reason": None}
         )
 
-    def finish_chunk(self, reason: str) -> dict[str, Any]:
-        return self._chunk({"delta": {}, "logprobs": None, "finish_reason": reason})
+    def finish_chunk(self, reason: str, index: int = 0) -> dict[str, Any]:
+        return self._chunk(index, {"delta": {}, "logprobs": None, "finish_reason": reason})
 
-    def content_chunks(self, text: str, lps: list[TokenLogprob] | None) -> list[dict[str, Any]]:
-        if self.tool_stream is None:
-            return [self.content_chunk(text, lps)]
-        return self._tool_chunks(self.tool_stream.feed(text), lps)
+    def _tool_stream(self, index: int) -> ToolCallStream | None:
+        if self.tool_parser is None:
+            return None
+        if index not in self.tool_streams:
+            self.tool_streams[index] = self.tool_parser.stream()
+        return self.tool_streams[index]
 
-    def finish_chunks(self, reason: str) -> list[dict[str, Any]]:
-        if self.tool_stream is None:
-            return [self.finish_chunk(reason)]
-        out = self._tool_chunks(self.tool_stream.finish(), None)
-        return [*out, self.finish_chunk(tool_finish(reason, bool(self.tool_stream.calls)))]
+    def content_chunks(
+        self, text: str, lps: list[TokenLogprob] | None, index: int = 0
+    ) -> list[dict[str, Any]]:
+        stream = self._tool_stream(index)
+        if stream is None:
+            return [self.content_chunk(text, lps, index)]
+        return self._tool_chunks(stream.feed(text), lps, index)
 
-    def _tool_chunks(self, d: StreamDelta, lps: list[TokenLogprob] | None) -> list[dict[str, Any]]:
+    def finish_chunks(self, reason: str, index: int = 0) -> list[dict[str, Any]]:
+        stream = self._tool_stream(index)
+        if stream is None:
+            return [self.finish_chunk(reason, index)]
+        out = self._tool_chunks(stream.finish(), None, index)
+        return [*out, self.finish_chunk(tool_finish(reason, bool(stream.calls)), index)]
+
+    def _tool_chunks(
+        self, d: StreamDelta, lps: list[TokenLogprob] | None, index: int
+    ) -> list[dict[str, Any]]:
         out = []
         if d.content or (lps and self.logprobs):
-            out.append(self.content_chunk(d.content, lps))
+            out.append(self.content_chunk(d.content, lps, index))
         if d.tool_calls:
             delta = {"tool_calls": d.tool_calls}
-            out.append(self._chunk({"delta": delta, "logprobs": None, "finish_reason": None}))
+            out.append(
+                self._chunk(index, {"delta": delta, "logprobs": None, "finish_reason": None})
+            )
         return out
 
-    def response(self, tally: Tally) -> dict[str, Any]:
+    def response(
+        self, tally: Tally | list[Tally], order: list[int] | None = None
+    ) -> dict[str, Any]:
+        out = super().response(tally, order)
+        if self.prompt_logprobs:
+            first = tally[0] if isinstance(tally, list) else tally
+            out["prompt_logprobs"] = vllm_prompt_logprobs(first.prompt_logprobs)
+        return out
+
+    def _choice(self, index: int, tally: Tally, prompt: Tally) -> dict[str, Any]:
         logprobs = chat_logprobs(tally.logprobs, self.top_n) if self.logprobs else None
         message: dict[str, Any] = {"role": "assistant", "content": tally.text}
         reason = tally.finish_reason
@@ -292,12 +463,9 @@ class ChatFormatter(Formatter):
             if parsed.calls:
                 message["tool_calls"] = [c.to_openai() for c in parsed.calls]
             reason = tool_finish(reason, bool(parsed.calls))
-        choice = {
-            "index": 0,
+        return {
+            "index": index,
             "message": message,
             "logprobs": logprobs,
             "finish_reason": reason,
         }
-        out = self._envelope(self.object_name, [choice])
-        out["usage"] = tally.usage()
-        return out

@@ -24,15 +24,26 @@ class Usage(Struct):
     prompt_tokens_details: PromptTokensDetails
 
 
-class CompletionChoice(Struct):
+#: vLLM's ``prompt_logprobs``: per prompt token, null for the first, else
+#: ``{token_id: {"logprob", "rank", "decoded_token"}}``.
+PromptLogprobList = list[dict[str, dict[str, Any]] | None]
+
+
+class CompletionChoice(Struct, omit_defaults=True):
+    """One choice; with ``echo`` its ``text`` and ``logprobs`` start with the prompt's
+    (the first prompt token's ``token_logprobs`` and ``top_logprobs`` are null)."""
+
     index: int
     text: str
     finish_reason: str | None
     logprobs: dict[str, Any] | None = None
+    prompt_logprobs: PromptLogprobList | None = None
 
 
 class Completion(Struct):
-    """The answer of ``POST /v1/completions`` without ``stream``."""
+    """The answer of ``POST /v1/completions`` without ``stream``: ``n`` choices (the
+    best ``n`` of ``best_of``); ``usage`` counts the prompt once and every generated
+    choice's tokens."""
 
     id: str
     object: Literal["text_completion"]
@@ -54,8 +65,10 @@ class ChatChoice(Struct):
     logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletion(Struct):
-    """The answer of ``POST /v1/chat/completions`` without ``stream``."""
+class ChatCompletion(Struct, omit_defaults=True):
+    """The answer of ``POST /v1/chat/completions`` without ``stream``: ``n`` choices;
+    ``usage`` counts the prompt once and every choice's tokens; ``prompt_logprobs`` when
+    asked for (vLLM's field)."""
 
     id: str
     object: Literal["chat.completion"]
@@ -63,6 +76,7 @@ class ChatCompletion(Struct):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobList | None = None
 
 
 class Model(Struct):

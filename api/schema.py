@@ -12,8 +12,10 @@ or at their neutral value (``n: 1``, ``tools: []``, ...).
 What a field's type cannot say is checked by the validator (and added to the generated
 schema where JSON Schema can say it): the served model's name, ``max_tokens`` at most
 the context window, the seed's unsigned 64-bit top, a batch of one prompt
-(``["text"]``), and the rules across fields (``stream_options`` needs ``stream``,
-``top_logprobs`` needs ``logprobs``, a WebSocket frame has ``prompt`` or ``messages``).
+(``["text"]``), token ids within the vocabulary (``logit_bias``, ``allowed_token_ids``),
+and the rules across fields (``stream_options`` needs ``stream``, ``top_logprobs`` needs
+``logprobs``, a WebSocket frame has ``prompt`` or ``messages``, ``min_tokens`` at most
+``max_tokens``, ``best_of`` at least ``n`` and, above ``n``, not streamed).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ MAX_TOP_LOGPROBS = 20
 MAX_TOKEN_ID = 2**31 - 1
 #: Longest regex or grammar text (characters).
 MAX_GRAMMAR_CHARS = 100_000
+#: Most choices per request (``n``, ``best_of``), OpenAI's bound.
+MAX_CHOICES = 128
+#: ``logit_bias`` values: OpenAI's range (the ends ban or force the token).
+MAX_LOGIT_BIAS = 100.0
 #: Largest ``top_k`` (any value above the vocabulary size keeps every token).
 MAX_TOP_K = 2**31 - 1
 #: int64 or uint64; msgspec's bounds hold int64 only, so the validator checks the top.
@@ -57,6 +63,15 @@ TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 TopK = Annotated[int, Meta(ge=-1, le=MAX_TOP_K, description="-1 or 0: off")]
 Unit = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+ChoiceCount = Annotated[int, Meta(ge=1, le=MAX_CHOICES)]
+LogitBias = Annotated[
+    dict[Annotated[str, Meta(pattern=r"^[0-9]+$")], Annotated[float, Meta(ge=-100.0, le=100.0)]],
+    Meta(
+        description="token id (a string of digits) -> bias added to its logit; "
+        "-100 bans the token, 100 selects it exclusively"
+    ),
+]
+BadWord = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
 RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=2.0)]
 Seed = Annotated[int, Meta(ge=SEED_RANGE[0])]  # the top: see SEED_RANGE
 StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
@@ -201,10 +216,26 @@ class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
     stop: Stop | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
-    n: Annotated[Literal[1], unsupported("must be 1 (one choice per request)")] | None = None
-    logit_bias: Annotated[dict[str, Any], unsupported("is not supported", max_length=0)] | None = (
+    n: Annotated[ChoiceCount, Meta(description="choices; the prompt is prefilled once")] | None = (
         None
     )
+    logit_bias: LogitBias | None = None
+    allowed_token_ids: (
+        Annotated[list[TokenId], Meta(min_length=1, description="only these may be sampled")] | None
+    ) = None
+    bad_words: Annotated[list[BadWord], Meta(description="words never generated (vLLM)")] | None = (
+        None
+    )
+    min_tokens: (
+        Annotated[int, Meta(ge=0, description="no stop before this many tokens (vLLM)")] | None
+    ) = None
+    prompt_logprobs: (
+        Annotated[
+            TopLogprobs,
+            Meta(description="every prompt token's logprob, with this many alternatives (vLLM)"),
+        ]
+        | None
+    ) = None
     functions: Annotated[list[Any], unsupported("are not supported", max_length=0)] | None = None
     response_format: ResponseFormat | None = None
     # structured output: vLLM's fields, then SGLang's
@@ -235,8 +266,14 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
     tools: (
         Annotated[list[Any], unsupported("are accepted on chat requests only", max_length=0)] | None
     ) = None
-    echo: Annotated[Literal[False], unsupported("is not supported")] | None = None
-    best_of: Annotated[Literal[1], unsupported("must be 1")] | None = None
+    echo: (
+        Annotated[bool, Meta(description="the prompt (and, with logprobs, its logprobs) first")]
+        | None
+    ) = None
+    best_of: (
+        Annotated[ChoiceCount, Meta(description="choices generated; the n most likely returned")]
+        | None
+    ) = None
     suffix: Annotated[Literal[""], unsupported("is not supported")] | None = None
 
 

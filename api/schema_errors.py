@@ -87,7 +87,8 @@ class _Where:
 def validation_error(exc: msgspec.ValidationError, root: type, body: Any) -> ApiError:
     """The 400 for ``exc``, raised converting ``body`` to the request type ``root``."""
     text, _, at = str(exc).partition(" - at `")
-    keys = _keys(at.rstrip("`").removeprefix("$"))
+    of_key = at.startswith("key` in `")  # a mapping's key (``logit_bias``'s token ids)
+    keys = _keys(at.removeprefix("key` in `").rstrip("`").removeprefix("$"))
     missing = re.match(r"Object missing required field `(\w+)`", text)
     if missing:
         keys.append(missing[1])
@@ -99,6 +100,8 @@ def validation_error(exc: msgspec.ValidationError, root: type, body: Any) -> Api
             param=param,
             code="missing_required_parameter",
         )
+    if of_key:
+        return ApiError(f"'{param}' keys: {text}", param=param, code="invalid_value")
     subject = f"'{param}' items" if where.is_item else f"'{param}'"
     wrong = re.match(r"Expected `([^`]+)`, got `(\w+)`", text)
     if wrong and (where.feature is None or where.at_feature):

@@ -6,13 +6,18 @@ strict about types: a wrong-typed value (``"temperature": "hot"``, ``"max_tokens
 ``true`` where an integer is expected) or an out-of-range one is an ``ApiError`` (HTTP
 400) whose message and ``param`` name the parameter (``schema_errors``). A ``null``
 value means "not given". Keys the gateway does not know (``metadata``, ...) are
-ignored; known OpenAI features it does not implement (``n > 1``,
-``echo``, ``best_of``, ``logit_bias``) are refused. Structured output (``response_format``
-and its extensions) is checked by ``houchu.api.structured``.
+ignored; known OpenAI features it does not implement (``suffix``, ``functions``) are
+refused. Structured output (``response_format`` and its extensions) is checked by
+``houchu.api.structured``, tools by ``houchu.api.tools``.
 
 What the types cannot say is checked here: the served model's name, ``max_tokens``
 within the runner's context window (``houchu.transport.limits``), the seed's top,
-a batch of one prompt, and the rules across fields.
+a batch of one prompt, token ids within the vocabulary, and the rules across fields.
+
+Several choices (``n``, ``best_of``) become one ``GenerateRequest`` per choice
+(``ParsedRequest.to_generates``), each with its own seed (the request's ``seed + i``,
+as vLLM's parallel sampling does) and one prefill group, so the prompt is prefilled
+once and the other choices start from its cached pages (``houchu.scheduler.groups``).
 
 Defaults: ``max_tokens`` is 16 for completions (as in the OpenAI API) and 512 for chat
 completions and WebSocket chat requests, capped at the context window.
@@ -74,7 +79,12 @@ _SAMPLING_FIELDS = (
     "seed",
     "stop_token_ids",
     "ignore_eos",
+    "allowed_token_ids",
+    "min_tokens",
+    "prompt_logprobs",
 )
+#: Seeds are 64-bit: a choice's ``seed + i`` wraps around into ``SEED_RANGE``.
+_SEED_WRAP = 2**64
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,9 @@ class ParsedRequest:
     """A validated request, ready to be given a request id.
 
     Exactly one of ``prompt``, ``prompt_ids``, ``messages`` is set. The number of
-    alternatives per token the client asked for is ``sampling.top_logprobs``.
+    alternatives per token the client asked for is ``sampling.top_logprobs``. ``n``
+    choices are returned, the best ``n`` of ``best_of`` generated (by mean token
+    log-probability, OpenAI's "highest log probability per token").
     """
 
     sampling: SamplingParams
@@ -92,9 +104,13 @@ class ParsedRequest:
     stream: bool = False
     include_usage: bool = False
     tools: ToolSetup | None = None  # a chat request's tools and tool_choice
+    n: int = 1
+    best_of: int = 1
+    prompt_logprobs: int | None = None  # vLLM's field, as the client gave it
 
     def to_generate(self, rid: str) -> GenerateRequest:
-        """The wire request, stamped with ``rid`` and the arrival time."""
+        """The wire request of a single choice, stamped with ``rid`` and the arrival
+        time."""
         return GenerateRequest(
             rid=rid,
             prompt=self.prompt,
@@ -104,6 +120,46 @@ class ParsedRequest:
             arrival_time=time.time(),
             tools=None if self.tools is None else self.tools.template_tools,
         )
+
+    def to_generates(self, rid: str) -> list[GenerateRequest]:
+        """One wire request per generated choice (``best_of`` of them): ``rid`` alone
+        for one, else ``rid-0 .. rid-(k-1)`` in one prefill group ``rid``. Choice ``i``
+        gets the seed ``seed + i`` (wrapped to 64 bits); only choice 0 asks for the
+        prompt's logprobs and text (every choice shares them); with ``best_of > n`` every
+        choice computes its tokens' logprobs (to rank them)."""
+        k = self.best_of
+        if k == 1:
+            return [self.to_generate(rid)]
+        s, now = self.sampling, time.time()
+        rank = k > self.n and not s.logprobs
+        out = []
+        for i in range(k):
+            seed = s.seed
+            if seed is not None and seed + i > SEED_RANGE[1]:
+                seed = seed + i - _SEED_WRAP
+            elif seed is not None:
+                seed = seed + i
+            first = i == 0
+            sampling = msgspec.structs.replace(
+                s,
+                seed=seed,
+                logprobs=s.logprobs or rank,
+                prompt_logprobs=s.prompt_logprobs if first else None,
+                echo=s.echo and first,
+            )
+            out.append(
+                GenerateRequest(
+                    rid=f"{rid}-{i}",
+                    prompt=self.prompt,
+                    prompt_ids=self.prompt_ids,
+                    messages=self.messages,
+                    sampling=sampling,
+                    arrival_time=now,
+                    prefill_group=rid,
+                    tools=None if self.tools is None else self.tools.template_tools,
+                )
+            )
+        return out
 
 
 def decode_body(raw: bytes) -> Body:
@@ -127,29 +183,44 @@ def decode_body(raw: bytes) -> Body:
     return body
 
 
-def parse_completion(body: Body, *, model_name: str, max_context: int) -> ParsedRequest:
+def parse_completion(
+    body: Body, *, model_name: str, max_context: int, vocab_size: int = 0
+) -> ParsedRequest:
     """Validate a ``POST /v1/completions`` body (``max_context``: the context window,
-    tokens). Raises ``ApiError`` (400)."""
-    req = _decode(body, CompletionRequest, model_name)
+    tokens; ``vocab_size``: token ids are below it, 0: not checked). ``echo`` with
+    ``logprobs`` asks for the prompt's logprobs with as many alternatives. Raises
+    ``ApiError`` (400)."""
+    req = _decode(body, CompletionRequest, model_name, vocab_size)
     prompt, prompt_ids = _prompt(req.prompt)
     top_n = req.logprobs
     max_tokens = _max_tokens(
         req.max_tokens, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS, max_context
     )
     stream, include_usage = _stream(req)
+    n, best_of = _choices(req.n, req.best_of, stream)
+    sampling = _sampling(req, max_tokens, logprobs=top_n is not None, top_n=top_n or 0)
+    if req.echo:
+        lps = req.prompt_logprobs if top_n is None else max(top_n, req.prompt_logprobs or 0)
+        sampling = msgspec.structs.replace(sampling, echo=True, prompt_logprobs=lps)
     return ParsedRequest(
-        sampling=_sampling(req, max_tokens, logprobs=top_n is not None, top_n=top_n or 0),
+        sampling=sampling,
         prompt=prompt,
         prompt_ids=prompt_ids,
         stream=stream,
         include_usage=include_usage,
+        n=n,
+        best_of=best_of,
+        prompt_logprobs=req.prompt_logprobs,
     )
 
 
-def parse_chat(body: Body, *, model_name: str, max_context: int) -> ParsedRequest:
+def parse_chat(
+    body: Body, *, model_name: str, max_context: int, vocab_size: int = 0
+) -> ParsedRequest:
     """Validate a ``POST /v1/chat/completions`` body (``max_context``: the context
-    window, tokens). Raises ``ApiError`` (400)."""
-    req = _decode(body, ChatCompletionRequest, model_name)
+    window, tokens; ``vocab_size``: token ids are below it, 0: not checked). Raises
+    ``ApiError`` (400)."""
+    req = _decode(body, ChatCompletionRequest, model_name, vocab_size)
     if req.top_logprobs and not req.logprobs:
         raise ApiError(
             "'top_logprobs' requires 'logprobs' to be true",
@@ -164,6 +235,7 @@ def parse_chat(body: Body, *, model_name: str, max_context: int) -> ParsedReques
     stream, include_usage = _stream(req)
     logprobs = bool(req.logprobs)
     tools = tool_setup(req)
+    n, _ = _choices(req.n, None, stream)
     return ParsedRequest(
         sampling=_sampling(
             req, max_tokens, logprobs=logprobs, top_n=req.top_logprobs or 0, tools=tools
@@ -172,10 +244,15 @@ def parse_chat(body: Body, *, model_name: str, max_context: int) -> ParsedReques
         stream=stream,
         include_usage=include_usage,
         tools=tools,
+        n=n,
+        best_of=n,
+        prompt_logprobs=req.prompt_logprobs,
     )
 
 
-def parse_ws_generate(body: Body, *, model_name: str, max_context: int) -> ParsedRequest:
+def parse_ws_generate(
+    body: Body, *, model_name: str, max_context: int, vocab_size: int = 0
+) -> ParsedRequest:
     """Validate a WebSocket generate frame (``id`` and ``type`` already removed).
 
     The frame has ``prompt`` or ``messages`` and the OpenAI sampling parameters;
@@ -183,7 +260,7 @@ def parse_ws_generate(body: Body, *, model_name: str, max_context: int) -> Parse
     alternatives"; ``top_logprobs`` (0..20) also sets the number of alternatives.
     Raises ``ApiError`` (400).
     """
-    req = _decode(body, WsGenerateRequest, model_name)
+    req = _decode(body, WsGenerateRequest, model_name, vocab_size)
     if req.prompt is not None and req.messages is not None:
         raise ApiError("give either 'prompt' or 'messages', not both", param="messages")
     lp = req.logprobs
@@ -205,21 +282,25 @@ def parse_ws_generate(body: Body, *, model_name: str, max_context: int) -> Parse
         raise ApiError("'tools' need 'messages' (a chat request)", param="tools")
     max_tokens = _max_tokens(req.max_tokens, "max_tokens", default, max_context)
     tools = tool_setup(req)
+    n, _ = _choices(req.n, None, True)
     return ParsedRequest(
         sampling=_sampling(req, max_tokens, logprobs=logprobs, top_n=top_n, tools=tools),
         prompt=prompt,
         prompt_ids=prompt_ids,
         messages=messages,
         tools=tools,
+        n=n,
+        best_of=n,
+        prompt_logprobs=req.prompt_logprobs,
     )
 
 
 # ------------------------------------------------------------------------- parts
 
 
-def _decode(body: Body, kind: type[R], model_name: str) -> R:
+def _decode(body: Body, kind: type[R], model_name: str, vocab_size: int = 0) -> R:
     """``body`` as a ``kind``: unknown keys and nulls dropped, a batch of one prompt
-    unwrapped, the served model checked. Raises ``ApiError`` (400)."""
+    unwrapped, the served model and token ids checked. Raises ``ApiError`` (400)."""
     known = set(kind.__struct_fields__)
     given = {k: v for k, v in body.items() if k in known and v is not None}
     if isinstance(given.get("prompt"), list):
@@ -240,7 +321,44 @@ def _decode(body: Body, kind: type[R], model_name: str) -> R:
             param="seed",
             code="invalid_value",
         )
+    _check_token_ids(req, vocab_size)
     return req
+
+
+def _check_token_ids(req: SamplingFields, vocab_size: int) -> None:
+    """``logit_bias`` and ``allowed_token_ids`` name tokens of the vocabulary (0:
+    unknown, not checked). Raises ``ApiError`` (400)."""
+    if not vocab_size:
+        return
+    for name in ("logit_bias", "allowed_token_ids"):
+        ids = getattr(req, name)
+        bad = [t for t in (ids or ()) if int(t) >= vocab_size]
+        if bad:
+            raise ApiError(
+                f"'{name}' names token id {bad[0]}, outside this model's vocabulary "
+                f"[0, {vocab_size})",
+                param=name,
+                code="invalid_value",
+            )
+
+
+def _choices(n: int | None, best_of: int | None, stream: bool) -> tuple[int, int]:
+    """(choices returned, choices generated). ``best_of`` must be at least ``n`` and,
+    when larger, cannot stream (the best are known only at the end). Raises
+    ``ApiError`` (400)."""
+    n = n or 1
+    best_of = best_of or n
+    if best_of < n:
+        raise ApiError(
+            f"'best_of' ({best_of}) must be at least 'n' ({n})",
+            param="best_of",
+            code="invalid_value",
+        )
+    if best_of > n and stream:
+        raise ApiError(
+            "'best_of' larger than 'n' cannot be streamed", param="best_of", code="invalid_value"
+        )
+    return n, best_of
 
 
 def _one_prompt(prompt: list[Any]) -> Any:
@@ -288,6 +406,16 @@ def _sampling(
         given["top_k"] = max(req.top_k, 0)  # -1 (vLLM) and 0 (OpenAI) both mean off
     if req.stop is not None:
         given["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+    if req.logit_bias:
+        given["logit_bias"] = {int(k): v for k, v in req.logit_bias.items()}
+    if req.bad_words:
+        given["bad_words"] = list(req.bad_words)
+    if (req.min_tokens or 0) > max_tokens:
+        raise ApiError(
+            f"'min_tokens' ({req.min_tokens}) must be at most the maximum tokens ({max_tokens})",
+            param="min_tokens",
+            code="invalid_value",
+        )
     asked = (getattr(req, f, None) for f in ("max_tokens", "max_completion_tokens"))
     return SamplingParams(
         **given,

@@ -13,9 +13,14 @@ The client sends JSON text frames:
 The server answers with frames carrying the client's ``id``:
 
 - ``{"id", "type": "delta", "text", "token_ids"}`` (plus ``"logprobs"``: a list of
-  ``{"token", "token_id", "logprob", "bytes", "top_logprobs"}`` when asked for), then
+  ``{"token", "token_id", "logprob", "bytes", "top_logprobs"}`` when asked for; the
+  first delta has ``"prompt_logprobs"`` when asked for: vLLM's list, ``null`` for the
+  first prompt token), then
 - one ``{"id", "type": "final", "finish_reason", "usage", "text": ""}``; ``usage`` is the
-  OpenAI usage object with ``prompt_tokens_details.cached_tokens``. An aborted request
+  OpenAI usage object with ``prompt_tokens_details.cached_tokens``. With ``n`` > 1 every
+  delta carries its choice's ``"index"``, and the final frame (after every choice ended)
+  has ``"choices": [{"index", "finish_reason"}]``; ``finish_reason`` is choice 0's and
+  ``usage`` counts every choice. An aborted request
   ends with a final frame whose ``finish_reason`` is ``"abort"``; one the engine failed
   after taking it (an actor died and is restarting) with ``finish_reason: "error"``,
   ``"status"`` (503, or 500) and ``"error"`` as below.
@@ -46,13 +51,20 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
+from houchu.api.choices import open_choices
 from houchu.api.engine_client import EngineError
 from houchu.api.errors import ApiError, api_error
 from houchu.api.limits import SlowReader, StreamGuard
-from houchu.api.openai_format import Tally, tool_finish, ws_logprobs
-from houchu.api.state import STATE_KEY, open_generation
+from houchu.api.openai_format import (
+    Tally,
+    tool_finish,
+    usage_of,
+    vllm_prompt_logprobs,
+    ws_logprobs,
+)
+from houchu.api.state import STATE_KEY
 from houchu.api.validation import ParsedRequest, parse_ws_generate
-from houchu.text.tool_calls import ToolCallStream
+from houchu.text.tool_calls import ToolCallParser, ToolCallStream
 from houchu.transport.messages import GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -73,17 +85,37 @@ class _Job:
     client_id: ClientId
     logprobs: bool
     top_n: int
-    tally: Tally = field(default_factory=Tally)
+    n: int = 1
+    prompt_logprobs: bool = False
+    tallies: list[Tally] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
-    tools: ToolCallStream | None = None  # parses tool calls (a chat with tools)
-    content: list[str] = field(default_factory=list)  # the text that is not a call
+    parser: ToolCallParser | None = None  # parses tool calls (a chat with tools)
+    tools: list[ToolCallStream] | None = None  # one per choice (with ``parser``)
+    content: list[list[str]] = field(default_factory=list)  # per choice: text not a call
 
-    def tool_deltas(self, text: str | None) -> list[dict[str, Any]]:
-        """Tool-call deltas ``text`` releases (None: the reply is complete)."""
+    def __post_init__(self) -> None:
+        self.tallies = [Tally() for _ in range(self.n)]
+        if self.parser is not None:
+            self.tools = [self.parser.stream() for _ in range(self.n)]
+            self.content = [[] for _ in range(self.n)]
+
+    def tool_deltas(self, i: int, text: str | None) -> list[dict[str, Any]]:
+        """Tool-call deltas ``text`` releases in choice ``i`` (None: it is complete)."""
         assert self.tools is not None
-        d = self.tools.feed(text) if text is not None else self.tools.finish()
-        self.content.append(d.content)
+        stream = self.tools[i]
+        d = stream.feed(text) if text is not None else stream.finish()
+        self.content[i].append(d.content)
         return d.tool_calls
+
+    def tool_reply(self, i: int, finish_reason: str) -> dict[str, Any]:
+        """Choice ``i``'s ``finish_reason``, ``content`` and ``tool_calls`` (with tools)."""
+        assert self.tools is not None
+        calls = self.tools[i].calls
+        return {
+            "finish_reason": tool_finish(finish_reason, bool(calls)),
+            "content": "".join(self.content[i]) if self.content[i] else None,
+            "tool_calls": [c.to_openai() for c in calls],
+        }
 
 
 class WsSession:
@@ -203,22 +235,30 @@ class WsSession:
         try:
             limits = await state.runner_limits()
             parsed: ParsedRequest = parse_ws_generate(
-                body, model_name=state.model_name, max_context=limits.max_context
+                body,
+                model_name=state.model_name,
+                max_context=limits.max_context,
+                vocab_size=limits.vocab_size,
             )
         except ApiError as err:
             await self.send_error(client_id, err)
             return
-        req = parsed.to_generate(f"ws-{uuid.uuid4().hex}-{key}")
-        job = _Job(client_id, parsed.sampling.logprobs, parsed.sampling.top_logprobs)
-        parser = parsed.tools.parser(state.tool_call_parser) if parsed.tools else None
-        job.tools = parser.stream() if parser else None
+        reqs = parsed.to_generates(f"ws-{uuid.uuid4().hex}-{key}")
+        job = _Job(
+            client_id,
+            parsed.sampling.logprobs,
+            parsed.sampling.top_logprobs,
+            n=len(reqs),
+            prompt_logprobs=parsed.prompt_logprobs is not None,
+            parser=parsed.tools.parser(state.tool_call_parser) if parsed.tools else None,
+        )
         self._jobs[key] = job
-        job.task = asyncio.create_task(self._run(key, job, req))
+        job.task = asyncio.create_task(self._run(key, job, reqs))
 
-    async def _run(self, key: str, job: _Job, req: GenerateRequest) -> None:
+    async def _run(self, key: str, job: _Job, reqs: list[GenerateRequest]) -> None:
         try:
             with self._app[STATE_KEY].admission.admit():
-                await self._generate(job, req)
+                await self._generate(job, reqs)
         except ApiError as err:  # refused: the server is full
             await self.send_error(job.client_id, err)
         except EngineError as exc:
@@ -228,7 +268,7 @@ class WsSession:
             else:
                 await self.send_error(job.client_id, err)
         except Exception:
-            log.exception("websocket request %s failed", req.rid)
+            log.exception("websocket request %s failed", reqs[0].rid)
             await self.send_error(
                 job.client_id, ApiError("internal server error", status=500, code="internal_error")
             )
@@ -236,41 +276,56 @@ class WsSession:
             if self._jobs.get(key) is job:
                 del self._jobs[key]
 
-    async def _generate(self, job: _Job, req: GenerateRequest) -> None:
-        """Stream one admitted request's deltas, then its final frame."""
-        async with open_generation(self._app, req) as deltas:
-            async for delta in deltas:
-                job.tally.add(delta)
-                if delta.text or delta.token_ids or delta.logprobs:
+    async def _generate(self, job: _Job, reqs: list[GenerateRequest]) -> None:
+        """Stream one admitted request's deltas (of every choice), then its final frame."""
+        async with open_choices(self._app, reqs) as deltas:
+            async for i, delta in deltas:
+                job.tallies[i].add(delta)
+                prompt = delta.prompt_logprobs is not None and job.prompt_logprobs
+                if delta.text or delta.token_ids or delta.logprobs or prompt:
                     out: dict[str, Any] = {
                         "id": job.client_id,
                         "type": "delta",
                         "text": delta.text,
                         "token_ids": delta.token_ids,
                     }
+                    if job.n > 1:
+                        out["index"] = i
                     if job.logprobs:
                         out["logprobs"] = ws_logprobs(delta.logprobs or [], job.top_n)
-                    if job.tools is not None and (calls := job.tool_deltas(delta.text)):
+                    if prompt:
+                        out["prompt_logprobs"] = vllm_prompt_logprobs(delta.prompt_logprobs)
+                    if job.tools is not None and (calls := job.tool_deltas(i, delta.text)):
                         out["tool_calls"] = calls
                     await self.send(out)
-        if job.tools is not None and (calls := job.tool_deltas(None)):
-            delta_frame = {"id": job.client_id, "type": "delta", "text": "", "token_ids": []}
-            await self.send({**delta_frame, "tool_calls": calls})
-        await self._send_final(job, job.tally.finish_reason or "abort")
+        for i in range(job.n if job.tools is not None else 0):
+            if calls := job.tool_deltas(i, None):
+                frame = {"id": job.client_id, "type": "delta", "text": "", "token_ids": []}
+                if job.n > 1:
+                    frame["index"] = i
+                await self.send({**frame, "tool_calls": calls})
+        await self._send_final(job, job.tallies[0].finish_reason or "abort")
 
     async def _send_final(self, job: _Job, finish_reason: str, err: ApiError | None = None) -> None:
         frame: dict[str, Any] = {
             "id": job.client_id,
             "type": "final",
             "finish_reason": finish_reason,
-            "usage": job.tally.usage(),
+            "usage": usage_of(job.tallies),
             "text": "",
         }
         if job.tools is not None and err is None:
-            calls = job.tools.calls
-            frame["finish_reason"] = tool_finish(finish_reason, bool(calls))
-            frame["content"] = "".join(job.content) if job.content else None
-            frame["tool_calls"] = [c.to_openai() for c in calls]
+            frame.update(job.tool_reply(0, finish_reason))
+        if job.n > 1:
+            frame["choices"] = []
+            for i, t in enumerate(job.tallies):
+                choice: dict[str, Any] = {
+                    "index": i,
+                    "finish_reason": t.finish_reason or finish_reason,
+                }
+                if job.tools is not None and err is None:
+                    choice.update(job.tool_reply(i, choice["finish_reason"]))
+                frame["choices"].append(choice)
         if err is not None:
             frame["status"] = err.status
             frame["error"] = err.body()["error"]

@@ -68,6 +68,14 @@ KNOWN_LEVERS: tuple[LeverInfo, ...] = (
         "tokens reloaded instead of recomputed",
         "bytes moved, load time",
     ),
+    _l(
+        "parallel_sampling",
+        "skip",
+        "Parallel sampling (n > 1)",
+        "The choices of one request share its prompt: one prefills it, the others start from its cached pages and compute only the last partial page.",
+        "prefill tokens not recomputed, their FLOPs",
+        "prompt tokens each choice still computes",
+    ),
     # compute less
     _l(
         "w8a8",

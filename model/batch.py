@@ -34,6 +34,11 @@ class StepBatch:
         page_size: tokens per page.
         sample_counts: rows of ``sample_rows`` per sampled sequence (1, or
             ``num_draft + 1``), parallel to ``sampled``; R is their sum.
+        prompt_spans: per sequence whose prompt rows are scored
+            (``houchu.model.prompt_logprobs``): (sequence index, first row of them in
+            ``sample_rows``, rows); those rows come just before the sequence's sample row.
+        sample_select: ``[R_sampled]`` int64, the rows of ``sample_rows`` that sample,
+            in order (None: all of them, when no prompt rows are scored).
     """
 
     token_ids: torch.Tensor  # [T] int64
@@ -47,6 +52,8 @@ class StepBatch:
     sampled: list[int]
     page_size: int
     sample_counts: list[int] = field(default_factory=list)
+    prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    sample_select: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -71,6 +78,7 @@ def build_batch(
     max_context: int,
     vocab_size: int,
     device: torch.device | str = "cpu",
+    prompt_rows: Sequence[int] | None = None,
 ) -> StepBatch:
     """Flatten and validate a step's work.
 
@@ -81,6 +89,8 @@ def build_batch(
         max_context: the largest allowed ``start_pos + len(token_ids)``.
         vocab_size: token ids must lie in 0..vocab_size-1.
         device: where the tensors go.
+        prompt_rows: per work item, rows before its sample row (or its last rows, when
+            it does not sample) whose logits are wanted too (prompt logprobs; None: 0).
     Returns:
         The ``StepBatch``.
     Raises:
@@ -95,6 +105,8 @@ def build_batch(
     positions: list[int] = []
     q_starts, start_pos, kv_lens, sampled, sample_rows = [0], [], [], [], []
     sample_counts: list[int] = []
+    prompt_spans: list[tuple[int, int, int]] = []
+    select: list[int] = []
     seen: set[str] = set()
     max_pages = 1
     for i, w in enumerate(work):
@@ -135,8 +147,16 @@ def build_batch(
                 f"request {w.rid!r}: {w.num_draft} proposals to verify among {n} tokens "
                 f"(need fewer than n, and sample set)"
             )
+        extra = prompt_rows[i] if prompt_rows else 0
+        if extra:
+            end = q_starts[-1] - (1 if w.sample else 0)
+            if w.num_draft or extra > end - q_starts[-2]:
+                raise ValueError(f"request {w.rid!r}: {extra} prompt rows among {n} tokens")
+            prompt_spans.append((i, len(sample_rows), extra))
+            sample_rows.extend(range(end - extra, end))
         if w.sample:
             sampled.append(i)
+            select.extend(range(len(sample_rows), len(sample_rows) + w.num_draft + 1))
             sample_rows.extend(range(q_starts[-1] - 1 - w.num_draft, q_starts[-1]))
             sample_counts.append(w.num_draft + 1)
 
@@ -163,6 +183,10 @@ def build_batch(
         sampled=sampled,
         page_size=page_size,
         sample_counts=sample_counts,
+        prompt_spans=prompt_spans,
+        sample_select=torch.tensor(select, dtype=torch.int64, device=device)
+        if prompt_spans
+        else None,
     )
 
 

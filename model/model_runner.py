@@ -51,13 +51,20 @@ from houchu.model.mla_lever import MLALever, mla_levers_note, mla_summary
 from houchu.model.mla_pool import LatentKVPool
 from houchu.model.moe import MoEMLP, moe_lever_sample
 from houchu.model.ops import make_ops
+from houchu.model.prompt_logprobs import rows_wanted, score
 from houchu.model.quant import QuantSpec, resolve_quant_mode
 from houchu.model.sampling import RequestState, Sampler
 from houchu.model.structure_levers import structure_notes
 from houchu.model.threads import ThreadGovernor, step_key
 from houchu.model.verify import sample_and_verify
 from houchu.options.runner_options import RunnerOptions
-from houchu.transport.messages import RunnerInfo, SeqOutput, StepPlan, StepResult
+from houchu.transport.messages import (
+    PromptLogprobs,
+    RunnerInfo,
+    SeqOutput,
+    StepPlan,
+    StepResult,
+)
 from houchu.transport.telemetry import LeverSample
 
 
@@ -371,7 +378,12 @@ class ModelRunner:
                 if si.rid in live or si.rid in new:
                     raise ValueError(f"request {si.rid!r} is already registered")
                 new[si.rid] = RequestState(
-                    si.rid, si.sampling, si.prompt_ids, self.config.vocab_size, self.device
+                    si.rid,
+                    si.sampling,
+                    si.prompt_ids,
+                    self.config.vocab_size,
+                    self.device,
+                    stop_ids=si.stop_ids,
                 )
             new_grammars = {
                 si.rid: self.grammar.compile(si.rid, si.sampling.structured)
@@ -382,6 +394,9 @@ class ModelRunner:
                 if w.rid not in live and w.rid not in new:
                     raise ValueError(f"request {w.rid!r} was never initialised (or released)")
             batch = None
+            scored = [  # (prompt rows to score, first position) per work item
+                rows_wanted(w, live_state(w.rid, self.states, new)) for w in plan.work
+            ]
             if plan.work:
                 batch = build_batch(
                     plan.work,
@@ -390,6 +405,7 @@ class ModelRunner:
                     max_context=self.max_context,
                     vocab_size=self.config.vocab_size,
                     device=self.device,
+                    prompt_rows=[n for n, _ in scored],
                 )
             if self.host_kv is not None:
                 self.host_kv.check(plan.kv_saves)
@@ -406,6 +422,7 @@ class ModelRunner:
             self.states.update(new)
             self.grammars.update(new_grammars)
             outputs: list[SeqOutput] = []
+            prompt_lps: list[PromptLogprobs] = []
             if batch is not None:
                 ws = [plan.work[i] for i in batch.sampled]
                 states = [self.states[w.rid] for w in ws]
@@ -414,6 +431,11 @@ class ModelRunner:
                 # the grammar masks are computed while the model runs
                 masking = self.grammar.start(grammars, batch.sample_counts, drafts)
                 logits = self._timed_forward(batch)  # [R, V] fp32
+                if batch.prompt_spans:
+                    spans = [(row, n, scored[i][1]) for i, row, n in batch.prompt_spans]
+                    owners = [self.states[plan.work[i].rid] for i, _, _ in batch.prompt_spans]
+                    prompt_lps = score(logits, spans, owners)
+                    logits = logits.index_select(0, batch.sample_select)  # [R_sampled, V]
                 masks = None if masking is None else masking.wait(logits.shape[1], self.device)
                 samples = sample_and_verify(
                     self.sampler, logits, batch.sample_counts, states, drafts, masks
@@ -438,7 +460,22 @@ class ModelRunner:
             duration_s=time.perf_counter() - t0,
             num_tokens=0 if batch is None else batch.num_tokens,
             started_at=started_at,
+            prompt_logprobs=prompt_lps,
         )
+
+
+def live_state(
+    rid: str, states: dict[str, RequestState], new: dict[str, RequestState]
+) -> RequestState:
+    """The state of ``rid``, registered before or by this plan.
+
+    Raises:
+        ValueError: ``rid`` was never initialised (or was released).
+    """
+    state = new.get(rid) or states.get(rid)
+    if state is None:
+        raise ValueError(f"request {rid!r} was never initialised (or released)")
+    return state
 
 
 def resolve_last_sampled(plan: StepPlan, previous: dict[str, int]) -> None:

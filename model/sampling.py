@@ -2,10 +2,16 @@
 
 Pipeline per row (logits ``[R, V]`` float32):
 
+0. logits processors (``houchu.model.logits_processors``): ``logit_bias``,
+   ``allowed_token_ids``, ``bad_words``, ``min_tokens``;
 1. penalties: repetition (CTRL, Keskar et al. 2019: a seen token's logit is divided by
    the penalty if positive, multiplied if negative; seen = prompt + generated, as vLLM),
    then frequency and presence (OpenAI: ``logit -= f * count + p * (count > 0)``, counts
    over generated tokens only);
+1b. structured output: the tokens the request's grammar disallows become -inf, after
+   the processors, so a constrained request follows its grammar whatever its
+   ``logit_bias`` (where the processors left only disallowed tokens, the grammar's mask
+   is applied to the logits before them: ``apply_grammar_masks``);
 2. temperature == 0 (below 1e-5): greedy argmax of the penalized logits;
 3. otherwise: divide by temperature, then top-k, top-p (nucleus, Holtzman et al. 2019),
    min-p (Nguyen et al. 2024) — Hugging Face's warper order — softmax, and one
@@ -19,11 +25,13 @@ default "raw" mode), or of the processed logits with ``logprobs_mode="processed"
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from houchu.model import cpu_kernels
+from houchu.model.logits_processors import LogitsProcessors, apply_processors
 from houchu.transport.messages import SamplingParams
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy
@@ -42,10 +50,16 @@ class RequestState:
         generator: ``torch.Generator`` seeded with ``params.seed``, or None.
         seen: ``[V]`` bool, tokens in prompt or generated (only with a repetition penalty).
         counts: ``[V]`` float32, generated-token counts (only with frequency/presence).
+        processors: its logits processors, or None (``LogitsProcessors.of``).
+        prompt_logprobs_done: prompt positions whose next token's log-probability was
+            already returned (``houchu.model.prompt_logprobs``).
+
+    ``stop_ids``: the ids that end the request (for ``min_tokens``).
 
     Raises:
-        ValueError: sampling parameters out of their domains (``validate_params``) or a
-            prompt token id outside ``0..vocab_size-1``.
+        ValueError: sampling parameters out of their domains (``validate_params``,
+            ``logits_processors.check_params``) or a prompt token id outside
+            ``0..vocab_size-1``.
     """
 
     def __init__(
@@ -55,8 +69,14 @@ class RequestState:
         prompt_ids: list[int],
         vocab_size: int,
         device: torch.device | str = "cpu",
+        stop_ids: Sequence[int] = (),
     ) -> None:
         validate_params(params, rid)
+        try:
+            self.processors = LogitsProcessors.of(params, stop_ids, vocab_size, device)
+        except ValueError as e:
+            raise ValueError(f"request {rid!r}: {e}") from None
+        self.prompt_logprobs_done = 0
         if prompt_ids and (min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size):
             raise ValueError(f"request {rid!r}: prompt token id out of range 0..{vocab_size - 1}")
         self.rid, self.params, self.prompt_ids = rid, params, list(prompt_ids)
@@ -144,13 +164,21 @@ def apply_penalties(logits: torch.Tensor, states: list[RequestState]) -> torch.T
 
 
 def apply_grammar_masks(
-    logits: torch.Tensor, masks: list[torch.Tensor | None] | None
+    logits: torch.Tensor,
+    masks: list[torch.Tensor | None] | None,
+    fallback: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Set the tokens a row's grammar disallows to -inf.
+
+    The grammar always wins: where the logits processors left a constrained row only
+    tokens its grammar disallows (``logit_bias`` 100 or ``allowed_token_ids`` on a
+    forbidden token), the row is masked from ``fallback`` (the logits before the
+    processors) instead, so it still samples a grammar-allowed token.
 
     Args:
         logits: ``[R, V]`` float32 (not modified).
         masks: per row, ``[V]`` bool (True: allowed) or None (unconstrained).
+        fallback: ``[R, V]`` float32 or None (no fallback).
     Returns:
         ``[R, V]`` float32 (the input itself when no row is constrained).
     """
@@ -162,6 +190,11 @@ def apply_grammar_masks(
     idx = torch.tensor(rows, device=logits.device)
     allowed = torch.stack([masks[i] for i in rows])  # [Rc, V] bool
     out[idx] = out[idx].masked_fill(~allowed, float("-inf"))
+    if fallback is not None and fallback is not logits:
+        dead = torch.isneginf(out[idx]).all(dim=-1)  # [Rc] bool: nothing left to sample
+        if bool(dead.any()):
+            gone = idx[dead]
+            out[gone] = fallback[gone].masked_fill(~allowed[dead], float("-inf"))
     return out
 
 
@@ -277,7 +310,12 @@ class Sampler:
         if r == 0:
             return []
         dev = logits.device
-        x = apply_grammar_masks(apply_penalties(logits, states), masks)  # [R, V]
+        # logits processors, then penalties, then the grammar's mask: a constrained
+        # request only ever samples a token its grammar allows, whatever its logit_bias
+        x = apply_processors(logits, [s.processors for s in states], [s.generated for s in states])
+        penalised = apply_penalties(x, states)  # [R, V]
+        fallback = None if x is logits or masks is None else apply_penalties(logits, states)
+        x = apply_grammar_masks(penalised, masks, fallback)  # [R, V]
         temps = [s.params.temperature for s in states]
         rand = [i for i, t in enumerate(temps) if t >= GREEDY_EPS]
         tokens = argmax_rows(x)  # [R] int64 (greedy rows keep this)

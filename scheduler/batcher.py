@@ -20,6 +20,7 @@ from collections import deque
 
 from houchu.kvcache.page_allocator import PageAllocator
 from houchu.options.batching_options import BatchingOptions
+from houchu.scheduler.groups import PrefillGroups
 from houchu.scheduler.no_tiers import Tiers
 from houchu.scheduler.prefix_cache import NoPrefixCache, PrefixCache
 from houchu.scheduler.request import Request, Status
@@ -56,6 +57,7 @@ class Batcher:
         self.config = config
         self.prefix = prefix
         self.tiers = tiers
+        self.groups = PrefillGroups(prefix.tree is not None, allocator.page_size)
         self.waiting: deque[Request] = deque()
         self.running: dict[str, Request] = {}  # insertion order = admission order
         self.pending_release: list[str] = []
@@ -74,6 +76,7 @@ class Batcher:
         if self.running or self.waiting:
             raise RuntimeError("restart with requests still queued or running")
         self.allocator, self.prefix = allocator, prefix
+        self.groups = PrefillGroups(prefix.tree is not None, allocator.page_size)
         self.pending_release = []
 
     # ------------------------------------------------------------------ queue changes
@@ -81,6 +84,7 @@ class Batcher:
     def add(self, req: Request) -> None:
         """Queue a new request (FIFO)."""
         self.waiting.append(req)
+        self.groups.add(req)
 
     def get(self, rid: str) -> Request | None:
         """The queued or running request ``rid`` (None: unknown, or it left)."""
@@ -101,6 +105,7 @@ class Batcher:
             self.waiting.remove(req)
         self._drop_pages(req)
         self.tiers.forget(req.rid)
+        self.groups.remove(req)
         req.status = Status.FINISHED
         if req.is_registered:
             self.pending_release.append(req.rid)
@@ -154,20 +159,32 @@ class Batcher:
                 continue  # its lower-tier lookup is in flight; others may go first
             if req.is_in_flight:
                 continue  # preempted while in a step in flight: its tokens are not all known
-            self.prefix.match(req)
-            if self.tiers.begin_lookup(req):
-                self._drop_pages(req)  # matched again once the answer is in
-                continue
+            if self.groups.is_held(req):
+                continue  # another choice of its request prefills the shared prompt
+            if req.sampling.prompt_logprobs is None:  # else its whole prompt is computed
+                self.prefix.match(req)
+                if self.tiers.begin_lookup(req):
+                    self._drop_pages(req)  # matched again once the answer is in
+                    continue
             n, num_loaded = self._plan_prefix(req, budget)
             if not self._reserve(req, req.plan_computed + n, preempt=False):
                 self._drop_pages(req)  # give the matched prefix back; retry next step
                 break
             loads += self._take_loads(req, num_loaded)
+            if not req.is_registered:
+                self.groups.on_admitted(req)
             self.waiting.remove(req)
             req.status = Status.RUNNING
             self.running[req.rid] = req
             if not req.is_registered:
-                init.append(SeqInit(rid=req.rid, sampling=req.sampling, prompt_ids=req.prompt_ids))
+                init.append(
+                    SeqInit(
+                        rid=req.rid,
+                        sampling=req.sampling,
+                        prompt_ids=req.prompt_ids,
+                        stop_ids=sorted(req.stop_ids),
+                    )
+                )
                 req.is_registered = True
             work.append(self._work(req, n))
             scheduled.append(req)

@@ -149,7 +149,14 @@ class SchedulerCore:
         if self.batcher.get(msg.rid) is not None:
             raise Rejected(bad_request(f"request id {msg.rid!r} is already queued"))
         self._check_queue(len(msg.prompt_ids))
-        req = Request(msg.rid, msg.prompt_ids, msg.sampling, msg.stop_ids, msg.arrival_time)
+        req = Request(
+            msg.rid,
+            msg.prompt_ids,
+            msg.sampling,
+            msg.stop_ids,
+            msg.arrival_time,
+            prefill_group=msg.prefill_group,
+        )
         self.counters.prompt_tokens += len(msg.prompt_ids)
         self.batcher.add(req)
         self.telemetry.event(req.rid, "queued", prompt_tokens=req.num_prompt)

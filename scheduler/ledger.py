@@ -5,6 +5,7 @@ Levers and their units (docs/architecture.md, "The lever ledger"):
 | lever | verb | saved | spent |
 |---|---|---|---|
 | radix_prefix_cache | skip | prefill tokens not computed; their FLOPs | KV pages held by the tree |
+| parallel_sampling | skip | prefill tokens a choice of ``n > 1`` took from another's (and FLOPs) | prompt tokens it computed itself |
 | paged_kv | occupy_less | KV bytes not reserved vs. max-length reservation | page-table entries |
 | continuous_batching | fill | forward passes shared (requests per step - 1) | seconds queued |
 | chunked_prefill | fill | prefill tokens moved out of one long step | extra steps |
@@ -38,6 +39,7 @@ class SchedulerLedger:
         self.prefix_tokens_reused = 0
         self.prefix_flops_saved = 0.0
         self.pages_shared = 0
+        self.parallel_tokens_shared = 0
         self.prompt_tokens_admitted = 0
         self.forward_passes = 0
         self.tokens_computed = 0
@@ -56,7 +58,9 @@ class SchedulerLedger:
 
     def on_admitted(self, req: Request) -> list[LeverSample]:
         """A request's first admission: account its reused prefix (tokens, and the FLOPs
-        those tokens would have cost)."""
+        those tokens would have cost). A choice of ``n > 1`` that started from another
+        choice's prompt pages (``Request.shares_prefill``) reports them as the
+        ``parallel_sampling`` lever, spending the prompt tokens it still computed."""
         self.prompt_tokens_admitted += req.num_prompt
         if req.cached_tokens == 0:
             return []
@@ -66,6 +70,16 @@ class SchedulerLedger:
         pages = req.cached_tokens // self.runner.page_size
         self.pages_shared += pages
         now = time.time()
+        if req.shares_prefill:
+            self.parallel_tokens_shared += req.cached_tokens
+            rest = float(req.num_prompt - req.cached_tokens)
+            return [
+                LeverSample(
+                    "parallel_sampling", "skip", float(req.cached_tokens), "tokens", rest,
+                    "tokens", now, req.rid,
+                ),
+                LeverSample("parallel_sampling", "skip", flops, "flops", 0.0, "tokens", now, req.rid),
+            ]  # fmt: skip
         return [
             LeverSample(
                 lever="radix_prefix_cache",
@@ -172,6 +186,7 @@ class SchedulerLedger:
             "prefix_hit_rate": self.prefix_tokens_reused / max(self.prompt_tokens_admitted, 1),
             "prefix_flops_saved": self.prefix_flops_saved,
             "pages_shared": self.pages_shared,
+            "parallel_sampling_tokens_shared": self.parallel_tokens_shared,
             "forward_passes": self.forward_passes,
             "tokens_per_forward": self.tokens_computed / max(self.forward_passes, 1),
             "requests_per_forward": self.requests_stepped / max(self.forward_passes, 1),

@@ -26,7 +26,7 @@ import enum
 import time
 
 from houchu.spec.state import SpecState
-from houchu.transport.messages import SamplingParams
+from houchu.transport.messages import PromptLogprobs, SamplingParams
 
 
 class Status(enum.Enum):
@@ -44,6 +44,8 @@ class Request:
         sampling: decoding parameters.
         stop_ids: token ids that end generation (``TokenizedRequest.stop_ids``).
         arrival_time: seconds (time.time()) when the gateway accepted it.
+        prefill_group: the client request it is a choice of ("" alone;
+            ``houchu.scheduler.groups``).
     """
 
     def __init__(
@@ -53,8 +55,11 @@ class Request:
         sampling: SamplingParams,
         stop_ids: list[int],
         arrival_time: float = 0.0,
+        prefill_group: str = "",
     ) -> None:
         self.rid = rid
+        self.prefill_group = prefill_group
+        self.shares_prefill = False  # started from another choice's prompt pages
         self.prompt_ids = prompt_ids
         self.output_ids: list[int] = []
         self.sampling = sampling
@@ -83,6 +88,7 @@ class Request:
         self.is_aborted = False
         self.finish_reason: str | None = None
         self.spec = SpecState()  # speculative decoding: proposals, counters
+        self.prompt_logprobs: PromptLogprobs | None = None  # scored so far, not yet sent
 
     @property
     def num_prompt(self) -> int:

@@ -68,6 +68,7 @@ class ResultApplier:
         self._account_step(result, slots, now)
         if result.error is not None:
             return self.fail([s.req for s in slots], result.error)
+        self._take_prompt_logprobs(result, slots)
         sampled: dict[str, list[SeqOutput]] = {}
         for o in result.outputs:  # several per request when proposals were verified
             sampled.setdefault(o.rid, []).append(o)
@@ -75,6 +76,21 @@ class ResultApplier:
         for sample in self.overlap.samples(now):
             self.telemetry.lever(sample)
         return events
+
+    def _take_prompt_logprobs(self, result: StepResult, slots: list[Slot]) -> None:
+        """Keep the prompt tokens the step scored on their requests (sent with each
+        request's first event)."""
+        if not result.prompt_logprobs:
+            return
+        reqs = {s.req.rid: s.req for s in slots}
+        for plp in result.prompt_logprobs:
+            req = reqs.get(plp.rid)
+            if req is None or req.status is Status.FINISHED:
+                continue
+            if req.prompt_logprobs is None:
+                req.prompt_logprobs = plp
+            else:
+                req.prompt_logprobs.extend(plp)
 
     def _apply_one(
         self, slot: Slot, sampled: dict[str, list[SeqOutput]], now: float
@@ -181,7 +197,9 @@ def _event(req: Request, outs: list[SeqOutput], reason: str | None) -> TokenEven
         finish_reason=reason,
         prompt_tokens=req.num_prompt,
         cached_tokens=req.cached_tokens,
+        prompt_logprobs=req.prompt_logprobs,
     )
+    req.prompt_logprobs = None  # sent
     if outs[0].logprob is not None:
         ev.logprobs = [o.logprob for o in outs]
         ev.top_logprobs = [o.top_logprobs or [] for o in outs]

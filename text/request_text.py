@@ -9,7 +9,13 @@ from __future__ import annotations
 from houchu.text.detokenizer import IncrementalDetokenizer
 from houchu.text.stop import StopStringMatcher
 from houchu.text.tokenizer import TextTokenizer
-from houchu.transport.messages import SamplingParams, TextDelta, TokenEvent, TokenLogprob
+from houchu.transport.messages import (
+    PromptTokenLogprob,
+    SamplingParams,
+    TextDelta,
+    TokenEvent,
+    TokenLogprob,
+)
 
 
 class RequestText:
@@ -22,6 +28,8 @@ class RequestText:
         sampling: the request's stop strings and logprob settings.
         stop_ids: the ids that end the request (``houchu.text.stop.stop_ids``); their
             text is never emitted when they end it.
+        prompt_text: the prompt as text, sent with the first delta when
+            ``sampling.echo`` (None: decoded from ``prompt_ids``).
 
     ``completion_tokens`` counts every token the model generated for the request up to
     and including the one that finished it (an EOS or stop token included). An event may
@@ -37,13 +45,23 @@ class RequestText:
         prompt_ids: list[int],
         sampling: SamplingParams,
         stop_ids: list[int],
+        prompt_text: str | None = None,
     ) -> None:
         self.rid = rid
+        self.prompt_ids = prompt_ids
+        self.echo_text: str | None = None
+        if sampling.echo:
+            self.echo_text = (
+                prompt_text if prompt_text is not None else tokenizer.decode(prompt_ids)
+            )
+        self.want_prompt_logprobs = sampling.prompt_logprobs is not None
+        self._prompt_pending = sampling.echo or self.want_prompt_logprobs
         self.tokenizer = tokenizer
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         self.stops = StopStringMatcher(sampling.stop) if sampling.stop else None
         self.hidden_ids = frozenset(stop_ids)
         self.want_logprobs = sampling.logprobs
+        self.min_tokens = sampling.min_tokens  # stop strings are not matched before
         self.prompt_tokens = len(prompt_ids)
         self.completion_tokens = 0
         self.cached_tokens = 0
@@ -72,12 +90,16 @@ class RequestText:
             if final is not None:
                 text += self._flush()
         logprobs = self._logprobs(ids[:taken], ev) if self.want_logprobs else None
+        prompt_text, prompt_lps = self._prompt(ev)
         if final is not None:
             self.finished = True
-        elif not text and not logprobs:
+        elif not text and not logprobs and not self._prompt_pending:
             return None
+        self._prompt_pending = False
         sent_ids, self._unsent_ids = self._unsent_ids, []
         return TextDelta(
+            prompt_text=prompt_text,
+            prompt_logprobs=prompt_lps,
             rid=self.rid,
             text=text,
             token_ids=sent_ids,
@@ -95,7 +117,7 @@ class RequestText:
         for i, tid in enumerate(ids):
             self._unsent_ids.append(tid)
             piece = self.detok.add([tid])
-            if self.stops is not None:
+            if self.stops is not None and self.completion_tokens + i + 1 > self.min_tokens:
                 piece, stopped = self.stops.feed(piece)
             text += piece
             if stopped:
@@ -109,6 +131,29 @@ class RequestText:
             return tail
         tail, stopped = self.stops.feed(tail)
         return tail if stopped else tail + self.stops.flush()
+
+    def _prompt(self, ev: TokenEvent) -> tuple[str | None, list[PromptTokenLogprob] | None]:
+        """(prompt text, prompt tokens' logprobs) for the first delta, else (None, None)."""
+        if not self._prompt_pending:
+            return None, None
+        lps = None
+        if self.want_prompt_logprobs:
+            tok, plp = self.tokenizer, ev.prompt_logprobs
+            lps = []
+            for pos, tid in enumerate(self.prompt_ids):
+                j = pos - plp.start if plp is not None else -1
+                scored = plp is not None and 0 <= j < len(plp.logprobs)
+                lps.append(
+                    PromptTokenLogprob(
+                        token=tok.token_text(tid),
+                        token_id=tid,
+                        logprob=plp.logprobs[j] if scored else None,
+                        rank=plp.ranks[j] if scored else None,
+                        bytes_=list(tok.token_bytes(tid)),
+                        top=[(tok.token_text(t), t, lp) for t, lp in plp.top[j]] if scored else [],
+                    )
+                )
+        return self.echo_text, lps
 
     def _logprobs(self, ids: list[int], ev: TokenEvent) -> list[TokenLogprob] | None:
         if not ev.logprobs:

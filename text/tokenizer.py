@@ -134,6 +134,10 @@ class TextTokenizer:
             ids.insert(0, self.bos_token_id)
         return ids
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of ``text`` alone, without the BOS that ``encode`` may prepend."""
+        return self._backend.encode(text, add_special_tokens=False).ids
+
     def render_chat(
         self, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None
     ) -> str:

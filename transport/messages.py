@@ -40,6 +40,19 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     tokenizer lowers it to what the context window leaves after the prompt, as vLLM does.
     ``top_logprobs`` is only meaningful when ``logprobs`` is true (0..20).
     ``structured``: the grammar the output must follow (structured output), or None.
+
+    Logits processors (``houchu.model.logits_processors``), applied before penalties:
+    ``logit_bias`` (token id -> bias in [-100, 100], OpenAI's: added to the logit; -100
+    bans the token, 100 selects among the tokens biased by 100 only), ``allowed_token_ids``
+    (vLLM: only these may be sampled; None: all), ``bad_words`` (vLLM: strings never
+    generated; the tokenizer actor encodes them into ``bad_words_ids``), ``min_tokens``
+    (vLLM: the stop ids cannot end the request before this many tokens, and stop strings
+    are not matched before then).
+
+    ``prompt_logprobs`` (vLLM's extension; None: off): the log-probability of every prompt
+    token after the first, with that many alternatives (0..20), from the raw logits; such
+    a request computes its whole prompt (its prefix is not taken from the cache).
+    ``echo``: the tokenizer sends the prompt's text with the first delta.
     """
 
     temperature: float = 1.0
@@ -58,6 +71,13 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     logprobs: bool = False
     top_logprobs: int = 0
     structured: StructuredOutput | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = field(default_factory=list)
+    bad_words_ids: list[list[int]] = field(default_factory=list)
+    min_tokens: int = 0
+    prompt_logprobs: int | None = None
+    echo: bool = False
 
 
 #: The roles a chat turn may have on the wire ("tool": a tool's result).
@@ -114,6 +134,9 @@ class GenerateRequest(Struct, tag=True, kw_only=True):
     """A validated client request. Exactly one of ``prompt`` / ``messages`` is set.
 
     ``prompt_ids`` may be given instead of text (an OpenAI completions prompt of token ids).
+    ``prefill_group``: the client request this one is a choice of (``n > 1``), "" when
+    alone: the choices of one group share one prompt, which the scheduler prefills once
+    (``houchu.scheduler.groups``).
     """
 
     rid: str
@@ -124,6 +147,7 @@ class GenerateRequest(Struct, tag=True, kw_only=True):
     arrival_time: float = 0.0
     #: the tools a chat template is given (OpenAI ``tools`` entries), or None
     tools: list[dict[str, Any]] | None = None
+    prefill_group: str = ""
 
 
 class AbortRequest(Struct, tag=True):
@@ -141,7 +165,7 @@ class TokenizedRequest(Struct, tag=True, kw_only=True):
 
     ``stop_ids``: the ids that end it when sampled (its ``stop_token_ids``, plus the
     model's EOS ids unless ``ignore_eos``), computed once by the tokenizer
-    (``houchu.text.stop.stop_ids``).
+    (``houchu.text.stop.stop_ids``). ``prefill_group``: as ``GenerateRequest``'s.
     """
 
     rid: str
@@ -149,6 +173,7 @@ class TokenizedRequest(Struct, tag=True, kw_only=True):
     sampling: SamplingParams
     stop_ids: list[int]
     arrival_time: float = 0.0
+    prefill_group: str = ""
 
 
 class FinishRequest(Struct, tag=True):
@@ -165,11 +190,14 @@ class SeqInit(Struct, kw_only=True):
     """Registers a request's sampling state in the runner before its first step.
 
     ``prompt_ids`` (list[int], prompt_len) seeds the repetition / presence penalties.
+    ``stop_ids``: the ids that end the request (``TokenizedRequest.stop_ids``), which
+    ``min_tokens`` keeps from being sampled too early.
     """
 
     rid: str
     sampling: SamplingParams
     prompt_ids: list[int]
+    stop_ids: list[int] = field(default_factory=list)
 
 
 class SeqWork(Struct, kw_only=True, array_like=True):
@@ -235,11 +263,35 @@ class SeqOutput(Struct, kw_only=True, array_like=True):
     top_logprobs: list[tuple[int, float]] | None = None
 
 
+class PromptLogprobs(Struct, kw_only=True, array_like=True):
+    """Log-probabilities of consecutive prompt tokens (``SamplingParams.prompt_logprobs``),
+    from the raw logits of the positions before them.
+
+    ``start``: the position of the first token scored (>= 1: the first prompt token has
+    no logprob); ``logprobs``, ``ranks`` (1: the most likely token) and ``top`` (each a
+    list of ``(token_id, logprob)``, best first) have one entry per token, positions
+    ``start ..``.
+    """
+
+    rid: str
+    start: int
+    logprobs: list[float]
+    ranks: list[int]
+    top: list[list[tuple[int, float]]]
+
+    def extend(self, more: PromptLogprobs) -> None:
+        """Append ``more``, which must start where this one ends."""
+        self.logprobs.extend(more.logprobs)
+        self.ranks.extend(more.ranks)
+        self.top.extend(more.top)
+
+
 class StepResult(Struct, tag=True, kw_only=True):
     """The runner's answer to a StepPlan. ``duration_s``: forward + sampling seconds;
     ``started_at``: wall-clock seconds (time.time()) when the runner began the step (0:
     unknown). ``error``: the step failed (a bad plan, a kernel error); every request in
-    it fails with this."""
+    it fails with this. ``prompt_logprobs``: the prompt tokens scored in this step, for
+    the requests that asked (``SamplingParams.prompt_logprobs``)."""
 
     step_id: int
     outputs: list[SeqOutput]
@@ -247,6 +299,7 @@ class StepResult(Struct, tag=True, kw_only=True):
     num_tokens: int
     error: Failure | None = None
     started_at: float = 0.0
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
 
 
 class RunnerInfo(Struct, tag=True, kw_only=True):
@@ -289,7 +342,7 @@ class TokenEvent(Struct, kw_only=True, array_like=True):
     ``finish_reason``: None while running, else "stop" (EOS / stop token), "length"
     (max_tokens or context), "abort" or "error". ``cached_tokens``: prompt tokens whose KV
     was reused (sent with the first event). ``failure``: why, when finish_reason is
-    "error".
+    "error". ``prompt_logprobs``: the whole prompt's, with the first event (when asked).
     """
 
     rid: str
@@ -300,6 +353,7 @@ class TokenEvent(Struct, kw_only=True, array_like=True):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     failure: Failure | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class TokenBatch(Struct, tag=True):
@@ -321,6 +375,18 @@ class TokenLogprob(Struct, array_like=True):
     top: list[tuple[str, int, float]] = field(default_factory=list)
 
 
+class PromptTokenLogprob(Struct, array_like=True):
+    """One prompt token's text and log-probability (None for the first token), its rank
+    among all tokens (None for the first), and the top alternatives."""
+
+    token: str
+    token_id: int
+    logprob: float | None
+    rank: int | None
+    bytes_: list[int]
+    top: list[tuple[str, int, float]] = field(default_factory=list)
+
+
 class TextDelta(Struct, tag=True, kw_only=True):
     """Text released for a request. The last one for a request has ``finish_reason`` set.
 
@@ -329,6 +395,8 @@ class TextDelta(Struct, tag=True, kw_only=True):
     back travels with the delta that releases it; the EOS / stop token that ends the
     request is not included).
     ``completion_tokens`` counts tokens emitted so far (EOS/stop tokens excluded).
+    The first delta carries ``prompt_text`` (``SamplingParams.echo``: the prompt as text)
+    and ``prompt_logprobs`` (``SamplingParams.prompt_logprobs``: every prompt token).
     """
 
     rid: str
@@ -339,6 +407,8 @@ class TextDelta(Struct, tag=True, kw_only=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    prompt_text: str | None = None
+    prompt_logprobs: list[PromptTokenLogprob] | None = None
 
 
 class RequestFailed(Struct, tag=True, kw_only=True):

@@ -28,7 +28,8 @@ BAD_CHAT = [
     {**GOOD_CHAT, "max_tokens": 1.5},
     {**GOOD_CHAT, "top_logprobs": 50, "logprobs": True},
     {**GOOD_CHAT, "model": "no-such-model"},
-    {**GOOD_CHAT, "n": 3},
+    {**GOOD_CHAT, "n": 129},
+    {**GOOD_CHAT, "logit_bias": {"999999": 5}},  # a token id outside the vocabulary
     {**GOOD_CHAT, "max_tokens": 100000},
 ]
 BAD_CMPL = [

@@ -84,21 +84,26 @@ def _model(server) -> str:
     return client(server).models.list().data[0].id
 
 
-def test_json_schema_20_seeds_validate(any_server) -> None:
-    def one(seed: int) -> str:
+def test_json_schema_seeds_validate(any_server) -> None:
+    """Constrained requests batched together, each of ``n`` choices with its own
+    matcher (choice ``i`` samples with ``seed + i``): six seeds in all."""
+
+    def one(seed: int) -> list[str]:
         out = chat(
             any_server,
             messages=PERSON,
             response_format=JSON_SCHEMA,
             temperature=1.0,
             seed=seed,
-            max_tokens=120,
+            n=2,
+            max_tokens=100,
         )
-        assert out.choices[0].finish_reason == "stop"
-        return out.choices[0].message.content
+        assert [c.index for c in out.choices] == [0, 1]
+        assert all(c.finish_reason == "stop" for c in out.choices)
+        return [c.message.content for c in out.choices]
 
-    with ThreadPoolExecutor(20) as pool:  # one batch, as far as the scheduler allows
-        texts = list(pool.map(one, range(20)))
+    with ThreadPoolExecutor(3) as pool:  # one batch, as far as the scheduler allows
+        texts = [t for ts in pool.map(one, (0, 10, 20)) for t in ts]
     for t in texts:
         jsonschema.validate(json.loads(t), SCHEMA)
     assert len(set(texts)) > 1
@@ -175,7 +180,7 @@ def test_bad_input_is_400_and_the_server_keeps_serving(server) -> None:
 
 
 def test_named_tool_choice_validates_against_the_schema(any_server) -> None:
-    for seed in range(3):
+    for seed in range(2):
         out = chat(
             any_server,
             messages=ASK_WEATHER,
@@ -208,25 +213,28 @@ def test_auto_without_a_call_is_plain_content(server) -> None:
 
 
 def test_streamed_tool_call_deltas_reassemble_to_the_same_call(server) -> None:
+    """Streamed with ``n=2``: every chunk names its choice, and each choice's tool-call
+    deltas reassemble to the non-streamed call (greedy: both choices make it)."""
     kw = {"messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": NAMED, "temperature": 0}
     whole = chat(server, max_tokens=60, **kw).choices[0].message.tool_calls[0]
-    calls: dict[int, dict] = {}
-    reasons = []
-    for chunk in chat(server, max_tokens=60, stream=True, **kw):
-        choice = chunk.choices[0]
-        reasons.append(choice.finish_reason)
+    calls: dict[int, dict[int, dict]] = {0: {}, 1: {}}  # choice -> call index -> call
+    reasons: dict[int, list] = {0: [], 1: []}
+    for chunk in chat(server, max_tokens=60, stream=True, n=2, **kw):
+        (choice,) = chunk.choices
+        reasons[choice.index].append(choice.finish_reason)
         for d in choice.delta.tool_calls or []:
-            c = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            c = calls[choice.index].setdefault(d.index, {"id": None, "name": "", "arguments": ""})
             c["id"] = c["id"] or d.id
             if d.function is not None:
                 c["name"] += d.function.name or ""
                 c["arguments"] += d.function.arguments or ""
-    assert list(calls) == [0] and calls[0]["id"]
-    assert (calls[0]["name"], calls[0]["arguments"]) == (
-        whole.function.name,
-        whole.function.arguments,
-    )
-    assert reasons[-1] == "tool_calls"
+    for i in (0, 1):
+        assert list(calls[i]) == [0] and calls[i][0]["id"]
+        assert (calls[i][0]["name"], calls[i][0]["arguments"]) == (
+            whole.function.name,
+            whole.function.arguments,
+        )
+        assert reasons[i][-1] == "tool_calls"
 
 
 def test_tool_message_in_the_history_is_accepted(server) -> None:

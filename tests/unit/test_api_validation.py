@@ -58,7 +58,7 @@ COMMON_BAD: list[tuple[dict[str, Any], str]] = [
     ({"stop_token_ids": "x"}, "stop_token_ids"),
     ({"stop_token_ids": [1.5]}, "stop_token_ids"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
-    ({"n": 3}, "n"),
+    ({"n": 129}, "n"),
     ({"n": 0}, "n"),
     ({"n": "1"}, "n"),
     ({"max_tokens": -1}, "max_tokens"),
@@ -73,7 +73,6 @@ COMMON_BAD: list[tuple[dict[str, Any], str]] = [
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"stream": True, "stream_options": 5}, "stream_options"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
-    ({"logit_bias": {"1": 5}}, "logit_bias"),
     ({"response_format": {"type": "xml"}}, "response_format.type"),
     (
         {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}},
@@ -101,6 +100,19 @@ COMMON_BAD: list[tuple[dict[str, Any], str]] = [
     ({"structured_outputs": {"unknown": 1}}, "structured_outputs"),
     ({"guided_json": "not json"}, "guided_json"),
     ({"regex": "a", "guided_choice": ["b"]}, "regex"),
+    ({"logit_bias": {"1": 101}}, "logit_bias"),
+    ({"logit_bias": {"1": -100.5}}, "logit_bias"),
+    ({"logit_bias": {"x": 5}}, "logit_bias"),
+    ({"logit_bias": {"-1": 5}}, "logit_bias"),
+    ({"logit_bias": [1, 5]}, "logit_bias"),
+    ({"allowed_token_ids": []}, "allowed_token_ids"),
+    ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
+    ({"bad_words": [""]}, "bad_words"),
+    ({"bad_words": "x"}, "bad_words"),
+    ({"min_tokens": -1}, "min_tokens"),
+    ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs"),
 ]
 
 CMPL_BAD: list[tuple[dict[str, Any], str]] = [
@@ -118,9 +130,11 @@ CMPL_BAD: list[tuple[dict[str, Any], str]] = [
     ({"logprobs": -1}, "logprobs"),
     ({"logprobs": True}, "logprobs"),
     ({"logprobs": "3"}, "logprobs"),
-    ({"echo": True}, "echo"),
     ({"echo": "no"}, "echo"),
-    ({"best_of": 2}, "best_of"),
+    ({"best_of": 0}, "best_of"),
+    ({"best_of": 129}, "best_of"),
+    ({"n": 3, "best_of": 2}, "best_of"),
+    ({"n": 2, "best_of": 3, "stream": True}, "best_of"),
     ({"suffix": "x"}, "suffix"),
 ]
 

@@ -245,3 +245,36 @@ async def test_logprobs_frames(api: Api) -> None:
     sampling = {r.rid[-1]: r.sampling for r in api.engine.requests}
     assert (sampling["l"].logprobs, sampling["l"].top_logprobs) == (True, 2)
     assert (sampling["m"].logprobs, sampling["m"].top_logprobs) == (True, 1)
+
+
+async def test_n_choices_with_a_named_tool(api: Api) -> None:
+    """``n: 2`` with a forced tool: every delta names its choice, and the final frame
+    gives each choice's tool call (the fake engine's answer is the arguments)."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    frame = {
+        "id": "t",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 5,
+        "n": 2,
+        "tools": [tool],
+        "tool_choice": {"type": "function", "function": {"name": "f"}},
+    }
+    async with api.client.ws_connect("/ws") as ws:
+        await ws.send_json(frame)
+        frames = (await collect(ws, {"t"}))["t"]
+    deltas = [f for f in frames if f["type"] == "delta"]
+    for i in (0, 1):
+        args = "".join(
+            t["function"].get("arguments", "")
+            for f in deltas
+            if f["index"] == i
+            for t in f.get("tool_calls", [])
+        )
+        assert args == ANSWER
+    final = frames[-1]
+    assert final["type"] == "final" and final["finish_reason"] == "length"
+    assert [c["index"] for c in final["choices"]] == [0, 1]
+    for c in final["choices"]:
+        (call,) = c["tool_calls"]
+        assert call["function"] == {"name": "f", "arguments": ANSWER}
+    assert final["tool_calls"] == final["choices"][0]["tool_calls"]

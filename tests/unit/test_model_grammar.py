@@ -136,6 +136,23 @@ def test_choice_list_constrains_exactly(runner, tok) -> None:
         assert text_of(tok, ids) in {"yes", "no", "maybe"}
 
 
+def test_logit_bias_on_a_forbidden_token_still_follows_the_grammar(runner, tok) -> None:
+    """The logits processors run before the grammar's mask: a ``logit_bias`` that
+    favours (+50) or forces (+100) tokens the grammar forbids cannot make them sampled."""
+    from llguidance import grammar_from
+
+    spec = StructuredOutput(kind="choice", grammar=grammar_from("choice", ["yes", "no"]))
+    forced, favoured = tok.encode(" hello")[-1], tok.encode("{")[-1]
+    reqs = {}
+    for s in range(4):
+        bias = {forced: 100.0} if s % 2 else {favoured: 50.0}
+        sp = SamplingParams(temperature=1.0, seed=s, structured=spec, logit_bias=bias)
+        reqs[f"b{s}"] = (tok.encode("Answer:"), sp)
+    for ids in run(runner, reqs, 10).values():
+        assert forced not in ids and favoured not in ids
+        assert text_of(tok, ids) in {"yes", "no"}
+
+
 def test_proposals_checked_against_the_grammar(model_dir, tok) -> None:
     """Proposals the grammar rejects are never accepted, the matcher rolls back, and a
     seeded request emits the same tokens with and without speculation."""

@@ -75,3 +75,32 @@ def test_random_texts_stops_and_chunks(tok: TextTokenizer) -> None:
         assert "".join(d.text for d in deltas) == (text[: min(hits)] if hits else text)
         assert all("\ufffd" not in d.text for d in deltas)
         assert deltas[-1].finish_reason == "stop"
+
+
+def test_min_tokens_holds_off_stop_strings(tok: TextTokenizer) -> None:
+    ids = tok.encode("a, b, c, d")
+    early = run(tok, [[t] for t in ids], SamplingParams(stop=[","]), eos=False)
+    assert "".join(d.text for d in early) == "a" and early[-1].finish_reason == "stop"
+    held = run(tok, [[t] for t in ids], SamplingParams(stop=[","], min_tokens=3), eos=False)
+    assert "".join(d.text for d in held).startswith("a, b")  # the first "," came too early
+
+
+def test_echo_and_prompt_logprobs_come_with_the_first_delta(tok: TextTokenizer) -> None:
+    from houchu.transport.messages import PromptLogprobs
+
+    prompt = tok.encode("Hello there")
+    sp = SamplingParams(echo=True, prompt_logprobs=1)
+    state = RequestText("r", tok, prompt, sp, tok.eos_token_ids, prompt_text="Hello there")
+    n = len(prompt) - 1
+    plp = PromptLogprobs(
+        rid="r", start=1, logprobs=[-1.0] * n, ranks=[2] * n, top=[[(7, -0.5)]] * n
+    )
+    first = state.on_event(TokenEvent(rid="r", token_ids=[], prompt_logprobs=plp))
+    assert first is not None and first.prompt_text == "Hello there"
+    lps = first.prompt_logprobs
+    assert [lp.token_id for lp in lps] == prompt
+    assert lps[0].logprob is None and lps[0].rank is None and lps[0].top == []
+    assert all(lp.logprob == -1.0 and lp.rank == 2 for lp in lps[1:])
+    assert lps[1].top == [(tok.token_text(7), 7, -0.5)]
+    later = state.on_event(TokenEvent(rid="r", token_ids=tok.encode(" you")))
+    assert later is None or (later.prompt_text is None and later.prompt_logprobs is None)

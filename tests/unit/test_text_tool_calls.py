@@ -109,3 +109,36 @@ def test_chat_formatter_tool_calls_and_finish_reason() -> None:
         "role": "assistant",
         "content": HERMES,
     }
+
+
+def test_chat_formatter_parses_each_choice_on_its_own() -> None:
+    """n > 1: interleaved deltas of two choices; each choice's tool-call deltas and
+    finish reason carry its own ``index`` and come from its own parser."""
+    fmt = ChatFormatter("r", 0, "m", logprobs=False, top_n=0, tool_parser=make_parser("hermes"))
+    plain = "No call here."
+    chunks = []
+    for k in range(0, max(len(HERMES), len(plain)), 7):
+        chunks += fmt.content_chunks(HERMES[k : k + 7], None, 0) if HERMES[k:] else []
+        chunks += fmt.content_chunks(plain[k : k + 7], None, 1) if plain[k:] else []
+    chunks += fmt.finish_chunks("stop", 1) + fmt.finish_chunks("stop", 0)
+    by_index: dict[int, list[dict]] = {0: [], 1: []}
+    for c in chunks:
+        (choice,) = c["choices"]
+        by_index[choice["index"]].append(choice)
+    names = [
+        t["function"]["name"]
+        for ch in by_index[0]
+        for t in ch["delta"].get("tool_calls", [])
+        if t.get("function", {}).get("name")
+    ]
+    assert names == ["get_weather", "time"]
+    assert by_index[0][-1]["finish_reason"] == "tool_calls"
+    assert not any("tool_calls" in ch["delta"] for ch in by_index[1])
+    assert "".join(ch["delta"].get("content", "") for ch in by_index[1]) == plain
+    assert by_index[1][-1]["finish_reason"] == "stop"
+    tallies = [Tally(), Tally()]
+    tallies[0].add(TextDelta(rid="r-0", text=HERMES, finish_reason="stop"))
+    tallies[1].add(TextDelta(rid="r-1", text=plain, finish_reason="stop"))
+    out = fmt.response(tallies)["choices"]
+    assert [c["finish_reason"] for c in out] == ["tool_calls", "stop"]
+    assert len(out[0]["message"]["tool_calls"]) == 2 and "tool_calls" not in out[1]["message"]

@@ -1,0 +1,175 @@
+"""n > 1, logit_bias and the other logits processors, echo with prompt logprobs: through
+the official openai client and the WebSocket API against a real server on the default
+model (exact path)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from openai import BadRequestError, OpenAI
+
+from tests.integration.client import get_json, ws_generate
+
+pytestmark = pytest.mark.slow
+
+#: 40+ tokens: full pages the choices share.
+LONG = "The history of the Roman empire is a long story about roads, law and war. " * 3
+COUNT = "1, 2, 3,"
+
+
+@pytest.fixture(scope="module")
+def client(server) -> OpenAI:
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+
+
+def _model(client: OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def _stats(server) -> dict:
+    status, stats = asyncio.run(get_json(f"{server.url}/stats"))
+    assert status == 200
+    return stats
+
+
+def _ws(server, **payload) -> dict:
+    out = asyncio.run(ws_generate(server.ws_url, payload))
+    assert out["error"] is None, out["error"]
+    return out
+
+
+def test_n3_distinct_reproducible_prefilled_once(server, client):
+    before = _stats(server)["parallel_sampling_tokens_shared"]
+    kw = {"model": _model(client), "prompt": LONG, "max_tokens": 12, "temperature": 1.0}
+    out = client.completions.create(**kw, n=3, seed=11)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    texts = [c.text for c in out.choices]
+    assert len(set(texts)) == 3, texts
+    stats = _stats(server)
+    full = (out.usage.prompt_tokens - 1) // stats["page_size"] * stats["page_size"]
+    # choices 1 and 2 took the prompt's full pages from choice 0
+    assert stats["parallel_sampling_tokens_shared"] - before == 2 * full > 0
+    assert out.usage.completion_tokens == 3 * 12
+    assert [c.text for c in client.completions.create(**kw, n=3, seed=11).choices] == texts
+    # streamed: the same three choices, each chunk with its index; usage counts all
+    chunks = client.completions.create(
+        **kw, n=3, seed=11, stream=True, stream_options={"include_usage": True}
+    )
+    got, usage = ["", "", ""], None
+    for chunk in chunks:
+        for c in chunk.choices:
+            got[c.index] += c.text
+        usage = chunk.usage or usage
+    assert got == texts and usage.completion_tokens == 3 * 12
+    # over the WebSocket API too
+    ws = asyncio.run(
+        ws_generate(server.ws_url, {"prompt": LONG, "max_tokens": 12, "n": 3, "seed": 11})
+    )
+    assert ws["final"]["usage"]["completion_tokens"] == 36
+    assert [c["index"] for c in ws["final"]["choices"]] == [0, 1, 2]
+
+
+def test_chat_n2_streams_both_choices(client):
+    stream = client.chat.completions.create(
+        model=_model(client),
+        messages=[{"role": "user", "content": "Name a color."}],
+        max_tokens=8,
+        n=2,
+        seed=3,
+        stream=True,
+    )
+    seen: dict[int, str] = {0: "", 1: ""}
+    finished = set()
+    for chunk in stream:
+        for c in chunk.choices:
+            seen[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.add(c.index)
+    assert finished == {0, 1} and all(seen.values())
+
+
+def test_logit_bias_bans_and_forces(server, client):
+    plain = _ws(server, prompt=COUNT, max_tokens=4, temperature=0)
+    greedy = plain["token_ids"][0]
+    banned = _ws(server, prompt=COUNT, max_tokens=4, temperature=0, logit_bias={str(greedy): -100})
+    assert banned["token_ids"][0] != greedy
+    kw = {"model": _model(client), "prompt": COUNT, "max_tokens": 4, "temperature": 0}
+    http = client.completions.create(**kw, logit_bias={str(greedy): -100}).choices[0].text
+    assert http != plain["text"] and http == banned["text"]
+    rare = plain["token_ids"][1] + 1000
+    forced = _ws(server, prompt=COUNT, max_tokens=4, temperature=1.0, logit_bias={str(rare): 100})
+    assert forced["token_ids"] == [rare] * 4
+
+
+def test_allowed_token_ids_bad_words_min_tokens(server, client):
+    allowed = _ws(
+        server, prompt=COUNT, max_tokens=8, temperature=1.5, seed=2, allowed_token_ids=[33, 34]
+    )
+    assert set(allowed["token_ids"]) <= {33, 34} and len(allowed["token_ids"]) == 8
+    plain = _ws(server, prompt=COUNT, max_tokens=4, temperature=0)
+    word = plain["text"].strip().split(",")[0]  # the greedy next number
+    kw = {"model": _model(client), "prompt": COUNT, "max_tokens": 4, "temperature": 0}
+    text = client.completions.create(**kw, extra_body={"bad_words": [word]}).choices[0].text
+    assert word not in text
+    # the greedy first token as a stop id ends at once, unless min_tokens holds it off
+    stop = [plain["token_ids"][0]]
+    quick = client.completions.create(**kw, extra_body={"stop_token_ids": stop})
+    assert quick.usage.completion_tokens == 1 and quick.choices[0].finish_reason == "stop"
+    held = client.completions.create(**kw, extra_body={"stop_token_ids": stop, "min_tokens": 3})
+    assert held.usage.completion_tokens >= 3
+
+
+@pytest.fixture(scope="module")
+def hf_prompt_logprobs(real_model_path) -> tuple[list[int], list[float]]:
+    """transformers' prompt ids of ``LONG`` and the logprob of each after the first."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, f = str(real_model_path.parent), real_model_path.name
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    ids = tok(LONG)["input_ids"]
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits[0].float()  # [P, V]
+    lp = torch.log_softmax(logits[:-1], dim=-1).gather(1, torch.tensor(ids[1:])[:, None])
+    return ids, lp[:, 0].tolist()
+
+
+def test_echo_prompt_logprobs_match_transformers(server, client, hf_prompt_logprobs):
+    ids, want = hf_prompt_logprobs
+    kw = {"model": _model(client), "prompt": LONG, "max_tokens": 2, "temperature": 0}
+    for _ in range(2):  # the second time, the prompt's pages are cached
+        out = client.completions.create(**kw, echo=True, logprobs=2)
+        choice = out.choices[0]
+        assert choice.text.startswith(LONG)
+        lp = choice.logprobs
+        assert len(lp.tokens) == len(ids) + 2 and lp.token_logprobs[0] is None
+        assert lp.top_logprobs[0] is None and all(len(t) >= 2 for t in lp.top_logprobs[1:])
+        got = lp.token_logprobs[1 : len(ids)]
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=2e-3)
+        assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+        assert "".join(lp.tokens) == choice.text
+    # vLLM's field, on chat and over the WebSocket API
+    vllm = client.completions.create(**kw, extra_body={"prompt_logprobs": 0})
+    plps = vllm.choices[0].model_extra["prompt_logprobs"]
+    assert plps[0] is None and len(plps) == len(ids)
+    again = [plps[i + 1][str(t)]["logprob"] for i, t in enumerate(ids[1:])]
+    torch.testing.assert_close(torch.tensor(again), torch.tensor(got), rtol=0, atol=1e-5)
+    ws = _ws(server, prompt=LONG, max_tokens=1, prompt_logprobs=0)
+    assert ws["final"]["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_bad_input_is_a_400_and_the_server_keeps_serving(client):
+    kw = {"model": _model(client), "prompt": COUNT, "max_tokens": 2}
+    for extra, param in [
+        ({"logit_bias": {"10000000": 5}}, "logit_bias"),
+        ({"logit_bias": {"5": 150}}, "logit_bias"),
+        ({"extra_body": {"allowed_token_ids": [10**7]}}, "allowed_token_ids"),
+        ({"n": 3, "best_of": 2}, "best_of"),
+        ({"extra_body": {"min_tokens": 5}}, "min_tokens"),
+    ]:
+        with pytest.raises(BadRequestError) as e:
+            client.completions.create(**kw, **extra)
+        assert e.value.body["param"] == param, e.value.body
+    assert client.completions.create(**kw).choices[0].text
