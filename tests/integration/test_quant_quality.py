@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from houchu.model import cpu_isa as isa
 from houchu.model.loader import load_model
 from houchu.model.quality import agreement, text_logprobs
 from houchu.model.quant import QuantSpec
@@ -79,9 +80,18 @@ def exact(models, texts):
 
 @pytest.mark.parametrize(("quant", "dtype", "kv"), CONFIGS, ids=lambda v: str(v))
 def test_agreement_with_exact_path(cpu_isa, models, texts, exact, quant, dtype, kv):
+    """The English text's bar on every level; the Chinese and code texts on the CPU's
+    best level and the AVX2 one (the other levels run the same layouts with other
+    instructions: the English text alone tells them apart, at a third of the time).
+    int8 activations (opt-in) are checked on those two levels."""
+    full = cpu_isa in (isa.usable()[0], "avx2")
+    if quant == "int4-a8" and not full:
+        pytest.skip(f"int8 activations are checked at {isa.usable()[0]} and avx2")
     model = models[quant, dtype]
     results = {}
     for name, ids in texts.items():
+        if name != "en" and not full:
+            continue
         chunk = CHUNK_W8A8 if quant == "w8a8" else CHUNK
         got = text_logprobs(model, ids, kv_dtype=kv, chunk=chunk)
         results[name] = a = agreement(exact[name], got, ids)
@@ -90,4 +100,5 @@ def test_agreement_with_exact_path(cpu_isa, models, texts, exact, quant, dtype, 
             f"{a.top1:.3f} over {a.positions} positions, mean |dlogp| {a.mean_abs_dlogp:.4f}"
         )
     assert results["en"].top1 >= MIN_TOP1_EN.get(quant, 0.95)
-    assert results["code"].top1 >= 0.85 and results["zh"].top1 >= 0.80
+    if full:
+        assert results["code"].top1 >= 0.85 and results["zh"].top1 >= 0.80

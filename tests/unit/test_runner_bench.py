@@ -69,6 +69,8 @@ def test_native_units_follow_the_level():
     avx2_vnni = frozenset("avx avx2 fma f16c bmi1 bmi2 abm movbe avx_vnni".split())
     assert cpu_isa.native_units("avx512_bf16", avx512) == {"fp32", "bf16", "int8"}
     assert cpu_isa.native_units("avx2", avx512) == {"fp32"}  # forced below the best
-    assert cpu_isa.native_units("avx2", avx2_vnni) == {"fp32", "int8"}  # its best
+    assert cpu_isa.native_units("avx2_vnni", avx2_vnni) == {"fp32", "int8"}  # its best
+    assert cpu_isa.native_units("avx2", avx2_vnni) == {"fp32"}  # forced below the best
     assert cpu_isa.torch_env_for("avx2", avx512)["ONEDNN_MAX_CPU_ISA"] == "AVX2"
-    assert cpu_isa.torch_env_for("avx2", avx2_vnni) == {}
+    assert cpu_isa.torch_env_for("avx2_vnni", avx2_vnni) == {}
+    assert cpu_isa.torch_env_for("avx2", avx2_vnni)["ONEDNN_MAX_CPU_ISA"] == "AVX2"
