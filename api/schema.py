@@ -309,3 +309,25 @@ class WsGenerateRequest(
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+
+
+class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /tokenize`` (vLLM's): ``prompt`` or chat ``messages``, not both.
+    ``add_special_tokens`` (default true for a prompt, false for messages: the chat
+    template writes its own) adds the BOS the model's tokenizer asks for;
+    ``add_generation_prompt`` (default true) ends the messages with the assistant's
+    turn; ``return_token_strs`` adds each token's text."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Messages | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+    return_token_strs: bool | None = None
+
+
+class DetokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /detokenize`` (vLLM's): the text of token ids (special tokens skipped)."""
+
+    tokens: list[TokenId]
+    model: str | None = None

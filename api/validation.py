@@ -59,6 +59,8 @@ __all__ = [
     "DEFAULT_CHAT_MAX_TOKENS",
     "DEFAULT_COMPLETION_MAX_TOKENS",
     "ParsedRequest",
+    "chat_messages",
+    "check_model",
     "decode_body",
     "parse_chat",
     "parse_completion",
@@ -240,7 +242,7 @@ def parse_chat(
         sampling=_sampling(
             req, max_tokens, logprobs=logprobs, top_n=req.top_logprobs or 0, tools=tools
         ),
-        messages=_messages(req.messages),
+        messages=chat_messages(req.messages),
         stream=stream,
         include_usage=include_usage,
         tools=tools,
@@ -267,7 +269,7 @@ def parse_ws_generate(
     logprobs, top_n = (bool(lp), 0) if lp is None or isinstance(lp, bool) else (True, lp)
     top_n = max(top_n, req.top_logprobs or 0)
     if req.messages is not None:
-        messages, prompt, prompt_ids = _messages(req.messages), None, None
+        messages, prompt, prompt_ids = chat_messages(req.messages), None, None
         default = DEFAULT_CHAT_MAX_TOKENS
     elif req.prompt is not None:
         messages, (prompt, prompt_ids) = None, _prompt(req.prompt)
@@ -309,12 +311,7 @@ def _decode(body: Body, kind: type[R], model_name: str, vocab_size: int = 0) -> 
         req = msgspec.convert(given, kind, strict=True)
     except msgspec.ValidationError as exc:
         raise validation_error(exc, kind, given) from None
-    if req.model is not None and req.model != model_name:
-        raise ApiError(
-            f"The model '{req.model}' does not exist; this server serves '{model_name}'",
-            param="model",
-            code="model_not_found",
-        )
+    check_model(req.model, model_name)
     if req.seed is not None and req.seed > SEED_RANGE[1]:
         raise ApiError(
             f"'seed' must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {req.seed}",
@@ -323,6 +320,17 @@ def _decode(body: Body, kind: type[R], model_name: str, vocab_size: int = 0) -> 
         )
     _check_token_ids(req, vocab_size)
     return req
+
+
+def check_model(model: str | None, model_name: str) -> None:
+    """``model``, when given, must be the served ``model_name``. Raises ``ApiError``
+    (400, code ``model_not_found``)."""
+    if model is not None and model != model_name:
+        raise ApiError(
+            f"The model '{model}' does not exist; this server serves '{model_name}'",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def _check_token_ids(req: SamplingFields, vocab_size: int) -> None:
@@ -452,7 +460,7 @@ def _stream(req: HttpFields) -> tuple[bool, bool]:
     return stream, bool(req.stream_options.include_usage)
 
 
-def _messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
+def chat_messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
     """The wire's chat turns: roles resolved (``developer`` is ``system``), content
     parts joined by newlines, tool calls and tool results kept.
 
