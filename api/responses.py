@@ -116,14 +116,14 @@ class Health(Struct):
     detail: str | None = None
 
 
-class TokenizeResponse(Struct, omit_defaults=True):
+class TokenizeResponse(Struct):
     """``POST /tokenize``: the token ids, their count and the context window
     (``max_model_len``, tokens); ``token_strs`` when asked for."""
 
     tokens: list[int]
     count: int
     max_model_len: int
-    token_strs: list[str] | None = None
+    token_strs: list[str] | None
 
 
 class DetokenizeResponse(Struct):

@@ -274,7 +274,16 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
         Annotated[ChoiceCount, Meta(description="choices generated; the n most likely returned")]
         | None
     ) = None
-    suffix: Annotated[Literal[""], unsupported("is not supported")] | None = None
+    suffix: (
+        Annotated[
+            str,
+            Meta(
+                description="fill-in-the-middle: the text after the completion (only for "
+                "a model with fill-in-the-middle tokens; a 400 otherwise)"
+            ),
+        ]
+        | None
+    ) = None
 
 
 class ChatCompletionRequest(

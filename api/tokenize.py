@@ -17,6 +17,7 @@ model's name) is a 400.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from typing import Any, TypeVar
 
@@ -27,7 +28,8 @@ from houchu.api.errors import ApiError, json_response
 from houchu.api.schema import DetokenizeRequest, TokenizeRequest
 from houchu.api.schema_errors import validation_error
 from houchu.api.state import STATE_KEY
-from houchu.api.validation import chat_messages, check_model, decode_body
+from houchu.api.validation import ParsedRequest, chat_messages, check_model, decode_body
+from houchu.text.fim import fim_prompt
 from houchu.text.tokenizer import TextTokenizer, TokenizerError, load_tokenizer
 from houchu.transport.failures import UNAVAILABLE
 
@@ -151,6 +153,32 @@ async def detokenize(request: web.Request) -> web.Response:
             code="invalid_value",
         )
     return json_response({"prompt": tok.decode(req.tokens)})
+
+
+async def with_suffix(app: web.Application, parsed: ParsedRequest) -> ParsedRequest:
+    """``parsed`` with its prompt and ``suffix`` written as a fill-in-the-middle prompt
+    (``houchu.text.fim``) in token ids; unchanged without a suffix.
+
+    Raises:
+        ApiError: (400) the model has no fill-in-the-middle tokens; (503) its tokenizer
+            cannot be loaded.
+    """
+    if not parsed.suffix:
+        return parsed
+    holder = app.get(TOKENIZER_KEY)
+    tok = await holder.get() if holder is not None else None
+    prompt = parsed.prompt if parsed.prompt is not None else parsed.prompt_ids
+    assert prompt is not None  # a completion has one
+    ids = None if tok is None else fim_prompt(tok, prompt, parsed.suffix)
+    if ids is None:
+        name = app[STATE_KEY].model_name
+        raise ApiError(
+            f"'suffix' (fill-in-the-middle) is not supported by the model '{name}': its "
+            "tokenizer has no fill-in-the-middle tokens",
+            param="suffix",
+            code="unsupported_value",
+        )
+    return dataclasses.replace(parsed, prompt=None, prompt_ids=ids, suffix=None)
 
 
 def add_routes(app: web.Application) -> None:

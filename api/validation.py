@@ -6,8 +6,9 @@ strict about types: a wrong-typed value (``"temperature": "hot"``, ``"max_tokens
 ``true`` where an integer is expected) or an out-of-range one is an ``ApiError`` (HTTP
 400) whose message and ``param`` name the parameter (``schema_errors``). A ``null``
 value means "not given". Keys the gateway does not know (``metadata``, ...) are
-ignored; known OpenAI features it does not implement (``suffix``, ``functions``) are
-refused. Structured output (``response_format`` and its extensions) is checked by
+ignored; known OpenAI features it does not implement (``functions``) are
+refused; ``suffix`` is kept for the gateway, which serves it only for a model with
+fill-in-the-middle tokens (``houchu.api.tokenize.with_suffix``). Structured output (``response_format`` and its extensions) is checked by
 ``houchu.api.structured``, tools by ``houchu.api.tools``.
 
 What the types cannot say is checked here: the served model's name, ``max_tokens``
@@ -109,6 +110,7 @@ class ParsedRequest:
     n: int = 1
     best_of: int = 1
     prompt_logprobs: int | None = None  # vLLM's field, as the client gave it
+    suffix: str | None = None  # a completion's text after the answer (fill-in-the-middle)
 
     def to_generate(self, rid: str) -> GenerateRequest:
         """The wire request of a single choice, stamped with ``rid`` and the arrival
@@ -201,6 +203,8 @@ def parse_completion(
     stream, include_usage = _stream(req)
     n, best_of = _choices(req.n, req.best_of, stream)
     sampling = _sampling(req, max_tokens, logprobs=top_n is not None, top_n=top_n or 0)
+    if req.suffix and req.echo:
+        raise ApiError("'echo' cannot be used with 'suffix'", param="echo", code="invalid_value")
     if req.echo:
         lps = req.prompt_logprobs if top_n is None else max(top_n, req.prompt_logprobs or 0)
         sampling = msgspec.structs.replace(sampling, echo=True, prompt_logprobs=lps)
@@ -213,6 +217,7 @@ def parse_completion(
         n=n,
         best_of=best_of,
         prompt_logprobs=req.prompt_logprobs,
+        suffix=req.suffix or None,
     )
 
 

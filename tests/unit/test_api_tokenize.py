@@ -3,6 +3,7 @@ engine's for the same prompt or conversation, the text round-trips, bad input is
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from houchu.api.tokenize import GatewayTokenizer
+from houchu.text.fim import fim_tokens
 from houchu.text.tokenizer import TextTokenizer, load_tokenizer
 from houchu.transport.messages import ChatMessage
 
@@ -95,3 +97,43 @@ async def test_without_a_tokenizer_it_is_a_503() -> None:
         status, body = await api.post("/tokenize", {"prompt": "a"})
     assert status == 503
     assert_openai_error(body)
+
+
+# ------------------------------------------------------------------ suffix (FIM)
+
+
+def fim_tokenizer(tok: TextTokenizer) -> TextTokenizer:
+    """The default tokenizer plus StarCoder's fill-in-the-middle tokens."""
+    hf = copy.deepcopy(tok.hf_tokenizer)
+    hf.add_special_tokens(
+        {"additional_special_tokens": ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]}
+    )
+    return TextTokenizer(hf, name="fim", add_bos=tok.add_bos, eos_token_ids=tok.eos_token_ids)
+
+
+async def test_suffix_is_a_400_for_a_model_without_fim_tokens(api: Api, tok: TextTokenizer) -> None:
+    assert fim_tokens(tok) is None
+    body = {"prompt": "def add(a, b):", "suffix": "\n    return c", "max_tokens": 4}
+    status, answer = await api.post("/v1/completions", body)
+    assert status == 400
+    assert "fill-in-the-middle" in assert_openai_error(answer, "suffix")["message"]
+    assert api.engine.requests == []
+    status, _ = await api.post("/v1/completions", {**body, "suffix": ""})  # no suffix
+    assert status == 200 and api.engine.requests[0].prompt == body["prompt"]
+
+
+@pytest.mark.parametrize("prompt", ["def add(a, b):", [1, 2, 3]])
+async def test_suffix_builds_a_fim_prompt(tok: TextTokenizer, prompt: str | list[int]) -> None:
+    fim = fim_tokenizer(tok)
+    ids = fim_tokens(fim)
+    assert ids is not None
+    async with serve(tokenizer=GatewayTokenizer(tokenizer=fim)) as api:
+        body = {"prompt": prompt, "suffix": "    return c", "max_tokens": 4}
+        status, answer = await api.post("/v1/completions", body)
+        assert status == 200, answer
+        (req,) = api.engine.requests
+    head = fim.encode_plain(prompt) if isinstance(prompt, str) else prompt
+    want = [ids.prefix, *head, ids.suffix, *fim.encode_plain("    return c"), ids.middle]
+    if isinstance(prompt, str) and fim.add_bos and fim.bos_token_id is not None:
+        want.insert(0, fim.bos_token_id)
+    assert req.prompt is None and req.prompt_ids == want

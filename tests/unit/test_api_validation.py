@@ -135,7 +135,8 @@ CMPL_BAD: list[tuple[dict[str, Any], str]] = [
     ({"best_of": 129}, "best_of"),
     ({"n": 3, "best_of": 2}, "best_of"),
     ({"n": 2, "best_of": 3, "stream": True}, "best_of"),
-    ({"suffix": "x"}, "suffix"),
+    ({"suffix": 5}, "suffix"),
+    ({"suffix": "x", "echo": True}, "echo"),
 ]
 
 CHAT_BAD: list[tuple[dict[str, Any], str]] = [
