@@ -59,13 +59,15 @@ def unsupported(why: str, **constraints: Any) -> Meta:
 TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
-TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+TopP = Annotated[float, Meta(ge=0.0, le=1.0, description="0: only the most likely token")]
 TopK = Annotated[int, Meta(ge=-1, le=MAX_TOP_K, description="-1 or 0: off")]
 Unit = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 ChoiceCount = Annotated[int, Meta(ge=1, le=MAX_CHOICES)]
 LogitBias = Annotated[
-    dict[Annotated[str, Meta(pattern=r"^[0-9]+$")], Annotated[float, Meta(ge=-100.0, le=100.0)]],
+    dict[
+        Annotated[str, Meta(pattern=r"^[0-9]{1,10}$")], Annotated[float, Meta(ge=-100.0, le=100.0)]
+    ],
     Meta(
         description="token id (a string of digits) -> bias added to its logit; "
         "-100 bans the token, 100 selects it exclusively"

@@ -417,6 +417,8 @@ def _sampling(
     given = {f: getattr(req, f) for f in _SAMPLING_FIELDS if getattr(req, f) is not None}
     if req.top_k is not None:
         given["top_k"] = max(req.top_k, 0)  # -1 (vLLM) and 0 (OpenAI) both mean off
+    if req.top_p == 0.0:  # OpenAI's edge: the smallest set of mass >= 0 is the top token
+        given["top_p"], given["top_k"] = 1.0, 1
     if req.stop is not None:
         given["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
     if req.logit_bias:
