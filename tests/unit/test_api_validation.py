@@ -435,3 +435,21 @@ def test_edge_values_keep_openais_meaning() -> None:
     assert _parse("chat", "logit_bias", {"1": 100}).sampling.logit_bias == {1: 100.0}
     assert _parse("chat", "seed", -(2**63)).sampling.seed == -(2**63)
     assert _parse("chat", "stop", "x").sampling.stop == ["x"]
+
+
+@pytest.mark.parametrize(
+    "extra,kind",
+    [
+        ({"response_format": {"type": "json_object"}}, "json_object"),
+        ({"structured_outputs": {"regex": "[0-9]+"}}, "regex"),
+        ({"guided_choice": ["yes", "no"]}, "choice"),
+        ({}, None),
+    ],
+)
+def test_the_dashboards_params_name_the_grammar_kind(extra: dict, kind: str | None) -> None:
+    from houchu.api.observe import request_params
+    from houchu.api.validation import parse_chat
+
+    body = {"messages": [{"role": "user", "content": "hi"}], **extra}
+    req = parse_chat(body, model_name=MODEL, max_context=MAX_CONTEXT).to_generate("r")
+    assert request_params(req).get("grammar") == kind
