@@ -6,10 +6,11 @@ strict about types: a wrong-typed value (``"temperature": "hot"``, ``"max_tokens
 ``true`` where an integer is expected) or an out-of-range one is an ``ApiError`` (HTTP
 400) whose message and ``param`` name the parameter (``schema_errors``). A ``null``
 value means "not given". Keys the gateway does not know (``metadata``, ...) are
-ignored; known OpenAI features it does not implement (``functions``) are
-refused; ``suffix`` is kept for the gateway, which serves it only for a model with
-fill-in-the-middle tokens (``houchu.api.tokenize.with_suffix``). Structured output (``response_format`` and its extensions) is checked by
-``houchu.api.structured``, tools by ``houchu.api.tools``.
+ignored; known OpenAI features it does not implement (``functions``) are refused.
+``suffix`` is kept for the gateway, which serves it only for a model with
+fill-in-the-middle tokens (``houchu.api.tokenize.with_suffix``). Structured output
+(``response_format`` and its extensions) is checked by ``houchu.api.structured``, tools
+by ``houchu.api.tools``.
 
 What the types cannot say is checked here: the served model's name, ``max_tokens``
 within the runner's context window (``houchu.transport.limits``), the seed's top,
