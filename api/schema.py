@@ -320,6 +320,9 @@ class WsGenerateRequest(
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    suffix: Annotated[Literal[""], unsupported("is served on POST /v1/completions only")] | None = (
+        None
+    )
 
 
 class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
