@@ -44,6 +44,7 @@ class GatewayActor:
         from houchu.actors.placement import check_placement
         from houchu.api.app import make_app
         from houchu.api.limits import GatewayLimits
+        from houchu.api.tokenize import GatewayTokenizer
 
         c = self.config
         gw = c.gateway
@@ -67,6 +68,7 @@ class GatewayActor:
                 api_key=gw.api_key,
             ),
             tool_call_parser=gw.tool_call_parser,
+            tokenizer=GatewayTokenizer(c.model),
         )
         # handler_cancellation: a client that goes away while its request is queued or
         # prefilling cancels the handler at once, which aborts the request in the engine.

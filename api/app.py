@@ -7,6 +7,7 @@ Routes:
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``: the
   OpenAI-compatible API (``openai_api``).
+- ``POST /tokenize``, ``POST /detokenize``: vLLM's tokenizer endpoints (``tokenize``).
 - ``GET /ws``: the streaming WebSocket API (``ws_api``).
 - ``GET /health``: readiness, ``{"status": "ok"}`` once the engine answers and its model
   runner is ready (at start-up and while a runner is being replaced: 503
@@ -37,7 +38,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from houchu.api import metrics, openai_api, openapi, server_info, ws_api
+from houchu.api import metrics, openai_api, openapi, server_info, tokenize, ws_api
 from houchu.api.auth import make_auth_middleware
 from houchu.api.engine_client import EngineError
 from houchu.api.errors import ApiError, api_error, error_response, json_response
@@ -71,6 +72,7 @@ def make_app(
     gateway_metrics: GatewayMetrics | None = None,
     limits: GatewayLimits | None = None,
     tool_call_parser: str = "hermes",
+    tokenizer: tokenize.GatewayTokenizer | None = None,
 ) -> web.Application:
     """Build the gateway application.
 
@@ -88,6 +90,8 @@ def make_app(
             no key).
         tool_call_parser: how replies to ``tool_choice: "auto"`` are parsed
             (``houchu.text.tool_calls.PARSERS``).
+        tokenizer: the model's tokenizer for ``/tokenize`` and ``/detokenize`` (None:
+            they answer 503).
     """
     if (max_context is None) == (runner is None):
         raise ValueError("give exactly one of max_context and runner")
@@ -111,6 +115,9 @@ def make_app(
     app.router.add_get("/health", health)
     app.router.add_get("/stats", stats)
     openai_api.add_routes(app)
+    if tokenizer is not None:
+        app[tokenize.TOKENIZER_KEY] = tokenizer
+    tokenize.add_routes(app)
     ws_api.add_routes(app)
     if store is not None:
         app[STORE_KEY] = store

@@ -45,6 +45,8 @@ def request_params(req: GenerateRequest) -> dict[str, float | int | str]:
         out["top_logprobs"] = s.top_logprobs
     if req.messages is not None:
         out["messages"] = len(req.messages)
+    if s.structured is not None:  # the grammar's form, for the dashboard's request view
+        out["grammar"] = s.structured.kind
     return out
 
 

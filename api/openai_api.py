@@ -32,6 +32,7 @@ from houchu.api.errors import api_error, error_body, json_response
 from houchu.api.limits import StreamGuard
 from houchu.api.openai_format import ChatFormatter, CompletionFormatter, Formatter, Tally
 from houchu.api.state import STATE_KEY
+from houchu.api.tokenize import with_suffix
 from houchu.api.validation import ParsedRequest, decode_body, parse_chat, parse_completion
 from houchu.transport.messages import TextDelta
 
@@ -118,6 +119,7 @@ async def _admitted(
         max_context=limits.max_context,
         vocab_size=limits.vocab_size,
     )
+    parsed = await with_suffix(request.app, parsed)
     rid = f"{prefix}-{uuid.uuid4().hex}"
     fmt = formatter_cls(
         rid,

@@ -19,11 +19,19 @@ from houchu.api.errors import json_response
 from houchu.api.responses import (
     ChatCompletion,
     Completion,
+    DetokenizeResponse,
     ErrorResponse,
     Health,
     ModelList,
+    TokenizeResponse,
 )
-from houchu.api.schema import SEED_RANGE, ChatCompletionRequest, CompletionRequest
+from houchu.api.schema import (
+    SEED_RANGE,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from houchu.api.state import STATE_KEY
 
 OPENAPI_VERSION = "3.1.0"
@@ -46,6 +54,10 @@ SCHEMA_TYPES: tuple[type, ...] = (
     ModelList,
     ErrorResponse,
     Health,
+    TokenizeRequest,
+    TokenizeResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
 )
 REQUEST_TYPES = ("CompletionRequest", "ChatCompletionRequest")
 
@@ -113,6 +125,18 @@ def _generate_op(refs: dict[str, dict], req: str, resp: str, summary: str) -> di
     }
 
 
+def _post_op(refs: dict[str, dict], req: str, resp: str, summary: str) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "requestBody": {"required": True, "content": _json(refs[req])},
+        "responses": {
+            "200": {"description": "the answer", "content": _json(refs[resp])},
+            **_errors(refs, "400", "401", "413", "503"),
+        },
+        "security": [{"bearer": []}, {}],
+    }
+
+
 def _get_op(summary: str, ok: dict[str, Any], *, secured: bool) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": summary, "responses": {"200": ok}}
     if secured:
@@ -133,6 +157,19 @@ def openapi_document(model_name: str | None = None, max_context: int | None = No
         "/v1/chat/completions": {
             "post": _generate_op(
                 refs, "ChatCompletionRequest", "ChatCompletion", "Answer a conversation"
+            )
+        },
+        "/tokenize": {
+            "post": _post_op(
+                refs,
+                "TokenizeRequest",
+                "TokenizeResponse",
+                "Token ids of a prompt or of chat messages (vLLM's)",
+            )
+        },
+        "/detokenize": {
+            "post": _post_op(
+                refs, "DetokenizeRequest", "DetokenizeResponse", "Text of token ids (vLLM's)"
             )
         },
         "/v1/models": {

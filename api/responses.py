@@ -114,3 +114,19 @@ class Health(Struct):
 
     status: Literal["ok", "starting", "unavailable"]
     detail: str | None = None
+
+
+class TokenizeResponse(Struct):
+    """``POST /tokenize``: the token ids, their count and the context window
+    (``max_model_len``, tokens); ``token_strs`` when asked for."""
+
+    tokens: list[int]
+    count: int
+    max_model_len: int
+    token_strs: list[str] | None
+
+
+class DetokenizeResponse(Struct):
+    """``POST /detokenize``: the text of the tokens."""
+
+    prompt: str

@@ -59,13 +59,15 @@ def unsupported(why: str, **constraints: Any) -> Meta:
 TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
-TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+TopP = Annotated[float, Meta(ge=0.0, le=1.0, description="0: only the most likely token")]
 TopK = Annotated[int, Meta(ge=-1, le=MAX_TOP_K, description="-1 or 0: off")]
 Unit = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 ChoiceCount = Annotated[int, Meta(ge=1, le=MAX_CHOICES)]
 LogitBias = Annotated[
-    dict[Annotated[str, Meta(pattern=r"^[0-9]+$")], Annotated[float, Meta(ge=-100.0, le=100.0)]],
+    dict[
+        Annotated[str, Meta(pattern=r"^[0-9]{1,10}$")], Annotated[float, Meta(ge=-100.0, le=100.0)]
+    ],
     Meta(
         description="token id (a string of digits) -> bias added to its logit; "
         "-100 bans the token, 100 selects it exclusively"
@@ -274,7 +276,16 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
         Annotated[ChoiceCount, Meta(description="choices generated; the n most likely returned")]
         | None
     ) = None
-    suffix: Annotated[Literal[""], unsupported("is not supported")] | None = None
+    suffix: (
+        Annotated[
+            str,
+            Meta(
+                description="fill-in-the-middle: the text after the completion (only for "
+                "a model with fill-in-the-middle tokens; a 400 otherwise)"
+            ),
+        ]
+        | None
+    ) = None
 
 
 class ChatCompletionRequest(
@@ -309,3 +320,28 @@ class WsGenerateRequest(
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    suffix: Annotated[Literal[""], unsupported("is served on POST /v1/completions only")] | None = (
+        None
+    )
+
+
+class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /tokenize`` (vLLM's): ``prompt`` or chat ``messages``, not both.
+    ``add_special_tokens`` (default true for a prompt, false for messages: the chat
+    template writes its own) adds the BOS the model's tokenizer asks for;
+    ``add_generation_prompt`` (default true) ends the messages with the assistant's
+    turn; ``return_token_strs`` adds each token's text."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Messages | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+    return_token_strs: bool | None = None
+
+
+class DetokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /detokenize`` (vLLM's): the text of token ids (special tokens skipped)."""
+
+    tokens: list[TokenId]
+    model: str | None = None

@@ -6,9 +6,11 @@ strict about types: a wrong-typed value (``"temperature": "hot"``, ``"max_tokens
 ``true`` where an integer is expected) or an out-of-range one is an ``ApiError`` (HTTP
 400) whose message and ``param`` name the parameter (``schema_errors``). A ``null``
 value means "not given". Keys the gateway does not know (``metadata``, ...) are
-ignored; known OpenAI features it does not implement (``suffix``, ``functions``) are
-refused. Structured output (``response_format`` and its extensions) is checked by
-``houchu.api.structured``, tools by ``houchu.api.tools``.
+ignored; known OpenAI features it does not implement (``functions``) are refused.
+``suffix`` is kept for the gateway, which serves it only for a model with
+fill-in-the-middle tokens (``houchu.api.tokenize.with_suffix``). Structured output
+(``response_format`` and its extensions) is checked by ``houchu.api.structured``, tools
+by ``houchu.api.tools``.
 
 What the types cannot say is checked here: the served model's name, ``max_tokens``
 within the runner's context window (``houchu.transport.limits``), the seed's top,
@@ -59,6 +61,8 @@ __all__ = [
     "DEFAULT_CHAT_MAX_TOKENS",
     "DEFAULT_COMPLETION_MAX_TOKENS",
     "ParsedRequest",
+    "chat_messages",
+    "check_model",
     "decode_body",
     "parse_chat",
     "parse_completion",
@@ -107,6 +111,7 @@ class ParsedRequest:
     n: int = 1
     best_of: int = 1
     prompt_logprobs: int | None = None  # vLLM's field, as the client gave it
+    suffix: str | None = None  # a completion's text after the answer (fill-in-the-middle)
 
     def to_generate(self, rid: str) -> GenerateRequest:
         """The wire request of a single choice, stamped with ``rid`` and the arrival
@@ -199,6 +204,8 @@ def parse_completion(
     stream, include_usage = _stream(req)
     n, best_of = _choices(req.n, req.best_of, stream)
     sampling = _sampling(req, max_tokens, logprobs=top_n is not None, top_n=top_n or 0)
+    if req.suffix and req.echo:
+        raise ApiError("'echo' cannot be used with 'suffix'", param="echo", code="invalid_value")
     if req.echo:
         lps = req.prompt_logprobs if top_n is None else max(top_n, req.prompt_logprobs or 0)
         sampling = msgspec.structs.replace(sampling, echo=True, prompt_logprobs=lps)
@@ -211,6 +218,7 @@ def parse_completion(
         n=n,
         best_of=best_of,
         prompt_logprobs=req.prompt_logprobs,
+        suffix=req.suffix or None,
     )
 
 
@@ -240,7 +248,7 @@ def parse_chat(
         sampling=_sampling(
             req, max_tokens, logprobs=logprobs, top_n=req.top_logprobs or 0, tools=tools
         ),
-        messages=_messages(req.messages),
+        messages=chat_messages(req.messages),
         stream=stream,
         include_usage=include_usage,
         tools=tools,
@@ -267,7 +275,7 @@ def parse_ws_generate(
     logprobs, top_n = (bool(lp), 0) if lp is None or isinstance(lp, bool) else (True, lp)
     top_n = max(top_n, req.top_logprobs or 0)
     if req.messages is not None:
-        messages, prompt, prompt_ids = _messages(req.messages), None, None
+        messages, prompt, prompt_ids = chat_messages(req.messages), None, None
         default = DEFAULT_CHAT_MAX_TOKENS
     elif req.prompt is not None:
         messages, (prompt, prompt_ids) = None, _prompt(req.prompt)
@@ -309,12 +317,7 @@ def _decode(body: Body, kind: type[R], model_name: str, vocab_size: int = 0) -> 
         req = msgspec.convert(given, kind, strict=True)
     except msgspec.ValidationError as exc:
         raise validation_error(exc, kind, given) from None
-    if req.model is not None and req.model != model_name:
-        raise ApiError(
-            f"The model '{req.model}' does not exist; this server serves '{model_name}'",
-            param="model",
-            code="model_not_found",
-        )
+    check_model(req.model, model_name)
     if req.seed is not None and req.seed > SEED_RANGE[1]:
         raise ApiError(
             f"'seed' must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {req.seed}",
@@ -323,6 +326,17 @@ def _decode(body: Body, kind: type[R], model_name: str, vocab_size: int = 0) -> 
         )
     _check_token_ids(req, vocab_size)
     return req
+
+
+def check_model(model: str | None, model_name: str) -> None:
+    """``model``, when given, must be the served ``model_name``. Raises ``ApiError``
+    (400, code ``model_not_found``)."""
+    if model is not None and model != model_name:
+        raise ApiError(
+            f"The model '{model}' does not exist; this server serves '{model_name}'",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def _check_token_ids(req: SamplingFields, vocab_size: int) -> None:
@@ -404,6 +418,8 @@ def _sampling(
     given = {f: getattr(req, f) for f in _SAMPLING_FIELDS if getattr(req, f) is not None}
     if req.top_k is not None:
         given["top_k"] = max(req.top_k, 0)  # -1 (vLLM) and 0 (OpenAI) both mean off
+    if req.top_p == 0.0:  # OpenAI's edge: the smallest set of mass >= 0 is the top token
+        given["top_p"], given["top_k"] = 1.0, 1
     if req.stop is not None:
         given["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
     if req.logit_bias:
@@ -452,7 +468,7 @@ def _stream(req: HttpFields) -> tuple[bool, bool]:
     return stream, bool(req.stream_options.include_usage)
 
 
-def _messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
+def chat_messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
     """The wire's chat turns: roles resolved (``developer`` is ``system``), content
     parts joined by newlines, tool calls and tool results kept.
 

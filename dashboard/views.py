@@ -7,7 +7,8 @@ Routes (``add_routes``):
 - ``GET /dashboard/api/requests?limit=40&since=T&status=S``: recent requests with their
   timelines (newest first).
 - ``GET /dashboard/api/requests/{rid}``: one request: summary, parameters, timeline,
-  events, its own ledger (404 if unknown).
+  events, its own ledger, ``structured`` (a structured-output request's grammar kind and
+  mask seconds, else null) (404 if unknown).
 - ``GET /dashboard/api/ledger?window=SECONDS``: the lever ledger grouped by verb, all-time
   when ``window`` is absent or ``all``.
 - ``GET /dashboard/api/live``: live numbers: engine counters, rates, series.

@@ -167,10 +167,13 @@ class RequestGrammar:
         matcher: an ``llguidance.LLMatcher`` at the start of the output.
         eos_ids: the tokens that end a request (allowed when the grammar is done).
         kind: the grammar's form (``StructuredOutput.kind``).
+        rid: the request's id (its share of the mask time is counted under it).
     """
 
-    def __init__(self, matcher: llguidance.LLMatcher, eos_ids: Sequence[int], kind: str) -> None:
-        self.matcher, self.eos_ids, self.kind = matcher, list(eos_ids), kind
+    def __init__(
+        self, matcher: llguidance.LLMatcher, eos_ids: Sequence[int], kind: str, rid: str = ""
+    ) -> None:
+        self.matcher, self.eos_ids, self.kind, self.rid = matcher, list(eos_ids), kind, rid
 
     def fill(self, bitmask: torch.Tensor, row: int, drafts: Sequence[int]) -> None:
         """Write the masks of rows ``row .. row + m`` of ``bitmask`` (``[R, W]`` int32,
@@ -219,6 +222,7 @@ class _Row:
     grammar: RequestGrammar
     row: int
     drafts: Sequence[int]
+    fill_s: float = 0.0  # seconds the worker spent on this request's masks this step
 
 
 class MaskJob:
@@ -236,7 +240,7 @@ class MaskJob:
         t0 = time.perf_counter()
         self.future.result()
         waited = time.perf_counter() - t0
-        self.engine.count(time.perf_counter() - self.started, waited)
+        self.engine.count(time.perf_counter() - self.started, waited, self.rows)
         masks: list[torch.Tensor | None] = [None] * self.bitmask.shape[0]
         constrained = sorted({r.row + j for r in self.rows for j in range(len(r.drafts) + 1)})
         if constrained:
@@ -262,6 +266,8 @@ class GrammarEngine:
         self.mask_s = 0.0  # mask wall seconds since the last samples()
         self.waited_s = 0.0  # seconds the sampler waited for masks
         self.steps = 0
+        #: per request since the last samples(): [hidden seconds, waited seconds]
+        self._per_request: dict[str, list[float]] = {}
 
     def warm(self) -> None:
         """Start loading the tokenizer now (a server calls it at start-up)."""
@@ -279,7 +285,7 @@ class GrammarEngine:
         matcher = llguidance.LLMatcher(tok, spec.grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(f"request {rid!r}: grammar does not compile: {matcher.get_error()}")
-        return RequestGrammar(matcher, tok.eos_tokens, spec.kind)
+        return RequestGrammar(matcher, tok.eos_tokens, spec.kind, rid)
 
     def start(
         self,
@@ -308,26 +314,45 @@ class GrammarEngine:
         future = self._worker.submit(_fill_all, rows, bitmask)
         return MaskJob(self, future, bitmask, rows)
 
-    def count(self, mask_wall_s: float, waited_s: float) -> None:
-        """Record one step's mask time: its wall time and the part not hidden."""
+    def count(self, mask_wall_s: float, waited_s: float, rows: Sequence[_Row] = ()) -> None:
+        """Record one step's mask time: its wall time and the part not hidden, shared
+        among the step's constrained requests (``rows``) in proportion to the worker
+        time each one's masks took (equal shares when none was measurable)."""
         self.mask_s += mask_wall_s
         self.waited_s += waited_s
         self.steps += 1
+        total = sum(r.fill_s for r in rows)
+        hidden = max(0.0, mask_wall_s - waited_s)
+        for r in rows:
+            share = r.fill_s / total if total > 0 else 1.0 / len(rows)
+            acc = self._per_request.setdefault(r.grammar.rid, [0.0, 0.0])
+            acc[0] += hidden * share
+            acc[1] += waited_s * share
 
     def samples(self, now: float | None = None) -> list[LeverSample]:
         """The ledger since the last call: mask seconds hidden behind the forward pass
-        (saved) and seconds the sampler waited for masks (spent), fill verb."""
+        (saved) and seconds the sampler waited for masks (spent), fill verb; one sample
+        per constrained request (its ``rid`` set, its share of each step), so a
+        request's own mask time is its samples' saved + spent."""
         if not self.steps:
             return []
         t = time.time() if now is None else now
-        hidden = max(0.0, self.mask_s - self.waited_s)
-        out = [LeverSample(LEVER, "fill", hidden, "seconds", self.waited_s, "seconds", t)]
+        out = [
+            LeverSample(LEVER, "fill", hidden, "seconds", waited, "seconds", t, rid or None)
+            for rid, (hidden, waited) in self._per_request.items()
+        ]
+        if not out:  # steps counted without their rows: one engine-wide sample
+            hidden = max(0.0, self.mask_s - self.waited_s)
+            out = [LeverSample(LEVER, "fill", hidden, "seconds", self.waited_s, "seconds", t)]
         self.mask_s = self.waited_s = 0.0
         self.steps = 0
+        self._per_request = {}
         return out
 
 
 def _fill_all(rows: list[_Row], bitmask: torch.Tensor) -> None:
     with torch.inference_mode():  # the runner made ``bitmask`` in inference mode
         for r in rows:
+            t0 = time.perf_counter()
             r.grammar.fill(bitmask, r.row, r.drafts)
+            r.fill_s = time.perf_counter() - t0

@@ -44,6 +44,21 @@ def summary_dict(row: RequestRow) -> dict[str, Any]:
     }
 
 
+#: The runner's lever whose per-request samples are the request's mask time.
+MASK_LEVER = "structured_output_mask"
+
+
+def structured_dict(row: RequestRow, levers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A structured-output request's grammar kind (``json_schema``, ``regex``, ``choice``,
+    ``grammar``, ``json_object``, ``tool_call``) and mask time ``mask_s`` (seconds: its
+    share of each step's mask computation, hidden or waited for); None for a free one."""
+    kind = (row.params or {}).get("grammar")
+    if not isinstance(kind, str):
+        return None
+    mask_s = sum(s["saved"] + s["spent"] for s in levers if s["lever"] == MASK_LEVER)
+    return {"kind": kind, "mask_s": mask_s}
+
+
 def _event_dict(e: EventRow) -> dict[str, Any]:
     return {"kind": e.kind, "t": e.t, "actor": e.actor, "data": e.data or {}}
 
@@ -100,7 +115,10 @@ def recent_requests(
         out = []
         for r in rows:
             segments, markers = build_timeline(events[r.rid], levers[r.rid], now)
-            out.append({**summary_dict(r), **timeline_dict(segments, markers)})
+            structured = structured_dict(r, levers[r.rid])
+            out.append(
+                {**summary_dict(r), **timeline_dict(segments, markers), "structured": structured}
+            )
         return out
 
 
@@ -129,6 +147,7 @@ def request_detail(engine: Engine, rid: str, now: float) -> dict[str, Any] | Non
             "events": events,
             "levers": levers,
             "ledger": request_ledger(levers),
+            "structured": structured_dict(row, levers),
         }
 
 

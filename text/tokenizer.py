@@ -139,15 +139,24 @@ class TextTokenizer:
         return self._backend.encode(text, add_special_tokens=False).ids
 
     def render_chat(
-        self, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
     ) -> str:
-        """The chat template rendered as text, with the assistant generation prompt.
+        """The chat template rendered as text, with the assistant generation prompt
+        (unless ``add_generation_prompt`` is false).
 
         Raises :class:`TokenizerError` when there are no messages, a role is not one of
         system / user / assistant / tool (``developer`` counts as system), the model has
         no chat template, or the template fails (for example ``raise_exception``).
         """
-        return str(self._apply_template(messages, tools, tokenize=False))
+        return str(
+            self._apply_template(
+                messages, tools, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        )
 
     def apply_chat_template(
         self, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None
@@ -173,6 +182,7 @@ class TextTokenizer:
         tools: list[dict[str, Any]] | None = None,
         *,
         tokenize: bool,
+        add_generation_prompt: bool = True,
     ) -> Any:
         """Validate ``messages`` and run transformers' template renderer."""
         if self.chat_template is None:
@@ -194,7 +204,7 @@ class TextTokenizer:
             return self._hf.apply_chat_template(
                 conversation,
                 tools=tools,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 tokenize=tokenize,
                 return_dict=False,
             )

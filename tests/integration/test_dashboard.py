@@ -63,6 +63,23 @@ async def _wait_request(srv: Server, rid: str, timeout_s: float = 30.0) -> dict:
         await asyncio.sleep(0.3)
 
 
+def test_a_structured_output_request_shows_its_grammar_and_mask_time(dash):
+    async def go():
+        body = {"guided_regex": "[0-9]{4}"}
+        http = await _complete(dash, "A year:", **body)
+        d = await _wait_request(dash, http["id"])
+        deadline = time.monotonic() + 20
+        while d["structured"] is None or d["structured"]["mask_s"] <= 0:  # runner's samples
+            assert time.monotonic() < deadline, d["structured"]
+            await asyncio.sleep(0.3)
+            d = await _wait_request(dash, http["id"])
+        assert d["structured"]["kind"] == "regex" and d["params"]["grammar"] == "regex"
+        free = await _complete(dash, "Name a colour:")
+        assert (await _wait_request(dash, free["id"]))["structured"] is None
+
+    asyncio.run(go())
+
+
 def test_requests_reach_the_dashboard_endpoints(dash):
     async def go():
         http = await _complete(dash, "Name a colour of the sky:", max_tokens=6)

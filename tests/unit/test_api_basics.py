@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from houchu.api import app as app_module
 from houchu.api.app import STATE_KEY, GatewayLimits, make_app
 from houchu.api.engine_client import EngineError
+from houchu.api.tokenize import GatewayTokenizer
 from houchu.options.gateway_options import DEFAULT_MAX_QUEUED_REQUESTS
 from houchu.transport.failures import bad_request, internal, unavailable
 from houchu.transport.messages import GenerateRequest, TextDelta, TokenLogprob
@@ -152,15 +153,19 @@ async def serve(
     engine: FakeEngine | None = None,
     max_context: int = MAX_CONTEXT,
     limits: GatewayLimits | None = None,
+    tokenizer: GatewayTokenizer | None = None,
     **server_kwargs: Any,
 ) -> AsyncIterator[Api]:
     """Run the gateway app on 127.0.0.1 (a free port) in front of ``engine``.
 
-    ``limits``: the gateway's limits (None: defaults). ``server_kwargs`` go to aiohttp's
+    ``limits``: the gateway's limits (None: defaults); ``tokenizer``: for ``/tokenize``
+    (None: none). ``server_kwargs`` go to aiohttp's
     server (e.g. ``handler_cancellation=True``).
     """
     engine = engine or FakeEngine()
-    app = make_app(engine, model_name=MODEL, max_context=max_context, limits=limits)
+    app = make_app(
+        engine, model_name=MODEL, max_context=max_context, limits=limits, tokenizer=tokenizer
+    )
     async with TestClient(TestServer(app, host="127.0.0.1", **server_kwargs)) as client:
         yield Api(client, engine)
 

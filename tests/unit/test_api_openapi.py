@@ -20,7 +20,7 @@ from .test_api_auth import routes
 from .test_api_basics import MAX_CONTEXT, MODEL, Api, serve
 
 #: Rules across parameters that a JSON Schema of each field cannot state.
-CROSS_FIELD_PARAMS = {"stream_options", "top_logprobs", "min_tokens", "best_of"}
+CROSS_FIELD_PARAMS = {"stream_options", "top_logprobs", "min_tokens", "best_of", "echo"}
 #: Fields whose text is a language of its own (a regex, a grammar, a JSON schema, tool
 #: names), or whose rule spans fields (one constraint; content unless a tool call):
 #: checked by the validator, not by the document.

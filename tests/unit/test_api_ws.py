@@ -130,6 +130,9 @@ async def test_errors_keep_the_socket_usable(api: Api) -> None:
         await ws.send_json({"id": "r"})
         assert (await recv(ws))["error"]["code"] == "missing_required_parameter"
 
+        await ws.send_json({"id": "s", "prompt": "Hi", "suffix": "x"})  # not dropped silently
+        assert (await recv(ws))["error"]["param"] == "suffix"
+
         await ws.send_json({"id": {"x": 1}, "prompt": "Hi"})
         assert (await recv(ws))["error"]["param"] == "id"
 

@@ -108,7 +108,10 @@ def test_json_schema_20_seeds_validate(runner, tok) -> None:
     for t in texts.values():
         jsonschema.validate(json.loads(t), SCHEMA)
     assert len(set(texts.values())) > 1  # the seeds differ
-    assert runner.grammar.samples()[0].spent_unit == "seconds"  # mask time in the ledger
+    samples = runner.grammar.samples()
+    assert samples[0].spent_unit == "seconds"  # mask time in the ledger
+    assert {x.rid for x in samples} == set(reqs)  # each request's own share
+    assert all(x.saved + x.spent > 0 for x in samples)
 
 
 def test_free_requests_unchanged_beside_a_constrained_one(runner, tok) -> None:
@@ -121,6 +124,7 @@ def test_free_requests_unchanged_beside_a_constrained_one(runner, tok) -> None:
     both = {**free, "c": (tok.encode("Code:"), SamplingParams(temperature=1.0, structured=regex))}
     mixed = run(runner, both, 12)
     assert {r: mixed[r] for r in free} == alone
+    assert {x.rid for x in runner.grammar.samples()} == {"c"}  # the free ones have none
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", text_of(tok, mixed["c"]))
 
 

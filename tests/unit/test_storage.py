@@ -175,6 +175,24 @@ def test_request_summary_and_timeline(engine):
     assert requests_view.request_detail(engine, "nope", time.time()) is None
 
 
+def test_structured_output_request_carries_grammar_kind_and_mask_time(engine):
+    t0 = time.time() - 5
+    batches = request_batches("so", t0) + request_batches("free", t0)
+    batches[0].events[0].data["grammar"] = "json_schema"  # the gateway's arrived event
+    mask = [
+        LeverSample("structured_output_mask", "fill", 0.003, "seconds", 0.001, "seconds", t0, "so"),
+        LeverSample("structured_output_mask", "fill", 0.002, "seconds", 0.0, "seconds", t0, "so"),
+    ]
+    batches.append(TelemetryBatch(actor="runner", levers=mask))
+    write(engine, batches)
+    d = requests_view.request_detail(engine, "so", time.time())
+    assert d["structured"]["kind"] == "json_schema"
+    assert d["structured"]["mask_s"] == pytest.approx(0.006)
+    assert requests_view.request_detail(engine, "free", time.time())["structured"] is None
+    listed = {r["rid"]: r for r in requests_view.recent_requests(engine, time.time())}
+    assert listed["so"]["structured"] == d["structured"] and listed["free"]["structured"] is None
+
+
 def test_summary_without_scheduler_events(engine):
     """An older scheduler sends nothing: TTFT comes from the tokenizer's first_token_t."""
     t0 = time.time() - 5
