@@ -18,6 +18,7 @@ plans.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -207,6 +208,9 @@ class RunnerActor:
             return self.runner.execute(plan)
         except Exception as e:  # a bad plan or a kernel failure fails its requests only
             traceback.print_exc()
+            if self.runner.tp is not None and self.runner.tp.broken:
+                # a rank is gone: exit, so that the supervisor restarts every rank
+                os._exit(1)
             return StepResult(
                 step_id=plan.step_id,
                 outputs=[],
@@ -222,3 +226,5 @@ class RunnerActor:
         self.inbox.close()
         self.peers.close()
         self.torch.shutdown(wait=False, cancel_futures=True)
+        if self.runner is not None:  # a tensor-parallel runner's other ranks
+            self.runner.close()

@@ -12,7 +12,7 @@ from houchu.actors.config import ServeConfig
 from houchu.bench.cli import add_bench_parser, run_bench
 from houchu.bench.levers_cli import add_levers_parser, run_levers
 from houchu.cli.fetch import FetchError, fetch_default_model
-from houchu.options.checks import check_device, check_serve_args
+from houchu.options.checks import check_device, check_serve_args, check_tensor_parallel
 from houchu.options.parser import add_serve_parser, config_from_args
 
 
@@ -85,6 +85,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     args.model = str(Path(args.model).resolve())
     config = config_from_args(args)
+    why = check_tensor_parallel(config.runner, config.model)
+    if why is not None:
+        print(f"houchu: {why}", file=sys.stderr)
+        return 2
     install_uvloop()
     if config.cluster.data_parallel_size > 1:
         return _serve_replicas(config)

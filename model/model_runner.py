@@ -56,6 +56,7 @@ from houchu.model.quant import QuantSpec, resolve_quant_mode
 from houchu.model.sampling import RequestState, Sampler
 from houchu.model.structure_levers import structure_notes
 from houchu.model.threads import ThreadGovernor, step_key
+from houchu.model.tp_group import TPGroup, TPStep
 from houchu.model.verify import sample_and_verify
 from houchu.options.runner_options import RunnerOptions
 from houchu.transport.messages import (
@@ -81,11 +82,15 @@ class ModelRunner:
             "processed" (after penalties, temperature and filters).
         prepack: on CPU, keep matmul weights in oneDNN's packed layout (faster).
         quiet: do not print the load summary.
+        tp: this process's rank of a tensor-parallel group (ranks >= 1,
+            ``houchu.model.tp_worker``); None with ``options.tensor_parallel_size`` > 1:
+            this is rank 0, which starts the other ranks.
     Raises:
         houchu.model.device.DeviceError: a device torch cannot use here.
         ModelLoadError: the model cannot be loaded.
         ValueError: bad dtype, page size, quantization, KV dtype, backend or CPU ISA level, or a KV
-            budget below one page.
+            budget below one page; ``TensorParallelError``: a model or option that
+            cannot run at ``options.tensor_parallel_size``.
         RuntimeError: a backend that cannot run here (flash-attn or Triton missing).
     """
 
@@ -98,8 +103,17 @@ class ModelRunner:
         logprobs_mode: str = "raw",
         prepack: bool = True,
         quiet: bool = False,
+        tp: TPGroup | None = None,
     ) -> None:
         o = self.options = options if options is not None else RunnerOptions()
+        self.tp: TPGroup | None = None  # tensor parallel: this process's rank
+        tp_notes: list[str] = []
+        if o.tensor_parallel_size > 1:
+            from houchu.model.tp_worker import start_tp, tp_runner_options
+
+            o, tp_notes = tp_runner_options(o)
+            self.options = o
+            self.tp = tp if tp is not None else start_tp(model_path, o)
         self.device = torch.device(resolve_device(o.device))
         if o.threads is not None:
             torch.set_num_threads(o.threads)
@@ -115,7 +129,14 @@ class ModelRunner:
         if self.device.type == "cpu" and o.attention_backend in ("auto", "cpu"):
             building = cpu_kernels.load_in_background()
         with torch.inference_mode():
-            self.model = load_model(model_path, self.dtype, self.device, prepack, quant)
+            if self.tp is None:
+                self.model = load_model(model_path, self.dtype, self.device, prepack, quant)
+            else:
+                from houchu.model.tensor_parallel import load_sharded
+
+                self.model = load_sharded(
+                    model_path, self.tp, self.dtype, self.device, prepack, quant
+                )
         if building is not None:
             building.result()  # never raises: make_backend reports why the kernels are out
         self.backend = make_backend(
@@ -172,6 +193,8 @@ class ModelRunner:
             ),
         )
         self.accel.setup()
+        if self.tp is not None:
+            self.tp.reset()  # the warm-up steps are not served steps
         wb, wb16 = self.model.weight_bytes()
         p = self.pool
         cost = StepCost(
@@ -191,7 +214,7 @@ class ModelRunner:
         per_layer = self.pool.bytes_per_token // max(self.config.num_layers, 1)
         self.window_ledger = WindowLedger(self.model.attention, per_layer)
         #: what the model's structure does to the other levers (said at startup)
-        self.notes = structure_notes(
+        self.notes = tp_notes + structure_notes(
             self.config, self.model.attention, self.backend.name, not o.disable_fused_layers
         )
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
@@ -289,6 +312,10 @@ class ModelRunner:
         masks' time ("structured_output_mask")."""
         out = [*self.levers.samples(), *self.grammar.samples()]
         now = time.time()
+        if self.tp is not None:
+            from houchu.model.tensor_parallel import tp_lever_sample
+
+            out.append(tp_lever_sample(self.tp, self.model.weight_bytes()[0], now))
         moes = (m for m in self.model.modules() if isinstance(m, MoEMLP))
         moe = moe_lever_sample(moes, now)
         if self.mla_lever is not None:
@@ -308,8 +335,11 @@ class ModelRunner:
         """Map the shared host KV pool so plans can save pages to it and load them back.
 
         Raises:
-            ValueError: its slots are smaller than one device page.
+            ValueError: its slots are smaller than one device page, or the runner is
+                tensor-parallel (each rank holds a slice of every page).
         """
+        if self.tp is not None:
+            raise ValueError("the KV tiers do not combine with --tensor-parallel-size > 1")
         self.host_kv = HostKVMirror(self.pool, host)
 
     def forget_requests(self) -> None:
@@ -317,18 +347,27 @@ class ModelRunner:
         self.states.clear()
         self.grammars.clear()
 
+    def close(self) -> None:
+        """Stop the other ranks of a tensor-parallel runner (nothing otherwise)."""
+        if self.tp is not None and self.tp.rank == 0:
+            from houchu.model.tp_worker import stop_ranks
+
+            stop_ranks(self.tp)
+            self.tp = None
+
     def info(self) -> RunnerInfo:
         """What the scheduler needs to know about this runner, and the limits every
         request must fit (``houchu.transport.limits``)."""
-        c = self.config
+        c = self.config if self.tp is None else self.model.full_cfg
+        ranks = 1 if self.tp is None else self.tp.world  # each holds 1/ranks of the KV
         return RunnerInfo(
             num_pages=self.pool.num_pages,
             page_size=self.pool.page_size,
             max_context=self.max_context,
-            kv_bytes_per_token=self.pool.bytes_per_token,
+            kv_bytes_per_token=self.pool.bytes_per_token * ranks,
             num_params=self.num_params,
             model_name=self.config.name,
-            num_nonembed_params=num_parameters(self.config).non_embedding,
+            num_nonembed_params=num_parameters(c).non_embedding,
             attn_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
             vocab_size=c.vocab_size,
             device_type=self.device.type,
@@ -412,6 +451,8 @@ class ModelRunner:
                 self.host_kv.check(plan.kv_loads)
             elif plan.kv_saves or plan.kv_loads:
                 raise ValueError("plan copies KV pages but no host pool is attached")
+            if self.tp is not None and batch is not None:  # the other ranks run it too
+                self.tp.send_step(TPStep(plan=plan, prompt_rows=[n for n, _ in scored]))
             # ---- commit
             if self.host_kv is not None:
                 self.host_kv.save(plan.kv_saves)
@@ -461,6 +502,7 @@ class ModelRunner:
             num_tokens=0 if batch is None else batch.num_tokens,
             started_at=started_at,
             prompt_logprobs=prompt_lps,
+            allreduce_s=0.0 if self.tp is None else self.tp.take(),
         )
 
 

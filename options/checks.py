@@ -15,6 +15,7 @@ from pathlib import Path
 from houchu.model import cpu_isa as isa
 from houchu.model.device import DeviceError, check_device_name, resolve_device
 from houchu.options.flags import MAX_REQUEST_MB
+from houchu.options.runner_options import RunnerOptions
 
 
 def _flag(name: str) -> str:
@@ -122,6 +123,13 @@ def _check_supervision(parser: argparse.ArgumentParser, args: argparse.Namespace
 def _check_cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.data_parallel_size < 1:
         parser.error(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    tp = args.tensor_parallel_size
+    if tp < 1:
+        parser.error(f"--tensor-parallel-size must be >= 1, got {tp}")
+    if tp > 1 and args.data_parallel_size > 1:
+        parser.error("--tensor-parallel-size > 1 does not combine with --data-parallel-size yet")
+    if tp > 1 and (args.host_kv_mb or args.host_kv_pages):
+        parser.error("--tensor-parallel-size > 1 does not combine with the KV tiers yet")
     try:
         shlex.split(args.router_args)
     except ValueError as e:
@@ -140,6 +148,22 @@ def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     _check_telemetry(parser, args)
     _check_supervision(parser, args)
     _check_cluster(parser, args)
+
+
+def check_tensor_parallel(runner: RunnerOptions, model: str) -> str | None:
+    """Why ``--tensor-parallel-size`` cannot run ``model`` with these options, in one
+    line (None: it can, or it is 1). Reads the model's configuration only."""
+    if runner.tensor_parallel_size == 1:
+        return None
+    from houchu.model.config import ModelLoadError
+    from houchu.model.tensor_parallel import TensorParallelError
+    from houchu.model.tp_worker import check_model, tp_runner_options
+
+    try:
+        check_model(model, tp_runner_options(runner)[0])
+    except (TensorParallelError, ModelLoadError) as e:
+        return str(e)
+    return None
 
 
 def check_device(args: argparse.Namespace) -> str | None:

@@ -186,6 +186,11 @@ RUNNER = Group(
             "all the decoder layers and the LM head",
         ),
         Flag("disable_cuda_graph", "do not capture decode steps as CUDA graphs (CUDA only)"),
+        Flag(
+            "tensor_parallel_size",
+            "shard the model over N runner processes (torch.distributed: gloo on the CPU, "
+            "NCCL on CUDA, rank r on cuda:r); heads and MLP width must divide by N",
+        ),
     ),
 )
 

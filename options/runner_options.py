@@ -49,6 +49,10 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
         disable_fused_layers: with the cpu backend, run decode steps op by op instead
             of one C++ call for all the layers (``houchu.model.fused_cpu``).
         disable_cuda_graph: do not capture decode steps as CUDA graphs (CUDA only).
+        tensor_parallel_size: ranks the model is sharded over (``torch.distributed``:
+            gloo on the CPU, NCCL on CUDA; ``houchu.model.tensor_parallel``), each with
+            ``threads`` threads (default: the cores split evenly) and its own KV pool of
+            ``kv_cache_mb`` holding its share of the KV heads.
     """
 
     device: str = "auto"
@@ -70,6 +74,7 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     cpu_isa: CpuIsa = "auto"
     disable_fused_layers: bool = False
     disable_cuda_graph: bool = False
+    tensor_parallel_size: int = 1
 
     @property
     def kv_cache_bytes(self) -> int:

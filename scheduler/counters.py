@@ -19,6 +19,7 @@ class SchedulerCounters:
         refused: requests refused because the waiting queue was full.
         failed: requests failed (a step failed, the runner was replaced).
         busy_s: seconds the runner reported computing steps.
+        allreduce_s: of those, seconds a tensor-parallel runner spent in its collectives.
         started: wall-clock seconds (``time.time()``) at start.
     """
 
@@ -30,11 +31,12 @@ class SchedulerCounters:
     refused: int = 0
     failed: int = 0
     busy_s: float = 0.0
+    allreduce_s: float = 0.0
     started: float = field(default_factory=time.time)
 
     def stats(self) -> dict[str, float | int]:
         """The totals under their stats names; ``busy_fraction`` is busy seconds per
-        second since start."""
+        second since start; ``tp_allreduce_share`` the collectives' share of them."""
         up = max(time.time() - self.started, 1e-9)
         return {
             "num_refused_queue_full": self.refused,
@@ -45,4 +47,7 @@ class SchedulerCounters:
             "num_aborted": self.aborted,
             "num_failed": self.failed,
             "busy_fraction": self.busy_s / up,
+            "tp_allreduce_s": self.allreduce_s,
+            "tp_allreduce_s_per_step": self.allreduce_s / max(self.steps, 1),
+            "tp_allreduce_share": self.allreduce_s / self.busy_s if self.busy_s else 0.0,
         }

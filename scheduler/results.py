@@ -64,6 +64,7 @@ class ResultApplier:
         now = time.time()
         self.counters.steps += 1
         self.counters.busy_s += result.duration_s
+        self.counters.allreduce_s += result.allreduce_s
         self.overlap.on_executed(result.started_at, result.duration_s)
         self._account_step(result, slots, now)
         if result.error is not None:

@@ -291,7 +291,9 @@ class StepResult(Struct, tag=True, kw_only=True):
     ``started_at``: wall-clock seconds (time.time()) when the runner began the step (0:
     unknown). ``error``: the step failed (a bad plan, a kernel error); every request in
     it fails with this. ``prompt_logprobs``: the prompt tokens scored in this step, for
-    the requests that asked (``SamplingParams.prompt_logprobs``)."""
+    the requests that asked (``SamplingParams.prompt_logprobs``). ``allreduce_s``: of
+    ``duration_s``, the seconds a tensor-parallel runner spent in its collectives (the
+    all-reduces and the logits' all-gather; 0 at tp 1)."""
 
     step_id: int
     outputs: list[SeqOutput]
@@ -300,6 +302,7 @@ class StepResult(Struct, tag=True, kw_only=True):
     error: Failure | None = None
     started_at: float = 0.0
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
+    allreduce_s: float = 0.0
 
 
 class RunnerInfo(Struct, tag=True, kw_only=True):

@@ -1,0 +1,196 @@
+"""The ranks of a tensor-parallel runner besides rank 0: started by rank 0's
+``ModelRunner`` (``start_ranks``), each a ``python -m houchu.model.tp_worker`` process
+that loads its shard and runs every step rank 0 broadcasts (the forward pass only: its
+KV heads' writes and its share of the collectives; rank 0 alone samples and talks to
+the scheduler). A rank dies with rank 0's process (``PR_SET_PDEATHSIG``) and exits when
+rank 0 closes the group.
+
+``tp_runner_options`` are the runner options every rank runs with: the levers that hold
+no collectives (the compiled step, the fused C++ decode layers, CUDA graphs, the decode
+paths measured on one rank) are off, said at startup, or refused when asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import torch
+
+from houchu.model.batch import build_batch
+from houchu.model.tensor_parallel import TensorParallelError, check_shardable
+from houchu.model.tp_group import TPGroup, client_store, host_store
+from houchu.options.runner_options import RunnerOptions
+
+
+class WorkerSpec(msgspec.Struct, kw_only=True):
+    """What a rank >= 1 needs, on its stdin as JSON."""
+
+    model: str
+    options: RunnerOptions
+    rank: int
+    world: int
+    port: int
+
+
+def rank_device(options: RunnerOptions, rank: int) -> str:
+    """Rank ``rank``'s ``--device``: ``cuda:RANK`` on CUDA, else the CPU."""
+    from houchu.model.device import resolve_device
+
+    dev = torch.device(resolve_device(options.device))
+    return f"cuda:{rank}" if dev.type == "cuda" else "cpu"
+
+
+def tp_runner_options(o: RunnerOptions) -> tuple[RunnerOptions, list[str]]:
+    """The options every rank of a ``tensor_parallel_size`` > 1 runner uses, and what
+    changed (one line each, for the startup notes).
+
+    Raises:
+        TensorParallelError: a lever asked for that cannot combine with tp > 1, a CUDA
+            device index with tp > 1, more ranks than GPUs or than CPU cores.
+    """
+    n = o.tensor_parallel_size
+    flag = f"--tensor-parallel-size {n}"
+    if o.compile == "on":
+        raise TensorParallelError(f"{flag}: --compile on is not supported (the step is eager)")
+    if o.device.startswith("cuda:"):
+        raise TensorParallelError(f"{flag}: give --device cuda (rank r runs on cuda:r)")
+    dev = torch.device(rank_device(o, 0))
+    if dev.type == "cuda" and n > torch.cuda.device_count():
+        raise TensorParallelError(f"{flag}: only {torch.cuda.device_count()} GPUs")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    if dev.type == "cpu" and n > cores:
+        raise TensorParallelError(f"{flag}: more ranks than the {cores} CPU cores here")
+    threads = o.threads if o.threads is not None else max(1, cores // n)
+    notes = [
+        f"tensor parallel: {n} ranks ({'NCCL' if dev.type == 'cuda' else 'gloo'}), "
+        f"{threads} threads each; eager step (no compiled step, fused decode layers or "
+        "CUDA graphs), fixed decode paths"
+    ]
+    changed = msgspec.structs.replace(
+        o,
+        threads=threads,
+        fixed_threads=True,
+        compile="off",
+        decode_paths="rules",
+        disable_fused_layers=True,
+        disable_cuda_graph=True,
+        int4_activations="float" if o.int4_activations == "auto" else o.int4_activations,
+    )
+    return changed, notes
+
+
+def start_tp(model: str | Path, options: RunnerOptions) -> TPGroup:
+    """Rank 0: check that the model shards over ``options.tensor_parallel_size`` ranks,
+    then ``start_ranks``.
+
+    Raises:
+        TensorParallelError: it does not (``check_shardable``).
+        ModelLoadError: the model's configuration cannot be read.
+    """
+    check_model(model, options)
+    return start_ranks(model, options)
+
+
+def check_model(model: str | Path, options: RunnerOptions) -> None:
+    """Raise ``TensorParallelError`` unless the model at ``model`` shards over
+    ``options.tensor_parallel_size`` ranks with ``options``' quantization (reads the
+    configuration only)."""
+    from houchu.model.config import load_model_config, resolve_model_file
+    from houchu.model.quant import QuantSpec, resolve_quant_mode
+
+    cfg = load_model_config(model)
+    mode = resolve_quant_mode(options.quantization, resolve_model_file(model))
+    quant = QuantSpec(mode, options.quant_group_size, "float")
+    check_shardable(cfg, options.tensor_parallel_size, quant)
+
+
+def start_ranks(model: str | Path, options: RunnerOptions) -> TPGroup:
+    """Rank 0: start ranks 1 .. N-1 and form the group with them (blocks until each has
+    joined; their loading goes on meanwhile).
+
+    Raises:
+        RuntimeError: a rank did not join (it failed to start: its error is on stderr).
+    """
+    world = options.tensor_parallel_size
+    store = host_store(world)
+    procs = []
+    for rank in range(1, world):
+        spec = WorkerSpec(
+            model=str(model), options=options, rank=rank, world=world, port=store.port
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "houchu.model.tp_worker"], stdin=subprocess.PIPE
+        )
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.write(msgspec.json.encode(spec))
+            proc.stdin.close()
+        procs.append(proc)
+    group = TPGroup.join(0, world, store, torch.device(rank_device(options, 0)))
+    group.procs = procs  # type: ignore[attr-defined]
+    group.store = store  # type: ignore[attr-defined]
+    return group
+
+
+def stop_ranks(group: TPGroup) -> None:
+    """Rank 0: tell the other ranks to exit, wait briefly, then end any left."""
+    with contextlib.suppress(Exception):
+        if not group.broken:
+            group.send_stop()
+    for proc in getattr(group, "procs", []):
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+    group.close()
+
+
+def run_rank(spec: WorkerSpec) -> None:
+    """A rank >= 1: join, load the shard, run broadcast steps until told to stop."""
+    from houchu.model.model_runner import ModelRunner
+
+    device = torch.device(rank_device(spec.options, spec.rank))
+    group = TPGroup.join(spec.rank, spec.world, client_store(spec.port, spec.world), device)
+    options = msgspec.structs.replace(spec.options, device=str(device))
+    runner = ModelRunner(spec.model, options, tp=group, quiet=True)
+    with torch.inference_mode():
+        while (step := group.recv_step()) is not None:
+            batch = build_batch(
+                step.plan.work,
+                page_size=runner.pool.page_size,
+                num_pages=runner.pool.num_pages,
+                max_context=runner.max_context,
+                vocab_size=runner.config.vocab_size,
+                device=runner.device,
+                prompt_rows=step.prompt_rows,
+            )
+            runner.model(batch, runner.pool, runner.backend)
+    group.close()
+
+
+def _die_with_parent() -> None:
+    """On Linux, SIGTERM this process when rank 0's process dies."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
+def main() -> None:
+    """``python -m houchu.model.tp_worker`` with a ``WorkerSpec`` as JSON on stdin."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's
+    spec = msgspec.json.decode(sys.stdin.buffer.read(), type=WorkerSpec)
+    run_rank(spec)
+
+
+if __name__ == "__main__":
+    main()
