@@ -27,6 +27,9 @@ from houchu.model.tensor_parallel import TensorParallelError, check_shardable
 from houchu.model.tp_group import TPGroup, client_store, host_store
 from houchu.options.runner_options import RunnerOptions
 
+#: set (to anything) to run more CPU ranks than cores (they share them; for tests)
+OVERSUBSCRIBE = "HOUCHU_TP_OVERSUBSCRIBE"
+
 
 class WorkerSpec(msgspec.Struct, kw_only=True):
     """What a rank >= 1 needs, on its stdin as JSON."""
@@ -52,7 +55,8 @@ def tp_runner_options(o: RunnerOptions) -> tuple[RunnerOptions, list[str]]:
 
     Raises:
         TensorParallelError: a lever asked for that cannot combine with tp > 1, a CUDA
-            device index with tp > 1, more ranks than GPUs or than CPU cores.
+            device index with tp > 1, more ranks than GPUs or than CPU cores (unless
+            ``$HOUCHU_TP_OVERSUBSCRIBE`` is set).
     """
     n = o.tensor_parallel_size
     flag = f"--tensor-parallel-size {n}"
@@ -65,8 +69,11 @@ def tp_runner_options(o: RunnerOptions) -> tuple[RunnerOptions, list[str]]:
         raise TensorParallelError(f"{flag}: only {torch.cuda.device_count()} GPUs")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
-    if dev.type == "cpu" and n > cores:
-        raise TensorParallelError(f"{flag}: more ranks than the {cores} CPU cores here")
+    if dev.type == "cpu" and n > cores and not os.environ.get(OVERSUBSCRIBE):
+        raise TensorParallelError(
+            f"{flag}: more ranks than the {cores} CPU cores here ({OVERSUBSCRIBE}=1 runs "
+            "them anyway, slowly)"
+        )
     threads = o.threads if o.threads is not None else max(1, cores // n)
     notes = [
         f"tensor parallel: {n} ranks ({'NCCL' if dev.type == 'cuda' else 'gloo'}), "

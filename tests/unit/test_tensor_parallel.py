@@ -45,8 +45,8 @@ def _w(rid: str, ids: list[int], start: int, pages: list[int], sample: bool = Tr
 
 
 def _run(runner: ModelRunner) -> list:
-    """A chunked prefill of A, decodes, B hitting A's first two pages, batched decodes;
-    every step's outputs (token, logprob, top logprobs) and prompt logprobs."""
+    """A chunked prefill of A, decodes, B hitting A's first two pages, batched decodes,
+    a speculative verification step; every step's outputs (token, logprob, top logprobs) and prompt logprobs."""
     a = [5, 17, 99, 3, 42, 8, 120, 64, 7, 11]  # 10 tokens: pages 0, 1, 2
     b = a[:8] + [2, 77, 31]  # its first 8 tokens (2 full pages) are A's
     sp_a = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=8, prompt_logprobs=3)
@@ -62,7 +62,7 @@ def _run(runner: ModelRunner) -> list:
     for plan in steps:
         out.append(runner.execute(plan))
     toks["a"].append(out[-1].outputs[0].token_id)
-    pages = {"a": [0, 1, 2, 3, 6], "b": [0, 1, 4, 5]}
+    pages = {"a": [0, 1, 2, 3, 6], "b": [0, 1, 4, 5, 7]}
     for i in range(3):  # A decodes alone
         w = _w("a", [toks["a"][-1]], 10 + i, pages["a"])
         out.append(runner.execute(StepPlan(step_id=2 + i, work=[w])))
@@ -81,6 +81,18 @@ def _run(runner: ModelRunner) -> list:
         out.append(runner.execute(StepPlan(step_id=6 + i, work=work)))
         for o in out[-1].outputs:
             toks[o.rid].append(o.token_id)
+    # speculative verification: B's last token and 3 proposals; tp 2 must accept what
+    # tp 1 accepts and sample the same token after them
+    proposals = [toks["a"][-1], 9, 9]
+    v = SeqWork(
+        rid="b",
+        token_ids=[toks["b"][-1], *proposals],
+        start_pos=14,
+        page_table=pages["b"],
+        sample=True,
+        num_draft=3,
+    )
+    out.append(runner.execute(StepPlan(step_id=9, work=[v])))
     return out
 
 

@@ -1,0 +1,94 @@
+"""The golden test through a tensor-parallel ``houchu serve``: greedy output equals
+Hugging Face transformers' (fp32, the exact path) with the model sharded over 3 gloo
+ranks of 1 thread each, prompts prefilled in chunks of 16 tokens, and a repeated prompt
+served from the prefix cache.
+
+SmolLM2-135M has 9 query and 3 KV heads: 3 is the one size > 1 that divides both (tp 2
+is refused at startup, as ``test_tp2_refused_on_smollm2`` checks), so the golden run is
+tp 3, beside the tp 2 logits test on a tiny model (``tests/unit/test_tensor_parallel.py``).
+On a machine with fewer than 3 cores the ranks share them
+(``HOUCHU_TP_OVERSUBSCRIBE``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.client import post_json, ws_generate
+from tests.integration.conftest import start_server, stop_server
+from tests.integration.test_golden import KEYS, _payload, reference  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tp_server(real_model_path, tmp_path_factory):
+    db = tmp_path_factory.mktemp("tp") / "houchu.db"
+    os.environ["HOUCHU_TP_OVERSUBSCRIBE"] = "1"
+    try:
+        srv = start_server(
+            real_model_path,
+            "--tensor-parallel-size",
+            "3",
+            "--threads",
+            "1",
+            "--kv-cache-mb",
+            "64",
+            "--chunked-prefill-size",
+            "16",
+            "--db-url",
+            f"sqlite:///{db}",
+            timeout_s=600,
+        )
+    finally:
+        del os.environ["HOUCHU_TP_OVERSUBSCRIBE"]
+    yield srv
+    assert stop_server(srv) == 0
+
+
+def test_golden_tokens_at_tp3(tp_server, reference):  # noqa: F811 (the fixture)
+    async def all_keys() -> list[dict]:
+        return await asyncio.gather(*(ws_generate(tp_server.ws_url, _payload(k)) for k in KEYS))
+
+    for key, got in zip(KEYS, asyncio.run(all_keys()), strict=True):
+        assert got["error"] is None, got["error"]
+        assert got["token_ids"] == reference[key], key
+    assert "tensor parallel: 3 ranks (gloo)" in tp_server.output()
+
+
+def test_prefix_hit_at_tp3_keeps_golden_tokens(tp_server, reference):  # noqa: F811
+    """chat2 again (its first answer came from test_golden_tokens_at_tp3 or now): the
+    repeat reuses cached pages and still gives transformers' tokens."""
+    url = f"{tp_server.url}/v1/chat/completions"
+    tok = reference["_decode"]
+    want = tok.decode(reference["chat2"], skip_special_tokens=True)
+    for _ in range(2):
+        status, body = asyncio.run(post_json(url, _payload("chat2")))
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"] == want
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
+    status, stats = asyncio.run(_get_stats(tp_server.url))
+    assert stats["tp_allreduce_s"] > 0 and 0 < stats["tp_allreduce_share"] < 1
+
+
+async def _get_stats(url: str) -> tuple[int, dict]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/stats") as r:
+        return r.status, await r.json()
+
+
+def test_tp2_refused_on_smollm2(real_model_path):
+    cmd = [sys.executable, "-m", "houchu.cli", "serve", "--model", str(real_model_path)]
+    out = subprocess.run(
+        [*cmd, "--tensor-parallel-size", "2"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2
+    line = out.stderr.strip()
+    assert line.count("\n") == 0, line
+    assert "attention heads (9), KV heads (3) not divisible by 2" in line and "[3]" in line
