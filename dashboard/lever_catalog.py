@@ -205,9 +205,9 @@ KNOWN_LEVERS: tuple[LeverInfo, ...] = (
         "tensor_parallel",
         "fill",
         "Tensor parallel",
-        "Splits each layer across devices so all of them work on every token.",
-        "time per step",
-        "communication",
+        "Splits each layer across devices (ranks) so all of them work on every token, each reading only its share of the weights.",
+        "weight bytes each rank did not read (the other ranks' shards)",
+        "seconds in all-reduces and the logits' all-gather",
     ),
     # break serial
     _l(
