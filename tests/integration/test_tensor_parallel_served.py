@@ -1,0 +1,64 @@
+"""``houchu serve --tensor-parallel-size 2`` (gloo, 2 ranks of 1 thread) on a tiny random
+Llama (hidden 64, 4 heads, 2 KV heads, vocabulary 128) with n-gram speculation:
+transformers' greedy tokens and log-probabilities (float32 tolerance) through chunked
+prefill, concurrent requests and a prefix-cache hit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+import torch
+
+from houchu.model.testing import make_tiny_llama, write_tiny_tokenizer
+from tests.integration.conftest import start_server, stop_server
+from tests.integration.test_deepseek_served import check, generate, ids
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    path = make_tiny_llama(tmp_path_factory.mktemp("tp_served"), seed=7, intermediate_size=128)
+    write_tiny_tokenizer(path, 128)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    db = tmp_path_factory.mktemp("tp_db") / "houchu.db"
+    srv = start_server(
+        path,
+        *("--tensor-parallel-size", "2", "--threads", "1", "--speculative", "ngram"),
+        *("--page-size", "4", "--num-pages", "256", "--chunked-prefill-size", "8"),
+        *("--max-batch-tokens", "32", "--db-url", f"sqlite:///{db}"),
+    )
+    yield srv, hf
+    assert stop_server(srv) == 0
+
+
+def test_tp2_requests_equal_transformers(served):
+    srv, hf = served
+    loop = [5, 9, 13, 17, 21, 25]  # repeated: the n-gram proposer has matches
+    prompts = [ids(1, 30), loop * 4, ids(3, 7) + loop * 3]
+
+    async def all_of() -> list[dict]:
+        return await asyncio.gather(*(generate(srv.ws_url, p) for p in prompts))
+
+    for got, prompt in zip(asyncio.run(all_of()), prompts, strict=True):
+        check(got, hf, prompt)
+    shared = ids(40, 24)
+    first = asyncio.run(generate(srv.ws_url, shared + ids(41, 3)))
+    again = asyncio.run(generate(srv.ws_url, shared + ids(42, 5)))
+    assert again["final"]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 24
+    check(first, hf, shared + ids(41, 3))
+    check(again, hf, shared + ids(42, 5))
+    stats = asyncio.run(_stats(srv.url))
+    assert stats["tp_allreduce_s"] > 0 and stats["num_steps"] > 0
+    assert stats["spec_proposed_tokens"] > 0, stats  # verify steps ran at tp 2
+    assert "tensor parallel: 2 ranks (gloo)" in srv.output()
+
+
+async def _stats(url: str) -> dict:
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/stats") as r:
+        assert r.status == 200
+        return await r.json()
