@@ -18,7 +18,7 @@ from houchu.model.tensor_parallel import (
     padded_vocab,
     shard_weights,
 )
-from houchu.model.testing import make_tiny_llama
+from houchu.model.testing import make_tiny_llama, make_tiny_model
 from houchu.model.tp_worker import tp_runner_options
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
@@ -118,10 +118,34 @@ def _compare(ref: list, got: list, tol: float = TOL) -> None:
             )
 
 
-@pytest.mark.parametrize("quant", ["none", "int4"])
-def test_tp2_equals_tp1(tiny_dir, quant):
-    ref = _run(ModelRunner(str(tiny_dir), _opts(1, quantization=quant), quiet=True))
-    tp = ModelRunner(str(tiny_dir), _opts(2, quantization=quant), quiet=True)
+@pytest.fixture(scope="module")
+def family_dir(tmp_path_factory, tiny_dir):
+    """The tiny model of a family (llama: ``tiny_dir``)."""
+    made = {"llama": tiny_dir}
+
+    def get(family: str):
+        if family not in made:
+            d = tmp_path_factory.mktemp(family)
+            made[family] = make_tiny_model(d, family, seed=5, vocab_size=129, intermediate_size=128)
+        return made[family]
+
+    return get
+
+
+@pytest.mark.parametrize(
+    ("family", "quant"),
+    [
+        ("llama", "none"),
+        ("llama", "int4"),  # groups of 32 cut whole: the same groups as tp 1
+        ("llama", "int8"),  # per-row scales over each shard's columns: close, not equal
+        ("qwen2", "none"),  # q/k/v biases sharded with their rows
+        ("gemma2", "none"),  # norms after the reductions, soft-capping, scaled embedding
+    ],
+)
+def test_tp2_equals_tp1(family_dir, family, quant):
+    path = str(family_dir(family))
+    ref = _run(ModelRunner(path, _opts(1, quantization=quant), quiet=True))
+    tp = ModelRunner(path, _opts(2, quantization=quant), quiet=True)
     try:
         assert tp.tp is not None and tp.tp.world == 2
         assert tp.pool.k.shape[-2] == 1  # [.., Hkv / 2, D]: one of the two KV heads
@@ -130,12 +154,12 @@ def test_tp2_equals_tp1(tiny_dir, quant):
         levers = {s.lever: s for s in tp.lever_samples()}
     finally:
         tp.close()
-    # int4 layers multiply in bf16 where the CPU has it: sums in another order differ
-    # in bf16's last bits, and near-ties among the unlikely prompt tokens may swap ranks
+    # quantized layers multiply in bf16 where the CPU has it: sums in another order
+    # differ in bf16's last bits, and near-ties among unlikely tokens may swap ranks
     _compare(ref, got, TOL if quant == "none" else 2e-2)
     assert all(g.allreduce_s > 0 for g in got if g.num_tokens)
     assert all(g.allreduce_s < g.duration_s for g in got)
-    one = ModelRunner(str(tiny_dir), _opts(1, quantization=quant), quiet=True).info()
+    one = ModelRunner(path, _opts(1, quantization=quant), quiet=True).info()
     assert info.kv_bytes_per_token == one.kv_bytes_per_token  # both ranks' halves
     assert info.num_pages == one.num_pages and info.vocab_size == 129
     assert levers["tensor_parallel"].spent > 0 and levers["tensor_parallel"].saved > 0
