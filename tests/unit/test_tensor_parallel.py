@@ -215,3 +215,33 @@ def test_tp2_nccl_equals_tp1(tiny_dir):
     finally:
         tp.close()
     _compare(ref, got)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--host-kv-mb", "64"], "does not combine with the KV tiers"),
+        (["--data-parallel-size", "2"], "does not combine with --data-parallel-size"),
+        (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be >= 1"),
+    ],
+)
+def test_serve_refuses_what_tp_cannot_combine_with(extra, message, capsys):
+    from houchu.cli.main import build_parser
+    from houchu.options.checks import check_serve_args
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--tensor-parallel-size", "2", *extra])
+    with pytest.raises(SystemExit) as e:
+        check_serve_args(parser, args)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_serve_check_names_the_sizes_that_fit(tiny_dir, monkeypatch):
+    from houchu.options.checks import check_tensor_parallel
+
+    monkeypatch.setenv("HOUCHU_TP_OVERSUBSCRIBE", "1")  # 4 ranks on fewer cores: allowed
+
+    why = check_tensor_parallel(exact(tensor_parallel_size=4), str(tiny_dir))
+    assert why is not None and "KV heads (2) not divisible by 4; sizes that divide them: [2]" in why
+    assert check_tensor_parallel(exact(tensor_parallel_size=2), str(tiny_dir)) is None
+    assert check_tensor_parallel(exact(), str(tiny_dir)) is None
