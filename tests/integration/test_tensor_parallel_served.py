@@ -1,11 +1,12 @@
 """``houchu serve --tensor-parallel-size 2`` (gloo, 2 ranks of 1 thread) on a tiny random
 Llama (hidden 64, 4 heads, 2 KV heads, vocabulary 128) with n-gram speculation:
 transformers' greedy tokens and log-probabilities (float32 tolerance) through chunked
-prefill, concurrent requests and a prefix-cache hit."""
+prefill, concurrent requests and a prefix-cache hit; a killed rank restarts the runner."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import pytest
@@ -56,6 +57,43 @@ def test_tp2_requests_equal_transformers(served):
     assert stats["tp_allreduce_s"] > 0 and stats["num_steps"] > 0
     assert stats["spec_proposed_tokens"] > 0, stats  # verify steps ran at tp 2
     assert "tensor parallel: 2 ranks (gloo)" in srv.output()
+
+
+def test_a_dead_rank_restarts_the_runner(served):
+    """Rank 1 killed: the runner exits at its next collective, the supervisor restarts
+    it with fresh ranks, and requests succeed again within a bounded time."""
+    import psutil
+
+    srv, hf = served
+    ranks = [
+        p
+        for p in psutil.Process(srv.proc.pid).children(recursive=True)
+        if "houchu.model.tp_worker" in " ".join(p.cmdline())
+    ]
+    assert len(ranks) == 1
+    ranks[0].kill()
+    prompt = ids(50, 9)
+    deadline = time.monotonic() + 120
+    while True:  # the request during the restart may fail cleanly (503), never hang
+        got = asyncio.run(_generate_or_error(srv.ws_url, prompt))
+        if got is not None:
+            break
+        assert time.monotonic() < deadline, "no answer within 120 s of the rank's death"
+        time.sleep(1)
+    check(got, hf, prompt)
+    assert "restarting runner" in srv.output()
+
+
+async def _generate_or_error(ws_url: str, prompt: list[int]) -> dict | None:
+    """The answer, or None when the request failed cleanly: an error frame, or the final
+    frame of a request the engine failed after taking it (``finish_reason: "error"``)."""
+    try:
+        got = await asyncio.wait_for(generate(ws_url, prompt), 60)
+    except AssertionError:  # an error frame
+        return None
+    if got["final"]["finish_reason"] == "error":
+        return None
+    return got
 
 
 async def _stats(url: str) -> dict:
