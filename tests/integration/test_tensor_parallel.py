@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from tests.integration.client import post_json, ws_generate
+from tests.integration.client import ws_generate
 from tests.integration.conftest import start_server, stop_server
 from tests.integration.test_golden import KEYS, _payload, reference  # noqa: F401 (fixture)
 
@@ -62,17 +62,16 @@ def test_golden_tokens_at_tp3(tp_server, reference):  # noqa: F811 (the fixture)
 
 
 def test_prefix_hit_at_tp3_keeps_golden_tokens(tp_server, reference):  # noqa: F811
-    """chat2 again (its first answer came from test_golden_tokens_at_tp3 or now): the
-    repeat reuses cached pages and still gives transformers' tokens."""
-    url = f"{tp_server.url}/v1/chat/completions"
-    tok = reference["_decode"]
-    want = tok.decode(reference["chat2"], skip_special_tokens=True)
-    for _ in range(2):
-        status, body = asyncio.run(post_json(url, _payload("chat2")))
-        assert status == 200, body
-        assert body["choices"][0]["message"]["content"] == want
-    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
+    """chat2 again, after test_golden_tokens_at_tp3 (or a first run here) cached its
+    prompt: the repeat reuses the cached pages and still gives transformers' tokens."""
+    payload = {**_payload("chat2"), "max_tokens": 8}
+    for _ in range(2):  # the second at the latest is a prefix hit
+        got = asyncio.run(ws_generate(tp_server.ws_url, payload))
+        assert got["error"] is None, got["error"]
+        assert got["token_ids"] == reference["chat2"][:8]
+    assert got["final"]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
     status, stats = asyncio.run(_get_stats(tp_server.url))
+    assert status == 200
     assert stats["tp_allreduce_s"] > 0 and 0 < stats["tp_allreduce_share"] < 1
 
 
