@@ -1,11 +1,13 @@
 """``houchu serve --speculative mtp`` on a tiny random DeepSeek-V3 whose safetensors hold
 one MTP module (``add_mtp_layer``): the draft actor proposes with it, the greedy tokens
-are transformers' (which ignores the module), and the stats count the proposals; a
-checkpoint without the module refuses to start, saying why."""
+are transformers' (which ignores the module), and the stats count the proposals; the
+dashboard shows the target's expert load per step; a checkpoint without the module
+refuses to start, saying why."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import pytest
@@ -27,6 +29,18 @@ async def stats(url: str) -> dict:
         return await r.json()
 
 
+async def expert_load(url: str, timeout_s: float = 20.0) -> dict:
+    """The dashboard's expert load, once the recorder has written a step's."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as s:
+        while True:
+            async with s.get(f"{url}/dashboard/api/live") as r:
+                load = (await r.json())["expert_load"]
+            if load is not None or time.monotonic() > deadline:
+                return load
+            await asyncio.sleep(0.5)
+
+
 def test_mtp_speculation_served_equals_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -44,6 +58,10 @@ def test_mtp_speculation_served_equals_transformers(tmp_path):
         assert st["spec_proposed_tokens"] > 0
         assert st["spec_accepted_tokens"] + st["spec_rejected_tokens"] == st["spec_proposed_tokens"]
         assert "MTP layer 2" in srv.output()
+        # the target's expert load per step reaches the dashboard (one MoE layer, 8 experts)
+        load = asyncio.run(expert_load(srv.url))
+        assert (load["layers"], load["experts"]) == (1, 8) and load["steps"] > 0
+        assert load["last"]["imbalance"] >= 1.0
     finally:
         stop_server(srv)
 

@@ -17,10 +17,12 @@ from houchu.model.testing import add_mtp_layer, make_tiny_llama, make_tiny_model
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
+from houchu.scheduler.telemetry_sink import NullTelemetry
 from houchu.spec.mtp import make_mtp_proposer
 from houchu.text.stop import stop_ids
 from houchu.transport.messages import SamplingParams, TokenizedRequest
 from houchu.transport.spec_messages import DraftProposal, DraftReply
+from houchu.transport.telemetry import LeverSample
 from tests.runner_options import exact
 from tests.unit.test_model_deepseek import FAMILIES, MLA, runner_greedy
 from tests.unit.test_model_llama import prompt
@@ -60,13 +62,27 @@ def bigram_model(tmp_path_factory, mtp_model):
     return out
 
 
+class Levers(NullTelemetry):
+    """Keeps the scheduler's lever samples."""
+
+    def __init__(self) -> None:
+        self.samples: list[LeverSample] = []
+
+    def lever(self, sample: LeverSample) -> None:
+        self.samples.append(sample)
+
+
 def speculate(path, prompts: dict[str, list[int]], k: int = 3):
     """Serve ``prompts`` greedily through the scheduler with MTP proposals (k per step):
-    (tokens per request, the scheduler's speculation stats, the proposer)."""
+    (tokens per request, the scheduler's speculation stats, the proposer, the
+    scheduler's lever samples)."""
     runner = ModelRunner(str(path), exact(num_pages=64, page_size=4), quiet=True)
     proposer, _ = make_mtp_proposer(str(path), exact(num_pages=64, page_size=4))
     spec = SpeculativeOptions(speculative="mtp", num_speculative_tokens=k)
-    core = SchedulerCore(runner.info(), BatchingOptions(max_batch_tokens=48), spec=spec)
+    levers = Levers()
+    core = SchedulerCore(
+        runner.info(), BatchingOptions(max_batch_tokens=48), telemetry=levers, spec=spec
+    )
     core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, k)
     greedy = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
     for rid, p in prompts.items():
@@ -88,7 +104,7 @@ def speculate(path, prompts: dict[str, list[int]], k: int = 3):
         if (rel := core.spec.release_request()) is not None:
             proposer.release(rel.release)
     assert not core.has_work
-    return out, core.stats(), proposer
+    return out, core.stats(), proposer, levers.samples
 
 
 PROMPTS = {"a": prompt(51, 9), "b": prompt(52, 5), "rep": [5, 6, 7, 8, 9] * 3}
@@ -97,7 +113,7 @@ PROMPTS = {"a": prompt(51, 9), "b": prompt(52, 5), "rep": [5, 6, 7, 8, 9] * 3}
 def test_mtp_speculation_gives_the_plain_greedy_tokens(mtp_model):
     """Random MTP weights: proposals are mostly rejected, the tokens are the plain
     path's, and every proposal is counted (accepted + rejected = proposed)."""
-    out, stats, proposer = speculate(mtp_model, PROMPTS)
+    out, stats, proposer, _ = speculate(mtp_model, PROMPTS)
     for rid, p in PROMPTS.items():
         assert out[rid] == runner_greedy(mtp_model, p, N_NEW), rid
     assert stats["speculative"] == "mtp"
@@ -114,11 +130,15 @@ def test_mtp_proposals_of_a_bigram_model_are_all_accepted(bigram_model):
     """An MTP module that computes the target's own next-token distribution: every
     proposal is accepted (this fails if the MTP layer pairs the wrong hidden state with
     the wrong token, or its concatenation order, norms or chaining are off)."""
-    out, stats, _ = speculate(bigram_model, PROMPTS)
+    out, stats, _, samples = speculate(bigram_model, PROMPTS)
     for rid, p in PROMPTS.items():
         assert out[rid] == runner_greedy(bigram_model, p, N_NEW), rid
     assert stats["spec_proposed_tokens"] > 0
     assert stats["spec_accepted_tokens"] == stats["spec_proposed_tokens"]
+    # the ledger counts them under the MTP lever: forward passes saved per request
+    saved = [s for s in samples if s.lever == "mtp" and s.saved_unit == "forward_passes"]
+    assert {s.rid for s in saved} == set(PROMPTS)
+    assert sum(s.saved for s in saved) == stats["spec_forward_passes_saved"] > 0
     assert stats["spec_verify_steps"] < len(PROMPTS) * N_NEW / 2  # fewer target passes
 
 
