@@ -54,7 +54,8 @@ class _MTPSeq:
 
     def sync(self, start: int, true_ids: list[int]) -> None:
         """Replace tokens from ``start`` on; rewriting computed ones resets the state."""
-        if start < self.num_computed and self.tokens[start:] != true_ids[: len(self.tokens)]:
+        c = self.num_computed
+        if start < c and self.tokens[start:c] != true_ids[: c - start]:
             self.num_computed, self.hidden = 0, None
         self.tokens[start:] = true_ids
         self.num_computed = min(self.num_computed, len(self.tokens))

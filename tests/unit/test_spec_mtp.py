@@ -21,7 +21,7 @@ from houchu.scheduler.telemetry_sink import NullTelemetry
 from houchu.spec.mtp import make_mtp_proposer
 from houchu.text.stop import stop_ids
 from houchu.transport.messages import SamplingParams, TokenizedRequest
-from houchu.transport.spec_messages import DraftProposal, DraftReply
+from houchu.transport.spec_messages import DraftProposal, DraftReply, DraftSeq
 from houchu.transport.telemetry import LeverSample
 from tests.runner_options import exact
 from tests.unit.test_model_deepseek import FAMILIES, MLA, runner_greedy
@@ -140,6 +140,25 @@ def test_mtp_proposals_of_a_bigram_model_are_all_accepted(bigram_model):
     assert {s.rid for s in saved} == set(PROMPTS)
     assert sum(s.saved for s in saved) == stats["spec_forward_passes_saved"] > 0
     assert stats["spec_verify_steps"] < len(PROMPTS) * N_NEW / 2  # fewer target passes
+
+
+def test_incremental_proposals_equal_proposals_from_scratch(mtp_model):
+    """A proposer fed a sequence a few tokens at a time (its own KV and saved hidden
+    state reused, chained rows overwritten) proposes what a fresh one proposes from the
+    whole sequence at once; a rewrite of computed tokens starts that request over."""
+    opts = exact(num_pages=32, page_size=4)
+    kept, _ = make_mtp_proposer(str(mtp_model), opts)
+    ids = prompt(61, 7) + prompt(62, 9)
+    for end in (7, 8, 11, 16):
+        start = len(kept.seqs["r"].tokens) if "r" in kept.seqs else 0
+        got = kept.propose([DraftSeq("r", start, ids[start:end], 3)])["r"]
+        fresh, _ = make_mtp_proposer(str(mtp_model), opts)
+        assert got == fresh.propose([DraftSeq("r", 0, ids[:end], 3)])["r"], end
+        assert len(got) == 3
+    other = ids[:10] + [7, 7, 7]  # tokens 10.. rewritten: recomputed from scratch
+    got = kept.propose([DraftSeq("r", 10, other[10:], 2)])["r"]
+    fresh, _ = make_mtp_proposer(str(mtp_model), opts)
+    assert got == fresh.propose([DraftSeq("r", 0, other, 2)])["r"]
 
 
 def test_checkpoints_without_mtp_layers_fail_at_startup(tmp_path, mtp_model):
