@@ -11,7 +11,7 @@ others' kernels from the ``*.h`` headers). They remove what dominates an eager C
 step at small batch sizes: hundreds of small torch ops per step, each a few microseconds
 of dispatch, and the KV-page gather before attention.
 
-The level (``houchu.model.cpu_isa``: ``avx512_bf16``, ``avx512``, ``avx2``, or ``generic``:
+The level (``houchu.model.cpu_isa``: ``avx512_bf16``, ``avx512``, ``avx2``, ``neon``, or ``generic``:
 torch's ops only) is detected from the CPU at startup or forced with ``--cpu-isa`` /
 ``$HOUCHU_CPU_ISA``. ``load()`` compiles that level's build once per machine with
 ``torch.utils.cpp_extension`` (g++ with the level's own target flags, not
@@ -55,6 +55,7 @@ _HEADERS = (
     "library.h",
     "vec.h",
     "simd.h",
+    "neon.h",
     "gemv.h",
     "gemv_a8.h",
     "norm_rope.h",

@@ -2,7 +2,7 @@
 // first index of the maximum, and a NaN counts as the maximum (the first NaN's index).
 //
 // torch's CPU argmax over one 49,152-wide row takes ~45 us (a scalar compare loop); two
-// AVX-512 (or AVX2) passes over the row (the maximum, then its first index) take a few us.
+// AVX-512 (AVX2, NEON) passes over the row (the maximum, then its first index) take a few us.
 #include "aten.h"
 #include <ATen/Parallel.h>
 #include "library.h"
@@ -63,6 +63,31 @@ int64_t argmax_row(const float* x, int64_t n) {
       if (eq) return i + __builtin_ctz(eq);
     }
     for (int64_t i = n8; i < n; ++i)
+      if (x[i] == best) return i;
+  }
+#elif defined(HOUCHU_NEON)
+  // the same two passes, 4 lanes at a time
+  const int64_t n4 = n / 4 * 4;
+  float32x4_t mx = vdupq_n_f32(-INFINITY);
+  uint32x4_t ordered = vdupq_n_u32(0xFFFFFFFFu);  // lanes that saw no NaN: all ones
+  for (int64_t i = 0; i < n4; i += 4) {
+    const float32x4_t v = vld1q_f32(x + i);
+    ordered = vandq_u32(ordered, vceqq_f32(v, v));
+    mx = vmaxq_f32(mx, v);
+  }
+  bool any_nan = vminvq_u32(ordered) == 0;
+  float best = vmaxvq_f32(mx);
+  for (int64_t i = n4; i < n; ++i) {
+    if (std::isnan(x[i])) any_nan = true;
+    best = x[i] > best ? x[i] : best;
+  }
+  if (!any_nan) {
+    const float32x4_t b = vdupq_n_f32(best);
+    for (int64_t i = 0; i < n4; i += 4)
+      if (vmaxvq_u32(vceqq_f32(vld1q_f32(x + i), b)) != 0)
+        for (int64_t j = i;; ++j)
+          if (x[j] == best) return j;
+    for (int64_t i = n4; i < n; ++i)
       if (x[i] == best) return i;
   }
 #endif

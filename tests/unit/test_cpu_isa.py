@@ -35,9 +35,15 @@ def test_levels_follow_the_cpu_flags():
     assert cpu_isa.usable(laptop, x86) == ["avx2_vnni", "avx2", "generic"]
     assert "-mavxvnni" in cpu_isa.level("avx2_vnni").cflags
     assert cpu_isa.usable(features("fpu sse2 sse4_2"), x86) == ["generic"]
-    assert cpu_isa.usable(features(AVX512), "aarch64") == ["generic"]  # no NEON kernels yet
+    assert cpu_isa.usable(features(AVX512), "aarch64") == ["generic"]  # x86 flags on arm
     arm = cpu_isa.cpu_features("processor\t: 0\nFeatures\t: fp asimd asimddp\n")
     assert arm == {"fp", "asimd", "asimddp"}
+    assert cpu_isa.usable(arm, "aarch64") == ["neon_dotprod", "neon", "generic"]
+    a72 = cpu_isa.cpu_features("processor\t: 0\nFeatures\t: fp asimd evtstrm crc32\n")
+    assert cpu_isa.usable(a72, "aarch64") == ["neon", "generic"]  # no dotprod (Cortex-A72)
+    assert cpu_isa.usable(arm, "x86_64") == ["generic"]
+    assert cpu_isa.usable(features(AVX512), "x86_64")[0] == "avx512"  # never a NEON level
+    assert "+dotprod" in cpu_isa.level("neon_dotprod").cflags[0]
     assert cpu_isa.isa_flags(bf16) == {
         "avx2",
         "fma",
