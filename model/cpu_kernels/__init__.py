@@ -56,6 +56,7 @@ _HEADERS = (
     "vec.h",
     "simd.h",
     "neon.h",
+    "argmax.h",
     "gemv.h",
     "gemv_a8.h",
     "norm_rope.h",

@@ -5,6 +5,7 @@
 // GEMV), the reference replays those steps with std::fma and the results must be equal
 // bit for bit; elsewhere (attention, RMSNorm, SiLU, exp) they must agree to float32
 // rounding.
+#include "model/cpu_kernels/argmax.h"
 #include "model/cpu_kernels/attention.h"
 #include "model/cpu_kernels/gemv.h"
 #include "model/cpu_kernels/norm_rope.h"
@@ -444,10 +445,35 @@ void check_exp_bf16() {
   expect_same("hmax8", hmax8(load8(v8)), 7.5f, 0);
 }
 
+// argmax_row: torch.argmax's index (the first maximum; the first NaN if any).
+void check_argmax() {
+  for (int64_t n : {1, 3, 4, 8, 13, 1000, 49152}) {
+    std::vector<float> x(n);
+    for (int trial = 0; trial < 6; ++trial) {
+      for (auto& v : x) v = static_cast<float>(static_cast<int>(rng() % 50));  // ties
+      if (trial == 1) x[n - 1] = 100.f;
+      if (trial == 2) x[(n * 2) / 3] = std::nanf("");
+      if (trial == 3 && n > 5) x[n - 2] = x[n - 5] = std::nanf("");
+      if (trial == 4) std::fill(x.begin(), x.end(), -std::numeric_limits<float>::infinity());
+      int64_t want = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (std::isnan(x[i])) {
+          want = i;
+          break;
+        }
+        if (x[i] > x[want]) want = i;
+      }
+      expect_same("argmax_row", static_cast<float>(argmax_row(x.data(), n)),
+                  static_cast<float>(want), n);
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   check_exp_bf16();
+  check_argmax();
   for (int64_t H : {64, 128})
     for (int64_t m : {1, 2, 3, 4, 5, 9}) {
       check_int4<float, float>(m, 40, 64, 32, H);
