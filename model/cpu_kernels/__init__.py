@@ -354,6 +354,17 @@ def unavailable_reason(level: str | None = None) -> str | None:
     return None
 
 
+#: Levels whose prefill_attention has no tiled SIMD path (it would run its scalar
+#: reference loop): the NEON levels, whose prefill runs on torch's SDPA instead.
+_NO_TILED_PREFILL = frozenset({"neon_dotprod", "neon"})
+
+
+def tiled_prefill(level: str | None = None) -> bool:
+    """Whether ``prefill_attention`` has a tiled SIMD path at ``level`` (default: the
+    active one): AVX-512 and AVX2, not yet NEON."""
+    return (level or active_level()) not in _NO_TILED_PREFILL
+
+
 def available(level: str | None = None) -> bool:
     """Whether ``level``'s kernels load here (see ``unavailable_reason``)."""
     return unavailable_reason(level) is None

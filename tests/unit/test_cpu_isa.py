@@ -44,6 +44,8 @@ def test_levels_follow_the_cpu_flags():
     assert cpu_isa.usable(arm, "x86_64") == ["generic"]
     assert cpu_isa.usable(features(AVX512), "x86_64")[0] == "avx512"  # never a NEON level
     assert "+dotprod" in cpu_isa.level("neon_dotprod").cflags[0]
+    # NEON has no tiled prefill kernel: its prefill runs on torch's SDPA (attention_cpu)
+    assert not cpu_kernels.tiled_prefill("neon") and cpu_kernels.tiled_prefill("avx2")
     assert cpu_isa.isa_flags(bf16) == {
         "avx2",
         "fma",
