@@ -560,12 +560,16 @@ inline void load_u32x8(const uint8_t* p, int h, uint32x4_t& lo, uint32x4_t& hi) 
   hi = vld1q_u32(reinterpret_cast<const uint32_t*>(p) + 8 * h + 4);
 }
 
-// The code at bit `shift` of every lane, as float32.
+// The 4-bit code at bit `shift` of every lane, as float32 (vshrq_n takes 1..32 only).
+template <int shift>
+inline float32x4_t code4(uint32x4_t v) {
+  if constexpr (shift > 0) v = vshrq_n_u32(v, shift);
+  return vcvtq_f32_u32(vandq_u32(v, vdupq_n_u32(15)));
+}
+
 template <int shift>
 inline neon::f32x8 code8(uint32x4_t lo, uint32x4_t hi) {
-  const uint32x4_t m = vdupq_n_u32(15);
-  return {vcvtq_f32_u32(vandq_u32(vshrq_n_u32(lo, shift), m)),
-          vcvtq_f32_u32(vandq_u32(vshrq_n_u32(hi, shift), m))};
+  return {code4<shift>(lo), code4<shift>(hi)};
 }
 
 // int4, MT activation rows (xf: Acts' float32 rows, gs: their group sums): row blocks
