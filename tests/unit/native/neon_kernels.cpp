@@ -1,7 +1,8 @@
 // Checks of houchu's NEON kernels (model/cpu_kernels, the neon and neon_dotprod levels)
 // against scalar references on random inputs. Cross-compiled for aarch64 and run under
-// qemu-aarch64 by tests/unit/test_neon_kernels.py; exits 1 after printing every failed
-// check. Where the kernels follow the AVX2 ones' float32 steps (int4 / int8 / W4A8
+// qemu-aarch64 by tests/unit/test_neon_kernels.py, which also builds it natively at the
+// avx2 level to hold the AVX2 kernels to the same references; exits 1 after printing
+// every failed check (the first 40). Where the kernels follow the AVX2 ones' float32 steps (int4 / int8 / W4A8
 // GEMV), the reference replays those steps with std::fma and the results must be equal
 // bit for bit; elsewhere (attention, RMSNorm, SiLU, exp) they must agree to float32
 // rounding.
@@ -16,11 +17,21 @@
 #include <random>
 #include <vector>
 
+#if defined(__aarch64__)
 #if !defined(HOUCHU_NEON) || !defined(HOUCHU_A8_NEON)
 #error "the NEON paths are not compiled in"
 #endif
 #if defined(HOUCHU_EXPECT_DOTPROD) != defined(__ARM_FEATURE_DOTPROD)
 #error "dotprod is not as this level expects"
+#endif
+constexpr int64_t kRowTile = houchu_cpu::gemv::kMaxTileNeon;
+#elif defined(HOUCHU_AVX2) && defined(HOUCHU_A8_X86) && !defined(HOUCHU_A8_VNNI)
+// Built natively at the avx2 level, the same checks hold the AVX2 kernels to the same
+// bit-exact references: the NEON and AVX2 levels compute the same floats.
+constexpr int64_t kRowTile = houchu_cpu::gemv::kMaxTile2;
+static_assert(houchu_cpu::gemv::kMaxTile2 == houchu_cpu::gemv::kMaxTileA8);
+#else
+#error "build for aarch64, or natively with -march=x86-64-v3 (the avx2 level)"
 #endif
 
 using c10::BFloat16;
@@ -183,7 +194,7 @@ void check_int4(int64_t m, int64_t n, int64_t k, int64_t G, int64_t H) {
                 std::is_same_v<XT, float> ? "f32" : "bf16",
                 std::is_same_v<OutT, float> ? "f32" : "bf16");
   for (int64_t r = 0; r < m; ++r) {
-    const bool one_row = r / gemv::kMaxTileNeon * gemv::kMaxTileNeon == m - 1;  // a 1-row tile
+    const bool one_row = r / kRowTile * kRowTile == m - 1;  // a 1-row tile
     for (int64_t f = 0; f < n; ++f) {
       const float got = out_value(out[r * n + f]);
       float want = int4_replay(w, xf.data() + r * k, f, one_row);
@@ -401,6 +412,7 @@ void check_norm_rope(int64_t hidden, int64_t d) {
   }
 }
 
+#ifdef HOUCHU_NEON
 void check_exp_bf16() {
   using namespace neon;
   alignas(16) float in[8], got[8];
@@ -444,6 +456,7 @@ void check_exp_bf16() {
               ((v8[0] + v8[4]) + (v8[2] + v8[6])) + ((v8[1] + v8[5]) + (v8[3] + v8[7])), 0);
   expect_same("hmax8", hmax8(load8(v8)), 7.5f, 0);
 }
+#endif  // HOUCHU_NEON
 
 // argmax_row: torch.argmax's index (the first maximum; the first NaN if any).
 void check_argmax() {
@@ -472,7 +485,9 @@ void check_argmax() {
 }  // namespace
 
 int main() {
+#ifdef HOUCHU_NEON
   check_exp_bf16();
+#endif
   check_argmax();
   for (int64_t H : {64, 128})
     for (int64_t m : {1, 2, 3, 4, 5, 9}) {
