@@ -76,8 +76,9 @@ def test_forced_level(monkeypatch):
 def test_cache_key_names_the_level():
     here = Path(cpu_kernels.__file__).parent
     srcs = [here / "gemv.cpp", here / "gemv.h"]
-    keys = {lv: cpu_kernels.build_key(lv, srcs) for lv in ("avx512_bf16", "avx512", "avx2")}
-    assert len(set(keys.values())) == 3
+    names = ("avx512_bf16", "avx512", "avx2", "neon_dotprod", "neon")
+    keys = {lv: cpu_kernels.build_key(lv, srcs) for lv in names}
+    assert len(set(keys.values())) == 5
     for lv, key in keys.items():
         assert key.startswith(f"{lv}-")
     # the level's own target flags are in its build, never -march=native
@@ -101,6 +102,19 @@ def test_a_cached_build_is_not_loaded_on_a_cpu_without_its_level(monkeypatch, tm
     cpu_kernels._load_once.cache_clear()  # noqa: SLF001
     with pytest.raises(cpu_kernels.CpuKernelsUnavailable, match="lacks .*avx512f"):
         cpu_kernels.load(level="avx512")
+    cpu_kernels._load_once.cache_clear()  # noqa: SLF001
+    monkeypatch.undo()
+
+
+def test_an_arm_cpu_without_dotprod_never_loads_the_dotprod_build(monkeypatch):
+    a72 = cpu_isa.cpu_features("processor\t: 0\nFeatures\t: fp asimd evtstrm crc32\n")
+    monkeypatch.setattr(cpu_isa, "cpu_features", lambda cpuinfo=None: a72)
+    monkeypatch.setattr(cpu_isa.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(cpu_kernels, "_failed", {})
+    cpu_kernels._load_once.cache_clear()  # noqa: SLF001
+    assert cpu_isa.choose() == "neon"
+    with pytest.raises(cpu_kernels.CpuKernelsUnavailable, match="lacks asimddp"):
+        cpu_kernels.load(level="neon_dotprod")
     cpu_kernels._load_once.cache_clear()  # noqa: SLF001
     monkeypatch.undo()
 
