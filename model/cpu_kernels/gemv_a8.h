@@ -35,6 +35,15 @@
 #endif
 #endif
 
+// aarch64 NEON (the neon and neon_dotprod levels): with dotprod, SDOT (vdotq_s32: 4 s8 x
+// s8 products per 32-bit lane; the codes 0..15 are valid s8) does vpdpbusd's work;
+// without it, vmull_s8 / vmlal_s8 (the two nibble halves' products of a word, added in
+// int16: at most 2 * 15 * 127) then vpadalq_s16 into int32.
+#if defined(__ARM_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
+#define HOUCHU_A8_NEON 1
+#endif
+
 namespace houchu_cpu {
 namespace gemv {
 
@@ -73,6 +82,21 @@ inline void quantize_row_a8(const float* x, int64_t ng, int64_t G, int8_t* q, fl
       const __m256i p = _mm256_permutevar8x32_epi32(v, order);
       const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
       _mm_storel_epi64(reinterpret_cast<__m128i*>(q + a * A + j), _mm_packs_epi16(w16, w16));
+    }
+  }
+#elif defined(HOUCHU_A8_NEON)
+  for (int64_t a = 0; a < k / A; ++a) {
+    const float* xa = x + a * A;
+    float32x4_t vmax = vdupq_n_f32(0.f);
+    for (int64_t j = 0; j < A; j += 4) vmax = vmaxq_f32(vmax, vabsq_f32(vld1q_f32(xa + j)));
+    const float amax = vmaxvq_f32(vmax);
+    xs[a] = amax / 127.f;
+    const float32x4_t vinv = vdupq_n_f32(amax > 0.f ? 127.f / amax : 0.f);
+    for (int64_t j = 0; j < A; j += 8) {  // vcvtnq rounds half to even, as nearbyint
+      const int16x4_t lo = vqmovn_s32(vcvtnq_s32_f32(vmulq_f32(vld1q_f32(xa + j), vinv)));
+      const int16x4_t hi = vqmovn_s32(vcvtnq_s32_f32(vmulq_f32(vld1q_f32(xa + j + 4), vinv)));
+      const int16x4x2_t z = vzip_s16(lo, hi);  // inputs 0, 4, 1, 5, 2, 6, 3, 7: kA8Order
+      vst1_s8(q + a * A + j, vqmovn_s16(vcombine_s16(z.val[0], z.val[1])));
     }
   }
 #else
@@ -217,6 +241,115 @@ void int4_tile_a8(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, i
 }
 
 #endif  // HOUCHU_A8_X86
+
+#ifdef HOUCHU_A8_NEON
+
+// int4 x int8, MT rows, as int4_tile_a8 (same inputs, same float32 steps: the exact
+// integer dot of each activation scale, times s, times the scale, plus o times the group
+// sum): row blocks [b0, b1), per 8-feature half two quarters of 4 features.
+template <int MT, bool F32S, typename OutT>
+void int4_tile_a8_neon(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, int64_t ng,
+                       int64_t G, const int8_t* xq, int64_t ldq, const float* xs,
+                       const float* gs, OutT* out, int64_t ldo, int64_t n) {
+  const uint8x16_t lo4 = vdupq_n_u8(0x0F);
+  const uint32x4_t hi16 = vdupq_n_u32(0xFFFF0000u);
+  constexpr int64_t H = F32S ? 128 : 64;
+  const int64_t chunks = G / 8, gbytes = H + 8 * G, A = a8_block(G), per = A / 8;
+  const int64_t lds = ldq / A;  // scales per row
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* blk = w + b * blk_bytes;
+    const int64_t n0 = b * kBlock;
+    for (int h = 0; h < 2 && n0 + 8 * h < n; ++h) {
+      float32x4_t acc[MT][2];
+      for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = vdupq_n_f32(0.f);
+      for (int64_t g = 0; g < ng; ++g) {
+        const uint8_t* hdr = blk + g * gbytes;
+        float32x4_t s[2], o[2];
+        for (int qq = 0; qq < 2; ++qq) {
+          if constexpr (F32S) {
+            s[qq] = vld1q_f32(reinterpret_cast<const float*>(hdr) + 8 * h + 4 * qq);
+            o[qq] = vld1q_f32(reinterpret_cast<const float*>(hdr + 64) + 8 * h + 4 * qq);
+          } else {  // dword = offset bits << 16 | scale bits
+            const uint32_t* sp = reinterpret_cast<const uint32_t*>(hdr) + 8 * h + 4 * qq;
+            const uint32x4_t so = vld1q_u32(sp);
+            s[qq] = vreinterpretq_f32_u32(vshlq_n_u32(so, 16));
+            o[qq] = vreinterpretq_f32_u32(vandq_u32(so, hi16));
+          }
+        }
+        const uint8_t* codes = hdr + H + 32 * h;
+        const int8_t* xg = xq + g * G;
+        for (int64_t c0 = 0; c0 < chunks; c0 += per) {
+          const int64_t c1 = c0 + per;
+          const float* xsc = xs + (g * G + 8 * c0) / A;
+          int32x4_t d[MT][2];
+#ifndef __ARM_FEATURE_DOTPROD
+          int32x4_t dp[MT][2];  // the pair sums of features (0, 0, 1, 1) / (2, 2, 3, 3)
+#endif
+          for (int m = 0; m < MT; ++m)
+            for (int qq = 0; qq < 2; ++qq) {
+              d[m][qq] = vdupq_n_s32(0);
+#ifndef __ARM_FEATURE_DOTPROD
+              dp[m][qq] = vdupq_n_s32(0);
+#endif
+            }
+          for (int64_t c = c0; c < c1; ++c) {
+            uint8x16_t ca[2], cb[2];
+            for (int qq = 0; qq < 2; ++qq) {
+              const uint8x16_t v = vld1q_u8(codes + 64 * c + 16 * qq);
+              ca[qq] = vandq_u8(v, lo4);
+              cb[qq] = vshrq_n_u8(v, 4);
+            }
+#pragma GCC unroll 4
+            for (int m = 0; m < MT; ++m) {
+              const int8_t* xc = xg + m * ldq + 8 * c;
+              int32_t wa, wb;
+              std::memcpy(&wa, xc, 4);
+              std::memcpy(&wb, xc + 4, 4);
+              const int8x16_t xa = vreinterpretq_s8_s32(vdupq_n_s32(wa));
+              const int8x16_t xb = vreinterpretq_s8_s32(vdupq_n_s32(wb));
+              for (int qq = 0; qq < 2; ++qq) {
+#ifdef __ARM_FEATURE_DOTPROD
+                // per 32-bit lane (a feature): 4 codes times the word's 4 inputs
+                d[m][qq] = vdotq_s32(d[m][qq], vreinterpretq_s8_u8(ca[qq]), xa);
+                d[m][qq] = vdotq_s32(d[m][qq], vreinterpretq_s8_u8(cb[qq]), xb);
+#else
+                const int8x16_t sa = vreinterpretq_s8_u8(ca[qq]), sb = vreinterpretq_s8_u8(cb[qq]);
+                // features 0, 1 of the quarter (low 8 bytes), then 2, 3 (high 8 bytes)
+                int16x8_t p0 = vmull_s8(vget_low_s8(sa), vget_low_s8(xa));
+                p0 = vmlal_s8(p0, vget_low_s8(sb), vget_low_s8(xb));
+                int16x8_t p1 = vmull_s8(vget_high_s8(sa), vget_high_s8(xa));
+                p1 = vmlal_s8(p1, vget_high_s8(sb), vget_high_s8(xb));
+                d[m][qq] = vpadalq_s16(d[m][qq], p0);
+                dp[m][qq] = vpadalq_s16(dp[m][qq], p1);
+#endif
+              }
+            }
+          }
+          for (int m = 0; m < MT; ++m)
+            for (int qq = 0; qq < 2; ++qq) {
+#ifdef __ARM_FEATURE_DOTPROD
+              const float32x4_t dot = vcvtq_f32_s32(d[m][qq]);
+#else
+              const float32x4_t dot = vcvtq_f32_s32(vpaddq_s32(d[m][qq], dp[m][qq]));
+#endif
+              acc[m][qq] = vfmaq_f32(acc[m][qq], vmulq_f32(s[qq], dot), vdupq_n_f32(xsc[m * lds]));
+            }
+        }
+        for (int m = 0; m < MT; ++m)
+          for (int qq = 0; qq < 2; ++qq)
+            acc[m][qq] = vfmaq_f32(acc[m][qq], o[qq], vdupq_n_f32(gs[m * ng + g]));
+      }
+      for (int m = 0; m < MT; ++m) {
+        alignas(16) float tmp[8];
+        vst1q_f32(tmp, acc[m][0]);
+        vst1q_f32(tmp + 4, acc[m][1]);
+        store_row8(out + m * ldo + n0 + 8 * h, tmp, n - n0 - 8 * h);
+      }
+    }
+  }
+}
+
+#endif  // HOUCHU_A8_NEON
 
 // The same sums without SIMD (builds for CPUs without AVX2).
 template <typename OutT>
