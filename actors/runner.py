@@ -112,6 +112,9 @@ class RunnerActor:
         launch = self.config.launch
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(self.torch, self._load)
+        from houchu.model.expert_load import ExpertLoadReader
+
+        self.expert_load = ExpertLoadReader(self.runner.model)  # each step's, for its record
         if self.config.kv_tiers.enabled:
             from houchu.kvcache.host_pool import HostPool
 
@@ -194,7 +197,9 @@ class RunnerActor:
             self.step_started = None
             self.heap.note_step()
         if plan.work:
-            self.telemetry.step(self.prompts.record(plan, t_wall, time.perf_counter() - t0))
+            record = self.prompts.record(plan, t_wall, time.perf_counter() - t0)
+            record.expert_load = self.expert_load.take()  # [] for a dense model
+            self.telemetry.step(record)
         self.prompts.release(plan)
         if time.monotonic() - self.levers_sent_at > 1.0:  # the runner's levers, once a second
             self.levers_sent_at = time.monotonic()

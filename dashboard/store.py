@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from houchu.api.errors import ApiError
-from houchu.storage import bench_runs, ledger_view, live_view, requests_view
+from houchu.storage import bench_runs, expert_load_view, ledger_view, live_view, requests_view
 from houchu.storage.db import create_db_engine, resolve_url
 
 T = TypeVar("T")
@@ -81,7 +81,8 @@ class DashboardStore:
         return await self._run(ledger_view.counters)
 
     async def live(self, horizon_s: float = 120.0, bucket_s: float = 2.0) -> dict[str, Any]:
-        """Recent rates, request stats and series from the database."""
+        """Recent rates, request stats, series and a MoE model's expert load (None for
+        a dense one) from the database."""
         return await self._run(_live, time.time(), horizon_s, bucket_s)
 
     async def bench_runs(self, limit: int = 100) -> list[dict[str, Any]]:
@@ -109,4 +110,5 @@ def _live(engine: Engine, now: float, horizon_s: float, bucket_s: float) -> dict
         "requests": live_view.request_stats(engine, now),
         "series": live_view.step_series(engine, now, horizon_s, bucket_s),
         "counters": ledger_view.counters(engine),
+        "expert_load": expert_load_view.expert_load(engine, now),
     }

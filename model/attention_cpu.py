@@ -12,7 +12,8 @@ each row's window (the kernel's ``starts``: the first position attended, within 
 from the window's first page) with the layer's scale; prefill chunks read K/V from the
 page holding their first query's window start and the kernel masks the keys before each
 query's window (``window``); soft-capped layers (Gemma 2) run on torch ops (the C++
-kernels do not soft-cap).
+kernels do not soft-cap). At the NEON levels, whose prefill kernel has no tiled path yet,
+prefill runs on torch's SDPA (``cpu_kernels.tiled_prefill``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class CpuBackend(TorchSDPABackend):
         """Causal attention of one sequence's new tokens. q: ``[n, H, D]``; k, v:
         ``[L - base, Hkv, D]`` (its KV from position ``seq.base``) -> ``[n, H, D]``."""
         if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype or spec.softcap:
+            return super()._prefill(q, k, v, seq, spec)
+        if not cpu_kernels.tiled_prefill():  # NEON: torch's vectorized SDPA, not a scalar loop
             return super()._prefill(q, k, v, seq, spec)
         scale = spec.scale_for(q.shape[-1])
         start = seq.start - seq.base  # k, v begin at position base

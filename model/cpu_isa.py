@@ -11,10 +11,14 @@ llama.cpp's per-ISA CPU backends and PyTorch's ``CPU_CAPABILITY`` dispatch do:
 | ``avx512`` | AVX-512 F/BW/VL/DQ/CD | x86-64-v4 |
 | ``avx2_vnni`` | ``avx2``'s + AVX-VNNI (int8 dot products without AVX-512) | x86-64-v3 + avxvnni |
 | ``avx2`` | AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE | x86-64-v3 |
+| ``neon_dotprod`` | aarch64 NEON (``asimd``) + int8 dot products (``asimddp``: SDOT) | armv8.2-a+dotprod |
+| ``neon`` | aarch64 NEON (``asimd``; every aarch64 CPU) | armv8-a |
 | ``generic`` | none: houchu's C++ kernels are not used, torch's vectorized ops serve | — |
 
-houchu has no NEON kernels yet, so an aarch64 CPU runs ``generic`` (torch's own NEON
-kernels) rather than scalar C++ loops.
+On aarch64 ``/proc/cpuinfo`` lists the features on its ``Features`` line (``fp asimd
+... asimddp ...``); the two NEON levels run the AVX2 level's arithmetic in 4-lane NEON
+vectors (``cpu_kernels/neon.h``), the W4A8 kernels with SDOT (``vdotq_s32``) at
+``neon_dotprod`` and widening multiplies (``vmull_s8``) at ``neon``.
 
 ``--cpu-isa`` (or ``HOUCHU_CPU_ISA``) forces a level; a level the CPU cannot run is an
 error, never a crash in an illegal instruction.
@@ -50,6 +54,7 @@ class Level:
 
 
 _X86 = ("x86_64", "AMD64")
+_ARM = ("aarch64", "arm64")
 _V3 = frozenset({"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"})
 _V4 = _V3 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
 
@@ -64,6 +69,8 @@ LEVELS: tuple[Level, ...] = (
     Level("avx512", _X86, _V4, ("-march=x86-64-v4",)),
     Level("avx2_vnni", _X86, _V3 | {"avx_vnni"}, ("-march=x86-64-v3", "-mavxvnni")),
     Level("avx2", _X86, _V3, ("-march=x86-64-v3",)),
+    Level("neon_dotprod", _ARM, frozenset({"asimd", "asimddp"}), ("-march=armv8.2-a+dotprod",)),
+    Level("neon", _ARM, frozenset({"asimd"}), ("-march=armv8-a",)),
     Level("generic", (), frozenset(), (), kernels=False),
 )
 NAMES = tuple(lv.name for lv in LEVELS)

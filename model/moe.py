@@ -132,6 +132,8 @@ class MoEMLP(nn.Module):
         self.num_experts, self.top_k, self.norm_topk_prob = e, top_k, norm_topk_prob
         #: tokens routed to each expert by the last forward: ``[E]`` int64 (expert load)
         self.last_load = torch.zeros(e, dtype=torch.int64)
+        #: tokens routed to each expert since ``take_load``: ``[E]`` int64, or None
+        self.load_since: torch.Tensor | None = None
         self.tokens_since = 0  # tokens through this layer since ``take_counts``
 
     @classmethod
@@ -225,6 +227,7 @@ class MoEMLP(nn.Module):
         order = torch.argsort(flat, stable=True)  # [T·k] pairs grouped by expert
         load = torch.bincount(flat, minlength=self.num_experts)  # [E]
         self.last_load = load
+        self.load_since = load if self.load_since is None else self.load_since + load
         self.tokens_since += x.shape[0]
         tokens = order // k  # [T·k] the token of each sorted pair
         xs = x.index_select(0, tokens)  # [T·k, hidden]
@@ -250,6 +253,12 @@ class MoEMLP(nn.Module):
         per_expert = self.gate_up[0].numel() + self.down[0].numel()
         skipped = 2.0 * n * (self.num_experts - self.top_k) * per_expert
         return skipped, 2.0 * n * self.router.numel()
+
+    def take_load(self) -> list[int]:
+        """Tokens routed to each expert (``E`` ints; a token counts once per expert it
+        picked) since the previous call, all zero when none; then the count restarts."""
+        load, self.load_since = self.load_since, None
+        return [0] * self.num_experts if load is None else load.tolist()
 
     def active_params_per_token(self) -> int:
         """Expert weights one token reads: ``top_k`` experts' gate, up and down

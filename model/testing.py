@@ -369,3 +369,43 @@ def write_deepseek_gguf(hf_dir: str | Path, out: str | Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return Path(out)
+
+
+def add_mtp_layer(path: str | Path, seed: int = 0, **overrides: Any) -> Path:
+    """Write a random next-token-prediction (MTP) module into the DeepSeek-V3 folder at
+    ``path`` (from ``make_tiny_model``, built with the same ``overrides``), as DeepSeek's
+    checkpoints store it: layer index ``N = num_hidden_layers`` with ``enorm``, ``hnorm``,
+    ``eh_proj`` ``[hidden, 2·hidden]``, a full decoder block, ``shared_head.norm`` and
+    ``shared_head.head`` (a copy of ``lm_head``), and ``num_nextn_predict_layers = 1`` in
+    ``config.json``. transformers' ``from_config`` builds no MTP module (and its
+    ``save_pretrained`` writes none), so the block is taken from a model of ``N + 1``
+    layers drawn the same way, and the MTP-only tensors are drawn here: norms from
+    1 + N(0, 0.1²), ``eh_proj`` from N(0, 0.08²). Returns ``path``."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = Path(path)
+    raw = json.loads((out / "config.json").read_text())
+    n = int(raw["num_hidden_layers"])
+    bigger = make_tiny_model(
+        out / "mtp-source", "deepseek_v3", seed=seed, **{**overrides, "num_hidden_layers": n + 1}
+    )
+    source = load_file(str(bigger / "model.safetensors"))
+    weights = load_file(str(out / "model.safetensors"))
+    p = f"model.layers.{n}."
+    weights.update({k: v for k, v in source.items() if k.startswith(p)})
+    gen = torch.Generator().manual_seed(seed + 1)
+    h = int(raw["hidden_size"])
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        weights[f"{p}{name}.weight"] = 1.0 + 0.1 * torch.randn(h, generator=gen)
+    weights[f"{p}eh_proj.weight"] = 0.08 * torch.randn(h, 2 * h, generator=gen)
+    weights[f"{p}shared_head.head.weight"] = weights["lm_head.weight"].clone()
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    raw["num_nextn_predict_layers"] = 1
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    import shutil
+
+    shutil.rmtree(bigger)
+    return out

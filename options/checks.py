@@ -64,7 +64,7 @@ def _check_tiers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 def _check_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Also: ``--draft-model`` implies ``--speculative draft`` and becomes absolute."""
     if args.draft_model is not None:
-        if args.speculative == "ngram":
+        if args.speculative in ("ngram", "mtp"):
             parser.error("--draft-model needs --speculative draft (or no --speculative)")
         args.speculative = "draft"
         if not Path(args.draft_model).exists():

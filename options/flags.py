@@ -241,7 +241,8 @@ SPECULATION = Group(
     (
         Flag(
             "speculative",
-            "propose tokens by n-gram prompt lookup or with a draft model (default: off)",
+            "propose tokens by n-gram prompt lookup, with a draft model, or with the "
+            "checkpoint's MTP layers (mtp: DeepSeek-V3's next-token prediction; default: off)",
         ),
         Flag(
             "draft_model",

@@ -8,7 +8,7 @@ from typing import Literal
 import msgspec
 
 #: The ways to propose tokens (``speculative``).
-METHODS = ("ngram", "draft")
+METHODS = ("ngram", "draft", "mtp")
 
 
 class SpeculativeOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -16,7 +16,9 @@ class SpeculativeOptions(msgspec.Struct, frozen=True, kw_only=True):
     launcher and the draft actor; each field is the ``houchu serve`` flag of its name.
 
     Attributes:
-        speculative: "ngram" (prompt lookup), "draft" (``draft_model``), or None (off).
+        speculative: "ngram" (prompt lookup), "draft" (``draft_model``), "mtp" (the
+            checkpoint's own next-token-prediction layers, DeepSeek-V3's
+            ``num_nextn_predict_layers``), or None (off).
         draft_model: the draft model's .gguf file or HF folder (absolute path), sharing
             the model's tokenizer.
         num_speculative_tokens: most proposals verified per request per step.
@@ -24,7 +26,7 @@ class SpeculativeOptions(msgspec.Struct, frozen=True, kw_only=True):
             (None: the break-even batch size measured at start-up and while serving).
     """
 
-    speculative: Literal["ngram", "draft"] | None = None
+    speculative: Literal["ngram", "draft", "mtp"] | None = None
     draft_model: str | None = None
     num_speculative_tokens: int = 4
     speculative_max_batch: int | None = None

@@ -104,7 +104,7 @@ class SchedulerCore:
         radix_cache = not config.disable_radix_cache
         self.tiers: Tiers = (tiers or NoTiers()) if radix_cache else NoTiers()
         self.allocator = PageAllocator(runner.num_pages, runner.page_size)
-        self.prefix = prefix_cache(radix_cache, self.allocator, self.tiers)
+        self.prefix = prefix_cache(radix_cache, self.allocator, self.tiers, runner.sliding_window)
         self.batcher = Batcher(
             self.allocator,
             config,

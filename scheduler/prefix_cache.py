@@ -21,11 +21,14 @@ class PrefixCache:
         allocator: the pool's allocator.
         tiers: the KV tiers, which copy the tree's pages to the host and hash them with
             their fingerprint (``NoTiers``: no fingerprint, no copies).
+        window: the model's sliding window when every layer has one (0: none); the
+            tree may then free cached pages behind every window (``RadixTree``).
     """
 
-    def __init__(self, allocator: PageAllocator, tiers: Tiers) -> None:
+    def __init__(self, allocator: PageAllocator, tiers: Tiers, window: int = 0) -> None:
         self.allocator = allocator
-        self.tree = RadixTree(allocator, tiers.fingerprint)
+        self.window = window
+        self.tree = RadixTree(allocator, tiers.fingerprint, window)
         tiers.watch(self.tree)
 
     def match(self, req: Request) -> None:
@@ -34,8 +37,11 @@ class PrefixCache:
         if req.page_table:
             return
         pages, node = self.tree.match(req.all_ids(), req.num_tokens - 1)
-        self.allocator.share(pages)
-        req.page_table = pages
+        # pages before the window (HOLLOW) are never read: placeholders, no reference
+        dead = self.tree.window_start(len(pages))
+        self.allocator.share(pages[dead:])
+        req.page_table = [0] * dead + pages[dead:]
+        req.num_dead_pages = dead
         req.num_computed = req.num_tree_pages = len(pages)
         req.num_computed *= self.allocator.page_size
         req.tree_node = node
@@ -65,13 +71,14 @@ class PrefixCache:
 
     def renew(self, allocator: PageAllocator, tiers: Tiers) -> PrefixCache:
         """An empty cache over a new pool (the runner was replaced)."""
-        return PrefixCache(allocator, tiers)
+        return PrefixCache(allocator, tiers, self.window)
 
     def stats(self) -> dict[str, int]:
         """Pages cached and evicted since start; ``radix_cache``: 1."""
         return {
             "num_pages_cached": self.tree.num_pages,
             "num_pages_evicted": self.tree.num_evicted,
+            "num_pages_hollowed": self.tree.num_hollowed,
             "radix_cache": 1,
         }
 
@@ -102,6 +109,9 @@ class NoPrefixCache:
         return {"num_pages_cached": 0, "num_pages_evicted": 0, "radix_cache": 0}
 
 
-def prefix_cache(on: bool, allocator: PageAllocator, tiers: Tiers) -> PrefixCache | NoPrefixCache:
-    """The prefix cache over ``allocator``'s pool: a radix tree when ``on``."""
-    return PrefixCache(allocator, tiers) if on else NoPrefixCache()
+def prefix_cache(
+    on: bool, allocator: PageAllocator, tiers: Tiers, window: int = 0
+) -> PrefixCache | NoPrefixCache:
+    """The prefix cache over ``allocator``'s pool: a radix tree when ``on`` (``window``:
+    the model's sliding window when every layer has one, else 0)."""
+    return PrefixCache(allocator, tiers, window) if on else NoPrefixCache()

@@ -6,9 +6,10 @@ The next position a request computes, ``num_computed``, attends positions
 ``num_computed - W + 1 ..`` and every later one attends later positions still, so the
 pages wholly before ``num_computed - W + 1`` are dead for it. The request drops its
 reference to each: a page nobody else holds returns to the free list ("freed"); a page
-the radix tree (or another request sharing the prefix) holds stays there ("cached": the
-tree keeps whole prefixes from the root, so it becomes evictable once it is a leaf, and a
-later request matching that prefix still finds every page intact). Dead entries stay in
+the radix tree (or another request sharing the prefix) holds stays there ("cached"). The
+tree frees it under memory pressure even while this request runs: it hollows the node
+(``kvcache.radix_tree``), and a later request matching that prefix resumes at the deepest
+prefix whose own window still holds KV. Dead entries stay in
 the page table as placeholders (``Request.num_dead_pages`` leading ones) so that page
 ``i`` still holds positions ``i * page_size ..``; attention never reads them.
 """

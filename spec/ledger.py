@@ -52,15 +52,18 @@ class SpecCounters:
         """Tokens per verification pass (1 = nothing accepted)."""
         return self.num_emitted / max(self.num_verify_steps, 1)
 
-    def samples(self, rid: str | None, now: float | None = None) -> list[LeverSample]:
+    def samples(
+        self, rid: str | None, now: float | None = None, lever: str = LEVER
+    ) -> list[LeverSample]:
         """The ledger samples of these counters: passes saved against draft seconds, and
-        (saving nothing more) the rejected proposals. Empty if nothing was proposed."""
+        (saving nothing more) the rejected proposals, under ``lever`` ("mtp" where the
+        checkpoint's MTP layer proposed). Empty if nothing was proposed."""
         if self.num_proposed == 0:
             return []
         t = now or time.time()
         return [
             LeverSample(
-                LEVER,
+                lever,
                 VERB,
                 float(self.forward_passes_saved),
                 "forward_passes",
@@ -70,7 +73,7 @@ class SpecCounters:
                 rid,
             ),
             LeverSample(
-                LEVER, VERB, 0.0, "forward_passes", float(self.num_rejected), "tokens", t, rid
+                lever, VERB, 0.0, "forward_passes", float(self.num_rejected), "tokens", t, rid
             ),
         ]
 

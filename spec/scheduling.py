@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from houchu.kvcache.page_allocator import PageAllocator
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.spec.adaptive import PRIOR_WEIGHT, SpecController
-from houchu.spec.ledger import SpecCounters
+from houchu.spec.ledger import LEVER, SpecCounters
 from houchu.transport.messages import SeqWork
 from houchu.transport.spec_messages import DraftReply, DraftRequest, DraftSeq
 from houchu.transport.telemetry import LeverSample
@@ -49,6 +49,8 @@ class SpecScheduler:
             config.num_speculative_tokens, config.speculative_max_batch, max_running
         )
         self.totals = SpecCounters()
+        #: the ledger's lever: MTP's own row where the checkpoint's MTP layer proposes
+        self.lever = "mtp" if config.speculative == "mtp" else LEVER
         self.pending_release: list[str] = []
         self._query_ids = itertools.count(1)
         self._asked: dict[str, int] = {}  # rid -> k of the outstanding query
@@ -163,7 +165,7 @@ class SpecScheduler:
             self.pending_release.append(req.rid)
             req.spec.num_synced = 0
         req.spec.draft_ids = []
-        return req.spec.counters.samples(req.rid)
+        return req.spec.counters.samples(req.rid, lever=self.lever)
 
     def resync(self, running: Iterable[Request]) -> None:
         """The draft actor was replaced (it starts empty): forget the releases queued for

@@ -80,6 +80,7 @@ def ingest(session: Session, batches: Sequence[TelemetryBatch]) -> IngestCounts:
                     num_prefill_tokens=s.num_prefill_tokens,
                     num_decode_tokens=s.num_decode_tokens,
                     phase=s.phase,
+                    expert_load=s.expert_load or None,
                 )
                 for a, s in steps
             ],

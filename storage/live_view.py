@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, and_, func, or_, select
 from sqlalchemy.orm import Session
 
+from houchu.storage.expert_load_view import step_imbalance
 from houchu.storage.models import RequestRow, StepRow
 from houchu.storage.timeline import STALE_AFTER_S
 
@@ -35,7 +36,8 @@ def step_series(
     """Per-bucket series over the last ``horizon_s`` seconds.
 
     Returns ``{"t": [bucket start...], "prefill_tps", "decode_tps", "batch_size",
-    "step_ms", "in_flight"}`` (None where a bucket had no step).
+    "step_ms", "in_flight", "expert_imbalance"}`` (None where a bucket had no step; the
+    expert imbalance, the mean of its MoE steps', None without one).
 
     Raises:
         ValueError: ``horizon_s`` not in (0, MAX_HORIZON_S] or ``bucket_s`` not positive
@@ -65,7 +67,12 @@ def step_series(
         "in_flight": [
             sum(1 for a, z in flights if a <= t + bucket_s and (z is None or z >= t)) for t in ts
         ],
+        "expert_imbalance": [_mean(_imbalances(b)) for b in buckets],
     }
+
+
+def _imbalances(steps: list[StepRow]) -> list[float]:
+    return [v for v in (step_imbalance(s.expert_load) for s in steps) if v is not None]
 
 
 def _in_flight_spans(session: Session, since: float) -> list[tuple[float, float | None]]:

@@ -9,7 +9,8 @@ Tables:
 
 - ``requests``: one row per request, its summary (kept up to date as events arrive).
 - ``events``: lifecycle events (``transport.telemetry.EVENT_KINDS``).
-- ``steps``: forward passes, as the runner ran them (one row per step).
+- ``steps``: forward passes, as the runner ran them (one row per step), with a MoE
+  model's expert load.
 - ``lever_samples``: what a lever saved and spent, per request or engine-wide.
 - ``ledger_totals``: all-time sums of lever samples (not pruned by retention).
 - ``counters``: the recorder's own counters (records written, dropped).
@@ -70,7 +71,8 @@ class EventRow(Base):
 
 
 class StepRow(Base):
-    """One forward pass. ``phase``: prefill, decode or mixed; ``duration_s``: seconds."""
+    """One forward pass. ``phase``: prefill, decode or mixed; ``duration_s``: seconds;
+    ``expert_load``: tokens per expert of each MoE layer (MoE models only)."""
 
     __tablename__ = "steps"
 
@@ -83,6 +85,11 @@ class StepRow(Base):
     num_prefill_tokens: Mapped[int] = mapped_column(Integer)
     num_decode_tokens: Mapped[int] = mapped_column(Integer)
     phase: Mapped[str] = mapped_column(String(16))
+    #: a MoE model's tokens per expert of each MoE layer, ``[layers][experts]`` (None:
+    #: a dense model)
+    expert_load: Mapped[list[list[int]] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
 
 
 class LeverRow(Base):

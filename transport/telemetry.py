@@ -50,7 +50,9 @@ class StepRecord(Struct, array_like=True):
     """One forward pass. ``t``: start, wall-clock seconds; ``duration_s``: seconds.
 
     ``num_prefill_tokens`` + ``num_decode_tokens`` tokens computed for ``batch_size``
-    requests; ``phase`` is "prefill", "decode" or "mixed".
+    requests; ``phase`` is "prefill", "decode" or "mixed". ``expert_load``: for a MoE
+    model, the tokens routed to each expert of each MoE layer in this step
+    (list[list[int]], ``[layers][experts]``; ``houchu.model.expert_load``), else empty.
     """
 
     step_id: int
@@ -60,6 +62,7 @@ class StepRecord(Struct, array_like=True):
     num_prefill_tokens: int
     num_decode_tokens: int
     phase: str
+    expert_load: list[list[int]] = field(default_factory=list)
 
 
 class LeverSample(Struct, array_like=True):

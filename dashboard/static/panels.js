@@ -83,6 +83,33 @@ const Live = (() => {
     return { type: "scatter", mode: "lines", x, y, name, line: { color, width: 1.8, shape: "hv" }, connectgaps: false, ...(extra || {}) };
   }
 
+  function ratio(x) {
+    return x === null || x === undefined ? "–" : `${H.num(x, 2)} ×`;
+  }
+
+  /** The MoE expert-load panel (hidden for a dense model): imbalance tiles, its series
+   * and a layers × experts heat map of the tokens each expert received. */
+  function experts(load, x, series) {
+    const box = document.getElementById("experts");
+    box.hidden = !load;
+    if (!load) return;
+    box.dataset.imbalance = load.last.imbalance === null ? "" : String(load.last.imbalance);
+    box.dataset.steps = String(load.steps);
+    document.getElementById("expert-kpis").replaceChildren(
+      tile("imbalance-last", "Imbalance (last step)", ratio(load.last.imbalance),
+        `step ${load.last.step_id}: its busiest expert against the mean (1 × is even)`),
+      tile("imbalance-window", "Imbalance (60 s)", ratio(load.imbalance_mean),
+        `mean of ${H.num(load.steps)} steps · worst ${ratio(load.imbalance_max)}`),
+      tile("experts", "Routed experts", `${H.num(load.layers)} × ${H.num(load.experts)}`,
+        "MoE layers × experts per layer"));
+    spark("spark-imbalance", [line(x, series, "imbalance", "#ef4444")]);
+    const layers = load.tokens.map((_, i) => `layer ${i}`);
+    Plotly.react("expert-heat", [{ type: "heatmap", z: load.tokens, y: layers, colorscale: "Blues",
+      hovertemplate: "%{y}, expert %{x}: %{z} tokens<extra></extra>" }],
+      { height: 130, margin: { l: 56, r: 8, t: 4, b: 22 }, font: PLOT_FONT,
+        paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", uirevision: "expert-heat" }, PLOT_CONFIG);
+  }
+
   /** Update tiles and series from a live snapshot. */
   function render(live) {
     document.getElementById("kpis").replaceChildren(...tiles(live));
@@ -95,6 +122,7 @@ const Live = (() => {
     spark("spark-req", [line(x, s.in_flight, "in flight", "#f59e0b"),
       line(history.t, history.running, "running", "#10b981"), line(history.t, history.waiting, "queued", "#ef4444"),
       line(history.t, history.pages, "KV pages", "#64748b", { yaxis: "y", line: { dash: "dot", color: "#64748b", width: 1.2 } })]);
+    experts(live.expert_load, x, s.expert_imbalance);
   }
 
   return { render };

@@ -11,7 +11,7 @@ others' kernels from the ``*.h`` headers). They remove what dominates an eager C
 step at small batch sizes: hundreds of small torch ops per step, each a few microseconds
 of dispatch, and the KV-page gather before attention.
 
-The level (``houchu.model.cpu_isa``: ``avx512_bf16``, ``avx512``, ``avx2``, or ``generic``:
+The level (``houchu.model.cpu_isa``: ``avx512_bf16``, ``avx512``, ``avx2``, ``neon``, or ``generic``:
 torch's ops only) is detected from the CPU at startup or forced with ``--cpu-isa`` /
 ``$HOUCHU_CPU_ISA``. ``load()`` compiles that level's build once per machine with
 ``torch.utils.cpp_extension`` (g++ with the level's own target flags, not
@@ -55,6 +55,8 @@ _HEADERS = (
     "library.h",
     "vec.h",
     "simd.h",
+    "neon.h",
+    "argmax.h",
     "gemv.h",
     "gemv_a8.h",
     "norm_rope.h",
@@ -350,6 +352,17 @@ def unavailable_reason(level: str | None = None) -> str | None:
     except CpuKernelsUnavailable as e:
         return str(e)
     return None
+
+
+#: Levels whose prefill_attention has no tiled SIMD path (it would run its scalar
+#: reference loop): the NEON levels, whose prefill runs on torch's SDPA instead.
+_NO_TILED_PREFILL = frozenset({"neon_dotprod", "neon"})
+
+
+def tiled_prefill(level: str | None = None) -> bool:
+    """Whether ``prefill_attention`` has a tiled SIMD path at ``level`` (default: the
+    active one): AVX-512 and AVX2, not yet NEON."""
+    return (level or active_level()) not in _NO_TILED_PREFILL
 
 
 def available(level: str | None = None) -> bool:

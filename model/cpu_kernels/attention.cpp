@@ -26,11 +26,11 @@ namespace houchu_cpu {
 namespace {
 
 using attn::attend_one;
-#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2)
+#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2) || defined(HOUCHU_NEON)
 using attn::kMaxGroup;
 
-// The group kernel (AVX-512's, or AVX2's) if it applies (D in {64, 128}, G <= 16); C: T,
-// or int8_t with scales.
+// The group kernel (AVX-512's, AVX2's or NEON's) if it applies (D in {64, 128},
+// G <= 16); C: T, or int8_t with scales.
 template <typename T, typename C>
 bool decode_attention_group(const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache,
@@ -163,7 +163,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                 "paged_decode_attention: cache dtype must match q (or be int8 with scales)");
   }
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "paged_decode_attention", [&] {
-#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2)
+#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2) || defined(HOUCHU_NEON)
     if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, c10::BFloat16>) {
       if (quantized ? decode_attention_group<scalar_t, int8_t>(q, k_cache, v_cache, k_scale,
                                                                v_scale, pages, lens, scale, sp, out)

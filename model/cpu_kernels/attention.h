@@ -368,9 +368,159 @@ void attend_group_avx2(const T* q, int64_t q_stride, const C* kc, const C* vc,
 }
 #endif  // HOUCHU_AVX2
 
-#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2)
+#ifdef HOUCHU_NEON
+constexpr int64_t kMaxGroup = 16;  // query heads per KV head, as the AVX2 kernel takes
+constexpr int64_t kTileRows = 16;  // K/V rows widened at a time (scores: 8 at a time)
+
+// The 8 horizontal sums of v[0..7] as one vector: lane j = v[j][0] + ... + v[j][7], in
+// simd.h's sum8x8 order (pairs, then pairs of pairs within each 4-lane half, then the
+// halves added).
+inline neon::f32x8 sum8x8(const neon::f32x8 v[8]) {
+  float32x4_t half[2][2];  // [lanes 0..3 / 4..7 of v][v[0..3] / v[4..7]]
+  for (int q = 0; q < 2; ++q) {
+    const float32x4_t* x[8];
+    for (int j = 0; j < 8; ++j) x[j] = q == 0 ? &v[j].lo : &v[j].hi;
+    half[q][0] = vpaddq_f32(vpaddq_f32(*x[0], *x[1]), vpaddq_f32(*x[2], *x[3]));
+    half[q][1] = vpaddq_f32(vpaddq_f32(*x[4], *x[5]), vpaddq_f32(*x[6], *x[7]));
+  }
+  return {vaddq_f32(half[0][0], half[1][0]), vaddq_f32(half[0][1], half[1][1])};
+}
+
+// tile_rows of the AVX2 kernel (float32 rows in place, bfloat16 widened, int8
+// dequantized with their float16 scales and rounded to T), into tile [m, 8 DV].
+template <typename T, typename C, int DV>
+inline void tile_rows(const C* x, int64_t stride, const c10::Half* scale, int64_t scale_stride,
+                      int64_t m, float* tile, const float** rows) {
+  using namespace neon;
+  constexpr int64_t d = DV * 8;
+  for (int64_t r = 0; r < m; ++r) {
+    const C* xr = x + r * stride;
+    if constexpr (std::is_same_v<C, float>) {
+      rows[r] = xr;
+    } else {
+      float* o = tile + r * d;
+      if constexpr (std::is_same_v<C, int8_t>) {
+        const f32x8 s = set8(static_cast<float>(scale[r * scale_stride]));
+        for (int i = 0; i < DV; ++i) {
+          const int16x8_t b = vmovl_s8(vld1_s8(xr + i * 8));
+          const f32x8 f = {vcvtq_f32_s32(vmovl_s16(vget_low_s16(b))),
+                           vcvtq_f32_s32(vmovl_s16(vget_high_s16(b)))};
+          store8(o + i * 8, round8<T>(mul8(f, s)));  // finite: no NaN case
+        }
+      } else {
+        for (int i = 0; i < DV; ++i) store8(o + i * 8, load8(xr + i * 8));
+      }
+      rows[r] = o;
+    }
+  }
+}
+
+// All G query heads of one KV head of one sequence, NEON: attend_group_avx2's steps in
+// f32x8 vectors (neon.h), with the same rounding points and reduction orders, so both
+// levels compute the same floats. Arguments as attend_group_avx2's.
+template <typename T, int DV, typename C = T>
+void attend_group_neon(const T* q, int64_t q_stride, const C* kc, const C* vc,
+                       const int64_t* pages, int64_t len, int64_t ps, int64_t hkv, int64_t kvh,
+                       int64_t group, float scale, T* out, float* scores,
+                       const c10::Half* ks = nullptr, const c10::Half* vs = nullptr,
+                       int64_t start = 0) {
+  using namespace neon;
+  constexpr int64_t d = DV * 8;
+  constexpr int CW = DV < 8 ? DV : 8;  // output vectors per accumulation pass
+  static_assert(DV % CW == 0);
+  alignas(16) float qf[kMaxGroup][d];   // q * scale
+  alignas(16) float acc[kMaxGroup][d];  // the unnormalized weighted sums
+  alignas(16) float tile[kTileRows][d];
+  const float* rows[kTileRows];
+  const f32x8 sc = set8(scale);
+  for (int64_t g = 0; g < group; ++g)
+    for (int i = 0; i < DV; ++i) store8(qf[g] + i * 8, mul8(load8(q + g * q_stride + i * 8), sc));
+  const int64_t n_pages = (len + ps - 1) / ps, stride = hkv * d;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  f32x8 best[kMaxGroup];
+  for (int64_t g = 0; g < group; ++g) best[g] = set8(ninf);
+  for (int64_t p = start / ps; p < n_pages; ++p) {
+    const int64_t n = std::min(ps, len - p * ps);
+    const int64_t first = pages[p] * ps * hkv + kvh;  // (slot, head) row of the page's first
+    for (int64_t r0 = first_row(p, start, ps); r0 < n; r0 += kTileRows) {
+      const int64_t m = std::min(kTileRows, n - r0);
+      tile_rows<T, C, DV>(kc + (first + r0 * hkv) * d, stride,
+                          ks ? ks + first + r0 * hkv : nullptr, hkv, m, tile[0], rows);
+      for (int64_t j0 = 0; j0 < m; j0 += 8) {
+        const int64_t m8 = std::min<int64_t>(8, m - j0);
+        const float* kr[8];  // lanes past m8 repeat the first row; their scores are dropped
+        for (int j = 0; j < 8; ++j) kr[j] = rows[j0 + (j < m8 ? j : 0)];
+        for (int64_t g = 0; g < group; ++g) {
+          f32x8 dots[8];
+          const f32x8 q0 = load8(qf[g]);
+          for (int j = 0; j < 8; ++j) dots[j] = mul8(q0, load8(kr[j]));
+          for (int i = 1; i < DV; ++i) {
+            const f32x8 qi = load8(qf[g] + i * 8);
+            for (int j = 0; j < 8; ++j) dots[j] = fma8(qi, load8(kr[j] + i * 8), dots[j]);
+          }
+          const f32x8 sv = sum8x8(dots);
+          float* dst = scores + g * len + p * ps + r0 + j0;
+          if (m8 == 8) {
+            store8(dst, sv);
+            best[g] = max8(best[g], sv);
+          } else {
+            store_part8(dst, sv, m8);
+            best[g] = max8(best[g], keep8(sv, m8, ninf));
+          }
+        }
+      }
+    }
+  }
+  float inv[kMaxGroup];
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores + g * len;
+    f32x8 sum = zero8();
+    const f32x8 mx = set8(hmax8(best[g]));
+    int64_t t = start;
+    for (; t + 8 <= len; t += 8) {
+      const f32x8 e = exp8(sub8(load8(sg + t), mx));
+      store8(sg + t, e);
+      sum = add8(sum, e);
+    }
+    if (t < len) {
+      const f32x8 e = exp8(sub8(load_part8(sg + t, len - t), mx));
+      store_part8(sg + t, e, len - t);
+      sum = add8(sum, keep8(e, len - t, 0.f));
+    }
+    inv[g] = 1.f / hsum8(sum);
+    std::fill(acc[g], acc[g] + d, 0.f);
+  }
+  for (int64_t p = start / ps; p < n_pages; ++p) {
+    const int64_t n = std::min(ps, len - p * ps);
+    const int64_t first = pages[p] * ps * hkv + kvh;
+    for (int64_t r0 = first_row(p, start, ps); r0 < n; r0 += kTileRows) {
+      const int64_t m = std::min(kTileRows, n - r0);
+      tile_rows<T, C, DV>(vc + (first + r0 * hkv) * d, stride,
+                          vs ? vs + first + r0 * hkv : nullptr, hkv, m, tile[0], rows);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* pr = scores + g * len + p * ps + r0;
+        for (int c0 = 0; c0 < DV; c0 += CW) {
+          f32x8 a[CW];
+          for (int c = 0; c < CW; ++c) a[c] = load8(acc[g] + (c0 + c) * 8);
+          for (int64_t j = 0; j < m; ++j) {
+            const f32x8 wj = set8(pr[j]);
+            for (int c = 0; c < CW; ++c) a[c] = fma8(wj, load8(rows[j] + (c0 + c) * 8), a[c]);
+          }
+          for (int c = 0; c < CW; ++c) store8(acc[g] + (c0 + c) * 8, a[c]);
+        }
+      }
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const f32x8 s = set8(inv[g]);
+    for (int i = 0; i < DV; ++i) store8(out + g * d + i * 8, mul8(load8(acc[g] + i * 8), s));
+  }
+}
+#endif  // HOUCHU_NEON
+
+#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2) || defined(HOUCHU_NEON)
 // The group kernel of this build, for D = 64 or 128 and G <= kMaxGroup: AVX-512's
-// (16-lane vectors, DV = D / 16), else AVX2's (8 lanes, DV = D / 8). The per-op operator
+// (16-lane vectors, DV = D / 16), else AVX2's or NEON's (8 lanes, DV = D / 8). The per-op operator
 // and the fused decode layers both call this, so both paths compute alike.
 template <typename T, typename C>
 inline void attend_group(const T* q, int64_t q_stride, const C* kc, const C* vc,
@@ -385,6 +535,13 @@ inline void attend_group(const T* q, int64_t q_stride, const C* kc, const C* vc,
   else
     attend_group_avx512<T, 8, C>(q, q_stride, kc, vc, pages, len, ps, hkv, kvh, group, scale,
                                  out, scores, ks, vs, start);
+#elif defined(HOUCHU_NEON)
+  if (d == 64)
+    attend_group_neon<T, 8, C>(q, q_stride, kc, vc, pages, len, ps, hkv, kvh, group, scale,
+                               out, scores, ks, vs, start);
+  else
+    attend_group_neon<T, 16, C>(q, q_stride, kc, vc, pages, len, ps, hkv, kvh, group, scale,
+                                out, scores, ks, vs, start);
 #else
   if (d == 64)
     attend_group_avx2<T, 8, C>(q, q_stride, kc, vc, pages, len, ps, hkv, kvh, group, scale,

@@ -144,15 +144,15 @@ void store_kv(const LayerArgs& L, const Shared<T>& S, int64_t b, int64_t kvh) {
 }
 
 // n query heads q [n, D] of KV head kvh over len positions of this layer's pool, whose
-// elements are C (T, or int8_t with L's scales): the group kernel (AVX-512's or AVX2's)
-// where it applies, else the portable one head by head. out: [n, D].
+// elements are C (T, or int8_t with L's scales): the group kernel (AVX-512's, AVX2's or
+// NEON's) where it applies, else the portable one head by head. out: [n, D].
 template <typename T, typename C>
 void attend_pool(const LayerArgs& L, const T* q, int64_t n, const int64_t* pages, int64_t len,
                  int64_t kvh, T* out) {
   const int64_t Hkv = L.Hkv, D = L.D;
   const C* kc = static_cast<const C*>(L.k_cache);
   const C* vc = static_cast<const C*>(L.v_cache);
-#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2)
+#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2) || defined(HOUCHU_NEON)
   if constexpr (kVec<T>) {
     if ((D == 64 || D == 128) && n <= attn::kMaxGroup) {
       std::vector<float>& sc = scratch<float>(kScores, n * L.max_len);

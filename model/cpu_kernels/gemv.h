@@ -54,6 +54,8 @@ inline uint16_t to_bf16_bits(float f) { return bf16_bits(c10::BFloat16(f)); }
 //     stored times 2^-4t, t = (k % 8) / 2, so that a code masked in place at bit 4t of its
 //     lane, converted to float32 (code * 2^4t), gives the exact product with x (see
 //     int4_tile_avx2); the group sums are of x itself.
+//   NEON: float32 rows, R = 1, as AVX2 but never scaled (int4_tile_neon shifts each code
+//     down to its value instead; the FMAs' exact products are the same).
 //   portable: x as float32 [M, k] (xf), group sums of the bfloat16 rows as AVX-512.
 //   int8 activations (a8, int4 only; every build): quantized rows xq [M, ld] in
 //     int4_pack's chunk order, their scales xs [M, ld / a8_block(G)] and exact group
@@ -102,7 +104,7 @@ struct Acts {
       gsum = sums;
       return;
     }
-#ifdef HOUCHU_AVX2
+#if defined(HOUCHU_AVX2) || defined(HOUCHU_NEON)
     R = 1;
     rows = m;
     if (static_cast<int64_t>(float_buf.size()) < rows * (ld + ng)) float_buf.resize(rows * (ld + ng));
@@ -118,10 +120,12 @@ struct Acts {
         for (int64_t j = g * group; j < (g + 1) * group; ++j) sum += row[j];
         gs[i * ng + g] = sum;
       }
+#ifdef HOUCHU_AVX2
       if (group > 0) {
         constexpr float kScale[8] = {1.f, 1.f, 0x1p-4f, 0x1p-4f, 0x1p-8f, 0x1p-8f, 0x1p-12f, 0x1p-12f};
         for (int64_t j = 0; j < k; ++j) row[j] *= kScale[j % 8];
       }
+#endif
     }
     xf = f;
     gsum = gs;
@@ -529,6 +533,170 @@ void int8_tile_avx2(const int8_t* w, int64_t b0, int64_t b1, int64_t nchunks, co
 
 #endif  // HOUCHU_AVX2
 
+#ifdef HOUCHU_NEON
+
+// NEON, float32 arithmetic: int4_tile_avx2 and int8_tile_avx2 in 8-lane f32x8 vectors
+// (neon.h), with the same FMAs in the same order, so both levels give the same floats.
+constexpr int64_t kMaxTileNeon = 4;  // activation rows per pass over the weights
+
+// Stores the 8 lanes [0, n) of v (n <= 8) at p.
+template <typename OutT>
+inline void store_out8(OutT* p, neon::f32x8 v, int64_t n) {
+  if constexpr (std::is_same_v<OutT, float>) {
+    if (n >= 8)
+      neon::store8(p, v);
+    else
+      neon::store_part8(p, v, n);
+  } else {
+    alignas(16) uint16_t b[8];
+    vst1q_u16(b, neon::bf16_pack8(v));
+    std::memcpy(p, b, 2 * std::min<int64_t>(n, 8));
+  }
+}
+
+// Feature lanes 8h .. 8h + 7 of a 64-byte chunk or header as two uint32x4.
+inline void load_u32x8(const uint8_t* p, int h, uint32x4_t& lo, uint32x4_t& hi) {
+  lo = vld1q_u32(reinterpret_cast<const uint32_t*>(p) + 8 * h);
+  hi = vld1q_u32(reinterpret_cast<const uint32_t*>(p) + 8 * h + 4);
+}
+
+// The 4-bit code at bit `shift` of every lane, as float32 (vshrq_n takes 1..32 only).
+template <int shift>
+inline float32x4_t code4(uint32x4_t v) {
+  if constexpr (shift > 0) v = vshrq_n_u32(v, shift);
+  return vcvtq_f32_u32(vandq_u32(v, vdupq_n_u32(15)));
+}
+
+template <int shift>
+inline neon::f32x8 code8(uint32x4_t lo, uint32x4_t hi) {
+  return {code4<shift>(lo), code4<shift>(hi)};
+}
+
+// int4, MT activation rows (xf: Acts' float32 rows, gs: their group sums): row blocks
+// [b0, b1), as int4_tile_avx2: lane i of a chunk's half holds feature i's 8 codes, k = 2t
+// at bits 4t, k = 2t + 1 at bits 16 + 4t; each FMA adds code * x.
+template <int MT, bool F32S, typename OutT>
+void int4_tile_neon(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, int64_t ng,
+                    int64_t G, const float* xf, int64_t ldx, const float* gs, OutT* out,
+                    int64_t ldo, int64_t n) {
+  using namespace neon;
+  constexpr int A = MT == 1 ? 2 : 1;  // accumulator chains per (row, half), as AVX2
+  const int64_t chunks = G / 8;
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* p = w + b * blk_bytes;
+    f32x8 acc[MT][2];
+    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = zero8();
+    for (int64_t g = 0; g < ng; ++g) {
+      f32x8 s[2], o[2];
+      if constexpr (F32S) {
+        for (int h = 0; h < 2; ++h) {
+          s[h] = load8(reinterpret_cast<const float*>(p) + 8 * h);
+          o[h] = load8(reinterpret_cast<const float*>(p + 64) + 8 * h);
+        }
+        p += 128;
+      } else {  // dword = offset bits << 16 | scale bits
+        const uint32x4_t hi16 = vdupq_n_u32(0xFFFF0000u);
+        for (int h = 0; h < 2; ++h) {
+          uint32x4_t lo, hi;
+          load_u32x8(p, h, lo, hi);
+          s[h] = {vreinterpretq_f32_u32(vshlq_n_u32(lo, 16)),
+                  vreinterpretq_f32_u32(vshlq_n_u32(hi, 16))};
+          o[h] = {vreinterpretq_f32_u32(vandq_u32(lo, hi16)),
+                  vreinterpretq_f32_u32(vandq_u32(hi, hi16))};
+        }
+        p += 64;
+      }
+      f32x8 d[MT][2][A];
+      for (int m = 0; m < MT; ++m)
+        for (int h = 0; h < 2; ++h)
+          for (int a = 0; a < A; ++a) d[m][h][a] = zero8();
+      const float* xg = xf + g * G;
+      for (int64_t c = 0; c < chunks; ++c, p += 64) {
+        uint32x4_t src[2][2];  // [half][lanes 0..3, 4..7]
+        for (int h = 0; h < 2; ++h) load_u32x8(p, h, src[h][0], src[h][1]);
+        const float* xc = xg + c * 8;
+        // k = 2t + par at bit 16 par + 4t; the shift must be a constant
+        auto step = [&](auto shift_, int kk, int aa) {
+          constexpr int sh = decltype(shift_)::value;
+          const f32x8 w0 = code8<sh>(src[0][0], src[0][1]);
+          const f32x8 w1 = code8<sh>(src[1][0], src[1][1]);
+#pragma GCC unroll 4
+          for (int m = 0; m < MT; ++m) {
+            const f32x8 xv = set8(xc[m * ldx + kk]);
+            d[m][0][aa] = fma8(w0, xv, d[m][0][aa]);
+            d[m][1][aa] = fma8(w1, xv, d[m][1][aa]);
+          }
+        };
+        using std::integral_constant;
+        step(integral_constant<int, 0>{}, 0, 0);
+        step(integral_constant<int, 16>{}, 1, A - 1);
+        step(integral_constant<int, 4>{}, 2, 0);
+        step(integral_constant<int, 20>{}, 3, A - 1);
+        step(integral_constant<int, 8>{}, 4, 0);
+        step(integral_constant<int, 24>{}, 5, A - 1);
+        step(integral_constant<int, 12>{}, 6, 0);
+        step(integral_constant<int, 28>{}, 7, A - 1);
+      }
+      for (int m = 0; m < MT; ++m)
+        for (int h = 0; h < 2; ++h) {
+          f32x8 dm = d[m][h][0];
+          for (int a = 1; a < A; ++a) dm = add8(dm, d[m][h][a]);
+          acc[m][h] = fma8(s[h], dm, acc[m][h]);
+          acc[m][h] = fma8(o[h], set8(gs[m * ng + g]), acc[m][h]);
+        }
+    }
+    const int64_t n0 = b * kBlock;
+    for (int m = 0; m < MT; ++m)
+      for (int h = 0; h < 2; ++h)
+        if (n0 + 8 * h < n) store_out8(out + m * ldo + n0 + 8 * h, acc[m][h], n - n0 - 8 * h);
+  }
+}
+
+// int8, MT float32 activation rows: row blocks [b0, b1), as int8_tile_avx2: 8 bytes
+// widened to float32 are 4 features' (k even, k odd) pairs, multiplied by the pair of x,
+// and each feature's two lanes are added at the end (vpaddq, as AVX2's hadd).
+template <int MT, typename OutT>
+void int8_tile_neon(const int8_t* w, int64_t b0, int64_t b1, int64_t nchunks, const float* xf,
+                    int64_t ldx, OutT* out, int64_t ldo, int64_t n) {
+  using namespace neon;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int8_t* hdr = w + b * (1 + nchunks) * 64;  // 16 float32 scales
+    const int8_t* p = hdr + 64;
+    f32x8 q[MT][4];  // [row][features 4j .. 4j + 3 as (k even, k odd) pairs]
+    for (int m = 0; m < MT; ++m)
+      for (int j = 0; j < 4; ++j) q[m][j] = zero8();
+    for (int64_t c = 0; c < nchunks; ++c, p += 64) {
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {
+        f32x8 wf[4];
+        for (int j = 0; j < 4; ++j) {
+          const int16x8_t v = vmovl_s8(vld1_s8(p + 32 * half + 8 * j));
+          wf[j] = {vcvtq_f32_s32(vmovl_s16(vget_low_s16(v))),
+                   vcvtq_f32_s32(vmovl_s16(vget_high_s16(v)))};
+        }
+#pragma GCC unroll 4
+        for (int m = 0; m < MT; ++m) {
+          const float* xp = xf + m * ldx + 4 * c + 2 * half;
+          const float32x4_t x2 = vcombine_f32(vld1_f32(xp), vld1_f32(xp));
+          const f32x8 xv = {x2, x2};
+          for (int j = 0; j < 4; ++j) q[m][j] = fma8(wf[j], xv, q[m][j]);
+        }
+      }
+    }
+    const int64_t n0 = b * kBlock;
+    const float* sc = reinterpret_cast<const float*>(hdr);
+    for (int m = 0; m < MT; ++m)
+      for (int h = 0; h < 2; ++h) {
+        const f32x8 y = {vpaddq_f32(q[m][2 * h].lo, q[m][2 * h].hi),
+                         vpaddq_f32(q[m][2 * h + 1].lo, q[m][2 * h + 1].hi)};
+        if (n0 + 8 * h < n)
+          store_out8(out + m * ldo + n0 + 8 * h, mul8(y, load8(sc + 8 * h)), n - n0 - 8 * h);
+      }
+  }
+}
+
+#endif  // HOUCHU_NEON
+
 // Byte and shift of code (feature i in its block, k % 8 = kk) inside a 64-byte chunk:
 // 16-bit word 2i + (kk & 1) holds k pairs t = kk / 2 = 0..3 in bits 4t..4t+3.
 inline int64_t int4_byte(int64_t i, int64_t kk) { return 4 * i + 2 * (kk & 1) + ((kk >> 1) >> 1); }
@@ -663,6 +831,16 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
         else
           int4_tile_a8<MT, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xq, xa.ld, xs, gs, o, n, n);
       });
+#elif defined(HOUCHU_A8_NEON)
+      with_rows4(mt, [&](auto MT_) {
+        constexpr int MT = decltype(MT_)::value;
+        if (p.H == 128)
+          int4_tile_a8_neon<MT, true>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xq, xa.ld, xs, gs, o,
+                                      n, n);
+        else
+          int4_tile_a8_neon<MT, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xq, xa.ld, xs, gs, o,
+                                       n, n);
+      });
 #else
       int4_scalar_a8(p.w, b0, b1, p.ng, p.G, p.H, xq, xa.ld, xs, gs, mt, o, n);
 #endif
@@ -718,6 +896,24 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
           int4_tile_avx2<MT, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xs, xa.ld, gs, o, n, n);
       } else {
         int8_tile_avx2<MT>(reinterpret_cast<const int8_t*>(p.w), b0, b1, p.nc, xs, xa.ld, o, n, n);
+      }
+    });
+  }
+#elif defined(HOUCHU_NEON)
+  for (int64_t r0 = 0; r0 < m; r0 += kMaxTileNeon) {
+    const int64_t mt = std::min(kMaxTileNeon, m - r0);
+    const float* xf = xa.xf + r0 * xa.ld;
+    OutT* o = out + r0 * n;
+    with_rows4(mt, [&](auto MT_) {
+      constexpr int MT = decltype(MT_)::value;
+      if (p.int4) {
+        const float* gs = xa.gsum + r0 * p.ng;
+        if (p.H == 128)
+          int4_tile_neon<MT, true>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xf, xa.ld, gs, o, n, n);
+        else
+          int4_tile_neon<MT, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xf, xa.ld, gs, o, n, n);
+      } else {
+        int8_tile_neon<MT>(reinterpret_cast<const int8_t*>(p.w), b0, b1, p.nc, xf, xa.ld, o, n, n);
       }
     });
   }

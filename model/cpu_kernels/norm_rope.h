@@ -12,10 +12,10 @@
 
 namespace houchu_cpu {
 
-// Whether T has a vector path (AVX-512's 16 lanes or AVX2's 8) in this build.
+// Whether T has a vector path (AVX-512's 16 lanes, AVX2's or NEON's 8) in this build.
 template <typename T>
 constexpr bool kVec =
-#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2)
+#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2) || defined(HOUCHU_NEON)
     std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
 #else
     false;
@@ -75,6 +75,29 @@ void rms_norm_row(const T* xr, const T* w, T* out, int64_t hidden, double eps, T
       for (int64_t i = 0; i < hidden; i += 8) {
         const __m256 n = round8<T>(_mm256_mul_ps(_mm256_loadu_ps(buf + i), inv));
         store8(out + i, _mm256_mul_ps(load8(w + i), n));
+      }
+      return;
+    }
+  }
+#elif defined(HOUCHU_NEON)
+  if constexpr (kVec<T>) {
+    if (hidden % 8 == 0) {  // the AVX2 path's steps (neon.h)
+      using namespace neon;
+      f32x8 acc = zero8();
+      for (int64_t i = 0; i < hidden; i += 8) {
+        f32x8 f = load8(xr + i);
+        if (delta != nullptr) {  // the residual add, rounded as x + delta is
+          f = round8<T>(add8(f, load8(delta + i)));
+          store8(sum_out + i, f);
+        }
+        store8(buf + i, f);
+        acc = fma8(f, f, acc);
+      }
+      const float ms = hsum8(acc) / static_cast<float>(hidden);
+      const f32x8 inv = set8(1.f / std::sqrt(ms + static_cast<float>(eps)));
+      for (int64_t i = 0; i < hidden; i += 8) {
+        const f32x8 n = round8<T>(mul8(load8(buf + i), inv));
+        store8(out + i, mul8(load8(w + i), n));
       }
       return;
     }
@@ -140,6 +163,20 @@ void rope_row(const T* xr, const T* c, const T* s, T* o, int64_t d) {
       return;
     }
   }
+#elif defined(HOUCHU_NEON)
+  if constexpr (kVec<T>) {
+    if (half % 8 == 0) {  // 8 lanes never straddle the halves
+      using namespace neon;
+      const f32x8 neg = set8(-1.f);
+      for (int64_t j = 0; j < d; j += 8) {
+        const f32x8 rot = j < half ? mul8(neg, load8(xr + j + half)) : load8(xr + j - half);
+        const f32x8 a1 = round8<T>(mul8(load8(xr + j), load8(c + j)));
+        const f32x8 a2 = round8<T>(mul8(rot, load8(s + j)));
+        store8(o + j, add8(a1, a2));
+      }
+      return;
+    }
+  }
 #endif
 #pragma omp simd
   for (int64_t j = 0; j < d; ++j) {
@@ -153,7 +190,7 @@ void rope_row(const T* xr, const T* c, const T* s, T* o, int64_t d) {
 
 // SwiGLU's gating over columns [i0, i1) of one row: o[i] = silu(g[i]) * u[i], the
 // activation rounded to T. i1 - i0 a multiple of 16 takes the AVX-512 path (of 8, the
-// AVX2 one).
+// AVX2 or NEON one).
 template <typename T>
 void silu_mul_span(const T* g, const T* u, T* o, int64_t i0, int64_t i1) {
 #ifdef HOUCHU_AVX512
@@ -180,6 +217,20 @@ void silu_mul_span(const T* g, const T* u, T* o, int64_t i0, int64_t i1) {
         const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
         const __m256 act = round8<T>(_mm256_div_ps(x, _mm256_add_ps(one, e)));
         store8(o + i, _mm256_mul_ps(act, load8(u + i)));
+      }
+      return;
+    }
+  }
+#elif defined(HOUCHU_NEON)
+  if constexpr (kVec<T>) {
+    if ((i1 - i0) % 8 == 0) {
+      using namespace neon;
+      const f32x8 one = set8(1.f);
+      for (int64_t i = i0; i < i1; i += 8) {
+        const f32x8 x = load8(g + i);
+        const f32x8 e = exp8(sub8(zero8(), x));
+        const f32x8 act = round8<T>(div8(x, add8(one, e)));
+        store8(o + i, mul8(act, load8(u + i)));
       }
       return;
     }

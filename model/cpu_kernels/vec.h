@@ -77,3 +77,4 @@ inline __m512 exp16(__m512 x) {
 #endif
 
 #include "simd.h"  // the AVX2 + FMA helpers, where AVX-512 is not targeted
+#include "neon.h"  // the aarch64 NEON helpers

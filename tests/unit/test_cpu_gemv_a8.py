@@ -1,8 +1,9 @@
 """houchu's W4A8 kernels (``int4_gemv(..., int8_acts=True)``, ``gemv_a8.h``): int4 weights
 times activations quantized to int8 per 16 inputs, against a torch reference of the same
 quantization (scale = amax / 127, round half to even; integer dot products; the offset
-term over the exact float sums), once per ISA level; and the error such activations
-add against the exact product stays small."""
+term over the sums of the quantized activations), once per ISA level; and the product
+is the float product of the dequantized activations, the least error such activations
+allow."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 def a8_reference(x: torch.Tensor, q: torch.Tensor, scale, offset, group: int) -> torch.Tensor:
     """x [M, K] float -> [M, N] float32: per block b of A = 16 inputs (8 where 16 does not
     divide the group), s * xs_b * (q . round(x / xs_b)) with xs_b = amax|x_b| / 127, plus
-    o * sum(x_g) per weight group (the kernel's sums, in float64 here)."""
+    o * sum_(b in g) xs_b * sum(round(x_b / xs_b)) per weight group (the quantized
+    activations' sums, as ggml's q8_1; in float64 here)."""
     m, k = x.shape
     n = q.shape[0]
     a = 16 if group % 16 == 0 else 8
@@ -29,9 +31,9 @@ def a8_reference(x: torch.Tensor, q: torch.Tensor, scale, offset, group: int) ->
     dot = torch.einsum("mbk,nbk->mnb", xq, q.double().view(n, k // a, a))  # [M, N, K/A]
     xs = (amax / 127).squeeze(-1).double()  # [M, K/A]
     s = scale.double().repeat_interleave(group // a, dim=1)  # [N, K/A]
-    xg = x.double().view(m, k // group, group)  # [M, ng, G]
+    xd = (xq * xs[..., None]).view(m, k // group, group)  # [M, ng, G] dequantized
     y = (dot * s[None] * xs[:, None, :]).sum(-1)
-    y = y + (xg.sum(-1)[:, None, :] * offset.double()[None]).sum(-1)
+    y = y + (xd.sum(-1)[:, None, :] * offset.double()[None]).sum(-1)
     return y.float()
 
 
@@ -62,6 +64,33 @@ def test_int8_acts_error_against_the_exact_product_is_small():
     a8 = cpu_kernels.ops().int4_gemv(x, packed, group, n, True)
     rel = ((a8 - exact).norm() / exact.norm()).item()
     assert 0 < rel < 0.03, rel  # 7-bit activations: about 1% on Gaussian rows
+
+
+def fake_quant(x: torch.Tensor, a: int = 16) -> torch.Tensor:
+    """x [M, K] float32 quantized to int8 per ``a`` inputs and back (as the kernel does)."""
+    m, k = x.shape
+    xb = x.view(m, k // a, a)
+    amax = xb.abs().amax(-1, keepdim=True)  # [M, K/a, 1]
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
+    return (torch.round(xb * inv) * (amax / 127)).view(m, k)
+
+
+@pytest.mark.parametrize("outlier", [1.0, 30.0])
+def test_int8_acts_equal_the_float_product_of_the_dequantized_activations(outlier):
+    """The W4A8 product is W (dequant(quant(x))): the weights meet the activations'
+    rounding error as they are, offset included (not the unsigned codes alone, whose
+    error is about twice as large), also with an outlier channel."""
+    n, k, group = 960, 576, 32
+    q, scale, offset, dense = int4_weight(n, k, group, torch.float32, seed=3)
+    packed = cpu_kernels.ops().int4_pack(q, scale, offset, group)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(4))
+    x[:, 7] *= outlier
+    a8 = cpu_kernels.ops().int4_gemv(x, packed, group, n, True)
+    fq = cpu_kernels.ops().int4_gemv(fake_quant(x), packed, group, n)
+    exact = cpu_kernels.ops().int4_gemv(x, packed, group, n)
+    mag = x.abs() @ dense.abs().T  # [5, N] float32 summation-order bound
+    assert ((a8 - fq).abs() <= 2e-5 * mag + 1e-6).all()
+    assert (a8 - exact).norm() > 0
 
 
 def test_int8_acts_rows_are_independent_and_zero_rows_stay_zero():

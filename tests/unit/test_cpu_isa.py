@@ -35,9 +35,17 @@ def test_levels_follow_the_cpu_flags():
     assert cpu_isa.usable(laptop, x86) == ["avx2_vnni", "avx2", "generic"]
     assert "-mavxvnni" in cpu_isa.level("avx2_vnni").cflags
     assert cpu_isa.usable(features("fpu sse2 sse4_2"), x86) == ["generic"]
-    assert cpu_isa.usable(features(AVX512), "aarch64") == ["generic"]  # no NEON kernels yet
+    assert cpu_isa.usable(features(AVX512), "aarch64") == ["generic"]  # x86 flags on arm
     arm = cpu_isa.cpu_features("processor\t: 0\nFeatures\t: fp asimd asimddp\n")
     assert arm == {"fp", "asimd", "asimddp"}
+    assert cpu_isa.usable(arm, "aarch64") == ["neon_dotprod", "neon", "generic"]
+    a72 = cpu_isa.cpu_features("processor\t: 0\nFeatures\t: fp asimd evtstrm crc32\n")
+    assert cpu_isa.usable(a72, "aarch64") == ["neon", "generic"]  # no dotprod (Cortex-A72)
+    assert cpu_isa.usable(arm, "x86_64") == ["generic"]
+    assert cpu_isa.usable(features(AVX512), "x86_64")[0] == "avx512"  # never a NEON level
+    assert "+dotprod" in cpu_isa.level("neon_dotprod").cflags[0]
+    # NEON has no tiled prefill kernel: its prefill runs on torch's SDPA (attention_cpu)
+    assert not cpu_kernels.tiled_prefill("neon") and cpu_kernels.tiled_prefill("avx2")
     assert cpu_isa.isa_flags(bf16) == {
         "avx2",
         "fma",
@@ -68,8 +76,9 @@ def test_forced_level(monkeypatch):
 def test_cache_key_names_the_level():
     here = Path(cpu_kernels.__file__).parent
     srcs = [here / "gemv.cpp", here / "gemv.h"]
-    keys = {lv: cpu_kernels.build_key(lv, srcs) for lv in ("avx512_bf16", "avx512", "avx2")}
-    assert len(set(keys.values())) == 3
+    names = ("avx512_bf16", "avx512", "avx2", "neon_dotprod", "neon")
+    keys = {lv: cpu_kernels.build_key(lv, srcs) for lv in names}
+    assert len(set(keys.values())) == 5
     for lv, key in keys.items():
         assert key.startswith(f"{lv}-")
     # the level's own target flags are in its build, never -march=native
@@ -93,6 +102,19 @@ def test_a_cached_build_is_not_loaded_on_a_cpu_without_its_level(monkeypatch, tm
     cpu_kernels._load_once.cache_clear()  # noqa: SLF001
     with pytest.raises(cpu_kernels.CpuKernelsUnavailable, match="lacks .*avx512f"):
         cpu_kernels.load(level="avx512")
+    cpu_kernels._load_once.cache_clear()  # noqa: SLF001
+    monkeypatch.undo()
+
+
+def test_an_arm_cpu_without_dotprod_never_loads_the_dotprod_build(monkeypatch):
+    a72 = cpu_isa.cpu_features("processor\t: 0\nFeatures\t: fp asimd evtstrm crc32\n")
+    monkeypatch.setattr(cpu_isa, "cpu_features", lambda cpuinfo=None: a72)
+    monkeypatch.setattr(cpu_isa.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(cpu_kernels, "_failed", {})
+    cpu_kernels._load_once.cache_clear()  # noqa: SLF001
+    assert cpu_isa.choose() == "neon"
+    with pytest.raises(cpu_kernels.CpuKernelsUnavailable, match="lacks asimddp"):
+        cpu_kernels.load(level="neon_dotprod")
     cpu_kernels._load_once.cache_clear()  # noqa: SLF001
     monkeypatch.undo()
 

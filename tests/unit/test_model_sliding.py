@@ -240,3 +240,39 @@ def test_fused_decode_layers_only_within_the_window(family):
     plain, _ = run(True)
     assert fused == plain
     assert 0 < steps < 13  # fused while the context fits in the window of 8, not after
+
+
+def test_cached_pages_behind_the_window_are_freed_for_a_newcomer(family):
+    """Mistral, radix cache on, a pool of 10 pages: a running request's pages behind its
+    window are cached in the tree only until another request needs room; then the tree
+    frees them (hollowed nodes) while it still runs, so the newcomer is admitted beside
+    it instead of waiting for it to finish. A later request matching the long prompt
+    resumes where its window's KV is intact. Tokens equal transformers' throughout and
+    every page is accounted for after each step."""
+    kind, path, _, hf = family
+    if kind != "mistral":
+        pytest.skip("only a model whose every layer is windowed frees cached pages")
+    runner = ModelRunner(str(path), exact(num_pages=10, page_size=4), quiet=True)
+    core = SchedulerCore(runner.info(), BatchingOptions(max_batch_tokens=32))
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    reqs = {"a": prompt(21, 21), "b": prompt(22, 20)}
+
+    def add(rid: str, ids: list[int]) -> None:
+        core.add(TokenizedRequest(rid=rid, prompt_ids=ids, sampling=greedy, stop_ids=[]))
+
+    add("a", reqs["a"])
+    together = []
+
+    def hook(core: SchedulerCore, n: int) -> None:
+        if n == 1:  # a prefilled: the tree holds its 5 full pages, a only the last 3
+            add("b", reqs["b"])  # 5 pages wanted, 4 free
+        together.append({"a", "b"} <= set(core.batcher.running))
+
+    got = {rid: toks for rid, (toks, _) in drive(core, runner, False, hook).items()}
+    assert any(together), "b waited for a to finish"
+    assert core.stats()["num_pages_hollowed"] > 0
+    c = reqs["a"][:20] + [9, 10, 11]
+    add("c", c)
+    got |= {rid: toks for rid, (toks, _) in drive(core, runner, overlap=False).items()}
+    for rid, ids in (reqs | {"c": c}).items():
+        assert got[rid] == _greedy(hf, ids, 12), rid

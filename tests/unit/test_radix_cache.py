@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from houchu.kvcache.page_allocator import PageAllocator
-from houchu.kvcache.radix_tree import RadixTree
+from houchu.kvcache.radix_tree import HOLLOW, RadixTree
 from tests.unit.test_scheduler import check_page_tables, make_core, req, run_step
 
 PS = 4
@@ -191,3 +191,39 @@ def test_tree_match_insert_evict_directly():
     a.free(pages)  # the request leaves; the tree keeps its reference
     assert tree.evict(1) == 1 and tree.num_pages == 2  # the leaf [5, 6] goes first
     assert tree.match([1, 2, 3, 4, 5, 6], 6)[0] == pages[:2]
+
+
+def test_a_windowed_tree_frees_pages_behind_every_window():
+    """Window 8, pages of 4: a prefix of m pages is usable while its last two pages hold
+    KV. Under pressure the unlocked pages behind the windows are freed first (the
+    interior nodes hollowed), a longer match still finds its window, a shorter one whose
+    window lost its KV shrinks, and a new sequence fills a hollow node again."""
+    a = PageAllocator(8, 4)
+    tree = RadixTree(a, window=8)
+    tokens = list(range(100, 124))  # 6 pages
+    pages = a.allocate(6)
+    tree.insert(tokens, pages, 0, tree.root)
+    a.free(pages)  # the request leaves; only the tree holds them
+    assert tree.evict(2) == 2 and tree.num_hollowed == 2 and tree.num_pages == 4
+    assert a.num_free == 4  # pages 0 and 1 of the path went back to the pool
+    got, node = tree.match(tokens + [1], 25)  # 6 pages: its window is pages 4 and 5
+    assert got == [HOLLOW] * 4 + pages[4:] and node.page == pages[5]
+    assert tree.match(tokens, 12) == ([], tree.root)  # pages 0-1 (its window) are gone
+    got, _ = tree.match(tokens, 16)  # 4 pages: window pages 2 and 3 are intact
+    assert got == [HOLLOW, HOLLOW, pages[2], pages[3]]
+    fresh = a.allocate(2)
+    tree.insert(tokens[:8], fresh, 0, tree.root)  # recomputed: the hollow nodes fill
+    assert tree.num_pages == 6 and tree.match(tokens, 8)[0] == fresh
+    a.free(fresh)
+    assert tree.evict(10) == 6 and tree.num_pages == 0 and not tree.root.children
+    assert a.num_free == 8
+
+
+def test_a_tree_without_window_never_hollows():
+    a = PageAllocator(8, 4)
+    tree = RadixTree(a)
+    pages = a.allocate(3)
+    tree.insert(list(range(12)), pages, 0, tree.root)
+    a.free(pages)
+    assert tree.evict(1) == 1 and tree.num_hollowed == 0
+    assert tree.match(list(range(12)), 12)[0] == pages[:2]  # the leaf went, not page 0
