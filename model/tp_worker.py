@@ -77,8 +77,9 @@ def tp_runner_options(o: RunnerOptions) -> tuple[RunnerOptions, list[str]]:
     threads = o.threads if o.threads is not None else max(1, cores // n)
     notes = [
         f"tensor parallel: {n} ranks ({'NCCL' if dev.type == 'cuda' else 'gloo'}), "
-        f"{threads} threads each; eager step (no compiled step, fused decode layers or "
-        "CUDA graphs), fixed decode paths"
+        f"{threads} threads each, each rank's KV pool (the B/token above) holding 1/{n} "
+        "of the KV heads; eager step (no compiled step, fused decode layers or CUDA "
+        "graphs), fixed decode paths"
     ]
     changed = msgspec.structs.replace(
         o,
