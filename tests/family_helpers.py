@@ -18,6 +18,7 @@ from houchu.model.batch import build_batch
 from houchu.model.kv_pool import KVPool
 from houchu.model.llama import LlamaModel
 from houchu.model.model_runner import ModelRunner
+from houchu.model.testing import make_tiny_model, write_llama_gguf
 from houchu.scheduler.core import SchedulerCore
 from houchu.spec.proposers import Proposer
 from houchu.text.stop import stop_ids
@@ -33,6 +34,23 @@ def prompt(seed: int, n: int) -> list[int]:
     """``n`` random token ids in [3, 128) (within the tiny models' vocabulary)."""
     rng = random.Random(seed)
     return [rng.randrange(3, 128) for _ in range(n)]
+
+
+def tiny_family(tmp_path_factory, name: str, *, seed: int, gguf: bool, **config):
+    """(family, HF dir, GGUF path or None, transformers model) of a tiny random model.
+
+    ``name``: the family (``make_tiny_model``'s kind), optionally ``-variant``;
+    ``config``: overrides of the tiny config; ``gguf``: also write the GGUF llama.cpp's
+    converter would write.
+    """
+    from transformers import AutoModelForCausalLM
+
+    kind = name.split("-")[0]
+    base = tmp_path_factory.mktemp(name)
+    path = make_tiny_model(base / "hf", kind, seed=seed, **config)
+    gguf_path = write_llama_gguf(path, base / "model.gguf") if gguf else None
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return kind, path, gguf_path, hf
 
 
 def hf_logits(hf, ids: list[int]) -> torch.Tensor:

@@ -13,7 +13,6 @@ import torch
 from houchu.model.config import load_model_config, num_parameters
 from houchu.model.loader import load_model
 from houchu.model.model_runner import ModelRunner
-from houchu.model.testing import make_tiny_model, write_llama_gguf
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.family_helpers import (
     Runner,
@@ -21,6 +20,7 @@ from tests.family_helpers import (
     hf_greedy,
     prompt,
     runner_greedy_tokens,
+    tiny_family,
 )
 from tests.runner_options import exact
 
@@ -47,15 +47,8 @@ FAMILIES = {
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     """(family, HF dir, GGUF path, transformers model) for each family."""
-    from transformers import AutoModelForCausalLM
-
     name = request.param
-    kind = name.split("-")[0]
-    base = tmp_path_factory.mktemp(name)
-    path = make_tiny_model(base / "hf", kind, seed=7, **FAMILIES[name])
-    gguf_path = None if "moe" in kind else write_llama_gguf(path, base / "model.gguf")
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return kind, path, gguf_path, hf
+    return tiny_family(tmp_path_factory, name, seed=7, gguf="moe" not in name, **FAMILIES[name])
 
 
 def test_config_and_param_count(family):

@@ -18,7 +18,6 @@ from houchu.model.loader import load_model
 from houchu.model.model_runner import ModelRunner
 from houchu.model.quality import agreement, text_logprobs
 from houchu.model.quant import QuantSpec
-from houchu.model.testing import make_tiny_model, write_llama_gguf
 from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.transport.messages import SamplingParams, TokenizedRequest
@@ -29,6 +28,7 @@ from tests.family_helpers import (
     hf_greedy,
     hf_logits,
     prompt,
+    tiny_family,
 )
 from tests.runner_options import exact
 from tests.unit.test_overlap_scheduler import drive
@@ -57,17 +57,9 @@ TEXT = (Path(__file__).parents[1] / "data" / "quality_en.txt").read_text()
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     """(family, HF dir, GGUF path or None, transformers model)."""
-    from transformers import AutoModelForCausalLM
-
     name = request.param
-    kind = name.split("-")[0]
-    base = tmp_path_factory.mktemp(name)
-    path = make_tiny_model(
-        base / "hf", kind, seed=5, tie_word_embeddings=name in TIED, **FAMILIES[name]
-    )
-    gguf_path = None if name == "gemma2" else write_llama_gguf(path, base / "model.gguf")
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return kind, path, gguf_path, hf
+    config = {"tie_word_embeddings": name in TIED, **FAMILIES[name]}
+    return tiny_family(tmp_path_factory, name, seed=5, gguf=name != "gemma2", **config)
 
 
 def test_config_and_param_count(family):
