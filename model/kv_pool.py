@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from houchu.model.config import ModelConfig
+from houchu.model.page_pool import PagePool, pages_in_budget
 
 KV_DTYPES = ("auto", "int8", "fp8")
 _QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
@@ -62,7 +63,7 @@ def dequantize_kv(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> t
     return (q.to(torch.float32) * scale.float()[..., None]).to(dtype)
 
 
-class KVPool:
+class KVPool(PagePool):
     """Keys and values of all layers.
 
     Attributes:
@@ -93,13 +94,15 @@ class KVPool:
         kv_dtype: str = "auto",
         scratch_pages: int = 0,
     ) -> None:
-        if num_pages < 1 or page_size < 1:
-            raise ValueError(
-                f"KV pool needs >= 1 page of >= 1 token, got {num_pages} x {page_size}"
-            )
+        super().__init__(
+            num_layers=num_layers,
+            num_pages=num_pages,
+            page_size=page_size,
+            dtype=dtype,
+            scratch_pages=scratch_pages,
+        )
         shape = (num_layers, num_pages + scratch_pages, page_size, num_kv_heads, head_dim)
-        self.scratch_pages = scratch_pages
-        self.dtype, self.kv_dtype = dtype, kv_dtype
+        self.kv_dtype = kv_dtype
         store = kv_storage_dtype(kv_dtype, dtype)
         self.quantized = store != dtype
         self.k = torch.zeros(shape, dtype=store, device=device)  # [L, P, ps, Hkv, D]
@@ -109,7 +112,6 @@ class KVPool:
         if self.quantized:
             self.k_scale = torch.zeros(shape[:-1], dtype=torch.float16, device=device)
             self.v_scale = torch.zeros(shape[:-1], dtype=torch.float16, device=device)
-        self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
 
     @classmethod
@@ -149,11 +151,7 @@ class KVPool:
             )
         per_page = page_size * token_bytes(cfg, dtype, kv_dtype)
         if num_pages is None:
-            num_pages = memory_bytes // per_page
-            if num_pages < 1:
-                raise ValueError(
-                    f"KV budget of {memory_bytes} bytes is less than one page ({per_page} bytes)"
-                )
+            num_pages = pages_in_budget(memory_bytes, per_page)
         return cls(
             num_layers=cfg.num_layers,
             num_pages=num_pages,
@@ -167,11 +165,6 @@ class KVPool:
         )
 
     @property
-    def num_tokens(self) -> int:
-        """Token slots in the pool."""
-        return self.num_pages * self.page_size
-
-    @property
     def bytes_per_token(self) -> int:
         """Bytes of K + V per token slot, all layers (scales included)."""
         per_head = self.head_dim * self.k.element_size() + (2 if self.quantized else 0)
@@ -181,11 +174,6 @@ class KVPool:
     def bf16_bytes_per_token(self) -> int:
         """What a token's K + V would cost in bfloat16 (the lever ledger's baseline)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 2
-
-    @property
-    def num_bytes(self) -> int:
-        """Bytes the scheduler's pages occupy (scratch pages not counted)."""
-        return self.num_tokens * self.bytes_per_token
 
     def page_tensors(self) -> list[torch.Tensor]:
         """Every tensor holding page data, each ``[L, P, ...]`` (page dimension 1): K and

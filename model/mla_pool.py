@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 
 from houchu.model.config import MLAConfig, ModelConfig
+from houchu.model.page_pool import PagePool, pages_in_budget
 
 
-class LatentKVPool:
+class LatentKVPool(PagePool):
     """The paged KV pool of an MLA model: per token and layer, the latent ``c`` and
     the RoPE key ``k_pe`` side by side.
 
@@ -43,13 +44,15 @@ class LatentKVPool:
         device: torch.device | str = "cpu",
         scratch_pages: int = 0,
     ) -> None:
-        if num_pages < 1 or page_size < 1:
-            raise ValueError(
-                f"KV pool needs >= 1 page of >= 1 token, got {num_pages} x {page_size}"
-            )
+        super().__init__(
+            num_layers=cfg.num_layers,
+            num_pages=num_pages,
+            page_size=page_size,
+            dtype=dtype,
+            scratch_pages=scratch_pages,
+        )
         m = mla_of(cfg)
-        self.num_layers, self.num_pages, self.page_size = cfg.num_layers, num_pages, page_size
-        self.scratch_pages, self.dtype, self.kv_lora_rank = scratch_pages, dtype, m.kv_lora_rank
+        self.kv_lora_rank = m.kv_lora_rank
         self.head_dim = m.latent_dim
         shape = (cfg.num_layers, num_pages + scratch_pages, page_size, m.latent_dim)
         self.kv = torch.zeros(shape, dtype=dtype, device=device)  # [L, P, ps, r + dr]
@@ -76,11 +79,7 @@ class LatentKVPool:
         """
         per_page = page_size * cfg.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
         if num_pages is None:
-            num_pages = memory_bytes // per_page
-            if num_pages < 1:
-                raise ValueError(
-                    f"KV budget of {memory_bytes} bytes is less than one page ({per_page} bytes)"
-                )
+            num_pages = pages_in_budget(memory_bytes, per_page)
         return cls(
             cfg,
             num_pages=num_pages,
@@ -91,11 +90,6 @@ class LatentKVPool:
         )
 
     @property
-    def num_tokens(self) -> int:
-        """Token slots in the pool."""
-        return self.num_pages * self.page_size
-
-    @property
     def bytes_per_token(self) -> int:
         """Bytes of ``[c, k_pe]`` per token slot, all layers."""
         return self.num_layers * self.head_dim * self.kv.element_size()
@@ -104,11 +98,6 @@ class LatentKVPool:
     def bf16_bytes_per_token(self) -> int:
         """The same latents in bfloat16 (the KV-quantization lever's baseline)."""
         return self.num_layers * self.head_dim * 2
-
-    @property
-    def num_bytes(self) -> int:
-        """Bytes the scheduler's pages occupy (scratch pages not counted)."""
-        return self.num_tokens * self.bytes_per_token
 
     def page_tensors(self) -> list[torch.Tensor]:
         """The one tensor holding page data, ``[L, P, ...]`` (for host-tier copies)."""

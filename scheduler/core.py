@@ -20,6 +20,8 @@ when its feature is off (never None):
 - ``Planner`` (``scheduler.planner``): the next plan, launched as a step in flight;
 - ``ResultApplier`` (``scheduler.results``): what a result does to its requests;
 - ``SchedulerLedger``, ``OverlapLedger``, ``SchedulerCounters``: levers and totals;
+- ``admit`` (``scheduler.admission``): whether a request may join the queue;
+- ``pool_stats`` (``scheduler.pool_stats``): the KV pool's part of ``stats``;
 - a telemetry sink (``NullTelemetry`` when off).
 
 Results come back in plan order. With the overlap scheduler a plan is built while one
@@ -38,12 +40,14 @@ from houchu.kvcache.page_allocator import PageAllocator
 from houchu.kvcache.radix_tree import RadixTree
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.speculation_options import SpeculativeOptions
+from houchu.scheduler.admission import Overloaded, Rejected, admit
 from houchu.scheduler.batcher import Batcher
 from houchu.scheduler.counters import SchedulerCounters
 from houchu.scheduler.ledger import SchedulerLedger
 from houchu.scheduler.no_tiers import NoTiers, Tiers
 from houchu.scheduler.overlap import OverlapLedger
 from houchu.scheduler.planner import Planner
+from houchu.scheduler.pool_stats import pool_stats
 from houchu.scheduler.prefix_cache import prefix_cache
 from houchu.scheduler.request import Request
 from houchu.scheduler.results import ResultApplier
@@ -52,8 +56,6 @@ from houchu.scheduler.steps import StepTracker
 from houchu.scheduler.telemetry_sink import NullTelemetry, TelemetrySink
 from houchu.scheduler.tiers import TierClient, TierReply
 from houchu.scheduler.window_pages import WindowPages
-from houchu.transport.failures import Failed, bad_request, overloaded
-from houchu.transport.limits import RunnerLimits
 from houchu.transport.messages import (
     Failure,
     RunnerInfo,
@@ -64,14 +66,7 @@ from houchu.transport.messages import (
 )
 from houchu.transport.spec_messages import DraftReply, DraftRequest
 
-
-class Rejected(Failed):
-    """A request the scheduler refuses, with the ``Failure`` its client gets (``status``
-    400: it can never be served, e.g. it cannot fit in the whole KV pool)."""
-
-
-class Overloaded(Rejected):
-    """A request refused for now: the waiting queue is full (HTTP 429, retry later)."""
+__all__ = ["Overloaded", "Rejected", "SchedulerCore"]
 
 
 class SchedulerCore:
@@ -139,44 +134,10 @@ class SchedulerCore:
             Rejected: prompt + max_tokens exceed the context window or the whole KV pool.
             Overloaded: the waiting queue already holds ``max_queued_tokens`` prompt tokens.
         """
-        limits = RunnerLimits.of(self.runner)
-        num_prompt, max_tokens = len(msg.prompt_ids), msg.sampling.max_tokens
-        failure = limits.context_failure(max_tokens, num_prompt) or limits.kv_failure(
-            num_prompt, max_tokens
-        )
-        if failure is not None:
-            raise Rejected(failure)
-        if self.batcher.get(msg.rid) is not None:
-            raise Rejected(bad_request(f"request id {msg.rid!r} is already queued"))
-        self._check_queue(len(msg.prompt_ids))
-        req = Request(
-            msg.rid,
-            msg.prompt_ids,
-            msg.sampling,
-            msg.stop_ids,
-            msg.arrival_time,
-            prefill_group=msg.prefill_group,
-        )
+        req = admit(msg, self.runner, self.batcher, self.counters)
         self.counters.prompt_tokens += len(msg.prompt_ids)
         self.batcher.add(req)
         self.telemetry.event(req.rid, "queued", prompt_tokens=req.num_prompt)
-
-    def _check_queue(self, num_prompt: int) -> None:
-        """Raise Overloaded when ``num_prompt`` more tokens would overfill the waiting
-        queue (an empty queue takes any request that fits the context)."""
-        bound = self.batcher.config.max_queued_tokens
-        waiting = self.batcher.waiting
-        if bound is None or not waiting:
-            return
-        queued = sum(r.num_prompt for r in waiting)
-        if queued + num_prompt > bound:
-            self.counters.refused += 1
-            raise Overloaded(
-                overloaded(
-                    f"the scheduler's queue holds {queued} prompt tokens (limit {bound}); "
-                    "retry later"
-                )
-            )
 
     def abort(self, rid: str) -> bool:
         """Drop a request wherever it is (its client is gone); its pages return to the
@@ -375,29 +336,8 @@ class SchedulerCore:
 
     def stats(self) -> dict[str, float | int | str]:
         """Counters for the stats endpoint (pages are KV pages of ``page_size`` tokens)."""
-        running = self.batcher.running.values()
-        bpt = self.runner.kv_bytes_per_token
-        held = sum(len(r.page_table) - r.num_dead_pages for r in running)
-        reserved = held * self.runner.page_size * bpt
-        max_len = sum(
-            min(r.num_prompt + r.sampling.max_tokens, self.runner.max_context) for r in running
-        )
         return {
-            "model": self.runner.model_name,
-            "num_running": len(self.batcher.running),
-            "num_waiting": len(self.batcher.waiting),
-            "num_waiting_tokens": sum(r.num_prompt for r in self.batcher.waiting),
-            "num_pages_total": self.allocator.num_pages,
-            "num_pages_free": self.allocator.num_free,
-            "num_pages_used": self.allocator.num_used,
-            "page_size": self.allocator.page_size,
-            "kv_bytes_per_token": bpt,
-            "kv_bytes_reserved": reserved,
-            "kv_bytes_max_length": max_len * bpt,
-            "max_context": self.runner.max_context,
-            "cpu_isa": self.runner.cpu_isa,
-            "decode_paths": self.runner.decode_paths,
-            "num_preemptions": self.batcher.num_preemptions,
+            **pool_stats(self.runner, self.batcher, self.allocator),
             **self.counters.stats(),
             **self.prefix.stats(),
             **self.batcher.window.stats(),

@@ -16,61 +16,18 @@ embedding) decode to nothing, and no "clean up tokenization spaces" pass is appl
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from houchu.transport.messages import CHAT_ROLES as WIRE_ROLES
-from houchu.transport.messages import ROLE_ALIASES, ChatMessage
+from houchu.text.chat_turns import CHAT_ROLES, conversation
+from houchu.text.token_bytes import decoder_kind, piece_bytes
+from houchu.text.tokenizer_errors import TokenizerError
+from houchu.text.tokenizer_loading import read_tokenizer
+from houchu.transport.messages import ChatMessage
 
-log = logging.getLogger(__name__)
-
-#: Roles a chat message may have: the wire's (what the gateway sends) and "tool", which a
-#: chat template may render for a caller of this library. ``ROLE_ALIASES`` (``developer``,
-#: OpenAI's newer name for system) are rendered as the role they stand for.
-CHAT_ROLES = frozenset({*WIRE_ROLES, "tool"})
-
-#: End-of-turn markers of common chat formats. When one of them is a special token of the
-#: vocabulary *and* the chat template writes it, the model ends its turns with it, so it is
-#: treated as an end-of-sequence id even if the metadata only declares another EOS.
-_END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
-
-# GGUF metadata keys holding ids that end generation (llama.cpp names).
-_GGUF_EOG_KEYS = (
-    "tokenizer.ggml.eos_token_id",
-    "tokenizer.ggml.eot_token_id",
-    "tokenizer.ggml.eom_token_id",
-)
-
-
-class TokenizerError(ValueError):
-    """A tokenizer could not be loaded, or a prompt could not be tokenized.
-
-    A ``ValueError``, so callers that map bad input to HTTP 400 catch it as such.
-    """
-
-
-def _byte_decoder() -> dict[str, int]:
-    """The inverse of GPT-2's byte-to-unicode table: printable stand-in char -> byte.
-
-    Byte-level BPE vocabularies spell every byte as one printable character: the bytes
-    that are printable Latin-1 stand for themselves, the other 68 are shifted to
-    U+0100 and up in byte order.
-    """
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    table = {chr(b): b for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + shifted)] = b
-            shifted += 1
-    return table
-
-
-_BYTE_DECODER = _byte_decoder()
+__all__ = ["CHAT_ROLES", "TextTokenizer", "TokenizerError", "load_tokenizer"]
 
 
 class TextTokenizer:
@@ -104,7 +61,7 @@ class TextTokenizer:
         added = self._backend.get_added_tokens_decoder()
         self._added_text: dict[int, str] = {i: t.content for i, t in added.items()}
         self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
-        self._byte_mode, self._space_marker = _decoder_kind(self._backend.to_str())
+        self._byte_mode, self._space_marker = decoder_kind(self._backend.to_str())
         self._bytes_cache: dict[int, bytes] = {}
 
     # ------------------------------------------------------------------ properties
@@ -189,20 +146,10 @@ class TextTokenizer:
             raise TokenizerError(
                 f"model {self.name!r} has no chat template; use a completion prompt instead"
             )
-        if not messages:
-            raise TokenizerError("a chat request needs at least one message")
-        conversation = []
-        for index, message in enumerate(messages):
-            role = ROLE_ALIASES.get(message.role, message.role)
-            if role not in CHAT_ROLES:
-                allowed = ", ".join(sorted(CHAT_ROLES | ROLE_ALIASES.keys()))
-                raise TokenizerError(
-                    f"messages[{index}].role is {message.role!r}; expected one of {allowed}"
-                )
-            conversation.append(_turn(role, message))
+        turns = conversation(messages)
         try:
             return self._hf.apply_chat_template(
-                conversation,
+                turns,
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=tokenize,
@@ -252,70 +199,10 @@ class TextTokenizer:
         piece = self._backend.id_to_token(token_id) if token_id >= 0 else None
         if piece is None:
             return b""
-        if self._byte_mode:
-            try:
-                return bytes(_BYTE_DECODER[ch] for ch in piece)
-            except KeyError:
-                return piece.encode("utf-8")
-        if self._space_marker is not None:
-            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-                try:
-                    return bytes([int(piece[3:5], 16)])
-                except ValueError:
-                    pass
-            return piece.replace(self._space_marker, " ").encode("utf-8")
+        spelled = piece_bytes(piece, byte_mode=self._byte_mode, space_marker=self._space_marker)
+        if spelled is not None:
+            return spelled
         return self._backend.decode([token_id], skip_special_tokens=False).encode("utf-8")
-
-
-def _turn(role: str, message: ChatMessage) -> dict[str, Any]:
-    """One turn as chat templates read it."""
-    turn: dict[str, Any] = {"role": role, "content": message.content}
-    if message.tool_calls:
-        turn["tool_calls"] = [
-            {
-                "id": c.id,
-                "type": "function",
-                "function": {"name": c.name, "arguments": _arguments(c.arguments)},
-            }
-            for c in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        turn["tool_call_id"] = message.tool_call_id
-    if message.name is not None:
-        turn["name"] = message.name
-    return turn
-
-
-def _arguments(text: str) -> Any:
-    """A call's arguments decoded from JSON (templates write them with ``tojson``), or
-    the text itself when it is not JSON."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def _decoder_kind(tokenizer_json: str) -> tuple[bool, str | None]:
-    """(is byte-level, SentencePiece word marker or None) from the decoder config."""
-    decoder = json.loads(tokenizer_json).get("decoder") or {}
-    parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
-    types = {part.get("type") for part in parts}
-    if "ByteLevel" in types:
-        return True, None
-    for part in parts:
-        if part.get("type") == "Metaspace":
-            return False, part.get("replacement", "\u2581")
-        if part.get("type") == "Replace" and part.get("content") == " ":
-            pattern = part.get("pattern", {})
-            marker = pattern.get("String") if isinstance(pattern, dict) else None
-            if marker:
-                return False, marker
-    if "ByteFallback" in types:
-        return False, "\u2581"
-    return False, None
-
-
-# ---------------------------------------------------------------------- loading
 
 
 def load_tokenizer(model_path: str | os.PathLike[str]) -> TextTokenizer:
@@ -325,79 +212,7 @@ def load_tokenizer(model_path: str | os.PathLike[str]) -> TextTokenizer:
     Raises ``FileNotFoundError`` when the path does not exist and :class:`TokenizerError`
     when it holds no usable tokenizer.
     """
-    path = Path(model_path)
-    if not path.exists():
-        raise FileNotFoundError(f"no model at {path}")
-    from transformers import AutoTokenizer
-
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise TokenizerError(f"{path} is neither a .gguf file nor a model directory")
-        metadata = _gguf_metadata(path)
-        try:
-            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        except Exception as exc:
-            raise TokenizerError(f"cannot build a tokenizer from {path}: {exc}") from exc
-        add_bos = metadata.get("tokenizer.ggml.add_bos_token")
-        if add_bos is None:  # llama.cpp: SentencePiece vocabularies add BOS unless told not to
-            add_bos = metadata.get("tokenizer.ggml.model") == "llama"
-        declared = [metadata.get(key) for key in _GGUF_EOG_KEYS]
-        name = path.stem
-    else:
-        try:
-            hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
-        except Exception as exc:
-            raise TokenizerError(f"cannot load a tokenizer from {path}: {exc}") from exc
-        add_bos = _read_json(path / "tokenizer_config.json").get("add_bos_token")
-        if not isinstance(add_bos, bool):  # not stated: follow the post-processor
-            probe = hf.backend_tokenizer.encode("a", add_special_tokens=True).ids
-            add_bos = hf.bos_token_id is not None and probe[:1] == [hf.bos_token_id]
-        declared = [hf.eos_token_id]
-        for config in ("generation_config.json", "config.json"):
-            value = _read_json(path / config).get("eos_token_id")
-            declared.extend(value if isinstance(value, list) else [value])
-        name = path.name
-    if not getattr(hf, "is_fast", False) or getattr(hf, "backend_tokenizer", None) is None:
-        raise TokenizerError(f"{path}: only fast (tokenizers-backed) tokenizers are supported")
-    eos = [hf.eos_token_id, *declared, *_end_of_turn_ids(hf)]
-    eos_ids = [int(i) for i in eos if isinstance(i, int) and not isinstance(i, bool) and i >= 0]
-    if not eos_ids:
-        log.warning("%s declares no end-of-sequence token; generation stops only by length", path)
-    return TextTokenizer(hf, name=name, add_bos=bool(add_bos), eos_token_ids=eos_ids)
-
-
-def _end_of_turn_ids(hf: Any) -> list[int]:
-    """Ids of end-of-turn special tokens that the chat template writes."""
-    template = hf.chat_template if isinstance(hf.chat_template, str) else ""
-    added = hf.backend_tokenizer.get_added_tokens_decoder()
-    by_text = {t.content: i for i, t in added.items() if t.special}
-    return [by_text[m] for m in _END_OF_TURN_MARKERS if m in by_text and m in template]
-
-
-def _gguf_metadata(path: Path) -> dict[str, Any]:
-    """Scalar metadata of a GGUF file (string arrays are not read)."""
-    try:
-        from transformers.integrations.gguf.reader import read_gguf_metadata
-
-        metadata, _ = read_gguf_metadata(str(path))
-        return metadata
-    except ImportError:  # another transformers layout: fall back to the gguf package
-        from gguf import GGUFReader
-
-        reader = GGUFReader(str(path))
-        return {
-            key: field.contents()
-            for key, field in reader.fields.items()
-            if key.startswith(("tokenizer.ggml.add_", "tokenizer.ggml.e", "tokenizer.ggml.model"))
-        }
-    except Exception as exc:
-        raise TokenizerError(f"cannot read GGUF metadata of {path}: {exc}") from exc
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``, or ``{}`` when the file is missing or not an object."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+    files = read_tokenizer(Path(model_path))
+    return TextTokenizer(
+        files.hf, name=files.name, add_bos=files.add_bos, eos_token_ids=files.eos_token_ids
+    )

@@ -21,9 +21,18 @@ from houchu.model.testing import make_tiny_model, write_deepseek_gguf
 from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.text.stop import stop_ids
-from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan, TokenizedRequest
+from houchu.transport.messages import SamplingParams, TokenizedRequest
+from tests.family_helpers import (
+    ATOL,
+    Runner,
+    assert_chunked_logits_match,
+    hf_greedy,
+    hf_logits,
+    prompt,
+    runner_greedy_tokens,
+    serve_with_drafts,
+)
 from tests.runner_options import exact
-from tests.unit.test_model_llama import ATOL, Runner, hf_logits, prompt
 
 MLA = {
     "num_hidden_layers": 3,
@@ -118,14 +127,8 @@ def test_prefill_and_decode_logits_match_transformers(family):
     _, path, hf = family
     with torch.inference_mode():
         model = load_model(path)
-    ids = prompt(3, 29)
-    want = hf_logits(hf, ids)  # [29, V]
-    r = mla_runner(model, seed=1)
-    pos = 0
-    for n in [17, 5, 1, 1, 4, 1]:  # prefill chunks over cached latents, then decode steps
-        got = r.step([("a", ids[pos : pos + n], pos)])[0]
-        pos += n
-        torch.testing.assert_close(got, want[pos - 1], atol=ATOL, rtol=0)
+    # prefill chunks over cached latents, then decode steps
+    assert_chunked_logits_match(mla_runner(model, seed=1), hf)
 
 
 def test_batched_decode_prefill_and_verification_match(family):
@@ -190,31 +193,10 @@ def test_runner_greedy_equals_transformers_and_reports_mla_lever(family):
     ctx = runner.max_context
     assert first["requests"].saved == pool.num_tokens // ctx - full_tokens // ctx
     ids = prompt(5, 11)
-    with torch.no_grad():
-        want = hf.generate(
-            torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None
-        )[0, len(ids) :].tolist()
-    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    init = [SeqInit(rid="a", sampling=greedy, prompt_ids=ids)]
-    table = list(range(8))
-    got: list[int] = []
-    work = SeqWork(rid="a", token_ids=ids, start_pos=0, page_table=table, sample=True)
-    for step in range(8):
-        res = runner.execute(StepPlan(step_id=step, work=[work], init=init if step == 0 else []))
-        assert res.error is None, res.error
-        got.append(res.outputs[0].token_id)
-        pos = len(ids) + step
-        work = SeqWork(rid="a", token_ids=[got[-1]], start_pos=pos, page_table=table, sample=True)
-    assert got == want
+    assert runner_greedy_tokens(runner, ids, 8) == hf_greedy(hf, ids, 8)
     (stored,) = [s for s in runner.lever_samples() if s.lever == "mla"]
     assert stored.saved_unit == "bytes"
     assert stored.saved == (pool.full_kv_bytes - pool.bytes_per_token) * (len(ids) + 7)
-
-
-def greedy_hf(hf, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None)
-    return out[0, len(ids) :].tolist()
 
 
 def test_scheduled_batches_prefix_hits_and_chunks_equal_transformers(family):
@@ -250,7 +232,7 @@ def test_scheduled_batches_prefix_hits_and_chunks_equal_transformers(family):
                     cached[ev.rid] = max(cached.get(ev.rid, 0), ev.cached_tokens)
         assert not core.has_work
         for rid, p in wave.items():
-            assert out[rid] == greedy_hf(hf, p, 6), rid
+            assert out[rid] == hf_greedy(hf, p, 6), rid
     assert cached["hit1"] >= 16 and cached["hit2"] >= 8  # whole pages of the shared prefix
 
 
@@ -314,21 +296,7 @@ def test_levers_that_do_not_apply_say_so(family, capsys):
 def runner_greedy(path, ids: list[int], n: int) -> list[int]:
     """``n`` greedy tokens after ``ids`` through ``ModelRunner`` (prefill, then decode)."""
     runner = ModelRunner(str(path), exact(num_pages=16, page_size=4), quiet=True)
-    greedy = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    init = [SeqInit(rid="a", sampling=greedy, prompt_ids=ids)]
-    work = SeqWork(rid="a", token_ids=ids, start_pos=0, page_table=list(range(8)), sample=True)
-    out: list[int] = []
-    for step in range(n):
-        res = runner.execute(StepPlan(step_id=step, work=[work], init=init if step == 0 else []))
-        out.append(res.outputs[0].token_id)
-        work = SeqWork(
-            rid="a",
-            token_ids=[out[-1]],
-            start_pos=len(ids) + step,
-            page_table=list(range(8)),
-            sample=True,
-        )
-    return out
+    return runner_greedy_tokens(runner, ids, n)
 
 
 def test_gguf_twin_gives_the_same_tokens(family, tmp_path):
@@ -385,7 +353,6 @@ def test_speculative_ngram_keeps_greedy_output(family):
     multi-query path over cached latents) keep transformers' greedy tokens."""
     from houchu.options.speculation_options import SpeculativeOptions
     from houchu.spec.proposers import NgramProposer
-    from houchu.transport.spec_messages import DraftProposal, DraftReply
 
     _, path, hf = family
     if "-" in path.name:
@@ -396,25 +363,7 @@ def test_speculative_ngram_keeps_greedy_output(family):
     core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, 3)
     greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     prompts = {"rep": [5, 6, 7, 8, 9] * 4, "mix": prompt(51, 9)}
+    out = serve_with_drafts(core, runner, NgramProposer(), prompts, greedy)
     for rid, p in prompts.items():
-        core.add(
-            TokenizedRequest(rid=rid, prompt_ids=p, sampling=greedy, stop_ids=stop_ids(greedy, []))
-        )
-    proposer, out = NgramProposer(), {rid: [] for rid in prompts}
-    for _ in range(200):
-        if not core.has_work:
-            break
-        if (dr := core.draft_request()) is not None:
-            proposer.release(dr.release)
-            props = [DraftProposal(r, ids) for r, ids in proposer.propose(dr.seqs).items()]
-            core.attach_drafts(DraftReply(query_id=dr.query_id, proposals=props), 0.0)
-        plan = core.next_plan()
-        if plan is not None:
-            for ev in core.apply(runner.execute(plan)):
-                out[ev.rid] += ev.token_ids
-        if (rel := core.spec.release_request()) is not None:
-            proposer.release(rel.release)
-    assert not core.has_work
-    for rid, p in prompts.items():
-        assert out[rid] == greedy_hf(hf, p, 10), rid
+        assert out[rid] == hf_greedy(hf, p, 10), rid
     assert core.stats()["spec_proposed_tokens"] > 0

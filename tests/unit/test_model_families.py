@@ -13,10 +13,16 @@ import torch
 from houchu.model.config import load_model_config, num_parameters
 from houchu.model.loader import load_model
 from houchu.model.model_runner import ModelRunner
-from houchu.model.testing import make_tiny_model, write_llama_gguf
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+from tests.family_helpers import (
+    Runner,
+    assert_chunked_logits_match,
+    hf_greedy,
+    prompt,
+    runner_greedy_tokens,
+    tiny_family,
+)
 from tests.runner_options import exact
-from tests.unit.test_model_llama import ATOL, Runner, hf_logits, prompt
 
 FAMILIES = {
     "qwen2": {},
@@ -41,15 +47,8 @@ FAMILIES = {
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     """(family, HF dir, GGUF path, transformers model) for each family."""
-    from transformers import AutoModelForCausalLM
-
     name = request.param
-    kind = name.split("-")[0]
-    base = tmp_path_factory.mktemp(name)
-    path = make_tiny_model(base / "hf", kind, seed=7, **FAMILIES[name])
-    gguf_path = None if "moe" in kind else write_llama_gguf(path, base / "model.gguf")
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return kind, path, gguf_path, hf
+    return tiny_family(tmp_path_factory, name, seed=7, gguf="moe" not in name, **FAMILIES[name])
 
 
 def test_config_and_param_count(family):
@@ -73,14 +72,7 @@ def test_prefill_and_decode_logits_match_transformers(family, source):
         pytest.skip("houchu reads MoE models from Hugging Face folders only")
     with torch.inference_mode():
         model = load_model(path if source == "hf" else gguf_path)
-    ids = prompt(3, 29)
-    want = hf_logits(hf, ids)  # [29, V]
-    r = Runner(model, seed=1)
-    pos = 0
-    for n in [17, 5, 1, 1, 4, 1]:  # prefill chunks, then decode steps
-        got = r.step([("a", ids[pos : pos + n], pos)])[0]
-        pos += n
-        torch.testing.assert_close(got, want[pos - 1], atol=ATOL, rtol=0)
+    assert_chunked_logits_match(Runner(model, seed=1), hf)
 
 
 def test_runner_greedy_equals_transformers(family):
@@ -89,22 +81,7 @@ def test_runner_greedy_equals_transformers(family):
     _, path, _, hf = family
     runner = ModelRunner(str(path), exact(num_pages=32, page_size=4), quiet=True)
     ids = prompt(5, 11)
-    with torch.no_grad():
-        want = hf.generate(
-            torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None
-        )[0, len(ids) :].tolist()
-    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    init = [SeqInit(rid="a", sampling=greedy, prompt_ids=ids)]
-    table = list(range(8))
-    got: list[int] = []
-    work = SeqWork(rid="a", token_ids=ids, start_pos=0, page_table=table, sample=True)
-    for step in range(8):
-        res = runner.execute(StepPlan(step_id=step, work=[work], init=init if step == 0 else []))
-        assert res.error is None, res.error
-        got.append(res.outputs[0].token_id)
-        pos = len(ids) + step
-        work = SeqWork(rid="a", token_ids=[got[-1]], start_pos=pos, page_table=table, sample=True)
-    assert got == want
+    assert runner_greedy_tokens(runner, ids, 8) == hf_greedy(hf, ids, 8)
 
 
 def test_moe_counts_active_params_and_skips_idle_experts(family):

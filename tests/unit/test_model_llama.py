@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
-from houchu.model.attention import TorchSDPABackend
-from houchu.model.batch import build_batch
 from houchu.model.config import load_model_config, num_parameters
-from houchu.model.kv_pool import KVPool
-from houchu.model.llama import LlamaModel
 from houchu.model.loader import load_model
 from houchu.model.testing import make_tiny_llama
-from houchu.transport.messages import SeqWork
-
-ATOL = 1e-4
-PAGE = 4
-NUM_PAGES = 64
+from tests.family_helpers import ATOL, Runner, hf_logits, prompt
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
@@ -31,51 +21,6 @@ def tiny(request, tmp_path_factory):
     with torch.inference_mode():
         model = load_model(path)
     return path, hf, model
-
-
-def hf_logits(hf, ids: list[int]) -> torch.Tensor:
-    """[n, V] fp32 logits of every position of ``ids``."""
-    with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0].float()
-
-
-class Runner:
-    """Drives LlamaModel directly: one pool, scattered page tables per sequence."""
-
-    def __init__(self, model: LlamaModel, seed: int = 0) -> None:
-        self.model = model
-        self.pool = KVPool.for_model(
-            model.cfg, page_size=PAGE, dtype=model.dtype, num_pages=NUM_PAGES
-        )
-        self.backend = TorchSDPABackend()
-        self.free = list(range(NUM_PAGES))
-        random.Random(seed).shuffle(self.free)
-        self.tables: dict[str, list[int]] = {}
-
-    def pages(self, rid: str, n_tokens: int) -> list[int]:
-        table = self.tables.setdefault(rid, [])
-        while len(table) * PAGE < n_tokens:
-            table.append(self.free.pop())
-        return list(table)
-
-    def step(self, items: list[tuple[str, list[int], int]]) -> torch.Tensor:
-        """items: (rid, token_ids, start_pos), all sampled. Returns [S, V] logits."""
-        work = [
-            SeqWork(
-                rid=r, token_ids=t, start_pos=s, page_table=self.pages(r, s + len(t)), sample=True
-            )
-            for r, t, s in items
-        ]
-        batch = build_batch(
-            work, page_size=PAGE, num_pages=NUM_PAGES, max_context=512, vocab_size=128
-        )
-        with torch.inference_mode():
-            return self.model(batch, self.pool, self.backend)
-
-
-def prompt(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, 128) for _ in range(n)]
 
 
 def test_config_and_param_count(tiny):

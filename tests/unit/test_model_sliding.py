@@ -18,12 +18,19 @@ from houchu.model.loader import load_model
 from houchu.model.model_runner import ModelRunner
 from houchu.model.quality import agreement, text_logprobs
 from houchu.model.quant import QuantSpec
-from houchu.model.testing import make_tiny_model, write_llama_gguf
 from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.transport.messages import SamplingParams, TokenizedRequest
+from tests.family_helpers import (
+    ATOL,
+    Runner,
+    assert_chunked_logits_match,
+    hf_greedy,
+    hf_logits,
+    prompt,
+    tiny_family,
+)
 from tests.runner_options import exact
-from tests.unit.test_model_llama import ATOL, Runner, hf_logits, prompt
 from tests.unit.test_overlap_scheduler import drive
 
 WINDOW = 8
@@ -50,17 +57,9 @@ TEXT = (Path(__file__).parents[1] / "data" / "quality_en.txt").read_text()
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     """(family, HF dir, GGUF path or None, transformers model)."""
-    from transformers import AutoModelForCausalLM
-
     name = request.param
-    kind = name.split("-")[0]
-    base = tmp_path_factory.mktemp(name)
-    path = make_tiny_model(
-        base / "hf", kind, seed=5, tie_word_embeddings=name in TIED, **FAMILIES[name]
-    )
-    gguf_path = None if name == "gemma2" else write_llama_gguf(path, base / "model.gguf")
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return kind, path, gguf_path, hf
+    config = {"tie_word_embeddings": name in TIED, **FAMILIES[name]}
+    return tiny_family(tmp_path_factory, name, seed=5, gguf=name != "gemma2", **config)
 
 
 def test_config_and_param_count(family):
@@ -92,14 +91,7 @@ def test_prefill_and_decode_logits_match_transformers(family, source):
         pytest.skip("GGUF has no query_pre_attn_scalar (llama.cpp scales by head_dim)")
     with torch.inference_mode():
         model = load_model(path if source == "hf" else gguf_path)
-    ids = prompt(3, 29)
-    want = hf_logits(hf, ids)  # [29, V]
-    r = Runner(model, seed=1)
-    pos = 0
-    for n in [17, 5, 1, 1, 4, 1]:
-        got = r.step([("a", ids[pos : pos + n], pos)])[0]
-        pos += n
-        torch.testing.assert_close(got, want[pos - 1], atol=ATOL, rtol=0)
+    assert_chunked_logits_match(Runner(model, seed=1), hf)
 
 
 def test_batched_logits_match_transformers(family):
@@ -115,12 +107,6 @@ def test_batched_logits_match_transformers(family):
     got = r.step([("a", seqs["a"][22:], 22), ("b", seqs["b"][5:], 5), ("c", seqs["c"], 0)])
     for i, rid in enumerate(seqs):
         torch.testing.assert_close(got[i], want[rid][-1], atol=ATOL, rtol=0)
-
-
-def _greedy(hf, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None)
-    return out[0, len(ids) :].tolist()
 
 
 def _serve(runner: ModelRunner, batches: list[dict[str, list[int]]], n: int, **batching):
@@ -150,7 +136,7 @@ def test_scheduler_over_cpu_kernels_equals_transformers(family):
     second = {"c": shared + [11, 12, 13], "d": prompt(9, 3)}
     got, core = _serve(runner, [first, second], n=10)
     for rid, ids in (first | second).items():
-        assert got[rid] == _greedy(hf, ids, 10), rid
+        assert got[rid] == hf_greedy(hf, ids, 10), rid
     assert core.ledger.prefix_tokens_reused >= 16
 
 
@@ -165,7 +151,7 @@ def test_pages_outside_the_window_are_released(family, tmp_path):
         pytest.skip("a model with global layers releases no pages")
     assert runner.info().sliding_window == WINDOW
     reqs = {"a": prompt(11, 21), "b": prompt(12, 6)}
-    want = {rid: _greedy(hf, ids, 12) for rid, ids in reqs.items()}
+    want = {rid: hf_greedy(hf, ids, 12) for rid, ids in reqs.items()}
     for radix in (False, True):
         runner = ModelRunner(str(path), exact(num_pages=64, page_size=4), quiet=True)
         got, core = _serve(runner, [reqs], n=12, disable_radix_cache=not radix)
@@ -275,4 +261,4 @@ def test_cached_pages_behind_the_window_are_freed_for_a_newcomer(family):
     add("c", c)
     got |= {rid: toks for rid, (toks, _) in drive(core, runner, overlap=False).items()}
     for rid, ids in (reqs | {"c": c}).items():
-        assert got[rid] == _greedy(hf, ids, 12), rid
+        assert got[rid] == hf_greedy(hf, ids, 12), rid

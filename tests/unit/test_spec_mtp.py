@@ -19,13 +19,12 @@ from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.scheduler.telemetry_sink import NullTelemetry
 from houchu.spec.mtp import make_mtp_proposer
-from houchu.text.stop import stop_ids
-from houchu.transport.messages import SamplingParams, TokenizedRequest
-from houchu.transport.spec_messages import DraftProposal, DraftReply, DraftSeq
+from houchu.transport.messages import SamplingParams
+from houchu.transport.spec_messages import DraftSeq
 from houchu.transport.telemetry import LeverSample
+from tests.family_helpers import prompt, serve_with_drafts
 from tests.runner_options import exact
 from tests.unit.test_model_deepseek import FAMILIES, MLA, runner_greedy
-from tests.unit.test_model_llama import prompt
 
 CFG = {**MLA, **FAMILIES["deepseek_v3"], "num_hidden_layers": 2}
 N_NEW = 12
@@ -85,25 +84,7 @@ def speculate(path, prompts: dict[str, list[int]], k: int = 3):
     )
     core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, k)
     greedy = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
-    for rid, p in prompts.items():
-        core.add(
-            TokenizedRequest(rid=rid, prompt_ids=p, sampling=greedy, stop_ids=stop_ids(greedy, []))
-        )
-    out: dict[str, list[int]] = {rid: [] for rid in prompts}
-    for _ in range(200):
-        if not core.has_work:
-            break
-        if (dr := core.draft_request()) is not None:
-            proposer.release(dr.release)
-            props = [DraftProposal(r, ids) for r, ids in proposer.propose(dr.seqs).items()]
-            core.attach_drafts(DraftReply(query_id=dr.query_id, proposals=props), 0.0)
-        plan = core.next_plan()
-        if plan is not None:
-            for ev in core.apply(runner.execute(plan)):
-                out[ev.rid] += ev.token_ids
-        if (rel := core.spec.release_request()) is not None:
-            proposer.release(rel.release)
-    assert not core.has_work
+    out = serve_with_drafts(core, runner, proposer, prompts, greedy)
     return out, core.stats(), proposer, levers.samples
 
 
