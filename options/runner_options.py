@@ -32,11 +32,11 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
             for a GGUF whose projections are Q4_0/Q4_1, else none).
         quant_group_size: int4 input features per scale/zero group.
         int4_activations: what the int4 layers multiply on houchu's CPU kernels:
-            "float" (the activations as they are), "int8" (quantized per group: W4A8,
-            integer dot products), or "auto" (the startup measurement picks per batch
-            bucket and for prefill; ``houchu.model.autotune``). "float" by default: int8
-            activations cost about 3 points of top-1 agreement with the exact path on
-            SmolLM2 (0.937 against 0.965), below the 95% the quantized paths keep.
+            "float" (the activations as they are), "int8" (quantized per 16 inputs:
+            W4A8, integer dot products), or "auto" (the default: the startup measurement
+            picks per batch bucket and for prefill, ``houchu.model.autotune``; int8 is a
+            candidate only where the int4 layers compute in float32, since on bf16 it
+            costs the 95% top-1 agreement the quantized paths keep: 0.947 measured).
         kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8".
         attention_backend: see ``houchu.model.attention.make_backend``.
         compile: ``torch.compile`` the decode step at startup: "off", "on", or "auto"
@@ -65,7 +65,7 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     fixed_threads: bool = False
     quantization: Literal["auto", "none", "int4", "int8", "w8a8"] = "auto"
     quant_group_size: Literal[32, 64, 128] = 32
-    int4_activations: Literal["auto", "float", "int8"] = "float"
+    int4_activations: Literal["auto", "float", "int8"] = "auto"
     kv_cache_dtype: Literal["auto", "int8", "fp8"] = "auto"
     attention_backend: Literal["auto", "torch", "cpu", "triton", "flash-attn"] = "auto"
     compile: Literal["auto", "on", "off"] = "auto"
