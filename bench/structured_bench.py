@@ -23,6 +23,11 @@ sampler and the grammar worker) and tokens/s = B / median step; the ratios are f
 with (throughput with over throughput without, 1.00: no cost)::
 
     python -m houchu.bench.structured_bench --runner --concurrency 1 16 --reps 3
+
+``--masks`` times the parts of one step's masks alone (the fastest of many runs):
+llguidance's mask per row, unpacking the bitmasks, applying them in the sampler::
+
+    python -m houchu.bench.structured_bench --masks --concurrency 1 16 --output-len 200
 """
 
 from __future__ import annotations
@@ -203,6 +208,66 @@ def runner_main(opts: argparse.Namespace) -> None:
     )
 
 
+def masks_main(opts: argparse.Namespace) -> None:
+    """``--masks``: the fastest of ``--reps`` x 50 runs of each part of one step's
+    masks at each batch size: a llguidance mask per row (BENCH_SCHEMA, along a random
+    walk through it), unpacking ``[B, ceil(V / 32)]`` bitmasks and applying them to
+    ``[B, V]`` logits (every row constrained)."""
+    import random
+    import time
+
+    import torch
+
+    from houchu.api.structured import json_schema_grammar
+    from houchu.bench.cli import BENCH_SCHEMA
+    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.grammar import GrammarEngine, bitmask_to_allowed, bitmask_words
+    from houchu.model.sampling import apply_grammar_masks
+    from houchu.transport.structured import StructuredOutput
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    v = 49152
+    engine = GrammarEngine(opts.model or str(fetch_default_model()), v)
+    spec = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(BENCH_SCHEMA))
+    engine.compile("warm", spec)  # loads the tokenizer
+    t0 = time.perf_counter()
+    g, rng, fills = engine.compile("m", spec), random.Random(0), []
+    print(f"llguidance compile (tokenizer loaded): {(time.perf_counter() - t0) * 1e3:.2f} ms")
+    one = torch.full((1, bitmask_words(v)), -1, dtype=torch.int32)  # [1, W]
+    for _ in range(opts.output_len):
+        t0 = time.perf_counter()
+        g.fill(one, 0, [])
+        fills.append(time.perf_counter() - t0)
+        allowed = bitmask_to_allowed(one, v)[0].nonzero().flatten().tolist()
+        g.commit([rng.choice(allowed)])
+        if g.matcher.is_stopped():
+            break
+    print(
+        f"llguidance mask per row: median {statistics.median(fills) * 1e3:.3f} ms, "
+        f"mean {statistics.mean(fills) * 1e3:.3f} ms over {len(fills)} tokens"
+    )
+
+    def fastest(f: Any) -> float:
+        best = float("inf")
+        for _ in range(opts.reps * 50):
+            t0 = time.perf_counter()
+            f()
+            best = min(best, time.perf_counter() - t0)
+        return best * 1e3
+
+    for b in opts.concurrency:
+        gen = torch.Generator().manual_seed(b)
+        bm = torch.randint(-(2**31), 2**31 - 1, (b, bitmask_words(v)), generator=gen)
+        bm = bm.to(torch.int32)  # [B, W]
+        logits = torch.randn(b, v, generator=gen)  # [B, V] float32
+        allowed = bitmask_to_allowed(bm, v)  # [B, V] bool
+        rows = [allowed[i] for i in range(b)]
+        unpack = fastest(lambda bm=bm: bitmask_to_allowed(bm, v))
+        apply = fastest(lambda logits=logits, rows=rows: apply_grammar_masks(logits, rows))
+        print(f"batch {b:>3}: unpack {unpack:.3f} ms, apply {apply:.3f} ms (fastest)")
+
+
 def main() -> None:
     """Command line: see the module docstring."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -215,8 +280,12 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--runner", action="store_true", help="the model runner alone, in-process")
     p.add_argument("--model", default=None, help="--runner: .gguf or folder (default model)")
-    p.add_argument("--threads", type=int, default=None, help="--runner: torch threads")
+    p.add_argument("--threads", type=int, default=None, help="--runner, --masks: torch threads")
+    p.add_argument("--masks", action="store_true", help="time the mask pipeline's parts")
     opts = p.parse_args()
+    if opts.masks:
+        masks_main(opts)
+        return
     if opts.runner:
         runner_main(opts)
         return
