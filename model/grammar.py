@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -203,13 +203,13 @@ class RequestGrammar:
         m = self.matcher
         v = bitmask[row]
         if m.is_error():
-            self._eos_only(v)
+            self.eos_only(v)
             return
         m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * v.element_size())
         if m.is_stopped():
-            self._eos_only(v)
+            self.eos_only(v)
 
-    def _eos_only(self, v: torch.Tensor) -> None:
+    def eos_only(self, v: torch.Tensor) -> None:
         """Row ``v`` (``[W]`` int32) allowing only the end-of-sequence tokens."""
         v.zero_()
         b = v.view(torch.uint8)  # little-endian words: token t is bit t % 8 of byte t // 8
@@ -281,6 +281,7 @@ class GrammarEngine:
         self.vocab_size = vocab_size
         self.tokenizer = GrammarTokenizer(model_path, vocab_size)
         self._worker: ThreadPoolExecutor | None = None
+        self._executor: llguidance.LLExecutor | None = None  # batched masks
         self.mask_s = 0.0  # mask wall seconds since the last samples()
         self.waited_s = 0.0  # seconds the sampler waited for masks
         self.steps = 0
@@ -329,7 +330,11 @@ class GrammarEngine:
         bitmask = torch.full((row, bitmask_words(self.vocab_size)), -1, dtype=torch.int32)
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="houchu-grammar")
-        future = self._worker.submit(_fill_all, rows, bitmask, self.vocab_size)
+        if self._executor is None:
+            import llguidance
+
+            self._executor = llguidance.LLExecutor()
+        future = self._worker.submit(_fill_all, rows, bitmask, self.vocab_size, self._executor)
         return MaskJob(self, future, bitmask, rows)
 
     def count(self, mask_wall_s: float, waited_s: float, rows: Sequence[_Row] = ()) -> None:
@@ -375,13 +380,37 @@ def constrained_rows(rows: Sequence[_Row]) -> list[int]:
 
 
 def _fill_all(
-    rows: list[_Row], bitmask: torch.Tensor, vocab_size: int
+    rows: list[_Row], bitmask: torch.Tensor, vocab_size: int, executor: Any = None
 ) -> tuple[torch.Tensor, float]:
     """The worker's job: fill ``bitmask``'s constrained rows, then unpack them (``[Rc,
     V]`` bool, rows ``constrained_rows(rows)``), all while the forward pass runs.
-    Returns them and the ``perf_counter`` at the end."""
+    Returns them and the ``perf_counter`` at the end.
+
+    The rows without proposals go to llguidance's ``LLExecutor`` in one call (its own
+    threads, without the GIL), so the worker takes the GIL from the forward pass's
+    thread a few times per step rather than twice per request; the rest (proposals to
+    check, a matcher in error) row by row."""
     with torch.inference_mode():  # the runner made ``bitmask`` in inference mode
+        batched = [r for r in rows if not r.drafts and not r.grammar.matcher.is_error()]
+        if executor is None or len(batched) < 2:
+            batched = []
+        if batched:
+            t0 = time.perf_counter()
+            targets = [(r.grammar.matcher, r.row) for r in batched]
+            row_bytes = bitmask.shape[1] * bitmask.element_size()
+            executor.unsafe_compute_mask_ptr(
+                targets, bitmask.data_ptr(), row_bytes, bitmask.shape[0]
+            )
+            for r in batched:
+                if r.grammar.matcher.is_stopped():
+                    r.grammar.eos_only(bitmask[r.row])
+            share = (time.perf_counter() - t0) / len(batched)
+            for r in batched:
+                r.fill_s = share
+        done = {id(r) for r in batched}
         for r in rows:
+            if id(r) in done:
+                continue
             t0 = time.perf_counter()
             r.grammar.fill(bitmask, r.row, r.drafts)
             r.fill_s = time.perf_counter() - t0

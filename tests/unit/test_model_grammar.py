@@ -142,6 +142,28 @@ def test_the_ledger_counts_the_mask_time_not_the_forward_pass(runner) -> None:
     assert sample.rid == "led" and 0 < sample.saved + sample.spent < 0.4
 
 
+def test_batched_masks_match_row_by_row(runner, tok) -> None:
+    """llguidance's executor (one call for the rows without proposals) writes the masks
+    the matchers write one by one, a finished matcher's row allowing only EOS."""
+    import llguidance
+
+    engine = runner.grammar
+    choice = StructuredOutput(kind="regex", grammar=_regex("(yes|no)"))
+    grammars = [engine.compile(f"q{i}", spec) for i, spec in enumerate([JSON, JSON, choice])]
+    grammars[1].commit(tok.encode('{"name'))
+    grammars[2].commit(tok.encode("yes"))  # done: EOS only
+    rows = [grammar._Row(g, i, []) for i, g in enumerate(grammars)]
+    words = grammar.bitmask_words(VOCAB)
+    one_by_one = torch.full((3, words), -1, dtype=torch.int32)
+    for r in rows:
+        r.grammar.fill(one_by_one, r.row, [])
+    batched = torch.full((3, words), -1, dtype=torch.int32)
+    allowed, _ = grammar._fill_all(rows, batched, VOCAB, llguidance.LLExecutor())
+    assert torch.equal(batched, one_by_one)
+    assert allowed[2].nonzero().flatten().tolist() == [2]  # EOS
+    assert allowed[0].sum() < VOCAB and allowed[1].sum() < VOCAB
+
+
 def test_json_schema_20_seeds_validate(runner, tok) -> None:
     prompt = tok.encode("Person as JSON:")
     reqs = {
