@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
 
-from houchu.api.openai_format import Tally
 from houchu.api.state import ENGINE_KEY, close_quietly
+from houchu.api.tally import Tally
 from houchu.transport.messages import GenerateRequest, TextDelta
 
 _END = None  # a choice's pump is done

@@ -1,204 +1,44 @@
-"""Shapes of the OpenAI-compatible responses: chunks, full responses, usage, logprobs.
+"""Shapes of the OpenAI-compatible responses: chunks and full responses.
 
 Pure functions and small classes with no I/O, so the streaming and non-streaming paths
-(and the WebSocket API, for usage and logprobs) build their JSON the same way.
+(and the WebSocket API, for usage and logprobs) build their JSON the same way. The
+tally of a response is in ``houchu.api.tally``, the logprobs bodies in
+``houchu.api.openai_logprobs`` (both re-exported here).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import abc
 from typing import Any
 
+from houchu.api.openai_logprobs import (
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+    join_logprobs,
+    token_bytes,
+    vllm_prompt_logprobs,
+    ws_logprobs,
+)
+from houchu.api.tally import Tally, usage_of
 from houchu.text.tool_calls import StreamDelta, ToolCallParser, ToolCallStream
-from houchu.transport.messages import PromptTokenLogprob, TextDelta, TokenLogprob
+from houchu.transport.messages import TokenLogprob
 
-
-@dataclass
-class Tally:
-    """Accumulates a request's text, logprobs, counters and finish reason over its deltas.
-
-    Counters are cumulative in the engine's deltas; the largest value seen is kept, so a
-    counter sent only once (``cached_tokens`` with the first delta) or only at the end is
-    reported either way.
-    """
-
-    texts: list[str] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    finish_reason: str | None = None
-    prompt_text: str | None = None  # echo
-    prompt_logprobs: list[PromptTokenLogprob] | None = None
-
-    def add(self, delta: TextDelta) -> None:
-        """Fold one delta in."""
-        if delta.prompt_text is not None:
-            self.prompt_text = delta.prompt_text
-        if delta.prompt_logprobs is not None:
-            self.prompt_logprobs = delta.prompt_logprobs
-        self.texts.append(delta.text)
-        if delta.logprobs:
-            self.logprobs.extend(delta.logprobs)
-        self.prompt_tokens = max(self.prompt_tokens, delta.prompt_tokens)
-        self.completion_tokens = max(self.completion_tokens, delta.completion_tokens)
-        self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
-        if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason
-
-    @property
-    def text(self) -> str:
-        """All text so far."""
-        return "".join(self.texts)
-
-    def usage(self) -> dict[str, Any]:
-        """The OpenAI ``usage`` object, with ``prompt_tokens_details.cached_tokens``."""
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        }
-
-
-def usage_of(tallies: list[Tally]) -> dict[str, Any]:
-    """The ``usage`` of several choices of one prompt: the prompt (and its cached
-    tokens) counted once, as the first choice saw it; the completion tokens of every
-    choice (OpenAI's and vLLM's ``n`` and ``best_of``)."""
-    first = tallies[0]
-    completion = sum(t.completion_tokens for t in tallies)
-    prompt = max(t.prompt_tokens for t in tallies)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
-    }
-
-
-def vllm_prompt_logprobs(
-    lps: list[PromptTokenLogprob] | None,
-) -> list[dict[str, dict[str, Any]] | None] | None:
-    """vLLM's ``prompt_logprobs``: per prompt token, None for the first, else
-    ``{token_id: {"logprob", "rank", "decoded_token"}}`` for the token and its top
-    alternatives."""
-    if lps is None:
-        return None
-    out: list[dict[str, dict[str, Any]] | None] = []
-    for lp in lps:
-        if lp.logprob is None:
-            out.append(None)
-            continue
-        entry = {
-            str(i): {"logprob": p, "rank": r + 1, "decoded_token": t}
-            for r, (t, i, p) in enumerate(lp.top)
-        }
-        entry[str(lp.token_id)] = {
-            "logprob": lp.logprob,
-            "rank": lp.rank,
-            "decoded_token": lp.token,
-        }
-        out.append(entry)
-    return out
-
-
-def echo_logprobs(
-    lps: list[PromptTokenLogprob], top_n: int, offset: int = 0
-) -> tuple[dict[str, Any], int]:
-    """The prompt's part of an echoed completion's ``logprobs`` (legacy format, as
-    ``completion_logprobs``): the first token's ``token_logprobs`` and ``top_logprobs``
-    are null, as OpenAI and vLLM return them. Returns it and the offset after it."""
-    tokens, token_lps, tops, offsets = [], [], [], []
-    for lp in lps:
-        tokens.append(lp.token)
-        token_lps.append(lp.logprob)
-        if lp.logprob is None:
-            tops.append(None)
-        else:
-            top = {t: p for t, _, p in lp.top[:top_n]}
-            top.setdefault(lp.token, lp.logprob)
-            tops.append(top)
-        offsets.append(offset)
-        offset += len(lp.token)
-    body = {
-        "tokens": tokens,
-        "token_logprobs": token_lps,
-        "top_logprobs": tops,
-        "text_offset": offsets,
-    }
-    return body, offset
-
-
-def join_logprobs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Two legacy ``logprobs`` bodies, one after the other."""
-    return {k: a[k] + b[k] for k in a}
-
-
-def token_bytes(token: str) -> list[int]:
-    """UTF-8 bytes of a token's text (for alternatives, whose raw bytes are not sent)."""
-    return list(token.encode("utf-8", errors="replace"))
-
-
-def chat_logprobs(lps: list[TokenLogprob], top_n: int) -> dict[str, Any]:
-    """Chat format: ``{"content": [{"token", "logprob", "bytes", "top_logprobs"}]}``."""
-    return {
-        "content": [
-            {
-                "token": lp.token,
-                "logprob": lp.logprob,
-                "bytes": list(lp.bytes_),
-                "top_logprobs": [
-                    {"token": t, "logprob": p, "bytes": token_bytes(t)}
-                    for t, _, p in lp.top[:top_n]
-                ],
-            }
-            for lp in lps
-        ]
-    }
-
-
-def completion_logprobs(
-    lps: list[TokenLogprob], top_n: int, offset: int = 0
-) -> tuple[dict[str, Any], int]:
-    """Legacy completions format, and the text offset after the last token.
-
-    ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``;
-    each ``top_logprobs`` entry holds the ``top_n`` best alternatives and the sampled
-    token (so up to ``top_n + 1`` entries, as in the OpenAI API). ``text_offset`` counts
-    characters from the start of the completion, continuing from ``offset``.
-    """
-    tokens, token_lps, tops, offsets = [], [], [], []
-    for lp in lps:
-        tokens.append(lp.token)
-        token_lps.append(lp.logprob)
-        top = {t: p for t, _, p in lp.top[:top_n]}
-        top.setdefault(lp.token, lp.logprob)
-        tops.append(top)
-        offsets.append(offset)
-        offset += len(lp.token)
-    body = {
-        "tokens": tokens,
-        "token_logprobs": token_lps,
-        "top_logprobs": tops,
-        "text_offset": offsets,
-    }
-    return body, offset
-
-
-def ws_logprobs(lps: list[TokenLogprob], top_n: int) -> list[dict[str, Any]]:
-    """WebSocket format: one object per token, with token ids."""
-    return [
-        {
-            "token": lp.token,
-            "token_id": lp.token_id,
-            "logprob": lp.logprob,
-            "bytes": list(lp.bytes_),
-            "top_logprobs": [
-                {"token": t, "token_id": i, "logprob": p} for t, i, p in lp.top[:top_n]
-            ],
-        }
-        for lp in lps
-    ]
+__all__ = [
+    "ChatFormatter",
+    "CompletionFormatter",
+    "Formatter",
+    "Tally",
+    "chat_logprobs",
+    "completion_logprobs",
+    "echo_logprobs",
+    "join_logprobs",
+    "token_bytes",
+    "tool_finish",
+    "usage_of",
+    "vllm_prompt_logprobs",
+    "ws_logprobs",
+]
 
 
 def tool_finish(reason: str | None, called: bool) -> str | None:
@@ -207,7 +47,7 @@ def tool_finish(reason: str | None, called: bool) -> str | None:
     return "tool_calls" if called and reason == "stop" else reason
 
 
-class Formatter:
+class Formatter(abc.ABC):
     """Builds one response's JSON objects; subclasses fix the endpoint's shapes.
 
     Args:
@@ -274,15 +114,15 @@ class Formatter:
         ``index``'s first content; ``prompt``: the tally holding them."""
         return []
 
+    @abc.abstractmethod
     def content_chunk(
         self, text: str, lps: list[TokenLogprob] | None, index: int = 0
     ) -> dict[str, Any]:
         """A chunk carrying new text (and its logprobs) of choice ``index``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def finish_chunk(self, reason: str, index: int = 0) -> dict[str, Any]:
         """The chunk carrying choice ``index``'s ``finish_reason``."""
-        raise NotImplementedError
 
     def content_chunks(
         self, text: str, lps: list[TokenLogprob] | None, index: int = 0
@@ -314,8 +154,10 @@ class Formatter:
         out["usage"] = usage_of(tallies)
         return out
 
+    @abc.abstractmethod
     def _choice(self, index: int, tally: Tally, prompt: Tally) -> dict[str, Any]:
-        raise NotImplementedError
+        """Choice ``index`` of a non-streaming response, from its ``tally`` (``prompt``:
+        the tally holding the prompt's text and logprobs)."""
 
 
 class CompletionFormatter(Formatter):

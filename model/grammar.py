@@ -11,10 +11,11 @@ Per step (``GrammarEngine.start`` / ``MaskJob.wait``), as vLLM and SGLang do it:
 
 1. before the forward pass, one worker thread fills each constrained row's bitmask
    (``[rows, ceil(V / 32)]`` int32, bit ``t % 32`` of word ``t // 32`` set when token
-   ``t`` is allowed) while the model runs; llguidance drops the GIL while it computes;
+   ``t`` is allowed) while the model runs, and unpacks the constrained rows into
+   ``[Rc, V]`` bool (``bitmask_to_allowed``); llguidance drops the GIL while it computes;
 2. after the forward pass the sampler waits for the masks (the wait is the mask time
-   the forward pass did not hide) and sets disallowed logits to -inf
-   (``Sampler.sample(masks=...)``);
+   the forward pass did not hide) and sets disallowed logits to -inf in one pass over
+   the constrained rows (``Sampler.sample(masks=...)``, ``apply_grammar_masks``);
 3. the emitted tokens are consumed by each matcher (``RequestGrammar.commit``).
 
 Speculative decoding: a verified request's rows are the distributions after each
@@ -34,14 +35,16 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from houchu.model import cpu_kernels
@@ -66,14 +69,22 @@ def bitmask_words(vocab_size: int) -> int:
 def bitmask_to_allowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Unpack llguidance bitmasks.
 
+    One pass of numpy's ``unpackbits`` over the words' bytes (little-endian: token ``t``
+    is bit ``t % 8`` of byte ``t // 8``), a few times faster than shifting each word by
+    0..31 in torch; big-endian hosts take the shifts.
+
     Args:
-        bitmask: ``[R, ceil(V / 32)]`` int32, bit ``t % 32`` of word ``t // 32`` set when
-            token ``t`` is allowed.
+        bitmask: ``[R, ceil(V / 32)]`` int32 on the CPU, bit ``t % 32`` of word ``t // 32``
+            set when token ``t`` is allowed.
         vocab_size: V.
     Returns:
-        ``[R, V]`` bool, True where allowed.
+        ``[R, V]`` bool, True where allowed (a view of a fresh ``[R, 32 W]`` array).
     """
     r = bitmask.shape[0]
+    if sys.byteorder == "little":
+        words = bitmask.contiguous().numpy().view(np.uint8)  # [R, 4 W] uint8
+        bits = np.unpackbits(words, axis=1, bitorder="little")  # [R, 32 W] uint8 0/1
+        return torch.from_numpy(bits.view(np.bool_))[:, :vocab_size]
     bits = (bitmask[:, :, None] >> _BITS) & 1  # [R, W, 32] int32
     return bits.bool().reshape(r, -1)[:, :vocab_size]
 
@@ -192,13 +203,13 @@ class RequestGrammar:
         m = self.matcher
         v = bitmask[row]
         if m.is_error():
-            self._eos_only(v)
+            self.eos_only(v)
             return
         m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * v.element_size())
         if m.is_stopped():
-            self._eos_only(v)
+            self.eos_only(v)
 
-    def _eos_only(self, v: torch.Tensor) -> None:
+    def eos_only(self, v: torch.Tensor) -> None:
         """Row ``v`` (``[W]`` int32) allowing only the end-of-sequence tokens."""
         v.zero_()
         b = v.view(torch.uint8)  # little-endian words: token t is bit t % 8 of byte t // 8
@@ -229,24 +240,31 @@ class MaskJob:
     """The masks of one step, computed on the engine's worker thread."""
 
     def __init__(
-        self, engine: GrammarEngine, future: Future[None], bitmask: torch.Tensor, rows: list[_Row]
+        self,
+        engine: GrammarEngine,
+        future: Future[tuple[torch.Tensor, float]],
+        bitmask: torch.Tensor,
+        rows: list[_Row],
     ) -> None:
         self.engine, self.future, self.bitmask, self.rows = engine, future, bitmask, rows
         self.started = time.perf_counter()
+        #: the logits rows under a grammar, ascending (the rows of the unpacked masks)
+        self.constrained = constrained_rows(rows)
 
     def wait(self, vocab_size: int, device: torch.device) -> list[torch.Tensor | None]:
         """Each logits row's mask (``[V]`` bool on ``device``), None for free rows; counts
-        the wait in the ledger."""
+        the wait in the ledger. The worker unpacked the masks too, so only their move
+        to ``device`` is left to do here."""
         t0 = time.perf_counter()
-        self.future.result()
+        allowed, finished = self.future.result()  # [Rc, V] bool on the CPU, perf_counter
         waited = time.perf_counter() - t0
-        self.engine.count(time.perf_counter() - self.started, waited, self.rows)
+        # the worker's time from the submission to its last mask: what the step would
+        # have spent on masks; the part of it the sampler did not wait for was hidden
+        self.engine.count(finished - self.started, waited, self.rows)
         masks: list[torch.Tensor | None] = [None] * self.bitmask.shape[0]
-        constrained = sorted({r.row + j for r in self.rows for j in range(len(r.drafts) + 1)})
-        if constrained:
-            idx = torch.tensor(constrained)
-            allowed = bitmask_to_allowed(self.bitmask[idx], vocab_size).to(device)  # [Rc, V]
-            for k, i in enumerate(constrained):
+        if self.constrained:
+            allowed = allowed[:, :vocab_size].to(device)  # [Rc, V]
+            for k, i in enumerate(self.constrained):
                 masks[i] = allowed[k]
         return masks
 
@@ -263,6 +281,7 @@ class GrammarEngine:
         self.vocab_size = vocab_size
         self.tokenizer = GrammarTokenizer(model_path, vocab_size)
         self._worker: ThreadPoolExecutor | None = None
+        self._executor: llguidance.LLExecutor | None = None  # batched masks
         self.mask_s = 0.0  # mask wall seconds since the last samples()
         self.waited_s = 0.0  # seconds the sampler waited for masks
         self.steps = 0
@@ -311,7 +330,11 @@ class GrammarEngine:
         bitmask = torch.full((row, bitmask_words(self.vocab_size)), -1, dtype=torch.int32)
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="houchu-grammar")
-        future = self._worker.submit(_fill_all, rows, bitmask)
+        if self._executor is None:
+            import llguidance
+
+            self._executor = llguidance.LLExecutor()
+        future = self._worker.submit(_fill_all, rows, bitmask, self.vocab_size, self._executor)
         return MaskJob(self, future, bitmask, rows)
 
     def count(self, mask_wall_s: float, waited_s: float, rows: Sequence[_Row] = ()) -> None:
@@ -350,9 +373,47 @@ class GrammarEngine:
         return out
 
 
-def _fill_all(rows: list[_Row], bitmask: torch.Tensor) -> None:
+def constrained_rows(rows: Sequence[_Row]) -> list[int]:
+    """The logits rows a step's grammars mask (each request's row and one per proposal
+    to verify), ascending."""
+    return sorted({r.row + j for r in rows for j in range(len(r.drafts) + 1)})
+
+
+def _fill_all(
+    rows: list[_Row], bitmask: torch.Tensor, vocab_size: int, executor: Any = None
+) -> tuple[torch.Tensor, float]:
+    """The worker's job: fill ``bitmask``'s constrained rows, then unpack them (``[Rc,
+    V]`` bool, rows ``constrained_rows(rows)``), all while the forward pass runs.
+    Returns them and the ``perf_counter`` at the end.
+
+    The rows without proposals go to llguidance's ``LLExecutor`` in one call (its own
+    threads, without the GIL), so the worker takes the GIL from the forward pass's
+    thread a few times per step rather than twice per request; the rest (proposals to
+    check, a matcher in error) row by row."""
     with torch.inference_mode():  # the runner made ``bitmask`` in inference mode
+        batched = [r for r in rows if not r.drafts and not r.grammar.matcher.is_error()]
+        if executor is None or len(batched) < 2:
+            batched = []
+        if batched:
+            t0 = time.perf_counter()
+            targets = [(r.grammar.matcher, r.row) for r in batched]
+            row_bytes = bitmask.shape[1] * bitmask.element_size()
+            executor.unsafe_compute_mask_ptr(
+                targets, bitmask.data_ptr(), row_bytes, bitmask.shape[0]
+            )
+            for r in batched:
+                if r.grammar.matcher.is_stopped():
+                    r.grammar.eos_only(bitmask[r.row])
+            share = (time.perf_counter() - t0) / len(batched)
+            for r in batched:
+                r.fill_s = share
+        done = {id(r) for r in batched}
         for r in rows:
+            if id(r) in done:
+                continue
             t0 = time.perf_counter()
             r.grammar.fill(bitmask, r.row, r.drafts)
             r.fill_s = time.perf_counter() - t0
+        idx = constrained_rows(rows)
+        packed = bitmask if len(idx) == bitmask.shape[0] else bitmask[torch.tensor(idx)]
+        return bitmask_to_allowed(packed, vocab_size), time.perf_counter()  # [Rc, V]

@@ -186,10 +186,14 @@ def apply_grammar_masks(
     if not rows:
         return logits
     assert masks is not None
-    out = logits.clone()
+    ninf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
     idx = torch.tensor(rows, device=logits.device)
     allowed = torch.stack([masks[i] for i in rows])  # [Rc, V] bool
-    out[idx] = out[idx].masked_fill(~allowed, float("-inf"))
+    if len(rows) == logits.shape[0]:  # every row constrained: one pass, no clone
+        out = torch.where(allowed, logits, ninf)  # [R, V]
+    else:
+        out = logits.clone()
+        out[idx] = torch.where(allowed, logits[idx], ninf)
     if fallback is not None and fallback is not logits:
         dead = torch.isneginf(out[idx]).all(dim=-1)  # [Rc] bool: nothing left to sample
         if bool(dead.any()):

@@ -24,6 +24,7 @@ as OpenAI's deltas do (a first delta with ``id``, ``type`` and ``function.name``
 
 from __future__ import annotations
 
+import abc
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -78,12 +79,12 @@ def _loads(text: str) -> Any:
         return None
 
 
-class ToolCallParser:
+class ToolCallParser(abc.ABC):
     """Parses a whole reply; ``stream()`` gives an incremental parser of the same form."""
 
+    @abc.abstractmethod
     def parse(self, text: str) -> Parsed:
         """Content and calls of a finished reply."""
-        raise NotImplementedError
 
     def stream(self) -> ToolCallStream:
         """A fresh incremental parser."""
@@ -197,20 +198,20 @@ class StreamDelta:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
-class ToolCallStream:
+class ToolCallStream(abc.ABC):
     """An incremental parser: ``feed`` each new piece of text, then ``finish``. The
     calls released so far are ``calls``."""
 
     def __init__(self) -> None:
         self.calls: list[ToolCall] = []
 
+    @abc.abstractmethod
     def feed(self, text: str) -> StreamDelta:
         """Release what ``text`` (the next piece of the reply) allows."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def finish(self) -> StreamDelta:
         """Release the rest (the reply is complete)."""
-        raise NotImplementedError
 
     def _release(self, calls: list[ToolCall]) -> list[dict[str, Any]]:
         """Deltas of complete calls: name first, then the arguments."""

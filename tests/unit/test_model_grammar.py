@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import jsonschema
@@ -12,8 +13,10 @@ import pytest
 import torch
 
 from houchu.api.structured import json_schema_grammar
+from houchu.model import grammar
 from houchu.model.grammar import bitmask_to_allowed
 from houchu.model.model_runner import ModelRunner
+from houchu.model.sampling import apply_grammar_masks
 from houchu.model.testing import make_tiny_llama
 from houchu.text.tokenizer import TextTokenizer, load_tokenizer
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
@@ -95,6 +98,70 @@ def test_bitmask_unpacks_bit_per_token() -> None:
     assert allowed.shape == (2, 40)
     assert allowed[0].nonzero().flatten().tolist() == [3]
     assert allowed[1].nonzero().flatten().tolist() == [31, 39]
+
+
+@pytest.mark.parametrize("byteorder", ["little", "big"])
+def test_bitmask_unpacking_matches_each_bit(monkeypatch, byteorder: str) -> None:
+    """numpy's byte unpacking (little-endian hosts) and the word shifts (big-endian)
+    both read bit t % 32 of word t // 32 as token t."""
+    monkeypatch.setattr(grammar.sys, "byteorder", byteorder)
+    g = torch.Generator().manual_seed(3)
+    bm = torch.randint(-(2**31), 2**31 - 1, (3, 5), dtype=torch.int32, generator=g)
+    want = torch.tensor(
+        [[(int(bm[r, t // 32]) >> (t % 32)) & 1 == 1 for t in range(150)] for r in range(3)]
+    )
+    assert torch.equal(bitmask_to_allowed(bm, 150), want)
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2], [0, 2]])
+def test_grammar_masks_leave_free_rows_and_the_input_alone(rows: list[int]) -> None:
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 40, generator=g)  # [R, V]
+    before = logits.clone()
+    allowed = torch.rand(3, 40, generator=g) < 0.3  # [R, V] bool
+    masks = [allowed[i] if i in rows else None for i in range(3)]
+    out = apply_grammar_masks(logits, masks)
+    assert torch.equal(logits, before)
+    for i in range(3):
+        want = before[i].masked_fill(~allowed[i], float("-inf")) if i in rows else before[i]
+        assert torch.equal(out[i], want)
+
+
+def test_the_ledger_counts_the_mask_time_not_the_forward_pass(runner) -> None:
+    """Hidden mask time is the worker's time, however long the forward pass it hid
+    behind took."""
+    engine = runner.grammar
+    engine.samples()
+    g = engine.compile("led", JSON)
+    job = engine.start([g], [1], [[]])
+    assert job is not None
+    time.sleep(0.5)  # the forward pass
+    (mask,) = job.wait(VOCAB, torch.device("cpu"))
+    assert mask is not None and mask.shape == (VOCAB,) and bool(mask.any())
+    (sample,) = engine.samples()
+    assert sample.rid == "led" and 0 < sample.saved + sample.spent < 0.4
+
+
+def test_batched_masks_match_row_by_row(runner, tok) -> None:
+    """llguidance's executor (one call for the rows without proposals) writes the masks
+    the matchers write one by one, a finished matcher's row allowing only EOS."""
+    import llguidance
+
+    engine = runner.grammar
+    choice = StructuredOutput(kind="regex", grammar=_regex("(yes|no)"))
+    grammars = [engine.compile(f"q{i}", spec) for i, spec in enumerate([JSON, JSON, choice])]
+    grammars[1].commit(tok.encode('{"name'))
+    grammars[2].commit(tok.encode("yes"))  # done: EOS only
+    rows = [grammar._Row(g, i, []) for i, g in enumerate(grammars)]
+    words = grammar.bitmask_words(VOCAB)
+    one_by_one = torch.full((3, words), -1, dtype=torch.int32)
+    for r in rows:
+        r.grammar.fill(one_by_one, r.row, [])
+    batched = torch.full((3, words), -1, dtype=torch.int32)
+    allowed, _ = grammar._fill_all(rows, batched, VOCAB, llguidance.LLExecutor())
+    assert torch.equal(batched, one_by_one)
+    assert allowed[2].nonzero().flatten().tolist() == [2]  # EOS
+    assert allowed[0].sum() < VOCAB and allowed[1].sum() < VOCAB
 
 
 def test_json_schema_20_seeds_validate(runner, tok) -> None:

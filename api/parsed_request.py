@@ -1,0 +1,91 @@
+"""A validated request (``ParsedRequest``) and the wire requests of its choices."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from houchu.api.schema import SEED_RANGE
+from houchu.api.tools import ToolSetup
+from houchu.transport.messages import ChatMessage, GenerateRequest, SamplingParams
+
+#: Seeds are 64-bit: a choice's ``seed + i`` wraps around into ``SEED_RANGE``.
+_SEED_WRAP = 2**64
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A validated request, ready to be given a request id.
+
+    Exactly one of ``prompt``, ``prompt_ids``, ``messages`` is set. The number of
+    alternatives per token the client asked for is ``sampling.top_logprobs``. ``n``
+    choices are returned, the best ``n`` of ``best_of`` generated (by mean token
+    log-probability, OpenAI's "highest log probability per token").
+    """
+
+    sampling: SamplingParams
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    stream: bool = False
+    include_usage: bool = False
+    tools: ToolSetup | None = None  # a chat request's tools and tool_choice
+    n: int = 1
+    best_of: int = 1
+    prompt_logprobs: int | None = None  # vLLM's field, as the client gave it
+    suffix: str | None = None  # a completion's text after the answer (fill-in-the-middle)
+
+    def to_generate(self, rid: str) -> GenerateRequest:
+        """The wire request of a single choice, stamped with ``rid`` and the arrival
+        time."""
+        return GenerateRequest(
+            rid=rid,
+            prompt=self.prompt,
+            prompt_ids=self.prompt_ids,
+            messages=self.messages,
+            sampling=self.sampling,
+            arrival_time=time.time(),
+            tools=None if self.tools is None else self.tools.template_tools,
+        )
+
+    def to_generates(self, rid: str) -> list[GenerateRequest]:
+        """One wire request per generated choice (``best_of`` of them): ``rid`` alone
+        for one, else ``rid-0 .. rid-(k-1)`` in one prefill group ``rid``. Choice ``i``
+        gets the seed ``seed + i`` (wrapped to 64 bits); only choice 0 asks for the
+        prompt's logprobs and text (every choice shares them); with ``best_of > n`` every
+        choice computes its tokens' logprobs (to rank them)."""
+        k = self.best_of
+        if k == 1:
+            return [self.to_generate(rid)]
+        s, now = self.sampling, time.time()
+        rank = k > self.n and not s.logprobs
+        out = []
+        for i in range(k):
+            seed = s.seed
+            if seed is not None and seed + i > SEED_RANGE[1]:
+                seed = seed + i - _SEED_WRAP
+            elif seed is not None:
+                seed = seed + i
+            first = i == 0
+            sampling = msgspec.structs.replace(
+                s,
+                seed=seed,
+                logprobs=s.logprobs or rank,
+                prompt_logprobs=s.prompt_logprobs if first else None,
+                echo=s.echo and first,
+            )
+            out.append(
+                GenerateRequest(
+                    rid=f"{rid}-{i}",
+                    prompt=self.prompt,
+                    prompt_ids=self.prompt_ids,
+                    messages=self.messages,
+                    sampling=sampling,
+                    arrival_time=now,
+                    prefill_group=rid,
+                    tools=None if self.tools is None else self.tools.template_tools,
+                )
+            )
+        return out

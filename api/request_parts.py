@@ -1,0 +1,220 @@
+"""The checks and conversions every request parser shares: the body decoded into its
+request type, the served model, token ids, choices, the prompt, ``max_tokens``,
+streaming and the engine's ``SamplingParams`` (``houchu.api.validation`` puts them
+together per endpoint). Each raises ``ApiError`` (HTTP 400) naming the parameter."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from houchu.api.errors import ApiError
+from houchu.api.schema import SEED_RANGE, HttpFields, SamplingFields
+from houchu.api.schema_errors import json_type, validation_error
+from houchu.api.structured import structured_output
+from houchu.api.tools import ToolSetup
+from houchu.transport.limits import RunnerLimits
+from houchu.transport.messages import SamplingParams
+
+Body = dict[str, Any]
+R = TypeVar("R", bound=SamplingFields)
+
+#: Request fields that become ``SamplingParams`` fields of the same name, as given.
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "stop_token_ids",
+    "ignore_eos",
+    "allowed_token_ids",
+    "min_tokens",
+    "prompt_logprobs",
+)
+
+
+def decode_body(raw: bytes) -> Body:
+    """Decode a request body that must be a JSON object.
+
+    Raises:
+        ApiError: (400) it is empty, not JSON, nested too deeply, or not an object.
+    """
+    if not raw.strip():
+        raise ApiError("request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ApiError(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError("request body is nested too deeply", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(
+            f"request body must be a JSON object, got {json_type(body)}", code="invalid_type"
+        )
+    return body
+
+
+def decode_request(body: Body, kind: type[R], model_name: str, vocab_size: int = 0) -> R:
+    """``body`` as a ``kind``: unknown keys and nulls dropped, a batch of one prompt
+    unwrapped, the served model and token ids checked. Raises ``ApiError`` (400)."""
+    known = set(kind.__struct_fields__)
+    given = {k: v for k, v in body.items() if k in known and v is not None}
+    if isinstance(given.get("prompt"), list):
+        given["prompt"] = one_prompt(given["prompt"])
+    try:
+        req = msgspec.convert(given, kind, strict=True)
+    except msgspec.ValidationError as exc:
+        raise validation_error(exc, kind, given) from None
+    check_model(req.model, model_name)
+    if req.seed is not None and req.seed > SEED_RANGE[1]:
+        raise ApiError(
+            f"'seed' must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {req.seed}",
+            param="seed",
+            code="invalid_value",
+        )
+    check_token_ids(req, vocab_size)
+    return req
+
+
+def check_model(model: str | None, model_name: str) -> None:
+    """``model``, when given, must be the served ``model_name``. Raises ``ApiError``
+    (400, code ``model_not_found``)."""
+    if model is not None and model != model_name:
+        raise ApiError(
+            f"The model '{model}' does not exist; this server serves '{model_name}'",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def check_token_ids(req: SamplingFields, vocab_size: int) -> None:
+    """``logit_bias`` and ``allowed_token_ids`` name tokens of the vocabulary (0:
+    unknown, not checked). Raises ``ApiError`` (400)."""
+    if not vocab_size:
+        return
+    for name in ("logit_bias", "allowed_token_ids"):
+        ids = getattr(req, name)
+        bad = [t for t in (ids or ()) if int(t) >= vocab_size]
+        if bad:
+            raise ApiError(
+                f"'{name}' names token id {bad[0]}, outside this model's vocabulary "
+                f"[0, {vocab_size})",
+                param=name,
+                code="invalid_value",
+            )
+
+
+def choice_counts(n: int | None, best_of: int | None, stream: bool) -> tuple[int, int]:
+    """(choices returned, choices generated). ``best_of`` must be at least ``n`` and,
+    when larger, cannot stream (the best are known only at the end). Raises
+    ``ApiError`` (400)."""
+    n = n or 1
+    best_of = best_of or n
+    if best_of < n:
+        raise ApiError(
+            f"'best_of' ({best_of}) must be at least 'n' ({n})",
+            param="best_of",
+            code="invalid_value",
+        )
+    if best_of > n and stream:
+        raise ApiError(
+            "'best_of' larger than 'n' cannot be streamed", param="best_of", code="invalid_value"
+        )
+    return n, best_of
+
+
+def one_prompt(prompt: list[Any]) -> Any:
+    """A batch of one prompt (``["text"]`` or ``[[ids]]``) is that prompt; a batch of
+    several is refused; anything else (token ids) is kept."""
+    if not prompt or not all(isinstance(p, str | list) for p in prompt):
+        return prompt
+    if len(prompt) > 1:
+        raise ApiError(
+            "'prompt' holds several prompts; send one prompt per request",
+            param="prompt",
+            code="unsupported_value",
+        )
+    return prompt[0]
+
+
+def prompt_of(prompt: str | list[int]) -> tuple[str | None, list[int] | None]:
+    """(text, None) or (None, token ids)."""
+    return (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
+
+
+def sampling_params(
+    req: SamplingFields,
+    max_tokens: int,
+    *,
+    logprobs: bool,
+    top_n: int,
+    tools: ToolSetup | None = None,
+) -> SamplingParams:
+    """The engine's parameters: what the client gave, ``SamplingParams``'s defaults for
+    the rest; the output grammar of a structured output constraint or of a forced tool
+    call (not both: a 400)."""
+    structured = structured_output(req)
+    if tools is not None and tools.structured is not None:
+        if structured is not None:
+            raise ApiError(
+                "a required or named 'tool_choice' cannot be combined with another "
+                "structured output constraint",
+                param="tool_choice",
+                code="invalid_value",
+            )
+        structured = tools.structured
+    given = {f: getattr(req, f) for f in SAMPLING_FIELDS if getattr(req, f) is not None}
+    if req.top_k is not None:
+        given["top_k"] = max(req.top_k, 0)  # -1 (vLLM) and 0 (OpenAI) both mean off
+    if req.top_p == 0.0:  # OpenAI's edge: the smallest set of mass >= 0 is the top token
+        given["top_p"], given["top_k"] = 1.0, 1
+    if req.stop is not None:
+        given["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+    if req.logit_bias:
+        given["logit_bias"] = {int(k): v for k, v in req.logit_bias.items()}
+    if req.bad_words:
+        given["bad_words"] = list(req.bad_words)
+    if (req.min_tokens or 0) > max_tokens:
+        raise ApiError(
+            f"'min_tokens' ({req.min_tokens}) must be at most the maximum tokens ({max_tokens})",
+            param="min_tokens",
+            code="invalid_value",
+        )
+    asked = (getattr(req, f, None) for f in ("max_tokens", "max_completion_tokens"))
+    return SamplingParams(
+        **given,
+        max_tokens=max_tokens,
+        max_tokens_is_default=all(v is None for v in asked),
+        logprobs=logprobs,
+        top_logprobs=top_n if logprobs else 0,
+        structured=structured,
+    )
+
+
+def max_tokens_of(value: int | None, name: str, default: int, max_context: int) -> int:
+    """``value`` (the field ``name``), which must fit the context window; ``default``
+    capped at the window when not given."""
+    if value is None:
+        return min(default, max_context)
+    failure = RunnerLimits(max_context=max_context).context_failure(value, param=name)
+    if failure is not None:
+        raise ApiError.of(failure)
+    return value
+
+
+def stream_flags(req: HttpFields) -> tuple[bool, bool]:
+    """(``stream``, ``stream_options.include_usage``); the options need ``stream``."""
+    stream = bool(req.stream)
+    if req.stream_options is None:
+        return stream, False
+    if not stream:
+        raise ApiError(
+            "'stream_options' is only allowed when 'stream' is true",
+            param="stream_options",
+            code="invalid_value",
+        )
+    return stream, bool(req.stream_options.include_usage)
