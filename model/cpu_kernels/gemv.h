@@ -413,105 +413,80 @@ inline void store_out8(OutT* p, __m256 v, int64_t n) {
   }
 }
 
-// int4, MT activation rows (xs: Acts' scaled float32 rows, gs: their group sums): the
-// NB row blocks b .. b + NB - 1. Lane i of a chunk's half holds feature i's 8 codes: k = 2t
-// at bits 4t, k = 2t + 1 at bits 16 + 4t. Masking a code in place and converting gives
+// int4, MT activation rows (xs: Acts' scaled float32 rows, gs: their group sums): row
+// blocks [b0, b1). Lane i of a chunk's half holds feature i's 8 codes: k = 2t at bits
+// 4t, k = 2t + 1 at bits 16 + 4t. Masking a code in place and converting gives
 // code * 2^4t, and xs holds x * 2^-4t, so each FMA adds the exact product code * x.
-// Every block's sums are the same FMA chains in the same order whatever NB is; NB = 2
-// interleaves two blocks' chains, which hides the FMA latency that one or two rows'
-// chains of one block leave exposed (the AVX2 step at batch 1 was latency-bound).
-template <int MT, int NB, bool F32S, typename OutT>
-inline void int4_blocks_avx2(const uint8_t* w, int64_t b, int64_t blk_bytes, int64_t ng,
-                             int64_t G, const float* xs, int64_t ldx, const float* gs,
-                             OutT* out, int64_t ldo, int64_t n) {
-  constexpr int A = MT == 1 ? 2 : 1;  // accumulator chains per (row, half)
-  constexpr int64_t kHead = F32S ? 128 : 64;  // header bytes per group
-  const __m256i hi16 = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  const int64_t chunks = G / 8;
-  const uint8_t* p[NB];
-  for (int j = 0; j < NB; ++j) p[j] = w + (b + j) * blk_bytes;
-  __m256 acc[NB][MT][2];
-  for (int j = 0; j < NB; ++j)
-    for (int m = 0; m < MT; ++m) acc[j][m][0] = acc[j][m][1] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < ng; ++g) {
-    const uint8_t* hdr[NB];
-    for (int j = 0; j < NB; ++j) {
-      hdr[j] = p[j];
-      p[j] += kHead;
-    }
-    __m256 d[NB][MT][2][A];
-    for (int j = 0; j < NB; ++j)
-      for (int m = 0; m < MT; ++m)
-        for (int h = 0; h < 2; ++h)
-          for (int a = 0; a < A; ++a) d[j][m][h][a] = _mm256_setzero_ps();
-    const float* xg = xs + g * G;
-    for (int64_t c = 0; c < chunks; ++c) {
-      __m256i src[NB][2][2];  // [block][half][k parity]
-      for (int j = 0; j < NB; ++j)
-        for (int h = 0; h < 2; ++h) {
-          src[j][h][0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[j]) + h);
-          src[j][h][1] = _mm256_srli_epi32(src[j][h][0], 16);
-        }
-      const float* xc = xg + c * 8;
-#pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t) {
-        const __m256i mask = _mm256_set1_epi32(15 << (4 * t));
-#pragma GCC unroll 2
-        for (int par = 0; par < 2; ++par) {
-          __m256 wv[NB][2];
-          for (int j = 0; j < NB; ++j)
-            for (int h = 0; h < 2; ++h)
-              wv[j][h] = _mm256_cvtepi32_ps(_mm256_and_si256(src[j][h][par], mask));
-          const int aa = A == 1 ? 0 : par;
-#pragma GCC unroll 4
-          for (int m = 0; m < MT; ++m) {
-            const __m256 xv = _mm256_broadcast_ss(xc + m * ldx + 2 * t + par);
-            for (int j = 0; j < NB; ++j)
-              for (int h = 0; h < 2; ++h)
-                d[j][m][h][aa] = _mm256_fmadd_ps(wv[j][h], xv, d[j][m][h][aa]);
-          }
-        }
-      }
-      for (int j = 0; j < NB; ++j) p[j] += 64;
-    }
-    for (int j = 0; j < NB; ++j)
-      for (int h = 0; h < 2; ++h) {
-        __m256 s, o;
-        if constexpr (F32S) {
-          s = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr[j]) + 8 * h);
-          o = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr[j] + 64) + 8 * h);
-        } else {  // dword = offset bits << 16 | scale bits
-          const __m256i so = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hdr[j]) + h);
-          s = _mm256_castsi256_ps(_mm256_slli_epi32(so, 16));
-          o = _mm256_castsi256_ps(_mm256_and_si256(so, hi16));
-        }
-        for (int m = 0; m < MT; ++m) {
-          __m256 dm = d[j][m][h][0];
-          for (int a = 1; a < A; ++a) dm = _mm256_add_ps(dm, d[j][m][h][a]);
-          acc[j][m][h] = _mm256_fmadd_ps(s, dm, acc[j][m][h]);
-          acc[j][m][h] = _mm256_fmadd_ps(o, _mm256_set1_ps(gs[m * ng + g]), acc[j][m][h]);
-        }
-      }
-  }
-  for (int j = 0; j < NB; ++j) {
-    const int64_t n0 = (b + j) * kBlock;
-    for (int m = 0; m < MT; ++m)
-      for (int h = 0; h < 2; ++h)
-        if (n0 + 8 * h < n) store_out8(out + m * ldo + n0 + 8 * h, acc[j][m][h], n - n0 - 8 * h);
-  }
-}
-
-// int4, MT activation rows: row blocks [b0, b1), two at a time for MT <= 2.
 template <int MT, bool F32S, typename OutT>
 void int4_tile_avx2(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, int64_t ng,
                     int64_t G, const float* xs, int64_t ldx, const float* gs, OutT* out,
                     int64_t ldo, int64_t n) {
-  constexpr int NB = MT <= 2 ? 2 : 1;
-  int64_t b = b0;
-  for (; b + NB <= b1; b += NB)
-    int4_blocks_avx2<MT, NB, F32S>(w, b, blk_bytes, ng, G, xs, ldx, gs, out, ldo, n);
-  for (; b < b1; ++b)
-    int4_blocks_avx2<MT, 1, F32S>(w, b, blk_bytes, ng, G, xs, ldx, gs, out, ldo, n);
+  constexpr int A = MT == 1 ? 2 : 1;  // accumulator chains per (row, half)
+  const __m256i hi16 = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t chunks = G / 8;
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* p = w + b * blk_bytes;
+    __m256 acc[MT][2];
+    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+      __m256 s[2], o[2];
+      if constexpr (F32S) {
+        for (int h = 0; h < 2; ++h) {
+          s[h] = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * h);
+          o[h] = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 64) + 8 * h);
+        }
+        p += 128;
+      } else {  // dword = offset bits << 16 | scale bits
+        for (int h = 0; h < 2; ++h) {
+          const __m256i so = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + h);
+          s[h] = _mm256_castsi256_ps(_mm256_slli_epi32(so, 16));
+          o[h] = _mm256_castsi256_ps(_mm256_and_si256(so, hi16));
+        }
+        p += 64;
+      }
+      __m256 d[MT][2][A];
+      for (int m = 0; m < MT; ++m)
+        for (int h = 0; h < 2; ++h)
+          for (int a = 0; a < A; ++a) d[m][h][a] = _mm256_setzero_ps();
+      const float* xg = xs + g * G;
+      for (int64_t c = 0; c < chunks; ++c, p += 64) {
+        __m256i src[2][2];  // [half][k parity]
+        for (int h = 0; h < 2; ++h) {
+          src[h][0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + h);
+          src[h][1] = _mm256_srli_epi32(src[h][0], 16);
+        }
+        const float* xc = xg + c * 8;
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) {
+          const __m256i mask = _mm256_set1_epi32(15 << (4 * t));
+#pragma GCC unroll 2
+          for (int par = 0; par < 2; ++par) {
+            const __m256 w0 = _mm256_cvtepi32_ps(_mm256_and_si256(src[0][par], mask));
+            const __m256 w1 = _mm256_cvtepi32_ps(_mm256_and_si256(src[1][par], mask));
+            constexpr int a = 0;
+#pragma GCC unroll 4
+            for (int m = 0; m < MT; ++m) {
+              const __m256 xv = _mm256_broadcast_ss(xc + m * ldx + 2 * t + par);
+              const int aa = A == 1 ? a : par;
+              d[m][0][aa] = _mm256_fmadd_ps(w0, xv, d[m][0][aa]);
+              d[m][1][aa] = _mm256_fmadd_ps(w1, xv, d[m][1][aa]);
+            }
+          }
+        }
+      }
+      for (int m = 0; m < MT; ++m)
+        for (int h = 0; h < 2; ++h) {
+          __m256 dm = d[m][h][0];
+          for (int a = 1; a < A; ++a) dm = _mm256_add_ps(dm, d[m][h][a]);
+          acc[m][h] = _mm256_fmadd_ps(s[h], dm, acc[m][h]);
+          acc[m][h] = _mm256_fmadd_ps(o[h], _mm256_set1_ps(gs[m * ng + g]), acc[m][h]);
+        }
+    }
+    const int64_t n0 = b * kBlock;
+    for (int m = 0; m < MT; ++m)
+      for (int h = 0; h < 2; ++h)
+        if (n0 + 8 * h < n) store_out8(out + m * ldo + n0 + 8 * h, acc[m][h], n - n0 - 8 * h);
+  }
 }
 
 // int8, MT float32 activation rows: row blocks [b0, b1). A chunk's first 32 bytes hold
