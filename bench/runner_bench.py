@@ -18,7 +18,8 @@ each format and mode times decode steps (one new token per sequence, ``--context
 tokens of KV each) at each batch size through ``ModelRunner.execute`` (sampling
 included) and a ``--prefill``-token prompt; measures the limits again at the end, and
 divides by the better of the two measurements. Per decode step it reports bytes moved
-(matmul weights as stored + KV read + KV written), achieved GB/s and FLOP/s (2 × matmul
+(matmul weights in the layout the step's kernels read at that row count, e.g. houchu's
+int4 GEMV blob with its scale headers or a kept dense copy, + KV read + KV written), achieved GB/s and FLOP/s (2 × matmul
 weights × tokens + attention 4 × layers × heads × head_dim × KV tokens; a prefill runs
 the LM head on its last token only), each as a
 fraction of the limit: bandwidth for GB/s; for FLOP/s, the time the step's ops would take
@@ -85,7 +86,7 @@ class Bench:
         cfg = runner.config
         self.attn_per_kv_token = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim
         self.ids = min(1000, cfg.vocab_size - 10)  # prompt token ids: 10 .. 10 + ids - 1
-        self.weight_bytes, _ = runner.model.weight_bytes()
+        self.model = runner.model
         linears = runner.model.linears()  # the LM head last
         self.matmul_params = sum(m.out_features * m.in_features for m in linears)
         self.head_params = linears[-1].out_features * linears[-1].in_features
@@ -118,7 +119,8 @@ class Bench:
         kv = r.pool.bytes_per_token * batch * (ctx + steps // 2 + 1)
         flops = 2 * self.matmul_params * batch + self.attn_per_kv_token * batch * (ctx + steps // 2)
         attn = self.attn_per_kv_token * batch * (ctx + steps // 2)
-        return Row("", "", f"decode b={batch}", best, batch, self.weight_bytes + kv, flops, attn)
+        weights = self.model.weight_bytes_at(batch, batch)  # the copies this row count reads
+        return Row("", "", f"decode b={batch}", best, batch, weights + kv, flops, attn)
 
     def prefill(self, n: int, reps: int) -> Row:
         """Best-of-``reps`` time to prefill one ``n``-token prompt (sampling its last)."""
@@ -142,7 +144,8 @@ class Bench:
         layers = self.matmul_params - self.head_params  # the LM head runs on the last row only
         attn = self.attn_per_kv_token * n * (n + 1) // 2
         flops = 2 * (layers * n + self.head_params) + attn
-        return Row("", "", f"prefill {n}", best, n, self.weight_bytes + kv, flops, attn)
+        weights = self.model.weight_bytes_at(n, 1)
+        return Row("", "", f"prefill {n}", best, n, weights + kv, flops, attn)
 
 
 def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:

@@ -133,9 +133,11 @@ class Int4Linear(LinearBase):
             )
 
     def weight_bytes(self) -> int:
-        return self.packed.numel() * self.packed.element_size() + self.sz.numel() * 2
+        return self.packed.numel() * self.packed.element_size() + _nbytes(self.sz)
 
     def weight_bytes_at(self, rows: int) -> int:
+        if _gemv_at(self, rows):  # its own layout: group headers of 64 or 128 bytes
+            return _nbytes(self._cpu_gemv)
         if self.dense_min_rows is not None and rows >= self.dense_min_rows:
             return self.out_features * self.in_features * self.act_dtype.itemsize
         return self.weight_bytes()
@@ -217,9 +219,11 @@ class Int8Linear(LinearBase):
             self._cpu_gemv = cpu_kernels.ops().int8_pack(self.q, self.wscale_act)
 
     def weight_bytes(self) -> int:
-        return self.q.numel() + self.wscale_act.numel() * self.wscale_act.element_size()
+        return self.q.numel() + _nbytes(self.wscale_act)
 
     def weight_bytes_at(self, rows: int) -> int:
+        if _gemv_at(self, rows):
+            return _nbytes(self._cpu_gemv)
         if self.dense_min_rows is not None and rows >= self.dense_min_rows:
             return self.out_features * self.in_features * self.act_dtype.itemsize
         return self.weight_bytes()
@@ -270,6 +274,11 @@ def _route(layer: Int4Linear | Int8Linear, rows: int) -> str | None:
     if path == "dense" and layer._dense is None:  # noqa: SLF001 (its own module's layers)
         return None
     return path
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    """Bytes of ``t``'s elements (0 for None)."""
+    return 0 if t is None else t.numel() * t.element_size()
 
 
 def _gemv_at(layer: Int4Linear | Int8Linear, rows: int) -> bool:
