@@ -210,7 +210,8 @@ void check_int4(int64_t m, int64_t n, int64_t k, int64_t G, int64_t H) {
 
 // W4A8: the quantized rows equal a scalar quantization exactly, and every output equals
 // the integer dot products' float32 steps (acc = fma(s * dot, x scale, acc) per
-// activation scale, then fma(o, group sum, acc)) bit for bit.
+// activation scale, then fma(o, group sum, acc), the group sum over the quantized
+// activations) bit for bit.
 void check_a8(int64_t m, int64_t n, int64_t k, int64_t G, int64_t H) {
   const Int4Blob w = random_int4(n, k, G, H);
   std::vector<float> x(m * k);
@@ -254,8 +255,12 @@ void check_a8(int64_t m, int64_t n, int64_t k, int64_t G, int64_t H) {
           }
           acc = std::fma(w.scale(f, g) * static_cast<float>(dot), qs[r * ns + a], acc);
         }
-        float gs = 0.f;
-        for (int64_t j = g * G; j < (g + 1) * G; ++j) gs += x[r * k + j];
+        float gs = 0.f;  // the quantized activations' sum (ggml q8_1's d * sum(qs))
+        for (int64_t a = g * G / A; a < (g + 1) * G / A; ++a) {
+          int32_t isum = 0;
+          for (int64_t j = a * A; j < (a + 1) * A; ++j) isum += q[r * k + j];
+          gs += qs[r * ns + a] * static_cast<float>(isum);
+        }
         acc = std::fma(w.offset(f, g), gs, acc);
       }
       expect_same(what, out[r * n + f], acc, r * n + f);
