@@ -30,12 +30,16 @@ class Machine:
         cpu_features: the CPU's flags (``houchu.model.cpu_isa.cpu_features``).
         serve_flags: every flag ``houchu serve`` accepts (``--page-size`` ...).
         draft_model: the draft model given to ``houchu levers``, if any.
+        tp_refusal: why ``--tensor-parallel-size 2`` cannot serve the swept model here
+            (its heads or MLP width not divisible by 2, MoE or MLA: the runner's own
+            check, ``houchu.model.tp_worker.check_model``), or None when it can.
     """
 
     device: str
     cpu_features: frozenset[str]
     serve_flags: frozenset[str]
     draft_model: str | None = None
+    tp_refusal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,10 @@ def _int8_dot(m: Machine) -> str | None:
     return (
         "no int8 dot products on this CPU (no AVX512-VNNI, AVX-VNNI or AMX): W8A8 runs weight-only"
     )
+
+
+def _tp2(m: Machine) -> str | None:
+    return m.tp_refusal
 
 
 def _draft(m: Machine) -> str | None:
@@ -247,6 +255,7 @@ LEVERS: tuple[Lever, ...] = (
         ("--tensor-parallel-size", "2"),
         ("--tensor-parallel-size", "1"),
         ("tensor_parallel",),
+        why_not=_tp2,
     ),
     Lever("moe", "MoE routed experts", "compute_less", (), (), ("moe",), why_not=_structure("MoE")),
     Lever("mla", "MLA latent KV", "occupy_less", (), (), ("gqa",), why_not=_structure("MLA")),

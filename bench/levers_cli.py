@@ -113,7 +113,25 @@ def add_levers_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def _machine(serve_args: list[str], draft: str | None) -> Any:
+def _tp_refusal(model: Path, serve_args: list[str]) -> str | None:
+    """Why ``--tensor-parallel-size 2`` cannot serve ``model`` with ``serve_args``' other
+    flags (the runner's start-up check), or None."""
+    from houchu.model.tensor_parallel import TensorParallelError
+    from houchu.model.tp_worker import check_model
+    from houchu.options.runner_options import RunnerOptions
+
+    quant = "auto"
+    if "--quantization" in serve_args:
+        i = serve_args.index("--quantization")
+        quant = serve_args[i + 1] if i + 1 < len(serve_args) else quant
+    try:
+        check_model(model, RunnerOptions(quantization=quant, tensor_parallel_size=2))
+    except TensorParallelError as e:
+        return str(e)
+    return None
+
+
+def _machine(serve_args: list[str], draft: str | None, model: Path) -> Any:
     from houchu.bench.lever_table import Machine
     from houchu.model.cpu_isa import cpu_features
     from houchu.options.flags import GROUPS
@@ -127,7 +145,8 @@ def _machine(serve_args: list[str], draft: str | None) -> Any:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     flags = frozenset(f.name for g in GROUPS for f in g.flags)
-    return Machine("cuda" if device.startswith("cuda") else "cpu", cpu_features(), flags, draft)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    return Machine(kind, cpu_features(), flags, draft, _tp_refusal(model, serve_args))
 
 
 def _replay_from_db(args: argparse.Namespace, builder: Any, workdir: Path) -> str:
@@ -211,7 +230,7 @@ def _run(args: argparse.Namespace) -> int:
         args.pairs,
         loads,
         args.repeats,
-        _machine(serve_args, args.draft_model),
+        _machine(serve_args, args.draft_model, _model_path(args)),
     )
     if args.target_load is not None and args.target_load not in [ld.value for ld in loads]:
         raise ValueError(f"--target-load {args.target_load:g} is not one of the load levels")
@@ -234,12 +253,21 @@ def _prepare_and_sweep(args, plan, loads, serve_args, workdir) -> int:  # noqa: 
     spec = bench_spec(
         argparse.Namespace(**{**vars(args), "concurrency": None, "request_rate": None})
     )
+    return _sweep(args, plan, spec, builder, _model_path(args), serve_args, workdir)
+
+
+def _model_path(args: argparse.Namespace) -> Path:
+    """The swept model's path (default: the default model, fetched if needed).
+
+    Raises:
+        ValueError: no file or folder at ``--model``.
+    """
     from houchu.cli.fetch import fetch_default_model
 
     model = Path(args.model) if args.model else fetch_default_model(quiet=True)
     if not model.exists():
         raise ValueError(f"model path {model} does not exist")
-    return _sweep(args, plan, spec, builder, model.resolve(), serve_args, workdir)
+    return model.resolve()
 
 
 def _sweep(args, plan, spec, builder, model, serve_args, workdir) -> int:  # noqa: ANN001

@@ -30,6 +30,7 @@ def served(tmp_path_factory):
     srv = start_server(
         path,
         *("--tensor-parallel-size", "2", "--threads", "1", "--speculative", "ngram"),
+        *("--speculative-max-batch", "8"),  # speculate whatever it costs (a loaded machine)
         *("--page-size", "4", "--num-pages", "256", "--chunked-prefill-size", "8"),
         *("--max-batch-tokens", "32", "--db-url", f"sqlite:///{db}"),
     )
