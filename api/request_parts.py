@@ -92,11 +92,11 @@ def check_model(model: str | None, model_name: str) -> None:
 
 
 def check_token_ids(req: SamplingFields, vocab_size: int) -> None:
-    """``logit_bias`` and ``allowed_token_ids`` name tokens of the vocabulary (0:
-    unknown, not checked). Raises ``ApiError`` (400)."""
+    """``logit_bias``, ``allowed_token_ids`` and ``stop_token_ids`` name tokens of the
+    vocabulary (0: unknown, not checked). Raises ``ApiError`` (400)."""
     if not vocab_size:
         return
-    for name in ("logit_bias", "allowed_token_ids"):
+    for name in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
         ids = getattr(req, name)
         bad = [t for t in (ids or ()) if int(t) >= vocab_size]
         if bad:

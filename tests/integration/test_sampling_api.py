@@ -166,6 +166,7 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(client):
         ({"logit_bias": {"10000000": 5}}, "logit_bias"),
         ({"logit_bias": {"5": 150}}, "logit_bias"),
         ({"extra_body": {"allowed_token_ids": [10**7]}}, "allowed_token_ids"),
+        ({"extra_body": {"stop_token_ids": [10**9]}}, "stop_token_ids"),
         ({"n": 3, "best_of": 2}, "best_of"),
         ({"extra_body": {"min_tokens": 5}}, "min_tokens"),
     ]:
