@@ -27,7 +27,7 @@ import itertools
 from typing import TYPE_CHECKING
 
 from houchu.kvcache.page_allocator import PageAllocator
-from houchu.spec.proposers import check_starts
+from houchu.spec.proposers import check_starts, reserve_pages
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from houchu.transport.spec_messages import DraftSeq
 
@@ -169,22 +169,10 @@ class DraftModelProposer:
             del seq.pages[keep:]
 
     def _reserve(self, seq: _DraftSeq, num_tokens: int, now: int) -> bool:
-        """Give ``seq`` pages for ``num_tokens`` positions, dropping the KV of the least
-        recently used other sequences if needed. False if it still does not fit."""
-        need = self.allocator.pages_for(num_tokens) - len(seq.pages)
-        if need <= 0:
-            return True
-        if not self.allocator.can_allocate(need):
-            victims = sorted(
-                (q for q in self.seqs.values() if q.last_used < now and q.pages),
-                key=lambda q: q.last_used,
-            )
-            for q in victims:
-                if self.allocator.can_allocate(need):
-                    break
-                self.allocator.free(q.pages)
-                q.pages, q.num_computed = [], 0
-        if not self.allocator.can_allocate(need):
-            return False
-        seq.pages.extend(self.allocator.allocate(need))
-        return True
+        """``reserve_pages`` for ``seq``: a victim loses its pages and its computed count."""
+        return reserve_pages(self.allocator, self.seqs, seq, num_tokens, now, _drop_draft_state)
+
+
+def _drop_draft_state(q: _DraftSeq) -> None:
+    """A sequence whose pages were taken: nothing of it is computed any more."""
+    q.num_computed = 0

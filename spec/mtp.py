@@ -30,7 +30,7 @@ from houchu.kvcache.page_allocator import PageAllocator
 from houchu.model.batch import StepBatch, build_batch
 from houchu.model.kv_pool import KVPool
 from houchu.model.mtp import MTPLayer, trunk_hidden
-from houchu.spec.proposers import check_starts
+from houchu.spec.proposers import check_starts, reserve_pages
 from houchu.transport.messages import SeqWork
 from houchu.transport.spec_messages import DraftSeq
 
@@ -208,25 +208,8 @@ class MTPProposer:
             work, prev = nxt, nxt_prev
 
     def _reserve(self, seq: _MTPSeq, num_tokens: int, now: int) -> bool:
-        """Give ``seq`` pages for ``num_tokens`` positions, dropping the state of the
-        least recently used other sequences if needed. False if it still does not fit."""
-        need = self.allocator.pages_for(num_tokens) - len(seq.pages)
-        if need <= 0:
-            return True
-        if not self.allocator.can_allocate(need):
-            victims = sorted(
-                (q for q in self.seqs.values() if q.last_used < now and q.pages),
-                key=lambda q: q.last_used,
-            )
-            for q in victims:
-                if self.allocator.can_allocate(need):
-                    break
-                self.allocator.free(q.pages)
-                q.pages, q.num_computed, q.hidden = [], 0, None
-        if not self.allocator.can_allocate(need):
-            return False
-        seq.pages.extend(self.allocator.allocate(need))
-        return True
+        """``reserve_pages`` for ``seq``: a victim loses its pages and its hidden states."""
+        return reserve_pages(self.allocator, self.seqs, seq, num_tokens, now, _drop_mtp_state)
 
 
 def make_mtp_proposer(model_path: str, options: RunnerOptions) -> tuple[MTPProposer, str]:
@@ -260,3 +243,8 @@ def make_mtp_proposer(model_path: str, options: RunnerOptions) -> tuple[MTPPropo
         f"MTP layer {layer} of {runner.config.name!r} over a copy of its "
         f"{runner.config.num_layers} blocks: {total} pages x {p.page_size} tokens"
     )
+
+
+def _drop_mtp_state(q: _MTPSeq) -> None:
+    """A sequence whose pages were taken: nothing of it is computed any more."""
+    q.num_computed, q.hidden = 0, None

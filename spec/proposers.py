@@ -8,11 +8,14 @@ proposals: a rollback where the target rejected them) and proposes after the end
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from houchu.spec.ngram import NgramIndex
 from houchu.transport.spec_messages import DraftSeq
+
+if TYPE_CHECKING:
+    from houchu.kvcache.page_allocator import PageAllocator
 
 
 class ProtocolError(ValueError):
@@ -95,3 +98,36 @@ class NgramProposer:
 
     def pool_usage(self) -> tuple[int, int]:
         return 0, 0
+
+
+def reserve_pages(
+    allocator: PageAllocator,
+    seqs: Mapping[str, Any],
+    seq: Any,
+    num_tokens: int,
+    now: int,
+    drop: Callable[[Any], None],
+) -> bool:
+    """Give ``seq`` (with ``pages``: list of page ids) pages for ``num_tokens`` positions
+    from ``allocator``, first freeing the pages of the least recently used other
+    sequences of ``seqs`` (``last_used`` < ``now``; ``drop`` resets a victim's state
+    once its pages are freed and cleared) while they do not fit. False if it still does
+    not fit (nothing is allocated then)."""
+    need = allocator.pages_for(num_tokens) - len(seq.pages)
+    if need <= 0:
+        return True
+    if not allocator.can_allocate(need):
+        victims = sorted(
+            (q for q in seqs.values() if q.last_used < now and q.pages),
+            key=lambda q: q.last_used,
+        )
+        for q in victims:
+            if allocator.can_allocate(need):
+                break
+            allocator.free(q.pages)
+            q.pages = []
+            drop(q)
+    if not allocator.can_allocate(need):
+        return False
+    seq.pages.extend(allocator.allocate(need))
+    return True
