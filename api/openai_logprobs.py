@@ -40,25 +40,7 @@ def echo_logprobs(
     """The prompt's part of an echoed completion's ``logprobs`` (legacy format, as
     ``completion_logprobs``): the first token's ``token_logprobs`` and ``top_logprobs``
     are null, as OpenAI and vLLM return them. Returns it and the offset after it."""
-    tokens, token_lps, tops, offsets = [], [], [], []
-    for lp in lps:
-        tokens.append(lp.token)
-        token_lps.append(lp.logprob)
-        if lp.logprob is None:
-            tops.append(None)
-        else:
-            top = {t: p for t, _, p in lp.top[:top_n]}
-            top.setdefault(lp.token, lp.logprob)
-            tops.append(top)
-        offsets.append(offset)
-        offset += len(lp.token)
-    body = {
-        "tokens": tokens,
-        "token_logprobs": token_lps,
-        "top_logprobs": tops,
-        "text_offset": offsets,
-    }
-    return body, offset
+    return _legacy(lps, top_n, offset)
 
 
 def join_logprobs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -99,13 +81,24 @@ def completion_logprobs(
     token (so up to ``top_n + 1`` entries, as in the OpenAI API). ``text_offset`` counts
     characters from the start of the completion, continuing from ``offset``.
     """
+    return _legacy(lps, top_n, offset)
+
+
+def _legacy(
+    lps: list[TokenLogprob] | list[PromptTokenLogprob], top_n: int, offset: int
+) -> tuple[dict[str, Any], int]:
+    """The legacy ``logprobs`` body of ``lps`` (a token without a log-probability, the
+    prompt's first, gets null ``top_logprobs``) and the text offset after it."""
     tokens, token_lps, tops, offsets = [], [], [], []
     for lp in lps:
         tokens.append(lp.token)
         token_lps.append(lp.logprob)
-        top = {t: p for t, _, p in lp.top[:top_n]}
-        top.setdefault(lp.token, lp.logprob)
-        tops.append(top)
+        if lp.logprob is None:
+            tops.append(None)
+        else:
+            top = {t: p for t, _, p in lp.top[:top_n]}
+            top.setdefault(lp.token, lp.logprob)
+            tops.append(top)
         offsets.append(offset)
         offset += len(lp.token)
     body = {
