@@ -31,6 +31,7 @@ import fcntl
 import functools
 import hashlib
 import os
+import re
 import shutil
 import sys
 import threading
@@ -100,6 +101,33 @@ def build_key(level: str, sources: list[Path]) -> str:
     h.update(" ".join(_flags(level)).encode())
     h.update(torch.__version__.encode())
     return f"{level}-{h.hexdigest()[:16]}"
+
+
+_BUILD_NAME = re.compile(r"^[a-z0-9_]+-[0-9a-f]{16}$")  # build_key's names
+STALE_BUILD_S = 14 * 86400  # a build unused this long is removed (seconds)
+
+
+def prune_stale_builds(keep: Path, max_age_s: float = STALE_BUILD_S) -> list[Path]:
+    """Remove the kernel builds in ``cache_dir()`` that no process loaded for
+    ``max_age_s`` seconds (a load touches its folder), so that upgrades and edits do not
+    pile up builds of about 3 MB each. ``keep`` and any build whose lock another process
+    holds (building) stay. Returns the folders removed; errors are ignored (another
+    process may prune the same folder)."""
+    removed = []
+    now = time.time()
+    for d in cache_dir().glob("*-*"):
+        if not _BUILD_NAME.match(d.name) or d == keep or not d.is_dir():
+            continue
+        if now - d.stat().st_mtime < max_age_s:
+            continue
+        try:
+            with open(d / "houchu.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(d)
+            removed.append(d)
+        except OSError:
+            continue
+    return removed
 
 
 def _flags(level: str) -> list[str]:
@@ -212,6 +240,8 @@ def _load_once(level: str, verbose: bool) -> float:
                 f"houchu: building the {level} C++ CPU kernels in {build} (once)", file=sys.stderr
             )
         _build(cpp_extension, key, level, sources, build, verbose)
+    os.utime(build)  # marks the build as in use, for prune_stale_builds
+    prune_stale_builds(keep=build)
     _register_fakes(level)
     _built_levels.add(level)
     return time.perf_counter() - t0

@@ -170,7 +170,8 @@ void int4_tile_a8(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, i
   const __m256i ones = _mm256_set1_epi16(1);
 #endif
   constexpr int64_t H = F32S ? 128 : 64;
-  const int64_t chunks = G / 8, gbytes = H + 8 * G, A = a8_block(G), per = A / 8;
+  const int64_t gbytes = H + 8 * G, A = a8_block(G), per = A / 8;
+  const int64_t na = G / A;  // activation scales per weight group
   const int64_t lds = ldq / A;  // scales per row
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = w + b * blk_bytes;
@@ -192,9 +193,11 @@ void int4_tile_a8(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, i
         const uint8_t* codes = hdr + H + 32 * h;
         const int8_t* xg = xq + g * G;
         // per activation scale (1 or 2 chunks): the int16 sums of vpmaddubsw stay exact
-        for (int64_t c0 = 0; c0 < chunks; c0 += per) {
-          const int64_t c1 = c0 + per;
-          const float* xsc = xs + (g * G + 8 * c0) / A;
+        // (the scale's index as a running product: a division here, once per 16 inputs,
+        // cost the AVX2 build more than the dot products it feeds)
+        for (int64_t a = 0; a < na; ++a) {
+          const int64_t c0 = a * per, c1 = c0 + per;
+          const float* xsc = xs + g * na + a;
           __m256i d[MT];
           for (int m = 0; m < MT; ++m) d[m] = _mm256_setzero_si256();
           for (int64_t c = c0; c < c1; ++c) {
@@ -254,7 +257,8 @@ void int4_tile_a8_neon(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_byt
   const uint8x16_t lo4 = vdupq_n_u8(0x0F);
   const uint32x4_t hi16 = vdupq_n_u32(0xFFFF0000u);
   constexpr int64_t H = F32S ? 128 : 64;
-  const int64_t chunks = G / 8, gbytes = H + 8 * G, A = a8_block(G), per = A / 8;
+  const int64_t gbytes = H + 8 * G, A = a8_block(G), per = A / 8;
+  const int64_t na = G / A;  // activation scales per weight group
   const int64_t lds = ldq / A;  // scales per row
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = w + b * blk_bytes;
@@ -278,9 +282,11 @@ void int4_tile_a8_neon(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_byt
         }
         const uint8_t* codes = hdr + H + 32 * h;
         const int8_t* xg = xq + g * G;
-        for (int64_t c0 = 0; c0 < chunks; c0 += per) {
-          const int64_t c1 = c0 + per;
-          const float* xsc = xs + (g * G + 8 * c0) / A;
+        // (the scale's index as a running product: a division here, once per 16 inputs,
+        // cost the AVX2 build more than the dot products it feeds)
+        for (int64_t a = 0; a < na; ++a) {
+          const int64_t c0 = a * per, c1 = c0 + per;
+          const float* xsc = xs + g * na + a;
           int32x4_t d[MT][2];
 #ifndef __ARM_FEATURE_DOTPROD
           int32x4_t dp[MT][2];  // the pair sums of features (0, 0, 1, 1) / (2, 2, 3, 3)

@@ -130,3 +130,34 @@ def test_levels_can_be_capped(monkeypatch):
     monkeypatch.setenv("HOUCHU_CPU_ISA_MAX", "avx2")
     assert cpu_isa.usable(bf16, "x86_64") == ["avx2", "generic"]
     assert "above HOUCHU_CPU_ISA_MAX=avx2" in cpu_isa.why_not(cpu_isa.level("avx512"), bf16)
+
+
+def test_stale_builds_are_pruned_and_recent_or_locked_ones_kept(monkeypatch, tmp_path):
+    """A build no process loaded for two weeks is removed; the build in use, a recent
+    one, one another process holds locked, and anything not named like a build stay."""
+    import fcntl
+    import os
+    import time
+
+    monkeypatch.setenv("HOUCHU_KERNEL_CACHE", str(tmp_path))
+    old = time.time() - cpu_kernels.STALE_BUILD_S - 60
+    names = {
+        n: tmp_path / n
+        for n in ("avx2-" + "a" * 16, "avx2-" + "b" * 16, "avx512-" + "c" * 16, "avx2-" + "d" * 16)
+    }
+    for d in names.values():
+        d.mkdir()
+        (d / "x.so").write_bytes(b"")
+    other = tmp_path / "grammar_tokenizers"
+    other.mkdir()
+    stale, keep, recent, locked = names.values()
+    for d in (stale, keep, locked, other):
+        os.utime(d, (old, old))
+    with open(locked / "houchu.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        # flock locks are per open file description: a second open in this process
+        # conflicts as another process's would
+        removed = cpu_kernels.prune_stale_builds(keep=keep)
+    assert removed == [stale]
+    assert not stale.exists()
+    assert keep.exists() and recent.exists() and locked.exists() and other.exists()
