@@ -108,10 +108,14 @@ def tool_setup(req: ChatCompletionRequest | WsGenerateRequest) -> ToolSetup | No
                 param="tool_choice",
                 code="invalid_value",
             )
-        structured = StructuredOutput(kind="tool_call", grammar=grammars[named])
+        structured = StructuredOutput(
+            kind="tool_call", grammar=grammars[named], param="tool_choice"
+        )
         mode = "named"
     elif mode == "required":
-        structured = StructuredOutput(kind="tool_call", grammar=_required_grammar(tools))
+        structured = StructuredOutput(
+            kind="tool_call", grammar=_required_grammar(tools), param="tool_choice"
+        )
     template = None if mode == "none" else [_template_tool(t) for t in tools]
     return ToolSetup(mode, named, template, structured)
 
@@ -126,7 +130,9 @@ def _arguments_grammar(tool: ToolDef, i: int) -> str:
     try:
         grammar = json_schema_grammar(_schema(tool), strict=bool(tool.function.strict))
     except (ValueError, TypeError) as exc:
-        raise ApiError(f"'{param}' is not a valid JSON schema: {exc}", param=param) from None
+        raise ApiError(
+            f"'{param}' is not a valid JSON schema: {exc}", param=param, code="invalid_grammar"
+        ) from None
     return checked(grammar, param, "json_schema")
 
 

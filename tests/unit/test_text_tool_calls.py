@@ -81,6 +81,46 @@ def test_forced_and_required_forms() -> None:
     assert _stream(req, text, 5) == ("", [("a", {"x": 1}), ("b", {})])
 
 
+CUT_REQUIRED = '[{"name": "a", "parameters": {"x": 1}}, {"name": "get_weather", "parameters": {"ci'
+
+
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_a_cut_required_reply_is_its_calls_as_a_cut_named_one_is(step: int) -> None:
+    """Cut by ``max_tokens``, ``required`` and a named ``tool_choice`` both give calls
+    whose last ``arguments`` are the text as far as it got, whole and streamed; a reply
+    cut before the first call's name stays content."""
+    whole = RequiredCallsParser().parse(CUT_REQUIRED)
+    want = [("a", '{"x": 1}'), ("get_weather", '{"ci')]
+    assert whole.content is None and [(c.name, c.arguments) for c in whole.calls] == want
+    named = ForcedCallParser("get_weather").parse('{"ci')
+    assert named.content is None and [(c.name, c.arguments) for c in named.calls] == want[1:]
+    s = RequiredCallsParser().stream()
+    pieces = [CUT_REQUIRED[i : i + step] for i in range(0, len(CUT_REQUIRED), step)]
+    calls: dict[int, list[str]] = {}
+    for d in [*(s.feed(p) for p in pieces), s.finish()]:
+        assert d.content == ""
+        for t in d.tool_calls:
+            c = calls.setdefault(t["index"], ["", ""])
+            c[0] += t["function"].get("name", "")
+            c[1] += t["function"]["arguments"]
+    assert [tuple(c) for c in calls.values()] == want
+    for text in ('[{"name": "get_wea', "["):
+        assert RequiredCallsParser().parse(text).content == text
+
+
+def test_chat_formatter_cut_call_is_a_call_with_finish_reason_length() -> None:
+    fmt = ChatFormatter("r", 0, "m", logprobs=False, top_n=0, tool_parser=RequiredCallsParser())
+    tally = Tally()
+    tally.add(TextDelta(rid="r", text=CUT_REQUIRED, finish_reason="length"))
+    choice = fmt.response(tally)["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["content"] is None
+    assert [c["function"]["arguments"] for c in choice["message"]["tool_calls"]] == [
+        '{"x": 1}',
+        '{"ci',
+    ]
+
+
 def test_unknown_parser_is_refused() -> None:
     with pytest.raises(ValueError, match="hermes"):
         make_parser("nope")
