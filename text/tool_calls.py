@@ -205,6 +205,21 @@ class RequiredCallsParser(ToolCallParser):
             calls.append(_call(obj, "parameters"))
 
 
+class FirstCallParser(ToolCallParser):
+    """``parallel_tool_calls: false`` (OpenAI: at most one call per reply): the reply as
+    ``inner`` parses it, with its first call only (whole and streamed)."""
+
+    def __init__(self, inner: ToolCallParser) -> None:
+        self.inner = inner
+
+    def parse(self, text: str) -> Parsed:
+        parsed = self.inner.parse(text)
+        return Parsed(parsed.content, parsed.calls[:1])
+
+    def stream(self) -> ToolCallStream:
+        return FirstCallStream(self.inner.stream())
+
+
 def make_parser(name: str) -> ToolCallParser:
     """The ``--tool-call-parser`` named ``name`` (one of ``PARSERS``).
 
@@ -358,6 +373,24 @@ class ForcedStream(ToolCallStream):
 
     def finish(self) -> StreamDelta:
         return self.feed("") if not self.started else StreamDelta()
+
+
+class FirstCallStream(ToolCallStream):
+    """``inner``'s deltas of its first call only (``FirstCallParser``)."""
+
+    def __init__(self, inner: ToolCallStream) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def feed(self, text: str) -> StreamDelta:
+        return self._first(self.inner.feed(text))
+
+    def finish(self) -> StreamDelta:
+        return self._first(self.inner.finish())
+
+    def _first(self, d: StreamDelta) -> StreamDelta:
+        self.calls = self.inner.calls[:1]
+        return StreamDelta(d.content, [t for t in d.tool_calls if t["index"] == 0])
 
 
 def _partial_suffix(text: str, marker: str) -> int:

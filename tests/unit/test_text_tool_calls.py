@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
+from llguidance import LLMatcher, LLTokenizer
 
 from houchu.api.openai_format import ChatFormatter, Tally
+from houchu.api.schema import ChatCompletionRequest
+from houchu.api.tools import ToolSetup, tool_setup
 from houchu.text.tool_calls import (
+    FirstCallParser,
     ForcedCallParser,
     RequiredCallsParser,
     ToolCallParser,
@@ -182,3 +187,49 @@ def test_chat_formatter_parses_each_choice_on_its_own() -> None:
     out = fmt.response(tallies)["choices"]
     assert [c["finish_reason"] for c in out] == ["tool_calls", "stop"]
     assert len(out[0]["message"]["tool_calls"]) == 2 and "tool_calls" not in out[1]["message"]
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+@pytest.mark.parametrize("step", [1, 5, 1000])
+def test_parallel_tool_calls_false_returns_the_first_call(step: int) -> None:
+    """``parallel_tool_calls: false`` with ``auto``: the first call the model wrote,
+    whole and streamed (OpenAI's "at most one call")."""
+    first = FirstCallParser(make_parser("hermes"))
+    parsed = first.parse(HERMES)
+    assert parsed.content == "Let me check. \n"
+    assert _calls(parsed.calls) == [("get_weather", {"city": "Paris"})]
+    assert _stream(first, HERMES, step) == ("Let me check. \n", _calls(parsed.calls))
+
+
+def _chat_tools(extra: dict) -> ToolSetup:
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER_TOOL], **extra}
+    setup = tool_setup(msgspec.convert(body, ChatCompletionRequest))
+    assert setup is not None
+    return setup
+
+
+def _follows(grammar: str, text: str) -> bool:
+    """Whether llguidance's matcher (on a byte tokenizer) takes ``text`` whole."""
+    m = LLMatcher(LLTokenizer("byte"), grammar, log_level=0)
+    return m.consume_tokens(list(text.encode())) and m.is_accepting()
+
+
+def test_parallel_tool_calls_false_makes_required_one_call() -> None:
+    one = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'
+    two = one[:-1] + ", " + one[1:]
+    free = _chat_tools({"tool_choice": "required"})
+    single = _chat_tools({"tool_choice": "required", "parallel_tool_calls": False})
+    assert free.structured is not None and single.structured is not None
+    assert _follows(free.structured.grammar, one) and _follows(free.structured.grammar, two)
+    assert _follows(single.structured.grammar, one)
+    assert not _follows(single.structured.grammar, two)
+    assert isinstance(_chat_tools({"parallel_tool_calls": False}).parser("hermes"), FirstCallParser)
+    assert not isinstance(_chat_tools({}).parser("hermes"), FirstCallParser)
