@@ -244,7 +244,7 @@ async def _send_events(
         for i, tally in enumerate(tallies):
             if tally.finish_reason is None:
                 await send(fmt.finish_chunk("error", i))
-        await send(error_body(err.message, type_=err.type, code=err.code))
+        await send(error_body(err.message, type_=err.type, param=err.param, code=err.code))
         await resp.write(b"data: [DONE]\n\n")
         return
     for j, d in held:  # choice 0 never came (cannot happen unless it failed)

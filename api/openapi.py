@@ -37,7 +37,13 @@ from houchu.api.state import STATE_KEY
 OPENAPI_VERSION = "3.1.0"
 
 _ERROR_STATUSES = {
-    "400": "invalid request (the message and ``param`` name the problem)",
+    "400": (
+        "invalid request (the message and ``param`` name the problem; ``code`` is its kind: "
+        "``invalid_value``, ``invalid_type``, ``unsupported_value`` (a field houchu knows "
+        "but does not serve), ``invalid_grammar`` (a structured-output constraint that "
+        "does not compile), ``grammar_too_complex`` (one the grammar engine stopped "
+        "following during generation), ...)"
+    ),
     "401": "missing or wrong API key (only with --api-key)",
     "413": "request body too large",
     "429": "the server is at capacity; retry after ``Retry-After`` seconds",

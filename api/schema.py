@@ -239,6 +239,15 @@ class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
         | None
     ) = None
     functions: Annotated[list[Any], unsupported("are not supported", max_length=0)] | None = None
+    include_stop_str_in_output: (
+        Annotated[
+            Literal[False], unsupported("is not supported: a stop string ends the output unseen")
+        ]
+        | None
+    ) = None
+    use_beam_search: (
+        Annotated[Literal[False], unsupported("is not supported: choices are sampled")] | None
+    ) = None
     response_format: ResponseFormat | None = None
     # structured output: vLLM's fields, then SGLang's
     structured_outputs: StructuredOutputs | None = None
@@ -303,6 +312,17 @@ class ChatCompletionRequest(
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # the completions API's fields, refused rather than ignored (as OpenAI refuses them)
+    suffix: Annotated[Literal[""], unsupported("is served on POST /v1/completions only")] | None = (
+        None
+    )
+    echo: (
+        Annotated[Literal[False], unsupported("is served on POST /v1/completions only")] | None
+    ) = None
+    best_of: (
+        Annotated[Literal[1], unsupported("is served on POST /v1/completions only (chat: use 'n')")]
+        | None
+    ) = None
 
 
 class WsGenerateRequest(
@@ -323,6 +343,13 @@ class WsGenerateRequest(
     suffix: Annotated[Literal[""], unsupported("is served on POST /v1/completions only")] | None = (
         None
     )
+    echo: (
+        Annotated[Literal[False], unsupported("is served on POST /v1/completions only")] | None
+    ) = None
+    best_of: (
+        Annotated[Literal[1], unsupported("is served on POST /v1/completions only (use 'n')")]
+        | None
+    ) = None
 
 
 class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):

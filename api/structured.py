@@ -66,8 +66,10 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
     try:
         grammar = build()
     except (ValueError, TypeError) as exc:
-        raise ApiError(f"'{param}' is not a valid {_what(kind)}: {exc}", param=param) from None
-    return StructuredOutput(kind=kind, grammar=checked(grammar, param, kind))
+        raise ApiError(
+            f"'{param}' is not a valid {_what(kind)}: {exc}", param=param, code="invalid_grammar"
+        ) from None
+    return StructuredOutput(kind=kind, grammar=checked(grammar, param, kind), param=param)
 
 
 def checked(grammar: str, param: str, kind: GrammarKind) -> str:
@@ -99,6 +101,38 @@ def json_schema_grammar(schema: dict[str, Any] | str, *, strict: bool = False) -
     return LLMatcher.grammar_from_json_schema(
         schema, overrides={**JSON_LAYOUT, "lenient": not strict}
     )
+
+
+#: The characters a regex (Rust's ``regex`` syntax, llguidance's) escapes with a backslash.
+_REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~")
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """llguidance's grammar of "exactly one of ``choices``": one regex lexeme, the
+    choices' alternation, so the lexer's DFA tells them apart. A Lark rule with one
+    alternative per choice (``grammar_from("choice", ...)``) makes an Earley row of that
+    many items, and llguidance stops such a grammar mid-generation above
+    ``max_items_in_row`` (2000 by default); a lexeme has no such limit.
+
+    Raises:
+        ValueError: the list is empty.
+    """
+    if not choices:
+        raise ValueError("give at least one choice")
+    return grammar_from("regex", "|".join(_regex_literal(c) for c in choices))
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` as a regex matching exactly it (control characters as ``\\x{..}``)."""
+    out = []
+    for ch in text:
+        if ch in _REGEX_META:
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{{{ord(ch):02x}}}")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def _what(kind: GrammarKind) -> str:
@@ -140,7 +174,7 @@ def _forms(req: SamplingFields) -> list[tuple[str, GrammarKind, Any]]:
         out.append(("guided_json", "json_schema", lambda: json_schema_grammar(req.guided_json)))
     for param, kind, value, build in (
         ("guided_regex", "regex", req.guided_regex, lambda v: grammar_from("regex", v)),
-        ("guided_choice", "choice", req.guided_choice, lambda v: grammar_from("choice", v)),
+        ("guided_choice", "choice", req.guided_choice, choice_grammar),
         ("guided_grammar", "grammar", req.guided_grammar, _grammar),
         ("regex", "regex", req.regex, lambda v: grammar_from("regex", v)),
         ("ebnf", "grammar", req.ebnf, lambda v: grammar_from("ebnf", v)),
@@ -161,7 +195,7 @@ def _vllm_forms(so: StructuredOutputs) -> list[tuple[str, GrammarKind, Any]]:
     if so.regex is not None:
         out.append((f"{p}.regex", "regex", lambda: grammar_from("regex", so.regex)))
     if so.choice is not None:
-        out.append((f"{p}.choice", "choice", lambda: grammar_from("choice", so.choice)))
+        out.append((f"{p}.choice", "choice", lambda: choice_grammar(so.choice)))
     if so.grammar is not None:
         out.append((f"{p}.grammar", "grammar", lambda: _grammar(so.grammar)))
     return out

@@ -26,6 +26,7 @@ from houchu.api.errors import ApiError
 from houchu.api.schema import ChatCompletionRequest, NamedToolChoice, ToolDef, WsGenerateRequest
 from houchu.api.structured import ANY_OBJECT, checked, json_schema_grammar
 from houchu.text.tool_calls import (
+    FirstCallParser,
     ForcedCallParser,
     RequiredCallsParser,
     ToolCallParser,
@@ -45,12 +46,15 @@ class ToolSetup:
         name: the named function (``choice`` "named").
         template_tools: the ``tools`` the chat template is given (None: none).
         structured: the grammar that forces the reply (required / named), or None.
+        single: ``parallel_tool_calls: false``: at most one call (``required``'s grammar
+            allows one; with ``auto`` the first call the model writes is returned).
     """
 
     choice: str
     name: str | None
     template_tools: list[dict[str, Any]] | None
     structured: StructuredOutput | None
+    single: bool = False
 
     def parser(self, auto_parser: str) -> ToolCallParser | None:
         """The parser of the reply (None: plain content); ``auto_parser``: the server's
@@ -61,7 +65,8 @@ class ToolSetup:
         if self.choice == "required":
             return RequiredCallsParser()
         if self.choice == "auto":
-            return make_parser(auto_parser)
+            parser = make_parser(auto_parser)
+            return FirstCallParser(parser) if self.single else parser
         return None
 
 
@@ -108,12 +113,17 @@ def tool_setup(req: ChatCompletionRequest | WsGenerateRequest) -> ToolSetup | No
                 param="tool_choice",
                 code="invalid_value",
             )
-        structured = StructuredOutput(kind="tool_call", grammar=grammars[named])
+        structured = StructuredOutput(
+            kind="tool_call", grammar=grammars[named], param="tool_choice"
+        )
         mode = "named"
-    elif mode == "required":
-        structured = StructuredOutput(kind="tool_call", grammar=_required_grammar(tools))
+    single = req.parallel_tool_calls is False
+    if mode == "required":
+        structured = StructuredOutput(
+            kind="tool_call", grammar=_required_grammar(tools, single), param="tool_choice"
+        )
     template = None if mode == "none" else [_template_tool(t) for t in tools]
-    return ToolSetup(mode, named, template, structured)
+    return ToolSetup(mode, named, template, structured, single)
 
 
 def _schema(tool: ToolDef) -> dict[str, Any]:
@@ -126,12 +136,15 @@ def _arguments_grammar(tool: ToolDef, i: int) -> str:
     try:
         grammar = json_schema_grammar(_schema(tool), strict=bool(tool.function.strict))
     except (ValueError, TypeError) as exc:
-        raise ApiError(f"'{param}' is not a valid JSON schema: {exc}", param=param) from None
+        raise ApiError(
+            f"'{param}' is not a valid JSON schema: {exc}", param=param, code="invalid_grammar"
+        ) from None
     return checked(grammar, param, "json_schema")
 
 
-def _required_grammar(tools: list[ToolDef]) -> str:
-    """At least one call to any of ``tools``, as a JSON array (vLLM's form)."""
+def _required_grammar(tools: list[ToolDef], single: bool = False) -> str:
+    """At least one call to any of ``tools`` (exactly one when ``single``), as a JSON
+    array (vLLM's form)."""
     calls = [
         {
             "type": "object",
@@ -144,7 +157,9 @@ def _required_grammar(tools: list[ToolDef]) -> str:
         }
         for t in tools
     ]
-    schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if single:
+        schema["maxItems"] = 1
     return checked(json_schema_grammar(schema), "tools", "tool_call")
 
 

@@ -24,8 +24,13 @@ one mask per row, then rolls the matcher back; a proposal the grammar rejects ca
 accepted (its row's mask excludes it), so rows after it are never sampled. Only the
 emitted tokens are committed.
 
-A matcher that has finished (or, never expected, entered an error state) allows only
-the end-of-sequence tokens, so the request ends.
+A matcher that has finished allows only the end-of-sequence tokens, so the request
+ends. A matcher that enters an error state (llguidance hit one of its limits on this
+grammar: an Earley row above ``max_items_in_row``, a lexer that builds too many states,
+"too many expressions constructed"; limits it cannot check when compiling, since it
+builds its lexer lazily) fails its request: ``RequestGrammar.failure`` gives the 400 the
+runner reports in ``StepResult.failures`` (that row's mask allows only EOS until the
+scheduler drops the request; the other rows go on).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ import numpy as np
 import torch
 
 from houchu.model import cpu_kernels
+from houchu.transport.failures import bad_request, internal
+from houchu.transport.messages import Failure
 from houchu.transport.structured import StructuredOutput
 from houchu.transport.telemetry import LeverSample
 
@@ -58,6 +65,8 @@ log = logging.getLogger(__name__)
 
 #: The ledger's name for the mask computation hidden behind the forward pass.
 LEVER = "structured_output_mask"
+#: ``Failure.code`` of a grammar llguidance stopped following during generation.
+GRAMMAR_TOO_COMPLEX = "grammar_too_complex"
 _BITS = torch.arange(32, dtype=torch.int32)  # [32]
 
 
@@ -87,6 +96,10 @@ def bitmask_to_allowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
         return torch.from_numpy(bits.view(np.bool_))[:, :vocab_size]
     bits = (bitmask[:, :, None] >> _BITS) & 1  # [R, W, 32] int32
     return bits.bool().reshape(r, -1)[:, :vocab_size]
+
+
+class TokenizerUnavailable(ValueError):
+    """The model's tokenizer, which structured output needs, cannot be loaded."""
 
 
 class GrammarTokenizer:
@@ -161,14 +174,16 @@ class GrammarTokenizer:
         """The tokenizer (waits for the load).
 
         Raises:
-            ValueError: the model's tokenizer cannot be loaded.
+            TokenizerUnavailable: the model's tokenizer cannot be loaded.
         """
         self.warm()
         assert self._future is not None
         try:
             return self._future.result()
         except Exception as exc:
-            raise ValueError(f"structured output needs the model's tokenizer: {exc}") from exc
+            raise TokenizerUnavailable(
+                f"structured output needs the model's tokenizer: {exc}"
+            ) from exc
 
 
 class RequestGrammar:
@@ -179,12 +194,36 @@ class RequestGrammar:
         eos_ids: the tokens that end a request (allowed when the grammar is done).
         kind: the grammar's form (``StructuredOutput.kind``).
         rid: the request's id (its share of the mask time is counted under it).
+        param: the request field the grammar came from (``StructuredOutput.param``).
     """
 
     def __init__(
-        self, matcher: llguidance.LLMatcher, eos_ids: Sequence[int], kind: str, rid: str = ""
+        self,
+        matcher: llguidance.LLMatcher,
+        eos_ids: Sequence[int],
+        kind: str,
+        rid: str = "",
+        param: str = "",
     ) -> None:
         self.matcher, self.eos_ids, self.kind, self.rid = matcher, list(eos_ids), kind, rid
+        self.param = param
+        self.consumed = 0  # output tokens the matcher has taken
+        self.reported = False  # its failure was given once (``failure``)
+
+    def failure(self) -> Failure | None:
+        """The 400 the request ends with, once, when its matcher entered an error state
+        (llguidance hit one of its limits on this grammar); else None."""
+        if self.reported or not self.matcher.is_error():
+            return None
+        self.reported = True
+        why = _first_line(self.matcher.get_error())
+        where = f"'{self.param}'" if self.param else "the structured output constraint"
+        return bad_request(
+            f"{where} is too complex for the grammar engine (llguidance stopped after "
+            f"{self.consumed} output tokens: {why}); simplify it",
+            code=GRAMMAR_TOO_COMPLEX,
+            param=self.param or None,
+        )
 
     def fill(self, bitmask: torch.Tensor, row: int, drafts: Sequence[int]) -> None:
         """Write the masks of rows ``row .. row + m`` of ``bitmask`` (``[R, W]`` int32,
@@ -224,8 +263,14 @@ class RequestGrammar:
             if m.is_stopped():
                 return  # done: only EOS could follow
             if not m.consume_token(t):
-                log.warning("grammar matcher rejected token %d: %s", t, m.get_error())
+                log.info(
+                    "request %s: grammar matcher stopped at token %d: %s",
+                    self.rid,
+                    t,
+                    _first_line(m.get_error()),
+                )
                 return
+            self.consumed += 1
 
 
 @dataclass
@@ -301,10 +346,25 @@ class GrammarEngine:
         import llguidance
 
         tok = self.tokenizer.get()
-        matcher = llguidance.LLMatcher(tok, spec.grammar, log_level=0)
+        limits = llguidance.LLParserLimits(verbose_errors=False)  # no parser dumps
+        matcher = llguidance.LLMatcher(tok, spec.grammar, log_level=0, limits=limits)
         if matcher.is_error():
-            raise ValueError(f"request {rid!r}: grammar does not compile: {matcher.get_error()}")
-        return RequestGrammar(matcher, tok.eos_tokens, spec.kind, rid)
+            raise ValueError(
+                f"request {rid!r}: grammar does not compile: {_first_line(matcher.get_error())}"
+            )
+        return RequestGrammar(matcher, tok.eos_tokens, spec.kind, rid, spec.param)
+
+    def compile_failure(self, spec: StructuredOutput, exc: ValueError) -> Failure:
+        """The 400 of a request whose grammar ``compile`` refused (``exc``): the
+        gateway's check passed, the runner's compile on the model's tokenizer did not."""
+        if isinstance(exc, TokenizerUnavailable):  # the server's fault, not the request's
+            return internal(str(exc))
+        where = f"'{spec.param}'" if spec.param else "the structured output constraint"
+        return bad_request(
+            f"{where} cannot be compiled for this model's tokenizer: {exc}",
+            code="invalid_grammar",
+            param=spec.param or None,
+        )
 
     def start(
         self,
@@ -373,6 +433,11 @@ class GrammarEngine:
         return out
 
 
+def _first_line(message: str) -> str:
+    """llguidance's error without the parser state it may append."""
+    return message.strip().split("\n", 1)[0].strip() or "no reason given"
+
+
 def constrained_rows(rows: Sequence[_Row]) -> list[int]:
     """The logits rows a step's grammars mask (each request's row and one per proposal
     to verify), ascending."""
@@ -402,7 +467,7 @@ def _fill_all(
                 targets, bitmask.data_ptr(), row_bytes, bitmask.shape[0]
             )
             for r in batched:
-                if r.grammar.matcher.is_stopped():
+                if r.grammar.matcher.is_stopped() or r.grammar.matcher.is_error():
                     r.grammar.eos_only(bitmask[r.row])
             share = (time.perf_counter() - t0) / len(batched)
             for r in batched:

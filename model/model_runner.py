@@ -60,8 +60,10 @@ from houchu.model.tp_group import TPGroup, TPStep
 from houchu.model.verify import sample_and_verify
 from houchu.options.runner_options import RunnerOptions
 from houchu.transport.messages import (
+    Failure,
     PromptLogprobs,
     RunnerInfo,
+    SeqInit,
     SeqOutput,
     StepPlan,
     StepResult,
@@ -395,7 +397,9 @@ class ModelRunner:
 
         Returns:
             ``StepResult`` with one ``SeqOutput`` per sampled request, in work order;
-            ``num_tokens`` = new tokens computed; ``duration_s`` = seconds spent.
+            ``num_tokens`` = new tokens computed; ``duration_s`` = seconds spent;
+            ``failures``: the requests that fail alone (a grammar that does not compile
+            on the model's tokenizer, or a matcher llguidance stopped following).
         Raises:
             ValueError: unknown rid in work, duplicate init, invalid sampling params,
                 empty token list, token id out of vocab, positions beyond
@@ -424,11 +428,7 @@ class ModelRunner:
                     self.device,
                     stop_ids=si.stop_ids,
                 )
-            new_grammars = {
-                si.rid: self.grammar.compile(si.rid, si.sampling.structured)
-                for si in plan.init
-                if si.sampling.structured is not None
-            }
+            new_grammars, failures = self._compile_grammars(plan.init)
             for w in plan.work:
                 if w.rid not in live and w.rid not in new:
                     raise ValueError(f"request {w.rid!r} was never initialised (or released)")
@@ -484,6 +484,9 @@ class ModelRunner:
                 for g, ss in zip(grammars, samples, strict=True):
                     if g is not None:
                         g.commit([s.token_id for s in ss])
+                        failure = g.failure()  # its matcher stopped: the request fails
+                        if failure is not None:
+                            failures[g.rid] = failure
                 for st, ss in zip(states, samples, strict=True):
                     outputs.extend(
                         SeqOutput(
@@ -503,7 +506,26 @@ class ModelRunner:
             started_at=started_at,
             prompt_logprobs=prompt_lps,
             allreduce_s=0.0 if self.tp is None else self.tp.take(),
+            failures=failures,
         )
+
+    def _compile_grammars(
+        self, init: list[SeqInit]
+    ) -> tuple[dict[str, RequestGrammar], dict[str, Failure]]:
+        """The matchers of the new constrained requests, and the failures of those whose
+        grammar does not compile on the model's tokenizer (such a request fails alone:
+        its rows this step are sampled unconstrained and discarded by the scheduler)."""
+        grammars: dict[str, RequestGrammar] = {}
+        failures: dict[str, Failure] = {}
+        for si in init:
+            spec = si.sampling.structured
+            if spec is None:
+                continue
+            try:
+                grammars[si.rid] = self.grammar.compile(si.rid, spec)
+            except ValueError as exc:
+                failures[si.rid] = self.grammar.compile_failure(spec, exc)
+        return grammars, failures
 
 
 def live_state(

@@ -69,13 +69,27 @@ class ResultApplier:
         self._account_step(result, slots, now)
         if result.error is not None:
             return self.fail([s.req for s in slots], result.error)
+        events = self._fail_alone(result, slots)
         self._take_prompt_logprobs(result, slots)
         sampled: dict[str, list[SeqOutput]] = {}
         for o in result.outputs:  # several per request when proposals were verified
             sampled.setdefault(o.rid, []).append(o)
-        events = [ev for slot in slots for ev in self._apply_one(slot, sampled, now)]
+        events += [ev for slot in slots for ev in self._apply_one(slot, sampled, now)]
         for sample in self.overlap.samples(now):
             self.telemetry.lever(sample)
+        return events
+
+    def _fail_alone(self, result: StepResult, slots: list[Slot]) -> list[TokenEvent]:
+        """Fail the requests the step failed on their own (``StepResult.failures``: a
+        grammar the runner could not compile or follow) before their tokens are taken:
+        what the step sampled for them is discarded, the rest of the batch goes on."""
+        if not result.failures:
+            return []
+        events = []
+        for slot in slots:
+            failure = result.failures.get(slot.req.rid)
+            if failure is not None:
+                events += self.fail([slot.req], failure)
         return events
 
     def _take_prompt_logprobs(self, result: StepResult, slots: list[Slot]) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -161,14 +162,62 @@ class ForcedCallParser(ToolCallParser):
 
 class RequiredCallsParser(ToolCallParser):
     """``tool_choice: "required"``: the reply is a JSON array of
-    ``{"name", "parameters"}`` (the grammar sees to it)."""
+    ``{"name", "parameters"}`` (the grammar sees to it).
+
+    A reply cut short (``finish_reason: "length"``) is still its calls: the complete
+    ones, then the cut one with its name and its arguments' text as far as it got, as a
+    named ``tool_choice`` gives its cut arguments (``ForcedCallParser``). That is what
+    OpenAI returns for a call cut by ``max_tokens`` (``tool_calls`` whose ``arguments``
+    do not parse, ``finish_reason: "length"``) and what vLLM streams for both forced
+    forms: a client that asked for a call gets a call, and the whole reply says what the
+    streamed deltas said. Only a reply cut before the first call's name is complete
+    (nothing to name a call by) stays content.
+    """
+
+    #: A call's start, up to its arguments: ``{"name": "N", "parameters": `` (the
+    #: grammar writes the keys in this order).
+    CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"parameters"\s*:\s*')
 
     def parse(self, text: str) -> Parsed:
-        obj = _loads(text)
-        calls = [_call(o, "parameters") for o in obj] if isinstance(obj, list) else []
+        calls = self._calls(text)
         if not calls or any(c is None for c in calls):
             return Parsed(text, [])
         return Parsed(None, calls)  # type: ignore[arg-type]
+
+    def _calls(self, text: str) -> list[ToolCall | None]:
+        """The array's calls, the last maybe cut (None for an element not a call)."""
+        body = text.lstrip()
+        if not body.startswith("["):
+            return []
+        decoder, pos, calls = json.JSONDecoder(), 1, []
+        while True:
+            while pos < len(body) and body[pos] in " \t\r\n,":
+                pos += 1
+            if pos >= len(body) or body[pos] == "]":
+                return calls
+            try:
+                obj, pos = decoder.raw_decode(body, pos)
+            except ValueError:  # the cut element
+                head = self.CALL_HEAD.match(body, pos)
+                if head is not None:
+                    calls.append(ToolCall(json.loads(head.group(1)), body[head.end() :]))
+                return calls
+            calls.append(_call(obj, "parameters"))
+
+
+class FirstCallParser(ToolCallParser):
+    """``parallel_tool_calls: false`` (OpenAI: at most one call per reply): the reply as
+    ``inner`` parses it, with its first call only (whole and streamed)."""
+
+    def __init__(self, inner: ToolCallParser) -> None:
+        self.inner = inner
+
+    def parse(self, text: str) -> Parsed:
+        parsed = self.inner.parse(text)
+        return Parsed(parsed.content, parsed.calls[:1])
+
+    def stream(self) -> ToolCallStream:
+        return FirstCallStream(self.inner.stream())
 
 
 def make_parser(name: str) -> ToolCallParser:
@@ -324,6 +373,24 @@ class ForcedStream(ToolCallStream):
 
     def finish(self) -> StreamDelta:
         return self.feed("") if not self.started else StreamDelta()
+
+
+class FirstCallStream(ToolCallStream):
+    """``inner``'s deltas of its first call only (``FirstCallParser``)."""
+
+    def __init__(self, inner: ToolCallStream) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def feed(self, text: str) -> StreamDelta:
+        return self._first(self.inner.feed(text))
+
+    def finish(self) -> StreamDelta:
+        return self._first(self.inner.finish())
+
+    def _first(self, d: StreamDelta) -> StreamDelta:
+        self.calls = self.inner.calls[:1]
+        return StreamDelta(d.content, [t for t in d.tool_calls if t["index"] == 0])
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -293,7 +293,10 @@ class StepResult(Struct, tag=True, kw_only=True):
     it fails with this. ``prompt_logprobs``: the prompt tokens scored in this step, for
     the requests that asked (``SamplingParams.prompt_logprobs``). ``allreduce_s``: of
     ``duration_s``, the seconds a tensor-parallel runner spent in its collectives (the
-    all-reduces and the logits' all-gather; 0 at tp 1)."""
+    all-reduces and the logits' all-gather; 0 at tp 1). ``failures``: requests this step
+    failed on their own (rid -> why: a structured-output grammar the engine could not
+    compile or follow); each ends with its failure, its ``outputs`` of this step are
+    discarded, and the rest of the batch goes on."""
 
     step_id: int
     outputs: list[SeqOutput]
@@ -303,6 +306,7 @@ class StepResult(Struct, tag=True, kw_only=True):
     started_at: float = 0.0
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
     allreduce_s: float = 0.0
+    failures: dict[str, Failure] = field(default_factory=dict)
 
 
 class RunnerInfo(Struct, tag=True, kw_only=True):

@@ -23,7 +23,10 @@ class StructuredOutput(Struct, frozen=True, kw_only=True):
     ``grammar``: llguidance's grammar text (its JSON form, from
     ``llguidance.LLMatcher.grammar_from_*``), already validated by the gateway.
     ``kind``: the form it came from (``GrammarKind``).
+    ``param``: the request field it came from (``"response_format"``, ``"guided_regex"``,
+    ``"tool_choice"``, ...), named by the error when the grammar engine cannot follow it.
     """
 
     kind: GrammarKind
     grammar: str
+    param: str = ""

@@ -112,6 +112,11 @@ COMMON_BAD: list[tuple[dict[str, Any], str]] = [
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
     ({"prompt_logprobs": 21}, "prompt_logprobs"),
     ({"prompt_logprobs": -1}, "prompt_logprobs"),
+    ({"guided_grammar": "root ::= ("}, "guided_grammar"),
+    ({"guided_grammar": 'start: "a'}, "guided_grammar"),
+    ({"structured_outputs": {"grammar": "root ::= ["}}, "structured_outputs.grammar"),
+    ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    ({"use_beam_search": True}, "use_beam_search"),
 ]
 
 CMPL_BAD: list[tuple[dict[str, Any], str]] = [
@@ -185,6 +190,10 @@ CHAT_BAD: list[tuple[dict[str, Any], str]] = [
     ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ({"top_logprobs": 2}, "top_logprobs"),
+    # the completions API's own fields are refused, not ignored
+    ({"suffix": "x"}, "suffix"),
+    ({"echo": True}, "echo"),
+    ({"best_of": 2}, "best_of"),
 ]
 
 
@@ -203,6 +212,7 @@ async def _bad_then_good(api: Api, path: str, good: dict[str, Any], extra: dict,
     assert status == 400, body
     err = assert_openai_error(body, param)
     assert err["type"] == "invalid_request_error"
+    assert err["code"], err  # every 400 says what kind of error it is
     if param == "model" and isinstance(extra["model"], str):
         assert err["code"] == "model_not_found"
     status, body = await api.post(path, good)

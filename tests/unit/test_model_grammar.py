@@ -241,16 +241,70 @@ def test_proposals_checked_against_the_grammar(model_dir, tok) -> None:
     jsonschema.validate(json.loads(text_of(tok, plain)), SCHEMA)
 
 
-def test_bad_grammar_in_a_plan_is_refused(runner) -> None:
-    spec = StructuredOutput(kind="grammar", grammar='{"grammars": [{"lark_grammar": "start: x"}]}')
+def test_a_grammar_that_does_not_compile_fails_only_its_request(runner, tok) -> None:
+    """A grammar the runner cannot compile (past the gateway's check) fails its request
+    alone, as a 400 naming the field; the other request of the step goes on."""
+    spec = StructuredOutput(
+        kind="grammar",
+        grammar='{"grammars": [{"lark_grammar": "start: x"}]}',
+        param="guided_grammar",
+    )
+    prompt = tok.encode("Once upon")
     plan = StepPlan(
         step_id=0,
-        init=[SeqInit(rid="a", sampling=SamplingParams(structured=spec), prompt_ids=[5])],
-        work=[_work("a", [5], 0, [0])],
+        init=[
+            SeqInit(rid="a", sampling=SamplingParams(structured=spec), prompt_ids=prompt),
+            SeqInit(rid="b", sampling=SamplingParams(temperature=0.0), prompt_ids=prompt),
+        ],
+        work=[_work("a", prompt, 0, [0]), _work("b", prompt, 0, [1])],
     )
-    with pytest.raises(ValueError, match="grammar"):
-        runner.execute(plan)
-    assert runner.states == {} and runner.grammars == {}
+    res = runner.execute(plan)
+    assert set(res.failures) == {"a"}
+    f = res.failures["a"]
+    assert (f.status, f.code, f.param) == (400, "invalid_grammar", "guided_grammar")
+    assert "'guided_grammar'" in f.message and "\n" not in f.message
+    assert {o.rid for o in res.outputs} == {"a", "b"}  # the step itself went on
+    assert "a" not in runner.grammars and "b" in runner.states
+
+
+#: A regex llguidance compiles, whose lexer blows up once it lexes "b"s ("lexer error:
+#: too many expressions constructed"): no compile-time check catches it.
+LEXER_BOMB = "(a|aa)*(b|bb){1000}"
+
+
+def test_a_matcher_that_stops_mid_generation_fails_only_its_request(runner, tok) -> None:
+    """The matcher of a grammar llguidance cannot follow enters an error state during
+    generation: the step reports a 400 for that request alone (once, naming the field),
+    and the free request beside it emits what it emits alone."""
+    free = {"g": (tok.encode("Once upon"), SamplingParams(temperature=0.0))}
+    alone = run(runner, free, 8)
+    bb = tok.encode("bb")
+    assert len(bb) == 1
+    spec = StructuredOutput(kind="regex", grammar=_regex(LEXER_BOMB), param="guided_regex")
+    bomb = SamplingParams(temperature=0.0, structured=spec, logit_bias={bb[0]: 100.0})
+    reqs = {**free, "x": (tok.encode("Letters:"), bomb)}
+    pages = {"g": list(range(16)), "x": list(range(16, 32))}
+    init = [SeqInit(rid=r, sampling=sp, prompt_ids=p) for r, (p, sp) in reqs.items()]
+    res = runner.execute(
+        StepPlan(
+            step_id=0, init=init, work=[_work(r, p, 0, pages[r]) for r, (p, _) in reqs.items()]
+        )
+    )
+    out: dict[str, list[int]] = {r: [] for r in reqs}
+    failures = {}
+    for step in range(1, 8):
+        failures.update(res.failures)
+        for o in res.outputs:
+            out[o.rid].append(o.token_id)
+        live = [r for r in reqs if r not in failures]  # the scheduler drops a failed one
+        work = [_work(r, [out[r][-1]], len(reqs[r][0]) + len(out[r]) - 1, pages[r]) for r in live]
+        res = runner.execute(StepPlan(step_id=step, work=work))
+    assert not res.failures  # reported once
+    assert set(failures) == {"x"}
+    f = failures["x"]
+    assert (f.status, f.code, f.param) == (400, "grammar_too_complex", "guided_regex")
+    assert "too many expressions" in f.message and "\n" not in f.message
+    assert out["g"] == alone["g"][: len(out["g"])]
 
 
 def _work(rid: str, ids: list[int], start: int, pages: list[int], num_draft: int = 0) -> SeqWork:

@@ -11,7 +11,7 @@ import pytest
 from houchu.kvcache.page_allocator import OutOfPages, PageAllocator
 from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.core import Rejected, SchedulerCore
-from houchu.transport.failures import internal
+from houchu.transport.failures import bad_request, internal
 from houchu.transport.messages import (
     RunnerInfo,
     SamplingParams,
@@ -184,6 +184,32 @@ def test_runner_error_fails_requests():
         )
     )
     assert events[0].finish_reason == "error" and events[0].failure == internal("boom")
+    assert core.allocator.num_free == 16
+
+
+def test_a_request_the_runner_failed_alone_ends_and_the_batch_goes_on():
+    """``StepResult.failures`` (a grammar the runner could not follow) fails that request
+    only: its token of the step is discarded, its pages are freed and released in the
+    next plan, and the other request keeps decoding to its end."""
+    core = make_core()
+    core.add(req("a", 3))
+    core.add(req("b", 3))
+    plan = core.next_plan()
+    why = bad_request("'guided_regex' is too complex", code="grammar_too_complex")
+    outs = [SeqOutput(rid=w.rid, token_id=7) for w in plan.work if w.sample]
+    events = core.apply(
+        StepResult(
+            step_id=plan.step_id, outputs=outs, duration_s=0, num_tokens=0, failures={"a": why}
+        )
+    )
+    by_rid = {e.rid: e for e in events}
+    assert by_rid["a"].finish_reason == "error" and by_rid["a"].failure == why
+    assert by_rid["a"].token_ids == []
+    assert by_rid["b"].token_ids == [7] and by_rid["b"].failure is None
+    plan, events = run_step(core)
+    assert plan.release == ["a"] and [w.rid for w in plan.work] == ["b"]
+    while core.has_work:
+        run_step(core)
     assert core.allocator.num_free == 16
 
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
+from llguidance import LLMatcher, LLTokenizer
 
 from houchu.api.openai_format import ChatFormatter, Tally
+from houchu.api.schema import ChatCompletionRequest
+from houchu.api.tools import ToolSetup, tool_setup
 from houchu.text.tool_calls import (
+    FirstCallParser,
     ForcedCallParser,
     RequiredCallsParser,
     ToolCallParser,
@@ -81,6 +86,46 @@ def test_forced_and_required_forms() -> None:
     assert _stream(req, text, 5) == ("", [("a", {"x": 1}), ("b", {})])
 
 
+CUT_REQUIRED = '[{"name": "a", "parameters": {"x": 1}}, {"name": "get_weather", "parameters": {"ci'
+
+
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_a_cut_required_reply_is_its_calls_as_a_cut_named_one_is(step: int) -> None:
+    """Cut by ``max_tokens``, ``required`` and a named ``tool_choice`` both give calls
+    whose last ``arguments`` are the text as far as it got, whole and streamed; a reply
+    cut before the first call's name stays content."""
+    whole = RequiredCallsParser().parse(CUT_REQUIRED)
+    want = [("a", '{"x": 1}'), ("get_weather", '{"ci')]
+    assert whole.content is None and [(c.name, c.arguments) for c in whole.calls] == want
+    named = ForcedCallParser("get_weather").parse('{"ci')
+    assert named.content is None and [(c.name, c.arguments) for c in named.calls] == want[1:]
+    s = RequiredCallsParser().stream()
+    pieces = [CUT_REQUIRED[i : i + step] for i in range(0, len(CUT_REQUIRED), step)]
+    calls: dict[int, list[str]] = {}
+    for d in [*(s.feed(p) for p in pieces), s.finish()]:
+        assert d.content == ""
+        for t in d.tool_calls:
+            c = calls.setdefault(t["index"], ["", ""])
+            c[0] += t["function"].get("name", "")
+            c[1] += t["function"]["arguments"]
+    assert [tuple(c) for c in calls.values()] == want
+    for text in ('[{"name": "get_wea', "["):
+        assert RequiredCallsParser().parse(text).content == text
+
+
+def test_chat_formatter_cut_call_is_a_call_with_finish_reason_length() -> None:
+    fmt = ChatFormatter("r", 0, "m", logprobs=False, top_n=0, tool_parser=RequiredCallsParser())
+    tally = Tally()
+    tally.add(TextDelta(rid="r", text=CUT_REQUIRED, finish_reason="length"))
+    choice = fmt.response(tally)["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["content"] is None
+    assert [c["function"]["arguments"] for c in choice["message"]["tool_calls"]] == [
+        '{"x": 1}',
+        '{"ci',
+    ]
+
+
 def test_unknown_parser_is_refused() -> None:
     with pytest.raises(ValueError, match="hermes"):
         make_parser("nope")
@@ -142,3 +187,49 @@ def test_chat_formatter_parses_each_choice_on_its_own() -> None:
     out = fmt.response(tallies)["choices"]
     assert [c["finish_reason"] for c in out] == ["tool_calls", "stop"]
     assert len(out[0]["message"]["tool_calls"]) == 2 and "tool_calls" not in out[1]["message"]
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+@pytest.mark.parametrize("step", [1, 5, 1000])
+def test_parallel_tool_calls_false_returns_the_first_call(step: int) -> None:
+    """``parallel_tool_calls: false`` with ``auto``: the first call the model wrote,
+    whole and streamed (OpenAI's "at most one call")."""
+    first = FirstCallParser(make_parser("hermes"))
+    parsed = first.parse(HERMES)
+    assert parsed.content == "Let me check. \n"
+    assert _calls(parsed.calls) == [("get_weather", {"city": "Paris"})]
+    assert _stream(first, HERMES, step) == ("Let me check. \n", _calls(parsed.calls))
+
+
+def _chat_tools(extra: dict) -> ToolSetup:
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER_TOOL], **extra}
+    setup = tool_setup(msgspec.convert(body, ChatCompletionRequest))
+    assert setup is not None
+    return setup
+
+
+def _follows(grammar: str, text: str) -> bool:
+    """Whether llguidance's matcher (on a byte tokenizer) takes ``text`` whole."""
+    m = LLMatcher(LLTokenizer("byte"), grammar, log_level=0)
+    return m.consume_tokens(list(text.encode())) and m.is_accepting()
+
+
+def test_parallel_tool_calls_false_makes_required_one_call() -> None:
+    one = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'
+    two = one[:-1] + ", " + one[1:]
+    free = _chat_tools({"tool_choice": "required"})
+    single = _chat_tools({"tool_choice": "required", "parallel_tool_calls": False})
+    assert free.structured is not None and single.structured is not None
+    assert _follows(free.structured.grammar, one) and _follows(free.structured.grammar, two)
+    assert _follows(single.structured.grammar, one)
+    assert not _follows(single.structured.grammar, two)
+    assert isinstance(_chat_tools({"parallel_tool_calls": False}).parser("hermes"), FirstCallParser)
+    assert not isinstance(_chat_tools({}).parser("hermes"), FirstCallParser)

@@ -1,0 +1,175 @@
+"""Structured output at llguidance's limits, and tool calls cut by ``max_tokens``,
+through the official openai client and the WebSocket API on the real model.
+
+A grammar llguidance compiles but cannot follow (its lexer builds too many states once
+it lexes "bb"s, which no compile-time check sees) ends that request with a 400 naming
+the field, over HTTP (whole or streamed) and over the WebSocket, while a free request
+beside it runs to its end; a choice list longer than llguidance's Earley row limit
+(2000) constrains the output exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.integration.client import post_json, ws_generate
+
+pytestmark = pytest.mark.slow
+
+#: Forced prefix, then the lexer bomb; "Hello, " streams before the matcher stops.
+BOMB = "Hello, (a|aa)*(b|bb){1000}"
+ASK = [{"role": "user", "content": "Say something."}]
+
+
+def client(server) -> OpenAI:
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def _model(server) -> str:
+    return client(server).models.list().data[0].id
+
+
+def chat(server, **kw):
+    return client(server).chat.completions.create(model=_model(server), **kw)
+
+
+def _bb_bias(server) -> dict[str, int]:
+    """``logit_bias`` +100 on "bb" and " bb": once the grammar allows them, they are the
+    tokens sampled, and the second makes llguidance's lexer give up."""
+    ids = []
+    for text in ("bb", " bb"):
+        status, body = asyncio.run(
+            post_json(f"{server.url}/tokenize", {"prompt": text, "add_special_tokens": False})
+        )
+        assert status == 200 and body["count"] == 1, body
+        ids += body["tokens"]
+    return {str(t): 100 for t in ids}
+
+
+def _bomb(server) -> dict:
+    return {"guided_regex": BOMB, "logit_bias": _bb_bias(server)}
+
+
+def test_a_grammar_the_engine_stops_following_fails_that_request_only(server) -> None:
+    def free() -> openai.types.chat.ChatCompletion:
+        msg = [{"role": "user", "content": "Name three rivers."}]
+        return chat(
+            server,
+            messages=msg,
+            temperature=0,
+            max_tokens=48,
+            extra_body={"ignore_eos": True},
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(free)
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(server, messages=ASK, temperature=0, max_tokens=40, extra_body=_bomb(server))
+        out = running.result()
+    body = err.value.body
+    assert err.value.status_code == 400
+    assert (body["code"], body["param"]) == ("grammar_too_complex", "guided_regex")
+    assert "too many expressions" in body["message"]
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 48
+    again = chat(server, messages=ASK, temperature=0, max_tokens=4)
+    assert again.choices[0].finish_reason == "length"
+
+
+def test_a_stream_whose_grammar_stops_ends_with_an_error(server) -> None:
+    stream = chat(
+        server, messages=ASK, temperature=0, max_tokens=40, stream=True, extra_body=_bomb(server)
+    )
+    text, reasons = "", []
+    with pytest.raises(openai.APIError) as err:
+        for chunk in stream:
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                reasons.append(c.finish_reason)
+    assert text.startswith("Hello, ")  # the forced prefix streamed before the stop
+    assert reasons[-1] == "error"
+    assert err.value.code == "grammar_too_complex" and "guided_regex" in err.value.message
+
+
+def test_the_websocket_gets_a_typed_error(server) -> None:
+    got = asyncio.run(
+        ws_generate(
+            server.ws_url,
+            {"messages": ASK, "temperature": 0, "max_tokens": 40, **_bomb(server)},
+        )
+    )
+    assert got["final"] is None
+    err = got["error"]
+    assert (err["code"], err["param"]) == ("grammar_too_complex", "guided_regex")
+
+
+def test_a_choice_list_longer_than_the_row_limit_constrains_exactly(server) -> None:
+    choices = [f"option number {i}" for i in range(5000)]
+    for seed in range(2):
+        out = chat(
+            server,
+            messages=ASK,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=16,
+            extra_body={"guided_choice": choices},
+        )
+        assert out.choices[0].finish_reason == "stop"
+        assert out.choices[0].message.content in choices
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "kelvin"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "named"])
+def test_a_tool_call_cut_by_max_tokens_is_a_partial_call(server, tool_choice) -> None:
+    """Cut by ``max_tokens``, a forced call comes back as OpenAI and vLLM give it: the
+    call (its name, its arguments as far as they got), ``finish_reason: "length"``, no
+    content; the same whole and streamed, and a longer budget finishes the same call."""
+    choice = (
+        "required"
+        if tool_choice == "required"
+        else {"type": "function", "function": {"name": "get_weather"}}
+    )
+    kw = {"messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": choice, "temperature": 0}
+    cut = chat(server, max_tokens=12, **kw).choices[0]
+    assert cut.finish_reason == "length" and not cut.message.content
+    (call,) = cut.message.tool_calls
+    assert call.function.name == "get_weather"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(call.function.arguments)
+    name, args, reasons = "", "", []
+    for chunk in chat(server, max_tokens=12, stream=True, **kw):
+        for c in chunk.choices:
+            assert not c.delta.content
+            reasons.append(c.finish_reason)
+            for d in c.delta.tool_calls or []:
+                assert d.index == 0
+                name += (d.function and d.function.name) or ""
+                args += (d.function and d.function.arguments) or ""
+    assert (name, args, reasons[-1]) == ("get_weather", call.function.arguments, "length")
+    whole = chat(server, max_tokens=120, **kw).choices[0]
+    done = whole.message.tool_calls[0]
+    assert whole.finish_reason == "tool_calls"
+    assert done.function.arguments.startswith(call.function.arguments)
+    jsonschema.validate(json.loads(done.function.arguments), WEATHER["function"]["parameters"])
+    ws = asyncio.run(ws_generate(server.ws_url, {**kw, "max_tokens": 12}))
+    assert ws["final"]["finish_reason"] == "length" and not ws["final"]["content"]
+    assert [c["function"]["arguments"] for c in ws["final"]["tool_calls"]] == [args]
