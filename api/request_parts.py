@@ -34,6 +34,7 @@ SAMPLING_FIELDS = (
     "allowed_token_ids",
     "min_tokens",
     "prompt_logprobs",
+    "include_stop_str_in_output",
 )
 
 

@@ -240,10 +240,7 @@ class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
     ) = None
     functions: Annotated[list[Any], unsupported("are not supported", max_length=0)] | None = None
     include_stop_str_in_output: (
-        Annotated[
-            Literal[False], unsupported("is not supported: a stop string ends the output unseen")
-        ]
-        | None
+        Annotated[bool, Meta(description="the matched stop string ends the output (vLLM)")] | None
     ) = None
     use_beam_search: (
         Annotated[Literal[False], unsupported("is not supported: choices are sampled")] | None

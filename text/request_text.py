@@ -58,7 +58,11 @@ class RequestText:
         self._prompt_pending = sampling.echo or self.want_prompt_logprobs
         self.tokenizer = tokenizer
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids)
-        self.stops = StopStringMatcher(sampling.stop) if sampling.stop else None
+        self.stops = (
+            StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
+            if sampling.stop
+            else None
+        )
         self.hidden_ids = frozenset(stop_ids)
         self.want_logprobs = sampling.logprobs
         self.min_tokens = sampling.min_tokens  # stop strings are not matched before

@@ -37,8 +37,10 @@ class StopStringMatcher:
     Not thread-safe; one instance per request.
     """
 
-    def __init__(self, stops: Iterable[str]) -> None:
-        """Compile the stop list (duplicates are ignored, order kept).
+    def __init__(self, stops: Iterable[str], include: bool = False) -> None:
+        """Compile the stop list (duplicates are ignored, order kept). ``include``: the
+        matched stop string is emitted as the output's end (vLLM's
+        ``include_stop_str_in_output``); by default it is cut.
 
         Raises ``ValueError`` if a stop string is empty or not a ``str``.
         """
@@ -48,6 +50,7 @@ class StopStringMatcher:
                 raise ValueError(f"stop strings must be non-empty strings, got {stop!r}")
             if stop not in self.stops:
                 self.stops.append(stop)
+        self.include = include
         self._held = ""
         self.stopped = False
         """True once a stop string matched; all later text is dropped."""
@@ -90,11 +93,12 @@ class StopStringMatcher:
         return buffer
 
     def _stop(self, buffer: str, match: tuple[int, str]) -> str:
-        """Record the match and return the text before it."""
+        """Record the match and return the text before it (through it, with
+        ``include``)."""
         self.stopped = True
         self.matched = match[1]
         self._held = ""
-        return buffer[: match[0]]
+        return buffer[: match[0] + (len(match[1]) if self.include else 0)]
 
     def _earliest_match(self, buffer: str) -> tuple[int, str] | None:
         """(index, stop) of the earliest complete stop string in ``buffer``, or None."""

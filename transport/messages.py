@@ -53,6 +53,8 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     token after the first, with that many alternatives (0..20), from the raw logits; such
     a request computes its whole prompt (its prefix is not taken from the cache).
     ``echo``: the tokenizer sends the prompt's text with the first delta.
+    ``include_stop_str_in_output`` (vLLM): the stop string that ends the output is part of
+    it (by default it is cut).
     """
 
     temperature: float = 1.0
@@ -78,6 +80,7 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     min_tokens: int = 0
     prompt_logprobs: int | None = None
     echo: bool = False
+    include_stop_str_in_output: bool = False
 
 
 #: The roles a chat turn may have on the wire ("tool": a tool's result).

@@ -74,6 +74,11 @@ def test_stop_string_spanning_tokens(server):
         assert out == want, path
         assert stop not in out
         assert final == "stop"
+    # vLLM's include_stop_str_in_output: the stop string ends the output
+    kept = asyncio.run(
+        ws_generate(server.ws_url, {**body, "stop": [stop], "include_stop_str_in_output": True})
+    )
+    assert kept["text"] == want + stop
 
 
 def test_stop_token_ids_and_eos(server):

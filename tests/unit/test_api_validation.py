@@ -115,7 +115,7 @@ COMMON_BAD: list[tuple[dict[str, Any], str]] = [
     ({"guided_grammar": "root ::= ("}, "guided_grammar"),
     ({"guided_grammar": 'start: "a'}, "guided_grammar"),
     ({"structured_outputs": {"grammar": "root ::= ["}}, "structured_outputs.grammar"),
-    ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
     ({"use_beam_search": True}, "use_beam_search"),
 ]
 

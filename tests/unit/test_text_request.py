@@ -104,3 +104,11 @@ def test_echo_and_prompt_logprobs_come_with_the_first_delta(tok: TextTokenizer) 
     assert lps[1].top == [(tok.token_text(7), 7, -0.5)]
     later = state.on_event(TokenEvent(rid="r", token_ids=tok.encode(" you")))
     assert later is None or (later.prompt_text is None and later.prompt_logprobs is None)
+
+
+def test_include_stop_str_in_output_ends_on_the_stop_string(tok: TextTokenizer) -> None:
+    ids = tok.encode("Hello world. 你好。Goodbye and more text")
+    sp = SamplingParams(stop=["。"], include_stop_str_in_output=True)
+    deltas = run(tok, [[t] for t in ids], sp)
+    assert "".join(d.text for d in deltas) == "Hello world. 你好。"
+    assert deltas[-1].finish_reason == "stop"

@@ -147,3 +147,15 @@ def test_text_is_released_as_soon_as_it_cannot_start_a_stop() -> None:
                 if any(len(seen) - i < len(s) and s.startswith(seen[i:]) for s in stops)
             ]
             assert matcher.held == (suffixes[0] if suffixes else "")
+
+
+def test_include_keeps_the_stop_string_at_the_end() -> None:
+    """vLLM's include_stop_str_in_output: the output runs through the matched stop
+    string, whichever pieces it spans, and nothing after it is emitted."""
+    m = StopStringMatcher(["END", "ND!"], include=True)
+    out = [m.feed(p) for p in ("abc E", "N", "D! tail")]
+    assert "".join(t for t, _ in out) == "abc END"
+    assert out[-1][1] and m.matched == "END"
+    assert m.feed("more") == ("", True)
+    plain = StopStringMatcher(["END"])
+    assert "".join(plain.feed(p)[0] for p in ("abc E", "ND x")) == "abc "
