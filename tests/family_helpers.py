@@ -15,10 +15,11 @@ import torch
 
 from houchu.model.attention import TorchSDPABackend
 from houchu.model.batch import build_batch
+from houchu.model.gguf_writers import write_llama_gguf
 from houchu.model.kv_pool import KVPool
 from houchu.model.llama import LlamaModel
 from houchu.model.model_runner import ModelRunner
-from houchu.model.testing import make_tiny_model, write_llama_gguf
+from houchu.model.testing import make_tiny_model
 from houchu.scheduler.core import SchedulerCore
 from houchu.spec.proposers import Proposer
 from houchu.text.stop import stop_ids

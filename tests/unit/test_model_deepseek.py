@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from houchu.model.config import load_model_config, num_parameters
+from houchu.model.gguf_writers import write_deepseek_gguf
 from houchu.model.kv_pool import KVPool
 from houchu.model.loader import load_model
 from houchu.model.mla_pool import LatentKVPool, full_mha_bytes_per_token
 from houchu.model.model_runner import ModelRunner
 from houchu.model.quality import agreement, text_logprobs
 from houchu.model.quant import QuantSpec
-from houchu.model.testing import make_tiny_model, write_deepseek_gguf
+from houchu.model.testing import make_tiny_model
 from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.text.stop import stop_ids

@@ -1,7 +1,7 @@
 """Qwen2 (q/k/v bias), Qwen3 (QK-norm) and Qwen3-MoE (routed experts) against
 transformers' own classes: tiny random models from ``AutoModelForCausalLM.from_config``,
-loaded by houchu from the Hugging Face directory and (dense families) from the GGUF that
-llama.cpp's converter would write."""
+loaded by houchu from the Hugging Face directory and from the GGUF that llama.cpp's
+converter would write (``qwen2``, ``qwen3``, ``qwen3moe`` with stacked experts)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ FAMILIES = {
 def family(request, tmp_path_factory):
     """(family, HF dir, GGUF path, transformers model) for each family."""
     name = request.param
-    return tiny_family(tmp_path_factory, name, seed=7, gguf="moe" not in name, **FAMILIES[name])
+    return tiny_family(tmp_path_factory, name, seed=7, gguf=True, **FAMILIES[name])
 
 
 def test_config_and_param_count(family):
@@ -68,11 +68,52 @@ def test_config_and_param_count(family):
 @pytest.mark.parametrize("source", ["hf", "gguf"])
 def test_prefill_and_decode_logits_match_transformers(family, source):
     _, path, gguf_path, hf = family
-    if source == "gguf" and gguf_path is None:
-        pytest.skip("houchu reads MoE models from Hugging Face folders only")
     with torch.inference_mode():
         model = load_model(path if source == "hf" else gguf_path)
     assert_chunked_logits_match(Runner(model, seed=1), hf)
+
+
+def test_gguf_config_equals_the_folders(family):
+    """The GGUF twin's config is the Hugging Face folder's (a ``qwen3moe`` file's expert
+    counts, widths, normalisation and dense layers included), but for what GGUF names
+    differently or does not store."""
+    _, path, gguf_path, _ = family
+    hf_cfg, cfg = load_model_config(path), load_model_config(gguf_path)
+    other = ["name", "source", "bos_token_id", "eos_token_ids", "rope_original_max_position"]
+    other += ["rope_low_freq_factor", "rope_high_freq_factor"]
+    got = dataclasses.replace(cfg, **{f: getattr(hf_cfg, f) for f in other + ["rms_norm_eps"]})
+    assert got == hf_cfg
+    assert cfg.rms_norm_eps == pytest.approx(hf_cfg.rms_norm_eps, rel=1e-6)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q4_0"])
+def test_gguf_twin_gives_the_same_tokens(family, tmp_path, qtype):
+    """Through ``ModelRunner``: an F32 GGUF twin gives the safetensors folder's greedy
+    tokens. A Q4_0 twin (the stacked experts quantized too) under ``--quantization
+    auto`` keeps its projections int4 (converted losslessly, as llama.cpp computes on
+    them) and its experts dense (dequantized at load), and gives the tokens of the same
+    file dequantized whole (``--quantization none``): the same rounded weights."""
+    from houchu.model.gguf_writers import write_llama_gguf
+    from houchu.model.moe import MoEMLP
+    from houchu.model.qlinear import Int4Linear
+
+    _, path, gguf_path, _ = family
+    ids = prompt(13, 9)
+    if qtype == "F32":
+        folder, twin = path, gguf_path
+        quant = "none"
+    else:
+        folder = twin = write_llama_gguf(path, tmp_path / "q4.gguf", qtype="Q4_0")
+        quant = "auto"
+    want = ModelRunner(str(folder), exact(num_pages=16, page_size=4), quiet=True)
+    runner = ModelRunner(
+        str(twin), exact(num_pages=16, page_size=4, quantization=quant), quiet=True
+    )
+    if qtype == "Q4_0":
+        assert any(isinstance(m, Int4Linear) for m in runner.model.modules())
+        moes = [m for m in runner.model.modules() if isinstance(m, MoEMLP)]
+        assert all(m.gate_up.dtype == m.down.dtype == runner.dtype for m in moes)
+    assert runner_greedy_tokens(runner, ids, 6) == runner_greedy_tokens(want, ids, 6)
 
 
 def test_runner_greedy_equals_transformers(family):
