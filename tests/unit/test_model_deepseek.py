@@ -294,6 +294,19 @@ def test_levers_that_do_not_apply_say_so(family, capsys):
     assert not [s for s in runner.lever_samples() if s.lever.startswith("kv_quant")]
 
 
+def test_quantized_mla_says_what_stays_dense(family):
+    """``--quantization int4`` on MLA + DeepSeekMoE: the start-up notes say that
+    ``kv_b_proj`` and the routed experts stay dense."""
+    from houchu.model.structure_levers import structure_notes
+
+    _, path, _ = family
+    cfg = load_model_config(path)
+    notes = structure_notes(cfg, (), "cpu", True, "int4")
+    assert any("MLA's kv_b_proj stays dense" in n for n in notes)
+    assert any("routed experts and routers stay dense" in n for n in notes)
+    assert not [n for n in structure_notes(cfg, (), "cpu", True, "none") if "--quant" in n]
+
+
 def runner_greedy(path, ids: list[int], n: int) -> list[int]:
     """``n`` greedy tokens after ``ids`` through ``ModelRunner`` (prefill, then decode)."""
     runner = ModelRunner(str(path), exact(num_pages=16, page_size=4), quiet=True)

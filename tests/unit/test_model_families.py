@@ -171,3 +171,18 @@ def test_moe_lever_counts_flops_not_computed(family):
     assert moe.saved == 2 * tokens * skipped * per_expert
     assert moe.spent == 2 * tokens * cfg.num_experts * cfg.hidden_size
     assert not [s for s in runner.lever_samples() if s.lever == "moe_routed_experts"]
+
+
+def test_quantized_moe_says_the_experts_stay_dense(family, capsys):
+    """``--quantization int8`` on a MoE model: the start-up lines say the routed experts
+    and routers stay dense, and they do (a dense family says nothing of experts)."""
+    from houchu.model.moe import MoEMLP
+
+    kind, path, _, _ = family
+    runner = ModelRunner(str(path), exact(num_pages=8, page_size=4, quantization="int8"))
+    out = capsys.readouterr().out
+    said = "--quantization int8: the routed experts and routers stay dense" in out
+    assert said == ("moe" in kind)
+    for m in runner.model.modules():
+        if isinstance(m, MoEMLP):
+            assert m.gate_up.dtype == m.down.dtype == runner.dtype
