@@ -3,7 +3,8 @@ tokens/s at batch 1 and 16 with a context past the sliding window, KV bytes per 
 active parameters per token, and what the windows saved (KV bytes not read, with the
 window against without it).
 
-    python -m houchu.bench.family_bench [--families llama,mistral,gemma2,gemma3_text]
+    python -m houchu.bench.family_bench [--families llama,qwen2,qwen3,qwen3_moe,deepseek_v3,
+        mistral,gemma2,gemma3_text]
         [--context 512] [--window 128] [--steps 12] [--quantization none]
 
 Each family is built by transformers (``from_config``) at the same widths, saved to a
@@ -41,10 +42,36 @@ WIDTHS = {
 }
 
 
+#: Qwen3-MoE at the bench's widths: 16 experts of 384, top-4 (a quarter of the dense
+#: MLP's width each, so one token's experts hold the dense MLP's weights)
+MOE = {"num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 384}
+#: DeepSeek-V3 at the bench's widths: MLA (latent 256, RoPE key 32, nope/value heads 64)
+#: and DeepSeekMoE (16 routed experts of 384, top-4 in 2 of 4 groups, 1 shared), layer 0 dense
+DEEPSEEK = {
+    "num_key_value_heads": 8,
+    "kv_lora_rank": 256,
+    "q_lora_rank": 384,
+    "qk_rope_head_dim": 32,
+    "qk_nope_head_dim": 64,
+    "v_head_dim": 64,
+    "n_routed_experts": 16,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 384,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "n_group": 4,
+    "topk_group": 2,
+}
+
+
 def family_config(family: str, window: int) -> dict:
     """Config overrides of ``family`` at the bench's widths."""
     extra: dict = {}
-    if family == "mistral":
+    if family == "qwen3_moe":
+        extra = MOE
+    elif family == "deepseek_v3":
+        extra = DEEPSEEK
+    elif family == "mistral":
         extra = {"sliding_window": window}
     elif family.startswith("gemma"):
         extra = {"sliding_window": window, "query_pre_attn_scalar": 64}
@@ -97,7 +124,7 @@ def bench(args: argparse.Namespace) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family in args.families.split(","):
-            windowed = family != "llama"
+            windowed = family in ("mistral", "gemma2", "gemma3_text")
             for window in (args.window, 0) if windowed else (0,):
                 kw = family_config(family, window)
                 if windowed and not window:
@@ -137,7 +164,10 @@ def bench(args: argparse.Namespace) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", default="llama,mistral,gemma2,gemma3_text")
+    ap.add_argument(
+        "--families",
+        default="llama,qwen2,qwen3,qwen3_moe,deepseek_v3,mistral,gemma2,gemma3_text",
+    )
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--steps", type=int, default=12)

@@ -106,7 +106,14 @@ class DecodeAccelerator:
         # a MoE step's shapes depend on its routing (tokens per expert): not capturable;
         # the static decode path attends plainly (no window, scale or soft-cap)
         plain = all(s.is_plain for s in model.attention)
-        static = getattr(backend, "supports_static", False) and not model.cfg.moe_layers
+        static = getattr(backend, "supports_static", False)
+        if dev.type == "cuda" and cuda_graph and static and model.cfg.moe_layers:
+            print(
+                "houchu runner: CUDA graphs are off for MoE models: a step's shapes depend on "
+                "its routing (tokens per expert)",
+                flush=True,
+            )
+            static = False
         if dev.type == "cuda" and cuda_graph and static and not plain:
             print(
                 "houchu runner: CUDA graphs are off: the static decode path does not compute "

@@ -10,7 +10,7 @@ each a flag of ``ModelConfig``:
 | Llama | ``llama`` | none |
 | Qwen2, Qwen2.5 (Qwen Team 2024) | ``qwen2`` | bias on the q, k and v projections |
 | Qwen3 (Qwen Team 2025) | ``qwen3`` | RMSNorm over each q and k head before RoPE (QK-norm) |
-| Qwen3-MoE | ``qwen3_moe`` (HF only) | QK-norm; top-k routed SwiGLU experts (``model.moe``) |
+| Qwen3-MoE | ``qwen3_moe`` / ``qwen3moe`` | QK-norm; top-k routed SwiGLU experts (``model.moe``) |
 | DeepSeek-V2 / V3 (DeepSeek-AI 2024) | ``deepseek_v2``, ``deepseek_v3`` / ``deepseek2`` | multi-head latent attention (``mla``, ``model.mla``); DeepSeekMoE: shared experts, group-limited routing, the first k layers dense; YaRN RoPE |
 | Mistral, Gemma 2, Gemma 3 | ``mistral``, ``gemma2``, ``gemma3_text`` | sliding windows, Gemma's blocks (``model.structure``) |
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from houchu.model.structure import STRUCTURE_FAMILIES, gguf_structure, hf_structure
+from houchu.model.structure import STRUCTURE_FAMILIES, gguf_moe, gguf_structure, hf_structure
 
 
 class ModelLoadError(RuntimeError):
@@ -239,8 +239,8 @@ ARCHITECTURES = (
     "deepseek_v3",
     *STRUCTURE_FAMILIES,
 )
-#: The GGUF ``general.architecture`` values houchu reads (Qwen3-MoE GGUFs not yet).
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "deepseek2", "gemma2", "gemma3")
+#: The GGUF ``general.architecture`` values houchu reads.
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "deepseek2", "gemma2", "gemma3")
 #: HF ``architectures`` class names per family.
 _HF_CLASSES = {
     "LlamaForCausalLM": "llama",
@@ -411,6 +411,11 @@ def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelCo
     elif scaling not in ("none", None):
         raise ModelLoadError(f"{path}: unsupported RoPE scaling {scaling!r}")
     structure = gguf_structure(arch, opt, int(need("block_count")), hidden, heads, head_dim)
+    if arch == "qwen3moe":
+        try:
+            structure |= gguf_moe(opt, tensor_names, int(need("block_count")))
+        except ValueError as e:
+            raise ModelLoadError(f"{path}: {e}") from e
     fields = dict(
         name=str(gguf_field(reader, "general.name", Path(str(path)).stem)),
         vocab_size=int(vocab),

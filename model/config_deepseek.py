@@ -173,25 +173,18 @@ def deepseek_config_from_gguf(reader: Any, path: Path | str, opt: Any, need: Any
 
 
 def split_gguf_deepseek(w: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
-    """Turn a ``deepseek2`` GGUF's tensors (already in Hugging Face-style names) into
-    the Hugging Face checkpoint's: the stacked experts ``mlp.experts.{gate,up,down}_proj``
-    ``[E, out, in]`` into one tensor per expert; ``k_b_proj`` ``[H, r, dn]`` (stored
+    """Turn a ``deepseek2`` GGUF's tensors (already in Hugging Face-style names, the
+    stacked experts already split by ``weights_gguf.unstack_experts``) into the Hugging
+    Face checkpoint's: ``k_b_proj`` ``[H, r, dn]`` (stored
     transposed) and ``v_b_proj`` ``[H, dv, r]`` back into ``kv_b_proj``
     ``[H·(dn + dv), r]``; ``gate.e_score_correction.bias`` to
     ``gate.e_score_correction_bias``. ``w`` is changed in place and returned.
 
     Raises:
-        ModelLoadError: a stacked-expert or k_b/v_b tensor of the wrong shape.
+        ModelLoadError: a k_b/v_b tensor of the wrong shape.
     """
     m = cfg.mla
     assert m is not None
-    for name in [n for n in w if ".mlp.experts." in n and n.count(".") == 6]:
-        t = w.pop(name)  # model.layers.N.mlp.experts.gate_proj.weight: [E, out, in]
-        if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[0] != cfg.num_experts:
-            raise ModelLoadError(f"{name}: expected [{cfg.num_experts}, out, in] experts")
-        head, proj, kind = name.rsplit(".", 2)
-        for e in range(cfg.num_experts):
-            w[f"{head}.{e}.{proj}.{kind}"] = t[e].contiguous()
     for name in [n for n in w if n.endswith("self_attn.k_b_proj.weight")]:
         k_b, v_b = w.pop(name), w.pop(name.replace("k_b_proj", "v_b_proj"))
         h = cfg.num_heads

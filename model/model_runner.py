@@ -217,7 +217,11 @@ class ModelRunner:
         self.window_ledger = WindowLedger(self.model.attention, per_layer)
         #: what the model's structure does to the other levers (said at startup)
         self.notes = tp_notes + structure_notes(
-            self.config, self.model.attention, self.backend.name, not o.disable_fused_layers
+            self.config,
+            self.model.attention,
+            self.backend.name,
+            not o.disable_fused_layers,
+            quant.mode,
         )
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
         limit = min(self.config.max_position, self.pool.num_tokens)

@@ -155,3 +155,34 @@ def gguf_structure(
     if arch == "gemma3":
         out["rope_local_theta"] = float(opt("rope.freq_base_swa", 10_000.0))
     return out
+
+
+def gguf_moe(opt: Callable[[str, Any], Any], tensor_names: set[str], layers: int) -> dict[str, Any]:
+    """``ModelConfig`` fields of a ``qwen3moe`` GGUF file's experts, as llama.cpp's
+    converter writes them (``Qwen2MoeModel.set_gguf_parameters``): ``expert_count``,
+    ``expert_used_count``, ``expert_feed_forward_length``; the MoE layers are those with a
+    router (``blk.N.ffn_gate_inp.weight``), the others dense (Hugging Face's
+    ``mlp_only_layers``). llama.cpp always renormalises a Qwen3-MoE's top-k weights, so
+    ``expert_weights_norm`` defaults to true.
+
+    Args:
+        opt: ``opt(key, default)`` reads ``qwen3moe.{key}``.
+        tensor_names: the file's tensor names.
+        layers: the block count.
+    Returns:
+        Keyword overrides for ``ModelConfig``.
+    Raises:
+        ValueError: the expert counts are missing, or no layer has a router.
+    """
+    experts, used = int(opt("expert_count", 0) or 0), int(opt("expert_used_count", 0) or 0)
+    moe_layers = tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in tensor_names)
+    if not (experts and used and moe_layers):
+        raise ValueError("a qwen3moe file needs expert_count, expert_used_count and routers")
+    return {
+        "architecture": "qwen3_moe",
+        "num_experts": experts,
+        "num_experts_per_tok": used,
+        "moe_intermediate_size": int(opt("expert_feed_forward_length", 0) or 0),
+        "norm_topk_prob": bool(opt("expert_weights_norm", True)),
+        "moe_layers": moe_layers,
+    }

@@ -16,6 +16,7 @@ def structure_notes(
     layers: tuple[LayerAttention, ...],
     backend: str,
     fused_asked: bool,
+    quant_mode: str = "none",
 ) -> list[str]:
     """One line per lever the model's structure limits.
 
@@ -24,10 +25,22 @@ def structure_notes(
         layers: each layer's ``LayerAttention``.
         backend: the attention backend's name ("cpu", "torch-sdpa", "triton", "flash-attn").
         fused_asked: the fused C++ decode layers were not turned off.
+        quant_mode: the weights' ``QuantSpec.mode`` ("none", "int4", "int8", "w8a8").
     Returns:
         Lines for the start-up output (empty for a plain Llama-family model).
     """
     out = []
+    if quant_mode != "none" and cfg.num_experts:
+        out.append(
+            f"--quantization {quant_mode}: the routed experts and routers stay dense (grouped "
+            "matmuls in the model dtype); attention, dense MLPs, shared experts and the LM "
+            "head are quantized"
+        )
+    if quant_mode != "none" and cfg.mla is not None:
+        out.append(
+            f"--quantization {quant_mode}: MLA's kv_b_proj stays dense (its key and value "
+            "up-projections are absorbed per head)"
+        )
     if fused_asked and backend == "cpu" and not cfg.plain_llama_layers:
         out.append(
             f"fused decode layers off: they compute plain Llama blocks only, and "

@@ -142,12 +142,14 @@ def iter_gguf_tensors(
     already. Gemma's norm weights, stored as 1 + w, come out as w (Hugging Face's).
     Tensors are dense, contiguous, on CPU, in ``dtype`` (``rope_freqs`` stays float32).
     With ``keep_q4``, Q4_0/Q4_1 projection weights come out as ``Int4Weight`` instead
-    (not the embedding, whose rows are looked up densely; not an MLA model's).
+    (not the embedding, whose rows are looked up densely; not an MLA model's; not a MoE
+    layer's experts or router, which ``model.moe`` keeps dense).
     """
     for t in reader.tensors:
         name = gguf_to_hf_name(t.name, cfg.gemma_blocks)
-        # MLA's projections are permuted and its experts kept dense: no int4 repacking
-        q4 = keep_q4 and cfg.mla is None
+        # MLA's projections are permuted, experts and routers kept dense: no int4 repacking
+        moe = ".mlp.experts." in name or ".mlp.gate." in name
+        q4 = keep_q4 and cfg.mla is None and not moe
         if q4 and t.tensor_type.name in Q4_TYPES and ".layers." in name:
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             w: torch.Tensor | Int4Weight = gguf_q4_to_int4(t.data, t.tensor_type.name, shape)
@@ -193,8 +195,29 @@ def load_gguf(
         raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
     cfg = config_from_gguf_reader(reader, path)
     tensors = dict(iter_gguf_tensors(reader, cfg, dtype, keep_q4))
+    if cfg.num_experts:
+        unstack_experts(tensors, cfg)
     if cfg.mla is not None:  # deepseek2: back to the Hugging Face checkpoint's layout
         from houchu.model.config_deepseek import split_gguf_deepseek
 
         tensors = split_gguf_deepseek(tensors, cfg)
     return cfg, tensors
+
+
+def unstack_experts(w: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
+    """Split llama.cpp's stacked experts (``ffn_{gate,up,down}_exps``, here
+    ``model.layers.N.mlp.experts.{gate,up,down}_proj.weight`` ``[E, out, in]``) into the
+    Hugging Face checkpoint's one ``[out, in]`` tensor per expert
+    (``mlp.experts.{e}.{proj}.weight``). ``w`` is changed in place and returned.
+
+    Raises:
+        ModelLoadError: a stacked tensor that is not ``[num_experts, out, in]``.
+    """
+    for name in [n for n in w if ".mlp.experts." in n and n.count(".") == 6]:
+        t = w.pop(name)
+        if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[0] != cfg.num_experts:
+            raise ModelLoadError(f"{name}: expected [{cfg.num_experts}, out, in] experts")
+        head, proj, kind = name.rsplit(".", 2)
+        for e in range(cfg.num_experts):
+            w[f"{head}.{e}.{proj}.{kind}"] = t[e].contiguous()
+    return w

@@ -15,10 +15,11 @@ import torch
 
 from houchu.model.attention import TorchSDPABackend
 from houchu.model.batch import build_batch
+from houchu.model.gguf_writers import write_llama_gguf
 from houchu.model.kv_pool import KVPool
 from houchu.model.llama import LlamaModel
 from houchu.model.model_runner import ModelRunner
-from houchu.model.testing import make_tiny_model, write_llama_gguf
+from houchu.model.testing import make_tiny_model
 from houchu.scheduler.core import SchedulerCore
 from houchu.spec.proposers import Proposer
 from houchu.text.stop import stop_ids
@@ -161,3 +162,44 @@ def serve_with_drafts(
             proposer.release(rel.release)
     assert not core.has_work
     return out
+
+
+def serve_waves(
+    runner: ModelRunner,
+    waves: list[dict[str, list[int]]],
+    n: int,
+    *,
+    max_batch_tokens: int = 24,
+    chunked_prefill_size: int = 8,
+) -> tuple[dict[str, list[int]], dict[str, int], SchedulerCore]:
+    """Serve ``waves`` of greedy requests (rid -> prompt ids) one wave after the other
+    through one ``SchedulerCore`` and ``runner``, batched and with chunked prefill, ``n``
+    tokens each (no EOS stop). Returns each request's tokens, its cached prompt tokens
+    (radix-cache hits) and the core. Fails if work is left after 200 rounds a wave."""
+    from houchu.options.batching_options import BatchingOptions
+
+    batching = BatchingOptions(
+        max_batch_tokens=max_batch_tokens, chunked_prefill_size=chunked_prefill_size
+    )
+    core = SchedulerCore(runner.info(), batching)
+    greedy = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    out: dict[str, list[int]] = {}
+    cached: dict[str, int] = {}
+    for wave in waves:
+        for rid, p in wave.items():
+            out[rid] = []
+            core.add(
+                TokenizedRequest(
+                    rid=rid, prompt_ids=p, sampling=greedy, stop_ids=stop_ids(greedy, [])
+                )
+            )
+        for _ in range(200):
+            if not core.has_work:
+                break
+            plan = core.next_plan()
+            if plan is not None:
+                for ev in core.apply(runner.execute(plan)):
+                    out[ev.rid] += ev.token_ids
+                    cached[ev.rid] = max(cached.get(ev.rid, 0), ev.cached_tokens)
+        assert not core.has_work
+    return out, cached, core

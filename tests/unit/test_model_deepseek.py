@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from houchu.model.config import load_model_config, num_parameters
+from houchu.model.gguf_writers import write_deepseek_gguf
 from houchu.model.kv_pool import KVPool
 from houchu.model.loader import load_model
 from houchu.model.mla_pool import LatentKVPool, full_mha_bytes_per_token
 from houchu.model.model_runner import ModelRunner
 from houchu.model.quality import agreement, text_logprobs
 from houchu.model.quant import QuantSpec
-from houchu.model.testing import make_tiny_model, write_deepseek_gguf
+from houchu.model.testing import make_tiny_model
 from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.core import SchedulerCore
-from houchu.text.stop import stop_ids
-from houchu.transport.messages import SamplingParams, TokenizedRequest
+from houchu.transport.messages import SamplingParams
 from tests.family_helpers import (
     ATOL,
     Runner,
@@ -30,6 +30,7 @@ from tests.family_helpers import (
     hf_logits,
     prompt,
     runner_greedy_tokens,
+    serve_waves,
     serve_with_drafts,
 )
 from tests.runner_options import exact
@@ -205,34 +206,14 @@ def test_scheduled_batches_prefix_hits_and_chunks_equal_transformers(family):
     tokens equal transformers'."""
     _, path, hf = family
     runner = ModelRunner(str(path), exact(num_pages=64, page_size=4), quiet=True)
-    batching = BatchingOptions(max_batch_tokens=24, chunked_prefill_size=8)
-    core = SchedulerCore(runner.info(), batching)
-    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     shared = prompt(21, 17)
     waves = [
         {"long": shared + prompt(22, 4), "short": prompt(23, 5), "mid": prompt(24, 11)},
         {"hit1": shared + prompt(25, 3), "hit2": shared[:12] + prompt(26, 2)},
     ]
-    cached: dict[str, int] = {}
-    for wave in waves:
-        out: dict[str, list[int]] = {rid: [] for rid in wave}
-        for rid, p in wave.items():
-            core.add(
-                TokenizedRequest(
-                    rid=rid, prompt_ids=p, sampling=greedy, stop_ids=stop_ids(greedy, [])
-                )
-            )
-        for _ in range(200):
-            if not core.has_work:
-                break
-            plan = core.next_plan()
-            if plan is not None:
-                for ev in core.apply(runner.execute(plan)):
-                    out[ev.rid] += ev.token_ids
-                    cached[ev.rid] = max(cached.get(ev.rid, 0), ev.cached_tokens)
-        assert not core.has_work
-        for rid, p in wave.items():
-            assert out[rid] == hf_greedy(hf, p, 6), rid
+    out, cached, _ = serve_waves(runner, waves, 6)
+    for rid, p in (waves[0] | waves[1]).items():
+        assert out[rid] == hf_greedy(hf, p, 6), rid
     assert cached["hit1"] >= 16 and cached["hit2"] >= 8  # whole pages of the shared prefix
 
 
@@ -291,6 +272,19 @@ def test_levers_that_do_not_apply_say_so(family, capsys):
     assert any("fused decode layers off" in n for n in runner.notes)
     assert runner.pool.kv.dtype == torch.float32 and not runner.pool.quantized
     assert not [s for s in runner.lever_samples() if s.lever.startswith("kv_quant")]
+
+
+def test_quantized_mla_says_what_stays_dense(family):
+    """``--quantization int4`` on MLA + DeepSeekMoE: the start-up notes say that
+    ``kv_b_proj`` and the routed experts stay dense."""
+    from houchu.model.structure_levers import structure_notes
+
+    _, path, _ = family
+    cfg = load_model_config(path)
+    notes = structure_notes(cfg, (), "cpu", True, "int4")
+    assert any("MLA's kv_b_proj stays dense" in n for n in notes)
+    assert any("routed experts and routers stay dense" in n for n in notes)
+    assert not [n for n in structure_notes(cfg, (), "cpu", True, "none") if "--quant" in n]
 
 
 def runner_greedy(path, ids: list[int], n: int) -> list[int]:

@@ -1,7 +1,7 @@
 """Qwen2 (q/k/v bias), Qwen3 (QK-norm) and Qwen3-MoE (routed experts) against
 transformers' own classes: tiny random models from ``AutoModelForCausalLM.from_config``,
-loaded by houchu from the Hugging Face directory and (dense families) from the GGUF that
-llama.cpp's converter would write."""
+loaded by houchu from the Hugging Face directory and from the GGUF that llama.cpp's
+converter would write (``qwen2``, ``qwen3``, ``qwen3moe`` with stacked experts)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.family_helpers import (
     hf_greedy,
     prompt,
     runner_greedy_tokens,
+    serve_waves,
     tiny_family,
 )
 from tests.runner_options import exact
@@ -48,7 +49,7 @@ FAMILIES = {
 def family(request, tmp_path_factory):
     """(family, HF dir, GGUF path, transformers model) for each family."""
     name = request.param
-    return tiny_family(tmp_path_factory, name, seed=7, gguf="moe" not in name, **FAMILIES[name])
+    return tiny_family(tmp_path_factory, name, seed=7, gguf=True, **FAMILIES[name])
 
 
 def test_config_and_param_count(family):
@@ -68,11 +69,52 @@ def test_config_and_param_count(family):
 @pytest.mark.parametrize("source", ["hf", "gguf"])
 def test_prefill_and_decode_logits_match_transformers(family, source):
     _, path, gguf_path, hf = family
-    if source == "gguf" and gguf_path is None:
-        pytest.skip("houchu reads MoE models from Hugging Face folders only")
     with torch.inference_mode():
         model = load_model(path if source == "hf" else gguf_path)
     assert_chunked_logits_match(Runner(model, seed=1), hf)
+
+
+def test_gguf_config_equals_the_folders(family):
+    """The GGUF twin's config is the Hugging Face folder's (a ``qwen3moe`` file's expert
+    counts, widths, normalisation and dense layers included), but for what GGUF names
+    differently or does not store."""
+    _, path, gguf_path, _ = family
+    hf_cfg, cfg = load_model_config(path), load_model_config(gguf_path)
+    other = ["name", "source", "bos_token_id", "eos_token_ids", "rope_original_max_position"]
+    other += ["rope_low_freq_factor", "rope_high_freq_factor"]
+    got = dataclasses.replace(cfg, **{f: getattr(hf_cfg, f) for f in other + ["rms_norm_eps"]})
+    assert got == hf_cfg
+    assert cfg.rms_norm_eps == pytest.approx(hf_cfg.rms_norm_eps, rel=1e-6)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q4_0"])
+def test_gguf_twin_gives_the_same_tokens(family, tmp_path, qtype):
+    """Through ``ModelRunner``: an F32 GGUF twin gives the safetensors folder's greedy
+    tokens. A Q4_0 twin (the stacked experts quantized too) under ``--quantization
+    auto`` keeps its projections int4 (converted losslessly, as llama.cpp computes on
+    them) and its experts dense (dequantized at load), and gives the tokens of the same
+    file dequantized whole (``--quantization none``): the same rounded weights."""
+    from houchu.model.gguf_writers import write_llama_gguf
+    from houchu.model.moe import MoEMLP
+    from houchu.model.qlinear import Int4Linear
+
+    _, path, gguf_path, _ = family
+    ids = prompt(13, 9)
+    if qtype == "F32":
+        folder, twin = path, gguf_path
+        quant = "none"
+    else:
+        folder = twin = write_llama_gguf(path, tmp_path / "q4.gguf", qtype="Q4_0")
+        quant = "auto"
+    want = ModelRunner(str(folder), exact(num_pages=16, page_size=4), quiet=True)
+    runner = ModelRunner(
+        str(twin), exact(num_pages=16, page_size=4, quantization=quant), quiet=True
+    )
+    if qtype == "Q4_0":
+        assert any(isinstance(m, Int4Linear) for m in runner.model.modules())
+        moes = [m for m in runner.model.modules() if isinstance(m, MoEMLP)]
+        assert all(m.gate_up.dtype == m.down.dtype == runner.dtype for m in moes)
+    assert runner_greedy_tokens(runner, ids, 6) == runner_greedy_tokens(want, ids, 6)
 
 
 def test_runner_greedy_equals_transformers(family):
@@ -82,6 +124,37 @@ def test_runner_greedy_equals_transformers(family):
     runner = ModelRunner(str(path), exact(num_pages=32, page_size=4), quiet=True)
     ids = prompt(5, 11)
     assert runner_greedy_tokens(runner, ids, 8) == hf_greedy(hf, ids, 8)
+
+
+def test_scheduled_batches_prefix_hits_and_chunks_equal_transformers(family):
+    """Through the scheduler and the runner's CPU kernels: a batch of requests with
+    chunked prefill (chunks of 8), then requests sharing their prefix (a radix-cache
+    hit): every request's greedy tokens equal transformers'. A MoE model's batched
+    decode steps leave some experts without tokens (3 tokens x top-k of E)."""
+    kind, path, _, hf = family
+    runner = ModelRunner(str(path), exact(num_pages=64, page_size=4), quiet=True)
+    moes = [m.moe for m in runner.model.layers if m.moe is not None]
+    idle_steps = []
+    if moes:  # count, per MoE forward, the experts that got no token
+        forward = moes[-1].forward
+
+        def counting(x, silu_mul):
+            y = forward(x, silu_mul)
+            idle_steps.append(int((moes[-1].last_load == 0).sum()))
+            return y
+
+        moes[-1].forward = counting
+    shared = prompt(21, 17)
+    waves = [
+        {"long": shared + prompt(22, 4), "short": prompt(23, 5), "mid": prompt(24, 11)},
+        {"hit1": shared + prompt(25, 3), "hit2": shared[:12] + prompt(26, 2)},
+    ]
+    out, cached, _ = serve_waves(runner, waves, 6)
+    for rid, p in (waves[0] | waves[1]).items():
+        assert out[rid] == hf_greedy(hf, p, 6), rid
+    assert cached["hit1"] >= 16 and cached["hit2"] >= 8  # whole pages of the shared prefix
+    if moes:
+        assert any(idle_steps), "no step left an expert idle"
 
 
 def test_moe_counts_active_params_and_skips_idle_experts(family):
@@ -130,3 +203,18 @@ def test_moe_lever_counts_flops_not_computed(family):
     assert moe.saved == 2 * tokens * skipped * per_expert
     assert moe.spent == 2 * tokens * cfg.num_experts * cfg.hidden_size
     assert not [s for s in runner.lever_samples() if s.lever == "moe_routed_experts"]
+
+
+def test_quantized_moe_says_the_experts_stay_dense(family, capsys):
+    """``--quantization int8`` on a MoE model: the start-up lines say the routed experts
+    and routers stay dense, and they do (a dense family says nothing of experts)."""
+    from houchu.model.moe import MoEMLP
+
+    kind, path, _, _ = family
+    runner = ModelRunner(str(path), exact(num_pages=8, page_size=4, quantization="int8"))
+    out = capsys.readouterr().out
+    said = "--quantization int8: the routed experts and routers stay dense" in out
+    assert said == ("moe" in kind)
+    for m in runner.model.modules():
+        if isinstance(m, MoEMLP):
+            assert m.gate_up.dtype == m.down.dtype == runner.dtype

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from houchu.model.config import ModelLoadError, load_model_config
+from houchu.model.gguf_writers import permute_qk, write_llama_gguf
 from houchu.model.loader import load_model
 from houchu.model.model_runner import ModelRunner
-from houchu.model.testing import make_tiny_llama, permute_qk, write_llama_gguf
+from houchu.model.testing import make_tiny_llama
 from houchu.model.weights_gguf import dequantize_tensor, load_gguf, unpermute_qk
 from houchu.model.weights_hf import load_hf
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
