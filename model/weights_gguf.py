@@ -23,9 +23,11 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from houchu.model.config import ModelConfig, ModelLoadError, config_from_gguf_reader
 from houchu.model.quant import Int4Weight, gguf_q4_to_int4
+from houchu.model.shard import Shard, TensorParallelError
 
 Q4_TYPES = ("Q4_0", "Q4_1")  # kept as int4 (losslessly) when asked
 
@@ -119,21 +121,80 @@ def dequantize_tensor(t: Any) -> np.ndarray:
     Raises:
         ModelLoadError: ``gguf.quants`` cannot dequantize this type.
     """
+    return dequantize_data(t.data, t.tensor_type, torch_shape(t), t.name)
+
+
+def torch_shape(t: Any) -> tuple[int, ...]:
+    """A ``gguf.ReaderTensor``'s shape in PyTorch order (GGUF's dims reversed)."""
+    return tuple(int(d) for d in reversed(t.shape.tolist()))
+
+
+def dequantize_data(data: np.ndarray, qtype: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """Dequantize a GGUF tensor's data (or rows and block columns of it) to float32.
+
+    Args:
+        data: ``[rows, bytes per row]`` ``uint8`` for a quantized type, else the
+            elements ``[rows, cols]`` (as ``gguf.ReaderTensor.data`` holds them, or a
+            slice of that).
+        qtype: its ``gguf.GGMLQuantizationType``.
+        shape: the dense tensor's shape (PyTorch order).
+        name: for the error message.
+    Returns:
+        float32 ``np.ndarray`` of ``shape`` (writeable, never the read-only mmap).
+    Raises:
+        ModelLoadError: ``gguf.quants`` cannot dequantize this type.
+    """
     import gguf
 
     try:
-        arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        arr = gguf.quants.dequantize(np.ascontiguousarray(data), qtype)
     except NotImplementedError as e:
-        raise ModelLoadError(
-            f"tensor {t.name}: GGUF type {t.tensor_type.name} cannot be dequantized"
-        ) from e
-    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        raise ModelLoadError(f"tensor {name}: GGUF type {qtype.name} cannot be dequantized") from e
     out = np.asarray(arr, dtype=np.float32).reshape(shape)
     return out if out.flags.writeable else out.copy()  # never alias the read-only mmap
 
 
+def shard_view(t: Any, kind: str, shard: Shard) -> tuple[np.ndarray, tuple[int, ...], int]:
+    """``shard``'s part of a GGUF tensor, before it is dequantized: a view of its rows,
+    or of whole quantization blocks of its columns.
+
+    Returns:
+        ``(data, shape, pad)``: the view (as ``dequantize_data`` takes it), the dense
+        shape it holds, and the zero rows to append (``vocab``: ``Shard.vocab_span``).
+    Raises:
+        TensorParallelError: a column cut inside a quantization block.
+    """
+    import gguf
+
+    shape = torch_shape(t)
+    data = t.data
+    if kind == "rows":
+        rows = shard.span(shape[0])
+        return data[rows], (rows.stop - rows.start, *shape[1:]), 0
+    if kind == "vocab":
+        rows, pad = shard.vocab_span(shape[0])
+        return data[rows], (rows.stop - rows.start, *shape[1:]), pad
+    block, block_bytes = gguf.GGML_QUANT_SIZES[t.tensor_type]
+    k = shape[1] // shard.world
+    if k % block:
+        raise TensorParallelError(
+            f"{t.name}: its {t.tensor_type.name} blocks of {block} do not divide its input "
+            f"width per rank ({k})"
+        )
+    if data.shape[-1] == shape[1]:  # elements per row (a float type)
+        cols = shard.span(shape[1])
+    else:  # bytes per row: whole blocks
+        per = k // block * block_bytes
+        cols = slice(shard.rank * per, (shard.rank + 1) * per)
+    return data[:, cols], (shape[0], k), 0
+
+
 def iter_gguf_tensors(
-    reader: Any, cfg: ModelConfig, dtype: torch.dtype = torch.float32, keep_q4: bool = False
+    reader: Any,
+    cfg: ModelConfig,
+    dtype: torch.dtype = torch.float32,
+    keep_q4: bool = False,
+    shard: Shard | None = None,
 ) -> Iterator[tuple[str, torch.Tensor | Int4Weight]]:
     """Yield ``(hf_name, tensor)`` for every tensor of an open ``gguf.GGUFReader``.
 
@@ -142,22 +203,34 @@ def iter_gguf_tensors(
     already. Gemma's norm weights, stored as 1 + w, come out as w (Hugging Face's).
     Tensors are dense, contiguous, on CPU, in ``dtype`` (``rope_freqs`` stays float32).
     With ``keep_q4``, Q4_0/Q4_1 projection weights come out as ``Int4Weight`` instead
-    (not the embedding, whose rows are looked up densely; not an MLA model's).
+    (not the embedding, whose rows are looked up densely; not an MLA model's). With
+    ``shard``, each tensor is that rank's part (``shard_view``: cut before it is
+    dequantized or repacked; the vocabulary rows padded with zero rows).
+
+    Raises:
+        TensorParallelError: a column cut inside a quantization block.
     """
+    world = shard.world if shard is not None else 1
     for t in reader.tensors:
         name = gguf_to_hf_name(t.name, cfg.gemma_blocks)
+        kind = shard.kind(name) if shard is not None else None
+        if kind is None:
+            data, shape, pad = t.data, torch_shape(t), 0
+        else:
+            data, shape, pad = shard_view(t, kind, shard)
         # MLA's projections are permuted and its experts kept dense: no int4 repacking
         q4 = keep_q4 and cfg.mla is None
         if q4 and t.tensor_type.name in Q4_TYPES and ".layers." in name:
-            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            w: torch.Tensor | Int4Weight = gguf_q4_to_int4(t.data, t.tensor_type.name, shape)
+            w: torch.Tensor | Int4Weight = gguf_q4_to_int4(data, t.tensor_type.name, shape)
         else:
-            w = torch.from_numpy(dequantize_tensor(t))
+            w = torch.from_numpy(dequantize_data(data, t.tensor_type, shape, t.name))
+            if pad:
+                w = F.pad(w, (0, 0, 0, pad))  # [V'/world, hidden]
         llama = cfg.architecture in ("llama", "mistral")  # a GGUF Mistral is a Llama
         if llama and name.endswith("q_proj.weight"):
-            w = _unpermute(w, cfg.num_heads)
+            w = _unpermute(w, cfg.num_heads // world)  # whole heads per rank
         elif llama and name.endswith("k_proj.weight"):
-            w = _unpermute(w, cfg.num_kv_heads)
+            w = _unpermute(w, cfg.num_kv_heads // world)
         if cfg.gemma_blocks and name.endswith("norm.weight") and isinstance(w, torch.Tensor):
             w = w - 1.0  # llama.cpp's converter stores Gemma's norms as 1 + w (exact back)
         if isinstance(w, torch.Tensor):
@@ -172,7 +245,10 @@ def _unpermute(w: torch.Tensor | Int4Weight, n_head: int) -> torch.Tensor | Int4
 
 
 def load_gguf(
-    path: str | Path, dtype: torch.dtype = torch.float32, keep_q4: bool = False
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    keep_q4: bool = False,
+    shard: Shard | None = None,
 ) -> tuple[ModelConfig, dict[str, torch.Tensor | Int4Weight]]:
     """Load a GGUF Llama model.
 
@@ -180,10 +256,13 @@ def load_gguf(
         path: the ``.gguf`` file.
         dtype: dtype of the returned weights (torch.float32 / bfloat16 / float16).
         keep_q4: keep Q4_0/Q4_1 projection weights as ``Int4Weight`` (lossless).
+        shard: a tensor-parallel rank: only its part of each tensor
+            (``iter_gguf_tensors``).
     Returns:
         ``(config, tensors)``: tensors keyed by Hugging Face name, CPU, ``dtype``.
     Raises:
         ModelLoadError: unreadable file, non-Llama architecture, unsupported tensor or type.
+        TensorParallelError: see ``iter_gguf_tensors``.
     """
     import gguf
 
@@ -192,7 +271,7 @@ def load_gguf(
     except Exception as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
     cfg = config_from_gguf_reader(reader, path)
-    tensors = dict(iter_gguf_tensors(reader, cfg, dtype, keep_q4))
+    tensors = dict(iter_gguf_tensors(reader, cfg, dtype, keep_q4, shard))
     if cfg.mla is not None:  # deepseek2: back to the Hugging Face checkpoint's layout
         from houchu.model.config_deepseek import split_gguf_deepseek
 
