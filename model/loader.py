@@ -46,9 +46,11 @@ def load_tensors(
     """
     p = resolve_model_file(path)
     if p.is_file() and p.suffix == ".gguf":
-        from houchu.model.weights_gguf import load_gguf
+        from houchu.model.weights_gguf import load_gguf, load_gguf_shard
 
-        return load_gguf(p, dtype, keep_q4, shard)
+        if shard is not None:
+            return load_gguf_shard(p, dtype, keep_q4, shard)
+        return load_gguf(p, dtype, keep_q4)
     if p.is_dir():
         from houchu.model.weights_hf import load_hf
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from houchu.model.config import ModelConfig, ModelLoadError, config_from_gguf_reader
 from houchu.model.quant import Int4Weight, gguf_q4_to_int4
@@ -189,6 +188,23 @@ def shard_view(t: Any, kind: str, shard: Shard) -> tuple[np.ndarray, tuple[int, 
     return data[:, cols], (shape[0], k), 0
 
 
+def tensor_part(t: Any, name: str, shard: Shard | None) -> tuple[np.ndarray, tuple[int, ...], int]:
+    """``shard_view`` of ``t`` (whole without ``shard``, or for a tensor ranks keep
+    whole): ``(data, dense shape, zero rows to append)``."""
+    kind = shard.kind(name) if shard is not None else None
+    if kind is None:
+        return t.data, torch_shape(t), 0
+    return shard_view(t, kind, shard)
+
+
+def dequantized_part(t: Any, name: str, shard: Shard | None) -> torch.Tensor:
+    """``tensor_part`` of ``t`` dequantized to float32, its vocabulary rows padded with
+    zero rows (``[V'/world, hidden]``)."""
+    data, shape, pad = tensor_part(t, name, shard)
+    w = torch.from_numpy(dequantize_data(data, t.tensor_type, shape, t.name))
+    return torch.nn.functional.pad(w, (0, 0, 0, pad)) if pad else w
+
+
 def iter_gguf_tensors(
     reader: Any,
     cfg: ModelConfig,
@@ -200,35 +216,27 @@ def iter_gguf_tensors(
 
     A Llama file's q and k projections come out un-permuted (see module docstring);
     llama.cpp's converter leaves Qwen2/Qwen3's and Gemma's rows in rotate-half order
-    already. Gemma's norm weights, stored as 1 + w, come out as w (Hugging Face's).
+    already. Gemma's norm weights, stored as 1 + w, come out as w (Hugging Face's). With
+    ``shard``, each tensor is that tensor-parallel rank's part (``shard_view``: cut
+    before it is dequantized or repacked; a cut inside a quantization block raises
+    ``TensorParallelError``), the vocabulary rows padded with zero rows.
     Tensors are dense, contiguous, on CPU, in ``dtype`` (``rope_freqs`` stays float32).
     With ``keep_q4``, Q4_0/Q4_1 projection weights come out as ``Int4Weight`` instead
-    (not the embedding, whose rows are looked up densely; not an MLA model's). With
-    ``shard``, each tensor is that rank's part (``shard_view``: cut before it is
-    dequantized or repacked; the vocabulary rows padded with zero rows).
-
-    Raises:
-        TensorParallelError: a column cut inside a quantization block.
+    (not the embedding, whose rows are looked up densely; not an MLA model's).
     """
-    world = shard.world if shard is not None else 1
     for t in reader.tensors:
         name = gguf_to_hf_name(t.name, cfg.gemma_blocks)
-        kind = shard.kind(name) if shard is not None else None
-        if kind is None:
-            data, shape, pad = t.data, torch_shape(t), 0
-        else:
-            data, shape, pad = shard_view(t, kind, shard)
         # MLA's projections are permuted and its experts kept dense: no int4 repacking
         q4 = keep_q4 and cfg.mla is None
         if q4 and t.tensor_type.name in Q4_TYPES and ".layers." in name:
+            data, shape, _ = tensor_part(t, name, shard)
             w: torch.Tensor | Int4Weight = gguf_q4_to_int4(data, t.tensor_type.name, shape)
         else:
-            w = torch.from_numpy(dequantize_data(data, t.tensor_type, shape, t.name))
-            if pad:
-                w = F.pad(w, (0, 0, 0, pad))  # [V'/world, hidden]
+            w = dequantized_part(t, name, shard)
+        world = shard.world if shard is not None else 1  # a rank un-permutes its heads
         llama = cfg.architecture in ("llama", "mistral")  # a GGUF Mistral is a Llama
         if llama and name.endswith("q_proj.weight"):
-            w = _unpermute(w, cfg.num_heads // world)  # whole heads per rank
+            w = _unpermute(w, cfg.num_heads // world)
         elif llama and name.endswith("k_proj.weight"):
             w = _unpermute(w, cfg.num_kv_heads // world)
         if cfg.gemma_blocks and name.endswith("norm.weight") and isinstance(w, torch.Tensor):
@@ -244,25 +252,16 @@ def _unpermute(w: torch.Tensor | Int4Weight, n_head: int) -> torch.Tensor | Int4
     return unpermute_qk(w, n_head)
 
 
-def load_gguf(
-    path: str | Path,
-    dtype: torch.dtype = torch.float32,
-    keep_q4: bool = False,
-    shard: Shard | None = None,
+def load_gguf_shard(
+    path: str | Path, dtype: torch.dtype, keep_q4: bool, shard: Shard
 ) -> tuple[ModelConfig, dict[str, torch.Tensor | Int4Weight]]:
-    """Load a GGUF Llama model.
+    """``load_gguf`` for one tensor-parallel rank: only ``shard``'s part of each tensor
+    (``iter_gguf_tensors``) of a dense, multi-head-attention model (what tensor
+    parallelism shards).
 
-    Args:
-        path: the ``.gguf`` file.
-        dtype: dtype of the returned weights (torch.float32 / bfloat16 / float16).
-        keep_q4: keep Q4_0/Q4_1 projection weights as ``Int4Weight`` (lossless).
-        shard: a tensor-parallel rank: only its part of each tensor
-            (``iter_gguf_tensors``).
-    Returns:
-        ``(config, tensors)``: tensors keyed by Hugging Face name, CPU, ``dtype``.
     Raises:
-        ModelLoadError: unreadable file, non-Llama architecture, unsupported tensor or type.
-        TensorParallelError: see ``iter_gguf_tensors``.
+        ModelLoadError: see ``load_gguf``.
+        TensorParallelError: a column cut inside a quantization block.
     """
     import gguf
 
@@ -271,7 +270,31 @@ def load_gguf(
     except Exception as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
     cfg = config_from_gguf_reader(reader, path)
-    tensors = dict(iter_gguf_tensors(reader, cfg, dtype, keep_q4, shard))
+    return cfg, dict(iter_gguf_tensors(reader, cfg, dtype, keep_q4, shard))
+
+
+def load_gguf(
+    path: str | Path, dtype: torch.dtype = torch.float32, keep_q4: bool = False
+) -> tuple[ModelConfig, dict[str, torch.Tensor | Int4Weight]]:
+    """Load a GGUF Llama model.
+
+    Args:
+        path: the ``.gguf`` file.
+        dtype: dtype of the returned weights (torch.float32 / bfloat16 / float16).
+        keep_q4: keep Q4_0/Q4_1 projection weights as ``Int4Weight`` (lossless).
+    Returns:
+        ``(config, tensors)``: tensors keyed by Hugging Face name, CPU, ``dtype``.
+    Raises:
+        ModelLoadError: unreadable file, non-Llama architecture, unsupported tensor or type.
+    """
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path), "r")
+    except Exception as e:
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
+    cfg = config_from_gguf_reader(reader, path)
+    tensors = dict(iter_gguf_tensors(reader, cfg, dtype, keep_q4))
     if cfg.mla is not None:  # deepseek2: back to the Hugging Face checkpoint's layout
         from houchu.model.config_deepseek import split_gguf_deepseek
 
