@@ -199,6 +199,8 @@ class RunnerActor:
         if plan.work:
             record = self.prompts.record(plan, t_wall, time.perf_counter() - t0)
             record.expert_load = self.expert_load.take()  # [] for a dense model
+            if self.runner.tp is not None:  # the step's collectives, rank 0's view
+                record.allreduce_s = result.allreduce_s
             self.telemetry.step(record)
         self.prompts.release(plan)
         if time.monotonic() - self.levers_sent_at > 1.0:  # the runner's levers, once a second

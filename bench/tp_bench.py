@@ -10,8 +10,9 @@ layers, vocabulary 32,000: GPT-2-small-sized) in float32 on the exact path. Prin
 step kind (a prefill of ``--prefill`` tokens; decode steps of each batch size at
 ``--context`` cached tokens): the median step time at tp 1 and at tp N, the speed-up,
 and at tp N the seconds per step inside the collectives (the all-reduces and the
-logits' all-gather, waiting for the slowest rank included) and their share of the step.
-Printed, not asserted.
+logits' all-gather, waiting for the slowest rank included) and their share of the step;
+with the CPU flags and the load average before and after (on a shared machine, other
+processes' load skews both columns). Printed, not asserted.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(make_tiny_model(Path(tmp) / "m", "llama", **SHAPE))
         base = ModelRunner(model, _options(args, 1, args.tp * args.threads), quiet=True)
@@ -159,6 +161,8 @@ def main() -> None:
     )
     print(f"model: {args.model or 'random Llama ' + str(SHAPE)}, {args.quantization}, float32")
     print(f"cores: {len(os.sched_getaffinity(0))}, CPU flags: {' '.join(flags)}")
+    load = " ".join(f"{x:.1f}" for x in load_before + os.getloadavg())
+    print(f"load average (1, 5, 15 min) before, after: {load} (other processes included)")
     print(f"tp 1: {args.tp * args.threads} threads; tp {args.tp}: {args.threads} thread(s) each")
     print(f"| step | tp 1 | tp {args.tp} | speed-up | collectives per step | share |")
     print("|---|---|---|---|---|---|")

@@ -81,8 +81,8 @@ class DashboardStore:
         return await self._run(ledger_view.counters)
 
     async def live(self, horizon_s: float = 120.0, bucket_s: float = 2.0) -> dict[str, Any]:
-        """Recent rates, request stats, series and a MoE model's expert load (None for
-        a dense one) from the database."""
+        """Recent rates, request stats, series, a MoE model's expert load (None for a
+        dense one) and the last steps (``live_view.recent_steps``) from the database."""
         return await self._run(_live, time.time(), horizon_s, bucket_s)
 
     async def bench_runs(self, limit: int = 100) -> list[dict[str, Any]]:
@@ -111,4 +111,5 @@ def _live(engine: Engine, now: float, horizon_s: float, bucket_s: float) -> dict
         "series": live_view.step_series(engine, now, horizon_s, bucket_s),
         "counters": ledger_view.counters(engine),
         "expert_load": expert_load_view.expert_load(engine, now),
+        "steps": live_view.recent_steps(engine, now),
     }

@@ -9,6 +9,7 @@ import torch
 from houchu.model.config import ModelConfig, ModelLoadError, resolve_model_file
 from houchu.model.llama import LlamaModel, Weights
 from houchu.model.quant import QuantSpec
+from houchu.model.shard import Shard
 
 DTYPES = {
     "float32": torch.float32,
@@ -33,23 +34,27 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def load_tensors(
-    path: str | Path, dtype: torch.dtype, keep_q4: bool = False
+    path: str | Path, dtype: torch.dtype, keep_q4: bool = False, shard: Shard | None = None
 ) -> tuple[ModelConfig, Weights]:
     """Config and Hugging Face-named CPU tensors of the model at ``path`` (with
-    ``keep_q4``, a GGUF file's Q4_0/Q4_1 projections as lossless ``Int4Weight``).
+    ``keep_q4``, a GGUF file's Q4_0/Q4_1 projections as lossless ``Int4Weight``; with
+    ``shard``, only that tensor-parallel rank's part of each tensor, read as such).
 
     Raises:
         ModelLoadError: not a GGUF file / HF directory, or unsupported model.
+        TensorParallelError: a GGUF tensor's quantization blocks straddle ``shard``'s cut.
     """
     p = resolve_model_file(path)
     if p.is_file() and p.suffix == ".gguf":
-        from houchu.model.weights_gguf import load_gguf
+        from houchu.model.weights_gguf import load_gguf, load_gguf_shard
 
+        if shard is not None:
+            return load_gguf_shard(p, dtype, keep_q4, shard)
         return load_gguf(p, dtype, keep_q4)
     if p.is_dir():
         from houchu.model.weights_hf import load_hf
 
-        return load_hf(p, dtype)
+        return load_hf(p, dtype, shard)
     raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face model directory")
 
 

@@ -116,7 +116,10 @@ class ModelRunner:
             o, tp_notes = tp_runner_options(o)
             self.options = o
             self.tp = tp if tp is not None else start_tp(model_path, o)
-        self.device = torch.device(resolve_device(o.device))
+        # a rank runs on its group's device (cuda:RANK on CUDA; ``--device`` says "cuda")
+        self.device = (
+            self.tp.device if self.tp is not None else torch.device(resolve_device(o.device))
+        )
         if o.threads is not None:
             torch.set_num_threads(o.threads)
         self.cpu_isa = cpu_kernels.select(o.cpu_isa)

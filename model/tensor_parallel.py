@@ -17,9 +17,10 @@ Per block, rank ``r`` of ``N``:
   rows is zero and an all-reduce sums the one non-zero row; the LM head's ``[R, V'/N]``
   logits are all-gathered to ``[R, V]``.
 
-Weights are sliced before the layers are built, so quantized layers quantize their
-shard (an int4 group size must divide each row-parallel shard's input width), and a
-GGUF's Q4 tensors are sliced along their groups. Norms, RoPE and biases after a
+Each rank reads only its shard from the checkpoint (``houchu.model.shard``: safetensors
+slices, a GGUF's tensor views cut before dequantizing), before the layers are built, so
+quantized layers quantize their shard (an int4 group size must divide each row-parallel
+shard's input width), and a GGUF's quantized tensors are cut along their blocks. Norms, RoPE and biases after a
 reduction are replicated. ``TensorParallelError`` says at startup what cannot be
 sharded.
 """
@@ -33,16 +34,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from houchu.model.config import ModelConfig, num_parameters
+from houchu.model.config import ModelConfig, load_model_config, num_parameters
 from houchu.model.llama import LlamaModel, Weights, _check_shapes
 from houchu.model.loader import load_tensors
 from houchu.model.quant import Int4Weight, QuantSpec
+from houchu.model.shard import Shard, TensorParallelError
 from houchu.model.tp_group import TPGroup
 from houchu.transport.telemetry import LeverSample
 
-
-class TensorParallelError(ValueError):
-    """A model or an option that cannot run at this ``--tensor-parallel-size``."""
+__all__ = ["TensorParallelError", "TPLlamaModel", "check_shardable", "load_sharded"]
 
 
 def check_shardable(cfg: ModelConfig, world: int, quant: QuantSpec) -> None:
@@ -142,23 +142,19 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def shard_weights(cfg: ModelConfig, w: Weights, rank: int, world: int) -> Weights:
-    """Slice Hugging Face-named weights to rank ``rank``'s shard, in place (``w`` is
-    returned; see the module docstring for what each rank keeps). The embedding and an
-    untied LM head become ``[V'/N, hidden]`` (``padded_vocab``)."""
-    for n in range(cfg.num_layers):
-        a, m = f"model.layers.{n}.self_attn", f"model.layers.{n}.mlp"
-        for name in ("q", "k", "v"):  # query and KV heads: whole heads per rank
-            for part in ("weight", "bias"):
-                key = f"{a}.{name}_proj.{part}"
-                if key in w:
-                    w[key] = _rows(w[key], rank, world)
-        w[f"{a}.o_proj.weight"] = _cols(w[f"{a}.o_proj.weight"], rank, world)
-        for name in ("gate", "up"):
-            w[f"{m}.{name}_proj.weight"] = _rows(w[f"{m}.{name}_proj.weight"], rank, world)
-        w[f"{m}.down_proj.weight"] = _cols(w[f"{m}.down_proj.weight"], rank, world)
+    """Slice whole Hugging Face-named weights to rank ``rank``'s shard, in place (``w`` is
+    returned; ``houchu.model.shard.Shard.kind`` says what each rank keeps). The
+    embedding and an untied LM head become ``[V'/N, hidden]`` (``padded_vocab``). The
+    loaders cut the same shard as they read (``load_tensors(..., shard=)``)."""
+    shard = Shard(rank, world)
     vp = padded_vocab(cfg.vocab_size, world)
-    for key in ("model.embed_tokens.weight", "lm_head.weight"):
-        if key in w:
+    for key in list(w):
+        kind = shard.kind(key)
+        if kind == "rows":
+            w[key] = _rows(w[key], rank, world)
+        elif kind == "cols":
+            w[key] = _cols(w[key], rank, world)
+        elif kind == "vocab":
             w[key] = _rows(_pad_rows(w[key], vp), rank, world)  # type: ignore[arg-type]
     return w
 
@@ -180,7 +176,8 @@ class RowParallel(nn.Module):
 
 class TPLlamaModel(LlamaModel):
     """One rank's shard of a ``LlamaModel`` (see the module docstring). ``cfg`` is the
-    rank's configuration (``shard_config``) with the whole vocabulary; ``forward`` is
+    whole model's configuration; ``w`` its whole weights, or with ``sharded`` this
+    rank's shard already (as ``load_tensors(..., shard=)`` reads it); ``forward`` is
     ``LlamaModel``'s and returns the full ``[R, V]`` logits on every rank."""
 
     def __init__(
@@ -191,12 +188,14 @@ class TPLlamaModel(LlamaModel):
         device: torch.device | str = "cpu",
         prepack: bool = True,
         quant: QuantSpec | None = None,
+        sharded: bool = False,
     ) -> None:
         world = group.world
         shard = shard_config(cfg, world)
         vocab_shard = padded_vocab(cfg.vocab_size, world) // world
         local = dataclasses.replace(shard, vocab_size=vocab_shard)
-        shard_weights(cfg, w, group.rank, world)
+        if not sharded:  # whole weights: cut them here
+            shard_weights(cfg, w, group.rank, world)
         _check_shapes(local, w)
         super().__init__(local, w, device, prepack, quant)
         self.full_cfg = cfg
@@ -236,17 +235,20 @@ def load_sharded(
     prepack: bool = True,
     quant: QuantSpec | None = None,
 ) -> TPLlamaModel:
-    """Load the model at ``path`` and keep rank ``group.rank``'s shard (``load_model``'s
-    arguments otherwise).
+    """Load rank ``group.rank``'s shard of the model at ``path`` (``load_model``'s
+    arguments otherwise). The loaders read only the shard: safetensors slices
+    (``get_slice``), a GGUF's tensor views cut before they are dequantized or repacked.
 
     Raises:
-        TensorParallelError: the model cannot be sharded over ``group.world`` ranks.
+        TensorParallelError: the model cannot be sharded over ``group.world`` ranks (a
+            GGUF's quantization blocks straddling a cut included).
         ModelLoadError: see ``houchu.model.loader.load_model``.
     """
     quant = quant or QuantSpec()
-    cfg, tensors = load_tensors(path, dtype, quant.keeps_gguf_q4)
-    check_shardable(cfg, group.world, quant)
-    return TPLlamaModel(cfg, tensors, group, device, prepack, quant)
+    check_shardable(load_model_config(path), group.world, quant)
+    shard = Shard(group.rank, group.world)
+    cfg, tensors = load_tensors(path, dtype, quant.keeps_gguf_q4, shard=shard)
+    return TPLlamaModel(cfg, tensors, group, device, prepack, quant, sharded=True)
 
 
 def tp_lever_sample(group: TPGroup, rank_weight_bytes: int, now: float) -> LeverSample:

@@ -66,7 +66,7 @@ class TPGroup:
         Raises:
             RuntimeError: a rank did not join within ``TIMEOUT_S``.
         """
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        backend = backend_for(device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         timeout = timedelta(seconds=TIMEOUT_S)
@@ -151,6 +151,20 @@ class TPGroup:
         """Leave the process group."""
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def backend_for(device: torch.device) -> str:
+    """The ``torch.distributed`` backend of the compute collectives on ``device``:
+    "nccl" on CUDA, else "gloo".
+
+    Raises:
+        RuntimeError: CUDA without NCCL in this torch build.
+    """
+    if device.type != "cuda":
+        return "gloo"
+    if not dist.is_nccl_available():
+        raise RuntimeError("tensor parallel on CUDA needs torch built with NCCL")
+    return "nccl"
 
 
 def host_store(world: int) -> dist.TCPStore:

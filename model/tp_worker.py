@@ -166,8 +166,9 @@ def run_rank(spec: WorkerSpec) -> None:
 
     device = torch.device(rank_device(spec.options, spec.rank))
     group = TPGroup.join(spec.rank, spec.world, client_store(spec.port, spec.world), device)
-    options = msgspec.structs.replace(spec.options, device=str(device))
-    runner = ModelRunner(spec.model, options, tp=group, quiet=True)
+    # rank 0's options as they are (``--device cuda``, not ``cuda:RANK``, which
+    # ``tp_runner_options`` refuses): the runner takes its device from the group
+    runner = ModelRunner(spec.model, spec.options, tp=group, quiet=True)
     with torch.inference_mode():
         while (step := group.recv_step()) is not None:
             batch = build_batch(

@@ -26,6 +26,7 @@ import torch
 
 from houchu.model.config import ModelConfig, ModelLoadError, config_from_gguf_reader
 from houchu.model.quant import Int4Weight, gguf_q4_to_int4
+from houchu.model.shard import Shard, TensorParallelError
 
 Q4_TYPES = ("Q4_0", "Q4_1")  # kept as int4 (losslessly) when asked
 
@@ -119,27 +120,106 @@ def dequantize_tensor(t: Any) -> np.ndarray:
     Raises:
         ModelLoadError: ``gguf.quants`` cannot dequantize this type.
     """
+    return dequantize_data(t.data, t.tensor_type, torch_shape(t), t.name)
+
+
+def torch_shape(t: Any) -> tuple[int, ...]:
+    """A ``gguf.ReaderTensor``'s shape in PyTorch order (GGUF's dims reversed)."""
+    return tuple(int(d) for d in reversed(t.shape.tolist()))
+
+
+def dequantize_data(data: np.ndarray, qtype: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """Dequantize a GGUF tensor's data (or rows and block columns of it) to float32.
+
+    Args:
+        data: ``[rows, bytes per row]`` ``uint8`` for a quantized type, else the
+            elements ``[rows, cols]`` (as ``gguf.ReaderTensor.data`` holds them, or a
+            slice of that).
+        qtype: its ``gguf.GGMLQuantizationType``.
+        shape: the dense tensor's shape (PyTorch order).
+        name: for the error message.
+    Returns:
+        float32 ``np.ndarray`` of ``shape`` (writeable, never the read-only mmap).
+    Raises:
+        ModelLoadError: ``gguf.quants`` cannot dequantize this type.
+    """
     import gguf
 
     try:
-        arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        arr = gguf.quants.dequantize(np.ascontiguousarray(data), qtype)
     except NotImplementedError as e:
-        raise ModelLoadError(
-            f"tensor {t.name}: GGUF type {t.tensor_type.name} cannot be dequantized"
-        ) from e
-    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        raise ModelLoadError(f"tensor {name}: GGUF type {qtype.name} cannot be dequantized") from e
     out = np.asarray(arr, dtype=np.float32).reshape(shape)
     return out if out.flags.writeable else out.copy()  # never alias the read-only mmap
 
 
+def shard_view(t: Any, kind: str, shard: Shard) -> tuple[np.ndarray, tuple[int, ...], int]:
+    """``shard``'s part of a GGUF tensor, before it is dequantized: a view of its rows,
+    or of whole quantization blocks of its columns.
+
+    Returns:
+        ``(data, shape, pad)``: the view (as ``dequantize_data`` takes it), the dense
+        shape it holds, and the zero rows to append (``vocab``: ``Shard.vocab_span``).
+    Raises:
+        TensorParallelError: a column cut inside a quantization block.
+    """
+    import gguf
+
+    shape = torch_shape(t)
+    data = t.data
+    if kind == "rows":
+        rows = shard.span(shape[0])
+        return data[rows], (rows.stop - rows.start, *shape[1:]), 0
+    if kind == "vocab":
+        rows, pad = shard.vocab_span(shape[0])
+        return data[rows], (rows.stop - rows.start, *shape[1:]), pad
+    block, block_bytes = gguf.GGML_QUANT_SIZES[t.tensor_type]
+    k = shape[1] // shard.world
+    if k % block:
+        raise TensorParallelError(
+            f"{t.name}: its {t.tensor_type.name} blocks of {block} do not divide its input "
+            f"width per rank ({k})"
+        )
+    if data.shape[-1] == shape[1]:  # elements per row (a float type)
+        cols = shard.span(shape[1])
+    else:  # bytes per row: whole blocks
+        per = k // block * block_bytes
+        cols = slice(shard.rank * per, (shard.rank + 1) * per)
+    return data[:, cols], (shape[0], k), 0
+
+
+def tensor_part(t: Any, name: str, shard: Shard | None) -> tuple[np.ndarray, tuple[int, ...], int]:
+    """``shard_view`` of ``t`` (whole without ``shard``, or for a tensor ranks keep
+    whole): ``(data, dense shape, zero rows to append)``."""
+    kind = shard.kind(name) if shard is not None else None
+    if kind is None:
+        return t.data, torch_shape(t), 0
+    return shard_view(t, kind, shard)
+
+
+def dequantized_part(t: Any, name: str, shard: Shard | None) -> torch.Tensor:
+    """``tensor_part`` of ``t`` dequantized to float32, its vocabulary rows padded with
+    zero rows (``[V'/world, hidden]``)."""
+    data, shape, pad = tensor_part(t, name, shard)
+    w = torch.from_numpy(dequantize_data(data, t.tensor_type, shape, t.name))
+    return torch.nn.functional.pad(w, (0, 0, 0, pad)) if pad else w
+
+
 def iter_gguf_tensors(
-    reader: Any, cfg: ModelConfig, dtype: torch.dtype = torch.float32, keep_q4: bool = False
+    reader: Any,
+    cfg: ModelConfig,
+    dtype: torch.dtype = torch.float32,
+    keep_q4: bool = False,
+    shard: Shard | None = None,
 ) -> Iterator[tuple[str, torch.Tensor | Int4Weight]]:
     """Yield ``(hf_name, tensor)`` for every tensor of an open ``gguf.GGUFReader``.
 
     A Llama file's q and k projections come out un-permuted (see module docstring);
     llama.cpp's converter leaves Qwen2/Qwen3's and Gemma's rows in rotate-half order
-    already. Gemma's norm weights, stored as 1 + w, come out as w (Hugging Face's).
+    already. Gemma's norm weights, stored as 1 + w, come out as w (Hugging Face's). With
+    ``shard``, each tensor is that tensor-parallel rank's part (``shard_view``: cut
+    before it is dequantized or repacked; a cut inside a quantization block raises
+    ``TensorParallelError``), the vocabulary rows padded with zero rows.
     Tensors are dense, contiguous, on CPU, in ``dtype`` (``rope_freqs`` stays float32).
     With ``keep_q4``, Q4_0/Q4_1 projection weights come out as ``Int4Weight`` instead
     (not the embedding, whose rows are looked up densely; not an MLA model's; not a MoE
@@ -151,15 +231,16 @@ def iter_gguf_tensors(
         moe = ".mlp.experts." in name or ".mlp.gate." in name
         q4 = keep_q4 and cfg.mla is None and not moe
         if q4 and t.tensor_type.name in Q4_TYPES and ".layers." in name:
-            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            w: torch.Tensor | Int4Weight = gguf_q4_to_int4(t.data, t.tensor_type.name, shape)
+            data, shape, _ = tensor_part(t, name, shard)
+            w: torch.Tensor | Int4Weight = gguf_q4_to_int4(data, t.tensor_type.name, shape)
         else:
-            w = torch.from_numpy(dequantize_tensor(t))
+            w = dequantized_part(t, name, shard)
+        world = shard.world if shard is not None else 1  # a rank un-permutes its heads
         llama = cfg.architecture in ("llama", "mistral")  # a GGUF Mistral is a Llama
         if llama and name.endswith("q_proj.weight"):
-            w = _unpermute(w, cfg.num_heads)
+            w = _unpermute(w, cfg.num_heads // world)
         elif llama and name.endswith("k_proj.weight"):
-            w = _unpermute(w, cfg.num_kv_heads)
+            w = _unpermute(w, cfg.num_kv_heads // world)
         if cfg.gemma_blocks and name.endswith("norm.weight") and isinstance(w, torch.Tensor):
             w = w - 1.0  # llama.cpp's converter stores Gemma's norms as 1 + w (exact back)
         if isinstance(w, torch.Tensor):
@@ -171,6 +252,27 @@ def _unpermute(w: torch.Tensor | Int4Weight, n_head: int) -> torch.Tensor | Int4
     if isinstance(w, Int4Weight):
         return w.permute_rows(lambda t: unpermute_qk(t, n_head).contiguous())
     return unpermute_qk(w, n_head)
+
+
+def load_gguf_shard(
+    path: str | Path, dtype: torch.dtype, keep_q4: bool, shard: Shard
+) -> tuple[ModelConfig, dict[str, torch.Tensor | Int4Weight]]:
+    """``load_gguf`` for one tensor-parallel rank: only ``shard``'s part of each tensor
+    (``iter_gguf_tensors``) of a dense, multi-head-attention model (what tensor
+    parallelism shards).
+
+    Raises:
+        ModelLoadError: see ``load_gguf``.
+        TensorParallelError: a column cut inside a quantization block.
+    """
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path), "r")
+    except Exception as e:
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
+    cfg = config_from_gguf_reader(reader, path)
+    return cfg, dict(iter_gguf_tensors(reader, cfg, dtype, keep_q4, shard))
 
 
 def load_gguf(

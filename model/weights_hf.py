@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from houchu.model.config import ModelConfig, ModelLoadError, load_model_config
+from houchu.model.shard import Shard
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -37,13 +40,16 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def load_hf(
-    path: str | Path, dtype: torch.dtype = torch.float32
+    path: str | Path, dtype: torch.dtype = torch.float32, shard: Shard | None = None
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Load a Hugging Face Llama directory.
 
     Args:
         path: directory with ``config.json`` and safetensors weights.
         dtype: dtype of the returned weights.
+        shard: a tensor-parallel rank: read only its part of each tensor
+            (``safetensors``' ``get_slice``; ``Shard.kind``), the vocabulary rows
+            padded with zero rows to ``V' / world``.
     Returns:
         ``(config, tensors)``: tensors keyed by Hugging Face name, CPU, ``dtype``,
         contiguous. Non-weight buffers (``rotary_emb.inv_freq``) are dropped.
@@ -60,5 +66,22 @@ def load_hf(
             for name in st.keys():  # noqa: SIM118 (safe_open is not a dict)
                 if name.endswith("rotary_emb.inv_freq"):
                     continue
-                tensors[name] = st.get_tensor(name).to(dtype).contiguous()
+                tensors[name] = _read(st, name, shard).to(dtype).contiguous()
     return cfg, tensors
+
+
+def _read(st: Any, name: str, shard: Shard | None) -> torch.Tensor:
+    """Tensor ``name`` of the open safetensors file ``st``, or ``shard``'s part of it
+    (only those bytes are read)."""
+    kind = shard.kind(name) if shard is not None else None
+    if kind is None:
+        return st.get_tensor(name)
+    view = st.get_slice(name)
+    shape = view.get_shape()
+    if kind == "rows":
+        return view[shard.span(shape[0])]
+    if kind == "cols":
+        return view[:, shard.span(shape[1])]
+    rows, pad = shard.vocab_span(shape[0])
+    t = view[rows]  # [rows, hidden]
+    return F.pad(t, (0, 0, 0, pad)) if pad else t  # [V'/world, hidden]

@@ -81,6 +81,7 @@ def ingest(session: Session, batches: Sequence[TelemetryBatch]) -> IngestCounts:
                     num_decode_tokens=s.num_decode_tokens,
                     phase=s.phase,
                     expert_load=s.expert_load or None,
+                    allreduce_s=s.allreduce_s,
                 )
                 for a, s in steps
             ],

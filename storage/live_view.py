@@ -36,8 +36,9 @@ def step_series(
     """Per-bucket series over the last ``horizon_s`` seconds.
 
     Returns ``{"t": [bucket start...], "prefill_tps", "decode_tps", "batch_size",
-    "step_ms", "in_flight", "expert_imbalance"}`` (None where a bucket had no step; the
-    expert imbalance, the mean of its MoE steps', None without one).
+    "step_ms", "allreduce_ms", "in_flight", "expert_imbalance"}`` (None where a bucket
+    had no step; the expert imbalance, the mean of its MoE steps', and the all-reduce
+    milliseconds, the mean of its tensor-parallel steps', None without one).
 
     Raises:
         ValueError: ``horizon_s`` not in (0, MAX_HORIZON_S] or ``bucket_s`` not positive
@@ -64,6 +65,7 @@ def step_series(
         "decode_tps": [sum(s.num_decode_tokens for s in b) / bucket_s for b in buckets],
         "batch_size": [_mean([s.batch_size for s in b]) for b in buckets],
         "step_ms": [_mean([s.duration_s * 1000 for s in b]) for b in buckets],
+        "allreduce_ms": [_mean(_allreduce_ms(b)) for b in buckets],
         "in_flight": [
             sum(1 for a, z in flights if a <= t + bucket_s and (z is None or z >= t)) for t in ts
         ],
@@ -73,6 +75,35 @@ def step_series(
 
 def _imbalances(steps: list[StepRow]) -> list[float]:
     return [v for v in (step_imbalance(s.expert_load) for s in steps) if v is not None]
+
+
+def _allreduce_ms(steps: list[StepRow]) -> list[float]:
+    return [s.allreduce_s * 1000 for s in steps if s.allreduce_s is not None]
+
+
+def recent_steps(engine: Engine, now: float, limit: int = 60) -> list[dict[str, Any]]:
+    """The last ``limit`` steps of the last ``MAX_HORIZON_S`` seconds, oldest first, one
+    dict each: ``step_id``, ``t`` (start, seconds since the epoch), ``phase``,
+    ``batch_size``, ``step_ms`` (the runner's compute time) and ``allreduce_ms`` (its
+    collectives, part of ``step_ms``; None for a tp 1 runner)."""
+    with Session(engine) as session:
+        rows = session.scalars(
+            select(StepRow)
+            .where(StepRow.t >= now - MAX_HORIZON_S)
+            .order_by(StepRow.t.desc(), StepRow.id.desc())
+            .limit(limit)
+        ).all()
+    return [
+        {
+            "step_id": s.step_id,
+            "t": s.t,
+            "phase": s.phase,
+            "batch_size": s.batch_size,
+            "step_ms": s.duration_s * 1000,
+            "allreduce_ms": None if s.allreduce_s is None else s.allreduce_s * 1000,
+        }
+        for s in reversed(rows)
+    ]
 
 
 def _in_flight_spans(session: Session, since: float) -> list[tuple[float, float | None]]:
@@ -87,7 +118,9 @@ def _in_flight_spans(session: Session, since: float) -> list[tuple[float, float 
 
 
 def recent_rates(engine: Engine, now: float, window_s: float = 10.0) -> dict[str, Any]:
-    """Throughput, batch size and step time over the last ``window_s`` seconds."""
+    """Throughput, batch size and step time over the last ``window_s`` seconds; for a
+    tensor-parallel runner, ``allreduce_ms`` (mean per step) and ``allreduce_share`` (of
+    its steps' time), else None."""
     with Session(engine) as session:
         steps = _steps(session, now - window_s)
     return {
@@ -97,7 +130,15 @@ def recent_rates(engine: Engine, now: float, window_s: float = 10.0) -> dict[str
         "decode_tps": sum(s.num_decode_tokens for s in steps) / window_s,
         "batch_size": _mean([s.batch_size for s in steps]),
         "step_ms": _mean([s.duration_s * 1000 for s in steps]),
+        "allreduce_ms": _mean(_allreduce_ms(steps)),
+        "allreduce_share": _allreduce_share(steps),
     }
+
+
+def _allreduce_share(steps: list[StepRow]) -> float | None:
+    tp = [s for s in steps if s.allreduce_s is not None]
+    busy = sum(s.duration_s for s in tp)
+    return sum(s.allreduce_s for s in tp) / busy if tp and busy > 0 else None
 
 
 def request_stats(engine: Engine, now: float, window_s: float = 300.0) -> dict[str, Any]:

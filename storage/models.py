@@ -72,7 +72,8 @@ class EventRow(Base):
 
 class StepRow(Base):
     """One forward pass. ``phase``: prefill, decode or mixed; ``duration_s``: seconds;
-    ``expert_load``: tokens per expert of each MoE layer (MoE models only)."""
+    ``expert_load``: tokens per expert of each MoE layer (MoE models only);
+    ``allreduce_s``: seconds in the step's collectives (tensor-parallel runners only)."""
 
     __tablename__ = "steps"
 
@@ -90,6 +91,8 @@ class StepRow(Base):
     expert_load: Mapped[list[list[int]] | None] = mapped_column(
         JSON(none_as_null=True), nullable=True
     )
+    #: a tensor-parallel runner's seconds in this step's collectives (None: tp 1)
+    allreduce_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class LeverRow(Base):

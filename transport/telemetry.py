@@ -53,6 +53,9 @@ class StepRecord(Struct, array_like=True):
     requests; ``phase`` is "prefill", "decode" or "mixed". ``expert_load``: for a MoE
     model, the tokens routed to each expert of each MoE layer in this step
     (list[list[int]], ``[layers][experts]``; ``houchu.model.expert_load``), else empty.
+    ``allreduce_s``: for a tensor-parallel runner, the seconds rank 0 spent inside this
+    step's collectives (the all-reduces and the logits' all-gather, waiting for the
+    slowest rank included; ``houchu.model.tp_group.TPGroup``), else None.
     """
 
     step_id: int
@@ -63,6 +66,7 @@ class StepRecord(Struct, array_like=True):
     num_decode_tokens: int
     phase: str
     expert_load: list[list[int]] = field(default_factory=list)
+    allreduce_s: float | None = None
 
 
 class LeverSample(Struct, array_like=True):

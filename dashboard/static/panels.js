@@ -46,7 +46,8 @@ const Live = (() => {
       tile("prefill_tps", "Tokens/s in", H.num(r.prefill_tps), "prefill tokens computed"),
       tile("decode_tps", "Tokens/s out", H.num(r.decode_tps), "decode tokens computed"),
       tile("step", "Step time", r.step_ms === null ? "–" : `${H.num(r.step_ms)} ms`,
-        r.round_trip_ms === null ? "runner compute" : `${H.num(r.round_trip_ms)} ms scheduler round trip`),
+        (r.round_trip_ms === null ? "runner compute" : `${H.num(r.round_trip_ms)} ms scheduler round trip`)
+        + (r.allreduce_ms === null || r.allreduce_ms === undefined ? "" : ` · ${H.num(r.allreduce_ms)} ms all-reduce`)),
       kvTile(live.kv),
       tile("hit", "Prefix hit rate", H.pct(hit), "prompt tokens reused"),
       tile("finished", "Requests", H.num(q.by_status.finished || 0),
@@ -110,6 +111,36 @@ const Live = (() => {
         paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", uirevision: "expert-heat" }, PLOT_CONFIG);
   }
 
+  /** The tensor-parallel panel (hidden for a tp 1 runner): the collectives' time per
+   * step, as tiles (the last step; the last 10 s) and stacked bars of the last steps. */
+  function tensorParallel(steps, rates) {
+    const box = document.getElementById("tp-steps");
+    const tp = (steps || []).filter((s) => s.allreduce_ms !== null);
+    box.hidden = !tp.length;
+    if (!tp.length) return;
+    const last = tp[tp.length - 1];
+    box.dataset.steps = String(tp.length);
+    box.dataset.lastAllreduceMs = String(last.allreduce_ms);
+    document.getElementById("tp-kpis").replaceChildren(
+      tile("allreduce-last", "All-reduce (last step)", `${H.num(last.allreduce_ms, 2)} ms`,
+        `step ${last.step_id} (${last.phase}, batch ${last.batch_size}): ${H.pct(last.allreduce_ms / last.step_ms)} of its ${H.num(last.step_ms, 2)} ms`),
+      tile("allreduce-mean", "All-reduce per step (10 s)",
+        rates.allreduce_ms === null ? "–" : `${H.num(rates.allreduce_ms, 2)} ms`,
+        rates.allreduce_share === null ? "no step in the last 10 s" : `${H.pct(rates.allreduce_share)} of the step time`));
+    const x = tp.map((s) => String(s.step_id));
+    const custom = tp.map((s) => [s.phase, s.batch_size, H.num(s.step_ms, 2)]);
+    const bar = (name, y, color) => ({ type: "bar", name, x, y, customdata: custom, marker: { color },
+      hovertemplate: `step %{x} (%{customdata[0]}, batch %{customdata[1]}): ${name} %{y:.2f} ms of %{customdata[2]} ms<extra></extra>` });
+    Plotly.react("tp-step-bars", [
+      bar("compute", tp.map((s) => Math.max(s.step_ms - s.allreduce_ms, 0)), "#0ea5e9"),
+      bar("all-reduce", tp.map((s) => s.allreduce_ms), "#f97316"),
+    ], { height: 150, barmode: "stack", margin: { l: 36, r: 8, t: 4, b: 28 }, font: PLOT_FONT, showlegend: true,
+      legend: { orientation: "h", x: 0, y: 1.14, font: { size: 10 } }, uirevision: "tp-step-bars",
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+      xaxis: { type: "category", title: { text: "step", font: { size: 10 } }, nticks: 12 },
+      yaxis: { gridcolor: "#eef2f7", rangemode: "tozero", nticks: 4 } }, PLOT_CONFIG);
+  }
+
   /** Update tiles and series from a live snapshot. */
   function render(live) {
     document.getElementById("kpis").replaceChildren(...tiles(live));
@@ -118,11 +149,14 @@ const Live = (() => {
     const x = s.t.map((t) => t * 1000 - new Date().getTimezoneOffset() * 60000);
     spark("spark-tps", [line(x, s.prefill_tps, "in (prefill)", "#3b82f6"), line(x, s.decode_tps, "out (decode)", "#10b981")]);
     spark("spark-batch", [line(x, s.batch_size, "batch", "#8b5cf6")]);
-    spark("spark-step", [line(x, s.step_ms, "compute", "#0ea5e9"), line(history.t, history.roundTrip, "round trip", "#94a3b8")]);
+    const stepLines = [line(x, s.step_ms, "compute", "#0ea5e9"), line(history.t, history.roundTrip, "round trip", "#94a3b8")];
+    if ((s.allreduce_ms || []).some((v) => v !== null)) stepLines.push(line(x, s.allreduce_ms, "all-reduce", "#f97316"));
+    spark("spark-step", stepLines);
     spark("spark-req", [line(x, s.in_flight, "in flight", "#f59e0b"),
       line(history.t, history.running, "running", "#10b981"), line(history.t, history.waiting, "queued", "#ef4444"),
       line(history.t, history.pages, "KV pages", "#64748b", { yaxis: "y", line: { dash: "dot", color: "#64748b", width: 1.2 } })]);
     experts(live.expert_load, x, s.expert_imbalance);
+    tensorParallel(live.steps, live.rates);
   }
 
   return { render };

@@ -60,6 +60,22 @@ def test_tp2_requests_equal_transformers(served):
     assert "tensor parallel: 2 ranks (gloo)" in srv.output()
 
 
+def test_each_steps_allreduce_reaches_the_dashboard(served):
+    """The runner's step records carry the all-reduce seconds into the database: the
+    dashboard's last steps and rates show them (after the recorder's flush)."""
+    srv, _ = served
+    asyncio.run(generate(srv.ws_url, ids(60, 12)))
+    deadline = time.monotonic() + 30
+    while True:
+        live = asyncio.run(_get(f"{srv.url}/dashboard/api/live"))
+        tp = [s for s in live["steps"] if s["allreduce_ms"] is not None]
+        if tp:
+            break
+        assert time.monotonic() < deadline, live["steps"]
+        time.sleep(0.5)
+    assert all(0 < s["allreduce_ms"] < s["step_ms"] for s in tp), tp
+
+
 def test_a_dead_rank_restarts_the_runner(served):
     """Rank 1 killed: the runner exits at its next collective, the supervisor restarts
     it with fresh ranks, and requests succeed again within a bounded time."""
@@ -98,6 +114,10 @@ async def _generate_or_error(ws_url: str, prompt: list[int]) -> dict | None:
 
 
 async def _stats(url: str) -> dict:
-    async with aiohttp.ClientSession() as s, s.get(f"{url}/stats") as r:
+    return await _get(f"{url}/stats")
+
+
+async def _get(url: str) -> dict:
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
         assert r.status == 200
         return await r.json()

@@ -39,7 +39,7 @@ async def test_telemetry_reaches_the_database(tmp_path):
     config = _config(Endpoints.inproc("rec1"), url)
     actor = RecorderActor(ctx, config)
     info = await actor.start()
-    assert "schema 0002" in info
+    assert "schema 0003" in info
     run = asyncio.create_task(actor.run())
     tel = Telemetry(ctx, config.endpoints["recorder"], "scheduler", flush_interval_s=0.02)
     tel.start()

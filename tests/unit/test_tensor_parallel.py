@@ -202,6 +202,7 @@ def test_levers_that_cannot_combine_are_refused():
     assert len(notes) == 1 and "2 ranks (gloo)" in notes[0]
 
 
+@pytest.mark.multi_gpu
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2,
     reason="NCCL tensor parallel needs 2 or more CUDA GPUs",

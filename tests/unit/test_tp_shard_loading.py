@@ -1,0 +1,83 @@
+"""Each tensor-parallel rank reads only its shard: safetensors slices and a GGUF's tensor
+views cut before dequantizing (or repacking to int4) give exactly what cutting the whole
+weights gives (``shard_weights``), for every rank; a GGUF column cut inside a
+quantization block is refused with one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from houchu.model.loader import load_tensors
+from houchu.model.quant import Int4Weight
+from houchu.model.shard import Shard, TensorParallelError
+from houchu.model.tensor_parallel import shard_weights
+from houchu.model.testing import make_tiny_llama, write_llama_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    # vocabulary 129: not a multiple of 2 or 3, so each rank's vocabulary rows are padded
+    d = tmp_path_factory.mktemp("shard")
+    heads = {"num_attention_heads": 6, "num_key_value_heads": 6, "hidden_size": 192}
+    return make_tiny_llama(d, seed=4, vocab_size=129, intermediate_size=192, **heads)
+
+
+def _same(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for name, w in want.items():
+        g = got[name]
+        if isinstance(w, Int4Weight):
+            assert isinstance(g, Int4Weight) and g.group_size == w.group_size, name
+            for a, b in ((g.q, w.q), (g.scale, w.scale), (g.offset, w.offset)):
+                assert torch.equal(a, b), name
+        else:
+            assert g.shape == w.shape and g.dtype == w.dtype, name
+            assert torch.equal(g, w), name
+
+
+def test_shard_kinds():
+    s = Shard(1, 2)
+    assert s.kind("model.layers.3.self_attn.q_proj.weight") == "rows"
+    assert s.kind("model.layers.3.self_attn.k_proj.bias") == "rows"
+    assert s.kind("model.layers.3.self_attn.o_proj.weight") == "cols"
+    assert s.kind("model.layers.3.mlp.up_proj.weight") == "rows"
+    assert s.kind("model.layers.3.mlp.down_proj.weight") == "cols"
+    assert s.kind("model.embed_tokens.weight") == s.kind("lm_head.weight") == "vocab"
+    assert s.kind("model.layers.3.input_layernorm.weight") is None
+    assert s.kind("model.norm.weight") is None
+    assert s.span(10) == slice(5, 10)
+    assert Shard(2, 3).vocab_span(129) == (slice(86, 129), 0)
+    assert Shard(1, 2).vocab_span(129) == (slice(65, 129), 1)  # 64 rows and one of zeros
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_safetensors_ranks_read_their_shard(tiny_dir, world):
+    cfg, whole = load_tensors(tiny_dir, torch.float32)
+    for rank in range(world):
+        _, got = load_tensors(tiny_dir, torch.float32, shard=Shard(rank, world))
+        want = shard_weights(cfg, dict(whole), rank, world)
+        _same(got, want)
+        assert got["model.embed_tokens.weight"].shape[0] == -(-129 // world)
+
+
+@pytest.mark.parametrize(
+    ("qtype", "keep_q4"), [("F32", False), ("Q8_0", False), ("Q4_1", False), ("Q4_1", True)]
+)
+def test_gguf_ranks_cut_their_shard_before_dequantizing(tiny_dir, tmp_path, qtype, keep_q4):
+    """At tp 3 the o_proj (192 → 64 columns) and down (192 → 64) cuts fall on the
+    32-element blocks of Q8_0 / Q4_1; q/k rows are un-permuted per rank's heads."""
+    path = write_llama_gguf(tiny_dir, tmp_path / f"m-{qtype}.gguf", qtype=qtype)
+    cfg, whole = load_tensors(path, torch.float32, keep_q4)
+    assert any(isinstance(w, Int4Weight) for w in whole.values()) == keep_q4
+    for rank in range(3):
+        _, got = load_tensors(path, torch.float32, keep_q4, shard=Shard(rank, 3))
+        _same(got, shard_weights(cfg, dict(whole), rank, 3))
+
+
+def test_a_gguf_cut_inside_a_block_is_refused(tmp_path):
+    # MLP width 96 at tp 2: down_proj's 48 input columns per rank cut a 32-element block
+    hf = make_tiny_llama(tmp_path / "m", seed=4, intermediate_size=96)
+    path = write_llama_gguf(hf, tmp_path / "m.gguf", qtype="Q8_0")
+    with pytest.raises(TensorParallelError, match="Q8_0 blocks of 32 do not divide"):
+        load_tensors(path, torch.float32, shard=Shard(0, 2))
