@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from houchu.model.gguf_writers import write_llama_gguf
 from houchu.model.loader import load_tensors
 from houchu.model.quant import Int4Weight
 from houchu.model.shard import Shard, TensorParallelError
 from houchu.model.tensor_parallel import shard_weights
-from houchu.model.testing import make_tiny_llama, write_llama_gguf
+from houchu.model.testing import make_tiny_llama
 
 
 @pytest.fixture(scope="module")
