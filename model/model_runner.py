@@ -33,26 +33,29 @@ import torch
 
 from houchu.kvcache.host_pool import HostPool
 from houchu.model import cpu_kernels
-from houchu.model.accel import DecodeAccelerator
 from houchu.model.attention import make_backend
 from houchu.model.attention_window import WindowLedger
-from houchu.model.autotune import Tuned, tune_model
 from houchu.model.batch import StepBatch, build_batch
-from houchu.model.config import ModelConfig, num_parameters, resolve_model_file
-from houchu.model.decisions import DecisionCache, model_key
+from houchu.model.config import ModelConfig, resolve_model_file
 from houchu.model.device import resolve_device
 from houchu.model.fused_cpu import FusedDecode
 from houchu.model.grammar import GrammarEngine, RequestGrammar
 from houchu.model.kv_pool import KVPool
 from houchu.model.kv_transfer import HostKVMirror
-from houchu.model.lever_counters import LeverCounters, StepCost
 from houchu.model.loader import load_model, parse_dtype
-from houchu.model.mla_lever import MLALever, mla_levers_note, mla_summary
+from houchu.model.mla_lever import MLALever, mla_levers_note
 from houchu.model.mla_pool import LatentKVPool
-from houchu.model.moe import MoEMLP, moe_lever_sample
 from houchu.model.ops import make_ops
+from houchu.model.plan_state import compile_grammars, live_state, resolve_last_sampled
 from houchu.model.prompt_logprobs import rows_wanted, score
 from houchu.model.quant import QuantSpec, resolve_quant_mode
+from houchu.model.runner_report import (
+    decode_paths_text,
+    runner_info,
+    runner_lever_samples,
+    runner_summary,
+)
+from houchu.model.runner_setup import RunnerSetup
 from houchu.model.sampling import RequestState, Sampler
 from houchu.model.structure_levers import structure_notes
 from houchu.model.threads import ThreadGovernor, step_key
@@ -60,10 +63,8 @@ from houchu.model.tp_group import TPGroup, TPStep
 from houchu.model.verify import sample_and_verify
 from houchu.options.runner_options import RunnerOptions
 from houchu.transport.messages import (
-    Failure,
     PromptLogprobs,
     RunnerInfo,
-    SeqInit,
     SeqOutput,
     StepPlan,
     StepResult,
@@ -174,48 +175,17 @@ class ModelRunner:
             )
         if o.decode_paths not in ("rules", "auto"):
             raise ValueError(f"decode_paths must be rules or auto, got {o.decode_paths!r}")
-        self.tuned = None
         buckets = tuple(o.decode_batch_sizes)
-        if o.decode_paths == "auto" and self.device.type == "cpu":
-            self.tuned = self._tune(model_path, quant, buckets)
-        self.accel = DecodeAccelerator(
-            self.model,
-            self.pool,
-            self.backend,
-            compile=o.compile,
-            cuda_graph=graphs,
-            buckets=buckets,
-            verdicts=DecisionCache() if self.device.type == "cpu" else None,
-            verdict_key=model_key(
-                resolve_model_file(model_path),
-                quant.label(),
-                self.dtype,
-                self.pool.k.dtype,
-                self.backend.name,
-                self.model.fused is not None,
-                buckets,
-                self.tuned.route.table if self.tuned else None,
-            ),
+        setup = RunnerSetup(
+            self.model, self.dtype, self.device, self.pool, self.backend, model_path, quant, buckets
         )
-        self.accel.setup()
+        self.tuned = (
+            setup.tune() if o.decode_paths == "auto" and self.device.type == "cpu" else None
+        )
+        self.accel = setup.accelerator(o.compile, graphs, self.tuned)
         if self.tp is not None:
             self.tp.reset()  # the warm-up steps are not served steps
-        wb, wb16 = self.model.weight_bytes()
-        p = self.pool
-        cost = StepCost(
-            wb, wb16, p.bytes_per_token, p.bf16_bytes_per_token, quant.label(), kv_dtype
-        )
-        a = self.accel
-        self.levers = LeverCounters(
-            cost,
-            a.kind,
-            a.eager_step_s,
-            a.accel_step_s,
-            a.setup_s,
-            a.kv_rel_error,
-            a.dropped,
-            cached=a.cached,
-        )
+        self.levers = setup.levers(self.accel, kv_dtype)
         per_layer = self.pool.bytes_per_token // max(self.config.num_layers, 1)
         self.window_ledger = WindowLedger(self.model.attention, per_layer)
         #: what the model's structure does to the other levers (said at startup)
@@ -254,53 +224,7 @@ class ModelRunner:
 
     def summary(self, load_s: float | None = None) -> str:
         """One line: architecture, parameters, dtype, KV pool geometry and bytes."""
-        p = self.pool
-        took = "" if load_s is None else f" (loaded in {load_s:.1f}s)"
-        return (
-            f"houchu runner: {self.config.architecture} {self.config.name!r}, "
-            f"{self.num_params / 1e6:.1f}M params, "
-            f"{str(self.dtype).removeprefix('torch.')} on {self.device}, "
-            f"{self.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
-            f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
-            f"({p.bytes_per_token} B/token), max context {self.max_context}, "
-            f"attention {self.backend.name}, kernels {self.model.ops.name} "
-            f"(CPU ISA {self.cpu_isa}){self._build_note()}"
-            f"{' with fused decode layers' if self.model.fused else ''}, "
-            f"matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
-            f"{torch.get_num_threads()} threads{took}; {self.levers.summary()}"
-            f"{'; decode paths ' + self.decode_paths() if self.tuned else ''}"
-            f"{'; ' + mla_summary(p, self.max_context) if self.mla_lever else ''}"
-        )
-
-    def decode_paths(self) -> str:
-        """The measured decode path per bucket and the times measured ("" when not
-        tuned), e.g. "b<=1 fused 2.4 ms (gemv 3.1, torch 9.0, dense 21.0); ..."."""
-        t = self.tuned
-        if t is None:
-            return ""
-        how = "cached measurement" if t.cached else f"measured in {t.took_s:.1f}s"
-        how += "; cores contended: not cached" if t.contended else ""
-        return f"{t.route.describe(t.times, t.prefill_times)} [{how}]"
-
-    def _build_note(self) -> str:
-        """ " (C++ kernels built in N s)" when this process compiled them."""
-        took = getattr(self.backend, "build_s", 0.0)
-        return f" (C++ kernels built in {took:.0f}s)" if took >= 1.0 else ""
-
-    def _tune(
-        self, model_path: str | Path, quant: QuantSpec, buckets: tuple[int, ...]
-    ) -> Tuned | None:
-        """Measure the decode paths per bucket (or read the cached measurement)."""
-        key = model_key(
-            resolve_model_file(model_path),
-            quant.label(),
-            self.dtype,
-            self.pool.k.dtype,
-            self.backend.name,
-            self.model.fused is not None,
-            buckets,
-        )
-        return tune_model(self.model, self.pool, self.backend, buckets, DecisionCache(), key)
+        return runner_summary(self, load_s)
 
     def _timed_forward(self, batch: StepBatch) -> torch.Tensor:
         """``_forward``, with the thread governor told about the step."""
@@ -319,26 +243,7 @@ class ModelRunner:
         with sliding windows, the KV bytes attention did not read
         ("sliding_window_attention", move_less); with structured output, the grammar
         masks' time ("structured_output_mask")."""
-        out = [*self.levers.samples(), *self.grammar.samples()]
-        now = time.time()
-        if self.tp is not None:
-            from houchu.model.tensor_parallel import tp_lever_sample
-
-            out.append(tp_lever_sample(self.tp, self.model.weight_bytes()[0], now))
-        moes = (m for m in self.model.modules() if isinstance(m, MoEMLP))
-        moe = moe_lever_sample(moes, now)
-        if self.mla_lever is not None:
-            out += self.mla_lever.samples(now)
-        if moe is not None:
-            out.append(moe)
-        skipped = self.window_ledger.take()
-        if skipped:
-            out.append(
-                LeverSample(
-                    "sliding_window_attention", "move_less", skipped, "bytes", 0.0, "bytes", now
-                )
-            )
-        return out
+        return runner_lever_samples(self)
 
     def attach_host_pool(self, host: HostPool) -> None:
         """Map the shared host KV pool so plans can save pages to it and load them back.
@@ -367,24 +272,12 @@ class ModelRunner:
     def info(self) -> RunnerInfo:
         """What the scheduler needs to know about this runner, and the limits every
         request must fit (``houchu.transport.limits``)."""
-        c = self.config if self.tp is None else self.model.full_cfg
-        ranks = 1 if self.tp is None else self.tp.world  # each holds 1/ranks of the KV
-        return RunnerInfo(
-            num_pages=self.pool.num_pages,
-            page_size=self.pool.page_size,
-            max_context=self.max_context,
-            kv_bytes_per_token=self.pool.bytes_per_token * ranks,
-            num_params=self.num_params,
-            model_name=self.config.name,
-            num_nonembed_params=num_parameters(c).non_embedding,
-            attn_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
-            vocab_size=c.vocab_size,
-            device_type=self.device.type,
-            num_threads=torch.get_num_threads(),
-            cpu_isa=self.cpu_isa if self.device.type == "cpu" else "",
-            decode_paths=self.tuned.route.describe(self.tuned.times) if self.tuned else "",
-            sliding_window=c.sliding_window if c.every_layer_windowed else 0,
-        )
+        return runner_info(self)
+
+    def decode_paths(self) -> str:
+        """The measured decode path per bucket and the times measured ("" when not
+        tuned), e.g. "b<=1 fused 2.4 ms (gemv 3.1, torch 9.0, dense 21.0); ..."."""
+        return decode_paths_text(self.tuned)
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
         """Logits ``[R, V]`` float32 of one step, accelerated where possible; counts it."""
@@ -435,7 +328,7 @@ class ModelRunner:
                     self.device,
                     stop_ids=si.stop_ids,
                 )
-            new_grammars, failures = self._compile_grammars(plan.init)
+            new_grammars, failures = compile_grammars(self.grammar, plan.init)
             for w in plan.work:
                 if w.rid not in live and w.rid not in new:
                     raise ValueError(f"request {w.rid!r} was never initialised (or released)")
@@ -515,61 +408,3 @@ class ModelRunner:
             allreduce_s=0.0 if self.tp is None else self.tp.take(),
             failures=failures,
         )
-
-    def _compile_grammars(
-        self, init: list[SeqInit]
-    ) -> tuple[dict[str, RequestGrammar], dict[str, Failure]]:
-        """The matchers of the new constrained requests, and the failures of those whose
-        grammar does not compile on the model's tokenizer (such a request fails alone:
-        its rows this step are sampled unconstrained and discarded by the scheduler)."""
-        grammars: dict[str, RequestGrammar] = {}
-        failures: dict[str, Failure] = {}
-        for si in init:
-            spec = si.sampling.structured
-            if spec is None:
-                continue
-            try:
-                grammars[si.rid] = self.grammar.compile(si.rid, spec)
-            except ValueError as exc:
-                failures[si.rid] = self.grammar.compile_failure(spec, exc)
-        return grammars, failures
-
-
-def live_state(
-    rid: str, states: dict[str, RequestState], new: dict[str, RequestState]
-) -> RequestState:
-    """The state of ``rid``, registered before or by this plan.
-
-    Raises:
-        ValueError: ``rid`` was never initialised (or was released).
-    """
-    state = new.get(rid) or states.get(rid)
-    if state is None:
-        raise ValueError(f"request {rid!r} was never initialised (or released)")
-    return state
-
-
-def resolve_last_sampled(plan: StepPlan, previous: dict[str, int]) -> None:
-    """Put the previous step's sampled token (``previous``: rid -> token id) in place of
-    each ``use_last_sampled`` work item's placeholder, in ``plan`` itself.
-
-    Raises:
-        ValueError: a placeholder whose rid sampled nothing in the previous step, or a
-            placeholder item without tokens. ``plan`` is unchanged then.
-    """
-    resolved = []
-    for w in plan.work:
-        if not w.use_last_sampled:
-            continue
-        if not w.token_ids:
-            raise ValueError(f"request {w.rid!r}: a placeholder work item has no tokens")
-        token = previous.get(w.rid)
-        if token is None:
-            raise ValueError(
-                f"request {w.rid!r}: placeholder for the last sampled token, but the "
-                "previous step sampled nothing for it"
-            )
-        resolved.append((w, token))
-    for w, token in resolved:
-        w.token_ids = [token, *w.token_ids[1:]]
-        w.use_last_sampled = False

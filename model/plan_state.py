@@ -1,0 +1,68 @@
+"""What ``ModelRunner.execute`` checks and resolves in a step plan before it runs:
+the state each work item's request has, the overlap scheduler's placeholder tokens, and
+the grammars of the requests the plan registers."""
+
+from __future__ import annotations
+
+from houchu.model.grammar import GrammarEngine, RequestGrammar
+from houchu.model.sampling import RequestState
+from houchu.transport.messages import Failure, SeqInit, StepPlan
+
+
+def live_state(
+    rid: str, states: dict[str, RequestState], new: dict[str, RequestState]
+) -> RequestState:
+    """The state of ``rid``, registered before or by this plan.
+
+    Raises:
+        ValueError: ``rid`` was never initialised (or was released).
+    """
+    state = new.get(rid) or states.get(rid)
+    if state is None:
+        raise ValueError(f"request {rid!r} was never initialised (or released)")
+    return state
+
+
+def resolve_last_sampled(plan: StepPlan, previous: dict[str, int]) -> None:
+    """Put the previous step's sampled token (``previous``: rid -> token id) in place of
+    each ``use_last_sampled`` work item's placeholder, in ``plan`` itself.
+
+    Raises:
+        ValueError: a placeholder whose rid sampled nothing in the previous step, or a
+            placeholder item without tokens. ``plan`` is unchanged then.
+    """
+    resolved = []
+    for w in plan.work:
+        if not w.use_last_sampled:
+            continue
+        if not w.token_ids:
+            raise ValueError(f"request {w.rid!r}: a placeholder work item has no tokens")
+        token = previous.get(w.rid)
+        if token is None:
+            raise ValueError(
+                f"request {w.rid!r}: placeholder for the last sampled token, but the "
+                "previous step sampled nothing for it"
+            )
+        resolved.append((w, token))
+    for w, token in resolved:
+        w.token_ids = [token, *w.token_ids[1:]]
+        w.use_last_sampled = False
+
+
+def compile_grammars(
+    engine: GrammarEngine, init: list[SeqInit]
+) -> tuple[dict[str, RequestGrammar], dict[str, Failure]]:
+    """The matchers of the new constrained requests, and the failures of those whose
+    grammar does not compile on the model's tokenizer (such a request fails alone:
+    its rows this step are sampled unconstrained and discarded by the scheduler)."""
+    grammars: dict[str, RequestGrammar] = {}
+    failures: dict[str, Failure] = {}
+    for si in init:
+        spec = si.sampling.structured
+        if spec is None:
+            continue
+        try:
+            grammars[si.rid] = engine.compile(si.rid, spec)
+        except ValueError as exc:
+            failures[si.rid] = engine.compile_failure(spec, exc)
+    return grammars, failures

@@ -1,0 +1,104 @@
+"""What a ``ModelRunner`` says about itself: its start-up line and the ledger's samples
+of every lever it runs (``ModelRunner.summary`` and ``ModelRunner.lever_samples``)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from houchu.model.autotune import Tuned
+from houchu.model.config import num_parameters
+from houchu.model.mla_lever import mla_summary
+from houchu.model.moe import MoEMLP, moe_lever_sample
+from houchu.transport.messages import RunnerInfo
+from houchu.transport.telemetry import LeverSample
+
+if TYPE_CHECKING:
+    from houchu.model.model_runner import ModelRunner
+
+
+def runner_summary(r: ModelRunner, load_s: float | None = None) -> str:
+    """One line: architecture, parameters, dtype, KV pool geometry and bytes, kernels,
+    threads, the levers' summary and the measured decode paths."""
+    p = r.pool
+    took = "" if load_s is None else f" (loaded in {load_s:.1f}s)"
+    return (
+        f"houchu runner: {r.config.architecture} {r.config.name!r}, "
+        f"{r.num_params / 1e6:.1f}M params, "
+        f"{str(r.dtype).removeprefix('torch.')} on {r.device}, "
+        f"{r.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
+        f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
+        f"({p.bytes_per_token} B/token), max context {r.max_context}, "
+        f"attention {r.backend.name}, kernels {r.model.ops.name} "
+        f"(CPU ISA {r.cpu_isa}){_build_note(r)}"
+        f"{' with fused decode layers' if r.model.fused else ''}, "
+        f"matmul {'onednn-packed' if r.model.prepacked else 'dense'}, "
+        f"{torch.get_num_threads()} threads{took}; {r.levers.summary()}"
+        f"{'; decode paths ' + r.decode_paths() if r.tuned else ''}"
+        f"{'; ' + mla_summary(p, r.max_context) if r.mla_lever else ''}"
+    )
+
+
+def _build_note(r: ModelRunner) -> str:
+    """ " (C++ kernels built in N s)" when this process compiled them."""
+    took = getattr(r.backend, "build_s", 0.0)
+    return f" (C++ kernels built in {took:.0f}s)" if took >= 1.0 else ""
+
+
+def runner_lever_samples(r: ModelRunner) -> list[LeverSample]:
+    """``ModelRunner.lever_samples``: the engine-wide ``LeverSample``s since the last
+    call."""
+    out = [*r.levers.samples(), *r.grammar.samples()]
+    now = time.time()
+    if r.tp is not None:
+        from houchu.model.tensor_parallel import tp_lever_sample
+
+        out.append(tp_lever_sample(r.tp, r.model.weight_bytes()[0], now))
+    moes = (m for m in r.model.modules() if isinstance(m, MoEMLP))
+    moe = moe_lever_sample(moes, now)
+    if r.mla_lever is not None:
+        out += r.mla_lever.samples(now)
+    if moe is not None:
+        out.append(moe)
+    skipped = r.window_ledger.take()
+    if skipped:
+        out.append(
+            LeverSample(
+                "sliding_window_attention", "move_less", skipped, "bytes", 0.0, "bytes", now
+            )
+        )
+    return out
+
+
+def runner_info(r: ModelRunner) -> RunnerInfo:
+    """``ModelRunner.info``: the runner's geometry and limits."""
+    c = r.config if r.tp is None else r.model.full_cfg
+    ranks = 1 if r.tp is None else r.tp.world  # each holds 1/ranks of the KV
+    return RunnerInfo(
+        num_pages=r.pool.num_pages,
+        page_size=r.pool.page_size,
+        max_context=r.max_context,
+        kv_bytes_per_token=r.pool.bytes_per_token * ranks,
+        num_params=r.num_params,
+        model_name=r.config.name,
+        num_nonembed_params=num_parameters(c).non_embedding,
+        attn_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
+        vocab_size=c.vocab_size,
+        device_type=r.device.type,
+        num_threads=torch.get_num_threads(),
+        cpu_isa=r.cpu_isa if r.device.type == "cpu" else "",
+        decode_paths=r.tuned.route.describe(r.tuned.times) if r.tuned else "",
+        sliding_window=c.sliding_window if c.every_layer_windowed else 0,
+    )
+
+
+def decode_paths_text(t: Tuned | None) -> str:
+    """``ModelRunner.decode_paths``: the measured decode path per bucket and the times
+    ("" when not tuned)."""
+    if t is None:
+        return ""
+    how = "cached measurement" if t.cached else f"measured in {t.took_s:.1f}s"
+    how += "; cores contended: not cached" if t.contended else ""
+    return f"{t.route.describe(t.times, t.prefill_times)} [{how}]"
