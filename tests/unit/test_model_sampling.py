@@ -162,8 +162,10 @@ def test_sampling_distribution_follows_temperature():
     s = state(temperature=1.0, seed=7)
     sampler = Sampler()
     counts = torch.zeros(3)
-    for _ in range(2000):
-        counts[sampler.sample(x, [s])[0].token_id] += 1
+    for _ in range(2000):  # one seeded request's 2000 output tokens
+        t = sampler.sample(x, [s])[0].token_id
+        s.append(t)
+        counts[t] += 1
     assert torch.allclose(counts / 2000, torch.tensor([0.7, 0.2, 0.1]), atol=0.04)
 
 
