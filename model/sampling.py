@@ -15,9 +15,12 @@ Pipeline per row (logits ``[R, V]`` float32):
 2. temperature == 0 (below 1e-5): greedy argmax of the penalized logits;
 3. otherwise: divide by temperature, then top-k, top-p (nucleus, Holtzman et al. 2019),
    min-p (Nguyen et al. 2024) — Hugging Face's warper order — softmax, and one
-   multinomial draw per row from that row's own ``torch.Generator`` (a seeded request's
-   own, else the sampler's shared one), so a seeded request draws the same tokens
-   whatever else is in the batch.
+   multinomial draw per row. A seeded request's draw for its output token ``t`` (0 for
+   the first generated token) comes from a generator seeded with ``draw_seed(seed, t)``
+   (counter-based, as Philox-style samplers key their noise): the noise is a function of
+   the seed (choice ``i`` of a request has ``seed + i``) and the token's position only,
+   never of the step, the batch's order, speculation or preemption. An unseeded row draws
+   from the sampler's shared generator.
 
 Log-probabilities (when asked) are ``log_softmax`` of the raw logits by default (vLLM's
 default "raw" mode), or of the processed logits with ``logprobs_mode="processed"``.
@@ -47,7 +50,8 @@ class RequestState:
         params: the request's ``SamplingParams``.
         prompt_ids: the prompt's token ids.
         generated: token ids sampled so far (appended only when sampled).
-        generator: ``torch.Generator`` seeded with ``params.seed``, or None.
+        generator: the seeded request's ``torch.Generator``, re-seeded with
+            ``draw_seed(params.seed, len(generated))`` before each draw; None unseeded.
         seen: ``[V]`` bool, tokens in prompt or generated (only with a repetition penalty).
         counts: ``[V]`` float32, generated-token counts (only with frequency/presence).
         processors: its logits processors, or None (``LogitsProcessors.of``).
@@ -84,7 +88,6 @@ class RequestState:
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator(device=device)
-            self.generator.manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)
         self.seen: torch.Tensor | None = None  # [V] bool
         self.counts: torch.Tensor | None = None  # [V] float32
         if params.repetition_penalty != 1.0:
@@ -94,6 +97,14 @@ class RequestState:
         if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
             self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
 
+    def draw_generator(self) -> torch.Generator | None:
+        """The generator for this request's next draw: a seeded request's own, keyed to
+        ``(seed, position of the token drawn)`` (``draw_seed``); None when unseeded."""
+        if self.generator is None or self.params.seed is None:
+            return None
+        self.generator.manual_seed(draw_seed(self.params.seed, len(self.generated)))
+        return self.generator
+
     def append(self, token_id: int) -> None:
         """Record a sampled token (for penalties)."""
         self.generated.append(token_id)
@@ -101,6 +112,29 @@ class RequestState:
             self.seen[token_id] = True
         if self.counts is not None:
             self.counts[token_id] += 1.0
+
+
+_MASK64 = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def draw_seed(seed: int, position: int) -> int:
+    """The 64-bit seed of a seeded request's draw for its output token ``position``.
+
+    SplitMix64's finaliser (Steele, Lea and Flood 2014, "Fast splittable pseudorandom
+    number generators") over ``seed + (position + 1) * golden ratio``: distinct, well
+    mixed seeds for neighbouring seeds and positions, so choice ``i``'s stream (seed
+    ``seed + i``) is not choice ``i + 1``'s shifted by one token.
+
+    Args:
+        seed: the request's seed (any int64 or uint64; taken modulo 2**64).
+        position: the output token's index, 0 for the first generated token.
+    Returns:
+        An int in ``0 .. 2**64 - 1``.
+    """
+    z = (seed + (position + 1) * 0x9E37_79B9_7F4A_7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58_476D_1CE4_E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D0_49BB_1331_11EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 def validate_params(p: SamplingParams, rid: str = "?") -> None:
@@ -337,7 +371,7 @@ class Sampler:
                 top = x[idx][bad].argmax(dim=-1)
                 probs[bad] = torch.nn.functional.one_hot(top, probs.shape[-1]).to(probs.dtype)
             drawn = [
-                torch.multinomial(probs[j], 1, generator=states[i].generator or self.shared)
+                torch.multinomial(probs[j], 1, generator=states[i].draw_generator() or self.shared)
                 for j, i in enumerate(rand)
             ]
             tokens[idx] = torch.cat(drawn)

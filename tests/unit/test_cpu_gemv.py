@@ -114,6 +114,26 @@ def test_int8_gemv_lm_head(m):
     check(cpu_kernels.ops().int8_gemv(x, cpu_kernels.ops().int8_pack(q, scale), n), x, dense)
 
 
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_int8_gemv_row_does_not_depend_on_the_other_rows(x_dtype):
+    """Batch invariance: a row's output is bit for bit the same alone and among 1..10
+    other rows, at any place (the LM head runs here: a seeded request must sample the
+    same tokens whatever else is in its step). Activations spread over many binades, so
+    a different summation order would round differently."""
+    n, k = 640, 576
+    q, scale, _ = int8_weight(n, k, torch.bfloat16, seed=3)
+    packed = cpu_kernels.ops().int8_pack(q, scale)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(11, k, generator=g) * torch.exp(2 * torch.randn(11, k, generator=g))
+    x = x.to(x_dtype)  # [11, K]
+    alone = cpu_kernels.ops().int8_gemv(x[:1], packed, n)[0]  # [N]
+    for m in range(2, 12):
+        for at in (0, m - 1):
+            rows = torch.cat([x[1:m][:at], x[:1], x[1:m][at:]])  # [m, K], x[0] at row `at`
+            y = cpu_kernels.ops().int8_gemv(rows, packed, n)  # [m, N]
+            assert torch.equal(y[at], alone), (m, at)
+
+
 def test_int4_bad_input_raises():
     q, scale, offset, _ = int4_weight(64, 128, 32, torch.bfloat16, seed=9)
     packed = cpu_kernels.ops().int4_pack(q, scale, offset, 32)

@@ -162,8 +162,10 @@ def test_sampling_distribution_follows_temperature():
     s = state(temperature=1.0, seed=7)
     sampler = Sampler()
     counts = torch.zeros(3)
-    for _ in range(2000):
-        counts[sampler.sample(x, [s])[0].token_id] += 1
+    for _ in range(2000):  # one seeded request's 2000 output tokens
+        t = sampler.sample(x, [s])[0].token_id
+        s.append(t)
+        counts[t] += 1
     assert torch.allclose(counts / 2000, torch.tensor([0.7, 0.2, 0.1]), atol=0.04)
 
 
@@ -185,3 +187,30 @@ def test_invalid_params_raise(bad):
 def test_prompt_ids_out_of_vocab_raise():
     with pytest.raises(ValueError, match="out of range"):
         state(prompt=[V], repetition_penalty=1.1)
+
+
+def test_seeded_draw_depends_on_seed_and_position_only():
+    """A seeded row's token at output position t is a function of (seed, t) and its
+    distribution: the same whichever step, batch order or draws came before (speculative
+    verification and preemption draw in other patterns), and seeds a choice apart
+    (choice i has seed + i) do not give one stream shifted by a token."""
+    x = logits(6, seed=3)  # [6, V]: the distributions of positions 0..5
+
+    def stream(seed: int, order: list[int]) -> dict[int, int]:
+        s, out = state(temperature=1.0, seed=seed), {}
+        for t in order:  # draw position t's token after t earlier ones (any tokens)
+            s.generated = [0] * t
+            out[t] = Sampler(seed=99).sample(x[t : t + 1], [s])[0].token_id
+        return out
+
+    forward = stream(5, list(range(6)))
+    assert stream(5, [5, 3, 1, 0, 2, 4]) == forward
+    # in a batch, at any row, beside unseeded rows: the same tokens
+    s = state("s", temperature=1.0, seed=5)
+    s.generated = [0] * 4
+    others = [state(str(i), temperature=1.0) for i in range(3)]
+    batch = torch.cat([logits(2, seed=8), x[4:5], logits(1, seed=9)])  # [4, V]
+    out = Sampler().sample(batch, [others[0], others[1], s, others[2]])
+    assert out[2].token_id == forward[4]
+    shifted = stream(6, list(range(6)))
+    assert [shifted[t] for t in range(5)] != [forward[t] for t in range(1, 6)]
