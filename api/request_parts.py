@@ -94,7 +94,8 @@ def check_model(model: str | None, model_name: str) -> None:
 
 def check_token_ids(req: SamplingFields, vocab_size: int) -> None:
     """``logit_bias``, ``allowed_token_ids`` and ``stop_token_ids`` name tokens of the
-    vocabulary (0: unknown, not checked). Raises ``ApiError`` (400)."""
+    vocabulary (0: unknown, not checked), and ``logit_bias`` leaves some token unbanned.
+    Raises ``ApiError`` (400)."""
     if not vocab_size:
         return
     for name in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
@@ -107,6 +108,14 @@ def check_token_ids(req: SamplingFields, vocab_size: int) -> None:
                 param=name,
                 code="invalid_value",
             )
+    banned = {int(t) for t, b in (req.logit_bias or {}).items() if b <= -100}
+    if len(banned) >= vocab_size:
+        raise ApiError(
+            "'logit_bias' bans every token of the vocabulary (-100 on all "
+            f"{vocab_size}): nothing could be sampled",
+            param="logit_bias",
+            code="invalid_value",
+        )
 
 
 def choice_counts(n: int | None, best_of: int | None, stream: bool) -> tuple[int, int]:

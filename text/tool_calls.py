@@ -207,17 +207,24 @@ class RequiredCallsParser(ToolCallParser):
 
 class FirstCallParser(ToolCallParser):
     """``parallel_tool_calls: false`` (OpenAI: at most one call per reply): the reply as
-    ``inner`` parses it, with its first call only (whole and streamed)."""
+    ``inner`` parses it, with its first call only, and nothing after that call (whole
+    and streamed): a second call, complete or cut by ``max_tokens``, never reaches the
+    reply, not even as content."""
 
     def __init__(self, inner: ToolCallParser) -> None:
         self.inner = inner
 
     def parse(self, text: str) -> Parsed:
         parsed = self.inner.parse(text)
+        if not parsed.calls:
+            return parsed
+        end = getattr(self.inner, "end", "")
+        if end and end in text:  # the reply ends where its first call does
+            parsed = self.inner.parse(text[: text.index(end) + len(end)])
         return Parsed(parsed.content, parsed.calls[:1])
 
     def stream(self) -> ToolCallStream:
-        return FirstCallStream(self.inner.stream())
+        return FirstCallStream(self.inner.stream(), getattr(self.inner, "end", ""))
 
 
 def make_parser(name: str) -> ToolCallParser:
@@ -263,15 +270,13 @@ class ToolCallStream(abc.ABC):
         """Release the rest (the reply is complete)."""
 
     def _release(self, calls: list[ToolCall]) -> list[dict[str, Any]]:
-        """Deltas of complete calls: name first, then the arguments."""
+        """Deltas of complete calls: one entry per call (its ``index``, id, name and
+        whole arguments), as OpenAI sends at most one entry per index in a chunk."""
         out = []
         for c in calls:
             i = len(self.calls)
             self.calls.append(c)
-            first = c.to_openai(i)
-            first["function"]["arguments"] = ""
-            out.append(first)
-            out.append({"index": i, "function": {"arguments": c.arguments}})
+            out.append(c.to_openai(i))
         return out
 
 
@@ -362,12 +367,14 @@ class ForcedStream(ToolCallStream):
 
     def feed(self, text: str) -> StreamDelta:
         out = StreamDelta()
-        if not self.started:
+        self.call.arguments += text
+        if not self.started:  # the first entry: id, name and the arguments so far
             self.started = True
             self.calls.append(self.call)
-            out.tool_calls.append(self.call.to_openai(0))
-        if text:
-            self.call.arguments += text
+            first = self.call.to_openai(0)
+            first["function"]["arguments"] = text
+            out.tool_calls.append(first)
+        elif text:
             out.tool_calls.append({"index": 0, "function": {"arguments": text}})
         return out
 
@@ -376,20 +383,42 @@ class ForcedStream(ToolCallStream):
 
 
 class FirstCallStream(ToolCallStream):
-    """``inner``'s deltas of its first call only (``FirstCallParser``)."""
+    """``inner``'s deltas of its first call only, and nothing after it
+    (``FirstCallParser``); ``end``: the parser's end-of-call marker ("" if none), where
+    the text ``inner`` is fed stops."""
 
-    def __init__(self, inner: ToolCallStream) -> None:
+    def __init__(self, inner: ToolCallStream, end: str = "") -> None:
         super().__init__()
-        self.inner = inner
+        self.inner, self.end = inner, end
+        self.seen = ""  # the text fed so far (while an end marker may still come)
+        self.done = False  # the first call is out: the rest of the reply is dropped
 
     def feed(self, text: str) -> StreamDelta:
+        if self.end and not self.done:
+            self.seen += text
+            at = self.seen.find(self.end)
+            if at >= 0:  # feed up to the first call's end, then nothing
+                text = text[: len(text) - (len(self.seen) - at - len(self.end))]
+                d = self._first(self.inner.feed(text))
+                if self.done:
+                    tail = self._first_final(self.inner.finish())
+                    return StreamDelta(d.content + tail.content, d.tool_calls + tail.tool_calls)
+                return d
         return self._first(self.inner.feed(text))
+
+    def _first_final(self, d: StreamDelta) -> StreamDelta:
+        """The inner stream's last deltas once the first call is out (its content
+        before that call only)."""
+        return StreamDelta("", [t for t in d.tool_calls if t["index"] == 0 and not self.calls])
 
     def finish(self) -> StreamDelta:
         return self._first(self.inner.finish())
 
     def _first(self, d: StreamDelta) -> StreamDelta:
+        if self.done:
+            return StreamDelta()
         self.calls = self.inner.calls[:1]
+        self.done = bool(self.calls)
         return StreamDelta(d.content, [t for t in d.tool_calls if t["index"] == 0])
 
 

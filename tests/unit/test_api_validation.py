@@ -144,6 +144,10 @@ CMPL_BAD: list[tuple[dict[str, Any], str]] = [
 ]
 
 CHAT_BAD: list[tuple[dict[str, Any], str]] = [
+    (
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "tool", "content": "x"}]},
+        "messages[1].tool_call_id",
+    ),
     ({"tools": [{"type": "function"}]}, "tools[0].function"),
     ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
     ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
@@ -463,3 +467,16 @@ def test_the_dashboards_params_name_the_grammar_kind(extra: dict, kind: str | No
     body = {"messages": [{"role": "user", "content": "hi"}], **extra}
     req = parse_chat(body, model_name=MODEL, max_context=MAX_CONTEXT).to_generate("r")
     assert request_params(req).get("grammar") == kind
+
+
+def test_logit_bias_banning_every_token_is_refused() -> None:
+    """-100 on every token of the vocabulary leaves nothing to sample: a 400, not a
+    reply as if nothing were banned; banning all but one is served."""
+    from houchu.api.errors import ApiError
+
+    every = {str(t): -100 for t in range(50)}
+    with pytest.raises(ApiError) as e:
+        _parse("completions", "logit_bias", every)
+    assert e.value.status == 400 and e.value.param == "logit_bias"
+    del every["7"]
+    assert len(_parse("chat", "logit_bias", every).sampling.logit_bias) == 49

@@ -14,6 +14,7 @@ from houchu.model.sampling import (
     apply_penalties,
     apply_top_k,
     apply_top_p,
+    draw_seed,
 )
 from houchu.transport.messages import SamplingParams
 
@@ -214,3 +215,18 @@ def test_seeded_draw_depends_on_seed_and_position_only():
     assert out[2].token_id == forward[4]
     shifted = stream(6, list(range(6)))
     assert [shifted[t] for t in range(5)] != [forward[t] for t in range(1, 6)]
+
+
+def test_seeds_that_share_their_low_32_bits_draw_differently():
+    """torch's CPU generator keeps only 32 bits of its seed: seeds equal modulo 2**32
+    (2**64 - 1 and 2**63 - 1; choice 1 of 2**63 - 1, whose seed wraps to 2**63, and
+    choice 0 of -2**63) once drew the same samples. Every user seed is mixed over all
+    its 64 bits first (draw_seed), so they draw differently."""
+
+    def draws(seed: int) -> list[float]:
+        g = torch.Generator()
+        g.manual_seed(draw_seed(seed, 0))
+        return torch.rand(4, generator=g).tolist()
+
+    seeds = [2**64 - 1, 2**63 - 1, 2**63, 1, 2**32 + 1]
+    assert len({tuple(draws(s)) for s in seeds}) == len(seeds)

@@ -201,12 +201,15 @@ WEATHER_TOOL = {
 @pytest.mark.parametrize("step", [1, 5, 1000])
 def test_parallel_tool_calls_false_returns_the_first_call(step: int) -> None:
     """``parallel_tool_calls: false`` with ``auto``: the first call the model wrote,
-    whole and streamed (OpenAI's "at most one call")."""
+    whole and streamed (OpenAI's "at most one call"), and nothing after it: a second
+    call, whole or cut by max_tokens, is not content either."""
     first = FirstCallParser(make_parser("hermes"))
-    parsed = first.parse(HERMES)
-    assert parsed.content == "Let me check. \n"
-    assert _calls(parsed.calls) == [("get_weather", {"city": "Paris"})]
-    assert _stream(first, HERMES, step) == ("Let me check. \n", _calls(parsed.calls))
+    cut = HERMES[: HERMES.index('"time"') + 4]  # the second call cut mid-name
+    for reply in (HERMES, cut):
+        parsed = first.parse(reply)
+        assert parsed.content == "Let me check. "
+        assert _calls(parsed.calls) == [("get_weather", {"city": "Paris"})]
+        assert _stream(first, reply, step) == ("Let me check. ", _calls(parsed.calls))
 
 
 def _chat_tools(extra: dict) -> ToolSetup:
