@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +34,13 @@ RAW = [
 @pytest.fixture(scope="module")
 def reference(real_model_path) -> dict[str, list[int]]:
     """HF transformers greedy continuation (32 tokens, EOS not special) per prompt."""
+    return _reference(real_model_path)
+
+
+@functools.cache
+def _reference(real_model_path: Path) -> dict[str, list[int]]:
+    """``reference``'s tokens, computed once per test process: the tensor-parallel golden
+    test (``test_tensor_parallel.py``) compares against the same ones."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     d, f = str(real_model_path.parent), real_model_path.name
