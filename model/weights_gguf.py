@@ -1,8 +1,9 @@
 """Load a Llama-family model's tensors from a GGUF file (the llama.cpp format).
 
-Tensors are read with ``gguf.GGUFReader`` (memory-mapped) and dequantized with
-``gguf.quants.dequantize`` to float32, then cast to the requested dtype one tensor at a
-time (so peak memory is one fp32 tensor plus the converted model). Every type that
+Tensors are read with ``gguf.GGUFReader`` (memory-mapped, through
+``gguf_file.open_gguf``) and dequantized with ``gguf.quants.dequantize`` to float32, then
+cast to the requested dtype one tensor at a time (so peak memory is one fp32 tensor plus
+the converted model). Every type that
 ``gguf.quants`` can dequantize is accepted: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 the K-quants Q2_K..Q6_K, and the IQ / TQ types.
 
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from houchu.model.config import ModelConfig, ModelLoadError, config_from_gguf_reader
+from houchu.model.gguf_file import open_gguf
 from houchu.model.quant import Int4Weight, gguf_q4_to_int4
 from houchu.model.shard import Shard, TensorParallelError
 
@@ -289,10 +291,8 @@ def load_gguf(
     Raises:
         ModelLoadError: unreadable file, non-Llama architecture, unsupported tensor or type.
     """
-    import gguf
-
     try:
-        reader = gguf.GGUFReader(str(path), "r")
+        reader = open_gguf(path)
     except Exception as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
     cfg = config_from_gguf_reader(reader, path)

@@ -46,6 +46,25 @@ def _compile_flag(extra: tuple[str, ...], compile: bool) -> list[str]:
     return ["--compile", "off"]
 
 
+def _db_flag(extra: tuple[str, ...]) -> list[str]:
+    """``--db-url`` of the test session's database (``$HOUCHU_TEST_DB_URL``, set by
+    ``_session_db``) unless ``extra`` names one or turns telemetry off: a test server never
+    writes to (or migrates) the user's database, which another houchu version may own."""
+    url = os.environ.get("HOUCHU_TEST_DB_URL")
+    if url is None or any(a.startswith(("--db-url", "--disable-telemetry")) for a in extra):
+        return []
+    return ["--db-url", url]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One SQLite database for the servers of this test session that name none."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'houchu.db'}"
+    os.environ["HOUCHU_TEST_DB_URL"] = url
+    yield url
+    os.environ.pop("HOUCHU_TEST_DB_URL", None)
+
+
 def _quant_flag(extra: tuple[str, ...], exact: bool) -> list[str]:
     """``--quantization none`` (the exact path) unless ``extra`` picks a quantization."""
     if not exact or any(a.startswith("--quantization") for a in extra):
@@ -76,7 +95,13 @@ def start_server(
     cmd = [sys.executable, "-m", "houchu.cli", "serve", "--model", str(model), "--port", str(port)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [*cmd, *extra, *_compile_flag(extra, compile), *_quant_flag(extra, exact)],
+        [
+            *cmd,
+            *extra,
+            *_compile_flag(extra, compile),
+            *_quant_flag(extra, exact),
+            *_db_flag(extra),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -110,6 +135,20 @@ def stop_server(server: Server, timeout_s: float = 30.0) -> int:
     except subprocess.TimeoutExpired:
         server.proc.kill()
         raise
+
+
+@pytest.fixture(scope="session")
+def hf_model(real_model_path: Path) -> tuple:
+    """(tokenizer, model): transformers' fast tokenizer and float32 model of the default
+    GGUF (dequantized by transformers), loaded once for the session (about 25 s of CPU a
+    load): the golden tests' reference. Tests only read them."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, f = str(real_model_path.parent), real_model_path.name
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    return tok, model
 
 
 @pytest.fixture(scope="session")

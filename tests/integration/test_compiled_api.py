@@ -38,13 +38,13 @@ def _serve_tokens(model, *flags: str, **kw: bool) -> tuple[list[list[int]], str]
         stop_server(srv)
 
 
-def test_compiled_equals_eager_through_api(real_model_path):
+def test_compiled_equals_eager_through_api(real_model_path, server):
     compiled, log = _serve_tokens(
         real_model_path, "--compile", "on", "--decode-batch-sizes", "1,2,4"
     )
     assert "compiled_decode in" in log and "not faster" not in log
-    eager, log = _serve_tokens(real_model_path, "--compile", "off")
-    assert "compiled_decode" not in log
+    eager = asyncio.run(_all(server.ws_url))  # the shared server: --compile off
+    assert "compiled_decode" not in server.output()
     assert compiled == eager
     # serve's defaults: the Q4_1 GGUF's projections stay int4 (quantization auto) and the
     # decode step is compiled if that is faster; the greedy start agrees with the exact

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,13 +31,21 @@ RAW = [
 
 
 @pytest.fixture(scope="module")
-def reference(real_model_path) -> dict[str, list[int]]:
-    """HF transformers greedy continuation (32 tokens, EOS not special) per prompt."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def reference(real_model_path, hf_model) -> dict[str, list[int]]:
+    """HF transformers greedy continuation (32 tokens, EOS not special) per prompt,
+    computed once per test process: the tensor-parallel golden test
+    (``test_tensor_parallel.py``) compares against the same tokens."""
+    if real_model_path not in _REFERENCE:
+        _REFERENCE[real_model_path] = _greedy_reference(*hf_model)
+    return _REFERENCE[real_model_path]
 
-    d, f = str(real_model_path.parent), real_model_path.name
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+
+_REFERENCE: dict[Path, dict] = {}
+
+
+def _greedy_reference(tok, model) -> dict:
+    """``reference``'s tokens (and ``"_decode"``: the tokenizer) from transformers'
+    tokenizer ``tok`` and float32 model ``model``."""
     prompts = {}
     for i, chat in enumerate(CHATS):
         ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)

@@ -50,13 +50,15 @@ def _stats(srv) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cold(real_model_path) -> dict[str, list[int]]:
-    """Greedy tokens of each prompt on a server without tiers."""
-    srv = start_server(real_model_path, "--num-pages", "40", "--disable-radix-cache")
-    try:
-        return {t: _ask(srv, t)["token_ids"] for t in "ABCDE"}
-    finally:
-        stop_server(srv)
+def cold(server) -> dict[str, list[int]]:
+    """Greedy tokens of each prompt on the shared server (no tiers), each computed
+    afresh: the prompts share no page, and the server had not seen them (checked)."""
+    out = {}
+    for t in "ABCDE":
+        got = _ask(server, t)
+        assert got["final"]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, t
+        out[t] = got["token_ids"]
+    return out
 
 
 @pytest.fixture(scope="module")

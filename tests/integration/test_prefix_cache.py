@@ -86,13 +86,13 @@ def test_radix_cache_reused_prefixes(outputs):
     assert outputs["plain"][1]["prefix_tokens_reused"] == 0
 
 
-def test_stop_string_leaves_a_correct_cache(real_model_path):
+def test_stop_string_leaves_a_correct_cache(real_model_path, server):
+    """The shared server answers the reference (its first sight of this prompt: nothing
+    cached, as the assertion checks), then a fresh server stops a request mid-way, and
+    its repeat reuses the cache it left and gives the reference's tokens."""
     body = {"messages": _chat(QUESTIONS[0]), "temperature": 0, "max_tokens": 24, "ignore_eos": True}
-    cold = start_server(real_model_path, "--kv-cache-mb", "64", "--disable-radix-cache")
-    try:
-        want = asyncio.run(ws_generate(cold.ws_url, body))
-    finally:
-        stop_server(cold)
+    want = asyncio.run(ws_generate(server.ws_url, body))
+    assert want["final"]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     words = want["text"].split()
     stop = words[len(words) // 2]
     warm = start_server(real_model_path, "--kv-cache-mb", "64")
@@ -106,7 +106,8 @@ def test_stop_string_leaves_a_correct_cache(real_model_path):
         stop_server(warm)
 
 
-def test_preemption_with_tiny_pool_gives_same_tokens(real_model_path):
+def test_preemption_with_tiny_pool_gives_same_tokens(real_model_path, server):
+    """The shared server (pages enough for all six) answers the reference."""
     prompts = [f"Write a list of {n} animals that live in the ocean:" for n in range(3, 9)]
     bodies = [
         {"prompt": p, "temperature": 0, "max_tokens": 40, "ignore_eos": True} for p in prompts
@@ -115,11 +116,7 @@ def test_preemption_with_tiny_pool_gives_same_tokens(real_model_path):
     async def concurrent(url):
         return await asyncio.gather(*(ws_generate(url, b) for b in bodies))
 
-    big = start_server(real_model_path, "--kv-cache-mb", "64")
-    try:
-        want = [r["token_ids"] for r in asyncio.run(concurrent(big.ws_url))]
-    finally:
-        stop_server(big)
+    want = [r["token_ids"] for r in asyncio.run(concurrent(server.ws_url))]
     # 6 requests x ~55 tokens need ~24 pages; 12 pages force preemption.
     tiny = start_server(real_model_path, "--num-pages", "12", "--disable-radix-cache")
     try:

@@ -21,14 +21,9 @@ PAGE = 16
 
 
 @pytest.fixture(scope="module")
-def hf(real_model_path):
-    """(tokenizer, model) from transformers, loaded once per module (~15 s)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    d, name = real_model_path.parent, real_model_path.name
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
-    return tok, model
+def hf(hf_model):
+    """(tokenizer, model) from transformers: the session's (``conftest.hf_model``)."""
+    return hf_model
 
 
 @pytest.fixture(scope="module")

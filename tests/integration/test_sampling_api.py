@@ -122,13 +122,9 @@ def test_allowed_token_ids_bad_words_min_tokens(server, client):
 
 
 @pytest.fixture(scope="module")
-def hf_prompt_logprobs(real_model_path) -> tuple[list[int], list[float]]:
+def hf_prompt_logprobs(hf_model) -> tuple[list[int], list[float]]:
     """transformers' prompt ids of ``LONG`` and the logprob of each after the first."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    d, f = str(real_model_path.parent), real_model_path.name
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    tok, model = hf_model
     ids = tok(LONG)["input_ids"]
     with torch.inference_mode():
         logits = model(torch.tensor([ids])).logits[0].float()  # [P, V]

@@ -1,0 +1,54 @@
+"""``open_gguf``: the same fields and tensors as ``gguf.GGUFReader``, over plain views."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+
+from houchu.model.gguf_file import open_gguf
+
+
+def _write(path) -> None:
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.block_count", 2)
+    w.add_string("general.name", "tiny")
+    w.add_token_list([f"tok{i}" for i in range(300)])  # a string array, as vocabularies are
+    w.add_token_scores([float(i) / 7 for i in range(300)])
+    rng = np.random.default_rng(0)
+    w.add_tensor("a", rng.normal(size=(4, 32)).astype(np.float32))
+    q = gguf.quants.quantize(
+        rng.normal(size=(2, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1
+    )
+    w.add_tensor("b", q, raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_same_fields_and_tensors_as_the_library(tmp_path):
+    path = tmp_path / "t.gguf"
+    _write(path)
+    want, got = gguf.GGUFReader(str(path)), open_gguf(path)
+    assert list(got.fields) == list(want.fields)
+    for key, field in want.fields.items():
+        assert got.fields[key].contents() == field.contents(), key
+    assert got.fields["tokenizer.ggml.tokens"].contents()[299] == "tok299"
+    assert [t.name for t in got.tensors] == ["a", "b"]
+    for t, u in zip(want.tensors, got.tensors, strict=True):
+        assert u.tensor_type == t.tensor_type and u.shape.tolist() == t.shape.tolist()
+        np.testing.assert_array_equal(u.data, t.data)
+        np.testing.assert_array_equal(
+            gguf.quants.dequantize(u.data, u.tensor_type),
+            gguf.quants.dequantize(t.data, t.tensor_type),
+        )
+
+
+def test_views_are_plain_arrays_of_the_mapped_file(tmp_path):
+    path = tmp_path / "t.gguf"
+    _write(path)
+    r = open_gguf(path)
+    assert type(r.data) is np.ndarray and isinstance(r.data.base, np.memmap)
+    assert type(r.tensors[0].data) is np.ndarray
+    assert all(type(p) is np.ndarray for p in r.fields["tokenizer.ggml.tokens"].parts)
+    assert not r.tensors[0].data.flags.writeable  # read-only map, as the library's
