@@ -29,6 +29,43 @@ class Usage(Struct):
 PromptLogprobList = list[dict[str, dict[str, Any]] | None]
 
 
+class CompletionLogprobs(Struct):
+    """The completions API's ``logprobs`` (OpenAI's legacy format), one entry per token,
+    the prompt's first with ``echo``: its text, its log-probability (null for the
+    prompt's first token), its ``logprobs`` most likely alternatives and itself
+    (token -> log-probability; null where the log-probability is) and its character
+    offset in the choice's ``text``."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class TopLogprob(Struct):
+    """One alternative of a chat token: its text, log-probability and UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(Struct):
+    """One generated chat token: its text, log-probability, UTF-8 bytes and the
+    ``top_logprobs`` most likely alternatives."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(Struct):
+    """The chat API's ``logprobs``: one entry per generated token."""
+
+    content: list[ChatTokenLogprob] | None
+
+
 class CompletionChoice(Struct, omit_defaults=True):
     """One choice; with ``echo`` its ``text`` and ``logprobs`` start with the prompt's
     (the first prompt token's ``token_logprobs`` and ``top_logprobs`` are null)."""
@@ -36,7 +73,7 @@ class CompletionChoice(Struct, omit_defaults=True):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: dict[str, Any] | None = None
+    logprobs: CompletionLogprobs | None = None
     prompt_logprobs: PromptLogprobList | None = None
 
 
@@ -62,7 +99,7 @@ class ChatChoice(Struct):
     index: int
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: dict[str, Any] | None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(Struct, omit_defaults=True):

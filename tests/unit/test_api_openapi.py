@@ -112,3 +112,19 @@ def test_huge_integers_are_a_400_not_a_crash(key: str, value: Any) -> None:
     with pytest.raises(ApiError) as e:
         parse_completion(body, model_name=MODEL, max_context=MAX_CONTEXT)
     assert e.value.status == 400 and e.value.param == key
+
+
+def test_the_logprobs_objects_are_described() -> None:
+    """The completions API's legacy ``logprobs`` (with ``text_offset``) and the chat
+    API's per-token entries have their own schemas, not a bare object."""
+    from houchu.api.openapi import openapi_document
+
+    doc = openapi_document()
+    schemas = doc["components"]["schemas"]
+    assert set(schemas["CompletionLogprobs"]["properties"]) == {
+        "tokens",
+        "token_logprobs",
+        "top_logprobs",
+        "text_offset",
+    }
+    assert "top_logprobs" in schemas["ChatTokenLogprob"]["properties"]
