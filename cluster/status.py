@@ -116,7 +116,8 @@ class ClusterStatus:
         calls = [
             _get_json(session, f"{u}{p}", self.headers) for u in urls for p in ("/health", "/stats")
         ]
-        calls.append(_get_json(session, f"{self.router_url}/workers"))
+        # the router is started with the same API key as the replicas and asks for it
+        calls.append(_get_json(session, f"{self.router_url}/workers", self.headers))
         answers = await asyncio.gather(*calls)
         for i, _ in enumerate(urls):
             self.figures[i] = replica_figures(answers[2 * i], answers[2 * i + 1])

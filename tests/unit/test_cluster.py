@@ -157,3 +157,35 @@ async def test_dashboard_lists_every_replica_and_the_policy():
     assert [r["state"] for r in snap["replicas"]] == ["starting", "restarting"]
     assert snap["replicas"][0]["num_running"] == 1 and snap["replicas"][1]["restarts"] == 1
     assert snap["replicas"][0]["metrics_url"] == "http://127.0.0.1:8001/metrics"
+
+
+async def test_the_router_is_polled_with_the_api_key():
+    """With an API key, smg asks for it on ``/workers`` as the replicas do on theirs:
+    a poll without it read "0 of N replicas ready" and the launcher gave up."""
+    import aiohttp
+    from aiohttp import web
+
+    def guarded(body: dict) -> web.RequestHandler:
+        async def handler(request: web.Request) -> web.Response:
+            if request.headers.get("Authorization") != "Bearer sekrit":
+                return web.json_response({"error": "unauthorized"}, status=401)
+            return web.json_response(body)
+
+        return handler
+
+    app = web.Application()
+    worker = {"url": "http://a:1", "is_healthy": True, "status": "ready", "load": 0}
+    app.router.add_get("/workers", guarded({"workers": [worker]}))
+    app.router.add_get("/health", guarded({"status": "ok"}))
+    app.router.add_get("/stats", guarded({"num_running": 0}))
+    async with TestServer(app) as srv:
+        url = f"http://127.0.0.1:{srv.port}"
+        # replica 0 listens at --port + 1: the test server's port
+        cfg = config("--data-parallel-size", "2", "--port", str(srv.port - 1))
+        reps = [ReplicaProcess(p) for p in plan_replicas(cfg, [0, 1], 0, "/c")][:1]
+        assert reps[0].plan.url == url
+        status = ClusterStatus(reps, url, "cache_aware", "127.0.0.1", api_key="sekrit")
+        async with aiohttp.ClientSession() as session:
+            await status.poll(session)
+    assert status.router == {"http://a:1": {"is_healthy": True, "status": "ready", "load": 0}}
+    assert status.health_of(0) == "ok"
