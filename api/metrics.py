@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from houchu.api.errors import ApiError
+from houchu.api.state import STATE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ class ScrapeSnapshot(Collector):
 
     def __init__(self) -> None:
         self.stats: Mapping[str, Any] = {}
+        self.model_name: str | None = None  # the served model id (update's)
         self.ledger: list[dict[str, Any]] = []
         self.counters: Mapping[str, float] = {}
         self.engine_up = 0
@@ -150,10 +152,15 @@ class ScrapeSnapshot(Collector):
         stats: Mapping[str, Any] | None,
         ledger: list[dict[str, Any]] | None,
         counters: Mapping[str, float] | None,
+        model_name: str | None = None,
     ) -> None:
-        """Set the numbers the next scrape exports (None: that source did not answer)."""
+        """Set the numbers the next scrape exports (None: that source did not answer);
+        ``model_name``: the served model's id (``--served-model-name``, as ``/v1/models``
+        lists it), the ``vllm:`` gauges' ``model_name`` label that routers match."""
         self.engine_up = int(stats is not None)
         self.stats = stats or {}
+        if model_name is not None:
+            self.model_name = model_name
         self.ledger = ledger or []
         self.counters = counters or {}
 
@@ -193,7 +200,7 @@ class ScrapeSnapshot(Collector):
         st = self.stats
         if not isinstance(st.get("num_running"), (int, float)):
             return
-        labels, model = ["model_name"], [str(st.get("model", ""))]
+        labels, model = ["model_name"], [self.model_name or str(st.get("model", ""))]
         total = float(st.get("num_pages_total") or 0)
         usage = float(st.get("num_pages_used") or 0) / total if total else 0.0
         queried = float(st.get("prefix_tokens_queried") or 0)
@@ -281,6 +288,8 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
         except ApiError as e:  # the database cannot answer: export the rest
             log.info("metrics without the database: %s", e.message)
     stats, _ = await engine_stats(app)
-    metrics.snapshot.update(stats, ledger, counters)
+    state = app.get(STATE_KEY)
+    served = state.model_name if state is not None else None
+    metrics.snapshot.update(stats, ledger, counters, served)
     body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

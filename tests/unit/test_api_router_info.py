@@ -62,3 +62,19 @@ async def test_vllm_named_metrics():
     assert got[("vllm:gpu_prefix_cache_hit_rate", label)] == 0.25
     assert got[("vllm:prefix_cache_queries_total", label)] == 640
     assert got[("vllm:prefix_cache_hits_total", label)] == 160
+
+
+async def test_the_vllm_gauges_are_labelled_with_the_served_model_name():
+    """Routers match the ``model_name`` label to the id ``/v1/models`` serves
+    (``--served-model-name``), not to the checkpoint's own name."""
+    app = make_app(StatsEngine(), model_name="smol", max_context=512)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as c:
+        text = await (await c.get("/metrics")).text()
+        models = await (await c.get("/v1/models")).json()
+    labels = {
+        s.labels.get("model_name")
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name.startswith("vllm:")
+    }
+    assert labels == {"smol"} == {m["id"] for m in models["data"]}
