@@ -12,9 +12,7 @@ def chat_messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
     parts joined by newlines, tool calls and tool results kept.
 
     Raises:
-        ApiError: (400) a turn without content that is not an assistant's tool call, or
-            a ``tool`` turn without ``tool_call_id`` (the call it answers; OpenAI
-            requires it).
+        ApiError: (400) a turn without content that is not an assistant's tool call.
     """
     out = []
     for i, m in enumerate(messages):
@@ -23,13 +21,6 @@ def chat_messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
                 f"missing required parameter 'messages[{i}].content' (only an assistant "
                 "turn with 'tool_calls' may leave it out)",
                 param=f"messages[{i}].content",
-                code="missing_required_parameter",
-            )
-        if m.role == "tool" and not m.tool_call_id:
-            raise ApiError(
-                f"missing required parameter 'messages[{i}].tool_call_id' (a tool turn "
-                "answers the call with that id)",
-                param=f"messages[{i}].tool_call_id",
                 code="missing_required_parameter",
             )
         if m.content is None:

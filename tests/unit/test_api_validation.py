@@ -144,10 +144,6 @@ CMPL_BAD: list[tuple[dict[str, Any], str]] = [
 ]
 
 CHAT_BAD: list[tuple[dict[str, Any], str]] = [
-    (
-        {"messages": [{"role": "user", "content": "Hi"}, {"role": "tool", "content": "x"}]},
-        "messages[1].tool_call_id",
-    ),
     ({"tools": [{"type": "function"}]}, "tools[0].function"),
     ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
     ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
