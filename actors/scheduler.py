@@ -180,7 +180,9 @@ class SchedulerActor:
                 self.draft.on_reply(core, msg)
             case RunnerInfo():
                 if not self.runner_ready:  # the replacement of a runner that died
-                    core.on_runner_info(msg)
+                    events = core.on_runner_info(msg)
+                    if events:
+                        await self.to_tokenizer.send(TokenBatch(events))
                     self.runner_ready = True
             case ActorDown(name=name):
                 if not await self.peers.replaced(name, self.inbox, self._handle, self.name):

@@ -56,6 +56,7 @@ from houchu.scheduler.steps import StepTracker
 from houchu.scheduler.telemetry_sink import NullTelemetry, TelemetrySink
 from houchu.scheduler.tiers import TierClient, TierReply
 from houchu.scheduler.window_pages import WindowPages
+from houchu.transport.failures import unavailable
 from houchu.transport.messages import (
     Failure,
     RunnerInfo,
@@ -320,11 +321,20 @@ class SchedulerCore:
         replacement's ``RunnerInfo`` comes (``on_runner_info``)."""
         self.reset_pool(self.runner)
 
-    def on_runner_info(self, runner: RunnerInfo) -> None:
-        """A replacement runner is ready: start over on its pool if it differs from the
-        one planned for (``reset_pool``)."""
-        if runner != self.runner:
-            self.reset_pool(runner)
+    def on_runner_info(self, runner: RunnerInfo) -> list[TokenEvent]:
+        """A replacement runner is ready. With a pool of the geometry planned for (the
+        same pages, page size, context and window; its threads and measured decode
+        paths may differ), the requests queued meanwhile keep their place; with another,
+        they fail (503, retry) and planning starts over on its pool (``reset_pool``).
+        Returns the error events to send."""
+        if _pool_geometry(runner) == _pool_geometry(self.runner):
+            self.runner = runner
+            return []
+        events = self.fail_all(
+            unavailable("the model runner restarted with another KV pool; retry")
+        )
+        self.reset_pool(runner)
+        return events
 
     def reset_tiers(self) -> None:
         """The KV-tier manager was replaced: drop grants, pins and pending lookups (they
@@ -347,3 +357,9 @@ class SchedulerCore:
             **self.tiers.stats(),
             **self.spec.stats(),
         }
+
+
+def _pool_geometry(r: RunnerInfo) -> tuple[int, ...]:
+    """What planning on a runner's pool depends on: pages, page size (tokens), the
+    context limit, bytes per token and the sliding window."""
+    return (r.num_pages, r.page_size, r.max_context, r.kv_bytes_per_token, r.sliding_window)

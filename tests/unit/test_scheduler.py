@@ -6,6 +6,7 @@ scheduler's bookkeeping is checked exactly.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from houchu.kvcache.page_allocator import OutOfPages, PageAllocator
@@ -13,6 +14,7 @@ from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.transport.failures import bad_request, internal
 from houchu.transport.messages import (
+    Failure,
     RunnerInfo,
     SamplingParams,
     SeqOutput,
@@ -222,3 +224,27 @@ def test_continuous_batching_joins_and_leaves():
     assert {w.rid for w in plan.work} == {"a", "b"}  # b joins while a decodes
     plan, _ = run_step(core)
     assert [w.rid for w in plan.work] == ["b"]  # a left after its 2 tokens
+
+
+def test_requests_queued_while_the_runner_restarts_survive_its_replacement():
+    """The runner died (every request failed, the pool started over); requests that
+    arrive before its replacement's RunnerInfo wait. A replacement whose pool has the
+    same geometry (its measured decode paths differ, as they do at every start) keeps
+    them and serves them; one with another pool fails them cleanly, never raising
+    "restart with requests still queued or running"."""
+    core = make_core()
+    core.add(req("old", 5, max_tokens=3))
+    run_step(core)
+    assert core.fail_all(Failure(message="runner died", status=503))
+    core.restart_pool()
+    core.add(req("queued", 5, max_tokens=2))
+    same = msgspec.structs.replace(core.runner, decode_paths="b<=1 fused 2.6 ms")
+    assert core.on_runner_info(same) == []
+    _, events = run_step(core)
+    assert [e.rid for e in events] == ["queued"] and events[0].finish_reason is None
+    core.add(req("late", 5, max_tokens=2))
+    bigger = msgspec.structs.replace(core.runner, num_pages=32)
+    failed = core.on_runner_info(bigger)
+    assert sorted(e.rid for e in failed) == ["late", "queued"]
+    assert all(e.finish_reason == "error" for e in failed)
+    assert core.allocator.num_pages == 32 and not core.batcher.waiting
