@@ -5,13 +5,9 @@ panel)."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from houchu.api.app import make_app
 from houchu.dashboard.store import DashboardStore
@@ -24,10 +20,10 @@ from houchu.storage.live_view import step_series
 from houchu.storage.writer import TelemetryWriter
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from houchu.transport.telemetry import StepRecord, TelemetryBatch
+from tests.dashboard_browser import CHROMIUM, dashboard_page
 from tests.runner_options import exact
 from tests.unit.test_api_basics import FakeEngine
 
-CHROMIUM = Path("/usr/bin/chromium")
 MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48}
 #: two MoE layers of 4 experts: layer 0 even (1.0), layer 1 all on expert 2 (4.0)
 LOAD = [[3, 3, 3, 3], [0, 0, 12, 0]]
@@ -101,44 +97,14 @@ class _Engine(FakeEngine):
         return {"model": "moe", "num_running": 0, "num_waiting": 0}
 
 
-def _serve(app: web.Application, ready: threading.Event, box: dict) -> None:
-    async def main() -> None:
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        box["port"] = runner.addresses[0][1]
-        box["stop"] = asyncio.Event()
-        ready.set()
-        await box["stop"].wait()
-        await runner.cleanup()
-
-    box["loop"] = asyncio.new_event_loop()
-    box["loop"].run_until_complete(main())
-
-
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
 def test_dashboard_shows_the_expert_load_in_a_browser(tmp_path):
-    from playwright.sync_api import sync_playwright
-
-    from tests.integration.test_dashboard import CHROMIUM_ARGS
-
     engine = open_db(f"sqlite:///{tmp_path / 'd.db'}")
     fill(engine, time.time())
     store = DashboardStore(engine)
     app = make_app(_Engine(), model_name="moe", max_context=512, store=store)
-    ready, box = threading.Event(), {}
-    server = threading.Thread(target=_serve, args=(app, ready, box), daemon=True)
-    server.start()
-    assert ready.wait(30)
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"http://127.0.0.1:{box['port']}/dashboard")
-            page.wait_for_function("Number(document.body.dataset.snapshots || 0) >= 1")
+        with dashboard_page(app) as (page, errors):
             assert page.is_visible("#experts")
             assert page.get_attribute("#experts", "data-imbalance") == "4"
             assert "4 ×" in page.inner_text("#kpi-imbalance-last")
@@ -147,8 +113,5 @@ def test_dashboard_shows_the_expert_load_in_a_browser(tmp_path):
             heat = page.evaluate("document.getElementById('expert-heat').data[0].z")
             assert heat == [[23, 23, 23, 23], [20, 20, 32, 20]]
             assert not errors, errors
-            browser.close()
     finally:
-        box["loop"].call_soon_threadsafe(box["stop"].set)
-        server.join(10)
         store.close()

@@ -6,7 +6,6 @@ tensor-parallel panel (a real browser checks it)."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from pathlib import Path
 
@@ -28,9 +27,8 @@ from houchu.storage.writer import TelemetryWriter
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from houchu.transport.telemetry import StepRecord, TelemetryBatch
-from tests.unit.test_expert_load import _Engine, _serve
-
-CHROMIUM = Path("/usr/bin/chromium")
+from tests.dashboard_browser import CHROMIUM, dashboard_page
+from tests.unit.test_expert_load import _Engine
 
 
 def _actor(model: Path, tp: int, name: str) -> tuple[RunnerActor, zmq.asyncio.Context]:
@@ -131,26 +129,12 @@ def test_migration_0003_adds_and_drops_the_column(tmp_path):
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
 def test_dashboard_shows_each_steps_allreduce_in_a_browser(tmp_path):
-    from playwright.sync_api import sync_playwright
-
-    from tests.integration.test_dashboard import CHROMIUM_ARGS
-
     engine = open_db(f"sqlite:///{tmp_path / 'd.db'}")
     fill(engine, time.time())
     store = DashboardStore(engine)
     app = make_app(_Engine(), model_name="tp", max_context=512, store=store)
-    ready, box = threading.Event(), {}
-    server = threading.Thread(target=_serve, args=(app, ready, box), daemon=True)
-    server.start()
-    assert ready.wait(30)
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"http://127.0.0.1:{box['port']}/dashboard")
-            page.wait_for_function("Number(document.body.dataset.snapshots || 0) >= 1")
+        with dashboard_page(app) as (page, errors):
             assert page.is_visible("#tp-steps")
             assert page.get_attribute("#tp-steps", "data-steps") == "6"
             assert page.get_attribute("#tp-steps", "data-last-allreduce-ms") == "7"
@@ -169,8 +153,5 @@ def test_dashboard_shows_each_steps_allreduce_in_a_browser(tmp_path):
             assert "all-reduce" in names
             assert "all-reduce" in page.inner_text("#kpi-step")
             assert not errors, errors
-            browser.close()
     finally:
-        box["loop"].call_soon_threadsafe(box["stop"].set)
-        server.join(10)
         store.close()
