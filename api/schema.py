@@ -294,6 +294,12 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
     ) = None
 
 
+#: the completions API's fields on the other APIs: refused unless at their neutral value
+#: (as OpenAI refuses them, rather than ignored)
+NoSuffix = Annotated[Literal[""], unsupported("is served on POST /v1/completions only")]
+NoEcho = Annotated[Literal[False], unsupported("is served on POST /v1/completions only")]
+
+
 class ChatCompletionRequest(
     HttpFields, kw_only=True, omit_defaults=True, forbid_unknown_fields=True
 ):
@@ -309,13 +315,8 @@ class ChatCompletionRequest(
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    # the completions API's fields, refused rather than ignored (as OpenAI refuses them)
-    suffix: Annotated[Literal[""], unsupported("is served on POST /v1/completions only")] | None = (
-        None
-    )
-    echo: (
-        Annotated[Literal[False], unsupported("is served on POST /v1/completions only")] | None
-    ) = None
+    suffix: NoSuffix | None = None
+    echo: NoEcho | None = None
     best_of: (
         Annotated[Literal[1], unsupported("is served on POST /v1/completions only (chat: use 'n')")]
         | None
@@ -337,12 +338,8 @@ class WsGenerateRequest(
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    suffix: Annotated[Literal[""], unsupported("is served on POST /v1/completions only")] | None = (
-        None
-    )
-    echo: (
-        Annotated[Literal[False], unsupported("is served on POST /v1/completions only")] | None
-    ) = None
+    suffix: NoSuffix | None = None
+    echo: NoEcho | None = None
     best_of: (
         Annotated[Literal[1], unsupported("is served on POST /v1/completions only (use 'n')")]
         | None
