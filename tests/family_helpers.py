@@ -203,3 +203,19 @@ def serve_waves(
                     cached[ev.rid] = max(cached.get(ev.rid, 0), ev.cached_tokens)
         assert not core.has_work
     return out, cached, core
+
+
+def assert_scheduled_waves_equal_hf(runner: ModelRunner, hf) -> None:
+    """Through the scheduler, two waves: a batch of three prompts of different lengths
+    (chunked prefill where the runner's options chunk), then two requests sharing the
+    first one's prefix (a radix-cache hit of whole pages): each request's 6 greedy
+    tokens equal transformers'."""
+    shared = prompt(21, 17)
+    waves = [
+        {"long": shared + prompt(22, 4), "short": prompt(23, 5), "mid": prompt(24, 11)},
+        {"hit1": shared + prompt(25, 3), "hit2": shared[:12] + prompt(26, 2)},
+    ]
+    out, cached, _ = serve_waves(runner, waves, 6)
+    for rid, p in (waves[0] | waves[1]).items():
+        assert out[rid] == hf_greedy(hf, p, 6), rid
+    assert cached["hit1"] >= 16 and cached["hit2"] >= 8  # whole pages of the shared prefix

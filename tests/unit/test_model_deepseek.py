@@ -26,11 +26,11 @@ from tests.family_helpers import (
     ATOL,
     Runner,
     assert_chunked_logits_match,
+    assert_scheduled_waves_equal_hf,
     hf_greedy,
     hf_logits,
     prompt,
     runner_greedy_tokens,
-    serve_waves,
     serve_with_drafts,
 )
 from tests.runner_options import exact
@@ -206,15 +206,7 @@ def test_scheduled_batches_prefix_hits_and_chunks_equal_transformers(family):
     tokens equal transformers'."""
     _, path, hf = family
     runner = ModelRunner(str(path), exact(num_pages=64, page_size=4), quiet=True)
-    shared = prompt(21, 17)
-    waves = [
-        {"long": shared + prompt(22, 4), "short": prompt(23, 5), "mid": prompt(24, 11)},
-        {"hit1": shared + prompt(25, 3), "hit2": shared[:12] + prompt(26, 2)},
-    ]
-    out, cached, _ = serve_waves(runner, waves, 6)
-    for rid, p in (waves[0] | waves[1]).items():
-        assert out[rid] == hf_greedy(hf, p, 6), rid
-    assert cached["hit1"] >= 16 and cached["hit2"] >= 8  # whole pages of the shared prefix
+    assert_scheduled_waves_equal_hf(runner, hf)
 
 
 def test_routing_is_group_limited(family):

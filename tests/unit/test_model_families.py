@@ -17,10 +17,10 @@ from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.family_helpers import (
     Runner,
     assert_chunked_logits_match,
+    assert_scheduled_waves_equal_hf,
     hf_greedy,
     prompt,
     runner_greedy_tokens,
-    serve_waves,
     tiny_family,
 )
 from tests.runner_options import exact
@@ -144,15 +144,7 @@ def test_scheduled_batches_prefix_hits_and_chunks_equal_transformers(family):
             return y
 
         moes[-1].forward = counting
-    shared = prompt(21, 17)
-    waves = [
-        {"long": shared + prompt(22, 4), "short": prompt(23, 5), "mid": prompt(24, 11)},
-        {"hit1": shared + prompt(25, 3), "hit2": shared[:12] + prompt(26, 2)},
-    ]
-    out, cached, _ = serve_waves(runner, waves, 6)
-    for rid, p in (waves[0] | waves[1]).items():
-        assert out[rid] == hf_greedy(hf, p, 6), rid
-    assert cached["hit1"] >= 16 and cached["hit2"] >= 8  # whole pages of the shared prefix
+    assert_scheduled_waves_equal_hf(runner, hf)
     if moes:
         assert any(idle_steps), "no step left an expert idle"
 
