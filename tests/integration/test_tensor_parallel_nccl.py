@@ -12,10 +12,8 @@ import time
 import pytest
 import torch
 
-from houchu.model.testing import make_tiny_llama, write_tiny_tokenizer
-from tests.integration.conftest import start_server, stop_server
 from tests.integration.test_deepseek_served import check, generate, ids
-from tests.integration.test_tensor_parallel_served import _get
+from tests.integration.test_tensor_parallel_served import _get, serve_tiny_tp2
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,20 +27,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    path = make_tiny_llama(tmp_path_factory.mktemp("tp_nccl"), seed=7, intermediate_size=128)
-    write_tiny_tokenizer(path, 128)
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    db = tmp_path_factory.mktemp("tp_nccl_db") / "houchu.db"
-    srv = start_server(
-        path,
-        *("--device", "cuda", "--tensor-parallel-size", "2", "--attention-backend", "torch"),
-        *("--page-size", "4", "--num-pages", "256", "--chunked-prefill-size", "8"),
-        *("--max-batch-tokens", "32", "--db-url", f"sqlite:///{db}"),
+    yield from serve_tiny_tp2(
+        tmp_path_factory, "tp_nccl", "--device", "cuda", "--attention-backend", "torch"
     )
-    yield srv, hf
-    assert stop_server(srv) == 0
 
 
 def test_tp2_over_nccl_equals_transformers(served):

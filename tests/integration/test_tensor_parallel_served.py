@@ -19,23 +19,34 @@ from tests.integration.test_deepseek_served import check, generate, ids
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def serve_tiny_tp2(tmp_path_factory, name: str, *flags: str):
+    """A tiny random Llama (heads that divide by 2) served at ``--tensor-parallel-size 2``
+    with ``flags``, small pages and chunked prefill; yields (server, its transformers
+    twin) and stops the server."""
     from transformers import AutoModelForCausalLM
 
-    path = make_tiny_llama(tmp_path_factory.mktemp("tp_served"), seed=7, intermediate_size=128)
+    path = make_tiny_llama(tmp_path_factory.mktemp(name), seed=7, intermediate_size=128)
     write_tiny_tokenizer(path, 128)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    db = tmp_path_factory.mktemp("tp_db") / "houchu.db"
+    db = tmp_path_factory.mktemp(f"{name}_db") / "houchu.db"
     srv = start_server(
         path,
-        *("--tensor-parallel-size", "2", "--threads", "1", "--speculative", "ngram"),
-        *("--speculative-max-batch", "8"),  # speculate whatever it costs (a loaded machine)
+        *("--tensor-parallel-size", "2", *flags),
         *("--page-size", "4", "--num-pages", "256", "--chunked-prefill-size", "8"),
         *("--max-batch-tokens", "32", "--db-url", f"sqlite:///{db}"),
     )
     yield srv, hf
     assert stop_server(srv) == 0
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    yield from serve_tiny_tp2(
+        tmp_path_factory,
+        "tp_served",
+        *("--threads", "1", "--speculative", "ngram"),
+        *("--speculative-max-batch", "8"),  # speculate whatever it costs (a loaded machine)
+    )
 
 
 def test_tp2_requests_equal_transformers(served):
