@@ -216,11 +216,13 @@ class FirstCallParser(ToolCallParser):
 
     def parse(self, text: str) -> Parsed:
         parsed = self.inner.parse(text)
-        if not parsed.calls:
-            return parsed
         end = getattr(self.inner, "end", "")
-        if end and end in text:  # the reply ends where its first call does
-            parsed = self.inner.parse(text[: text.index(end) + len(end)])
+        at = 0
+        while parsed.calls and end and (at := text.find(end, at)) >= 0:
+            at += len(end)  # the reply ends where its first call does
+            head = self.inner.parse(text[:at])
+            if head.calls:
+                return Parsed(head.content, head.calls[:1])
         return Parsed(parsed.content, parsed.calls[:1])
 
     def stream(self) -> ToolCallStream:
@@ -394,22 +396,20 @@ class FirstCallStream(ToolCallStream):
         self.done = False  # the first call is out: the rest of the reply is dropped
 
     def feed(self, text: str) -> StreamDelta:
-        if self.end and not self.done:
+        if not self.end:
+            return self._first(self.inner.feed(text))
+        out = StreamDelta()
+        while text and not self.done:  # up to each end marker, until a call is out
             self.seen += text
             at = self.seen.find(self.end)
-            if at >= 0:  # feed up to the first call's end, then nothing
-                text = text[: len(text) - (len(self.seen) - at - len(self.end))]
-                d = self._first(self.inner.feed(text))
-                if self.done:
-                    tail = self._first_final(self.inner.finish())
-                    return StreamDelta(d.content + tail.content, d.tool_calls + tail.tool_calls)
-                return d
-        return self._first(self.inner.feed(text))
-
-    def _first_final(self, d: StreamDelta) -> StreamDelta:
-        """The inner stream's last deltas once the first call is out (its content
-        before that call only)."""
-        return StreamDelta("", [t for t in d.tool_calls if t["index"] == 0 and not self.calls])
+            keep = len(text) if at < 0 else len(text) - (len(self.seen) - at - len(self.end))
+            piece, text = text[:keep], text[keep:]
+            if at >= 0:
+                self.seen = ""
+            d = self._first(self.inner.feed(piece))
+            out.content += d.content
+            out.tool_calls += d.tool_calls
+        return out
 
     def finish(self) -> StreamDelta:
         return self._first(self.inner.finish())

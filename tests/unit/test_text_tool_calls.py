@@ -236,3 +236,18 @@ def test_parallel_tool_calls_false_makes_required_one_call() -> None:
     assert not _follows(single.structured.grammar, two)
     assert isinstance(_chat_tools({"parallel_tool_calls": False}).parser("hermes"), FirstCallParser)
     assert not isinstance(_chat_tools({}).parser("hermes"), FirstCallParser)
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_parallel_tool_calls_false_skips_a_block_that_is_no_call(step: int) -> None:
+    """A marked block that does not parse stays content, and the reply ends after the
+    first real call (whole and streamed, in pieces of any size)."""
+    first = FirstCallParser(make_parser("hermes"))
+    reply = (
+        'a <tool_call>not json</tool_call> b <tool_call>{"name": "x", "arguments": {}}'
+        '</tool_call> tail <tool_call>{"name": "y", "arg'
+    )
+    parsed = first.parse(reply)
+    assert parsed.content == "a <tool_call>not json</tool_call> b "
+    assert _calls(parsed.calls) == [("x", {})]
+    assert _stream(first, reply, step) == (parsed.content, _calls(parsed.calls))
