@@ -27,6 +27,7 @@ take the path a one-sequence prefill measured fastest among ``dense``, ``gemv`` 
 
 from __future__ import annotations
 
+import os
 import resource
 import time
 from collections.abc import Callable
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 PATHS = ("fused", "gemv", "torch", "dense", "fused-a8", "gemv-a8")
 PREFILL_PATHS = ("dense", "gemv", "gemv-a8")  # timed on a prefill-sized step
 PREFILL_TOKENS = 128  # the prompt length of that step
-CONTENDED_SHARE = 0.75  # of the threads' cores: below it (and preempted) a measurement is not kept
+CONTENDED_WAIT = 0.2  # of the threads' wall time spent waiting for a core: above it not kept
 DROP_ABOVE = 4.0  # a path this many times slower than a bucket's best is not timed further
 
 
@@ -102,10 +103,36 @@ class DecodeRoute:
         return "; ".join(parts)
 
 
-def _usage() -> tuple[float, int]:
-    """(CPU seconds of the process, its involuntary context switches so far)."""
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return u.ru_utime + u.ru_stime, u.ru_nivcsw
+def _waited() -> float:
+    """Seconds this process's threads have spent runnable but waiting for a core, summed
+    over the threads alive now (Linux ``/proc/self/task/*/schedstat``, its second field:
+    ``run_delay`` in nanoseconds). Where schedstat is missing, the involuntary context
+    switches times a 4 ms time slice stand in.
+
+    Waiting, not CPU share, tells contention: an OpenMP pool that spins keeps its CPU
+    share high while other processes hold the cores, and a quiet pool that sleeps has a
+    low share with nobody else about."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        tasks = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+            seen = True
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    if seen:
+        return total / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw * 0.004
+
+
+def wait_share(waited_s: float, wall_s: float, threads: int) -> float:
+    """The fraction of ``threads`` threads' ``wall_s`` seconds they spent waiting for a
+    core (0: never waited; 0.5: as with one other busy process per core)."""
+    return waited_s / max(wall_s * max(threads, 1), 1e-9)
 
 
 def available_paths(model: torch.nn.Module) -> list[str]:
@@ -208,7 +235,7 @@ def tune(
         attach(model, route)
         return Tuned(route, times, 0.0, True, prefill_times=pre)
     t0 = time.perf_counter()
-    cpu0, preempted0 = _usage()
+    waited0 = _waited()
     times: dict[int, dict[str, float]] = {}
     live = list(paths)  # a path DROP_ABOVE x slower than the best is not timed further up
     for b in buckets:
@@ -229,9 +256,7 @@ def tune(
     )
     attach(model, route)
     took = time.perf_counter() - t0
-    cpu, preempted = _usage()
-    share = (cpu - cpu0) / max(took * torch.get_num_threads(), 1e-9)
-    contended = preempted > preempted0 and share < CONTENDED_SHARE
+    contended = wait_share(_waited() - waited0, took, torch.get_num_threads()) > CONTENDED_WAIT
     if not contended:  # a measurement taken while other processes held the cores is not kept
         cache_put(
             {

@@ -4,6 +4,9 @@ second start reads it from the cache instead of measuring."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 import torch
 
@@ -62,7 +65,7 @@ def _decode_logits(r: ModelRunner) -> torch.Tensor:
 def test_auto_measures_then_reads_the_cache(tiny, monkeypatch):
     import houchu.model.autotune as autotune
 
-    monkeypatch.setattr(autotune, "CONTENDED_SHARE", 0.0)  # however busy this machine is
+    monkeypatch.setattr(autotune, "CONTENDED_WAIT", float("inf"))  # however busy this machine is
     r = _runner(tiny, decode_paths="auto", int4_activations="auto")
     assert r.tuned is not None and not r.tuned.cached
     t = r.tuned
@@ -150,9 +153,41 @@ def test_route_lookup():
 def test_a_measurement_under_contention_is_not_kept(tiny, monkeypatch):
     import houchu.model.autotune as autotune
 
-    calls = iter(range(1000))
-    monkeypatch.setattr(autotune, "_usage", lambda: (0.0, next(calls)))  # preempted, no CPU
+    calls = iter(range(0, 10**6, 1000))
+    monkeypatch.setattr(autotune, "_waited", lambda: float(next(calls)))  # 1000 s waited
     r = _runner(tiny, decode_paths="auto")
     assert r.tuned.contended and "cores contended: not cached" in r.decode_paths()
     again = _runner(tiny, decode_paths="auto")
     assert not again.tuned.cached  # measured anew
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_waiting_for_a_core_is_seen_when_other_processes_hold_them():
+    """Two busy processes per core of this one: its thread waits for most of the time
+    it is runnable, and ``_waited`` sees it (run_delay, not CPU share)."""
+    import multiprocessing
+
+    from houchu.model.autotune import CONTENDED_WAIT, _waited, wait_share
+
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mask)})  # this thread on one core
+    ctx = multiprocessing.get_context("spawn")
+    busy = [ctx.Process(target=_spin, args=(4.0,)) for _ in range(2 * len(mask))]
+    try:
+        for p in busy:
+            p.start()
+        time.sleep(1.0)  # the busy processes are up and spinning
+        w0, t0 = _waited(), time.perf_counter()
+        _spin(1.0)
+        share = wait_share(_waited() - w0, time.perf_counter() - t0, 1)
+    finally:
+        for p in busy:
+            p.terminate()
+            p.join()
+        os.sched_setaffinity(0, mask)
+    assert share > CONTENDED_WAIT

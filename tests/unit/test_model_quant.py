@@ -118,7 +118,10 @@ def test_make_linear_and_byte_counts():
     w = torch.randn(64, 128)
     assert make_linear(w, QuantSpec("none")).weight_bytes() == 64 * 128 * 4
     i4 = make_linear(w, QuantSpec("int4", 64))
-    assert i4.kind == "int4-g64" and i4.weight_bytes() == 64 * 128 // 2 + 2 * 2 * 64 * 2
+    assert (
+        i4.kind == "int4-g64"
+        and i4.weight_bytes() == 64 * 128 // 2 + 2 * 2 * 64 * i4.sz.element_size()
+    )
     assert make_linear(w, QuantSpec("int4"), head=True).kind == "int8"
     assert make_linear(w, QuantSpec("w8a8")).kind.startswith("w8a8")
     with pytest.raises(ValueError, match="quantization must be"):

@@ -22,6 +22,7 @@ import pytest
 
 from houchu.actors.config import Launch, ServeConfig, Timings
 from houchu.cli.main import build_parser
+from houchu.model import cpu_isa as isa
 from houchu.options.checks import check_serve_args
 from houchu.options.parser import config_from_args
 
@@ -108,6 +109,8 @@ def non_default(name: str, info: msgspec.structs.FieldInfo, folder: Path) -> tup
     if tp is bool:
         assert default is False
         return [], True
+    if name == "cpu_isa":  # a level every CPU runs: the torch fallback
+        return [isa.NAMES[-1]], isa.NAMES[-1]
     if typing.get_origin(tp) is Literal:
         value = next(c for c in typing.get_args(tp) if c != default)
         return [str(value)], value
