@@ -266,10 +266,14 @@ class HttpFields(SamplingFields, kw_only=True, omit_defaults=True, forbid_unknow
 
 class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     """``POST /v1/completions``: one prompt (text, or token ids), up to ``max_tokens``
-    tokens (default 16, at most the context window)."""
+    tokens (default 16, at most the context window; 0 with ``echo``: the prompt alone,
+    as evaluation harnesses score it)."""
 
     prompt: Prompt
-    max_tokens: PositiveInt | None = None
+    max_tokens: (
+        Annotated[int, Meta(ge=0, description="0 only with echo: the prompt (and its logprobs)")]
+        | None
+    ) = None
     logprobs: Annotated[int, Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
     tools: (
         Annotated[list[Any], unsupported("are accepted on chat requests only", max_length=0)] | None

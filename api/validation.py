@@ -84,6 +84,12 @@ def parse_completion(
     sampling = sampling_params(req, max_tokens, logprobs=top_n is not None, top_n=top_n or 0)
     if req.suffix and req.echo:
         raise ApiError("'echo' cannot be used with 'suffix'", param="echo", code="invalid_value")
+    if max_tokens == 0 and not req.echo:
+        raise ApiError(
+            "'max_tokens' must be at least 1 (0 is served with 'echo': the prompt alone)",
+            param="max_tokens",
+            code="invalid_value",
+        )
     if req.echo:
         lps = req.prompt_logprobs if top_n is None else max(top_n, req.prompt_logprobs or 0)
         sampling = msgspec.structs.replace(sampling, echo=True, prompt_logprobs=lps)

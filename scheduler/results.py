@@ -168,7 +168,11 @@ class ResultApplier:
 
     def _take(self, req: Request, outs: list[SeqOutput]) -> tuple[list[SeqOutput], str | None]:
         """Append ``outs``' tokens to ``req`` up to the first that finishes it (EOS, stop
-        token, ``max_tokens``, context): the tokens kept and the finish reason, if any."""
+        token, ``max_tokens``, context): the tokens kept and the finish reason, if any.
+        With ``max_tokens`` 0 (the prompt alone, its logprobs computed) the token sampled
+        after the prompt is not kept."""
+        if req.sampling.max_tokens == 0:
+            return [], "length"
         for i, out in enumerate(outs):
             req.output_ids.append(out.token_id)
             reason = req.check_finished(self.runner.max_context)
@@ -215,7 +219,7 @@ def _event(req: Request, outs: list[SeqOutput], reason: str | None) -> TokenEven
         prompt_logprobs=req.prompt_logprobs,
     )
     req.prompt_logprobs = None  # sent
-    if outs[0].logprob is not None:
+    if outs and outs[0].logprob is not None:
         ev.logprobs = [o.logprob for o in outs]
         ev.top_logprobs = [o.top_logprobs or [] for o in outs]
     return ev

@@ -156,6 +156,27 @@ def test_echo_prompt_logprobs_match_transformers(server, client, hf_prompt_logpr
     assert ws["final"]["usage"]["prompt_tokens"] == len(ids)
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt_alone(client, hf_prompt_logprobs):
+    """Evaluation harnesses score a text with ``echo``, ``logprobs`` and ``max_tokens`` 0:
+    the prompt comes back with its logprobs and nothing is generated, whole or streamed."""
+    ids, want = hf_prompt_logprobs
+    kw = {"model": _model(client), "prompt": LONG, "max_tokens": 0, "echo": True, "logprobs": 1}
+    out = client.completions.create(**kw)
+    choice = out.choices[0]
+    assert choice.text == LONG and choice.finish_reason == "length"
+    assert out.usage.completion_tokens == 0 and out.usage.prompt_tokens == len(ids)
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(ids) and lp.token_logprobs[0] is None
+    got = torch.tensor(lp.token_logprobs[1:])
+    torch.testing.assert_close(got, torch.tensor(want), rtol=0, atol=2e-3)
+    chunks = list(client.completions.create(**kw, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == LONG
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    with pytest.raises(BadRequestError) as e:  # without echo there would be nothing to return
+        client.completions.create(**{**kw, "echo": False})
+    assert e.value.body["param"] == "max_tokens"
+
+
 def test_bad_input_is_a_400_and_the_server_keeps_serving(client):
     kw = {"model": _model(client), "prompt": COUNT, "max_tokens": 2}
     for extra, param in [
