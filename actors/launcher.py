@@ -17,15 +17,14 @@ import asyncio
 import shutil
 import signal
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.actors.kv_tier_setup import prepare_kv_tiers
 from houchu.actors.placement import PlacementError, place_actors
+from houchu.actors.run_dirs import make_run_dir, sweep_stale
 from houchu.actors.supervisor import Supervisor, SupervisorStop
 from houchu.transport.channel import BadMessage, Inbox
 from houchu.transport.messages import ActorFailed, ActorReady, LauncherInbox
@@ -63,7 +62,8 @@ class Launcher:
     """
 
     def __init__(self, config: ServeConfig) -> None:
-        self.run_dir = Path(tempfile.mkdtemp(prefix="houchu-"))
+        sweep_stale()  # the run directories of launchers that were killed outright
+        self.run_dir = make_run_dir()
         self.config = config
         self.host_pool = None
         if self.config.kv_tiers.enabled:
