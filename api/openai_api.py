@@ -31,7 +31,7 @@ from houchu.api.engine_client import EngineError
 from houchu.api.errors import api_error, error_body, json_response
 from houchu.api.limits import StreamGuard
 from houchu.api.openai_format import ChatFormatter, CompletionFormatter, Formatter, Tally
-from houchu.api.state import STATE_KEY
+from houchu.api.state import INFO_WAIT_S, STATE_KEY
 from houchu.api.tokenize import with_suffix
 from houchu.api.validation import ParsedRequest, decode_body, parse_chat, parse_completion
 from houchu.transport.messages import TextDelta
@@ -68,9 +68,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: the one served model (waits for the runner's limits)."""
+    """``GET /v1/models``: the one served model (503 while the runner loads)."""
     state = request.app[STATE_KEY]
-    limits = await state.runner_limits()
+    limits = await state.runner_limits(INFO_WAIT_S)
     model = {
         "id": state.model_name,
         "object": "model",

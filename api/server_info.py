@@ -13,7 +13,7 @@ from aiohttp import web
 
 from houchu.api.engine_client import EngineError
 from houchu.api.errors import ApiError, json_response
-from houchu.api.state import ENGINE_KEY, STATE_KEY
+from houchu.api.state import ENGINE_KEY, INFO_WAIT_S, STATE_KEY
 
 #: seconds /server_info waits for the engine's counters
 STATS_TIMEOUT_S = 5.0
@@ -34,9 +34,9 @@ async def version(request: web.Request) -> web.Response:
 
 async def model_info(request: web.Request) -> web.Response:
     """``GET /model_info`` (and ``/get_model_info``): the served model's id, that it
-    generates text, and its context length in tokens (waits for the runner's limits)."""
+    generates text, and its context length in tokens (503 while the runner loads)."""
     state = request.app[STATE_KEY]
-    limits = await state.runner_limits()
+    limits = await state.runner_limits(INFO_WAIT_S)
     return json_response(
         {
             "model_path": state.model_name,
@@ -55,10 +55,11 @@ async def server_info(request: web.Request) -> web.Response:
     current load (requests running and waiting).
 
     Raises:
-        ApiError: 503 when the engine does not answer within ``STATS_TIMEOUT_S``.
+        ApiError: 503 while the runner loads, or when the engine does not answer within
+            ``STATS_TIMEOUT_S``.
     """
     state, engine = request.app[STATE_KEY], request.app[ENGINE_KEY]
-    limits = await state.runner_limits()
+    limits = await state.runner_limits(INFO_WAIT_S)
     try:
         st = dict(await asyncio.wait_for(engine.stats(), STATS_TIMEOUT_S))
     except (asyncio.TimeoutError, EngineError):

@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 #: Longest wait of a request for the runner's limits (its first ``RunnerInfo``, while the
 #: model loads) before it is answered 503, seconds.
 RUNNER_WAIT_S = 120.0
+#: The same wait of an information route (``/v1/models``, ``/model_info``,
+#: ``/server_info``): routers poll them with short timeouts while a replica loads, and a
+#: prompt 503 takes the replica out of rotation instead of holding the poller, seconds.
+INFO_WAIT_S = 1.0
 
 
 class EngineLike(Protocol):
@@ -78,14 +82,15 @@ class GatewayState:
     def __post_init__(self) -> None:
         self.admission = Admission(self.limits.max_in_flight)
 
-    async def runner_limits(self) -> RunnerLimits:
-        """The runner's limits; waits for them while the model loads.
+    async def runner_limits(self, wait_s: float = RUNNER_WAIT_S) -> RunnerLimits:
+        """The runner's limits; waits up to ``wait_s`` seconds for them while the model
+        loads.
 
         Raises:
-            ApiError: (503) they are still unknown after ``RUNNER_WAIT_S`` seconds.
+            ApiError: (503) they are still unknown after ``wait_s`` seconds.
         """
         try:
-            return await self.runner.wait(RUNNER_WAIT_S)
+            return await self.runner.wait(wait_s)
         except asyncio.TimeoutError:
             raise ApiError(
                 "the model runner is not ready yet; retry", status=503, code=UNAVAILABLE

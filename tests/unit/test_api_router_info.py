@@ -78,3 +78,22 @@ async def test_the_vllm_gauges_are_labelled_with_the_served_model_name():
         if s.name.startswith("vllm:")
     }
     assert labels == {"smol"} == {m["id"] for m in models["data"]}
+
+
+async def test_information_routes_answer_503_at_once_while_the_runner_loads():
+    """A router polls them with short timeouts: before the runner's first ``RunnerInfo``
+    they are a prompt 503, not a wait of ``RUNNER_WAIT_S``."""
+    import time
+
+    from houchu.api.state import INFO_WAIT_S
+    from houchu.transport.limits import LimitsWatch
+
+    app = make_app(StatsEngine(), model_name="fake", runner=LimitsWatch())  # never known
+    async with TestClient(TestServer(app, host="127.0.0.1")) as c:
+        for path in ("/v1/models", "/model_info", "/server_info", "/get_server_info"):
+            t0 = time.monotonic()
+            resp = await c.get(path)
+            assert resp.status == 503, path
+            assert "not ready" in (await resp.json())["error"]["message"]
+            assert time.monotonic() - t0 < INFO_WAIT_S + 2.0
+        assert (await c.get("/version")).status == 200
