@@ -216,7 +216,10 @@ def tune(
         buckets: decode batch sizes to choose for.
         step: runs one eager decode step of the given number of rows.
         cache_get, cache_put: read / store the measurement (a JSON-able dict).
-        reps: timed steps per (bucket, path), the best taken, after one warm-up step.
+        reps: timed steps per (bucket, path), the best taken, after one warm-up step:
+            one in a first round over the buckets in order (where the slow paths drop
+            out), the rest in later rounds over every pair timed, so that a passing
+            burst of other work cannot spoil all of one pair's steps.
         prefill_step: runs one eager prefill step of more rows than the largest bucket
             (None: no prefill path is chosen).
     Returns:
@@ -238,19 +241,28 @@ def tune(
     waited0 = _waited()
     times: dict[int, dict[str, float]] = {}
     live = list(paths)  # a path DROP_ABOVE x slower than the best is not timed further up
-    for b in buckets:
+    for b in buckets:  # the first round: a warm-up and one timed step each
         times[b] = {}
         for p in live:
             attach(model, DecodeRoute({max(buckets): p}))
-            times[b][p] = _best_of(lambda b=b: step(b), reps)
+            times[b][p] = _best_of(lambda b=b: step(b), 1)
         fastest = min(times[b].values())
         live = [p for p in live if times[b][p] <= DROP_ABOVE * fastest]
     pre: dict[str, float] = {}
     candidates = [p for p in PREFILL_PATHS if p in paths]
-    if prefill_step is not None and len(candidates) >= 2:
+    if prefill_step is None or len(candidates) < 2:
+        candidates = []
+    for p in candidates:
+        attach(model, DecodeRoute({max(buckets): p}, prefill=p))
+        pre[p] = _best_of(prefill_step, 1)
+    for _ in range(reps - 1):  # more rounds, across every (bucket, path) timed: a burst
+        for b, by_path in times.items():  # of other work (an actor starting) slows one
+            for p in by_path:  # step of each, not all the steps of one
+                attach(model, DecodeRoute({max(buckets): p}))
+                by_path[p] = min(by_path[p], _timed(lambda b=b: step(b)))
         for p in candidates:
             attach(model, DecodeRoute({max(buckets): p}, prefill=p))
-            pre[p] = _best_of(prefill_step, reps)
+            pre[p] = min(pre[p], _timed(prefill_step))
     route = DecodeRoute(
         {b: min(t, key=t.get) for b, t in times.items()}, min(pre, key=pre.get) if pre else None
     )
@@ -266,6 +278,13 @@ def tune(
             }
         )
     return Tuned(route, times, took, False, contended, pre or None)
+
+
+def _timed(run: Callable[[], None]) -> float:
+    """Seconds one call of ``run`` takes."""
+    t = time.perf_counter()
+    run()
+    return time.perf_counter() - t
 
 
 def _best_of(run: Callable[[], None], reps: int) -> float:

@@ -191,3 +191,27 @@ def test_waiting_for_a_core_is_seen_when_other_processes_hold_them():
             p.join()
         os.sched_setaffinity(0, mask)
     assert share > CONTENDED_WAIT
+
+
+def test_a_burst_of_other_work_at_the_start_does_not_decide_the_route(monkeypatch):
+    """The steps timed first run while the other actors start: a path whose first steps
+    all fell in such a burst would lose to a slower one. Later rounds time every pair
+    again, so the burst spoils one step of each, not the choice."""
+    import houchu.model.autotune as autotune
+
+    current: dict[str, str] = {}
+    calls = iter(range(10**6))
+
+    def step(rows: int) -> None:
+        slow = next(calls) < 4  # a warm-up and the first timed steps of "fused" at b=1
+        cost = {"fused": 0.002, "gemv": 0.004}[current["path"]]
+        time.sleep(0.03 if slow else cost * rows)
+
+    def attach(model, route):
+        current["path"] = route.table[max(route.table)]
+
+    monkeypatch.setattr(autotune, "available_paths", lambda m: ["fused", "gemv"])
+    monkeypatch.setattr(autotune, "attach", attach)
+    monkeypatch.setattr(autotune, "CONTENDED_WAIT", float("inf"))
+    tuned = autotune.tune(torch.nn.Module(), (1, 2), step, reps=3)
+    assert tuned.route.table == {1: "fused", 2: "fused"}, tuned.times
