@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from houchu.model.kv_pool import KVPool
 
 PATHS = ("fused", "gemv", "torch", "dense", "fused-a8", "gemv-a8")
+FUSED_PATHS = ("fused", "fused-a8")  # every layer in one C++ call (``fused_cpu``)
 PREFILL_PATHS = ("dense", "gemv", "gemv-a8")  # timed on a prefill-sized step
 PREFILL_TOKENS = 128  # the prompt length of that step
 CONTENDED_WAIT = 0.2  # of the threads' wall time spent waiting for a core: above it not kept

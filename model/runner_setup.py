@@ -19,9 +19,6 @@ from houchu.model.kv_pool import KVPool
 from houchu.model.lever_counters import LeverCounters, StepCost
 from houchu.model.quant import QuantSpec
 
-#: decode paths that run every layer in one C++ call (``houchu.model.fused_cpu``)
-FUSED_PATHS = ("fused", "fused-a8")
-
 
 @dataclass
 class RunnerSetup:
@@ -58,22 +55,8 @@ class RunnerSetup:
 
     def accelerator(self, compile: str, cuda_graph: bool, tuned: Tuned | None) -> DecodeAccelerator:
         """The decode accelerator (compiled step / CUDA graphs), set up: measured against
-        the eager step, or its verdict read from the cache on CPU. ``--compile auto`` on
-        the CPU does not compile where ``tuned``'s route runs the fused C++ decode layers
-        at its smallest bucket (``FUSED_PATHS``)."""
+        the eager step, or its verdict read from the cache on CPU."""
         on_cpu = self.device.type == "cpu"
-        first = tuned.route.path_for(min(tuned.route.table)) if tuned else None
-        if compile == "auto" and on_cpu and first in FUSED_PATHS:
-            # the compiled step runs each layer's pieces as graphs around the kernels, one
-            # projection at a time: it cannot run the fused layers (all layers in one C++
-            # call) that the route measured fastest, so measuring it would only be thrown
-            # away (7.6 ms compiled against 3.6 ms fused at batch 1, AVX512-BF16)
-            print(
-                f"houchu runner: --compile auto skipped: the decode route runs the fused "
-                f"C++ layers ({first}) at batch {min(tuned.route.table)}; decoding eagerly",
-                flush=True,
-            )
-            compile = "off"
         accel = DecodeAccelerator(
             self.model,
             self.pool,
