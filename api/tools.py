@@ -48,6 +48,8 @@ class ToolSetup:
         structured: the grammar that forces the reply (required / named), or None.
         single: ``parallel_tool_calls: false``: at most one call (``required``'s grammar
             allows one; with ``auto`` the first call the model writes is returned).
+        names: the functions of ``tools``; with ``auto``, a call to another name stays
+            content.
     """
 
     choice: str
@@ -55,6 +57,7 @@ class ToolSetup:
     template_tools: list[dict[str, Any]] | None
     structured: StructuredOutput | None
     single: bool = False
+    names: frozenset[str] = frozenset()
 
     def parser(self, auto_parser: str) -> ToolCallParser | None:
         """The parser of the reply (None: plain content); ``auto_parser``: the server's
@@ -65,7 +68,7 @@ class ToolSetup:
         if self.choice == "required":
             return RequiredCallsParser()
         if self.choice == "auto":
-            parser = make_parser(auto_parser)
+            parser = make_parser(auto_parser, self.names)
             return FirstCallParser(parser) if self.single else parser
         return None
 
@@ -123,7 +126,7 @@ def tool_setup(req: ChatCompletionRequest | WsGenerateRequest) -> ToolSetup | No
             kind="tool_call", grammar=_required_grammar(tools, single), param="tool_choice"
         )
     template = None if mode == "none" else [_template_tool(t) for t in tools]
-    return ToolSetup(mode, named, template, structured, single)
+    return ToolSetup(mode, named, template, structured, single, frozenset(by_name))
 
 
 def _schema(tool: ToolDef) -> dict[str, Any]:

@@ -64,9 +64,14 @@ class Parsed:
     calls: list[ToolCall]
 
 
-def _call(obj: Any, args_key: str = "arguments") -> ToolCall | None:
-    """A call from a decoded ``{"name", args_key: {...}}`` object, else None."""
+def _call(
+    obj: Any, args_key: str = "arguments", known: frozenset[str] | None = None
+) -> ToolCall | None:
+    """A call from a decoded ``{"name", args_key: {...}}`` object, else None; ``known``:
+    the request's function names (None: any name), a call to another name is None."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    if known is not None and obj["name"] not in known:
         return None
     args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
@@ -81,7 +86,15 @@ def _loads(text: str) -> Any:
 
 
 class ToolCallParser(abc.ABC):
-    """Parses a whole reply; ``stream()`` gives an incremental parser of the same form."""
+    """Parses a whole reply; ``stream()`` gives an incremental parser of the same form.
+
+    ``known`` (the ``auto`` parsers): the names of the request's ``tools``. A call to a
+    function not among them is not a call: its text stays in the content, where the
+    client sees what the model wrote (a client cannot run a function it never offered;
+    SGLang's parsers skip such calls too).
+    """
+
+    known: frozenset[str] | None = None
 
     @abc.abstractmethod
     def parse(self, text: str) -> Parsed:
@@ -96,8 +109,10 @@ class MarkerParser(ToolCallParser):
     """Calls between ``start`` and ``end`` markers (``end`` "": to the end of the reply)
     holding one JSON object each, or (``array``) a JSON array of them."""
 
-    def __init__(self, start: str, end: str, *, array: bool = False) -> None:
-        self.start, self.end, self.array = start, end, array
+    def __init__(
+        self, start: str, end: str, *, array: bool = False, known: frozenset[str] | None = None
+    ) -> None:
+        self.start, self.end, self.array, self.known = start, end, array, known
 
     def parse(self, text: str) -> Parsed:
         content, calls, rest = [], [], text
@@ -124,7 +139,7 @@ class MarkerParser(ToolCallParser):
     def _calls(self, body: str) -> list[ToolCall] | None:
         obj = _loads(body)
         items = obj if self.array and isinstance(obj, list) else [obj]
-        calls = [_call(o) for o in items]
+        calls = [_call(o, known=self.known) for o in items]
         return None if not calls or any(c is None for c in calls) else calls  # type: ignore[misc]
 
     def stream(self) -> ToolCallStream:
@@ -137,11 +152,18 @@ class Llama3JsonParser(ToolCallParser):
 
     TAG = "<|python_tag|>"
 
+    def __init__(self, known: frozenset[str] | None = None) -> None:
+        self.known = known
+
     def parse(self, text: str) -> Parsed:
         body = text.strip().removeprefix(self.TAG).strip()
         if not body.startswith("{"):
             return Parsed(text, [])
-        calls = [_call(_loads(part), "parameters") for part in body.split(";") if part.strip()]
+        calls = [
+            _call(_loads(part), "parameters", self.known)
+            for part in body.split(";")
+            if part.strip()
+        ]
         if not calls or any(c is None for c in calls):
             return Parsed(text, [])
         return Parsed(None, calls)  # type: ignore[arg-type]
@@ -229,18 +251,19 @@ class FirstCallParser(ToolCallParser):
         return FirstCallStream(self.inner.stream(), getattr(self.inner, "end", ""))
 
 
-def make_parser(name: str) -> ToolCallParser:
-    """The ``--tool-call-parser`` named ``name`` (one of ``PARSERS``).
+def make_parser(name: str, known: frozenset[str] | None = None) -> ToolCallParser:
+    """The ``--tool-call-parser`` named ``name`` (one of ``PARSERS``); ``known``: the
+    request's function names (``ToolCallParser``), None for any name.
 
     Raises:
         ValueError: an unknown name.
     """
     if name == "hermes":
-        return MarkerParser("<tool_call>", "</tool_call>")
+        return MarkerParser("<tool_call>", "</tool_call>", known=known)
     if name == "mistral":
-        return MarkerParser("[TOOL_CALLS]", "", array=True)
+        return MarkerParser("[TOOL_CALLS]", "", array=True, known=known)
     if name == "llama3_json":
-        return Llama3JsonParser()
+        return Llama3JsonParser(known)
     raise ValueError(f"unknown tool call parser {name!r}; expected one of {', '.join(PARSERS)}")
 
 

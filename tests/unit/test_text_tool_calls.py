@@ -251,3 +251,48 @@ def test_parallel_tool_calls_false_skips_a_block_that_is_no_call(step: int) -> N
     assert parsed.content == "a <tool_call>not json</tool_call> b "
     assert _calls(parsed.calls) == [("x", {})]
     assert _stream(first, reply, step) == (parsed.content, _calls(parsed.calls))
+
+
+UNKNOWN = [
+    (
+        "hermes",
+        'Sure. <tool_call>{"name": "launch", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>',
+        'Sure. <tool_call>{"name": "launch", "arguments": {}}</tool_call>',
+        [("f", {"x": 1})],
+    ),
+    (
+        "mistral",
+        '[TOOL_CALLS][{"name": "f", "arguments": {}}, {"name": "launch", "arguments": {}}]',
+        '[TOOL_CALLS][{"name": "f", "arguments": {}}, {"name": "launch", "arguments": {}}]',
+        [],
+    ),
+    (
+        "llama3_json",
+        '{"name": "launch", "parameters": {}}',
+        '{"name": "launch", "parameters": {}}',
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+@pytest.mark.parametrize(("parser", "text", "content", "calls"), UNKNOWN)
+def test_a_call_to_a_function_not_in_tools_stays_content(parser, text, content, calls, step):
+    """``auto``: a call naming a function the request did not offer is not returned as a
+    call (the client could not run it); its text stays in the content, whole and
+    streamed. Without the request's names the same text is a call."""
+    known = frozenset({"f", "g"})
+    parsed = make_parser(parser, known).parse(text)
+    assert parsed.content == content and _calls(parsed.calls) == calls
+    assert _stream(make_parser(parser, known), text, step) == (content, calls)
+    assert make_parser(parser).parse(text).calls  # any name: a call
+
+
+def test_the_auto_parser_of_a_request_knows_its_tool_names() -> None:
+    setup = _chat_tools({})
+    assert setup.names == frozenset({"get_weather"})
+    text = '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
+    assert setup.parser("hermes").parse(text).calls == []
+    first = _chat_tools({"parallel_tool_calls": False}).parser("hermes")
+    assert first.parse(text).calls == [] and first.parse(text).content == text
