@@ -88,6 +88,11 @@ def test_agreement_with_exact_path(cpu_isa, models, texts, exact, quant, dtype, 
     int8 activations (what `--int4-activations auto` picks where they are faster, on
     CPUs without native bf16) are checked on those two levels."""
     full = cpu_isa in (isa.usable()[0], "avx2")
+    if quant == "w8a8" and "int8" not in isa.native_units(isa.usable()[0]):
+        # torch's int8 GEMM is exact integer arithmetic on every CPU, so W8A8's figures
+        # are the same here as on a CPU with int8 dot products, where it is checked;
+        # here it runs at ~2 GOP/s (126 s for this test), and auto never picks it
+        pytest.skip("W8A8 is checked on CPUs with int8 dot products (VNNI / AMX)")
     if quant == "int4-a8" and not full:
         pytest.skip(f"int8 activations are checked at {isa.usable()[0]} and avx2")
     model = models[quant, dtype]
