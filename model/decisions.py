@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from houchu.model import cpu_kernels
 
 VERSION = 3  # of the measurements' code: a change that alters answers bumps it
+FILE_NAME = "decisions.json"
 MAX_ENTRIES = 200  # per kind: one per model, format and CPU level tried on this machine
 
 
@@ -46,7 +48,9 @@ class DecisionCache:
 
     def __init__(self, path: Path | None = None) -> None:
         env = os.environ.get("HOUCHU_DECISION_CACHE")
-        self.path = path or (Path(env) if env else cpu_kernels.cache_dir() / "decisions.json")
+        self.path = path or (Path(env) if env else cpu_kernels.cache_dir() / FILE_NAME)
+        if self.path.is_dir():  # a folder given: the file in it
+            self.path = self.path / FILE_NAME
         self.enabled = os.environ.get("HOUCHU_NO_DECISION_CACHE") != "1"
 
     def get(self, kind: str, key: str) -> Any | None:
@@ -56,8 +60,8 @@ class DecisionCache:
         return self._read().get(kind, {}).get(key)
 
     def put(self, kind: str, key: str, value: Any) -> None:
-        """Store ``value`` (JSON-able); an unwritable cache is skipped silently (the
-        next start measures again)."""
+        """Store ``value`` (JSON-able); an unwritable cache is skipped with a warning on
+        stderr (the next start measures again)."""
         if not self.enabled:
             return
         try:
@@ -73,8 +77,12 @@ class DecisionCache:
                 tmp = self.path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(data))
                 tmp.replace(self.path)
-        except OSError:
-            pass
+        except OSError as exc:
+            print(
+                f"houchu: decision cache {self.path} not written ({exc}); "
+                "the next start measures again",
+                file=sys.stderr,
+            )
 
     def _read(self) -> dict[str, dict[str, Any]]:
         try:

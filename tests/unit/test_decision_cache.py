@@ -1,0 +1,34 @@
+"""The decision cache's file: a folder in ``$HOUCHU_DECISION_CACHE`` means the file in
+it, and a cache that cannot be written says so instead of failing silently."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from houchu.model.decisions import FILE_NAME, DecisionCache
+
+
+def test_a_folder_in_the_environment_holds_the_file(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HOUCHU_DECISION_CACHE", str(tmp_path))
+    monkeypatch.delenv("HOUCHU_NO_DECISION_CACHE", raising=False)
+    cache = DecisionCache()
+    assert cache.path == tmp_path / FILE_NAME
+    cache.put("route", "k", {"b": 1})
+    assert DecisionCache().get("route", "k") == {"b": 1}
+
+
+def test_an_unwritable_cache_warns(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("HOUCHU_NO_DECISION_CACHE", raising=False)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cache = DecisionCache(blocker / "sub" / FILE_NAME)  # a parent that is a file
+    cache.put("route", "k", 1)
+    assert "not written" in capsys.readouterr().err
+    assert cache.get("route", "k") is None
+
+
+def test_turned_off_it_neither_reads_nor_writes(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HOUCHU_NO_DECISION_CACHE", "1")
+    cache = DecisionCache(tmp_path / FILE_NAME)
+    cache.put("route", "k", 1)
+    assert not (tmp_path / FILE_NAME).exists() and cache.get("route", "k") is None
