@@ -121,3 +121,22 @@ def test_a_losing_direction_is_tried_less_and_less():
     assert 3 <= len(tries) <= 7  # waits of 1, 2, 4, 8, 16 s: not one a second
     assert all(b - a > 1 for a, b in zip(tries, tries[1:], strict=False))  # one step each
     assert m.g.kinds["decode<=1"].wait[+1] >= 16
+
+
+def test_trials_of_long_steps_cost_a_small_share():
+    """512-token prefill steps on 2 AVX2 cores: 0.64 s at two threads, 1.14 s at one. A
+    one-thread trial is paid for out of the kind's own time, and ends after one slow step
+    when it is far slower."""
+    m = FakeMachine(lambda kind, t: (0.64, 0.001) if t == 2 else (1.14, 0.001))
+    used = m.run_for(120.0, kind="prefill<=512", tokens=512)
+    assert m.g.chosen() == {"prefill<=512": 2}
+    extra = 0.5 * used.count(1)  # seconds the trials cost
+    assert 0 < used.count(1) and extra < 0.03 * 120.0, used.count(1)
+
+
+def test_a_trial_waits_until_its_kind_has_run_long_enough():
+    m = FakeMachine(lambda kind, t: (0.010, 0.001) if t == 2 else (0.012, 0.001))
+    used = m.run_for(5.0)
+    first = used.index(1)
+    assert first >= 40  # 40 steps' worth of time at the current count first
+    assert all(u == 2 for u in used[:first])
