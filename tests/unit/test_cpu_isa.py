@@ -86,6 +86,22 @@ def test_cache_key_names_the_level():
     assert not any("native" in f for lv in keys for f in cpu_kernels._flags(lv))  # noqa: SLF001
 
 
+def test_the_unity_units_hold_every_source_once(tmp_path):
+    """Each source is in exactly one unity unit, and a unit includes its sources by
+    absolute path (so compiler messages name the real files)."""
+    names = [n for unit in cpu_kernels._UNITS for n in unit]  # noqa: SLF001
+    assert sorted(names) == sorted(cpu_kernels._SOURCES)  # noqa: SLF001
+    here = Path(cpu_kernels.__file__).parent
+    units = cpu_kernels.write_units([here / s for s in cpu_kernels._SOURCES], tmp_path)  # noqa: SLF001
+    assert [u.name for u in units] == ["unit0.cpp", "unit1.cpp"]
+    text = "".join(u.read_text() for u in units)
+    for n in names:
+        assert text.count(f'#include "{(here / n).resolve()}"') == 1
+    stamp = units[0].stat().st_mtime_ns
+    cpu_kernels.write_units([here / s for s in cpu_kernels._SOURCES], tmp_path)  # noqa: SLF001
+    assert units[0].stat().st_mtime_ns == stamp  # unchanged text: not rewritten
+
+
 def test_a_cached_build_is_not_loaded_on_a_cpu_without_its_level(monkeypatch, tmp_path):
     """Even with the level's build in the (shared) cache folder, a CPU that lacks the
     level gets CpuKernelsUnavailable, not the library."""
