@@ -19,12 +19,11 @@ Anything else raises ``ModelLoadError`` here, at load time, never later as a wro
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from houchu.model.structure import STRUCTURE_FAMILIES, gguf_moe, gguf_structure, hf_structure
+from houchu.model.structure import STRUCTURE_FAMILIES
 
 
 class ModelLoadError(RuntimeError):
@@ -242,7 +241,7 @@ ARCHITECTURES = (
 #: The GGUF ``general.architecture`` values houchu reads.
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "deepseek2", "gemma2", "gemma3")
 #: HF ``architectures`` class names per family.
-_HF_CLASSES = {
+HF_CLASSES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
@@ -319,15 +318,18 @@ def load_model_config(path: str | Path) -> ModelConfig:
         ModelLoadError: the path does not exist, the metadata is incomplete, or the
             architecture is not one of ``ARCHITECTURES``.
     """
+    from houchu.model.config_gguf import config_from_gguf
+    from houchu.model.config_hf import config_from_hf
+
     p = Path(path)
     if p.is_file() and p.suffix == ".gguf":
-        return _config_from_gguf(p)
+        return config_from_gguf(p)
     if p.is_dir() and (p / "config.json").is_file():
-        return _config_from_hf(p)
+        return config_from_hf(p)
     if p.is_dir():
         ggufs = sorted(p.glob("*.gguf"))
         if len(ggufs) == 1:
-            return _config_from_gguf(ggufs[0])
+            return config_from_gguf(ggufs[0])
     raise ModelLoadError(
         f"{path}: expected a .gguf file or a Hugging Face directory with config.json"
     )
@@ -344,189 +346,9 @@ def resolve_model_file(path: str | Path) -> Path:
     return p
 
 
-# ---------------------------------------------------------------------------- GGUF
-
-
 def gguf_field(reader: Any, key: str, default: Any = None) -> Any:
     """The decoded value of a GGUF metadata key, or ``default`` when absent."""
     f = reader.fields.get(key)
     if f is None:
         return default
     return f.contents()
-
-
-def _config_from_gguf(path: Path) -> ModelConfig:
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path), "r")
-    except Exception as e:  # the gguf library raises ValueError/struct errors on bad files
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
-    return config_from_gguf_reader(reader, path)
-
-
-def config_from_gguf_reader(reader: Any, path: Path | str = "<gguf>") -> ModelConfig:
-    """Build a ``ModelConfig`` from an open ``gguf.GGUFReader`` (see ``load_model_config``)."""
-    arch = gguf_field(reader, "general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
-        raise ModelLoadError(
-            f"{path}: architecture {arch!r} is not supported (houchu runs "
-            f"{', '.join(repr(a) for a in GGUF_ARCHITECTURES)} GGUF models)"
-        )
-
-    def need(key: str) -> Any:
-        v = gguf_field(reader, f"{arch}.{key}")
-        if v is None:
-            raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.{key}")
-        return v
-
-    def opt(key: str, default: Any) -> Any:
-        return gguf_field(reader, f"{arch}.{key}", default)
-
-    if arch == "deepseek2":  # MLA and DeepSeekMoE: DeepSeek-V2 / V3
-        from houchu.model.config_deepseek import deepseek_config_from_gguf
-
-        return deepseek_config_from_gguf(reader, path, opt, need)
-
-    hidden = int(need("embedding_length"))
-    heads = int(need("attention.head_count"))
-    kv_heads = int(opt("attention.head_count_kv", heads))
-    head_dim = int(opt("attention.key_length", hidden // heads))
-    tensor_names = {t.name for t in reader.tensors}
-    vocab = opt("vocab_size", None)
-    if vocab is None:
-        tokens = gguf_field(reader, "tokenizer.ggml.tokens")
-        vocab = len(tokens) if tokens is not None else None
-    if vocab is None:
-        emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-        if emb is None:
-            raise ModelLoadError(f"{path}: cannot determine vocab size")
-        vocab = int(emb.shape[1])
-    eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
-    bos = gguf_field(reader, "tokenizer.ggml.bos_token_id")
-    scaling = opt("rope.scaling.type", "none")
-    rope_type, rope_factor = "default", 1.0
-    if scaling == "linear":
-        rope_type, rope_factor = "linear", float(opt("rope.scaling.factor", 1.0))
-    elif scaling not in ("none", None):
-        raise ModelLoadError(f"{path}: unsupported RoPE scaling {scaling!r}")
-    structure = gguf_structure(arch, opt, int(need("block_count")), hidden, heads, head_dim)
-    if arch == "qwen3moe":
-        try:
-            structure |= gguf_moe(opt, tensor_names, int(need("block_count")))
-        except ValueError as e:
-            raise ModelLoadError(f"{path}: {e}") from e
-    fields = dict(
-        name=str(gguf_field(reader, "general.name", Path(str(path)).stem)),
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(need("feed_forward_length")),
-        num_layers=int(need("block_count")),
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(opt("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(opt("rope.freq_base", 10000.0)),
-        max_position=int(opt("context_length", 2048)),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=() if eos is None else (int(eos),),
-        rope_type=rope_type,
-        rope_factor=rope_factor,
-        source="gguf",
-        architecture=arch,
-        attention_bias="blk.0.attn_q.bias" in tensor_names,
-        qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
-        o_proj_bias="blk.0.attn_output.bias" in tensor_names,
-    )
-    return ModelConfig(**(fields | structure))
-
-
-# ---------------------------------------------------------------------------- HF
-
-
-def _config_from_hf(path: Path) -> ModelConfig:
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{path}/config.json: unreadable ({e})") from e
-    archs = raw.get("architectures") or []
-    family = raw.get("model_type")
-    if family not in ARCHITECTURES:
-        family = next((_HF_CLASSES[a] for a in archs if a in _HF_CLASSES), None)
-    if family is None:
-        raise ModelLoadError(
-            f"{path}: model_type {raw.get('model_type')!r} / architectures {archs} is not "
-            f"supported (houchu runs {', '.join(_HF_CLASSES)})"
-        )
-    if raw.get("mlp_bias"):
-        raise ModelLoadError(f"{path}: mlp_bias=true is not supported")
-    if family == "llama" and raw.get("attention_bias"):
-        raise ModelLoadError(f"{path}: attention_bias=true is not supported for llama")
-    if raw.get("use_sliding_window"):
-        raise ModelLoadError(f"{path}: use_sliding_window=true is not supported")
-    if family not in STRUCTURE_FAMILIES and raw.get("hidden_act", "silu") != "silu":
-        raise ModelLoadError(f"{path}: hidden_act {raw.get('hidden_act')!r} is not supported")
-    try:
-        hidden = int(raw["hidden_size"])
-        heads = int(raw["num_attention_heads"])
-        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-        theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
-        eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        layers = int(raw["num_hidden_layers"])
-        n_exp = raw.get("num_experts") or raw.get("num_local_experts") or 0
-        experts = int(n_exp) if family == "qwen3_moe" else 0
-        step = int(raw.get("decoder_sparse_step") or 1)
-        dense_only = set(raw.get("mlp_only_layers") or [])
-        moe_layers = tuple(
-            i for i in range(layers) if experts and i not in dense_only and (i + 1) % step == 0
-        )
-        if rope_type == "yarn" and not family.startswith("deepseek"):
-            raise ModelLoadError(f"{path}: YaRN RoPE is supported for DeepSeek models only")
-        head_dim = int(raw.get("head_dim") or hidden // heads)
-        try:
-            structure = hf_structure(raw, family, layers, head_dim)
-        except ValueError as e:
-            raise ModelLoadError(f"{path}: {e}") from e
-        fields = dict(
-            name=str(raw.get("_name_or_path") or path.name),
-            vocab_size=int(raw["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(raw["intermediate_size"]),
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=head_dim,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
-            max_position=int(raw.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            bos_token_id=raw.get("bos_token_id"),
-            eos_token_ids=tuple(int(e) for e in eos_ids),
-            rope_type=str(rope_type),
-            rope_factor=float(rope.get("factor", 1.0)),
-            rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
-            rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-            rope_original_max_position=int(rope.get("original_max_position_embeddings", 8192)),
-            source="hf",
-            architecture=family,
-            # Qwen2's q/k/v projections always carry a bias (its config has no flag)
-            attention_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
-            qk_norm=family in ("qwen3", "qwen3_moe"),
-            o_proj_bias=family != "qwen2" and bool(raw.get("attention_bias", False)),
-            num_experts=experts,
-            num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0) if experts else 0,
-            moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0) if experts else 0,
-            norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-            moe_layers=moe_layers,
-        )
-        base = ModelConfig(**(fields | structure))
-        if family.startswith("deepseek"):
-            from houchu.model.config_deepseek import deepseek_config
-
-            return deepseek_config(base, raw, path)
-        return base
-    except KeyError as e:
-        raise ModelLoadError(f"{path}/config.json lacks {e.args[0]!r}") from e

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from houchu.model.config import ModelConfig, ModelLoadError, config_from_gguf_reader
+from houchu.model.config import ModelConfig, ModelLoadError
+from houchu.model.config_gguf import config_from_gguf_reader
 from houchu.model.gguf_file import open_gguf
 from houchu.model.quant import Int4Weight, gguf_q4_to_int4
 from houchu.model.shard import Shard, TensorParallelError
