@@ -1,0 +1,108 @@
+"""The model's tokenizer as llguidance needs it (``llguidance.LLTokenizer``), for
+structured output (``houchu.model.grammar``): loaded once in the background, its
+``tokenizers`` JSON cached beside the kernel builds (a GGUF vocabulary takes seconds to
+convert)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from houchu.model import cpu_kernels
+
+if TYPE_CHECKING:
+    import llguidance
+
+
+class TokenizerUnavailable(ValueError):
+    """The model's tokenizer, which structured output needs, cannot be loaded."""
+
+
+class GrammarTokenizer:
+    """The model's tokenizer as llguidance needs it, loaded once in the background.
+
+    Args:
+        model_path: the model (its tokenizer is loaded as the tokenizer actor loads it:
+            ``houchu.text.tokenizer.load_tokenizer``).
+        vocab_size: the model's vocabulary (rows of its logits; may exceed the
+            tokenizer's).
+    """
+
+    def __init__(self, model_path: str | Path, vocab_size: int) -> None:
+        self.model_path, self.vocab_size = model_path, vocab_size
+        self._lock = threading.Lock()
+        self._future: Future[llguidance.LLTokenizer] | None = None
+
+    def warm(self) -> None:
+        """Start loading (on a thread of its own) unless already started."""
+        with self._lock:
+            if self._future is None:
+                self._future = Future()
+                threading.Thread(target=self._load, name="houchu-grammar-tok", daemon=True).start()
+
+    def _load(self) -> None:
+        assert self._future is not None
+        try:
+            import llguidance
+
+            text, eos = self._tokenizer_json()
+            lt = llguidance.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=eos)
+            self._future.set_result(lt)
+        except Exception as exc:  # no tokenizer in the model folder, say
+            self._future.set_exception(exc)
+
+    def _tokenizer_json(self) -> tuple[str, list[int]]:
+        """The tokenizer as ``tokenizers`` JSON and its end-of-sequence ids: from the
+        cache (a GGUF vocabulary takes seconds to convert), else loaded and cached."""
+        path = Path(self.model_path)
+        if path.is_dir():  # a Hugging Face folder: tokenizer.json loads quickly
+            return self._convert(path)
+        st = path.stat()
+        key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+        cached = cpu_kernels.cache_dir() / "grammar_tokenizers" / f"{key.hexdigest()[:24]}.json"
+        try:
+            entry = json.loads(cached.read_text(encoding="utf-8"))
+            return entry["tokenizer"], entry["eos"]
+        except (OSError, ValueError, KeyError):
+            pass
+        text, eos = self._convert(path)
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"tokenizer": text, "eos": eos}), encoding="utf-8")
+            tmp.replace(cached)
+        except OSError:  # an unwritable cache: convert again next time
+            pass
+        return text, eos
+
+    @staticmethod
+    def _convert(path: Path) -> tuple[str, list[int]]:
+        """Load the tokenizer as the tokenizer actor does; its JSON and EOS ids."""
+        from houchu.text.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(path)
+        backend = copy.copy(tok.hf_tokenizer.backend_tokenizer)
+        backend.no_padding()
+        backend.no_truncation()
+        return backend.to_str(), tok.eos_token_ids
+
+    def get(self) -> llguidance.LLTokenizer:
+        """The tokenizer (waits for the load).
+
+        Raises:
+            TokenizerUnavailable: the model's tokenizer cannot be loaded.
+        """
+        self.warm()
+        assert self._future is not None
+        try:
+            return self._future.result()
+        except Exception as exc:
+            raise TokenizerUnavailable(
+                f"structured output needs the model's tokenizer: {exc}"
+            ) from exc
