@@ -23,8 +23,9 @@ import torch.nn.functional as F
 
 from houchu.model.attention import AttentionBackend
 from houchu.model.batch import StepBatch
+from houchu.model.decoder_layer import DecoderLayer
 from houchu.model.kv_pool import KVPool
-from houchu.model.llama import DecoderLayer, LlamaModel
+from houchu.model.llama import LlamaModel
 from houchu.model.ops import TorchOps
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)

@@ -38,9 +38,10 @@ from houchu.model.attention_window import layer_attention
 from houchu.model.batch import StepBatch
 from houchu.model.block_parts import apply_norm
 from houchu.model.config import ModelConfig
+from houchu.model.decoder_layer import DecoderLayer, RMSNorm
 from houchu.model.kv_pool import KVPool
 from houchu.model.linear import Linear, LinearBase
-from houchu.model.llama import DecoderLayer, LlamaModel, RMSNorm
+from houchu.model.llama import LlamaModel
 from houchu.model.mla import prepare_mla
 from houchu.model.ops import TorchOps
 from houchu.model.quant import QuantSpec

@@ -35,11 +35,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from houchu.model.config import ModelConfig, load_model_config, num_parameters
-from houchu.model.llama import LlamaModel, Weights, _check_shapes
+from houchu.model.llama import LlamaModel, Weights
 from houchu.model.loader import load_tensors
 from houchu.model.quant import Int4Weight, QuantSpec
 from houchu.model.shard import Shard, TensorParallelError
 from houchu.model.tp_group import TPGroup
+from houchu.model.weight_shapes import check_shapes
 from houchu.transport.telemetry import LeverSample
 
 __all__ = ["TensorParallelError", "TPLlamaModel", "check_shardable", "load_sharded"]
@@ -196,7 +197,7 @@ class TPLlamaModel(LlamaModel):
         local = dataclasses.replace(shard, vocab_size=vocab_shard)
         if not sharded:  # whole weights: cut them here
             shard_weights(cfg, w, group.rank, world)
-        _check_shapes(local, w)
+        check_shapes(local, w)
         super().__init__(local, w, device, prepack, quant)
         self.full_cfg = cfg
         self.vocab_shard = vocab_shard
