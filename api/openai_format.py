@@ -21,7 +21,9 @@ from houchu.api.openai_logprobs import (
     ws_logprobs,
 )
 from houchu.api.tally import Tally, usage_of
-from houchu.text.tool_calls import StreamDelta, ToolCallParser, ToolCallStream
+from houchu.text.tool_call_streams import ToolCallStream
+from houchu.text.tool_call_types import StreamDelta
+from houchu.text.tool_calls import ToolCallParser
 from houchu.transport.messages import TokenLogprob
 
 __all__ = [

@@ -64,7 +64,8 @@ from houchu.api.openai_format import (
 )
 from houchu.api.state import STATE_KEY
 from houchu.api.validation import ParsedRequest, parse_ws_generate
-from houchu.text.tool_calls import ToolCallParser, ToolCallStream
+from houchu.text.tool_call_streams import ToolCallStream
+from houchu.text.tool_calls import ToolCallParser
 from houchu.transport.messages import GenerateRequest
 
 log = logging.getLogger(__name__)
