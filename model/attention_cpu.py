@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 
 from houchu.model import cpu_kernels
-from houchu.model.attention import TorchSDPABackend, _PrefillSeq, _TorchMeta
+from houchu.model.attention_meta import PrefillSeq, TorchMeta
+from houchu.model.attention_torch import TorchSDPABackend
 from houchu.model.attention_window import PLAIN, LayerAttention
 from houchu.model.kv_pool import KVPool
 
@@ -44,7 +45,7 @@ class CpuBackend(TorchSDPABackend):
         layer: int,
         q: torch.Tensor,
         pool: KVPool,
-        meta: _TorchMeta,
+        meta: TorchMeta,
         spec: LayerAttention = PLAIN,
     ) -> torch.Tensor:
         """Batched one-token attention. q: ``[B, H, D]`` -> ``[B, H, D]``."""
@@ -67,7 +68,7 @@ class CpuBackend(TorchSDPABackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        seq: _PrefillSeq,
+        seq: PrefillSeq,
         spec: LayerAttention = PLAIN,
     ) -> torch.Tensor:
         """Causal attention of one sequence's new tokens. q: ``[n, H, D]``; k, v:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from houchu.model.attention import TorchSDPABackend, _TorchMeta
+from houchu.model.attention_meta import TorchMeta
+from houchu.model.attention_torch import TorchSDPABackend
 from houchu.model.attention_window import PLAIN, LayerAttention
 from houchu.model.kv_pool import KVPool
 from houchu.model.triton_kernels.ops import store_kv
@@ -36,7 +37,7 @@ class TritonBackend(TorchSDPABackend):
         layer: int,
         q: torch.Tensor,
         pool: KVPool,
-        meta: _TorchMeta,
+        meta: TorchMeta,
         spec: LayerAttention = PLAIN,
     ) -> torch.Tensor:
         """Batched one-token attention. q: ``[B, H, D]`` -> ``[B, H, D]``. A layer with a

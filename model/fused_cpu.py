@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 
 from houchu.model import cpu_kernels
-from houchu.model.attention import _TorchMeta
+from houchu.model.attention_meta import TorchMeta
 from houchu.model.batch import StepBatch
 from houchu.model.kv_pool import KVPool
 
@@ -56,7 +56,7 @@ class FusedDecode:
         ``head`` (all layers, every row sampled) the final norm and LM head too and returns
         ``[B, vocab]`` float32 logits; None when the fused kernel does not apply."""
         model = self.model
-        if not isinstance(meta, _TorchMeta) or not meta.all_decode or meta.decode_pages is None:
+        if not isinstance(meta, TorchMeta) or not meta.all_decode or meta.decode_pages is None:
             return None
         int8_pool = pool.quantized and pool.k.dtype == torch.int8
         if pool.k.dtype != model.dtype and not int8_pool:

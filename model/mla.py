@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from houchu.model.attention import TorchSDPABackend, _TorchMeta
+from houchu.model.attention_meta import TorchMeta
+from houchu.model.attention_torch import TorchSDPABackend
 from houchu.model.batch import StepBatch
 from houchu.model.config import ModelConfig, ModelLoadError
 from houchu.model.mla_pool import LatentKVPool, mla_of
@@ -68,7 +69,7 @@ def softmax_scale(cfg: ModelConfig) -> float:
     return scale
 
 
-def prepare_mla(batch: StepBatch) -> _TorchMeta:
+def prepare_mla(batch: StepBatch) -> TorchMeta:
     """The step's decode rows, prefill chunks and verification groups (the torch
     backend's per-step metadata: MLA attends with torch ops on any device)."""
     return TorchSDPABackend.prepare(TorchSDPABackend(), batch)
@@ -141,7 +142,7 @@ class MLAAttention(nn.Module):
         layer: int,
         pool: LatentKVPool,
         batch: StepBatch,
-        meta: _TorchMeta,
+        meta: TorchMeta,
         ops: TorchOps,
     ) -> torch.Tensor:
         """Store this step's latents for ``layer`` and attend.
@@ -202,7 +203,7 @@ class MLAAttention(nn.Module):
         q_nope: torch.Tensor,
         q_pe: torch.Tensor,
         pool: LatentKVPool,
-        meta: _TorchMeta,
+        meta: TorchMeta,
     ) -> torch.Tensor:
         """One query per sequence: q_nope ``[B, H, dn]``, q_pe ``[B, H, dr]`` ->
         ``[B, H, dv]``, absorbed (or expanded when ``absorb`` is off)."""

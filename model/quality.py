@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from houchu.model.attention import AttentionBackend, TorchSDPABackend
+from houchu.model.attention import AttentionBackend
+from houchu.model.attention_torch import TorchSDPABackend
 from houchu.model.batch import build_batch
 from houchu.model.kv_pool import KVPool
 from houchu.model.llama import LlamaModel

@@ -13,7 +13,7 @@ import random
 
 import torch
 
-from houchu.model.attention import TorchSDPABackend
+from houchu.model.attention_torch import TorchSDPABackend
 from houchu.model.batch import build_batch
 from houchu.model.gguf_writers import write_llama_gguf
 from houchu.model.kv_pool import KVPool

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from houchu.model import cpu_kernels
-from houchu.model.attention import TorchSDPABackend, _PrefillSeq, _TorchMeta, make_backend
+from houchu.model.attention import make_backend
+from houchu.model.attention_meta import PrefillSeq, TorchMeta
+from houchu.model.attention_torch import TorchSDPABackend
 from houchu.model.kv_pool import KVPool
 from houchu.model.ops import CpuOps, TorchOps
 from houchu.model.rope import rope_cos_sin
@@ -109,7 +111,7 @@ def test_paged_decode_matches_sdpa(kv_dtype, dtype, ps, h, hkv, d, lens):
     q = qkv[:, : h * d].view(len(lens), h, d)  # a strided view, as the model passes it
     lens_t = torch.tensor(lens, dtype=torch.int32)
     span = torch.arange(n_pages * ps)
-    meta = _TorchMeta(
+    meta = TorchMeta(
         all_decode=True,
         decode_pages=bt,
         decode_mask=(span[None] < lens_t[:, None])[:, None, None],
@@ -163,7 +165,7 @@ def test_prefill_attention_matches_sdpa(dtype, n, start, h, hkv, d):
     k, v = torch.randn(2, start + n, hkv, d, generator=g).to(dtype)
     pos = torch.arange(start, start + n)[:, None]  # [n, 1]
     mask = torch.arange(start + n)[None, :] <= pos if start else None  # [n, L]
-    seq = _PrefillSeq(rows=(0, n), start=start, kv_len=start + n, pages=None, mask=mask)
+    seq = PrefillSeq(rows=(0, n), start=start, kv_len=start + n, pages=None, mask=mask)
     want = TorchSDPABackend()._prefill(q, k, v, seq)
     got = make_backend("cpu")._prefill(q, k, v, seq)
     assert got.shape == (n, h, d) and got.dtype == dtype

@@ -10,7 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from houchu.model.attention import TorchSDPABackend, _LayeredMeta, make_backend
+from houchu.model.attention import make_backend
+from houchu.model.attention_meta import LayeredMeta
+from houchu.model.attention_torch import TorchSDPABackend
 from houchu.model.attention_window import LayerAttention
 from houchu.model.batch import build_batch
 from houchu.transport.messages import SeqWork
@@ -88,7 +90,7 @@ def test_windowed_attention_matches_dense(kv_dtype, dtype, ps, h, hkv, d, window
     for name in ("torch", "cpu"):
         backend = make_backend(name)
         meta = backend.prepare(batch, layers)
-        assert isinstance(meta, _LayeredMeta)
+        assert isinstance(meta, LayeredMeta)
         got = backend.forward(0, q, k_new, v_new, pool, batch, meta)  # writes the new K/V
         want = reference(q, pool, tables, batch.start_pos, batch.kv_lens, window)
         tol = 2e-5 if dtype == torch.float32 else 2e-2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model.attention import TorchSDPABackend
+from houchu.model.attention_torch import TorchSDPABackend
 from houchu.model.batch import build_batch
 from houchu.model.cuda_graph import StaticDecode
 from houchu.model.kv_pool import KVPool

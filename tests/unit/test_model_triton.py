@@ -14,7 +14,8 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from houchu.model.attention import TorchSDPABackend, _TorchMeta  # noqa: E402
+from houchu.model.attention_meta import TorchMeta  # noqa: E402
+from houchu.model.attention_torch import TorchSDPABackend  # noqa: E402
 from houchu.model.kv_pool import KVPool, dequantize_kv  # noqa: E402
 from houchu.model.ops import TorchOps  # noqa: E402
 from houchu.model.rope import rope_cos_sin  # noqa: E402
@@ -122,7 +123,7 @@ def test_paged_decode_matches_sdpa(kv_dtype, ps, h, hkv, lens):
     q = torch.randn(len(lens), h, d, generator=g).to(DEV)
     lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
     span = torch.arange(n_pages * ps, device=DEV)
-    meta = _TorchMeta(
+    meta = TorchMeta(
         all_decode=True, decode_pages=bt, decode_mask=(span[None] < lens_t[:, None])[:, None, None]
     )
     want = TorchSDPABackend()._decode(0, q, pool, meta)
