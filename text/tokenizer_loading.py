@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from houchu.text.tokenizer_cache import load_gguf_tokenizer
 from houchu.text.tokenizer_errors import TokenizerError
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def read_tokenizer(path: Path) -> TokenizerFiles:
             raise TokenizerError(f"{path} is neither a .gguf file nor a model directory")
         metadata = _gguf_metadata(path)
         try:
-            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            hf = load_gguf_tokenizer(path)  # converted once, then from the cache
         except Exception as exc:
             raise TokenizerError(f"cannot build a tokenizer from {path}: {exc}") from exc
         add_bos = metadata.get("tokenizer.ggml.add_bos_token")

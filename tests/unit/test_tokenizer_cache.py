@@ -1,0 +1,84 @@
+"""The GGUF tokenizer's conversion is cached: a cached load equals a fresh conversion
+(encodings, chat template, special tokens), a damaged entry or an unwritable cache only
+costs the conversion, and an edited file converts again."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from houchu.text import tokenizer_cache
+from houchu.text.tokenizer import load_tokenizer
+from houchu.transport.messages import ChatMessage
+
+TEXTS = [
+    "Hello, world!",
+    "<|im_start|>user\nwhat's 2+2?<|im_end|>",
+    "ünïcödé 日本語 emoji 🍜 and  double  spaces\n\ttabs",
+    "def f(x):\n    return x ** 2  # code",
+]
+CHAT = [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi!")]
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "time", "parameters": {"type": "object", "properties": {}}},
+    }
+]
+
+
+@pytest.fixture
+def gguf(tmp_path, real_model_path, monkeypatch):
+    """A private copy of the default GGUF and an empty cache."""
+    monkeypatch.setenv("HOUCHU_CACHE", str(tmp_path / "cache"))
+    copy = tmp_path / "model" / real_model_path.name
+    copy.parent.mkdir()
+    shutil.copy(real_model_path, copy)
+    return copy
+
+
+def _same(a, b) -> None:
+    for t in TEXTS:
+        assert a.encode(t) == b.encode(t)
+        assert a.decode(a.encode(t)) == b.decode(b.encode(t))
+    assert a.hf_tokenizer.chat_template == b.hf_tokenizer.chat_template
+    assert a.apply_chat_template(CHAT) == b.apply_chat_template(CHAT)
+    assert a.apply_chat_template(CHAT, TOOLS) == b.apply_chat_template(CHAT, TOOLS)
+    assert (a.add_bos, a.eos_token_ids) == (b.add_bos, b.eos_token_ids)
+    assert a.hf_tokenizer.special_tokens_map == b.hf_tokenizer.special_tokens_map
+
+
+def test_a_cached_load_equals_the_conversion(gguf):
+    fresh = load_tokenizer(gguf)
+    folder = tokenizer_cache.tokenizer_cache_dir() / tokenizer_cache.cache_key(gguf)
+    assert (folder / "tokenizer.json").is_file()
+    cached = load_tokenizer(gguf)
+    assert cached.hf_tokenizer.name_or_path == str(folder)  # read from the cache
+    assert fresh.hf_tokenizer.name_or_path != str(folder)
+    _same(fresh, cached)
+
+
+def test_a_damaged_entry_converts_again(gguf):
+    fresh = load_tokenizer(gguf)
+    folder = tokenizer_cache.tokenizer_cache_dir() / tokenizer_cache.cache_key(gguf)
+    (folder / "tokenizer.json").write_text("{not json")
+    again = load_tokenizer(gguf)
+    assert again.hf_tokenizer.name_or_path != str(folder)
+    _same(fresh, again)
+
+
+def test_an_edited_file_has_another_key(gguf):
+    key = tokenizer_cache.cache_key(gguf)
+    st = gguf.stat()
+    os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert tokenizer_cache.cache_key(gguf) != key
+
+
+def test_an_unwritable_cache_still_loads(gguf, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HOUCHU_CACHE", str(blocker))
+    tok = load_tokenizer(gguf)
+    assert tok.encode("Hello") and not (blocker / "tokenizers").exists()
