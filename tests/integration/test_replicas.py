@@ -207,7 +207,9 @@ async def stream_finals(base: str, i: int, started: asyncio.Event) -> dict[str, 
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": f"Tell a long story number {i}."}],
-        "max_tokens": 128,  # long enough that the kill lands mid-stream
+        # long enough that the kill lands mid-stream even when the replicas table the
+        # victim is picked from lags by a few seconds (128 tokens ended first once)
+        "max_tokens": 384,
         "ignore_eos": True,
         "stream": True,
     }
