@@ -41,9 +41,7 @@ def _serve_tokens(model, *flags: str, **kw: bool) -> tuple[list[list[int]], str]
 
 
 def test_compiled_equals_eager_through_api(real_model_path, server):
-    compiled, log = _serve_tokens(
-        real_model_path, "--compile", "on", "--decode-batch-sizes", "2,4"
-    )
+    compiled, log = _serve_tokens(real_model_path, "--compile", "on", "--decode-batch-sizes", "2,4")
     assert "compiled_decode in" in log and "not faster" not in log
     eager = asyncio.run(_all(server.ws_url))  # the shared server: --compile off
     assert "compiled_decode" not in server.output()
