@@ -88,15 +88,16 @@ def test_avx2_kernels_match_the_same_references(tmp_path):
 
 @needs_cross
 def test_operator_sources_compile_for_aarch64(tmp_path):
-    """The operator files whose NEON branches the program above does not include (the
-    argmax operator, the attention operator, the fused decode layers) compile at the
-    ``neon`` level."""
-    sources = [ROOT / "model" / "cpu_kernels" / f for f in ("argmax.cpp", "attention.cpp")]
-    sources.append(ROOT / "model" / "cpu_kernels" / "decode_layers.cpp")
+    """Every operator file compiles at the ``neon`` level, as the build compiles them:
+    its two unity translation units (``cpu_kernels.write_units``), checked side by side,
+    so the NEON branches the program above does not include (the argmax and attention
+    operators, the fused decode layers, prefill attention) are checked too."""
+    here = Path(cpu_kernels.__file__).parent
+    units = cpu_kernels.write_units([here / s for s in cpu_kernels._SOURCES], tmp_path)  # noqa: SLF001
     cmd = _compile("neon", tmp_path / "unused", "-fsyntax-only")
     cmd = [c for c in cmd if c not in ("-o", str(tmp_path / "unused"))]
     cmd.append(f"-I{TORCH_INCLUDE / 'torch' / 'csrc' / 'api' / 'include'}")
-    build = subprocess.run(
-        [*cmd, *map(str, sources)], capture_output=True, text=True, timeout=600, check=False
-    )
-    assert build.returncode == 0, build.stderr[-4000:]
+    builds = [subprocess.Popen([*cmd, str(u)], stderr=subprocess.PIPE, text=True) for u in units]
+    for unit, build in zip(units, builds, strict=True):
+        _, err = build.communicate(timeout=600)
+        assert build.returncode == 0, f"{unit.name}: {err[-4000:]}"
