@@ -43,15 +43,6 @@ import torch
 
 from houchu.model import cpu_isa as isa
 
-_SOURCES = (
-    "norm_rope.cpp",
-    "attention.cpp",
-    "quant.cpp",
-    "gemv.cpp",
-    "decode_layers.cpp",
-    "argmax.cpp",
-    "prefill_attention.cpp",
-)
 # The sources are compiled as two unity translation units, one per core of a 2-core
 # machine: each unit parses the torch headers once (6 s of g++ per unit), where seven
 # units spent 44 of the build's 82 CPU seconds there; the two units' own code is about
@@ -60,6 +51,7 @@ _UNITS = (
     ("decode_layers.cpp", "gemv.cpp"),
     ("attention.cpp", "norm_rope.cpp", "prefill_attention.cpp", "quant.cpp", "argmax.cpp"),
 )
+_SOURCES = tuple(name for unit in _UNITS for name in unit)
 _HEADERS = (
     "library.h",
     "vec.h",
