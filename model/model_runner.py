@@ -39,6 +39,7 @@ from houchu.model.batch import StepBatch, build_batch
 from houchu.model.config import ModelConfig, resolve_model_file
 from houchu.model.device import resolve_device
 from houchu.model.fused_cpu import FusedDecode
+from houchu.model.gguf_file import forget_gguf
 from houchu.model.grammar import GrammarEngine, RequestGrammar
 from houchu.model.kv_pool import KVPool
 from houchu.model.kv_transfer import HostKVMirror
@@ -143,6 +144,7 @@ class ModelRunner:
                 self.model = load_sharded(
                     model_path, self.tp, self.dtype, self.device, prepack, quant
                 )
+        forget_gguf()  # the file's metadata was parsed once, for the mode and the weights
         if building is not None:
             building.result()  # never raises: make_backend reports why the kernels are out
         self.backend = make_backend(

@@ -268,10 +268,8 @@ def load_gguf_shard(
         ModelLoadError: see ``load_gguf``.
         TensorParallelError: a column cut inside a quantization block.
     """
-    import gguf
-
     try:
-        reader = gguf.GGUFReader(str(path), "r")
+        reader = open_gguf(path)
     except Exception as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
     cfg = config_from_gguf_reader(reader, path)

@@ -4,7 +4,11 @@ transformers builds a fast tokenizer from a GGUF vocabulary by converting it (ab
 of one core for the default model's 49,152 tokens, on every server start, beside the
 weights' load). The converted tokenizer is saved with ``save_pretrained`` into
 ``$HOUCHU_CACHE/tokenizers/<key>`` (``tokenizer.json``, ``tokenizer_config.json``, the
-chat template), and later loads read those files (about 0.3 s). The key hashes the GGUF
+chat template), with the file's ``tokenizer.ggml.*`` scalar metadata beside them
+(``gguf_metadata.json``: BOS, EOS and the vocabulary's kind), and later loads read
+those files (about 0.3 s) without opening the GGUF file or importing torch (reading
+GGUF metadata through transformers imports it: 1-3 s of a core at each start). The
+key hashes the GGUF
 file's resolved path, size and modification time and the transformers and tokenizers
 versions, so an edited file or an upgrade converts again. An unwritable or damaged cache
 only costs the conversion.
@@ -13,6 +17,7 @@ only costs the conversion.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -21,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from houchu.cli.fetch import cache_dir
+from houchu.text.tokenizer_errors import TokenizerError
 
 log = logging.getLogger(__name__)
 
@@ -43,34 +49,74 @@ def cache_key(path: Path) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def load_gguf_tokenizer(path: Path) -> Any:
-    """The transformers fast tokenizer of the GGUF file ``path``: from the cache when it
-    holds one for this file, else converted from the file and cached.
+METADATA_FILE = "gguf_metadata.json"
+
+
+def load_gguf_tokenizer(path: Path) -> tuple[Any, dict[str, Any]]:
+    """The transformers fast tokenizer of the GGUF file ``path`` and the file's
+    ``tokenizer.ggml.*`` scalar metadata: from the cache when it holds them for this
+    file, else converted and read from the file, and cached.
 
     Raises:
+        TokenizerError: the file's metadata cannot be read.
         Exception: what transformers raises for a GGUF file it cannot build a tokenizer
             from (the caller turns it into a ``TokenizerError``).
     """
-    from transformers import AutoTokenizer
-
     folder = tokenizer_cache_dir() / cache_key(path)
     if (folder / "tokenizer.json").is_file():
         try:
-            return AutoTokenizer.from_pretrained(str(folder))
-        except Exception as exc:  # a damaged entry: convert again
+            from transformers import PreTrainedTokenizerFast  # not AutoTokenizer: no torch
+
+            metadata = json.loads((folder / METADATA_FILE).read_text(encoding="utf-8"))
+            return PreTrainedTokenizerFast.from_pretrained(str(folder)), metadata
+        except Exception as exc:  # a damaged or older entry: convert again
             log.warning("cached tokenizer %s unreadable (%s); converting %s", folder, exc, path)
+    from transformers import AutoTokenizer
+
+    metadata = gguf_tokenizer_metadata(path)
     hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    _save(hf, folder)
-    return hf
+    _save(hf, metadata, folder)
+    return hf, metadata
 
 
-def _save(hf: Any, folder: Path) -> None:
-    """Write ``hf`` into ``folder`` atomically (a temporary folder renamed into place, so
-    a reader never sees half an entry); errors are logged, not raised."""
+def gguf_tokenizer_metadata(path: Path) -> dict[str, Any]:
+    """The ``tokenizer.ggml.*`` scalar metadata of a GGUF file (string arrays, the
+    vocabulary and merges, are not read).
+
+    Raises:
+        TokenizerError: the file's metadata cannot be read.
+    """
+    try:
+        from transformers.integrations.gguf.reader import read_gguf_metadata
+
+        metadata, _ = read_gguf_metadata(str(path))
+    except ImportError:  # another transformers layout: fall back to the gguf package
+        from houchu.model.gguf_file import open_gguf
+
+        reader = open_gguf(path)
+        metadata = {  # scalars only: one type, not [ARRAY, element type]
+            key: field.contents()
+            for key, field in reader.fields.items()
+            if key.startswith("tokenizer.ggml.") and len(field.types) == 1
+        }
+    except Exception as exc:
+        raise TokenizerError(f"cannot read GGUF metadata of {path}: {exc}") from exc
+    return {
+        k: v
+        for k, v in metadata.items()
+        if k.startswith("tokenizer.ggml.") and isinstance(v, (bool, int, float, str))
+    }
+
+
+def _save(hf: Any, metadata: dict[str, Any], folder: Path) -> None:
+    """Write ``hf`` and ``metadata`` into ``folder`` atomically (a temporary folder
+    renamed into place, so a reader never sees half an entry); errors are logged, not
+    raised."""
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         hf.save_pretrained(str(tmp))
+        (tmp / METADATA_FILE).write_text(json.dumps(metadata), encoding="utf-8")
         try:
             os.replace(tmp, folder)
         except OSError:  # another process cached it first

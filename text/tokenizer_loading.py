@@ -54,14 +54,13 @@ def read_tokenizer(path: Path) -> TokenizerFiles:
     """
     if not path.exists():
         raise FileNotFoundError(f"no model at {path}")
-    from transformers import AutoTokenizer
-
     if path.is_file():
         if path.suffix != ".gguf":
             raise TokenizerError(f"{path} is neither a .gguf file nor a model directory")
-        metadata = _gguf_metadata(path)
         try:
-            hf = load_gguf_tokenizer(path)  # converted once, then from the cache
+            hf, metadata = load_gguf_tokenizer(path)  # converted once, then from the cache
+        except TokenizerError:
+            raise
         except Exception as exc:
             raise TokenizerError(f"cannot build a tokenizer from {path}: {exc}") from exc
         add_bos = metadata.get("tokenizer.ggml.add_bos_token")
@@ -70,6 +69,8 @@ def read_tokenizer(path: Path) -> TokenizerFiles:
         declared = [metadata.get(key) for key in _GGUF_EOG_KEYS]
         name = path.stem
     else:
+        from transformers import AutoTokenizer
+
         try:
             hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
         except Exception as exc:
@@ -98,26 +99,6 @@ def _end_of_turn_ids(hf: Any) -> list[int]:
     added = hf.backend_tokenizer.get_added_tokens_decoder()
     by_text = {t.content: i for i, t in added.items() if t.special}
     return [by_text[m] for m in _END_OF_TURN_MARKERS if m in by_text and m in template]
-
-
-def _gguf_metadata(path: Path) -> dict[str, Any]:
-    """Scalar metadata of a GGUF file (string arrays are not read)."""
-    try:
-        from transformers.integrations.gguf.reader import read_gguf_metadata
-
-        metadata, _ = read_gguf_metadata(str(path))
-        return metadata
-    except ImportError:  # another transformers layout: fall back to the gguf package
-        from gguf import GGUFReader
-
-        reader = GGUFReader(str(path))
-        return {
-            key: field.contents()
-            for key, field in reader.fields.items()
-            if key.startswith(("tokenizer.ggml.add_", "tokenizer.ggml.e", "tokenizer.ggml.model"))
-        }
-    except Exception as exc:
-        raise TokenizerError(f"cannot read GGUF metadata of {path}: {exc}") from exc
 
 
 def _read_json(path: Path) -> dict[str, Any]:

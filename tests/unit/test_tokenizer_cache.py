@@ -4,8 +4,11 @@ costs the conversion, and an edited file converts again."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -82,3 +85,30 @@ def test_an_unwritable_cache_still_loads(gguf, tmp_path, monkeypatch):
     monkeypatch.setenv("HOUCHU_CACHE", str(blocker))
     tok = load_tokenizer(gguf)
     assert tok.encode("Hello") and not (blocker / "tokenizers").exists()
+
+
+def test_a_cached_load_keeps_the_metadata_and_never_imports_torch(gguf):
+    fresh = load_tokenizer(gguf)
+    folder = tokenizer_cache.tokenizer_cache_dir() / tokenizer_cache.cache_key(gguf)
+    meta = json.loads((folder / tokenizer_cache.METADATA_FILE).read_text())
+    assert meta["tokenizer.ggml.model"] == "gpt2" and "tokenizer.ggml.eos_token_id" in meta
+    assert len(json.dumps(meta)) < 4096  # scalars only: no vocabulary, merges or types
+    code = (
+        "import sys; from pathlib import Path; from houchu.text.tokenizer import load_tokenizer; "
+        f"t = load_tokenizer(Path({str(gguf)!r})); "
+        "print(t.add_bos, t.eos_token_ids, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
+    ).stdout.split()
+    assert out[-1] == "False"  # read from the cache: neither torch nor the GGUF parse
+    assert " ".join(out[:-1]) == f"{fresh.add_bos} {fresh.eos_token_ids}".replace(", ", ",")
+
+
+def test_an_entry_without_metadata_converts_again(gguf):
+    fresh = load_tokenizer(gguf)
+    folder = tokenizer_cache.tokenizer_cache_dir() / tokenizer_cache.cache_key(gguf)
+    (folder / tokenizer_cache.METADATA_FILE).unlink()  # an entry an older houchu wrote
+    again = load_tokenizer(gguf)
+    assert again.hf_tokenizer.name_or_path != str(folder)
+    _same(fresh, again)
