@@ -13,7 +13,7 @@ from houchu.model.model_runner import ModelRunner
 from houchu.model.qlinear import Int4Linear, Int8Linear, make_linear
 from houchu.model.quant import QuantSpec, gguf_q4_to_int4, quantize_int4
 from houchu.model.testing import make_tiny_llama
-from houchu.model.w8a8 import W8A8Linear
+from houchu.model.w8a8 import W8A8_OUTLIER_SHARE, W8A8Linear
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 
@@ -77,7 +77,7 @@ def test_w8a8_runs_outlier_features_in_float():
     x[:, 200] *= -100.0
     exact = x @ w.t()
     plain, mixed = W8A8Linear(w, num_outliers=0), W8A8Linear(w)
-    assert mixed.num_outliers == 256 // 16
+    assert mixed.num_outliers == int(256 * W8A8_OUTLIER_SHARE) == 256 // 8
     ref8 = F.linear(x, mixed.q.float() * mixed.wscale[:, None])  # int8 weights, float x
 
     def err(y: torch.Tensor) -> float:
