@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -10,6 +11,9 @@ from houchu.model.config import ModelConfig, ModelLoadError, resolve_model_file
 from houchu.model.llama import LlamaModel, Weights
 from houchu.model.quant import QuantSpec
 from houchu.model.shard import Shard
+
+if TYPE_CHECKING:
+    from houchu.model.tp_group import TPGroup
 
 DTYPES = {
     "float32": torch.float32,
@@ -76,3 +80,38 @@ def load_model(
     quant = quant or QuantSpec()
     cfg, tensors = load_tensors(path, dtype, quant.keeps_gguf_q4)
     return LlamaModel.from_tensors(cfg, tensors, device, prepack, quant)
+
+
+def load_runner_model(
+    path: str | Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    prepack: bool,
+    quant: QuantSpec,
+    tp: TPGroup | None = None,
+    build_kernels: bool = False,
+) -> LlamaModel:
+    """``load_model`` (or, with ``tp``, this rank's shard: ``load_sharded``) as a model
+    runner starts: with ``build_kernels``, houchu's C++ CPU kernels build (the first start
+    at an ISA level) while the weights load; the GGUF file's parsed metadata
+    (``gguf_file.open_gguf``, shared by the quantization mode, the configuration and the
+    weights) is dropped once they are loaded.
+
+    Raises:
+        ModelLoadError: see ``load_model``.
+    """
+    from houchu.model import cpu_kernels
+    from houchu.model.gguf_file import forget_gguf
+
+    building = cpu_kernels.load_in_background() if build_kernels else None
+    with torch.inference_mode():
+        if tp is None:
+            model = load_model(path, dtype, device, prepack, quant)
+        else:
+            from houchu.model.tensor_parallel import load_sharded
+
+            model = load_sharded(path, tp, dtype, device, prepack, quant)
+    forget_gguf()
+    if building is not None:
+        building.result()  # never raises: make_backend reports why the kernels are out
+    return model

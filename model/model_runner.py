@@ -39,11 +39,10 @@ from houchu.model.batch import StepBatch, build_batch
 from houchu.model.config import ModelConfig, resolve_model_file
 from houchu.model.device import resolve_device
 from houchu.model.fused_cpu import FusedDecode
-from houchu.model.gguf_file import forget_gguf
 from houchu.model.grammar import GrammarEngine, RequestGrammar
 from houchu.model.kv_pool import KVPool
 from houchu.model.kv_transfer import HostKVMirror
-from houchu.model.loader import load_model, parse_dtype
+from houchu.model.loader import load_runner_model, parse_dtype
 from houchu.model.mla_lever import MLALever, mla_levers_note
 from houchu.model.mla_pool import LatentKVPool
 from houchu.model.ops import make_ops
@@ -131,22 +130,10 @@ class ModelRunner:
         self.dtype = parse_dtype(o.dtype)
         mode = resolve_quant_mode(o.quantization, resolve_model_file(model_path))
         quant = QuantSpec(mode, o.quant_group_size, o.int4_activations)
-        # the C++ kernels build (first start at this ISA level) while the weights load
-        building = None
-        if self.device.type == "cpu" and o.attention_backend in ("auto", "cpu"):
-            building = cpu_kernels.load_in_background()
-        with torch.inference_mode():
-            if self.tp is None:
-                self.model = load_model(model_path, self.dtype, self.device, prepack, quant)
-            else:
-                from houchu.model.tensor_parallel import load_sharded
-
-                self.model = load_sharded(
-                    model_path, self.tp, self.dtype, self.device, prepack, quant
-                )
-        forget_gguf()  # the file's metadata was parsed once, for the mode and the weights
-        if building is not None:
-            building.result()  # never raises: make_backend reports why the kernels are out
+        build = self.device.type == "cpu" and o.attention_backend in ("auto", "cpu")
+        self.model = load_runner_model(
+            model_path, self.dtype, self.device, prepack, quant, self.tp, build_kernels=build
+        )
         self.backend = make_backend(
             o.attention_backend, self.device, page_size=o.page_size, kv_dtype=o.kv_cache_dtype
         )
