@@ -110,13 +110,17 @@ def gguf_tokenizer_metadata(path: Path) -> dict[str, Any]:
 
 def _save(hf: Any, metadata: dict[str, Any], folder: Path) -> None:
     """Write ``hf`` and ``metadata`` into ``folder`` atomically (a temporary folder
-    renamed into place, so a reader never sees half an entry); errors are logged, not
-    raised."""
+    renamed into place, so a reader never sees half an entry), replacing a damaged entry
+    there; errors are logged, not raised."""
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         hf.save_pretrained(str(tmp))
         (tmp / METADATA_FILE).write_text(json.dumps(metadata), encoding="utf-8")
+        if folder.exists():  # a damaged entry: moved aside (a rename onto it would fail)
+            old = folder.with_name(f"{tmp.name}.damaged")
+            os.replace(folder, old)
+            shutil.rmtree(old, ignore_errors=True)
         try:
             os.replace(tmp, folder)
         except OSError:  # another process cached it first

@@ -70,6 +70,9 @@ def test_a_damaged_entry_converts_again(gguf):
     again = load_tokenizer(gguf)
     assert again.hf_tokenizer.name_or_path != str(folder)
     _same(fresh, again)
+    repaired = load_tokenizer(gguf)  # the conversion replaced the damaged entry
+    assert repaired.hf_tokenizer.name_or_path == str(folder)
+    _same(fresh, repaired)
 
 
 def test_an_edited_file_has_another_key(gguf):
@@ -112,3 +115,6 @@ def test_an_entry_without_metadata_converts_again(gguf):
     again = load_tokenizer(gguf)
     assert again.hf_tokenizer.name_or_path != str(folder)
     _same(fresh, again)
+    assert (folder / tokenizer_cache.METADATA_FILE).is_file()  # rewritten: read next time
+    assert load_tokenizer(gguf).hf_tokenizer.name_or_path == str(folder)
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no leftovers
