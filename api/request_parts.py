@@ -151,9 +151,21 @@ def one_prompt(prompt: list[Any]) -> Any:
     return prompt[0]
 
 
-def prompt_of(prompt: str | list[int]) -> tuple[str | None, list[int] | None]:
-    """(text, None) or (None, token ids)."""
-    return (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
+def prompt_of(prompt: str | list[int], vocab_size: int = 0) -> tuple[str | None, list[int] | None]:
+    """(text, None) or (None, token ids); token ids must be in ``[0, vocab_size)`` (0:
+    not checked). Raises ``ApiError`` (400) naming ``prompt``."""
+    if isinstance(prompt, str):
+        return prompt, None
+    ids = list(prompt)
+    bad = [t for t in ids if t < 0 or (vocab_size and t >= vocab_size)]
+    if bad:
+        raise ApiError(
+            f"'prompt' holds token id {bad[0]}, outside this model's vocabulary "
+            f"[0, {vocab_size or 'vocabulary size'})",
+            param="prompt",
+            code="invalid_value",
+        )
+    return None, ids
 
 
 def sampling_params(

@@ -74,7 +74,7 @@ def parse_completion(
     ``logprobs`` asks for the prompt's logprobs with as many alternatives. Raises
     ``ApiError`` (400)."""
     req = decode_request(body, CompletionRequest, model_name, vocab_size)
-    prompt, prompt_ids = prompt_of(req.prompt)
+    prompt, prompt_ids = prompt_of(req.prompt, vocab_size)
     top_n = req.logprobs
     max_tokens = max_tokens_of(
         req.max_tokens, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS, max_context
@@ -162,7 +162,7 @@ def parse_ws_generate(
         messages, prompt, prompt_ids = chat_messages(req.messages), None, None
         default = DEFAULT_CHAT_MAX_TOKENS
     elif req.prompt is not None:
-        messages, (prompt, prompt_ids) = None, prompt_of(req.prompt)
+        messages, (prompt, prompt_ids) = None, prompt_of(req.prompt, vocab_size)
         default = DEFAULT_COMPLETION_MAX_TOKENS
     else:
         raise ApiError(

@@ -129,3 +129,18 @@ def test_logit_bias_banning_every_token_is_refused() -> None:
     assert e.value.status == 400 and e.value.param == "logit_bias"
     del every["7"]
     assert len(_parse("chat", "logit_bias", every).sampling.logit_bias) == 49
+
+
+@pytest.mark.parametrize("prompt", [[50], [[1, 2, 50]], [999999]])
+def test_token_id_prompts_outside_the_vocabulary_are_refused(prompt: list) -> None:
+    """A token-id prompt names tokens of the vocabulary (ids below 50 here): outside it,
+    a 400 naming ``prompt``, over HTTP completions and the WebSocket API alike."""
+    from houchu.api.errors import ApiError
+    from houchu.api.validation import parse_completion, parse_ws_generate
+
+    for parse in (parse_completion, parse_ws_generate):
+        with pytest.raises(ApiError) as e:
+            parse({"prompt": prompt}, model_name=MODEL, max_context=MAX_CONTEXT, vocab_size=50)
+        assert (e.value.status, e.value.param, e.value.code) == (400, "prompt", "invalid_value")
+        ok = parse({"prompt": [0, 49]}, model_name=MODEL, max_context=MAX_CONTEXT, vocab_size=50)
+        assert ok.prompt_ids == [0, 49]
