@@ -210,6 +210,8 @@ class Int8Linear(LinearBase):
         self.dense_min_rows = dense_min_rows if self._dense is not None else None
         self._cpu_gemv: torch.Tensor | None = None  # houchu's C++ GEMV layout (opaque)
         self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
+        #: float32 outputs (the LM head: logits), never rounded to a bf16 act dtype
+        self.float_out = False
         self.prepare_cpu_gemv()
 
     def prepare_cpu_gemv(self) -> None:
@@ -234,7 +236,11 @@ class Int8Linear(LinearBase):
         return self._cpu_gemv, 0
 
     def _weight_only(self, xa: torch.Tensor) -> torch.Tensor:
-        """xa: ``[M, K]`` act dtype -> ``[M, N]`` act dtype."""
+        """xa: ``[M, K]`` act dtype -> ``[M, N]`` act dtype (float32 with ``float_out``
+        on the C++ GEMV, which a ``float_out`` layer runs up to ``FLOAT_OUT_MAX_ROWS``
+        rows of bfloat16 activations)."""
+        if _float_gemv_at(self, xa.shape[0]):
+            return cpu_kernels.ops().int8_gemv(xa, self._cpu_gemv, self.out_features, True)
         path = _route(self, xa.shape[0])
         if path == "dense" or (path is None and _dense_at(self, xa.shape[0])):
             return packed_matmul(xa, self._dense, self.out_features)
@@ -242,14 +248,35 @@ class Int8Linear(LinearBase):
             path is None and xa.shape[0] < self.dequant_min_rows
         ):
             if self._cpu_gemv is not None:
-                return cpu_kernels.ops().int8_gemv(xa, self._cpu_gemv, self.out_features)
+                blob, n = self._cpu_gemv, self.out_features
+                return cpu_kernels.ops().int8_gemv(xa, blob, n, self.float_out)
         if self.kernel and (path == "torch" or xa.shape[0] < self.dequant_min_rows):
             return torch.ops.aten._weight_int8pack_mm(xa, self.q, self.wscale_act)
         return F.linear(xa, self.q.to(xa.dtype)) * self.wscale_act  # int8 is exact in bf16
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
-        return self._weight_only(x.to(self.act_dtype)).to(x.dtype)
+        """x: ``[M, K]`` -> ``[M, N]``, same dtype as x (a ``float_out`` layer: float32
+        where its kernel gave float32)."""
+        y = self._weight_only(x.to(self.act_dtype))  # [M, N]
+        return y if self.float_out and y.dtype == torch.float32 else y.to(x.dtype)
+
+
+#: An LM head (``Int8Linear.float_out``) with bfloat16 activations runs on houchu's C++
+#: GEMV up to this many rows whatever the route says, for float32 logits: the dense and
+#: torch paths round them to bfloat16 (steps of 1/16 at a logit of 16, so near-ties of
+#: the top tokens become exact ties, broken by token id). Up to 8 rows is one pass over
+#: the weight (``gemv.kMaxTile``); prefill's last tokens and small decode batches.
+FLOAT_OUT_MAX_ROWS = 8
+
+
+def _float_gemv_at(layer: Int8Linear, rows: int) -> bool:
+    """Whether ``layer`` runs ``rows`` rows on the C++ GEMV for float32 outputs."""
+    return (
+        layer.float_out
+        and layer._cpu_gemv is not None  # noqa: SLF001 (its own module's layers)
+        and layer.act_dtype == torch.bfloat16
+        and rows <= FLOAT_OUT_MAX_ROWS
+    )
 
 
 def base_path(path: str | None) -> str | None:
@@ -286,6 +313,8 @@ def _gemv_at(layer: Int4Linear | Int8Linear, rows: int) -> bool:
     dense and dequantize thresholds)."""
     if layer._cpu_gemv is None:  # noqa: SLF001
         return False
+    if isinstance(layer, Int8Linear) and _float_gemv_at(layer, rows):
+        return True
     path = _route(layer, rows)
     if path is not None:
         return base_path(path) in ("gemv", "fused")
@@ -349,12 +378,15 @@ def make_linear(
         w = w.dequantize(dtype)
     if mode == "none":
         return Linear(w)
-    if mode == "w8a8":
-        from houchu.model.w8a8 import W8A8Linear  # a subclass of Int8Linear: imports this module
+    if mode in ("w8a8", "int8") or head:
+        if mode == "w8a8":
+            from houchu.model.w8a8 import W8A8Linear  # an Int8Linear: imports this module
 
-        return W8A8Linear(w, device)
-    if mode == "int8" or head:
-        return Int8Linear(w, device)
+            layer: Int8Linear = W8A8Linear(w, device)
+        else:
+            layer = Int8Linear(w, device)
+        layer.float_out = head  # the logits stay float32
+        return layer
     q = w if isinstance(w, Int4Weight) else quantize_int4(w, spec.group_size)
     return Int4Linear(q, device, activations=spec.int4_activations)
 

@@ -88,6 +88,11 @@ class GemvInput {
     }
   }
 
+  // out[:, 16 b0 .. 16 b1) = in @ W.T in float32, never rounded to A or T (the logits).
+  void run_float(float* out, int64_t b0, int64_t b1) const {
+    if (b0 < b1) gemv::run_blocks<float>(p_, xa_, B_, out, b0, b1);
+  }
+
  private:
   static const A* cast(const T* in, int64_t n) {
     if constexpr (std::is_same_v<T, A>) {
@@ -270,8 +275,9 @@ struct HeadArgs {
   float* logits = nullptr;     // [B, V]
 };
 
-// logits[:, this thread's blocks] = head(RMSNorm(x)), rounded as the per-op path rounds:
-// the product in A, cast to T, then to float32 (lm_head(x).float()).
+// logits[:, this thread's blocks] = head(RMSNorm(x)) in float32, as the per-op path's
+// LM head (Int8Linear.float_out) computes them: the products summed in float32 and never
+// rounded to the activation dtype (bfloat16 logits turn near-ties into exact ties).
 template <typename T, typename A>
 void head_thread(const HeadArgs& H, const T* x, int64_t B, int64_t hid, float eps, int t,
                  int nt) {
@@ -281,20 +287,8 @@ void head_thread(const HeadArgs& H, const T* x, int64_t B, int64_t hid, float ep
     rms_norm_row<T>(x + r * hid, static_cast<const T*>(H.norm), h.data() + r * hid, hid, eps,
                     nullptr, nullptr, fbuf.data());
   const GemvInput<T, A> in(H.p, h.data(), B, hid);
-  const int64_t V = H.p.n;
-  // 64 blocks (1,024 logits per row) at a time, so each T value is still in cache when
-  // it is widened to float32
   const auto [b0, b1] = share(H.p.nb, t, nt);
-  const int64_t step = 64;
-  std::vector<T>& y = scratch<T>(kDown, B * V);
-  for (int64_t c0 = b0; c0 < b1; c0 += step) {
-    const int64_t c1 = std::min(b1, c0 + step);
-    in.run(y.data(), c0, c1);
-    const int64_t e1 = std::min(V, c1 * kBlock);
-    for (int64_t r = 0; r < B; ++r)
-      for (int64_t c = c0 * kBlock; c < e1; ++c)
-        H.logits[r * V + c] = static_cast<float>(y[r * V + c]);
-  }
+  in.run_float(H.logits, b0, b1);
 }
 
 // All layers, x [B, hidden] -> out [B, hidden], then the head if H.on, in one parallel

@@ -20,7 +20,11 @@ def register_fakes(level: str) -> None:
     reg(lib + "paged_decode_attention")(lambda q, *rest: q.new_empty(q.shape))
     reg(lib + "prefill_attention")(lambda q, k, v, start, scale, window=0: q.new_empty(q.shape))
     reg(lib + "int4_gemv")(lambda x, packed, g, n, int8_acts=False: x.new_empty(x.shape[0], n))
-    reg(lib + "int8_gemv")(lambda x, packed, n: x.new_empty(x.shape[0], n))
+    reg(lib + "int8_gemv")(
+        lambda x, packed, n, float_out=False: x.new_empty(
+            x.shape[0], n, dtype=torch.float32 if float_out else x.dtype
+        )
+    )
     reg(lib + "decode_layers")(_decode_layers_fake)
     reg(lib + "argmax_rows")(lambda x: x.new_empty(x.shape[0], dtype=torch.int64))
     reg(lib + "col_absmax")(lambda x: x.new_empty(x.shape[1], dtype=torch.float32))

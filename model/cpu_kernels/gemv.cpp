@@ -8,7 +8,8 @@
 //   int4_pack(q, scale, offset, group_size) -> packed     once, at model load
 //   int4_gemv(x, packed, group_size, out_features) -> y
 //   int8_pack(q, scale) -> packed                         once, at model load
-//   int8_gemv(x, packed, out_features) -> y
+//   int8_gemv(x, packed, out_features, float_out=False) -> y (float_out: float32 y
+//     from bfloat16 x, as an LM head's logits want: no rounding to bfloat16)
 // Each packed weight is one tensor (a Tensor[] argument costs ~0.5 us more per call).
 //
 // Both weight layouts group output features in blocks of 16 (one AVX-512 lane per
@@ -40,14 +41,14 @@ void with_out_type(const at::Tensor& x, F&& f) {
 
 // y = x @ W.T for a checked PackedLinear, blocks split over torch's threads.
 at::Tensor gemv_call(const at::Tensor& x, const PackedLinear& p, const char* who,
-                     bool int8_acts = false) {
+                     bool int8_acts = false, bool float_out = false) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, who,
               ": x must be bfloat16 or float32, got ", x.scalar_type());
   const int64_t m = x.size(0);
-  auto out = at::empty({m, p.n}, x.options());
+  auto out = at::empty({m, p.n}, float_out ? x.options().dtype(at::kFloat) : x.options());
   if (m == 0) return out;
   const Acts xa = acts_of(x, p.kpad, p.int4 ? p.G : 0, int8_acts);
-  with_out_type(x, [&](auto out_t) {
+  with_out_type(out, [&](auto out_t) {
     using scalar_t = decltype(out_t);
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, p.nb, grain_for(p.blk_bytes), [&](int64_t b0, int64_t b1) {
@@ -173,14 +174,15 @@ at::Tensor int8_pack(const at::Tensor& q, const at::Tensor& scale) {
 
 // x: [M, K] bfloat16 or float32 (any strides); packed: int8_pack's blob; out_features:
 // N -> [M, N] in x's dtype, y = (x @ q.T) * scale with float32 accumulation.
-at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& blob, int64_t out_features) {
+at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& blob, int64_t out_features,
+                     bool float_out) {
   TORCH_CHECK(blob.scalar_type() == at::kChar, "int8_gemv: packed must be int8_pack's contiguous ",
               "int8 [N/16, 1 + K/4, 64]");
   const PackedLinear p = PackedLinear::of(blob, 0, out_features, "int8_gemv");
   TORCH_CHECK(x.dim() == 2 && p.fits(x.size(1)),
               "int8_gemv: x must be [M, K] with K matching the packed weight's ", p.kpad,
               " (padded) columns, got ", x.sizes());
-  return gemv_call(x, p, "int8_gemv");
+  return gemv_call(x, p, "int8_gemv", false, float_out);
 }
 
 }  // namespace gemv
@@ -193,7 +195,7 @@ HOUCHU_FRAGMENT(m) {
       "int4_gemv(Tensor x, Tensor packed, int group_size, int out_features, bool int8_acts=False) "
       "-> Tensor");
   m.def("int8_pack(Tensor q, Tensor scale) -> Tensor");
-  m.def("int8_gemv(Tensor x, Tensor packed, int out_features) -> Tensor");
+  m.def("int8_gemv(Tensor x, Tensor packed, int out_features, bool float_out=False) -> Tensor");
 }
 
 HOUCHU_IMPL(m) {

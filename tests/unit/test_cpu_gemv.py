@@ -114,6 +114,24 @@ def test_int8_gemv_lm_head(m):
     check(cpu_kernels.ops().int8_gemv(x, cpu_kernels.ops().int8_pack(q, scale), n), x, dense)
 
 
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_int8_gemv_float_out_is_the_unrounded_float32_product(m):
+    """``float_out``: bfloat16 x, float32 y within float32 summation order of the exact
+    product (no rounding to bfloat16: the LM head's logits), and y rounded to bfloat16
+    is the default output."""
+    n, k = 4096, 576
+    q, scale, dense = int8_weight(n, k, torch.bfloat16, seed=11)
+    packed = cpu_kernels.ops().int8_pack(q, scale)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(12)).bfloat16()
+    y = cpu_kernels.ops().int8_gemv(x, packed, n, True)  # [m, N] float32
+    assert y.dtype == torch.float32 and y.shape == (m, n)
+    ref = x.float() @ dense.T
+    mag = x.float().abs() @ dense.abs().T
+    assert ((y - ref).abs() <= 1e-5 * mag + 1e-30).all()
+    assert (y != y.bfloat16().float()).float().mean() > 0.9  # not on bfloat16's grid
+    assert torch.equal(cpu_kernels.ops().int8_gemv(x, packed, n), y.bfloat16())
+
+
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 def test_int8_gemv_row_does_not_depend_on_the_other_rows(x_dtype):
     """Batch invariance: a row's output is bit for bit the same alone and among 1..10

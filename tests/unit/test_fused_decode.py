@@ -165,3 +165,17 @@ def test_decode_layers_rejects_bad_input(models):
             [w.out_features[i] for i in swap],
             *tail,
         )
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_logits_are_never_rounded_to_bfloat16(models, rows):
+    """With bfloat16 activations the int8 LM head still gives float32 logits, fused and
+    per-op (the path a prefill's last tokens take): logits rounded to bfloat16 sit on a
+    grid of 1/16 at 16, where near-ties of the top tokens become exact ties."""
+    r = _runner(models["d64"], quantization="int4")
+    if r.model.lm_head.act_dtype != torch.bfloat16:
+        pytest.skip("the int4 layers compute in float32 on this CPU: nothing is rounded")
+    (l0, *_), (l1, *_) = _both_paths(r, rows)
+    for logits in (l0, l1):
+        assert logits.dtype == torch.float32
+        assert (logits != logits.bfloat16().float()).float().mean() > 0.9
