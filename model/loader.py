@@ -14,6 +14,7 @@ from houchu.model.shard import Shard
 
 if TYPE_CHECKING:
     from houchu.model.tp_group import TPGroup
+    from houchu.options.runner_options import RunnerOptions
 
 DTYPES = {
     "float32": torch.float32,
@@ -84,34 +85,38 @@ def load_model(
 
 def load_runner_model(
     path: str | Path,
+    options: RunnerOptions,
     dtype: torch.dtype,
     device: torch.device,
     prepack: bool,
-    quant: QuantSpec,
     tp: TPGroup | None = None,
-    build_kernels: bool = False,
-) -> LlamaModel:
-    """``load_model`` (or, with ``tp``, this rank's shard: ``load_sharded``) as a model
-    runner starts: with ``build_kernels``, houchu's C++ CPU kernels build (the first start
-    at an ISA level) while the weights load; the GGUF file's parsed metadata
-    (``gguf_file.open_gguf``, shared by the quantization mode, the configuration and the
-    weights) is dropped once they are loaded.
+) -> tuple[LlamaModel, QuantSpec]:
+    """The model a runner serves, as it starts, and its ``QuantSpec``: ``options``'
+    quantization resolved for the file (``resolve_quant_mode``), then ``load_model``
+    (with ``tp``, this rank's shard: ``load_sharded``). On the CPU, houchu's C++ kernels
+    build (the first start at an ISA level) while the weights load; the mode and the
+    weights share one parse of a GGUF file (``gguf_file.shared_gguf``).
 
     Raises:
         ModelLoadError: see ``load_model``.
+        ValueError: an unknown quantization mode.
     """
     from houchu.model import cpu_kernels
-    from houchu.model.gguf_file import forget_gguf
+    from houchu.model.gguf_file import shared_gguf
+    from houchu.model.quant import resolve_quant_mode
 
-    building = cpu_kernels.load_in_background() if build_kernels else None
-    with torch.inference_mode():
+    o = options
+    build = device.type == "cpu" and o.attention_backend in ("auto", "cpu")
+    building = cpu_kernels.load_in_background() if build else None
+    with shared_gguf(), torch.inference_mode():
+        mode = resolve_quant_mode(o.quantization, resolve_model_file(path))
+        quant = QuantSpec(mode, o.quant_group_size, o.int4_activations)
         if tp is None:
             model = load_model(path, dtype, device, prepack, quant)
         else:
             from houchu.model.tensor_parallel import load_sharded
 
             model = load_sharded(path, tp, dtype, device, prepack, quant)
-    forget_gguf()
     if building is not None:
         building.result()  # never raises: make_backend reports why the kernels are out
-    return model
+    return model, quant

@@ -36,7 +36,7 @@ from houchu.model import cpu_kernels
 from houchu.model.attention import make_backend
 from houchu.model.attention_window import WindowLedger
 from houchu.model.batch import StepBatch, build_batch
-from houchu.model.config import ModelConfig, resolve_model_file
+from houchu.model.config import ModelConfig
 from houchu.model.device import resolve_device
 from houchu.model.fused_cpu import FusedDecode
 from houchu.model.grammar import GrammarEngine, RequestGrammar
@@ -48,7 +48,6 @@ from houchu.model.mla_pool import LatentKVPool
 from houchu.model.ops import make_ops
 from houchu.model.plan_state import compile_grammars, live_state, resolve_last_sampled
 from houchu.model.prompt_logprobs import rows_wanted, score
-from houchu.model.quant import QuantSpec, resolve_quant_mode
 from houchu.model.runner_report import (
     decode_paths_text,
     runner_info,
@@ -128,11 +127,8 @@ class ModelRunner:
             raise ValueError(f"page_size must be >= 1, got {o.page_size}")
         t0 = time.perf_counter()
         self.dtype = parse_dtype(o.dtype)
-        mode = resolve_quant_mode(o.quantization, resolve_model_file(model_path))
-        quant = QuantSpec(mode, o.quant_group_size, o.int4_activations)
-        build = self.device.type == "cpu" and o.attention_backend in ("auto", "cpu")
-        self.model = load_runner_model(
-            model_path, self.dtype, self.device, prepack, quant, self.tp, build_kernels=build
+        self.model, quant = load_runner_model(
+            model_path, o, self.dtype, self.device, prepack, self.tp
         )
         self.backend = make_backend(
             o.attention_backend, self.device, page_size=o.page_size, kv_dtype=o.kv_cache_dtype

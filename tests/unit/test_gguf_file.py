@@ -1,5 +1,5 @@
 """``open_gguf``: the same fields and tensors as ``gguf.GGUFReader``, over plain views,
-parsed once per unchanged file."""
+parsed once per unchanged file inside ``shared_gguf``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import gguf
 import numpy as np
 
-from houchu.model.gguf_file import forget_gguf, open_gguf
+from houchu.model.gguf_file import open_gguf, shared_gguf
 
 
 def _write(path) -> None:
@@ -60,22 +60,24 @@ def test_views_are_plain_arrays_of_the_mapped_file(tmp_path):
 def test_an_unchanged_file_is_parsed_once(tmp_path):
     path = tmp_path / "t.gguf"
     _write(path)
-    first = open_gguf(path)
-    assert open_gguf(tmp_path / "." / "t.gguf") is first  # the same file, another spelling
-    forget_gguf()
+    with shared_gguf():
+        first = open_gguf(path)
+        assert open_gguf(tmp_path / "." / "t.gguf") is first  # the same file, another spelling
     assert open_gguf(path) is not first
+    assert open_gguf(path) is not open_gguf(path)  # outside a scope: parsed anew each time
 
 
 def test_an_edited_or_replaced_file_is_opened_again(tmp_path):
     path = tmp_path / "t.gguf"
     _write(path)
-    first = open_gguf(path)
-    st = path.stat()
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # edited
-    second = open_gguf(path)
-    assert second is not first
-    other = tmp_path / "u.gguf"
-    _write(other)
-    os.replace(other, path)  # replaced: another inode
-    assert open_gguf(path) is not second
-    assert open_gguf(path, "c") is not open_gguf(path, "c")  # copy-on-write: never shared
+    with shared_gguf():
+        first = open_gguf(path)
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # edited
+        second = open_gguf(path)
+        assert second is not first
+        other = tmp_path / "u.gguf"
+        _write(other)
+        os.replace(other, path)  # replaced: another inode
+        assert open_gguf(path) is not second
+        assert open_gguf(path, "c") is not open_gguf(path, "c")  # copy-on-write: never shared
