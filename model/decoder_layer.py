@@ -11,10 +11,10 @@ from torch import nn
 from houchu.model.block_parts import OffsetRMSNorm, apply_norm, gelu_tanh_mul
 from houchu.model.config import ModelConfig
 from houchu.model.linear import LinearBase
+from houchu.model.linear_factory import fuse_weights, make_linear
 from houchu.model.mla import MLAAttention
 from houchu.model.moe import MoEMLP
 from houchu.model.ops import TorchOps
-from houchu.model.qlinear import fuse_weights, make_linear
 from houchu.model.quant import Int4Weight, QuantSpec
 from houchu.model.weight_shapes import Weights
 

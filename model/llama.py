@@ -34,10 +34,10 @@ from houchu.model.decoder_layer import DecoderLayer, frozen_param, norm_kind
 from houchu.model.fused_cpu import FusedDecode
 from houchu.model.kv_pool import KVPool
 from houchu.model.linear import Linear, LinearBase, onednn_available
+from houchu.model.linear_factory import make_linear
 from houchu.model.mla import MLAAttention, prepare_mla
 from houchu.model.moe import MoEMLP
 from houchu.model.ops import TorchOps
-from houchu.model.qlinear import make_linear
 from houchu.model.quant import QuantSpec
 from houchu.model.rope import RopeTable, rope_cos_sin, rope_inv_freq
 from houchu.model.weight_shapes import Weights, check_shapes

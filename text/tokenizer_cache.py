@@ -8,10 +8,9 @@ chat template), with the file's ``tokenizer.ggml.*`` scalar metadata beside them
 (``gguf_metadata.json``: BOS, EOS and the vocabulary's kind), and later loads read
 those files (about 0.3 s) without opening the GGUF file or importing torch (reading
 GGUF metadata through transformers imports it: 1-3 s of a core at each start). The
-key hashes the GGUF
-file's resolved path, size and modification time and the transformers and tokenizers
-versions, so an edited file or an upgrade converts again. An unwritable or damaged cache
-only costs the conversion.
+key hashes the GGUF file's resolved path, size and modification time and the
+transformers and tokenizers versions, so an edited file or an upgrade converts again. An
+unwritable or damaged cache only costs the conversion.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from houchu.model.kv_pool import KVPool, token_bytes
+from houchu.model.linear_factory import make_linear
 from houchu.model.model_runner import ModelRunner
-from houchu.model.qlinear import Int4Linear, Int8Linear, make_linear
+from houchu.model.qlinear import Int4Linear, Int8Linear
 from houchu.model.quant import QuantSpec, gguf_q4_to_int4, quantize_int4
 from houchu.model.testing import make_tiny_llama
 from houchu.model.w8a8 import W8A8_OUTLIER_SHARE, W8A8Linear
