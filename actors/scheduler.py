@@ -125,6 +125,9 @@ class SchedulerActor:
             waits.append(0.05)  # lower-tier lookups time out: look now and then
         if self.draft.is_waiting:
             waits.append(max(self.draft.time_left(), 0.0))
+        group_wait = self.core.group_wait_s()
+        if group_wait is not None:
+            waits.append(group_wait)
         if self.core.num_in_flight and not self.stuck_reported:
             left = self.config.supervision.heartbeat_timeout - self.core.at_runner_s()
             waits.append(max(left, 0.0))

@@ -180,6 +180,7 @@ class TokenizerActor:
                 stop_ids=stops,
                 arrival_time=req.arrival_time or time.time(),
                 prefill_group=req.prefill_group,
+                prefill_group_size=req.prefill_group_size,
             )
         )
 

@@ -85,6 +85,7 @@ class ParsedRequest:
                     sampling=sampling,
                     arrival_time=now,
                     prefill_group=rid,
+                    prefill_group_size=k,
                     tools=None if self.tools is None else self.tools.template_tools,
                 )
             )

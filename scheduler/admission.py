@@ -54,6 +54,7 @@ def admit(
         msg.stop_ids,
         msg.arrival_time,
         prefill_group=msg.prefill_group,
+        prefill_group_size=msg.prefill_group_size,
     )
 
 

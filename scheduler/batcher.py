@@ -145,6 +145,8 @@ class Batcher:
                 break
             if req.plan_prefilling and req not in scheduled:
                 n = self._chunk(req, budget)
+                if n <= 0:
+                    continue  # a group's first choice: its shared pages are in flight
                 if not self._reserve(req, req.plan_computed + n, preempt=False):
                     break
                 work.append(self._work(req, n))
@@ -198,9 +200,14 @@ class Batcher:
         return plan, scheduled
 
     def _chunk(self, req: Request, budget: int) -> int:
+        """Prefill tokens to plan for ``req`` now (0: none until a step in flight is
+        applied; ``PrefillGroups.prefill_stop``)."""
         n = req.plan_tokens - req.plan_computed
         if self.config.chunked_prefill_size > 0:
             n = min(n, self.config.chunked_prefill_size, budget)
+        stop = self.groups.prefill_stop(req)
+        if stop is not None:
+            n = min(n, stop - req.plan_computed)
         return n
 
     def _work(self, req: Request, n: int) -> SeqWork:

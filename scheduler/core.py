@@ -135,6 +135,8 @@ class SchedulerCore:
             Rejected: prompt + max_tokens exceed the context window or the whole KV pool.
             Overloaded: the waiting queue already holds ``max_queued_tokens`` prompt tokens.
         """
+        # refused or not, it is not waited for any more
+        self.batcher.groups.arrived(msg.prefill_group, msg.prefill_group_size)
         req = admit(msg, self.runner, self.batcher, self.counters)
         self.counters.prompt_tokens += len(msg.prompt_ids)
         self.batcher.add(req)
@@ -231,6 +233,11 @@ class SchedulerCore:
     def on_tier_reply(self, msg: TierReply) -> None:
         """A message of the KV-tier manager: slots granted, a lookup answered, counters."""
         self.tiers.receive(msg)
+
+    def group_wait_s(self) -> float | None:
+        """Seconds until a queued choice of ``n > 1`` stops waiting for the rest of its
+        request (None: none waits; ``PrefillGroups.wake_in``)."""
+        return self.batcher.groups.wake_in()
 
     def is_looking_up(self) -> bool:
         """Lower-tier lookups are outstanding (they time out: look now and then)."""

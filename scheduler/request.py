@@ -46,6 +46,7 @@ class Request:
         arrival_time: seconds (time.time()) when the gateway accepted it.
         prefill_group: the client request it is a choice of ("" alone;
             ``houchu.scheduler.groups``).
+        prefill_group_size: how many choices that client request has (1 alone).
     """
 
     def __init__(
@@ -56,9 +57,11 @@ class Request:
         stop_ids: list[int],
         arrival_time: float = 0.0,
         prefill_group: str = "",
+        prefill_group_size: int = 1,
     ) -> None:
         self.rid = rid
         self.prefill_group = prefill_group
+        self.prefill_group_size = prefill_group_size
         self.shares_prefill = False  # started from another choice's prompt pages
         self.prompt_ids = prompt_ids
         self.output_ids: list[int] = []

@@ -108,7 +108,8 @@ class GenerateRequest(Struct, tag=True, kw_only=True):
     ``prompt_ids`` may be given instead of text (an OpenAI completions prompt of token ids).
     ``prefill_group``: the client request this one is a choice of (``n > 1``), "" when
     alone: the choices of one group share one prompt, which the scheduler prefills once
-    (``houchu.scheduler.groups``).
+    (``houchu.scheduler.groups``). ``prefill_group_size``: how many choices the group has
+    (the gateway sends each as its own request; the scheduler starts them together).
     """
 
     rid: str
@@ -120,6 +121,7 @@ class GenerateRequest(Struct, tag=True, kw_only=True):
     #: the tools a chat template is given (OpenAI ``tools`` entries), or None
     tools: list[dict[str, Any]] | None = None
     prefill_group: str = ""
+    prefill_group_size: int = 1
 
 
 class AbortRequest(Struct, tag=True):
@@ -137,7 +139,8 @@ class TokenizedRequest(Struct, tag=True, kw_only=True):
 
     ``stop_ids``: the ids that end it when sampled (its ``stop_token_ids``, plus the
     model's EOS ids unless ``ignore_eos``), computed once by the tokenizer
-    (``houchu.text.stop.stop_ids``). ``prefill_group``: as ``GenerateRequest``'s.
+    (``houchu.text.stop.stop_ids``). ``prefill_group``, ``prefill_group_size``: as
+    ``GenerateRequest``'s.
     """
 
     rid: str
@@ -146,6 +149,7 @@ class TokenizedRequest(Struct, tag=True, kw_only=True):
     stop_ids: list[int]
     arrival_time: float = 0.0
     prefill_group: str = ""
+    prefill_group_size: int = 1
 
 
 class FinishRequest(Struct, tag=True):

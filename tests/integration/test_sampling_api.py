@@ -42,7 +42,10 @@ def _ws(server, **payload) -> dict:
 
 def test_n3_distinct_reproducible_prefilled_once(server, client):
     before = _stats(server)["parallel_sampling_tokens_shared"]
-    kw = {"model": _model(client), "prompt": LONG, "max_tokens": 12, "temperature": 1.0}
+    # a prompt no other test sends: the first request computes its pages, the later ones
+    # find them cached, and the choices still compute the same steps (scheduler.groups)
+    prompt = LONG + " The roads were built first."
+    kw = {"model": _model(client), "prompt": prompt, "max_tokens": 12, "temperature": 1.0}
     out = client.completions.create(**kw, n=3, seed=11)
     assert [c.index for c in out.choices] == [0, 1, 2]
     texts = [c.text for c in out.choices]

@@ -1,34 +1,41 @@
 """Prefill groups (``n > 1``): the prompt is prefilled once, the other choices start
-from its pages in the radix tree; prompt-logprob requests compute their whole prompt."""
+from its pages in the radix tree; prompt-logprob requests compute their whole prompt.
+The choices start together: the same steps whatever their arrival and the cache."""
 
 from __future__ import annotations
 
-from houchu.transport.messages import SamplingParams, TokenizedRequest
+from houchu.scheduler.groups import ARRIVAL_WAIT_S, PrefillGroups
+from houchu.scheduler.overlap import OverlapLedger
+from houchu.transport.messages import SamplingParams, StepResult, TokenizedRequest
 
 from .test_scheduler import EOS, check_page_tables, make_core, run_step
 
 PROMPT = list(range(10, 23))  # 13 tokens: 3 full pages of 4 before the last token
 
 
-def choice(i: int, group: str = "g", **kw) -> TokenizedRequest:
+def choice(i: int, group: str = "g", size: int = 1, rid: str = "", **kw) -> TokenizedRequest:
     return TokenizedRequest(
-        rid=f"g-{i}",
+        rid=rid or f"{group or 'solo'}-{i}",
         prompt_ids=list(PROMPT),
         sampling=SamplingParams(temperature=1.0, seed=i, max_tokens=3, **kw),
         stop_ids=[EOS],
         prefill_group=group,
+        prefill_group_size=size,
     )
+
+
+def rows(plan) -> list[tuple[str, int, int, bool]]:
+    return [(w.rid, w.start_pos, len(w.token_ids), w.sample) for w in plan.work]
 
 
 def test_the_prompt_is_prefilled_once_and_shared():
     core = make_core(radix=True, num_pages=32)
     for i in range(3):
-        core.add(choice(i))
-    plan, _ = run_step(core)
-    assert [(w.rid, w.start_pos, len(w.token_ids)) for w in plan.work] == [("g-0", 0, 13)]
-    plan, events = run_step(core)  # the others start from the 12 cached tokens
-    starts = {w.rid: (w.start_pos, len(w.token_ids)) for w in plan.work}
-    assert starts == {"g-0": (13, 1), "g-1": (12, 1), "g-2": (12, 1)}
+        core.add(choice(i, size=3))
+    plan, _ = run_step(core)  # the first computes the 12 shareable tokens and stops
+    assert rows(plan) == [("g-0", 0, 12, False)]
+    plan, events = run_step(core)  # then every choice computes the last prompt token
+    assert rows(plan) == [("g-0", 12, 1, True), ("g-1", 12, 1, True), ("g-2", 12, 1, True)]
     assert {e.rid: e.cached_tokens for e in events if e.rid != "g-0"} == {"g-1": 12, "g-2": 12}
     stats = core.stats()
     assert stats["parallel_sampling_tokens_shared"] == 24
@@ -85,3 +92,103 @@ def test_prompt_logprobs_compute_the_whole_prompt_even_when_cached():
     while core.has_work:
         run_step(core)
     check_page_tables(core)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def grouped_core(**kw):
+    core = make_core(radix=True, num_pages=32, **kw)
+    clock = FakeClock()
+    core.batcher.groups = PrefillGroups(True, 4, clock=clock)
+    return core, clock
+
+
+def test_no_choice_starts_before_its_whole_group_arrived():
+    core, clock = grouped_core()
+    core.add(choice(0, size=3))
+    core.add(choice(1, size=3))
+    assert core.next_plan() is None  # the third is still on its way
+    assert core.group_wait_s() == ARRIVAL_WAIT_S
+    clock.t += 0.25
+    assert core.group_wait_s() == ARRIVAL_WAIT_S - 0.25
+    core.add(choice(2, size=3))
+    assert core.group_wait_s() is None
+    plan, _ = run_step(core)
+    assert rows(plan) == [("g-0", 0, 12, False)]
+    plan, _ = run_step(core)
+    assert [w.rid for w in plan.work] == ["g-0", "g-1", "g-2"]
+
+
+def test_a_choice_that_never_comes_is_waited_for_a_bounded_time():
+    core, clock = grouped_core()
+    core.add(choice(0, size=3))
+    core.add(choice(1, size=3))
+    clock.t += ARRIVAL_WAIT_S
+    assert core.group_wait_s() is None
+    plan, _ = run_step(core)
+    assert rows(plan) == [("g-0", 0, 12, False)]
+    plan, _ = run_step(core)
+    assert [w.rid for w in plan.work] == ["g-0", "g-1"]
+
+
+def test_a_refused_choice_is_not_waited_for():
+    core, _ = grouped_core()
+    core.add(choice(0, size=3))
+    core.add(choice(1, size=3))
+    try:
+        core.add(choice(2, size=3, rid="g-1"))  # a request id already queued
+    except Exception as e:  # Rejected
+        assert "already queued" in str(e.failure.message)
+    else:
+        raise AssertionError("a duplicate request id was queued")
+    plan, _ = run_step(core)
+    assert rows(plan) == [("g-0", 0, 12, False)]
+
+
+def test_a_cached_prompt_gives_the_choices_the_same_steps():
+    """Cold (the shared pages computed now) and warm (found in the radix tree): the step
+    in which the choices compute the rest of the prompt has the same rows, and so do the
+    decode steps after it."""
+    core, _ = grouped_core()
+    runs = []
+    for group in ("a", "b"):
+        for i in range(3):
+            core.add(choice(i, group=group, size=3))
+        steps = []
+        while core.has_work:
+            plan, _ = run_step(core)
+            steps.append([(w.start_pos, len(w.token_ids), w.sample) for w in plan.work])
+        runs.append(steps)
+    cold, warm = runs
+    assert cold[0] == [(0, 12, False)]
+    assert cold[1:] == warm
+    assert warm[0] == [(12, 1, True)] * 3
+    check_page_tables(core)
+
+
+def test_the_first_choice_waits_while_its_shared_pages_are_in_flight():
+    """Overlap: a plan built while the first choice's shared pages are computed gives
+    it nothing more; the choices then compute the rest together."""
+    core, _ = grouped_core()
+    core.overlap = OverlapLedger(True)
+    for i in range(3):
+        core.add(choice(i, size=3))
+    first = core.next_plan()
+    assert rows(first) == [("g-0", 0, 12, False)]
+    assert core.next_plan() is None  # planned ahead: nothing can run yet
+    core.apply(StepResult(step_id=first.step_id, outputs=[], duration_s=0.0, num_tokens=0))
+    plan, _ = run_step(core)
+    assert rows(plan) == [("g-0", 12, 1, True), ("g-1", 12, 1, True), ("g-2", 12, 1, True)]
+
+
+def test_lone_requests_are_never_held():
+    core, _ = grouped_core()
+    core.add(choice(0, group=""))
+    plan, _ = run_step(core)
+    assert rows(plan) == [("solo-0", 0, 13, True)]
