@@ -20,8 +20,8 @@ computed now, each step has the same rows. (Over rows whose kernels are not
 row-independent, other traffic beside them still changes the logits' last bits: the
 README's "Seeds".)
 
-Without the radix cache (``--disable-radix-cache``) nothing can be shared, so nothing
-is held: every choice prefills its own prompt. What the choices did not recompute is
+Without the radix cache (``--disable-radix-cache``) nothing can be shared: the choices
+still start together, each prefilling its own prompt. What the choices did not recompute is
 the ``parallel_sampling`` lever (``SchedulerLedger.on_admitted``).
 """
 
@@ -41,7 +41,8 @@ class PrefillGroups:
     """The requests of each prefill group still queued or running.
 
     Args:
-        enabled: the radix cache is on (else ``is_held`` is always False).
+        enabled: the radix cache is on (else nothing is shared, and a choice is held only
+            for the rest of its group to arrive).
         page_size: tokens per KV page.
         clock: seconds, monotonic (the arrival wait).
     """
@@ -118,10 +119,12 @@ class PrefillGroups:
     def is_held(self, req: Request) -> bool:
         """Whether queued ``req`` waits: choices of its group have not all arrived yet, or
         another one is running and has not computed the prompt's shareable pages yet."""
-        if not self.enabled or not req.prefill_group or req.num_preemptions:
+        if not req.prefill_group or req.num_preemptions:
             return False
         if self._arrival_wait(req.prefill_group) > 0:
             return True
+        if not self.enabled:
+            return False
         need = self.shareable(req)
         if need == 0:
             return False

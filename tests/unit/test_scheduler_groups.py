@@ -56,6 +56,15 @@ def test_without_the_radix_cache_every_choice_prefills():
     assert core.stats()["parallel_sampling_tokens_shared"] == 0
 
 
+def test_without_the_radix_cache_the_choices_still_start_together():
+    core = make_core(radix=False, num_pages=32)
+    core.add(choice(0, size=2))
+    assert core.next_plan() is None
+    core.add(choice(1, size=2))
+    plan, _ = run_step(core)
+    assert rows(plan) == [("g-0", 0, 13, True), ("g-1", 0, 13, True)]
+
+
 def test_other_requests_are_not_held_by_a_group():
     core = make_core(radix=True, num_pages=32)
     core.add(choice(0))
