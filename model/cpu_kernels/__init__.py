@@ -166,14 +166,10 @@ def select(level: str | None) -> str:
 def ops(level: str | None = None):  # noqa: ANN201 (a torch.ops namespace)
     """The operator namespace of ``level`` (default: the active one):
     ``torch.ops.houchu_cpu_<level>``. Load it first (``load``)."""
-    name = level or _active or active_level()
-    ns = _namespaces.get(name)
-    if ns is None:
-        ns = _namespaces[name] = getattr(torch.ops, f"houchu_cpu_{name}")
-    return ns
-
-
-_namespaces: dict[str, object] = {}
+    # torch.ops keeps each namespace as an attribute once made, so this is a plain
+    # lookup; a dict of our own filled here would be a side effect that torch.compile
+    # guards on (empty at the first compile, filled after: every piece compiled twice)
+    return getattr(torch.ops, f"houchu_cpu_{level or _active or active_level()}")
 
 
 def load(verbose: bool = False, level: str | None = None) -> float:
