@@ -15,7 +15,7 @@ Pipeline per row (logits ``[R, V]`` float32):
 2. temperature == 0 (below 1e-5): greedy argmax of the penalized logits;
 3. otherwise: divide by temperature, then top-k, top-p (nucleus, Holtzman et al. 2019),
    min-p (Nguyen et al. 2024) — Hugging Face's warper order — softmax, and one
-   multinomial draw per row. A seeded request's draw for its output token ``t`` (0 for
+   draw per row by inversion (``houchu.model.sampling_warpers``). A seeded request's draw for its output token ``t`` (0 for
    the first generated token) comes from a generator seeded with ``draw_seed(seed, t)``
    (counter-based, as Philox-style samplers key their noise): the noise is a function of
    the seed (choice ``i`` of a request has ``seed + i``) and the token's position only,
@@ -35,6 +35,7 @@ import torch
 
 from houchu.model import cpu_kernels
 from houchu.model.logits_processors import LogitsProcessors, apply_processors
+from houchu.model.sampling_warpers import apply_min_p, apply_top_k, apply_top_p, draw_rows
 from houchu.transport.messages import SamplingParams
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy
@@ -236,64 +237,6 @@ def apply_grammar_masks(
     return out
 
 
-def apply_top_k(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Keep each row's ``k`` largest logits (ties at the k-th value are kept).
-
-    Args:
-        logits: ``[R, V]`` float32.
-        k: ``[R]`` int64; ``k <= 0`` or ``k >= V`` leaves the row unchanged.
-    Returns:
-        ``[R, V]`` with the rest set to -inf.
-    """
-    v = logits.shape[-1]
-    on = (k > 0) & (k < v)  # [R]
-    if not bool(on.any()):
-        return logits
-    kmax = int(k[on].max())
-    top = logits.topk(kmax, dim=-1).values  # [R, kmax]
-    kk = k.clamp(1, kmax) - 1
-    thresh = top.gather(1, kk[:, None])  # [R, 1]
-    thresh = torch.where(on[:, None], thresh, torch.full_like(thresh, float("-inf")))
-    return logits.masked_fill(logits < thresh, float("-inf"))
-
-
-def apply_top_p(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Nucleus filter: keep the smallest set of most likely tokens whose probability mass
-    reaches ``p`` (a token is dropped when the tokens above it already hold >= p).
-
-    Args:
-        logits: ``[R, V]`` float32.
-        p: ``[R]`` float32 in (0, 1]; 1 leaves the row unchanged.
-    Returns:
-        ``[R, V]`` with dropped tokens at -inf (the most likely token always stays).
-    """
-    if not bool((p < 1.0).any()):
-        return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # [R, V]
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # [R, V]
-    drop_sorted = (mass_before >= p[:, None]) & (p[:, None] < 1.0)
-    drop_sorted[:, 0] = False  # the most likely token stays, however small p is
-    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
-
-
-def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Min-p filter: drop tokens whose probability is below ``min_p`` × the row's largest.
-
-    Args:
-        logits: ``[R, V]`` float32.
-        min_p: ``[R]`` float32 in [0, 1]; 0 leaves the row unchanged.
-    Returns:
-        ``[R, V]`` with dropped tokens at -inf.
-    """
-    if not bool((min_p > 0).any()):
-        return logits
-    probs = logits.softmax(dim=-1)  # [R, V]
-    thresh = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
-    return logits.masked_fill(probs < thresh, float("-inf"))
-
-
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """``x.argmax(dim=-1)`` for ``[R, V]`` logits -> ``[R]`` int64 (the first maximum; a NaN
     counts as the maximum), on houchu's C++ kernel for float32 CPU rows (torch's CPU
@@ -370,11 +313,8 @@ class Sampler:
             if bool(bad.any()):
                 top = x[idx][bad].argmax(dim=-1)
                 probs[bad] = torch.nn.functional.one_hot(top, probs.shape[-1]).to(probs.dtype)
-            drawn = [
-                torch.multinomial(probs[j], 1, generator=states[i].draw_generator() or self.shared)
-                for j, i in enumerate(rand)
-            ]
-            tokens[idx] = torch.cat(drawn)
+            gens = [states[i].draw_generator() for i in rand]
+            tokens[idx] = draw_rows(probs, gens, self.shared)
             if self.logprobs_mode == "processed":
                 processed = x.clone()
                 processed[idx] = y
