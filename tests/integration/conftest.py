@@ -140,15 +140,12 @@ def stop_server(server: Server, timeout_s: float = 30.0) -> int:
 @pytest.fixture(scope="session")
 def hf_model(real_model_path: Path) -> tuple:
     """(tokenizer, model): transformers' fast tokenizer and float32 model of the default
-    GGUF (dequantized by transformers), loaded once for the session (about 25 s of CPU a
-    load): the golden tests' reference. Tests only read them."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    GGUF (dequantized by transformers), loaded once for the session and kept between
+    sessions (``tests.hf_reference``: about 25 s of CPU a load from the GGUF, a second
+    from the kept files): the golden tests' reference. Tests only read them."""
+    from tests.hf_reference import hf_reference
 
-    d, f = str(real_model_path.parent), real_model_path.name
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
-    return tok, model
+    return hf_reference(real_model_path)
 
 
 @pytest.fixture(scope="session")
