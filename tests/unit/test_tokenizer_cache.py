@@ -9,11 +9,13 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from houchu.text import tokenizer_cache
-from houchu.text.tokenizer import load_tokenizer
+from houchu.text.tokenizer import TextTokenizer, load_tokenizer
 from houchu.transport.messages import ChatMessage
 
 TEXTS = [
@@ -42,6 +44,57 @@ def gguf(tmp_path, real_model_path, monkeypatch):
     return copy
 
 
+@dataclass(frozen=True)
+class Converted:
+    """A GGUF copy, the cache a fresh conversion of it filled, and that conversion."""
+
+    gguf: Path
+    cache: Path
+    fresh: TextTokenizer
+
+    @property
+    def folder(self) -> Path:
+        """The conversion's cache entry."""
+        return self.cache / "tokenizers" / tokenizer_cache.cache_key(self.gguf)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, real_model_path) -> Converted:
+    """One fresh conversion of a copy of the default GGUF into an empty cache, shared by
+    this module's tests: the tests that only read it (a cached load of it, its
+    metadata) and those that compare another conversion to it. A conversion takes
+    about 5 s of a core, so each test converts only what it checks itself. Neither the
+    copy nor the cache is changed by a test (a test that changes an entry works on
+    its own cache, ``own_cache``)."""
+    root = tmp_path_factory.mktemp("converted")
+    copy = root / "model" / real_model_path.name
+    copy.parent.mkdir()
+    shutil.copy(real_model_path, copy)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOUCHU_CACHE", str(root / "cache"))
+        fresh = load_tokenizer(copy)
+    return Converted(copy, root / "cache", fresh)
+
+
+@pytest.fixture
+def shared_cache(converted, monkeypatch) -> Converted:
+    """``converted``, its cache made the test's (``HOUCHU_CACHE``), for tests that only
+    read the entry."""
+    monkeypatch.setenv("HOUCHU_CACHE", str(converted.cache))
+    return converted
+
+
+@pytest.fixture
+def own_cache(converted, tmp_path, monkeypatch) -> Converted:
+    """``converted`` with a private cache (``HOUCHU_CACHE``) holding a copy of the
+    conversion's entry and nothing else, for a test that changes the entry: the state
+    a first load of the file leaves, without converting it again."""
+    cache = tmp_path / "cache"
+    shutil.copytree(converted.folder, cache / "tokenizers" / converted.folder.name)
+    monkeypatch.setenv("HOUCHU_CACHE", str(cache))
+    return Converted(converted.gguf, cache, converted.fresh)
+
+
 def _same(a, b) -> None:
     for t in TEXTS:
         assert a.encode(t) == b.encode(t)
@@ -53,8 +106,8 @@ def _same(a, b) -> None:
     assert a.hf_tokenizer.special_tokens_map == b.hf_tokenizer.special_tokens_map
 
 
-def test_a_cached_load_equals_the_conversion(gguf):
-    fresh = load_tokenizer(gguf)
+def test_a_cached_load_equals_the_conversion(shared_cache):
+    gguf, fresh = shared_cache.gguf, shared_cache.fresh
     folder = tokenizer_cache.tokenizer_cache_dir() / tokenizer_cache.cache_key(gguf)
     assert (folder / "tokenizer.json").is_file()
     cached = load_tokenizer(gguf)
@@ -63,8 +116,8 @@ def test_a_cached_load_equals_the_conversion(gguf):
     _same(fresh, cached)
 
 
-def test_a_damaged_entry_converts_again(gguf):
-    fresh = load_tokenizer(gguf)
+def test_a_damaged_entry_converts_again(own_cache):
+    gguf, fresh = own_cache.gguf, own_cache.fresh
     folder = tokenizer_cache.tokenizer_cache_dir() / tokenizer_cache.cache_key(gguf)
     (folder / "tokenizer.json").write_text("{not json")
     again = load_tokenizer(gguf)
@@ -90,8 +143,8 @@ def test_an_unwritable_cache_still_loads(gguf, tmp_path, monkeypatch):
     assert tok.encode("Hello") and not (blocker / "tokenizers").exists()
 
 
-def test_a_cached_load_keeps_the_metadata_and_never_imports_torch(gguf):
-    fresh = load_tokenizer(gguf)
+def test_a_cached_load_keeps_the_metadata_and_never_imports_torch(shared_cache):
+    gguf, fresh = shared_cache.gguf, shared_cache.fresh
     folder = tokenizer_cache.tokenizer_cache_dir() / tokenizer_cache.cache_key(gguf)
     meta = json.loads((folder / tokenizer_cache.METADATA_FILE).read_text())
     assert meta["tokenizer.ggml.model"] == "gpt2" and "tokenizer.ggml.eos_token_id" in meta
@@ -108,8 +161,8 @@ def test_a_cached_load_keeps_the_metadata_and_never_imports_torch(gguf):
     assert " ".join(out[:-1]) == f"{fresh.add_bos} {fresh.eos_token_ids}".replace(", ", ",")
 
 
-def test_an_entry_without_metadata_converts_again(gguf):
-    fresh = load_tokenizer(gguf)
+def test_an_entry_without_metadata_converts_again(own_cache):
+    gguf, fresh = own_cache.gguf, own_cache.fresh
     folder = tokenizer_cache.tokenizer_cache_dir() / tokenizer_cache.cache_key(gguf)
     (folder / tokenizer_cache.METADATA_FILE).unlink()  # an entry an older houchu wrote
     again = load_tokenizer(gguf)
