@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Iterator
 
 import aiohttp
 import pytest
 
 from tests.integration.client import get_json, ws_collect, ws_generate
-from tests.integration.conftest import start_server, stop_server
+from tests.integration.conftest import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -19,6 +20,12 @@ SYSTEM = (
 ) * 3
 QUESTIONS = ["What is a trilobite?", "How old is the oldest mineral?", "What is amber?"]
 GREEDY = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
+#: The stop-string test's system prompt: no other request of the session starts like it
+#: (its first page differs from every other prompt's).
+STOP_SYSTEM = (
+    "Botanical garden guide: you answer visitors' questions about trees, ferns and "
+    "flowering plants, naming the family each belongs to and where it grows wild. "
+) * 3
 
 
 def _chat(q: str) -> list[dict]:
@@ -59,16 +66,34 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def outputs(real_model_path) -> dict[str, tuple[list[list[int]], dict]]:
+def _run_prompt_set(srv: Server) -> tuple[list[list[int]], dict]:
+    """The prompt set's tokens on ``srv``, and its ``/stats`` right after."""
     ids = [(i * 37) % 30000 + 1000 for i in range(64)]  # exactly 4 pages of 16 tokens
+    toks = asyncio.run(_run_all(srv.ws_url, _requests(ids)))
+    _, stats = asyncio.run(get_json(f"{srv.url}/stats"))
+    return toks, stats
+
+
+@pytest.fixture(scope="module")
+def radix_server(real_model_path) -> Iterator[Server]:
+    """The ``radix`` configuration's server, kept for the module: after the prompt set
+    (``outputs``) the stop-string test uses it too (the flags it needs)."""
+    srv = start_server(real_model_path, "--kv-cache-mb", "64", *CONFIGS["radix"])
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="module")
+def outputs(real_model_path, radix_server) -> dict[str, tuple[list[list[int]], dict]]:
+    """Each configuration's tokens and stats on a server that has served nothing before."""
     results = {}
     for name, flags in CONFIGS.items():
+        if name == "radix":
+            results[name] = _run_prompt_set(radix_server)
+            continue
         srv = start_server(real_model_path, "--kv-cache-mb", "64", *flags)
         try:
-            toks = asyncio.run(_run_all(srv.ws_url, _requests(ids)))
-            _, stats = asyncio.run(get_json(f"{srv.url}/stats"))
-            results[name] = (toks, stats)
+            results[name] = _run_prompt_set(srv)
         finally:
             stop_server(srv)
     return results
@@ -86,24 +111,32 @@ def test_radix_cache_reused_prefixes(outputs):
     assert outputs["plain"][1]["prefix_tokens_reused"] == 0
 
 
-def test_stop_string_leaves_a_correct_cache(real_model_path, server):
+def _cached(got: dict) -> int:
+    return got["final"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.mark.usefixtures("outputs")  # the radix server's stats are taken before this test
+def test_stop_string_leaves_a_correct_cache(radix_server, server):
     """The shared server answers the reference (its first sight of this prompt: nothing
-    cached, as the assertion checks), then a fresh server stops a request mid-way, and
-    its repeat reuses the cache it left and gives the reference's tokens."""
-    body = {"messages": _chat(QUESTIONS[0]), "temperature": 0, "max_tokens": 24, "ignore_eos": True}
+    cached, as the assertion checks), then the module's radix server (after the prompt
+    set; this prompt shares no page with it, so nothing of it is cached there either, as
+    checked) stops a request mid-way, and its repeat reuses the cache it left and gives
+    the reference's tokens."""
+    messages = [
+        {"role": "system", "content": STOP_SYSTEM},
+        {"role": "user", "content": "What is a cycad?"},
+    ]
+    body = {"messages": messages, "temperature": 0, "max_tokens": 24, "ignore_eos": True}
     want = asyncio.run(ws_generate(server.ws_url, body))
-    assert want["final"]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert _cached(want) == 0
     words = want["text"].split()
     stop = words[len(words) // 2]
-    warm = start_server(real_model_path, "--kv-cache-mb", "64")
-    try:
-        stopped = asyncio.run(ws_generate(warm.ws_url, {**body, "stop": [stop]}))
-        assert stopped["final"]["finish_reason"] == "stop"
-        again = asyncio.run(ws_generate(warm.ws_url, body))
-        assert again["final"]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-        assert again["token_ids"] == want["token_ids"]
-    finally:
-        stop_server(warm)
+    stopped = asyncio.run(ws_generate(radix_server.ws_url, {**body, "stop": [stop]}))
+    assert stopped["final"]["finish_reason"] == "stop"
+    assert _cached(stopped) == 0
+    again = asyncio.run(ws_generate(radix_server.ws_url, body))
+    assert _cached(again) > 0
+    assert again["token_ids"] == want["token_ids"]
 
 
 def test_preemption_with_tiny_pool_gives_same_tokens(real_model_path, server):
