@@ -57,6 +57,11 @@ STOPS = [" the", ".", "\n", ",", "a", " and", "!", "es"]
 
 @pytest.fixture(scope="module")
 def srv(real_model_path: Path) -> Iterator[Server]:
+    """The server under soak: serve's defaults (the GGUF's int4 weights on the measured
+    decode route, what a user runs), not the exact float32 path of the golden tests:
+    2,000 requests take 55 s instead of 87 s with torch held to AVX2 (its prefill steps
+    run int8 activations), and the runner's RSS measured flat (1416 -> 1420 -> 1414
+    MiB) where the float32 path's climbs (the figures above)."""
     s = start_server(
         real_model_path,
         "--max-context",
@@ -65,6 +70,7 @@ def srv(real_model_path: Path) -> Iterator[Server]:
         "128",
         "--max-running-requests",
         str(CONCURRENCY),
+        exact=False,
     )
     yield s
     stop_server(s)
