@@ -17,10 +17,10 @@ def config_from_gguf(path: Path) -> ModelConfig:
         ModelLoadError: not a readable GGUF file, incomplete metadata, or an
             architecture outside ``GGUF_ARCHITECTURES``.
     """
-    from houchu.model.gguf_file import open_gguf
+    from houchu.model.gguf_index import open_gguf_index
 
     try:
-        reader = open_gguf(path)
+        reader = open_gguf_index(path)
     except Exception as e:  # the gguf library raises ValueError/struct errors on bad files
         raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
     return config_from_gguf_reader(reader, path)

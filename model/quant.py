@@ -50,9 +50,9 @@ def resolve_quant_mode(mode: str, model_path: str | Path) -> str:
     p = Path(model_path)
     if not (p.is_file() and p.suffix == ".gguf"):
         return "none"
-    from houchu.model.gguf_file import open_gguf
+    from houchu.model.gguf_index import open_gguf_index
 
-    reader = open_gguf(p)
+    reader = open_gguf_index(p)
     proj = [t.tensor_type.name for t in reader.tensors if t.name.endswith("attn_q.weight")]
     return "int4" if proj and all(t in ("Q4_0", "Q4_1") for t in proj) else "none"
 
