@@ -244,13 +244,19 @@ async def stream_finals(base: str, i: int, started: asyncio.Event) -> dict[str, 
 
 
 async def busiest_replica(srv: Server, timeout_s: float = 30.0) -> dict[str, Any]:
-    """The replica running the most requests, once one runs some."""
+    """The replica running the most requests, once one runs some: read from each
+    replica's own ``/stats`` now (the dashboard's table is polled each second, and a
+    replica that ran a request a second ago may be idle now); its row of the dashboard's
+    table (pid, index) is returned."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        snap = await get_json(f"{dashboard_url(srv)}/api/replicas")
-        rep = max(snap["replicas"], key=lambda r: r["num_running"] or 0)
-        if (rep["num_running"] or 0) >= 1:
-            return rep
+        running = []
+        for i in range(2):
+            st = await get_json(f"http://127.0.0.1:{srv.port + 1 + i}/stats")
+            running.append(st.get("num_running") or 0)
+        if max(running) >= 1:
+            snap = await get_json(f"{dashboard_url(srv)}/api/replicas")
+            return snap["replicas"][running.index(max(running))]
         await asyncio.sleep(0.2)
     raise AssertionError("no replica runs the streams")
 
