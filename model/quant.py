@@ -259,11 +259,27 @@ def gguf_q4_to_int4(data: np.ndarray, qtype_name: str, shape: tuple[int, int]) -
     if raw.size != n * (k // 32) * block or k % 32 != 0:
         raise ValueError(f"{qtype_name} data of {raw.size} bytes does not fit shape {shape}")
     b = torch.from_numpy(raw.reshape(n, k // 32, block).copy())  # [N, K/32, block]
-    d = b[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()  # [N, K/32]
-    qs = b[..., header:]  # [N, K/32, 16]
-    q = torch.cat((qs & 0xF, qs >> 4), dim=-1).reshape(n, k)  # element j | element j + 16
-    if qtype_name == "Q4_0":
-        offset = -8.0 * d
-    else:
-        offset = b[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float()
-    return Int4Weight(q, d, offset, 32)
+    d, m, q = q4_block_parts(b, header)  # [N, K/32, 1] x2 (m None for Q4_0), [N, K/32, 32]
+    d = d.squeeze(-1)  # [N, K/32]
+    offset = -8.0 * d if m is None else m.squeeze(-1)
+    return Int4Weight(q.reshape(n, k), d, offset, 32)
+
+
+def q4_block_parts(
+    b: torch.Tensor, header: int
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The parts of GGUF Q4_0 (``header`` 2) / Q4_1 (``header`` 4) blocks of 32 weights.
+
+    Args:
+        b: ``[..., header + 16]`` uint8 blocks: a float16 scale d, for Q4_1 a float16
+            minimum m, then 16 bytes of codes.
+    Returns:
+        ``(d, m, q)``: ``[..., 1]`` float32 scales, ``[..., 1]`` float32 minimums (None
+        for Q4_0) and ``[..., 32]`` uint8 codes (element j in the low nibble of byte j,
+        element j + 16 in its high nibble). Q4_0's weight is ``d * (q - 8)``, Q4_1's
+        ``d * q + m``.
+    """
+    d = b[..., 0:2].contiguous().view(torch.float16).float()
+    m = b[..., 2:4].contiguous().view(torch.float16).float() if header == 4 else None
+    qs = b[..., header:]
+    return d, m, torch.cat((qs & 0xF, qs >> 4), dim=-1)

@@ -3,8 +3,9 @@
 Tensors are read with ``gguf.GGUFReader`` (memory-mapped, through
 ``gguf_file.open_gguf``, or the same views from its kept index:
 ``gguf_index.open_gguf_index``) and dequantized with ``gguf.quants.dequantize`` to
-float32, then cast to the requested dtype one tensor at a time (so peak memory is one fp32 tensor plus
-the converted model). Every type that
+float32 (Q4_0/Q4_1/Q8_0 by torch's ops, bit for bit the same), then cast to the
+requested dtype one tensor at a time (so peak memory is one fp32 tensor plus the
+converted model). Every type that
 ``gguf.quants`` can dequantize is accepted: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 the K-quants Q2_K..Q6_K, and the IQ / TQ types.
 
@@ -29,7 +30,7 @@ import torch
 from houchu.model.config import ModelConfig, ModelLoadError
 from houchu.model.config_gguf import config_from_gguf_reader
 from houchu.model.gguf_index import open_gguf_index
-from houchu.model.quant import Int4Weight, gguf_q4_to_int4
+from houchu.model.quant import Int4Weight, gguf_q4_to_int4, q4_block_parts
 from houchu.model.shard import Shard, TensorParallelError
 
 Q4_TYPES = ("Q4_0", "Q4_1")  # kept as int4 (losslessly) when asked
@@ -169,22 +170,19 @@ def _dequantize_blocks(data: np.ndarray, qtype_name: str) -> np.ndarray | None:
     """Q4_0 / Q4_1 / Q8_0 data (``[rows, bytes per row]`` uint8) dequantized with torch's
     vectorized ops, bit for bit what ``gguf.quants.dequantize`` gives (the same float32
     products and sums, in the same order: ``d * q`` then ``+ m``; ``q - 8`` for Q4_0)
-    in a fraction of its time (0.2 s instead of 0.7 s for SmolLM2-135M's projections);
+    in under half its time (0.33 s instead of 0.73 s for SmolLM2-135M's tensors);
     None for another type. Returns float32 ``[elements]``, writeable."""
     block = _TORCH_BLOCKS.get(qtype_name)
     if block is None:
         return None
     raw = torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8).reshape(-1, block).copy())
-    d = raw[:, 0:2].contiguous().view(torch.float16).float()  # [B, 1]
     if qtype_name == "Q8_0":
+        d = raw[:, 0:2].contiguous().view(torch.float16).float()  # [B, 1]
         q = raw[:, 2:].contiguous().view(torch.int8).float()  # [B, 32]
         return (q * d).reshape(-1).numpy()
-    head = 4 if qtype_name == "Q4_1" else 2
-    qs = raw[:, head:]  # [B, 16]: element j in the low nibble, j + 16 in the high one
-    q = torch.cat((qs & 0xF, qs >> 4), dim=-1)  # [B, 32] uint8
-    if qtype_name == "Q4_0":
+    d, m, q = q4_block_parts(raw, block - 16)  # [B, 1] x2 (m None for Q4_0), [B, 32] uint8
+    if m is None:
         return (d * (q.to(torch.int8) - 8).float()).reshape(-1).numpy()
-    m = raw[:, 2:4].contiguous().view(torch.float16).float()  # [B, 1]
     return (d * q.float() + m).reshape(-1).numpy()
 
 

@@ -152,7 +152,7 @@ async def _one_by_one(url: str) -> list[list[int]]:
     return out
 
 
-def _route(log: str) -> list[str]:
+def _route(log: str) -> list[tuple[str, str]]:
     """The path each bucket and prefill took, from the runner's startup line."""
     line = re.search(r"decode paths (.*)", log)
     assert line, log
