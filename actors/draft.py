@@ -3,9 +3,9 @@
 One inbox of ``DraftRequest`` messages from the scheduler; each is answered with one
 ``DraftReply`` (proposals, the seconds spent, the draft pool's counters). The proposer is
 chosen by ``--speculative``: "ngram" (prompt lookup, no model), "draft" (a draft model
-given by ``--draft-model``, with its own paged KV) or "mtp" (the checkpoint's own
-next-token-prediction layer over a copy of the target's blocks, ``houchu.spec.mtp``). The domain logic lives in
-``houchu.spec``. Started by the launcher only when speculation is on. When the scheduler
+given by ``--draft-model``, with its own paged KV); "mtp" proposes in the model runner
+(``houchu.spec.mtp``) and starts no draft actor. The domain logic lives in
+``houchu.spec``. Started by the launcher only for those two. When the scheduler
 is replaced, every sequence it held here is released (the new one starts from scratch).
 """
 
@@ -47,9 +47,8 @@ def make_proposer(config: ServeConfig) -> tuple[Proposer, str]:
     """The proposer ``config.speculation`` asks for, and a one-line description.
 
     Raises:
-        ValueError: an unknown method, "draft" without a draft model, or a draft model
+        ValueError: an unknown method ("mtp" too), "draft" without a draft model, or a draft model
             whose vocabulary does not cover the target's.
-        houchu.model.mtp.MTPUnavailable: "mtp" for a checkpoint without MTP layers.
         ModelLoadError: the draft model cannot be loaded.
         houchu.model.device.DeviceError: the device torch cannot use here.
     """
@@ -57,11 +56,7 @@ def make_proposer(config: ServeConfig) -> tuple[Proposer, str]:
     if spec.speculative == "ngram":
         p = NgramProposer()
         return p, f"n-gram prompt lookup (n = {p.max_n} .. {p.min_n})"
-    if spec.speculative == "mtp":
-        from houchu.spec.mtp import make_mtp_proposer
-
-        return make_mtp_proposer(config.model, draft_runner_options(config.runner))
-    if spec.speculative != "draft":
+    if spec.speculative != "draft":  # "mtp" proposes in the runner
         raise ValueError(f"unknown speculative method {spec.speculative!r}")
     if not spec.draft_model:
         raise ValueError("--speculative draft needs --draft-model PATH")

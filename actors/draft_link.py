@@ -8,6 +8,9 @@ seed the cost model that decides when speculation pays (``houchu.spec.calibrate`
 
 While the draft actor is down (``ActorDown`` until ``ActorUp``) the scheduler steps
 without proposals; the replacement starts empty, so every request's mirror is resent.
+
+With ``--speculative mtp`` there is no draft actor: the runner proposes with each step's
+result (``houchu.spec.mtp``) and the link (``RunnerProposals``) only calibrates.
 """
 
 from __future__ import annotations
@@ -31,7 +34,55 @@ def spec_config(config: ServeConfig) -> SpeculativeOptions | None:
     return config.speculation if config.speculation.enabled else None
 
 
-class DraftLink:
+class CalibratesTarget:
+    """Seeds speculation's cost model with timed target passes at start-up (the
+    scheduler's links that speculate: ``DraftLink``, ``RunnerProposals``)."""
+
+    async def calibrate(
+        self,
+        core: SchedulerCore,
+        to_runner: Outbox,
+        inbox: Inbox,
+        stash: list,
+        timeout_s: float = 600.0,
+    ) -> int:
+        """Time target passes of 1, 2, 4, ... tokens on the runner and feed the cost
+        model. Other messages arriving meanwhile are appended to ``stash``. Returns the
+        sizes timed (0 if the pool is too small to hold the dummy sequence).
+
+        Raises:
+            RuntimeError: the runner failed a calibration step or did not answer within
+                ``timeout_s`` seconds, or a shutdown came.
+        """
+        sizes = calibration_sizes(core.calibration_tokens())
+        pages = core.lend_pages(sizes[-1])
+        if not pages:
+            return 0
+        plans = calibration_plans(sizes, pages)
+        seconds: list[float] = []
+        try:
+            for plan in plans:
+                await to_runner.send(plan)
+                while True:
+                    msg = await receive(inbox, "scheduler", timeout_s)
+                    if msg is None:
+                        raise RuntimeError(f"no calibration step result in {timeout_s:.0f} s")
+                    if isinstance(msg, StepResult):
+                        break
+                    if isinstance(msg, Shutdown):
+                        raise RuntimeError("shut down during calibration")
+                    stash.append(msg)
+                if msg.error is not None:
+                    raise RuntimeError(f"calibration step failed: {msg.error}")
+                if plan.work:
+                    seconds.append(msg.duration_s)
+        finally:
+            core.return_pages(pages)
+        core.seed_spec_costs(best_times(sizes, seconds))
+        return len(sizes)
+
+
+class DraftLink(CalibratesTarget):
     """Asks the draft actor for proposals and attaches them to the scheduler core.
 
     Args:
@@ -117,49 +168,6 @@ class DraftLink:
         """The draft actor's replacement is ready: speculate again."""
         self.is_up = True
 
-    async def calibrate(
-        self,
-        core: SchedulerCore,
-        to_runner: Outbox,
-        inbox: Inbox,
-        stash: list,
-        timeout_s: float = 600.0,
-    ) -> int:
-        """Time target passes of 1, 2, 4, ... tokens on the runner and feed the cost
-        model. Other messages arriving meanwhile are appended to ``stash``. Returns the
-        sizes timed (0 if the pool is too small to hold the dummy sequence).
-
-        Raises:
-            RuntimeError: the runner failed a calibration step or did not answer within
-                ``timeout_s`` seconds, or a shutdown came.
-        """
-        sizes = calibration_sizes(core.calibration_tokens())
-        pages = core.lend_pages(sizes[-1])
-        if not pages:
-            return 0
-        plans = calibration_plans(sizes, pages)
-        seconds: list[float] = []
-        try:
-            for plan in plans:
-                await to_runner.send(plan)
-                while True:
-                    msg = await receive(inbox, "scheduler", timeout_s)
-                    if msg is None:
-                        raise RuntimeError(f"no calibration step result in {timeout_s:.0f} s")
-                    if isinstance(msg, StepResult):
-                        break
-                    if isinstance(msg, Shutdown):
-                        raise RuntimeError("shut down during calibration")
-                    stash.append(msg)
-                if msg.error is not None:
-                    raise RuntimeError(f"calibration step failed: {msg.error}")
-                if plan.work:
-                    seconds.append(msg.duration_s)
-        finally:
-            core.return_pages(pages)
-        core.seed_spec_costs(best_times(sizes, seconds))
-        return len(sizes)
-
 
 class NoDraftLink:
     """``DraftLink``'s stand-in when speculation is off: never waits, asks nothing."""
@@ -197,5 +205,20 @@ class NoDraftLink:
         return 0
 
 
+class RunnerProposals(CalibratesTarget, NoDraftLink):
+    """``--speculative mtp``: the runner proposes with each step's result, so there is
+    nothing to ask or wait for; only the cost model is seeded at start-up, as with a
+    draft actor."""
+
+
+def make_link(ctx: zmq.asyncio.Context, config: ServeConfig, peers: Peers) -> Draft:
+    """The scheduler's link for ``config.speculation``: a draft actor's, the runner's
+    proposals (MTP), or none."""
+    spec = config.speculation
+    if spec.uses_draft_actor:
+        return DraftLink(ctx, config, peers)
+    return RunnerProposals() if spec.proposes_in_runner else NoDraftLink()
+
+
 #: What the scheduler actor holds: the link, or its stand-in when speculation is off.
-Draft = DraftLink | NoDraftLink
+Draft = DraftLink | NoDraftLink | RunnerProposals

@@ -40,9 +40,9 @@ TICK_S = 0.2
 def active_actors(config: ServeConfig) -> tuple[str, ...]:
     """The actors this configuration runs, in start order (optional ones after the
     recorder, so they are stopped after the core actors; the draft actor only when
-    speculative decoding is on)."""
+    speculative decoding proposes outside the runner: not for "mtp")."""
     optional = ("kv_tiers",) if config.kv_tiers.enabled else ()
-    draft = ("draft",) if config.speculation.enabled else ()
+    draft = ("draft",) if config.speculation.uses_draft_actor else ()
     recorder = ACTOR_ORDER[:1] if config.telemetry.enabled else ()
     return (*recorder, *optional, *draft, *ACTOR_ORDER[1:])
 

@@ -135,10 +135,19 @@ class RunnerActor:
 
     def _load(self) -> ModelRunner:
         """The model runner of ``config.model`` with the runner options (``--device``
-        and the rest of the "model runner" flags)."""
+        and the rest of the "model runner" flags); with ``--speculative mtp``, its MTP
+        proposer (``houchu.spec.mtp``; ``MTPUnavailable`` when the checkpoint has none).
+        """
         from houchu.model.model_runner import ModelRunner
 
-        return ModelRunner(self.config.model, self.config.runner)
+        runner = ModelRunner(self.config.model, self.config.runner)
+        spec = self.config.speculation
+        if spec.proposes_in_runner:
+            from houchu.spec.mtp import attach_mtp
+
+            info = attach_mtp(runner, self.config.model, spec.num_speculative_tokens)
+            print(f"houchu runner: {info}", flush=True)
+        return runner
 
     def info(self) -> RunnerInfo:
         """This runner's geometry and limits (``RunnerInfo``)."""

@@ -23,7 +23,7 @@ import time
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
-from houchu.actors.draft_link import Draft, DraftLink, NoDraftLink, spec_config
+from houchu.actors.draft_link import Draft, make_link, spec_config
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.scheduler.overlap import resolve_overlap
 from houchu.scheduler.tiers import TierClient
@@ -72,9 +72,7 @@ class SchedulerActor:
         self.runner_ready = False  # a runner's RunnerInfo came since its last restart
         self.overlap = False  # plan a step while one runs (resolved at start)
         self.stuck_reported = False  # the step in flight was reported stuck
-        self.draft: Draft = (
-            DraftLink(ctx, config, self.peers) if config.speculation.enabled else NoDraftLink()
-        )
+        self.draft: Draft = make_link(ctx, config, self.peers)
 
     async def start(self) -> str:
         """Wait for the runner's pool geometry, then build the core (messages that arrive

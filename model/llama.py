@@ -209,8 +209,7 @@ class LlamaModel(nn.Module):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: x ``[R, hidden]`` -> ``[R, vocab]`` float32 logits
         (soft-capped where the model says: Gemma 2)."""
-        logits = self.lm_head(apply_norm(self.norm, x, self.ops)).float()
-        return softcap(logits, self.cfg.final_softcap)
+        return self.logits_at(apply_norm(self.norm, x, self.ops))
 
     def forward(self, batch: StepBatch, pool: KVPool, backend: AttentionBackend) -> torch.Tensor:
         """Run one step: write every new token's K/V into the pool, return sampled logits.
@@ -240,12 +239,7 @@ class LlamaModel(nn.Module):
             x = fused(first, x, cos, sin) if first else x  # [T, hidden]
         for i in range(first, last + 1):
             layer = self.layers[i]
-            if layer.mla is not None:  # the latent pool; attention on torch ops
-                h = ops.rms_norm(x, layer.input_norm.weight, layer.eps)
-                o = layer.mla(h, cos, sin, i, pool, batch, meta, ops)  # [T, H, dv]
-            else:
-                q, k, v = layer.pre(x, cos, sin, ops)
-                o = backend.forward(i, q, k, v, pool, batch, meta)  # [T, H, D]
+            o = attend(layer, i, x, cos, sin, pool, batch, backend, meta, ops)
             if i < last:
                 x = layer.post(x, o, ops)
             elif batch.sample_rows.numel() == 0:  # KV written; nothing to sample
@@ -253,3 +247,51 @@ class LlamaModel(nn.Module):
             else:  # only the sampled rows feed the last MLP and the head
                 x = layer.post(x, o, ops, batch.sample_rows)  # [R, hidden]
         return self.head(x)  # [R, V]
+
+    def final_hidden(
+        self, batch: StepBatch, pool: KVPool, backend: AttentionBackend
+    ) -> torch.Tensor:
+        """Run every block over all new tokens of ``batch`` (writing their K/V into
+        ``pool``, eagerly: no fused layers, no compiled step) and return each row's final
+        hidden state after the final norm, ``[T, hidden]`` in the model dtype: what
+        ``forward`` feeds its LM head, for every row instead of only the sampled ones
+        (an MTP layer reads it: ``houchu.model.mtp``). ``logits_at`` turns rows of it
+        into ``forward``'s logits."""
+        max_pos = max(batch.kv_lens, default=0) - 1
+        x, cos, sin = self.embed_and_rope(batch.token_ids, batch.positions, max_pos)
+        meta = (
+            prepare_mla(batch)
+            if self.cfg.mla is not None
+            else backend.prepare(batch, self.attention)
+        )
+        for i, layer in enumerate(self.layers):
+            o = attend(layer, i, x, cos, sin, pool, batch, backend, meta, self.ops)
+            x = layer.post(x, o, self.ops)  # [T, hidden]
+        return apply_norm(self.norm, x, self.ops)  # [T, hidden]
+
+    def logits_at(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over final hidden states (``final_hidden``'s rows), ``[R, hidden]``
+        -> ``[R, vocab]`` float32 logits, soft-capped where the model says (Gemma 2)."""
+        return softcap(self.lm_head(hidden).float(), self.cfg.final_softcap)
+
+
+def attend(
+    layer: DecoderLayer,
+    i: int,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pool: KVPool,
+    batch: StepBatch,
+    backend: AttentionBackend,
+    meta: object,
+    ops: TorchOps,
+) -> torch.Tensor:
+    """The attention half of decoder block ``layer`` over x ``[T, hidden]``, its K/V (or
+    MLA latents) written to layer ``i`` of ``pool``: the attention output ``[T, H, D]``
+    (``[T, H, dv]`` for MLA), which ``layer.post`` finishes."""
+    if layer.mla is not None:  # the latent pool; attention on torch ops
+        h = ops.rms_norm(x, layer.input_norm.weight, layer.eps)
+        return layer.mla(h, cos, sin, i, pool, batch, meta, ops)  # [T, H, dv]
+    q, k, v = layer.pre(x, cos, sin, ops)
+    return backend.forward(i, q, k, v, pool, batch, meta)  # [T, H, D]

@@ -15,7 +15,9 @@ invalid plan raises ``ValueError`` and changes nothing):
    and append it to the request's generated history. Recomputing a preempted request's
    tokens appends nothing, so its penalty counts stay right. A work item with
    ``num_draft`` proposals is verified (``houchu.model.verify``): its accepted proposals and
-   the token after them are appended and returned, one ``SeqOutput`` each.
+   the token after them are appended and returned, one ``SeqOutput`` each. With an MTP
+   proposer attached (``houchu.spec.mtp``), up to ``num_propose`` proposals after the
+   step's last token come back in ``StepResult.proposals``.
 
 Overlap scheduler: a work item with ``use_last_sampled`` has a placeholder first token,
 replaced by the token this runner sampled for that rid in the previous ``execute`` call
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -46,7 +49,13 @@ from houchu.model.loader import load_runner_model, parse_dtype
 from houchu.model.mla_lever import MLALever, mla_levers_note
 from houchu.model.mla_pool import LatentKVPool
 from houchu.model.ops import make_ops
-from houchu.model.plan_state import compile_grammars, live_state, resolve_last_sampled
+from houchu.model.plan_state import (
+    commit_grammars,
+    compile_grammars,
+    live_state,
+    resolve_last_sampled,
+    seq_outputs,
+)
 from houchu.model.prompt_logprobs import rows_wanted, score
 from houchu.model.runner_report import (
     decode_paths_text,
@@ -64,11 +73,13 @@ from houchu.options.runner_options import RunnerOptions
 from houchu.transport.messages import (
     PromptLogprobs,
     RunnerInfo,
-    SeqOutput,
     StepPlan,
     StepResult,
 )
 from houchu.transport.telemetry import LeverSample
+
+if TYPE_CHECKING:
+    from houchu.spec.mtp import MTPDrafter
 
 
 class ModelRunner:
@@ -192,6 +203,7 @@ class ModelRunner:
         self.grammars: dict[str, RequestGrammar] = {}
         self.last_sampled: dict[str, int] = {}  # rid -> token sampled by the previous call
         self.host_kv: HostKVMirror | None = None  # the shared host KV pool, when tiers are on
+        self.mtp: MTPDrafter | None = None  # in-runner MTP proposals (spec.mtp.attach_mtp)
         self.num_params = self.model.num_params()
         on_cpu = self.device.type == "cpu" and not o.fixed_threads
         self.governor = ThreadGovernor(torch.get_num_threads()) if on_cpu else None
@@ -245,6 +257,8 @@ class ModelRunner:
         """Drop every request's sampling state and grammar (their scheduler is gone)."""
         self.states.clear()
         self.grammars.clear()
+        if self.mtp is not None:
+            self.mtp.forget()
 
     def close(self) -> None:
         """Stop the other ranks of a tensor-parallel runner (nothing otherwise)."""
@@ -265,9 +279,10 @@ class ModelRunner:
         return decode_paths_text(self.tuned)
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
-        """Logits ``[R, V]`` float32 of one step, accelerated where possible; counts it."""
-        logits = self.accel.forward(batch)
-        fast = logits is not None
+        """Logits ``[R, V]`` float32 of one step, accelerated where possible (eager with
+        an MTP proposer, which keeps the hidden states); counts it."""
+        logits = self.accel.forward(batch) if self.mtp is None else self.mtp.target_logits(batch)
+        fast = logits is not None and self.mtp is None
         if logits is None:
             logits = self.model(batch, self.pool, self.backend)
         read = self.model.weight_bytes_at(batch.num_tokens, int(batch.sample_rows.numel()))
@@ -347,7 +362,7 @@ class ModelRunner:
                 self.grammars.pop(rid, None)
             self.states.update(new)
             self.grammars.update(new_grammars)
-            outputs: list[SeqOutput] = []
+            outputs = []
             prompt_lps: list[PromptLogprobs] = []
             if batch is not None:
                 ws = [plan.work[i] for i in batch.sampled]
@@ -366,22 +381,9 @@ class ModelRunner:
                 samples = sample_and_verify(
                     self.sampler, logits, batch.sample_counts, states, drafts, masks
                 )  # appends each emitted token to its request's state
-                for g, ss in zip(grammars, samples, strict=True):
-                    if g is not None:
-                        g.commit([s.token_id for s in ss])
-                        failure = g.failure()  # its matcher stopped: the request fails
-                        if failure is not None:
-                            failures[g.rid] = failure
-                for st, ss in zip(states, samples, strict=True):
-                    outputs.extend(
-                        SeqOutput(
-                            rid=st.rid,
-                            token_id=s.token_id,
-                            logprob=s.logprob,
-                            top_logprobs=s.top_logprobs,
-                        )
-                        for s in ss
-                    )
+                failures.update(commit_grammars(grammars, samples))
+                outputs = seq_outputs(states, samples)
+            proposals, draft_s = self.mtp.step(plan, batch, outputs) if self.mtp else ({}, 0.0)
         self.last_sampled = {o.rid: o.token_id for o in outputs}  # the last one per rid
         return StepResult(
             step_id=plan.step_id,
@@ -392,4 +394,6 @@ class ModelRunner:
             prompt_logprobs=prompt_lps,
             allreduce_s=0.0 if self.tp is None else self.tp.take(),
             failures=failures,
+            proposals=proposals,
+            draft_s=draft_s,
         )

@@ -41,9 +41,8 @@ from houchu.model.config import ModelConfig
 from houchu.model.decoder_layer import DecoderLayer, RMSNorm
 from houchu.model.kv_pool import KVPool
 from houchu.model.linear import Linear, LinearBase
-from houchu.model.llama import LlamaModel
+from houchu.model.llama import LlamaModel, attend
 from houchu.model.mla import prepare_mla
-from houchu.model.ops import TorchOps
 from houchu.model.quant import QuantSpec
 from houchu.model.weights_hf import safetensors_files
 
@@ -107,46 +106,6 @@ def load_mtp_tensors(path: str | Path, layer: int, dtype: torch.dtype) -> Weight
                 if name.startswith(prefix) and not name.endswith("rotary_emb.inv_freq"):
                     out[name] = st.get_tensor(name).to(dtype).contiguous()
     return out
-
-
-def trunk_hidden(
-    model: LlamaModel, batch: StepBatch, pool: KVPool, backend: AttentionBackend
-) -> torch.Tensor:
-    """Run the target's blocks over every new token of ``batch`` (writing their KV into
-    ``pool``) and return each row's final hidden state after the final norm:
-    ``[T, hidden]`` in the model dtype (what ``LlamaModel.forward`` feeds its LM head)."""
-    max_pos = max(batch.kv_lens, default=0) - 1
-    x, cos, sin = model.embed_and_rope(batch.token_ids, batch.positions, max_pos)
-    mla = model.cfg.mla is not None
-    meta = prepare_mla(batch) if mla else backend.prepare(batch, model.attention)
-    ops = model.ops
-    for i, layer in enumerate(model.layers):
-        x = _block(layer, i, x, cos, sin, pool, batch, backend, meta, ops)
-    return apply_norm(model.norm, x, ops)  # [T, hidden]
-
-
-def _block(
-    layer: DecoderLayer,
-    i: int,
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    pool: KVPool,
-    batch: StepBatch,
-    backend: AttentionBackend,
-    meta: object,
-    ops: TorchOps,
-    rows: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One decoder block over x ``[T, hidden]`` with its KV in layer ``i`` of ``pool``;
-    ``[T, hidden]`` out (``[R, hidden]`` with ``rows``)."""
-    if layer.mla is not None:
-        h = ops.rms_norm(x, layer.input_norm.weight, layer.eps)
-        o = layer.mla(h, cos, sin, i, pool, batch, meta, ops)  # [T, H, dv]
-    else:
-        q, k, v = layer.pre(x, cos, sin, ops)
-        o = backend.forward(i, q, k, v, pool, batch, meta)  # [T, H, D]
-    return layer.post(x, o, ops, rows)
 
 
 class MTPLayer(nn.Module):
@@ -218,6 +177,25 @@ class MTPLayer(nn.Module):
         x = self.eh_proj(both)  # [T, hidden]
         mla = self.cfg.mla is not None
         meta = prepare_mla(batch) if mla else backend.prepare(batch, self.attention)
-        x = _block(self.block, 0, x, cos, sin, pool, batch, backend, meta, ops, batch.sample_rows)
+        o = attend(self.block, 0, x, cos, sin, pool, batch, backend, meta, ops)
+        x = self.block.post(x, o, ops, batch.sample_rows)  # [R, hidden]
         g = apply_norm(self.head_norm, x, ops)  # [R, hidden]
         return g, self.head(g).float()
+
+
+def load_mtp_layer(target: LlamaModel, path: str | Path) -> MTPLayer:
+    """The MTP module of the checkpoint at ``path`` (a Hugging Face folder), built beside
+    ``target`` (its device and dtype; its embedding and LM head shared where the
+    checkpoint does not repeat them), its CPU kernels prepared.
+
+    Raises:
+        MTPUnavailable: the checkpoint has no MTP layer (``mtp_layer_index``).
+        KeyError: a tensor of the module is missing.
+    """
+    layer = mtp_layer_index(path)
+    with torch.inference_mode():
+        mtp = MTPLayer(target, load_mtp_tensors(path, layer, target.dtype), layer)
+        for m in mtp.modules():
+            if hasattr(m, "prepare_cpu_gemv"):
+                m.prepare_cpu_gemv()
+    return mtp

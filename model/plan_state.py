@@ -1,12 +1,13 @@
 """What ``ModelRunner.execute`` checks and resolves in a step plan before it runs:
 the state each work item's request has, the overlap scheduler's placeholder tokens, and
-the grammars of the requests the plan registers."""
+the grammars of the requests the plan registers; and what it makes of the sampled
+tokens (the grammars' commits, the ``SeqOutput``s)."""
 
 from __future__ import annotations
 
 from houchu.model.grammar import GrammarEngine, RequestGrammar
-from houchu.model.sampling import RequestState
-from houchu.transport.messages import Failure, SeqInit, StepPlan
+from houchu.model.sampling import RequestState, Sample
+from houchu.transport.messages import Failure, SeqInit, SeqOutput, StepPlan
 
 
 def live_state(
@@ -66,3 +67,29 @@ def compile_grammars(
         except ValueError as exc:
             failures[si.rid] = engine.compile_failure(spec, exc)
     return grammars, failures
+
+
+def commit_grammars(
+    grammars: list[RequestGrammar | None], samples: list[list[Sample]]
+) -> dict[str, Failure]:
+    """Advance each constrained request's matcher by its emitted tokens (``samples``,
+    parallel to ``grammars``); returns the requests whose matcher stopped (rid -> why:
+    they fail alone)."""
+    failures: dict[str, Failure] = {}
+    for g, ss in zip(grammars, samples, strict=True):
+        if g is not None:
+            g.commit([s.token_id for s in ss])
+            failure = g.failure()
+            if failure is not None:
+                failures[g.rid] = failure
+    return failures
+
+
+def seq_outputs(states: list[RequestState], samples: list[list[Sample]]) -> list[SeqOutput]:
+    """One ``SeqOutput`` per emitted token, request after request (``samples`` parallel
+    to ``states``)."""
+    return [
+        SeqOutput(rid=st.rid, token_id=s.token_id, logprob=s.logprob, top_logprobs=s.top_logprobs)
+        for st, ss in zip(states, samples, strict=True)
+        for s in ss
+    ]

@@ -160,3 +160,37 @@ def add_mtp_layer(path: str | Path, seed: int = 0, **overrides: Any) -> Path:
 
     shutil.rmtree(bigger)
     return out
+
+
+def make_mtp_exact(path: str | Path, out: str | Path) -> Path:
+    """Copy the DeepSeek-V3 folder with an MTP module at ``path`` (``add_mtp_layer``) to
+    ``out`` as a model whose MTP module predicts the target's own next token: every
+    block's attention output and MLP (dense, routed and shared experts) are zeroed, so
+    the target's final hidden state at ``i`` is ``norm(embed(t_i))`` (a bigram model);
+    the MTP module computes exactly that for the next token (``eh_proj`` = [I, 0] keeps
+    the token half, ``enorm`` is 1, its zeroed block passes it through, its head norm
+    is the target's final norm), so with greedy sampling every proposal is the target's
+    own token. Other files (a tokenizer) are copied as they are. Returns ``out``."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(path), Path(out)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name != "model.safetensors":
+            shutil.copy(f, dst / f.name)
+    raw = json.loads((src / "config.json").read_text())
+    n, h = int(raw["num_hidden_layers"]), int(raw["hidden_size"])
+    w = load_file(str(src / "model.safetensors"))
+    for name, t in w.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            w[name] = torch.zeros_like(t)
+    p = f"model.layers.{n}."
+    w[f"{p}enorm.weight"] = torch.ones(h)
+    w[f"{p}eh_proj.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], 1)
+    w[f"{p}shared_head.norm.weight"] = w["model.norm.weight"].clone()
+    save_file(w, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst

@@ -33,8 +33,19 @@ class SpeculativeOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def enabled(self) -> bool:
-        """Whether speculative decoding is on (the draft actor runs)."""
+        """Whether speculative decoding is on."""
         return self.speculative is not None
+
+    @property
+    def proposes_in_runner(self) -> bool:
+        """Whether the model runner makes the proposals ("mtp": from its own hidden
+        states), so that no draft actor runs."""
+        return self.speculative == "mtp"
+
+    @property
+    def uses_draft_actor(self) -> bool:
+        """Whether a draft actor proposes ("ngram", "draft")."""
+        return self.enabled and not self.proposes_in_runner
 
     def validate(self) -> None:
         """Raises:

@@ -82,6 +82,7 @@ class Planner:
             self.telemetry.event(req.rid, "preempted", tokens=req.num_tokens)
         if plan is None:
             return None
+        self.spec.ask_runner(plan.work, scheduled)  # in-runner proposals (MTP)
         slots = [
             Slot(req, len(w.token_ids), w.sample, w.num_draft, req.plan_prefilling)
             for req, w in zip(scheduled, plan.work, strict=True)

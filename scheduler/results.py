@@ -75,6 +75,7 @@ class ResultApplier:
         for o in result.outputs:  # several per request when proposals were verified
             sampled.setdefault(o.rid, []).append(o)
         events += [ev for slot in slots for ev in self._apply_one(slot, sampled, now)]
+        self.spec.on_runner_proposals(result, self.batcher.running.get)  # MTP's, if any
         for sample in self.overlap.samples(now):
             self.telemetry.lever(sample)
         return events
@@ -164,7 +165,8 @@ class ResultApplier:
         for sample in self.ledger.on_step([s.req for s in slots], prefill + decode, now):
             self.telemetry.lever(sample)
         if decode and not prefill and result.error is None:
-            self.spec.observe_step(result.num_tokens, result.duration_s)
+            # the runner's MTP passes are the draft's cost, not the target's
+            self.spec.observe_step(result.num_tokens, result.duration_s - result.draft_s)
 
     def _take(self, req: Request, outs: list[SeqOutput]) -> tuple[list[SeqOutput], str | None]:
         """Append ``outs``' tokens to ``req`` up to the first that finishes it (EOS, stop

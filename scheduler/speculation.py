@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.request import Request
 from houchu.spec.scheduling import SpecScheduler
+from houchu.transport.messages import SeqWork, StepResult
 from houchu.transport.spec_messages import DraftReply, DraftRequest
 from houchu.transport.telemetry import LeverSample
 
@@ -30,6 +31,14 @@ class NoSpeculation:
 
     def on_pool_stats(self, reply: DraftReply) -> None:
         """Ignore a draft actor's pool counters."""
+
+    def ask_runner(self, work: list[SeqWork], scheduled: list[Request]) -> None:
+        """Ask the runner for no proposals (``num_propose`` stays 0)."""
+
+    def on_runner_proposals(
+        self, result: StepResult, lookup: Callable[[str], Request | None]
+    ) -> None:
+        """Ignore proposals in a step result (none is ever asked for)."""
 
     def abandon(self) -> None:
         """Nothing is awaited."""

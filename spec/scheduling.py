@@ -1,5 +1,5 @@
-"""The scheduler's side of speculative decoding: which requests ask the draft actor for
-proposals and for how many, what a verification step did to a request, and the counters.
+"""The scheduler's side of speculative decoding: which requests ask the draft actor (or
+the runner) for proposals and for how many, what a verification step did to a request, and the counters.
 
 Per step (driven by ``SchedulerCore`` and the scheduler actor)::
 
@@ -9,6 +9,10 @@ Per step (driven by ``SchedulerCore`` and the scheduler actor)::
     plan = core.next_plan()                   # the batcher appends them to decode work
     ... the runner verifies ...
     spec.on_verified(req, ...)                # counters, acceptance; pages rolled back
+
+With ``--speculative mtp`` the runner proposes (``houchu.spec.mtp``) and no draft actor
+is asked: ``ask_runner`` sets each planned work item's ``num_propose``, and
+``on_runner_proposals`` attaches what its step result brings for the next plan.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from houchu.kvcache.page_allocator import PageAllocator
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.spec.adaptive import PRIOR_WEIGHT, SpecController
 from houchu.spec.ledger import LEVER, SpecCounters
-from houchu.transport.messages import SeqWork
+from houchu.transport.messages import SeqWork, StepResult
 from houchu.transport.spec_messages import DraftReply, DraftRequest, DraftSeq
 from houchu.transport.telemetry import LeverSample
 
@@ -51,6 +55,8 @@ class SpecScheduler:
         self.totals = SpecCounters()
         #: the ledger's lever: MTP's own row where the checkpoint's MTP layer proposes
         self.lever = "mtp" if config.speculative == "mtp" else LEVER
+        #: the proposals come from the runner, with each step's result (MTP)
+        self.in_runner = config.proposes_in_runner
         self.pending_release: list[str] = []
         self._query_ids = itertools.count(1)
         self._asked: dict[str, int] = {}  # rid -> k of the outstanding query
@@ -69,31 +75,78 @@ class SpecScheduler:
         get ``k`` from the controller, capped so that no proposal could pass
         ``max_tokens`` or the context window. Also carries pending releases.
         """
+        if self.in_runner:  # the runner proposes with its results (``ask_runner``)
+            return None
         decoding = [r for r in running if not r.is_prefilling and not r.is_aborted]
         for r in decoding:
             r.spec.draft_ids = []
         if not decoding:
             return None
-        self._decisions += 1
-        probe = self._decisions % PROBE_EVERY == 0
-        batch, prior = len(decoding), self.controller.global_acceptance()
         seqs = []
-        for r in decoding:
-            cap = min(
-                r.sampling.max_tokens - len(r.output_ids) - 1, self.max_context - r.num_tokens
-            )
-            alpha = r.spec.acceptance.rate(prior, PRIOR_WEIGHT)
-            k = self.controller.choose_k(batch, alpha, cap, probe)
-            if k > 0:
-                seqs.append(DraftSeq(r.rid, r.spec.num_synced, r.all_ids()[r.spec.num_synced :], k))
-                r.spec.num_synced = r.num_tokens
-        self.last_batch, self.last_num_asked = batch, len(seqs)
+        for r, k in self._choose(decoding):
+            seqs.append(DraftSeq(r.rid, r.spec.num_synced, r.all_ids()[r.spec.num_synced :], k))
+            r.spec.num_synced = r.num_tokens
+        self.last_num_asked = len(seqs)
         if not seqs:
             return None
         self._asked = {s.rid: s.k for s in seqs}
         self.num_draft_calls += 1
         release, self.pending_release = self.pending_release, []
         return DraftRequest(query_id=next(self._query_ids), seqs=seqs, release=release)
+
+    def _choose(self, reqs: list[Request]) -> list[tuple[Request, int]]:
+        """The controller's ``k`` for each of ``reqs`` (the decoding batch), capped so
+        that no proposal could pass ``max_tokens`` or the context window; those with
+        ``k > 0``."""
+        self._decisions += 1
+        probe = self._decisions % PROBE_EVERY == 0
+        batch, prior = len(reqs), self.controller.global_acceptance()
+        self.last_batch = batch
+        chosen = []
+        for r in reqs:
+            alpha = r.spec.acceptance.rate(prior, PRIOR_WEIGHT)
+            k = self.controller.choose_k(batch, alpha, _cap(r, self.max_context), probe)
+            if k > 0:
+                chosen.append((r, k))
+        return chosen
+
+    def ask_runner(self, work: list[SeqWork], scheduled: list[Request]) -> None:
+        """Proposals made in the runner (``--speculative mtp``): ask for the controller's
+        ``k`` after each sampling work item of a plan (``SeqWork.num_propose``; ``work``
+        and ``scheduled`` are parallel). Nothing for a draft actor's proposers."""
+        if not self.in_runner:
+            return
+        sampling = [(w, r) for w, r in zip(work, scheduled, strict=True) if w.sample]
+        if not sampling:
+            return
+        ks = dict((r.rid, k) for r, k in self._choose([r for _, r in sampling]))
+        for w, r in sampling:
+            w.num_propose = ks.get(r.rid, 0)
+        self.last_num_asked = len(ks)
+        self.num_draft_calls += bool(ks)
+
+    def on_runner_proposals(
+        self, result: StepResult, lookup: Callable[[str], Request | None]
+    ) -> None:
+        """Attach the proposals a step's result carries (``ask_runner``) to their
+        requests for the next plan, cut to what ``max_tokens`` and the context still
+        allow; skipped for a request that finished, prefills again, or is in a step
+        planned meanwhile (they would not follow its last token). Their seconds
+        (``draft_s``) feed the cost model and the ledger's spent side."""
+        props = result.proposals
+        if not props:
+            return
+        total_k = sum(len(ids) for ids in props.values())
+        if total_k:
+            self.controller.observe_draft(len(props), max(map(len, props.values())), result.draft_s)
+            self.totals.draft_s += result.draft_s
+        for rid, ids in props.items():
+            req = lookup(rid)
+            if req is None or req.is_prefilling or req.is_in_flight:
+                continue
+            if total_k:
+                req.spec.counters.draft_s += result.draft_s * len(ids) / total_k
+            req.spec.draft_ids = list(ids[: max(_cap(req, self.max_context), 0)])
 
     def release_request(self) -> DraftRequest | None:
         """A request that only releases the requests that left, or None."""
@@ -204,6 +257,12 @@ class SpecScheduler:
             "draft_pages_total": self.draft_pool["pages_total"],
             **self.totals.stats(),
         }
+
+
+def _cap(req: Request, max_context: int) -> int:
+    """The most proposals ``req`` may verify now: none may pass ``max_tokens`` or the
+    context window."""
+    return min(req.sampling.max_tokens - len(req.output_ids) - 1, max_context - req.num_tokens)
 
 
 def free_pages_past(req: Request, allocator: PageAllocator, num_tokens: int) -> int:

@@ -133,13 +133,14 @@ def runner_greedy_tokens(runner: ModelRunner, ids: list[int], n: int) -> list[in
 def serve_with_drafts(
     core: SchedulerCore,
     runner: ModelRunner,
-    proposer: Proposer,
+    proposer: Proposer | None,
     prompts: dict[str, list[int]],
     sampling: SamplingParams,
 ) -> dict[str, list[int]]:
     """Queue ``prompts`` and serve them to the end through ``core`` and ``runner``, asking
-    ``proposer`` (``NgramProposer``, ``MTPProposer``) for the drafts the scheduler wants before each plan; returns each
-    request's tokens. Fails if work is left after 200 rounds."""
+    ``proposer`` (``NgramProposer``; None: the runner proposes, ``houchu.spec.mtp``) for
+    the drafts the scheduler wants before each plan; returns each request's tokens.
+    Fails if work is left after 200 rounds."""
     for rid, p in prompts.items():
         core.add(
             TokenizedRequest(
@@ -150,7 +151,7 @@ def serve_with_drafts(
     for _ in range(200):
         if not core.has_work:
             break
-        if (dr := core.draft_request()) is not None:
+        if proposer is not None and (dr := core.draft_request()) is not None:
             proposer.release(dr.release)
             props = [DraftProposal(r, ids) for r, ids in proposer.propose(dr.seqs).items()]
             core.attach_drafts(DraftReply(query_id=dr.query_id, proposals=props), 0.0)
@@ -158,7 +159,7 @@ def serve_with_drafts(
         if plan is not None:
             for ev in core.apply(runner.execute(plan)):
                 out[ev.rid] += ev.token_ids
-        if (rel := core.spec.release_request()) is not None:
+        if proposer is not None and (rel := core.spec.release_request()) is not None:
             proposer.release(rel.release)
     assert not core.has_work
     return out

@@ -37,7 +37,9 @@ class SeqWork(Struct, kw_only=True, array_like=True):
     ``use_last_sampled`` (overlap scheduler): ``token_ids`` is ``[-1]``, a placeholder for
     the token the runner sampled for this rid in its previous step, which the scheduler
     has not seen yet; the runner puts that token in its place (an error if that step
-    sampled nothing for the rid).
+    sampled nothing for the rid). ``num_propose`` (``--speculative mtp``): up to this many
+    proposals for the tokens after the one this step samples, made by the runner's MTP
+    layer and returned in ``StepResult.proposals`` (0: none; ignored without one).
     """
 
     rid: str
@@ -47,6 +49,7 @@ class SeqWork(Struct, kw_only=True, array_like=True):
     sample: bool
     num_draft: int = 0
     use_last_sampled: bool = False
+    num_propose: int = 0
 
 
 class PageCopy(Struct, array_like=True):
@@ -119,7 +122,10 @@ class StepResult(Struct, tag=True, kw_only=True):
     all-reduces and the logits' all-gather; 0 at tp 1). ``failures``: requests this step
     failed on their own (rid -> why: a structured-output grammar the engine could not
     compile or follow); each ends with its failure, its ``outputs`` of this step are
-    discarded, and the rest of the batch goes on."""
+    discarded, and the rest of the batch goes on. ``proposals`` (the runner's MTP layer,
+    ``SeqWork.num_propose``): rid -> up to ``num_propose`` tokens proposed after the last
+    token the step emitted for it, to verify in the next step; ``draft_s``: of
+    ``duration_s``, the seconds spent on them (the MTP passes)."""
 
     step_id: int
     outputs: list[SeqOutput]
@@ -130,6 +136,8 @@ class StepResult(Struct, tag=True, kw_only=True):
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
     allreduce_s: float = 0.0
     failures: dict[str, Failure] = field(default_factory=dict)
+    proposals: dict[str, list[int]] = field(default_factory=dict)
+    draft_s: float = 0.0
 
 
 class RunnerInfo(Struct, tag=True, kw_only=True):

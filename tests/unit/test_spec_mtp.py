@@ -1,7 +1,7 @@
 """MTP speculation (``--speculative mtp``): a tiny random DeepSeek-V3 with one
 next-token-prediction module written into its safetensors (``add_mtp_layer``: transformers
-writes none), proposing through ``houchu.spec.mtp.MTPProposer`` and verified by the
-target through the scheduler."""
+writes none), proposing inside the model runner (``houchu.spec.mtp.MTPDrafter``, from the
+runner's own final hidden states) and verified by the target through the scheduler."""
 
 from __future__ import annotations
 
@@ -9,18 +9,19 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
+from houchu.actors.config import ServeConfig
+from houchu.actors.launcher import active_actors
+from houchu.model.llama import LlamaModel
 from houchu.model.model_runner import ModelRunner
-from houchu.model.mtp import MTPUnavailable, mtp_layer_index
-from houchu.model.testing import add_mtp_layer, make_tiny_llama, make_tiny_model
+from houchu.model.mtp import MTPUnavailable, load_mtp_tensors, mtp_layer_index
+from houchu.model.testing import add_mtp_layer, make_mtp_exact, make_tiny_llama, make_tiny_model
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.scheduler.telemetry_sink import NullTelemetry
-from houchu.spec.mtp import make_mtp_proposer
-from houchu.transport.messages import SamplingParams
-from houchu.transport.spec_messages import DraftSeq
+from houchu.spec.mtp import attach_mtp
+from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from houchu.transport.telemetry import LeverSample
 from tests.family_helpers import prompt, serve_with_drafts
 from tests.runner_options import exact
@@ -28,6 +29,7 @@ from tests.unit.test_model_deepseek import FAMILIES, MLA, runner_greedy
 
 CFG = {**MLA, **FAMILIES["deepseek_v3"], "num_hidden_layers": 2}
 N_NEW = 12
+GREEDY = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -39,26 +41,16 @@ def mtp_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bigram_model(tmp_path_factory, mtp_model):
-    """The same model made a bigram model: every block's attention output and MLP
-    (dense, routed and shared experts) zeroed, so the target's final hidden state at i is
-    norm(embed(t_i)); its MTP module is made to compute exactly that for the next token
-    (``eh_proj`` = [I, 0] keeps the token half, a zeroed block passes it through, its
-    head norm is the target's final norm), so every proposal is the target's greedy
-    token."""
-    out = tmp_path_factory.mktemp("dsv3-mtp-bigram")
-    for f in ("config.json",):
-        (out / f).write_text((mtp_model / f).read_text())
-    w = load_file(str(mtp_model / "model.safetensors"))
-    for name, t in w.items():
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            w[name] = torch.zeros_like(t)
-    n, h = CFG["num_hidden_layers"], CFG.get("hidden_size", 64)
-    p = f"model.layers.{n}."
-    w[f"{p}enorm.weight"] = torch.ones(h)
-    w[f"{p}eh_proj.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], 1)
-    w[f"{p}shared_head.norm.weight"] = w["model.norm.weight"].clone()
-    save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return out
+    """The same model made a bigram model whose MTP module predicts the target's own
+    next token (``make_mtp_exact``): every greedy proposal is the target's token."""
+    return make_mtp_exact(mtp_model, tmp_path_factory.mktemp("dsv3-mtp-bigram"))
+
+
+def mtp_runner(path, k: int = 3, num_pages: int = 64) -> ModelRunner:
+    """An exact runner of ``path`` with its MTP proposer attached (``k`` at most)."""
+    runner = ModelRunner(str(path), exact(num_pages=num_pages, page_size=4), quiet=True)
+    attach_mtp(runner, str(path), k)
+    return runner
 
 
 class Levers(NullTelemetry):
@@ -72,20 +64,17 @@ class Levers(NullTelemetry):
 
 
 def speculate(path, prompts: dict[str, list[int]], k: int = 3):
-    """Serve ``prompts`` greedily through the scheduler with MTP proposals (k per step):
-    (tokens per request, the scheduler's speculation stats, the proposer, the
-    scheduler's lever samples)."""
-    runner = ModelRunner(str(path), exact(num_pages=64, page_size=4), quiet=True)
-    proposer, _ = make_mtp_proposer(str(path), exact(num_pages=64, page_size=4))
+    """Serve ``prompts`` greedily through the scheduler with in-runner MTP proposals (k
+    per step), prefill chunked by 4: (tokens per request, the scheduler's speculation
+    stats, the runner, the scheduler's lever samples)."""
+    runner = mtp_runner(path, k)
     spec = SpeculativeOptions(speculative="mtp", num_speculative_tokens=k)
     levers = Levers()
-    core = SchedulerCore(
-        runner.info(), BatchingOptions(max_batch_tokens=48), telemetry=levers, spec=spec
-    )
+    batching = BatchingOptions(max_batch_tokens=48, chunked_prefill_size=4)
+    core = SchedulerCore(runner.info(), batching, telemetry=levers, spec=spec)
     core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, k)
-    greedy = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
-    out = serve_with_drafts(core, runner, proposer, prompts, greedy)
-    return out, core.stats(), proposer, levers.samples
+    out = serve_with_drafts(core, runner, None, prompts, GREEDY)
+    return out, core.stats(), runner, levers.samples
 
 
 PROMPTS = {"a": prompt(51, 9), "b": prompt(52, 5), "rep": [5, 6, 7, 8, 9] * 3}
@@ -94,7 +83,7 @@ PROMPTS = {"a": prompt(51, 9), "b": prompt(52, 5), "rep": [5, 6, 7, 8, 9] * 3}
 def test_mtp_speculation_gives_the_plain_greedy_tokens(mtp_model):
     """Random MTP weights: proposals are mostly rejected, the tokens are the plain
     path's, and every proposal is counted (accepted + rejected = proposed)."""
-    out, stats, proposer, _ = speculate(mtp_model, PROMPTS)
+    out, stats, runner, _ = speculate(mtp_model, PROMPTS)
     for rid, p in PROMPTS.items():
         assert out[rid] == runner_greedy(mtp_model, p, N_NEW), rid
     assert stats["speculative"] == "mtp"
@@ -104,7 +93,8 @@ def test_mtp_speculation_gives_the_plain_greedy_tokens(mtp_model):
         stats["spec_accepted_tokens"] + stats["spec_rejected_tokens"]
         == stats["spec_proposed_tokens"]
     )
-    assert proposer.num_seqs == 0 and proposer.pool_usage()[0] == 0  # all released
+    assert stats["spec_draft_s"] > 0  # the runner's MTP passes, the ledger's spent side
+    assert runner.mtp.pending == {} and runner.mtp.num_passes > 0
 
 
 def test_mtp_proposals_of_a_bigram_model_are_all_accepted(bigram_model):
@@ -123,33 +113,84 @@ def test_mtp_proposals_of_a_bigram_model_are_all_accepted(bigram_model):
     assert stats["spec_verify_steps"] < len(PROMPTS) * N_NEW / 2  # fewer target passes
 
 
+def _step(runner: ModelRunner, step_id: int, work: list[SeqWork], init=()) -> dict:
+    """Execute one plan; the result's proposals (rid -> tokens) and emitted tokens."""
+    res = runner.execute(StepPlan(step_id=step_id, work=work, init=list(init)))
+    assert res.error is None
+    return {"proposals": res.proposals, "tokens": [o.token_id for o in res.outputs]}
+
+
+def _fresh_proposals(path, ids: list[int]) -> dict:
+    """A fresh MTP runner's proposals (k = 3) after prefilling ``ids`` in one step."""
+    runner = mtp_runner(path, num_pages=32)
+    init = [SeqInit(rid="r", sampling=GREEDY, prompt_ids=ids)]
+    w = SeqWork(rid="r", token_ids=ids, start_pos=0, page_table=list(range(8)), sample=True)
+    w.num_propose = 3
+    return _step(runner, 1, [w], init)
+
+
 def test_incremental_proposals_equal_proposals_from_scratch(mtp_model):
-    """A proposer fed a sequence a few tokens at a time (its own KV and saved hidden
-    state reused, chained rows overwritten) proposes what a fresh one proposes from the
-    whole sequence at once; a rewrite of computed tokens starts that request over."""
-    opts = exact(num_pages=32, page_size=4)
-    kept, _ = make_mtp_proposer(str(mtp_model), opts)
-    ids = prompt(61, 7) + prompt(62, 9)
-    for end in (7, 8, 11, 16):
-        start = len(kept.seqs["r"].tokens) if "r" in kept.seqs else 0
-        got = kept.propose([DraftSeq("r", start, ids[start:end], 3)])["r"]
-        fresh, _ = make_mtp_proposer(str(mtp_model), opts)
-        assert got == fresh.propose([DraftSeq("r", 0, ids[:end], 3)])["r"], end
-        assert len(got) == 3
-    other = ids[:10] + [7, 7, 7]  # tokens 10.. rewritten: recomputed from scratch
-    got = kept.propose([DraftSeq("r", 10, other[10:], 2)])["r"]
-    fresh, _ = make_mtp_proposer(str(mtp_model), opts)
-    assert got == fresh.propose([DraftSeq("r", 0, other, 2)])["r"]
+    """The MTP layer's KV built step by step in the runner (prefill chunks that carry
+    their last row over to the next chunk, a decode step, a verify step with one proposal
+    accepted and one rejected) gives the proposals a fresh runner makes from the whole
+    sequence in one pass: no row is missing, paired wrongly or left stale."""
+    ids = prompt(61, 11)
+    ref = runner_greedy(mtp_model, ids, 4)
+    runner, pages = mtp_runner(mtp_model, num_pages=32), list(range(8))
+    init = [SeqInit(rid="r", sampling=GREEDY, prompt_ids=ids)]
+    chunks = [(0, 4), (4, 8), (8, 11)]
+    for step_id, (a, b) in enumerate(chunks, 1):
+        w = SeqWork(rid="r", token_ids=ids[a:b], start_pos=a, page_table=pages, sample=b == 11)
+        w.num_propose = 3 if b == 11 else 0
+        got = _step(runner, step_id, [w], init if a == 0 else ())
+    assert got["tokens"] == ref[:1]
+    assert len(got["proposals"]["r"]) == 3
+    assert got == _fresh_proposals(mtp_model, ids)
+    # a decode step
+    w = SeqWork(rid="r", token_ids=ref[:1], start_pos=11, page_table=pages, sample=True)
+    w.num_propose = 3
+    got = _step(runner, 4, [w])
+    assert got["proposals"] == _fresh_proposals(mtp_model, ids + ref[:1])["proposals"]
+    # a verify step: ref[2] accepted, a wrong proposal rejected, ref[3] emitted instead
+    wrong = (ref[3] + 1) % 128
+    w = SeqWork(
+        rid="r", token_ids=[ref[1], ref[2], wrong], start_pos=12, page_table=pages, sample=True
+    )
+    w.num_draft, w.num_propose = 2, 3
+    got = _step(runner, 5, [w])
+    assert got["tokens"] == ref[2:4]
+    assert got["proposals"] == _fresh_proposals(mtp_model, ids + ref[:3])["proposals"]
+
+
+def test_mtp_runs_in_the_runner_without_a_second_target(mtp_model):
+    """No draft actor is started for "mtp" (it is for "ngram"), and the runner's MTP
+    proposer holds no model of its own: it runs the runner's model, and the weights it
+    adds are no more than the checkpoint's MTP module (one block and a head)."""
+    spec = SpeculativeOptions(speculative="mtp")
+    assert "draft" not in active_actors(ServeConfig(model=str(mtp_model), speculation=spec))
+    ngram = SpeculativeOptions(speculative="ngram")
+    assert "draft" in active_actors(ServeConfig(model=str(mtp_model), speculation=ngram))
+    runner = mtp_runner(mtp_model)
+    drafter = runner.mtp
+    assert drafter.model is runner.model
+    assert not any(isinstance(m, LlamaModel) for m in drafter.mtp.modules())
+    shared = {p.data_ptr() for p in runner.model.parameters()}
+    own = sum(p.numel() for p in drafter.mtp.parameters() if p.data_ptr() not in shared)
+    module = load_mtp_tensors(mtp_model, 2, torch.float32)  # the checkpoint's layer 2
+    assert 0 < own <= sum(t.numel() for t in module.values()) < runner.num_params
+    assert drafter.pool.num_layers == 1
 
 
 def test_checkpoints_without_mtp_layers_fail_at_startup(tmp_path, mtp_model):
-    """No MTP module: a clear error naming what is missing, before any weight loads."""
+    """No MTP module: a clear error naming what is missing."""
     llama = make_tiny_llama(tmp_path / "llama")
+    runner = ModelRunner(str(llama), exact(), quiet=True)
     with pytest.raises(MTPUnavailable, match="declares no num_nextn_predict_layers"):
-        make_mtp_proposer(str(llama), exact())
+        attach_mtp(runner, str(llama), 2)
     # DeepSeek-V3 as transformers saves it: the config declares one, the weights lack it
     dsv3 = make_tiny_model(tmp_path / "dsv3", "deepseek_v3", **CFG)
     assert json.loads((dsv3 / "config.json").read_text())["num_nextn_predict_layers"] == 1
     with pytest.raises(MTPUnavailable, match="model.layers.2.eh_proj.weight"):
-        make_mtp_proposer(str(dsv3), exact())
+        attach_mtp(ModelRunner(str(dsv3), exact(), quiet=True), str(dsv3), 2)
     assert mtp_layer_index(mtp_model) == 2
+    assert runner.mtp is None
