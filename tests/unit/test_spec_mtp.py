@@ -120,20 +120,36 @@ def _step(runner: ModelRunner, step_id: int, work: list[SeqWork], init=()) -> di
     return {"proposals": res.proposals, "tokens": [o.token_id for o in res.outputs]}
 
 
-def _fresh_proposals(path, ids: list[int]) -> dict:
-    """A fresh MTP runner's proposals (k = 3) after prefilling ``ids`` in one step."""
+def _mtp_kv(runner: ModelRunner, n: int) -> torch.Tensor:
+    """The MTP layer's latent KV of positions ``0 .. n - 1`` (pages 0, 1, ... in order):
+    ``[n, latent]``."""
+    kv = runner.mtp.pool.kv[0]  # [pages, page_size, latent]
+    return kv.reshape(-1, kv.shape[-1])[:n]
+
+
+def _fresh(path, ids: list[int]) -> tuple[dict, torch.Tensor]:
+    """A fresh MTP runner's proposals (k = 3) after prefilling ``ids`` in one step, and
+    its MTP KV of the positions of ``ids`` (each paired with the token after it)."""
     runner = mtp_runner(path, num_pages=32)
     init = [SeqInit(rid="r", sampling=GREEDY, prompt_ids=ids)]
     w = SeqWork(rid="r", token_ids=ids, start_pos=0, page_table=list(range(8)), sample=True)
     w.num_propose = 3
-    return _step(runner, 1, [w], init)
+    return _step(runner, 1, [w], init), _mtp_kv(runner, len(ids))
+
+
+def _assert_same(runner: ModelRunner, got: dict, path, ids: list[int]) -> None:
+    """``got`` (a step's proposals) and ``runner``'s MTP KV are a fresh runner's."""
+    want, kv = _fresh(path, ids)
+    assert got["proposals"] == want["proposals"]
+    torch.testing.assert_close(_mtp_kv(runner, len(ids)), kv, rtol=1e-5, atol=1e-6)
 
 
 def test_incremental_proposals_equal_proposals_from_scratch(mtp_model):
     """The MTP layer's KV built step by step in the runner (prefill chunks that carry
     their last row over to the next chunk, a decode step, a verify step with one proposal
     accepted and one rejected) gives the proposals a fresh runner makes from the whole
-    sequence in one pass: no row is missing, paired wrongly or left stale."""
+    sequence in one pass, and the same MTP KV at every true position: no row is missing,
+    paired wrongly or left stale."""
     ids = prompt(61, 11)
     ref = runner_greedy(mtp_model, ids, 4)
     runner, pages = mtp_runner(mtp_model, num_pages=32), list(range(8))
@@ -145,12 +161,12 @@ def test_incremental_proposals_equal_proposals_from_scratch(mtp_model):
         got = _step(runner, step_id, [w], init if a == 0 else ())
     assert got["tokens"] == ref[:1]
     assert len(got["proposals"]["r"]) == 3
-    assert got == _fresh_proposals(mtp_model, ids)
+    _assert_same(runner, got, mtp_model, ids)
     # a decode step
     w = SeqWork(rid="r", token_ids=ref[:1], start_pos=11, page_table=pages, sample=True)
     w.num_propose = 3
     got = _step(runner, 4, [w])
-    assert got["proposals"] == _fresh_proposals(mtp_model, ids + ref[:1])["proposals"]
+    _assert_same(runner, got, mtp_model, ids + ref[:1])
     # a verify step: ref[2] accepted, a wrong proposal rejected, ref[3] emitted instead
     wrong = (ref[3] + 1) % 128
     w = SeqWork(
@@ -159,7 +175,7 @@ def test_incremental_proposals_equal_proposals_from_scratch(mtp_model):
     w.num_draft, w.num_propose = 2, 3
     got = _step(runner, 5, [w])
     assert got["tokens"] == ref[2:4]
-    assert got["proposals"] == _fresh_proposals(mtp_model, ids + ref[:3])["proposals"]
+    _assert_same(runner, got, mtp_model, ids + ref[:3])
 
 
 def test_mtp_runs_in_the_runner_without_a_second_target(mtp_model):
