@@ -25,20 +25,9 @@ from pathlib import Path
 from houchu.bench.servers import running_server
 from houchu.bench.spec_bench import run_batch
 
-#: The tiny DeepSeek-V3 (MLA, DeepSeekMoE, one dense layer then one MoE layer).
+#: The tiny DeepSeek-V3 (``houchu.model.testing.TINY_MLA``: MLA, DeepSeekMoE), two layers
 CONFIG = {
     "num_hidden_layers": 2,
-    "num_key_value_heads": 4,
-    "kv_lora_rank": 40,
-    "q_lora_rank": 64,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 16,
-    "v_head_dim": 16,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "n_shared_experts": 1,
-    "first_k_dense_replace": 1,
     "n_group": 2,
     "topk_group": 1,
     "routed_scaling_factor": 2.5,
@@ -60,14 +49,16 @@ def payloads(n: int, max_tokens: int, prompt_len: int = 32) -> list[dict]:
 def write_models(root: Path) -> dict[str, Path]:
     """The ``random`` and ``exact`` checkpoints (see the module docstring) under ``root``."""
     from houchu.model.testing import (
+        TINY_MLA,
         add_mtp_layer,
         make_mtp_exact,
         make_tiny_model,
         write_tiny_tokenizer,
     )
 
-    path = make_tiny_model(root / "random", "deepseek_v3", seed=5, **CONFIG)
-    add_mtp_layer(path, 5, **CONFIG)
+    cfg = {**TINY_MLA, **CONFIG}
+    path = make_tiny_model(root / "random", "deepseek_v3", seed=5, **cfg)
+    add_mtp_layer(path, 5, **cfg)
     write_tiny_tokenizer(path, 128)
     return {"random": path, "exact": make_mtp_exact(path, root / "exact")}
 

@@ -22,6 +22,25 @@ TINY_CONFIG: dict[str, Any] = {
 }
 
 
+#: A tiny DeepSeek-V2/V3 (``make_tiny_model(..., "deepseek_v3", **TINY_MLA)``): MLA over
+#: a 40-wide latent, DeepSeekMoE with 8 routed experts (2 per token) and a shared one,
+#: the first layer dense.
+TINY_MLA: dict[str, Any] = {
+    "num_hidden_layers": 3,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 40,
+    "q_lora_rank": 64,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+}
+
+
 def make_tiny_llama(
     path: str | Path, *, tie_word_embeddings: bool = False, seed: int = 0, **overrides: Any
 ) -> Path:

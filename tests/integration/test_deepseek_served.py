@@ -14,27 +14,12 @@ import aiohttp
 import pytest
 import torch
 
-from houchu.model.testing import make_tiny_model, write_tiny_tokenizer
+from houchu.model.testing import TINY_MLA, make_tiny_model, write_tiny_tokenizer
 from tests.integration.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
-MLA = {
-    "num_hidden_layers": 3,
-    "num_key_value_heads": 4,
-    "kv_lora_rank": 40,
-    "q_lora_rank": 64,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 16,
-    "v_head_dim": 16,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "n_shared_experts": 1,
-    "first_k_dense_replace": 1,
-    "n_group": 2,
-    "topk_group": 1,
-}
+MLA = {**TINY_MLA, "n_group": 2, "topk_group": 1}
 FAMILIES = {
     "deepseek_v2": {"topk_method": "group_limited_greedy"},
     "deepseek_v3": {"routed_scaling_factor": 2.5, "norm_topk_prob": True},

@@ -18,7 +18,7 @@ from houchu.model.mla_pool import LatentKVPool, full_mha_bytes_per_token
 from houchu.model.model_runner import ModelRunner
 from houchu.model.quality import agreement, text_logprobs
 from houchu.model.quant import QuantSpec
-from houchu.model.testing import make_tiny_model
+from houchu.model.testing import TINY_MLA, make_tiny_model
 from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.transport.messages import SamplingParams
@@ -35,20 +35,7 @@ from tests.family_helpers import (
 )
 from tests.runner_options import exact
 
-MLA = {
-    "num_hidden_layers": 3,
-    "num_key_value_heads": 4,
-    "kv_lora_rank": 40,
-    "q_lora_rank": 64,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 16,
-    "v_head_dim": 16,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "n_shared_experts": 1,
-    "first_k_dense_replace": 1,
-}
+MLA = TINY_MLA
 YARN = {
     "rope_type": "yarn",
     "rope_theta": 10000.0,
