@@ -20,6 +20,7 @@ import time
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
+from houchu.actors.startup_errors import ShutdownBeforeReady
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.spec.calibrate import best_times, calibration_plans, calibration_sizes
@@ -70,7 +71,7 @@ class CalibratesTarget:
                     if isinstance(msg, StepResult):
                         break
                     if isinstance(msg, Shutdown):
-                        raise RuntimeError("shut down during calibration")
+                        raise ShutdownBeforeReady("shut down during calibration")
                     stash.append(msg)
                 if msg.error is not None:
                     raise RuntimeError(f"calibration step failed: {msg.error}")

@@ -15,6 +15,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from houchu.actors.config import ServeConfig
+from houchu.actors.startup_errors import StartupFailure
 from houchu.api.engine_client import EngineClient
 from houchu.api.metrics import GatewayMetrics
 from houchu.api.observe import RequestObserver
@@ -77,7 +78,10 @@ class GatewayActor:
         )
         await self.runner.setup()
         site = web.TCPSite(self.runner, gw.host, gw.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as e:  # the port is taken, or the address is not this host's
+            raise StartupFailure(f"cannot listen on {gw.host}:{gw.port}: {e.strerror}") from e
         key = ", API key required" if gw.api_key else ""
         return f"http://{gw.host}:{gw.port} serving {name}{key}"
 

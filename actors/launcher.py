@@ -23,7 +23,7 @@ import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.actors.kv_tier_setup import prepare_kv_tiers
-from houchu.actors.placement import PlacementError, place_actors
+from houchu.actors.placement import PlacementError, check_port_free, place_actors
 from houchu.actors.run_dirs import make_run_dir, sweep_stale
 from houchu.actors.supervisor import Supervisor, SupervisorStop
 from houchu.transport.channel import BadMessage, Inbox
@@ -75,6 +75,7 @@ class Launcher:
         """Start everything, serve until a signal or an unrecoverable actor failure;
         return an exit code (0 after a requested shutdown)."""
         try:
+            check_port_free(self.config.gateway.host, self.config.gateway.port)
             self.config = place_actors(self.config, self.run_dir)
         except (PlacementError, InsecureTransport) as e:
             print(f"houchu: {e}", file=sys.stderr, flush=True)

@@ -72,6 +72,32 @@ def free_ports(host: str, n: int) -> list[int]:
             s.close()
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raise PlacementError when the HTTP port ``port`` on ``host`` cannot be bound
+    (another program listens there, or ``host`` is not an address of this machine).
+
+    Binds with ``SO_REUSEADDR``, as the gateway's server does, so a port left in
+    TIME_WAIT by a server that just stopped counts as free. Port 0 (any) is not checked.
+    Checked before any actor starts, so the error comes in a moment, not after the model
+    has loaded.
+    """
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise PlacementError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+    for fam, kind, proto, _, address in infos:
+        with socket.socket(fam, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(address)
+            except OSError as e:
+                hint = " (another server? choose another --port)" if e.errno == 98 else ""
+                raise PlacementError(f"cannot listen on {host}:{port}: {e.strerror}{hint}") from e
+
+
 def place_actors(config: ServeConfig, run_dir: Path) -> ServeConfig:
     """``config`` with endpoints for its ``--actor-transport`` (``config.launch``).
 

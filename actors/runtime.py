@@ -24,6 +24,7 @@ from typing import Protocol
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
+from houchu.actors.startup_errors import ShutdownBeforeReady, StartupFailure
 from houchu.transport.channel import Outbox
 from houchu.transport.messages import ActorFailed, ActorReady, Heartbeat
 
@@ -141,9 +142,12 @@ async def _run(name: str, config: ServeConfig, parent: int) -> int:
             t.cancel()
         if run in done and not run.cancelled() and run.exception() is not None:
             raise run.exception()  # type: ignore[misc]
+    except ShutdownBeforeReady:
+        code = 0  # another actor failed to start; the launcher says which
     except Exception as e:
         code = 1
-        detail = "".join(traceback.format_exception(e))
+        expected = isinstance(e, StartupFailure)
+        detail = f"{e}\n" if expected else "".join(traceback.format_exception(e))
         print(f"houchu {name}: {detail}", file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):
             await launcher.send(ActorFailed(name=name, error=f"{type(e).__name__}: {e}"))

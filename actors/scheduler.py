@@ -24,6 +24,7 @@ import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.actors.draft_link import Draft, make_link, spec_config
+from houchu.actors.startup_errors import ShutdownBeforeReady
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.scheduler.overlap import resolve_overlap
 from houchu.scheduler.tiers import TierClient
@@ -83,7 +84,7 @@ class SchedulerActor:
             if isinstance(msg, RunnerInfo):
                 break
             if isinstance(msg, Shutdown):
-                raise RuntimeError("shut down before the runner was ready")
+                raise ShutdownBeforeReady("shut down before the runner was ready")
             early.append(msg)
         c = self.config
         batch = c.batching

@@ -55,3 +55,28 @@ def test_bad_model_path_fails_fast(tmp_path):
     bad.write_bytes(b"not a gguf file")
     with pytest.raises(RuntimeError, match="did not start"):
         start_server(bad, timeout_s=120)
+
+
+def test_port_in_use_is_one_clear_line_before_any_actor_starts(real_model_path):
+    """A port another program listens on: ``houchu serve`` exits 1 at once (no model is
+    loaded) with one line that names the address and the cause, and no traceback."""
+    import socket
+    import sys
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        cmd = [sys.executable, "-m", "houchu.cli", "serve", "--model", str(real_model_path)]
+        t0 = time.monotonic()
+        done = subprocess.run(
+            [*cmd, "--port", str(port), "--compile", "off"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in out, out
+    assert "Traceback" not in out and "ready (pid" not in out, out
+    assert time.monotonic() - t0 < 30, out

@@ -205,3 +205,22 @@ def test_a_launcher_that_did_not_place_the_actors_is_caught(tmp_path: Path) -> N
     with pytest.raises(PlacementError, match="place_actors"):
         check_placement(tcp)
     check_placement(place_actors(tcp, tmp_path))
+
+
+def test_a_taken_http_port_is_found_before_the_actors_start() -> None:
+    """``check_port_free``: a listening port raises PlacementError naming the address;
+    a free port and port 0 pass; an unknown host is a PlacementError, not a crash."""
+    import socket
+
+    from houchu.actors.placement import check_port_free
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(PlacementError, match=f"127.0.0.1:{port}: Address already in use"):
+            check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", port)  # released
+    check_port_free("127.0.0.1", 0)
+    with pytest.raises(PlacementError, match="cannot listen on no-such-host.invalid"):
+        check_port_free("no-such-host.invalid", 8000)
