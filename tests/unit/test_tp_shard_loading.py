@@ -63,7 +63,16 @@ def test_safetensors_ranks_read_their_shard(tiny_dir, world):
 
 
 @pytest.mark.parametrize(
-    ("qtype", "keep_q4"), [("F32", False), ("Q8_0", False), ("Q4_1", False), ("Q4_1", True)]
+    ("qtype", "keep_q4"),
+    [
+        ("F32", False),
+        ("F16", False),  # a float type: columns cut by element, not by block
+        ("Q8_0", False),
+        ("Q4_0", False),
+        ("Q4_0", True),
+        ("Q4_1", False),
+        ("Q4_1", True),
+    ],
 )
 def test_gguf_ranks_cut_their_shard_before_dequantizing(tiny_dir, tmp_path, qtype, keep_q4):
     """At tp 3 the o_proj (192 → 64 columns) and down (192 → 64) cuts fall on the
