@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -53,12 +55,18 @@ def main() -> None:
 
         args.model = str(default_model_path())
     with tempfile.TemporaryDirectory() as tmp:
-        if args.model == "random":
-            from houchu.bench.tp_bench import SHAPE
-            from houchu.model.testing import make_tiny_model
-
-            args.model = str(make_tiny_model(Path(tmp) / "m", "llama", **SHAPE))
+        if args.model == "random":  # made in a child: transformers' model is not rank 0's
+            args.model = str(Path(tmp) / "m")
+            subprocess.run([sys.executable, "-c", _MAKE_RANDOM, args.model], check=True)
         report(args)
+
+
+_MAKE_RANDOM = """
+import sys
+from houchu.bench.tp_bench import SHAPE
+from houchu.model.testing import make_tiny_model
+make_tiny_model(sys.argv[1], "llama", **SHAPE)
+"""
 
 
 def report(args: argparse.Namespace) -> None:

@@ -66,6 +66,17 @@ def test_safetensors_ranks_read_their_shard(tiny_dir, world):
         assert got["model.embed_tokens.weight"].shape[0] == -(-129 // world)
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+def test_a_ranks_safetensors_shard_leaves_the_file_unmapped(tmp_path):
+    """The rows a rank reads are copied out of safetensors' mapping of the file, so the
+    mapping (and the pages of the file the rank touched) goes when the file is closed."""
+    model = make_tiny_llama(tmp_path / "m", seed=4)
+    file = str((model / "model.safetensors").resolve())
+    _, got = load_tensors(model, torch.float32, shard=Shard(1, 2))
+    assert got["model.layers.0.self_attn.q_proj.weight"].shape == (32, 64)  # alive
+    assert file not in Path("/proc/self/maps").read_text()
+
+
 @pytest.mark.parametrize(
     ("qtype", "keep_q4"),
     [
