@@ -6,9 +6,12 @@
 Starts a ``ModelRunner`` at ``--tensor-parallel-size --tp`` (gloo, 1 thread per rank,
 the runner's start-up warm-up included) and prints, per rank, its process's peak
 resident set (``VmHWM`` of ``/proc/PID/status``: the most physical memory the process
-held at once, so a rank that read the whole checkpoint before slicing it shows that) and
-its resident set after loading (``VmRSS``). Rank 0's process is this one (the runner's
-Python, torch and tokenizer state included). Without ``--model``, the default model
+held at once, so a rank that read the whole checkpoint before slicing it shows that),
+its resident set after loading (``VmRSS``) and the private part of that (``RssAnon``:
+the weights, the KV pool and the heap; the rest is mapped files, libraries and the page
+cache of the checkpoint, which the ranks share). Rank 0's process is this one (the
+runner's Python, torch and tokenizer state included); its resident set before the
+runner starts is printed first, the part of every rank's figure that is not the model. Without ``--model``, the default model
 (``~/.cache/houchu``); ``--model random``: ``tp_bench``'s random Llama (12 heads, 4 KV
 heads, hidden 768, 12 layers; safetensors, float32). Printed, not asserted.
 """
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -25,7 +30,7 @@ from houchu.options.runner_options import RunnerOptions
 
 
 def status_mib(pid: int | str, key: str) -> float:
-    """``key`` (``VmHWM``, ``VmRSS``) of ``/proc/PID/status`` in MiB.
+    """``key`` (``VmHWM``, ``VmRSS``, ``RssAnon``) of ``/proc/PID/status`` in MiB.
 
     Raises:
         OSError: no such process (or not Linux).
@@ -50,12 +55,18 @@ def main() -> None:
 
         args.model = str(default_model_path())
     with tempfile.TemporaryDirectory() as tmp:
-        if args.model == "random":
-            from houchu.bench.tp_bench import SHAPE
-            from houchu.model.testing import make_tiny_model
-
-            args.model = str(make_tiny_model(Path(tmp) / "m", "llama", **SHAPE))
+        if args.model == "random":  # made in a child: transformers' model is not rank 0's
+            args.model = str(Path(tmp) / "m")
+            subprocess.run([sys.executable, "-c", _MAKE_RANDOM, args.model], check=True)
         report(args)
+
+
+_MAKE_RANDOM = """
+import sys
+from houchu.bench.tp_bench import SHAPE
+from houchu.model.testing import make_tiny_model
+make_tiny_model(sys.argv[1], "llama", **SHAPE)
+"""
 
 
 def report(args: argparse.Namespace) -> None:
@@ -70,6 +81,7 @@ def report(args: argparse.Namespace) -> None:
         kv_cache_mb=args.kv_cache_mb,
         tensor_parallel_size=args.tp,
     )
+    base, base_anon = status_mib("self", "VmRSS"), status_mib("self", "RssAnon")
     runner = ModelRunner(args.model, options, quiet=True)
     try:
         pids = ["self"] + [str(p.pid) for p in getattr(runner.tp, "procs", [])]
@@ -77,11 +89,13 @@ def report(args: argparse.Namespace) -> None:
             f"model: {args.model} ({args.quantization}, {args.dtype}), tp {args.tp}, "
             f"KV pool {args.kv_cache_mb:g} MiB per rank"
         )
-        print("| rank | peak RSS (VmHWM) | RSS after load (VmRSS) |")
-        print("|---|---|---|")
+        print(f"rank 0 before the runner: RSS {base:,.0f} MiB, private {base_anon:,.0f} MiB")
+        print("| rank | peak RSS (VmHWM) | RSS after load (VmRSS) | of it private (RssAnon) |")
+        print("|---|---|---|---|")
         for rank, pid in enumerate(pids):
             hwm, rss = status_mib(pid, "VmHWM"), status_mib(pid, "VmRSS")
-            print(f"| {rank} | {hwm:,.0f} MiB | {rss:,.0f} MiB |")
+            anon = status_mib(pid, "RssAnon")
+            print(f"| {rank} | {hwm:,.0f} MiB | {rss:,.0f} MiB | {anon:,.0f} MiB |")
     finally:
         runner.close()
 

@@ -3,9 +3,9 @@
 Tensors are read with ``gguf.GGUFReader`` (memory-mapped, through
 ``gguf_file.open_gguf``, or the same views from its kept index:
 ``gguf_index.open_gguf_index``) and dequantized with ``gguf.quants.dequantize`` to
-float32 (Q4_0/Q4_1/Q8_0 by torch's ops, bit for bit the same), then cast to the
-requested dtype one tensor at a time (so peak memory is one fp32 tensor plus the
-converted model). Every type that
+float32 (Q4_0/Q4_1/Q8_0 by torch's ops, bit for bit the same) a few rows at a time,
+each chunk cast into the tensor in the requested dtype (so peak memory is the converted
+model plus one chunk's temporaries: ``dequantized_part``). Every type that
 ``gguf.quants`` can dequantize is accepted: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 the K-quants Q2_K..Q6_K, and the IQ / TQ types.
 
@@ -230,12 +230,37 @@ def tensor_part(t: Any, name: str, shard: Shard | None) -> tuple[np.ndarray, tup
     return shard_view(t, kind, shard)
 
 
-def dequantized_part(t: Any, name: str, shard: Shard | None) -> torch.Tensor:
-    """``tensor_part`` of ``t`` dequantized to float32, its vocabulary rows padded with
-    zero rows (``[V'/world, hidden]``)."""
+#: a matrix is dequantized this many float32 elements (1 MiB) at a time, at most
+CHUNK_ELEMENTS = 1 << 18
+
+
+def dequantized_part(
+    t: Any, name: str, shard: Shard | None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """``tensor_part`` of ``t`` dequantized, its vocabulary rows padded with zero rows
+    (``[V'/world, hidden]``).
+
+    A matrix ``[rows, cols]`` comes out in ``dtype``: whole rows (whole quantization
+    blocks) are dequantized to float32 ``CHUNK_ELEMENTS`` at a time and cast into the
+    result, so that reading a tensor holds the result and one chunk's temporaries (not
+    a float32 copy of the tensor and the dequantizer's several temporaries of its size,
+    which the allocator keeps as free heap a rank's resident set never gives back). The
+    values are the same as dequantizing the whole tensor, then casting: each row is
+    dequantized on its own. Any other tensor (a norm, a bias, stacked experts) comes out
+    whole, float32, for the caller to cast.
+    """
     data, shape, pad = tensor_part(t, name, shard)
-    w = torch.from_numpy(dequantize_data(data, t.tensor_type, shape, t.name))
-    return torch.nn.functional.pad(w, (0, 0, 0, pad)) if pad else w
+    if len(shape) != 2:
+        return torch.from_numpy(dequantize_data(data, t.tensor_type, shape, t.name))
+    rows, cols = shape
+    out = torch.empty(rows + pad, cols, dtype=dtype)  # [rows + pad, cols]
+    step = max(1, CHUNK_ELEMENTS // max(cols, 1))
+    for a in range(0, rows, step):
+        b = min(a + step, rows)
+        part = dequantize_data(data[a:b], t.tensor_type, (b - a, cols), t.name)
+        out[a:b] = torch.from_numpy(part)  # float32 [b - a, cols], cast to dtype
+    out[rows:].zero_()
+    return out
 
 
 def iter_gguf_tensors(
@@ -267,7 +292,7 @@ def iter_gguf_tensors(
             data, shape, _ = tensor_part(t, name, shard)
             w: torch.Tensor | Int4Weight = gguf_q4_to_int4(data, t.tensor_type.name, shape)
         else:
-            w = dequantized_part(t, name, shard)
+            w = dequantized_part(t, name, shard, dtype)  # a matrix in dtype, else float32
         world = shard.world if shard is not None else 1  # a rank un-permutes its heads
         llama = cfg.architecture in ("llama", "mistral")  # a GGUF Mistral is a Llama
         if llama and name.endswith("q_proj.weight"):

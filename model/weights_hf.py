@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from houchu.model.config import ModelConfig, ModelLoadError, load_model_config
 from houchu.model.shard import Shard
@@ -63,25 +62,37 @@ def load_hf(
     tensors: dict[str, torch.Tensor] = {}
     for f in safetensors_files(p):
         with safe_open(str(f), framework="pt", device="cpu") as st:
-            for name in st.keys():  # noqa: SIM118 (safe_open is not a dict)
-                if name.endswith("rotary_emb.inv_freq"):
-                    continue
-                tensors[name] = _read(st, name, shard).to(dtype).contiguous()
+            names = [n for n in st.keys() if not n.endswith("rotary_emb.inv_freq")]  # noqa: SIM118
+            if shard is None:
+                for name in names:
+                    tensors[name] = st.get_tensor(name).to(dtype).contiguous()
+                continue
+        for name in names:  # one tensor per opening: see _read_shard
+            with safe_open(str(f), framework="pt", device="cpu") as st:
+                tensors[name] = _read_shard(st, name, shard, dtype)
     return cfg, tensors
 
 
-def _read(st: Any, name: str, shard: Shard | None) -> torch.Tensor:
-    """Tensor ``name`` of the open safetensors file ``st``, or ``shard``'s part of it
-    (only those bytes are read)."""
-    kind = shard.kind(name) if shard is not None else None
+def _read_shard(st: Any, name: str, shard: Shard, dtype: torch.dtype) -> torch.Tensor:
+    """``shard``'s part of tensor ``name`` of the open safetensors file ``st`` (only those
+    bytes are read), copied out of the file's mapping into ``dtype``, contiguous.
+
+    ``safetensors`` maps the whole file while it is open, and a rank's rows of a tensor
+    come out as a view of that mapping (no copy), which keeps the mapping, and every page
+    of it the rank touched, in the rank's resident set for as long as the tensor lives
+    (a column cut touches every page of its tensor). The caller opens the file once per
+    tensor; with the copy, the mapping closes with it, so a rank's peak resident set is
+    its shard and one tensor's pages, not its shard and most of the file."""
+    kind = shard.kind(name)
     if kind is None:
-        return st.get_tensor(name)
+        return st.get_tensor(name).to(dtype, copy=True)
     view = st.get_slice(name)
     shape = view.get_shape()
     if kind == "rows":
-        return view[shard.span(shape[0])]
+        return view[shard.span(shape[0])].to(dtype, copy=True)
     if kind == "cols":
-        return view[:, shard.span(shape[1])]
+        return view[:, shard.span(shape[1])].to(dtype, copy=True).contiguous()
     rows, pad = shard.vocab_span(shape[0])
-    t = view[rows]  # [rows, hidden]
-    return F.pad(t, (0, 0, 0, pad)) if pad else t  # [V'/world, hidden]
+    out = torch.zeros(rows.stop - rows.start + pad, *shape[1:], dtype=dtype)  # [V'/world, hidden]
+    out[: rows.stop - rows.start] = view[rows]
+    return out

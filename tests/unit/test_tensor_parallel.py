@@ -165,6 +165,30 @@ def test_tp2_equals_tp1(family_dir, family, quant):
     assert levers["tensor_parallel"].spent > 0 and levers["tensor_parallel"].saved > 0
 
 
+@pytest.mark.parametrize(
+    ("qtype", "quant"),
+    [
+        ("F16", "none"),  # columns cut by element
+        ("Q8_0", "none"),  # o_proj's 32 and down's 64 input columns per rank: whole blocks
+        ("Q4_1", "auto"),  # Q4 blocks kept as int4 (cut, then repacked, per rank)
+    ],
+)
+def test_tp2_equals_tp1_from_gguf(tiny_dir, tmp_path, qtype, quant):
+    """Each rank reads its shard of a GGUF file (views cut before dequantizing or
+    repacking; q/k rows un-permuted per rank's heads): tp 2 gives tp 1's tokens."""
+    from houchu.model.gguf_writers import write_llama_gguf
+
+    path = str(write_llama_gguf(tiny_dir, tmp_path / f"m-{qtype}.gguf", qtype=qtype))
+    ref = _run(ModelRunner(path, _opts(1, quantization=quant), quiet=True))
+    tp = ModelRunner(path, _opts(2, quantization=quant), quiet=True)
+    try:
+        assert tp.model.quant.mode == ("int4" if quant == "auto" else "none")
+        got = _run(tp)
+    finally:
+        tp.close()
+    _compare(ref, got, TOL if quant == "none" else 2e-2)
+
+
 def test_shard_weights_split_heads_and_vocab(tiny_dir):
     from houchu.model.loader import load_tensors
 
