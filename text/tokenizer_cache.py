@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,10 @@ def cache_key(path: Path) -> str:
 
 
 METADATA_FILE = "gguf_metadata.json"
+#: Converted tokenizers kept (3-4 MB each): the most recently written ones.
+KEEP_TOKENIZERS = 16
+#: A temporary folder older than this (seconds) was left by a process that died.
+STALE_TMP_S = 3600.0
 
 
 def load_gguf_tokenizer(path: Path) -> tuple[Any, dict[str, Any]]:
@@ -124,5 +129,28 @@ def _save(hf: Any, metadata: dict[str, Any], folder: Path) -> None:
             os.replace(tmp, folder)
         except OSError:  # another process cached it first
             shutil.rmtree(tmp, ignore_errors=True)
+        prune_tokenizer_cache(folder.parent, KEEP_TOKENIZERS)
     except OSError as exc:
         log.warning("cannot cache the converted tokenizer in %s: %s", folder, exc)
+
+
+def prune_tokenizer_cache(root: Path, keep: int) -> list[Path]:
+    """Remove all but the ``keep`` most recently written entries of ``root``, and
+    temporary folders older than ``STALE_TMP_S`` seconds (a converting process died);
+    return what was removed. A reader of a removed entry converts again."""
+    now = time.time()
+    entries, removed = [], []
+    for p in root.iterdir():
+        try:
+            mtime = p.stat().st_mtime
+        except OSError:
+            continue  # removed by another process meanwhile
+        if p.name.startswith("."):
+            if now - mtime > STALE_TMP_S:
+                removed.append(p)
+        elif p.is_dir():
+            entries.append((mtime, p))
+    removed += [p for _, p in sorted(entries, reverse=True)[keep:]]
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed

@@ -171,3 +171,35 @@ def test_an_entry_without_metadata_converts_again(own_cache):
     assert (folder / tokenizer_cache.METADATA_FILE).is_file()  # rewritten: read next time
     assert load_tokenizer(gguf).hf_tokenizer.name_or_path == str(folder)
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+def test_old_entries_and_stale_temporaries_are_pruned(tmp_path):
+    """Only the ``keep`` newest entries stay, with temporary folders younger than
+    ``STALE_TMP_S``; older temporaries (a converting process died) go."""
+    root = tmp_path / "tokenizers"
+    now = 1_800_000_000.0
+    for i in range(5):
+        entry = root / f"entry{i}"
+        entry.mkdir(parents=True)
+        (entry / "tokenizer.json").write_text("{}")
+        os.utime(entry, (now + i, now + i))
+    stale, fresh_tmp = root / ".entry9.abc", root / ".entry8.def"
+    stale.mkdir()
+    fresh_tmp.mkdir()
+    old = os.path.getmtime(fresh_tmp) - tokenizer_cache.STALE_TMP_S - 10
+    os.utime(stale, (old, old))
+    removed = tokenizer_cache.prune_tokenizer_cache(root, keep=2)
+    assert sorted(p.name for p in root.iterdir()) == [".entry8.def", "entry3", "entry4"]
+    assert sorted(p.name for p in removed) == [".entry9.abc", "entry0", "entry1", "entry2"]
+
+
+def test_a_conversion_prunes_the_cache(gguf, monkeypatch):
+    """Writing an entry keeps the cache at ``KEEP_TOKENIZERS`` entries, the new one in."""
+    monkeypatch.setattr(tokenizer_cache, "KEEP_TOKENIZERS", 2)
+    root = tokenizer_cache.tokenizer_cache_dir()
+    for i in range(3):
+        (root / f"old{i}").mkdir(parents=True)
+        os.utime(root / f"old{i}", (1e9 + i, 1e9 + i))
+    load_tokenizer(gguf)
+    kept = sorted(p.name for p in root.iterdir())
+    assert kept == sorted(["old2", tokenizer_cache.cache_key(gguf)]), kept
