@@ -35,7 +35,10 @@ NUM_SSE = 4
 STREAM_TOKENS = 48
 #: Seconds within which a restarted actor must serve again (the runner reloads weights).
 RECOVERY_S = 240.0
-HEARTBEAT_TIMEOUT_S = 15
+#: Long enough that no step of this small server comes near it on a slow 2-core CPU
+#: (its longest, a prefill of the 8 streams, takes well under a second), short enough
+#: that the frozen-actor test waits little.
+HEARTBEAT_TIMEOUT_S = 8
 PROBE = {"prompt": "The three primary colors are", "max_tokens": 12, "temperature": 0}
 
 
