@@ -54,6 +54,9 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
             gloo on the CPU, NCCL on CUDA; ``houchu.model.tensor_parallel``), each with
             ``threads`` threads (default: the cores split evenly) and its own KV pool of
             ``kv_cache_mb`` holding its share of the KV heads.
+        jump_forward: structured output: where a request's grammar allows only one
+            continuation, append its tokens without a decode step each and feed them in
+            one forward pass ("on" / "off"; ``houchu.model.jump_forward``).
     """
 
     device: str = "auto"
@@ -76,6 +79,7 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     disable_fused_layers: bool = False
     disable_cuda_graph: bool = False
     tensor_parallel_size: int = 1
+    jump_forward: Literal["on", "off"] = "off"
 
     @property
     def kv_cache_bytes(self) -> int:
