@@ -112,9 +112,11 @@ class _Job:
         """Choice ``i``'s ``finish_reason``, ``content`` and ``tool_calls`` (with tools)."""
         assert self.tools is not None
         calls = self.tools[i].calls
+        content = "".join(self.content[i])
         return {
             "finish_reason": tool_finish(finish_reason, bool(calls)),
-            "content": "".join(self.content[i]) if self.content[i] else None,
+            # as the HTTP reply's ``message.content``: None beside calls when it is blank
+            "content": content if content.strip() or not calls else None,
             "tool_calls": [c.to_openai() for c in calls],
         }
 

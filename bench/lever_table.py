@@ -272,8 +272,8 @@ LEVERS: tuple[Lever, ...] = (
         "jump-forward",
         "structured-output jump-forward",
         "break_serial",
-        (),
-        (),
+        ("--jump-forward", "on"),
+        ("--jump-forward", "off"),
         ("jump_forward",),
         why_not=lambda m: (
             "acts only on structured-output requests (response_format), which a bench workload does not send"

@@ -174,6 +174,7 @@ def runner_main(opts: argparse.Namespace) -> None:
         fixed_threads=True,  # both sides on the same threads
         compile="off",  # a served CPU runner decodes eagerly (start-up measures it)
         decode_paths="rules",
+        jump_forward="off",  # one sampled token per step: the mask's cost per step
     )
     runner = ModelRunner(model, options, quiet=True)
     schema = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(BENCH_SCHEMA))

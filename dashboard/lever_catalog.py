@@ -219,6 +219,14 @@ KNOWN_LEVERS: tuple[LeverInfo, ...] = (
         "draft compute, rejected tokens",
     ),
     _l(
+        "jump_forward",
+        "break_serial",
+        "Structured-output jump-forward",
+        "Where a request's grammar allows only one continuation (a JSON key, punctuation), its tokens are appended at once and computed in the next step's one forward pass.",
+        "forward passes saved (tokens forced)",
+        "seconds computing the forced tokens after the sampler",
+    ),
+    _l(
         "mtp",
         "break_serial",
         "Multi-token prediction",

@@ -23,7 +23,9 @@ Overlap scheduler: a work item with ``use_last_sampled`` has a placeholder first
 replaced by the token this runner sampled for that rid in the previous ``execute`` call
 (the last one, after verification). The runner keeps only the previous call's tokens; a
 call that fails keeps none, so a plan built on a failed step fails too instead of
-running on a stale token.
+running on a stale token. Jump-forward (``houchu.model.jump_forward``): a constrained
+request's forced tokens follow its sampled ones (``SeqOutput.forced``); an item ending
+behind its request's known tokens draws nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from houchu.model.config import ModelConfig
 from houchu.model.device import resolve_device
 from houchu.model.fused_cpu import FusedDecode
 from houchu.model.grammar import GrammarEngine, RequestGrammar
+from houchu.model.jump_forward import JumpForward, drop_stale_samples
 from houchu.model.kv_pool import KVPool
 from houchu.model.kv_transfer import HostKVMirror
 from houchu.model.loader import load_runner_model, parse_dtype
@@ -50,7 +53,6 @@ from houchu.model.mla_lever import MLALever, mla_levers_note
 from houchu.model.mla_pool import LatentKVPool
 from houchu.model.ops import make_ops
 from houchu.model.plan_state import (
-    commit_grammars,
     compile_grammars,
     live_state,
     resolve_last_sampled,
@@ -70,12 +72,7 @@ from houchu.model.threads import ThreadGovernor, step_key
 from houchu.model.tp_group import TPGroup, TPStep
 from houchu.model.verify import sample_and_verify
 from houchu.options.runner_options import RunnerOptions
-from houchu.transport.messages import (
-    PromptLogprobs,
-    RunnerInfo,
-    StepPlan,
-    StepResult,
-)
+from houchu.transport.messages import PromptLogprobs, RunnerInfo, StepPlan, StepResult
 from houchu.transport.telemetry import LeverSample
 
 if TYPE_CHECKING:
@@ -201,6 +198,7 @@ class ModelRunner:
         #: structured output: the grammar of each constrained request (rid -> matcher)
         self.grammar = GrammarEngine(model_path, self.config.vocab_size)
         self.grammars: dict[str, RequestGrammar] = {}
+        self.jump = JumpForward(o.jump_forward == "on")  # structured-output jump-forward
         self.last_sampled: dict[str, int] = {}  # rid -> token sampled by the previous call
         self.host_kv: HostKVMirror | None = None  # the shared host KV pool, when tiers are on
         self.mtp: MTPDrafter | None = None  # in-runner MTP proposals (spec.mtp.attach_mtp)
@@ -332,6 +330,7 @@ class ModelRunner:
             for w in plan.work:
                 if w.rid not in live and w.rid not in new:
                     raise ValueError(f"request {w.rid!r} was never initialised (or released)")
+            drop_stale_samples(plan, lambda rid: live_state(rid, self.states, new))
             batch = None
             scored = [  # (prompt rows to score, first position) per work item
                 rows_wanted(w, live_state(w.rid, self.states, new)) for w in plan.work
@@ -381,10 +380,12 @@ class ModelRunner:
                 samples = sample_and_verify(
                     self.sampler, logits, batch.sample_counts, states, drafts, masks
                 )  # appends each emitted token to its request's state
-                failures.update(commit_grammars(grammars, samples))
-                outputs = seq_outputs(states, samples)
+                ids = [[s.token_id for s in ss] for ss in samples]
+                forced = self.jump.commit(grammars, states, ids, failures)  # jump-forward
+                outputs = seq_outputs(states, samples, forced)
             proposals, draft_s = self.mtp.step(plan, batch, outputs) if self.mtp else ({}, 0.0)
-        self.last_sampled = {o.rid: o.token_id for o in outputs}  # the last one per rid
+        # the last token drawn per rid (a placeholder's value; forced tokens come after)
+        self.last_sampled = {o.rid: o.token_id for o in outputs if not o.forced}
         return StepResult(
             step_id=plan.step_id,
             outputs=outputs,

@@ -69,27 +69,19 @@ def compile_grammars(
     return grammars, failures
 
 
-def commit_grammars(
-    grammars: list[RequestGrammar | None], samples: list[list[Sample]]
-) -> dict[str, Failure]:
-    """Advance each constrained request's matcher by its emitted tokens (``samples``,
-    parallel to ``grammars``); returns the requests whose matcher stopped (rid -> why:
-    they fail alone)."""
-    failures: dict[str, Failure] = {}
-    for g, ss in zip(grammars, samples, strict=True):
-        if g is not None:
-            g.commit([s.token_id for s in ss])
-            failure = g.failure()
-            if failure is not None:
-                failures[g.rid] = failure
-    return failures
-
-
-def seq_outputs(states: list[RequestState], samples: list[list[Sample]]) -> list[SeqOutput]:
-    """One ``SeqOutput`` per emitted token, request after request (``samples`` parallel
-    to ``states``)."""
-    return [
-        SeqOutput(rid=st.rid, token_id=s.token_id, logprob=s.logprob, top_logprobs=s.top_logprobs)
-        for st, ss in zip(states, samples, strict=True)
-        for s in ss
-    ]
+def seq_outputs(
+    states: list[RequestState], samples: list[list[Sample]], forced: list[list[int]]
+) -> list[SeqOutput]:
+    """One ``SeqOutput`` per emitted token, request after request (``samples`` and
+    ``forced`` parallel to ``states``): its sampled tokens, then the tokens its grammar
+    forced (jump-forward: ``forced=True``, no logprob)."""
+    outputs: list[SeqOutput] = []
+    for st, ss, ff in zip(states, samples, forced, strict=True):
+        outputs.extend(
+            SeqOutput(
+                rid=st.rid, token_id=s.token_id, logprob=s.logprob, top_logprobs=s.top_logprobs
+            )
+            for s in ss
+        )
+        outputs.extend(SeqOutput(rid=st.rid, token_id=t, forced=True) for t in ff)
+    return outputs

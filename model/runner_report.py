@@ -50,7 +50,7 @@ def _build_note(r: ModelRunner) -> str:
 def runner_lever_samples(r: ModelRunner) -> list[LeverSample]:
     """``ModelRunner.lever_samples``: the engine-wide ``LeverSample``s since the last
     call."""
-    out = [*r.levers.samples(), *r.grammar.samples()]
+    out = [*r.levers.samples(), *r.grammar.samples(), *r.jump.samples()]
     now = time.time()
     if r.tp is not None:
         from houchu.model.tensor_parallel import tp_lever_sample

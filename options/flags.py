@@ -191,6 +191,12 @@ RUNNER = Group(
             "shard the model over N runner processes (torch.distributed: gloo on the CPU, "
             "NCCL on CUDA, rank r on cuda:r); heads and MLP width must divide by N",
         ),
+        Flag(
+            "jump_forward",
+            "structured output: where the grammar allows only one continuation (a JSON "
+            "key, punctuation), append its tokens without a decode step each and compute "
+            "them in the next step's one forward pass (SGLang's jump-forward decoding)",
+        ),
     ),
 )
 

@@ -54,6 +54,12 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
             gloo on the CPU, NCCL on CUDA; ``houchu.model.tensor_parallel``), each with
             ``threads`` threads (default: the cores split evenly) and its own KV pool of
             ``kv_cache_mb`` holding its share of the KV heads.
+        jump_forward: structured output: where a request's grammar allows only one
+            continuation, append its tokens without a decode step each and feed them in
+            one forward pass ("on" / "off"; ``houchu.model.jump_forward``). On by default:
+            measured on the default model with ``houchu serve``'s defaults (2-core CPU),
+            a JSON-schema request with long fixed keys ran 29 steps in 0.40 s instead of
+            100 in 0.63 s (``houchu.bench.jump_forward_bench``).
     """
 
     device: str = "auto"
@@ -76,6 +82,7 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     disable_fused_layers: bool = False
     disable_cuda_graph: bool = False
     tensor_parallel_size: int = 1
+    jump_forward: Literal["on", "off"] = "on"
 
     @property
     def kv_cache_bytes(self) -> int:

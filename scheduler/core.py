@@ -221,7 +221,10 @@ class SchedulerCore:
         to the tokenizer."""
         slots = self.steps.land(result)
         self.tiers.on_step_done(result.step_id, result.error is None)
-        return self.results.apply(result, slots)
+        events = self.results.apply(result, slots)
+        for req in self.results.jumped:  # forced tokens: the next step feeds them
+            self.steps.void_samples(req)
+        return events
 
     def record_work(self, t0: float, t1: float, overlapped: bool) -> None:
         """The actor worked on a result or a plan from ``t0`` to ``t1`` (time.time());

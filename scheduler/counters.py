@@ -20,6 +20,8 @@ class SchedulerCounters:
         failed: requests failed (a step failed, the runner was replaced).
         busy_s: seconds the runner reported computing steps.
         allreduce_s: of those, seconds a tensor-parallel runner spent in its collectives.
+        jump_forward_tokens: of ``generated_tokens``, those the grammar forced
+            (structured-output jump-forward): each a decode step not run.
         started: wall-clock seconds (``time.time()``) at start.
     """
 
@@ -32,6 +34,7 @@ class SchedulerCounters:
     failed: int = 0
     busy_s: float = 0.0
     allreduce_s: float = 0.0
+    jump_forward_tokens: int = 0
     started: float = field(default_factory=time.time)
 
     def stats(self) -> dict[str, float | int]:
@@ -43,6 +46,7 @@ class SchedulerCounters:
             "num_steps": self.steps,
             "num_prompt_tokens": self.prompt_tokens,
             "num_generated_tokens": self.generated_tokens,
+            "jump_forward_tokens": self.jump_forward_tokens,
             "num_finished": self.finished,
             "num_aborted": self.aborted,
             "num_failed": self.failed,

@@ -53,6 +53,9 @@ class ResultApplier:
         self.overlap = overlap
         self.telemetry = telemetry
         self.counters = counters
+        #: requests that got forced tokens in the result applied last and go on (a later
+        #: step in flight that samples for one draws nothing: ``StepTracker.void_samples``)
+        self.jumped: list[Request] = []
 
     def apply(self, result: StepResult, slots: list[Slot]) -> list[TokenEvent]:
         """Apply a step's sampled tokens to its ``slots``' requests; finish requests;
@@ -62,6 +65,7 @@ class ResultApplier:
         (their tokens are discarded); one preempted since keeps the token sampled for it
         (it is recomputed with it later)."""
         now = time.time()
+        self.jumped = []
         self.counters.steps += 1
         self.counters.busy_s += result.duration_s
         self.counters.allreduce_s += result.allreduce_s
@@ -125,7 +129,9 @@ class ResultApplier:
             )
         num_draft = slot.num_draft
         req.spec.num_draft = 0
-        outs = sampled.get(req.rid, [])[: num_draft + 1]
+        got = sampled.get(req.rid, [])
+        outs = [o for o in got if not o.forced][: num_draft + 1]
+        forced = [o for o in got if o.forced]  # jump-forward: no KV yet, fed next step
         # the step computed its real tokens and the proposals the runner accepted
         computed = slot.num_tokens - num_draft + max(len(outs) - 1, 0)
         if not outs:
@@ -139,12 +145,16 @@ class ResultApplier:
             req.recomputing = False
             self.telemetry.event(req.rid, "decode", t=now, tokens=len(req.output_ids))
         self.ledger.on_token(req, now)
-        kept, reason = self._take(req, outs)
+        kept, reason = self._take(req, outs + forced)
         self.counters.generated_tokens += len(kept)
+        num_forced = max(len(kept) - len(outs), 0)
+        self.counters.jump_forward_tokens += num_forced
+        if num_forced and reason is None:
+            self.jumped.append(req)
         if running:
             req.num_computed = min(req.num_computed + computed, req.num_tokens)
             if num_draft:
-                self.spec.on_verified(req, num_draft, len(outs), len(kept))
+                self.spec.on_verified(req, num_draft, len(outs), len(kept) - num_forced)
                 self.batcher.free_rejected(req)
             self.batcher.index_computed(req)
         event = _event(req, kept, reason)

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from houchu.scheduler.overlap import Slot
+from houchu.scheduler.request import Request
 from houchu.transport.messages import StepResult
 
 #: Seconds of landed steps that ``round_trip_ms`` averages over.
@@ -69,6 +70,17 @@ class StepTracker:
         if self._steps:  # the step sent ahead starts at the runner now
             self._at_runner_since = time.perf_counter()
         return step.slots
+
+    def void_samples(self, req: Request) -> None:
+        """``req`` got forced tokens (jump-forward) in the step just applied: a step
+        still in flight that samples for it ends behind them, so the runner draws
+        nothing there (``houchu.model.jump_forward.drop_stale_samples``); its share no
+        longer expects a token."""
+        for step in self._steps.values():
+            for slot in step.slots:
+                if slot.req is req and slot.sample:
+                    slot.sample = False
+                    req.num_pending -= 1
 
     def only(self) -> list[Slot]:
         """The shares of the one step in flight.

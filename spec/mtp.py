@@ -109,13 +109,16 @@ class MTPDrafter:
             return {}, time.perf_counter() - t0
         emitted: dict[str, list[int]] = {}
         for o in outputs:
-            emitted.setdefault(o.rid, []).append(o.token_id)
+            if not o.forced:  # jump-forward's tokens: computed in the next step, as a chunk
+                emitted.setdefault(o.rid, []).append(o.token_id)
         try:
             out = self._propose(plan.work, batch, hidden, emitted)
         except Exception:  # a model failure costs proposals, never the request
             traceback.print_exc()
             self.pending.clear()
             out = {}
+        for rid in {o.rid for o in outputs if o.forced}:  # forced tokens come next instead
+            out.pop(rid, None)
         return out, time.perf_counter() - t0
 
     # ------------------------------------------------------------------ internals

@@ -81,12 +81,16 @@ class SeqOutput(Struct, kw_only=True, array_like=True):
     logits (of the processed distribution if the runner is configured so);
     ``top_logprobs``: list of (token_id, logprob), best first. A verified request
     (``SeqWork.num_draft > 0``) has several, in order: the accepted proposals, then the
-    target's own token after them."""
+    target's own token after them. ``forced``: a token the request's grammar allows as
+    the only continuation (structured-output jump-forward, ``houchu.model.jump_forward``),
+    appended after the sampled ones without a forward pass: its KV is not computed yet
+    (the scheduler feeds it in the request's next step) and it has no logprob."""
 
     rid: str
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+    forced: bool = False
 
 
 class PromptLogprobs(Struct, kw_only=True, array_like=True):

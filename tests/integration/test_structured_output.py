@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -80,6 +81,11 @@ def chat(server, **kw):
     return client(server).chat.completions.create(model=_model(server), **kw)
 
 
+def _stats(server) -> dict:
+    with urllib.request.urlopen(f"{server.url}/stats", timeout=10) as r:
+        return json.load(r)
+
+
 def _model(server) -> str:
     return client(server).models.list().data[0].id
 
@@ -102,11 +108,14 @@ def test_json_schema_seeds_validate(any_server) -> None:
         assert all(c.finish_reason == "stop" for c in out.choices)
         return [c.message.content for c in out.choices]
 
+    forced = _stats(any_server)["jump_forward_tokens"]
     with ThreadPoolExecutor(3) as pool:  # one batch, as far as the scheduler allows
         texts = [t for ts in pool.map(one, (0, 10, 20)) for t in ts]
     for t in texts:
         jsonschema.validate(json.loads(t), SCHEMA)
     assert len(set(texts)) > 1
+    # jump-forward (on by default) forced the keys: at least `"age": ` etc. per reply
+    assert _stats(any_server)["jump_forward_tokens"] - forced >= 3 * len(texts)
 
 
 def test_free_requests_unchanged_beside_constrained_ones(server) -> None:

@@ -154,17 +154,24 @@ async def serve(
     max_context: int = MAX_CONTEXT,
     limits: GatewayLimits | None = None,
     tokenizer: GatewayTokenizer | None = None,
+    tool_call_parser: str = "hermes",
     **server_kwargs: Any,
 ) -> AsyncIterator[Api]:
     """Run the gateway app on 127.0.0.1 (a free port) in front of ``engine``.
 
     ``limits``: the gateway's limits (None: defaults); ``tokenizer``: for ``/tokenize``
-    (None: none). ``server_kwargs`` go to aiohttp's
+    (None: none); ``tool_call_parser``: the ``--tool-call-parser``. ``server_kwargs`` go
+    to aiohttp's
     server (e.g. ``handler_cancellation=True``).
     """
     engine = engine or FakeEngine()
     app = make_app(
-        engine, model_name=MODEL, max_context=max_context, limits=limits, tokenizer=tokenizer
+        engine,
+        model_name=MODEL,
+        max_context=max_context,
+        limits=limits,
+        tokenizer=tokenizer,
+        tool_call_parser=tool_call_parser,
     )
     async with TestClient(TestServer(app, host="127.0.0.1", **server_kwargs)) as client:
         yield Api(client, engine)

@@ -62,11 +62,14 @@ def run(
     drafts: dict[str, list[int]] | None = None,
 ) -> dict[str, list[int]]:
     """Prefill then decode every request for ``steps`` steps in one batch (stopping a
-    request at its EOS); ``drafts`` gives proposals to verify at the first decode step."""
+    request at its EOS); ``drafts`` gives proposals to verify at the first decode step.
+    Each step feeds a request's tokens not computed yet: the last one sampled, and the
+    ones its grammar forced after it (jump-forward)."""
     pages = {rid: list(range(i * 16, (i + 1) * 16)) for i, rid in enumerate(requests)}
     init = [SeqInit(rid=r, sampling=sp, prompt_ids=p) for r, (p, sp) in requests.items()]
     work = [_work(r, p, 0, pages[r]) for r, (p, _) in requests.items()]
     out: dict[str, list[int]] = {r: [] for r in requests}
+    done = {r: len(p) for r, (p, _) in requests.items()}  # positions computed
     res = runner.execute(StepPlan(step_id=0, init=init, work=work))
     for step in range(1, steps):
         for o in res.outputs:
@@ -77,8 +80,9 @@ def run(
         work = []
         for r in live:
             d = (drafts or {}).get(r, []) if step == 1 else []
-            pos = len(requests[r][0]) + len(out[r]) - 1
-            work.append(_work(r, [out[r][-1], *d], pos, pages[r], num_draft=len(d)))
+            ids = requests[r][0] + out[r]
+            work.append(_work(r, [*ids[done[r] :], *d], done[r], pages[r], num_draft=len(d)))
+            done[r] = len(ids)
         res = runner.execute(StepPlan(step_id=step, work=work))
     runner.execute(StepPlan(step_id=steps, work=[], release=list(requests)))
     return out
@@ -324,12 +328,9 @@ def test_overlap_placeholders_keep_the_grammar_in_step(model_dir, tok) -> None:
     (a placeholder in the plan): the matcher has consumed it, so the output is the same."""
     prompt = tok.encode("JSON:")
     sp = SamplingParams(temperature=1.0, seed=4, structured=JSON)
-    want = run(
-        ModelRunner(str(model_dir), exact(page_size=16, num_pages=64), quiet=True),
-        {"a": (prompt, sp)},
-        80,
-    )["a"]
-    r = ModelRunner(str(model_dir), exact(page_size=16, num_pages=64), quiet=True)
+    opts = exact(page_size=16, num_pages=64, jump_forward="off")  # one token per step
+    want = run(ModelRunner(str(model_dir), opts, quiet=True), {"a": (prompt, sp)}, 80)["a"]
+    r = ModelRunner(str(model_dir), opts, quiet=True)
     pages = list(range(16))
     init = [SeqInit(rid="a", sampling=sp, prompt_ids=prompt)]
     got = [

@@ -63,11 +63,17 @@ def add(core: SchedulerCore, rid: str, prompt: list[int], max_tokens: int) -> No
 class FakeRunner:
     """Executes plans in order over a KV pool of token ids (see module docstring).
 
-    ``eos_at``: rid -> output index at which EOS is sampled.
+    ``eos_at``: rid -> output index at which EOS is sampled. ``forced``: rid -> {output
+    index: n}: after sampling that output, n tokens are forced (jump-forward), returned
+    with ``forced`` set; a work item that then ends behind the request's tokens draws
+    nothing (``houchu.model.jump_forward.drop_stale_samples``).
     """
 
-    def __init__(self, eos_at: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, eos_at: dict[str, int] | None = None, forced: dict[str, dict[int, int]] | None = None
+    ) -> None:
         self.eos_at = eos_at or {}
+        self.forced = forced or {}
         self.kv: dict[tuple[int, int], int] = {}  # (page, slot) -> token id
         self.seqs: dict[str, list[int]] = {}  # rid -> prompt + sampled tokens
         self.prompt_len: dict[str, int] = {}
@@ -100,12 +106,18 @@ class FakeRunner:
                 self.kv[(w.page_table[p // PS], p % PS)] = t
             for p in range(end):  # what attention reads is this request's own KV
                 assert self.kv.get((w.page_table[p // PS], p % PS)) == seq[p], f"{w.rid} @ {p}"
-            if w.sample:
+            if w.sample and end < len(seq):  # forced tokens follow: nothing to draw
+                assert w.rid in self.forced
+            elif w.sample:
                 assert end == len(seq)
-                tok = self.token(w.rid, len(seq) - self.prompt_len[w.rid])
+                index = len(seq) - self.prompt_len[w.rid]
+                tok = self.token(w.rid, index)
                 seq.append(tok)
                 self.last[w.rid] = tok
                 outputs.append(SeqOutput(rid=w.rid, token_id=tok))
+                for _ in range(self.forced.get(w.rid, {}).get(index, 0)):
+                    seq.append(self.token(w.rid, len(seq) - self.prompt_len[w.rid]))
+                    outputs.append(SeqOutput(rid=w.rid, token_id=seq[-1], forced=True))
         return StepResult(step_id=plan.step_id, outputs=outputs, duration_s=0.0, num_tokens=0)
 
 
@@ -136,11 +148,11 @@ def drive(core: SchedulerCore, runner: FakeRunner, overlap: bool, hook: Hook | N
         check_page_tables(core)
 
 
-def both(make: Callable[[], SchedulerCore], eos_at=None, hook=None):
+def both(make: Callable[[], SchedulerCore], eos_at=None, hook=None, forced=None):
     """(step-by-step outputs, overlapped outputs, overlapped core)."""
-    plain = drive(make(), FakeRunner(eos_at), overlap=False, hook=hook)
+    plain = drive(make(), FakeRunner(eos_at, forced), overlap=False, hook=hook)
     core = make()
-    return plain, drive(core, FakeRunner(eos_at), overlap=True, hook=hook), core
+    return plain, drive(core, FakeRunner(eos_at, forced), overlap=True, hook=hook), core
 
 
 def test_finish_at_n_with_a_token_already_planned_at_n_plus_1():
@@ -373,3 +385,53 @@ def test_resolve_overlap_auto_on_gpu_or_spare_cores() -> None:
     assert not resolve_overlap("off", info("cuda", 1), 16)
     with pytest.raises(ValueError, match="auto, on or off"):
         resolve_overlap("yes", info("cpu", 1), 2)
+
+
+def test_forced_tokens_are_fed_in_one_chunk_after_their_step():
+    """Jump-forward: the tokens a step forced after its sample have no KV yet; the next
+    step feeds the sample and them as one chunk, whose last position draws."""
+    core, runner = make_core(overlap_schedule="off"), FakeRunner(forced={"a": {0: 3}})
+    add(core, "a", [10, 11, 12], max_tokens=10)
+    (ev,) = core.apply(runner.execute(core.next_plan()))
+    assert len(ev.token_ids) == 4 and core.counters.jump_forward_tokens == 3
+    (w,) = core.next_plan().work
+    assert (w.token_ids, w.start_pos, w.sample) == (ev.token_ids, 3, True)
+
+
+def test_overlapped_equals_step_by_step_with_forced_tokens():
+    """A step planned ahead for a request whose previous step forced tokens computes its
+    sampled token and draws nothing (its sample is voided); the forced tokens go in the
+    step after, so the outputs are those of driving it step by step."""
+
+    def make():
+        core = make_core(num_pages=64, max_batch_tokens=12, chunked_prefill_size=5)
+        for i, (n, m) in enumerate([(3, 9), (7, 12), (4, 3)]):
+            add(core, f"r{i}", list(range(10 + i, 10 + i + n)), max_tokens=m)
+        return core
+
+    forced = {"r0": {0: 3, 4: 1}, "r1": {2: 6, 9: 1}, "r2": {1: 4}}  # r2: cut by length
+    plain, over, core = both(make, forced=forced)
+    assert over == plain
+    assert {rid: len(t) for rid, (t, _) in plain.items()} == {"r0": 9, "r1": 12, "r2": 3}
+    assert core.counters.jump_forward_tokens == 3 + 1 + 6 + 1 + 1
+    assert core.overlap.steps_ahead > 0 and core.allocator.num_free == 64
+
+
+def test_a_step_planned_ahead_of_forced_tokens_draws_nothing():
+    """The step planned before the forced tokens are known decodes the sampled token
+    (a placeholder) and its sample is voided; the step after feeds exactly the forced
+    tokens and draws after them."""
+    core, runner = make_core(), FakeRunner(forced={"a": {0: 3}})
+    add(core, "a", [10, 11, 12], max_tokens=10)
+    r0 = runner.execute(core.next_plan())  # samples output 0 and forces 3 more
+    r1 = runner.execute(core.next_plan())  # planned ahead: the placeholder at position 3
+    assert [o.rid for o in r1.outputs] == []  # behind the forced tokens: nothing drawn
+    (ev,) = core.apply(r0)
+    a = core.batcher.get("a")
+    assert len(ev.token_ids) == 4 and a.num_pending == 0  # step 1 draws nothing for it
+    p2 = core.next_plan()
+    (w,) = p2.work
+    assert (w.token_ids, w.start_pos, w.sample) == (ev.token_ids[1:], 4, True)
+    assert core.apply(r1) == [] and a.num_computed == 4
+    (ev2,) = core.apply(runner.execute(p2))
+    assert len(ev2.token_ids) == 1 and a.num_computed == 7
