@@ -39,6 +39,10 @@ class MultiQuery:
 
 #: Sequences with at most this many new tokens after cached KV are batched (verification).
 MAX_BATCHED_QUERY = 16
+#: A sequence with 2 to this many new tokens after cached KV (a speculative verification,
+#: a jump-forward chunk) runs each token as a decode row of its own, on the decode
+#: kernels, where no attention window binds (``attention_torch._decode_rows``).
+MAX_EXTEND_AS_DECODE = 16
 
 
 @dataclass

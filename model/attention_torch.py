@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from houchu.model.attention import AttentionBackend
 from houchu.model.attention_meta import (
     MAX_BATCHED_QUERY,
+    MAX_EXTEND_AS_DECODE,
     LayeredMeta,
     MultiQuery,
     PrefillSeq,
@@ -56,9 +57,10 @@ class TorchSDPABackend(AttentionBackend):
         (0: all); only the pages holding them are read."""
         ps = batch.page_size
         decode = [i for i in range(batch.num_seqs) if batch.q_len(i) == 1]
-        meta = TorchMeta(all_decode=len(decode) == batch.num_seqs)
+        extend = [] if window else [i for i in range(batch.num_seqs) if _short_extend(batch, i)]
+        meta = TorchMeta(all_decode=len(decode) + len(extend) == batch.num_seqs)
         dev = batch.token_ids.device
-        if decode:
+        if decode and not extend:
             lens = [batch.kv_lens[i] for i in decode]
             idx = torch.tensor(decode, dtype=torch.int64, device=dev)
             meta.decode_rows = torch.tensor(
@@ -70,10 +72,14 @@ class TorchSDPABackend(AttentionBackend):
                 n_pages = -(-max(lens) // ps)
                 meta.decode_pages = batch.page_tables[idx, :n_pages].contiguous()
                 meta.decode_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
+        elif extend:  # every token of a short extend is a decode row (window 0 only)
+            _decode_rows(meta, batch, sorted(decode + extend))
         multi = [
             i
             for i in range(batch.num_seqs)
-            if 1 < batch.q_len(i) <= MAX_BATCHED_QUERY and batch.start_pos[i] > 0
+            if 1 < batch.q_len(i) <= MAX_BATCHED_QUERY
+            and batch.start_pos[i] > 0
+            and i not in extend
         ]
         if len(multi) > 1:
             meta.multi = self._multi_query(batch, multi, window)
@@ -81,7 +87,7 @@ class TorchSDPABackend(AttentionBackend):
             multi = []
         for i in range(batch.num_seqs):
             n = batch.q_len(i)
-            if n == 1 or i in multi:
+            if n == 1 or i in multi or i in extend:
                 continue
             meta.prefill.append(self._prefill_seq(batch, i, window))
         return meta
@@ -264,3 +270,34 @@ class TorchSDPABackend(AttentionBackend):
             spec,
         )  # [B, Hkv, G, D]
         return o.reshape(b, h, d)
+
+
+def _short_extend(batch: StepBatch, i: int) -> bool:
+    """Whether sequence ``i`` of ``batch`` is a short extend after cached KV (a
+    speculative verification, a jump-forward chunk, the tail of a cached prompt): at
+    most ``MAX_EXTEND_AS_DECODE`` new tokens, more than one, from a position past 0."""
+    return 1 < batch.q_len(i) <= MAX_EXTEND_AS_DECODE and batch.start_pos[i] > 0
+
+
+def _decode_rows(meta: TorchMeta, batch: StepBatch, seqs: list[int]) -> None:
+    """Every new token of the sequences ``seqs`` (decodes and short extends) as a decode
+    row of its own: token ``j`` of sequence ``i`` attends its sequence's pages up to its
+    own position, ``kv_len = start_pos + j + 1`` (causal within the extend: the step
+    stores every row's K/V before any row attends). A short extend then runs on the
+    decode kernels (the fused CPU decode layers among them) instead of a prefill.
+
+    Sets ``decode_rows`` ``[B]`` int64 (token rows, in step order), ``decode_pages``
+    ``[B, n_pages]`` int64 and ``decode_lens`` ``[B]`` int32, B = the tokens of ``seqs``.
+    """
+    dev, ps = batch.token_ids.device, batch.page_size
+    rows, owner, lens = [], [], []
+    for i in seqs:
+        for j in range(batch.q_len(i)):
+            rows.append(batch.q_starts[i] + j)
+            owner.append(i)
+            lens.append(batch.start_pos[i] + j + 1)
+    n_pages = -(-max(lens) // ps)
+    idx = torch.tensor(owner, dtype=torch.int64, device=dev)  # [B]
+    meta.decode_rows = torch.tensor(rows, dtype=torch.int64, device=dev)  # [B]
+    meta.decode_pages = batch.page_tables[idx, :n_pages].contiguous()  # [B, n_pages]
+    meta.decode_lens = torch.tensor(lens, dtype=torch.int32, device=dev)  # [B]

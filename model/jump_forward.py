@@ -51,18 +51,24 @@ from houchu.transport.telemetry import LeverSample
 LEVER, VERB = "jump_forward", "break_serial"
 
 
-def drop_stale_samples(plan: StepPlan, state_of: Callable[[str], RequestState]) -> None:
-    """Clear ``sample`` on each work item of ``plan`` that ends behind its request's
-    frontier (the prompt plus every token generated so far, forced ones included): the
-    next token there is already known, so nothing is drawn (a step the overlap
-    scheduler planned before it saw the forced tokens). Changes ``plan`` itself.
+def drop_stale_samples(
+    plan: StepPlan, state_of: Callable[[str], RequestState], forced: set[str]
+) -> None:
+    """Clear ``sample`` on each work item of ``plan`` whose request got forced tokens in
+    the previous step (``forced``: rids) and that ends behind that request's frontier
+    (the prompt plus every token generated so far, forced ones included): the next token
+    there is already known, so nothing is drawn (a step the overlap scheduler planned
+    before it saw the forced tokens). Changes ``plan`` itself. Only those requests: a
+    draft model's runner rolls a sequence back behind its sampled history and must
+    still draw there.
 
     Args:
         plan: the step's plan (placeholders already resolved).
         state_of: rid -> the request's sampling state.
+        forced: the rids that got forced tokens in the previous step.
     """
     for w in plan.work:
-        if not w.sample or w.num_draft:
+        if not w.sample or w.num_draft or w.rid not in forced:
             continue
         st = state_of(w.rid)
         if w.start_pos + len(w.token_ids) < len(st.prompt_ids) + len(st.generated):
@@ -80,6 +86,7 @@ class JumpForward:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.tokens = 0  # tokens forced since start
+        self.forced_rids: set[str] = set()  # rids forced at the last commit
         #: per request since the last samples(): [tokens forced, seconds spent]
         self._per_request: dict[str, list[float]] = {}
 
@@ -103,6 +110,7 @@ class JumpForward:
             Per request, the forced token ids ([] for most).
         """
         forced: list[list[int]] = []
+        self.forced_rids = set()
         for g, st, ss in zip(grammars, states, sampled, strict=True):
             ff: list[int] = []
             if g is not None:
@@ -113,7 +121,14 @@ class JumpForward:
                 elif self.enabled and ss:
                     ff = self._force(g, st)
             forced.append(ff)
+            if ff:
+                self.forced_rids.add(st.rid)
         return forced
+
+    def take_forced_rids(self) -> set[str]:
+        """The rids that got forced tokens at the last ``commit``, once (then empty)."""
+        rids, self.forced_rids = self.forced_rids, set()
+        return rids
 
     def _force(self, g: RequestGrammar, st: RequestState) -> list[int]:
         """Consume and return ``g``'s forced tokens (appended to ``st``)."""

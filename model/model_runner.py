@@ -23,9 +23,8 @@ Overlap scheduler: a work item with ``use_last_sampled`` has a placeholder first
 replaced by the token this runner sampled for that rid in the previous ``execute`` call
 (the last one, after verification). The runner keeps only the previous call's tokens; a
 call that fails keeps none, so a plan built on a failed step fails too instead of
-running on a stale token. Jump-forward (``houchu.model.jump_forward``): a constrained
-request's forced tokens follow its sampled ones (``SeqOutput.forced``); an item ending
-behind its request's known tokens draws nothing.
+running on a stale token. Jump-forward (``houchu.model.jump_forward``): forced tokens
+follow the sampled ones (``SeqOutput.forced``); a step planned before them draws nothing.
 """
 
 from __future__ import annotations
@@ -330,7 +329,8 @@ class ModelRunner:
             for w in plan.work:
                 if w.rid not in live and w.rid not in new:
                     raise ValueError(f"request {w.rid!r} was never initialised (or released)")
-            drop_stale_samples(plan, lambda rid: live_state(rid, self.states, new))
+            forced = self.jump.take_forced_rids()  # the overlap step planned before them
+            drop_stale_samples(plan, lambda rid: live_state(rid, self.states, new), forced)
             batch = None
             scored = [  # (prompt rows to score, first position) per work item
                 rows_wanted(w, live_state(w.rid, self.states, new)) for w in plan.work
