@@ -116,6 +116,9 @@ class Linear(LinearBase):
         self._packed: torch.Tensor | None = None  # oneDNN blocked layout, opaque
         self._element_size = weight.element_size()
         self.kind = str(weight.dtype).removeprefix("torch.")
+        #: batch-invariant mode (``houchu.model.deterministic``): rows per matmul call,
+        #: the last call zero-padded, so a row's sums do not depend on the row count
+        self.row_tile: int | None = None
 
     def prepack_onednn(self, keep_dense: bool = False) -> None:
         """Switch to oneDNN's prepacked weight (CPU, float32/bfloat16; check
@@ -130,8 +133,36 @@ class Linear(LinearBase):
     def weight_bytes(self) -> int:
         return self.out_features * self.in_features * self._element_size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: ``[N, in_features]`` -> ``[N, out_features]``, same dtype."""
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``[N, in_features]`` -> ``[N, out_features]``, one call."""
         if self._packed is not None:
             return packed_matmul(x, self._packed, self.out_features)
         return F.linear(x, self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``[N, in_features]`` -> ``[N, out_features]``, same dtype (with ``row_tile``
+        in calls of exactly that many rows)."""
+        if self.row_tile is None:
+            return self._matmul(x)
+        return tiled_rows(self._matmul, x, self.row_tile, self.out_features)
+
+
+def tiled_rows(
+    matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile: int, out: int
+) -> torch.Tensor:
+    """``matmul(x)`` in calls of exactly ``tile`` rows (the last one zero-padded), so that
+    each row gets the reduction order of a ``tile``-row call whatever ``x``'s row count
+    (the batch-invariant matmul of Thinking Machines' "Defeating Nondeterminism in LLM
+    Inference", 2025, by fixing the call shape instead of the kernel's strategy).
+
+    x: ``[N, K]`` -> ``[N, out]``, matmul's dtype. Costs up to ``tile - 1`` padded rows
+    per call sequence.
+    """
+    n = x.shape[0]
+    pad = (-n) % tile
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    y = x.new_empty(n + pad, out)
+    for r0 in range(0, n + pad, tile):
+        y[r0 : r0 + tile] = matmul(x[r0 : r0 + tile])
+    return y[:n]

@@ -41,6 +41,7 @@ from houchu.model.attention import make_backend
 from houchu.model.attention_window import WindowLedger
 from houchu.model.batch import StepBatch, build_batch
 from houchu.model.config import ModelConfig
+from houchu.model.deterministic import deterministic_options, pin, pinned_notes
 from houchu.model.device import resolve_device
 from houchu.model.fused_cpu import FusedDecode
 from houchu.model.grammar import GrammarEngine, RequestGrammar
@@ -127,6 +128,8 @@ class ModelRunner:
         self.device = (
             self.tp.device if self.tp is not None else torch.device(resolve_device(o.device))
         )
+        if o.deterministic:  # checked, then as the mode runs: houchu.model.deterministic
+            o = self.options = deterministic_options(o, self.device)
         if o.threads is not None:
             torch.set_num_threads(o.threads)
         self.cpu_isa = cpu_kernels.select(o.cpu_isa)
@@ -168,6 +171,7 @@ class ModelRunner:
         if o.decode_paths not in ("rules", "auto"):
             raise ValueError(f"decode_paths must be rules or auto, got {o.decode_paths!r}")
         buckets = tuple(o.decode_batch_sizes)
+        self.deterministic = pin(self.model, buckets) if o.deterministic else ""  # what it pinned
         setup = RunnerSetup(
             self.model, self.dtype, self.device, self.pool, self.backend, model_path, quant, buckets
         )
@@ -181,13 +185,9 @@ class ModelRunner:
         per_layer = self.pool.bytes_per_token // max(self.config.num_layers, 1)
         self.window_ledger = WindowLedger(self.model.attention, per_layer)
         #: what the model's structure does to the other levers (said at startup)
-        self.notes = tp_notes + structure_notes(
-            self.config,
-            self.model.attention,
-            self.backend.name,
-            not o.disable_fused_layers,
-            quant.mode,
-        )
+        structure = (self.model.attention, self.backend.name, not o.disable_fused_layers)
+        notes = structure_notes(self.config, *structure, quant.mode)
+        self.notes = tp_notes + pinned_notes(self.deterministic) + notes
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
         limit = min(self.config.max_position, self.pool.num_tokens)
         self.max_context = limit if o.max_context is None else min(o.max_context, limit)

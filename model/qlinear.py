@@ -118,6 +118,8 @@ class Int4Linear(LinearBase):
         self.dense_min_rows = dense_min_rows if self._dense is not None else None
         self._cpu_gemv: torch.Tensor | None = None  # houchu's C++ GEMV layout (opaque)
         self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
+        #: batch-invariant GEMV sums (``houchu.model.deterministic``)
+        self.batch_invariant = False
         self.prepare_cpu_gemv()
 
     def prepare_cpu_gemv(self) -> None:
@@ -165,7 +167,9 @@ class Int4Linear(LinearBase):
         elif path is None and x.shape[0] >= self.dequant_min_rows:
             y = F.linear(xa, self.dequantize())
         elif self._cpu_gemv is not None and path != "torch":
-            y = cpu_kernels.ops().int4_gemv(xa, self._cpu_gemv, self.group_size, self.out_features)
+            y = cpu_kernels.ops().int4_gemv(
+                xa, self._cpu_gemv, self.group_size, self.out_features, False, self.batch_invariant
+            )
         elif self.packed.device.type == "cuda":
             y = torch.ops.aten._weight_int4pack_mm(xa, self.packed, self.group_size, self.sz)
         else:

@@ -90,6 +90,7 @@ def runner_info(r: ModelRunner) -> RunnerInfo:
         num_threads=torch.get_num_threads(),
         cpu_isa=r.cpu_isa if r.device.type == "cpu" else "",
         decode_paths=r.tuned.route.describe(r.tuned.times) if r.tuned else "",
+        deterministic=r.deterministic,
         sliding_window=c.sliding_window if c.every_layer_windowed else 0,
     )
 

@@ -76,6 +76,11 @@ def _check_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--num-speculative-tokens must be >= 1")
     if args.speculative_max_batch is not None and args.speculative_max_batch < 0:
         parser.error("--speculative-max-batch must be >= 0")
+    if args.speculative is not None and args.deterministic:
+        parser.error(
+            "--deterministic does not combine with --speculative (verification runs other "
+            "attention kernels than decode)"
+        )
 
 
 def _check_gateway(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -36,11 +36,13 @@ class Flag:
         field: the field of the group's struct.
         help: the help text ("(default: X)" is added where the default is worth showing).
         env: an environment variable read, when the parser is built, as the default.
+        aliases: other spellings of the flag (another engine's name for it).
     """
 
     field: str
     help: str
     env: str | None = None
+    aliases: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -186,6 +188,14 @@ RUNNER = Group(
             "all the decoder layers and the LM head",
         ),
         Flag("disable_cuda_graph", "do not capture decode steps as CUDA graphs (CUDA only)"),
+        Flag(
+            "deterministic",
+            "batch-invariant inference (CPU): a request's logits, and so a seeded request's "
+            "tokens, do not depend on what else is batched with it; pins houchu's C++ GEMV "
+            "with float activations for every step, dense matmuls in fixed row tiles, no "
+            "compile, fixed threads (costs speed: see the README)",
+            aliases=("--enable-deterministic-inference",),
+        ),
         Flag(
             "tensor_parallel_size",
             "shard the model over N runner processes (torch.distributed: gloo on the CPU, "

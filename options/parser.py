@@ -114,7 +114,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         g = p.add_argument_group(group.title)
         fields = fields_of(group)
         for flag in group.flags:
-            g.add_argument(flag.name, **argument_kwargs(flag, fields[flag.field]))
+            g.add_argument(flag.name, *flag.aliases, **argument_kwargs(flag, fields[flag.field]))
     return p
 
 

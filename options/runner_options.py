@@ -50,6 +50,10 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
         disable_fused_layers: with the cpu backend, run decode steps op by op instead
             of one C++ call for all the layers (``houchu.model.fused_cpu``).
         disable_cuda_graph: do not capture decode steps as CUDA graphs (CUDA only).
+        deterministic: batch-invariant inference on the CPU (``houchu.model.deterministic``):
+            a request's logits do not depend on the other rows of its step or on their
+            count; pins one kernel path and float activations, no compiled step, fixed
+            threads.
         tensor_parallel_size: ranks the model is sharded over (``torch.distributed``:
             gloo on the CPU, NCCL on CUDA; ``houchu.model.tensor_parallel``), each with
             ``threads`` threads (default: the cores split evenly) and its own KV pool of
@@ -81,6 +85,7 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     cpu_isa: CpuIsa = "auto"
     disable_fused_layers: bool = False
     disable_cuda_graph: bool = False
+    deterministic: bool = False
     tensor_parallel_size: int = 1
     jump_forward: Literal["on", "off"] = "on"
 

@@ -36,5 +36,6 @@ def pool_stats(
         "max_context": runner.max_context,
         "cpu_isa": runner.cpu_isa,
         "decode_paths": runner.decode_paths,
+        "deterministic": runner.deterministic,
         "num_preemptions": batcher.num_preemptions,
     }

@@ -170,6 +170,7 @@ class RunnerInfo(Struct, tag=True, kw_only=True):
     num_threads: int = 0  # the runner's CPU compute threads (0: unknown)
     cpu_isa: str = ""  # ISA level of the CPU kernels (houchu.model.cpu_isa); "" off the CPU
     decode_paths: str = ""  # the measured decode path per batch bucket, with its times
+    deterministic: str = ""  # what batch-invariant mode pinned ("" when off)
     #: tokens every layer attends at most (a sliding window in all layers: KV older than
     #: that is never read again); 0: some layer reads the whole context
     sliding_window: int = 0

@@ -241,12 +241,19 @@ inline void store_out(OutT* p, __m512 v, __mmask16 mask) {
 // Independent accumulator chains per activation row: enough to cover vdpbf16ps latency.
 constexpr int chains_for(int mt) { return mt == 1 ? 8 : mt <= 2 ? 4 : (mt <= 4 ? 2 : 1); }
 
-// int4: row blocks [b0, b1) for MT bfloat16 rows (R of them per output row).
-template <int MT, int R, bool F32S, typename OutT>
+// Batch-invariant mode (PackedLinear::invariant): every tile size keeps this many chains
+// per row, so a row's products are added in the same order whatever the rows beside it
+// (chains_for's count depends on the tile's row count, and with it the order of a row's
+// float32 sums). Two chains keep 8 rows x 2 accumulators within the 32 zmm registers.
+constexpr int kInvariantChains = 2;
+
+// int4: row blocks [b0, b1) for MT bfloat16 rows (R of them per output row); INV: the
+// batch-invariant chain count (kInvariantChains) instead of chains_for(MT).
+template <int MT, int R, bool F32S, typename OutT, bool INV = false>
 void int4_tile(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, int64_t ng,
                int64_t G, const uint16_t* xb, int64_t ldx, const float* gs, OutT* out,
                int64_t ldo, int64_t n) {
-  constexpr int A = chains_for(MT);
+  constexpr int A = INV ? kInvariantChains : chains_for(MT);
   static_assert(MT % R == 0, "whole R-groups per tile");
   // word i -> bfloat16(i & 15): vpermw reads only the low 5 bits of each index word, so
   // a nibble's neighbour bit above it does not matter
@@ -415,11 +422,13 @@ inline void store_out8(OutT* p, __m256 v, int64_t n) {
 // blocks [b0, b1). Lane i of a chunk's half holds feature i's 8 codes: k = 2t at bits
 // 4t, k = 2t + 1 at bits 16 + 4t. Masking a code in place and converting gives
 // code * 2^4t, and xs holds x * 2^-4t, so each FMA adds the exact product code * x.
-template <int MT, bool F32S, typename OutT>
+// INV (batch-invariant mode): two chains per (row, half) at every MT, the single-row
+// kernel's order of sums, so a row's output does not depend on the rows beside it.
+template <int MT, bool F32S, typename OutT, bool INV = false>
 void int4_tile_avx2(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, int64_t ng,
                     int64_t G, const float* xs, int64_t ldx, const float* gs, OutT* out,
                     int64_t ldo, int64_t n) {
-  constexpr int A = MT == 1 ? 2 : 1;  // accumulator chains per (row, half)
+  constexpr int A = MT == 1 || INV ? 2 : 1;  // accumulator chains per (row, half)
   const __m256i hi16 = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   const int64_t chunks = G / 8;
   for (int64_t b = b0; b < b1; ++b) {
@@ -573,12 +582,12 @@ inline neon::f32x8 code8(uint32x4_t lo, uint32x4_t hi) {
 // int4, MT activation rows (xf: Acts' float32 rows, gs: their group sums): row blocks
 // [b0, b1), as int4_tile_avx2: lane i of a chunk's half holds feature i's 8 codes, k = 2t
 // at bits 4t, k = 2t + 1 at bits 16 + 4t; each FMA adds code * x.
-template <int MT, bool F32S, typename OutT>
+template <int MT, bool F32S, typename OutT, bool INV = false>
 void int4_tile_neon(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, int64_t ng,
                     int64_t G, const float* xf, int64_t ldx, const float* gs, OutT* out,
                     int64_t ldo, int64_t n) {
   using namespace neon;
-  constexpr int A = MT == 1 ? 2 : 1;  // accumulator chains per (row, half), as AVX2
+  constexpr int A = MT == 1 || INV ? 2 : 1;  // accumulator chains per (row, half), as AVX2
   const int64_t chunks = G / 8;
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* p = w + b * blk_bytes;
@@ -767,6 +776,9 @@ struct PackedLinear {
   int64_t nc = 0;            // int8: 4-column chunks per row
   int64_t blk_bytes = 0;     // bytes per block
   bool a8 = false;           // int4: its inputs are quantized to int8 (gemv_a8.h)
+  // int4, float activations: batch-invariant sums (a row's output bit for bit the same
+  // whatever the other rows of the call; the tiles' INV chain counts)
+  bool invariant = false;
 
   // Whether x's width k fits this layout.
   bool fits(int64_t k) const { return int4 ? k == kpad : k > kpad - 4 && k <= kpad; }
@@ -806,6 +818,17 @@ struct PackedLinear {
     return p;
   }
 };
+
+// Calls f(std::bool_constant<a>, std::bool_constant<b>) for runtime flags a and b.
+template <typename F>
+void with_flags(bool a, bool b, F&& f) {
+  using T = std::true_type;
+  using U = std::false_type;
+  if (a)
+    b ? f(T{}, T{}) : f(T{}, U{});
+  else
+    b ? f(U{}, T{}) : f(U{}, U{});
+}
 
 // out[r, 16 b0 .. 16 b1) = x[r] @ W[16 b0 .. 16 b1).T for the m rows of xa (built with
 // kpad = p.kpad and, for int4, group = p.G); out is [m, p.n] row-major.
@@ -854,19 +877,18 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
       constexpr int MT = decltype(MT_)::value;
       if (p.int4) {
         const float* gs = xa.gsum + r0 * xa.R * p.ng;
-        if constexpr (MT % 3 == 0) {
-          if (xa.R == 3) {
-            if (p.H == 128)
-              int4_tile<MT, 3, true>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xb, xa.ld, gs, o, n, n);
-            else
-              int4_tile<MT, 3, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xb, xa.ld, gs, o, n, n);
-            return;
+        with_flags(p.H == 128, p.invariant, [&](auto f32s_, auto inv_) {
+          constexpr bool F32S = decltype(f32s_)::value, INV = decltype(inv_)::value;
+          if constexpr (MT % 3 == 0) {
+            if (xa.R == 3) {
+              int4_tile<MT, 3, F32S, OutT, INV>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xb, xa.ld, gs,
+                                                 o, n, n);
+              return;
+            }
           }
-        }
-        if (p.H == 128)
-          int4_tile<MT, 1, true>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xb, xa.ld, gs, o, n, n);
-        else
-          int4_tile<MT, 1, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xb, xa.ld, gs, o, n, n);
+          int4_tile<MT, 1, F32S, OutT, INV>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xb, xa.ld, gs, o,
+                                             n, n);
+        });
       } else {
         const int8_t* w = reinterpret_cast<const int8_t*>(p.w);
         if constexpr (MT % 3 == 0) {
@@ -888,10 +910,11 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
       constexpr int MT = decltype(MT_)::value;
       if (p.int4) {
         const float* gs = xa.gsum + r0 * p.ng;
-        if (p.H == 128)
-          int4_tile_avx2<MT, true>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xs, xa.ld, gs, o, n, n);
-        else
-          int4_tile_avx2<MT, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xs, xa.ld, gs, o, n, n);
+        with_flags(p.H == 128, p.invariant, [&](auto f32s_, auto inv_) {
+          constexpr bool F32S = decltype(f32s_)::value, INV = decltype(inv_)::value;
+          int4_tile_avx2<MT, F32S, OutT, INV>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xs, xa.ld, gs,
+                                              o, n, n);
+        });
       } else {
         int8_tile_avx2<MT>(reinterpret_cast<const int8_t*>(p.w), b0, b1, p.nc, xs, xa.ld, o, n, n);
       }
@@ -906,10 +929,11 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
       constexpr int MT = decltype(MT_)::value;
       if (p.int4) {
         const float* gs = xa.gsum + r0 * p.ng;
-        if (p.H == 128)
-          int4_tile_neon<MT, true>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xf, xa.ld, gs, o, n, n);
-        else
-          int4_tile_neon<MT, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xf, xa.ld, gs, o, n, n);
+        with_flags(p.H == 128, p.invariant, [&](auto f32s_, auto inv_) {
+          constexpr bool F32S = decltype(f32s_)::value, INV = decltype(inv_)::value;
+          int4_tile_neon<MT, F32S, OutT, INV>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xf, xa.ld, gs,
+                                              o, n, n);
+        });
       } else {
         int8_tile_neon<MT>(reinterpret_cast<const int8_t*>(p.w), b0, b1, p.nc, xf, xa.ld, o, n, n);
       }

@@ -145,11 +145,47 @@ def test_int8_gemv_row_does_not_depend_on_the_other_rows(x_dtype):
     x = torch.randn(11, k, generator=g) * torch.exp(2 * torch.randn(11, k, generator=g))
     x = x.to(x_dtype)  # [11, K]
     alone = cpu_kernels.ops().int8_gemv(x[:1], packed, n)[0]  # [N]
-    for m in range(2, 12):
+    for m, at, row in row_among_others(lambda r: cpu_kernels.ops().int8_gemv(r, packed, n), x, 11):
+        assert torch.equal(row, alone), (m, at)
+
+
+def row_among_others(gemv, x: torch.Tensor, most: int):  # noqa: ANN001 (an op)
+    """Yields ``(m, at, row)``: ``gemv`` of x[0] placed at row ``at`` (first or last)
+    among x[1:m], for m = 2..``most``; ``gemv`` maps ``[M, K]`` to ``[M, N]``."""
+    for m in range(2, most + 1):
         for at in (0, m - 1):
             rows = torch.cat([x[1:m][:at], x[:1], x[1:m][at:]])  # [m, K], x[0] at row `at`
-            y = cpu_kernels.ops().int8_gemv(rows, packed, n)  # [m, N]
-            assert torch.equal(y[at], alone), (m, at)
+            yield m, at, gemv(rows)[at]
+
+
+@pytest.mark.parametrize("s_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_int4_gemv_batch_invariant_row_does_not_depend_on_the_other_rows(x_dtype, s_dtype):
+    """``batch_invariant=True`` (``houchu serve --deterministic``): a row's output is bit
+    for bit the same alone and among 1..16 other rows, at the first or last place, at
+    every ISA level. Activations spread over many binades, so that a different order of
+    a row's float32 sums (the default's accumulator chains depend on the tile's row
+    count) would round differently."""
+    n, k, group = 960, 576, 32
+    q, scale, offset, _ = int4_weight(n, k, group, s_dtype, seed=5)
+    packed = cpu_kernels.ops().int4_pack(q, scale, offset, group)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(17, k, generator=g) * torch.exp(4 * torch.randn(17, k, generator=g))
+    x = x.to(x_dtype)  # [17, K]
+
+    def gemv(rows: torch.Tensor) -> torch.Tensor:
+        return cpu_kernels.ops().int4_gemv(rows, packed, group, n, False, True)
+
+    alone = gemv(x[:1])[0]  # [N]
+    for m, at, row in row_among_others(gemv, x, 17):
+        assert torch.equal(row, alone), (m, at)
+
+
+def test_int4_gemv_batch_invariant_refuses_int8_activations():
+    q, scale, offset, _ = int4_weight(64, 128, 32, torch.bfloat16, seed=9)
+    packed = cpu_kernels.ops().int4_pack(q, scale, offset, 32)
+    with pytest.raises(RuntimeError, match="batch_invariant takes float activations"):
+        cpu_kernels.ops().int4_gemv(torch.randn(2, 128), packed, 32, 64, True, True)
 
 
 def test_int4_bad_input_raises():

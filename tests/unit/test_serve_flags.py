@@ -172,3 +172,16 @@ def test_help_groups_the_flags_as_the_tree():
     assert all(len(attrs) == 1 for attrs in groups.values()), groups
     structs = [next(iter(attrs)) for attrs in groups.values()]
     assert len(structs) == len(set(structs)) == len(set(owner.values()))
+
+
+def test_deterministic_takes_sglangs_spelling_too(tmp_path):
+    model = ["--model", a_file(tmp_path, "model")]
+    for flag in ("--deterministic", "--enable-deterministic-inference"):
+        assert parse([*model, flag]).runner.deterministic is True
+    assert parse(model).runner.deterministic is False
+
+
+def test_deterministic_refuses_speculation(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse(["--model", a_file(tmp_path, "model"), "--deterministic", "--speculative", "ngram"])
+    assert "--deterministic does not combine with --speculative" in capsys.readouterr().err

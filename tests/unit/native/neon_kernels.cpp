@@ -174,8 +174,10 @@ double int4_exact(const Int4Blob& w, const float* x, int64_t f, double* mag) {
   return acc;
 }
 
+// invariant: the batch-invariant form (PackedLinear::invariant), every row summed as a
+// 1-row tile sums it whatever m is.
 template <typename XT, typename OutT>
-void check_int4(int64_t m, int64_t n, int64_t k, int64_t G, int64_t H) {
+void check_int4(int64_t m, int64_t n, int64_t k, int64_t G, int64_t H, bool invariant = false) {
   const Int4Blob w = random_int4(n, k, G, H);
   std::vector<XT> x(m * k);
   std::vector<float> xf(m * k);
@@ -183,18 +185,20 @@ void check_int4(int64_t m, int64_t n, int64_t k, int64_t G, int64_t H) {
     x[i] = static_cast<XT>(uniform(-1.f, 1.f));
     xf[i] = static_cast<float>(x[i]);
   }
-  const gemv::PackedLinear p = w.packed();
+  gemv::PackedLinear p = w.packed();
+  p.invariant = invariant;
   gemv::Acts xa(x.data(), m, k, k, 1, k, G);
   std::vector<OutT> out(m * n);
   gemv::run_blocks(p, xa, m, out.data(), 0, p.nb);
-  char what[96];
-  std::snprintf(what, sizeof what, "int4 m=%lld n=%lld k=%lld G=%lld H=%lld x%s out%s",
+  char what[112];
+  std::snprintf(what, sizeof what, "int4%s m=%lld n=%lld k=%lld G=%lld H=%lld x%s out%s",
+                invariant ? " invariant" : "",
                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
                 static_cast<long long>(G), static_cast<long long>(H),
                 std::is_same_v<XT, float> ? "f32" : "bf16",
                 std::is_same_v<OutT, float> ? "f32" : "bf16");
   for (int64_t r = 0; r < m; ++r) {
-    const bool one_row = r / kRowTile * kRowTile == m - 1;  // a 1-row tile
+    const bool one_row = invariant || r / kRowTile * kRowTile == m - 1;  // a 1-row tile
     for (int64_t f = 0; f < n; ++f) {
       const float got = out_value(out[r * n + f]);
       float want = int4_replay(w, xf.data() + r * k, f, one_row);
@@ -498,6 +502,7 @@ int main() {
     for (int64_t m : {1, 2, 3, 4, 5, 9}) {
       check_int4<float, float>(m, 40, 64, 32, H);
       check_int4<BFloat16, BFloat16>(m, 32, 96, 32, H);
+      check_int4<float, float>(m, 40, 64, 32, H, true);
       check_a8(m, 40, 64, 32, H);
     }
   check_int4<float, BFloat16>(1, 16, 48, 24, 64);  // G = 24: activation scales per 8
