@@ -100,13 +100,14 @@ class _Job:
             self.tools = [self.parser.stream() for _ in range(self.n)]
             self.content = [[] for _ in range(self.n)]
 
-    def tool_deltas(self, i: int, text: str | None) -> list[dict[str, Any]]:
-        """Tool-call deltas ``text`` releases in choice ``i`` (None: it is complete)."""
+    def tool_delta(self, i: int, text: str | None) -> tuple[str, list[dict[str, Any]]]:
+        """(content, tool-call deltas) that ``text``, the model's next text in choice
+        ``i`` (None: the reply is complete), releases: the call markup is not content."""
         assert self.tools is not None
         stream = self.tools[i]
         d = stream.feed(text) if text is not None else stream.finish()
         self.content[i].append(d.content)
-        return d.tool_calls
+        return d.content, d.tool_calls
 
     def tool_reply(self, i: int, finish_reason: str) -> dict[str, Any]:
         """Choice ``i``'s ``finish_reason``, ``content`` and ``tool_calls`` (with tools)."""
@@ -285,29 +286,38 @@ class WsSession:
             async for i, delta in deltas:
                 job.tallies[i].add(delta)
                 prompt = delta.prompt_logprobs is not None and job.prompt_logprobs
-                if delta.text or delta.token_ids or delta.logprobs or prompt:
-                    out: dict[str, Any] = {
-                        "id": job.client_id,
-                        "type": "delta",
-                        "text": delta.text,
-                        "token_ids": delta.token_ids,
-                    }
-                    if job.n > 1:
-                        out["index"] = i
+                text, calls = delta.text, []
+                if job.tools is not None:  # the content only; the calls as their deltas
+                    text, calls = job.tool_delta(i, delta.text)
+                if text or calls or delta.token_ids or delta.logprobs or prompt:
+                    out = self._delta_frame(job, i, text, calls, delta.token_ids)
                     if job.logprobs:
                         out["logprobs"] = ws_logprobs(delta.logprobs or [], job.top_n)
                     if prompt:
                         out["prompt_logprobs"] = vllm_prompt_logprobs(delta.prompt_logprobs)
-                    if job.tools is not None and (calls := job.tool_deltas(i, delta.text)):
-                        out["tool_calls"] = calls
                     await self.send(out)
         for i in range(job.n if job.tools is not None else 0):
-            if calls := job.tool_deltas(i, None):
-                frame = {"id": job.client_id, "type": "delta", "text": "", "token_ids": []}
-                if job.n > 1:
-                    frame["index"] = i
-                await self.send({**frame, "tool_calls": calls})
+            text, calls = job.tool_delta(i, None)  # what the parser held to the end
+            if text or calls:
+                await self.send(self._delta_frame(job, i, text, calls, []))
         await self._send_final(job, job.tallies[0].finish_reason or "abort")
+
+    @staticmethod
+    def _delta_frame(
+        job: _Job, i: int, text: str, calls: list[dict[str, Any]], token_ids: list[int]
+    ) -> dict[str, Any]:
+        """A ``delta`` frame of choice ``i``: ``text``, and ``tool_calls`` when any."""
+        out: dict[str, Any] = {
+            "id": job.client_id,
+            "type": "delta",
+            "text": text,
+            "token_ids": token_ids,
+        }
+        if job.n > 1:
+            out["index"] = i
+        if calls:
+            out["tool_calls"] = calls
+        return out
 
     async def _send_final(self, job: _Job, finish_reason: str, err: ApiError | None = None) -> None:
         frame: dict[str, Any] = {
