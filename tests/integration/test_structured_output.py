@@ -226,6 +226,26 @@ def test_named_tool_choice_validates_against_the_schema(any_server) -> None:
         assert out.choices[0].finish_reason == "tool_calls"
 
 
+def test_a_function_without_parameters_is_called_with_no_arguments(server) -> None:
+    """OpenAI reads a missing ``parameters`` as none: a forced call's arguments are
+    ``{}`` on the real model, named or ``required``."""
+    ping = {"type": "function", "function": {"name": "ping"}}
+    for choice in ({"type": "function", "function": {"name": "ping"}}, "required"):
+        out = chat(
+            server,
+            messages=ASK_WEATHER,
+            tools=[ping],
+            tool_choice=choice,
+            temperature=1.0,
+            seed=5,
+            max_tokens=40,
+        )
+        calls = out.choices[0].message.tool_calls
+        assert calls and all(
+            (c.function.name, c.function.arguments) == ("ping", "{}") for c in calls
+        )
+
+
 def test_required_tool_choice_calls_a_tool(server) -> None:
     out = chat(server, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="required", max_tokens=80)
     calls = out.choices[0].message.tool_calls
@@ -305,7 +325,9 @@ def test_websocket_structured_output_and_tool_calls(server) -> None:
     final = got["final"]
     assert final["finish_reason"] == "tool_calls"
     (call,) = final["tool_calls"]
-    assert call["function"]["arguments"] == got["text"]
-    jsonschema.validate(json.loads(got["text"]), WEATHER["function"]["parameters"])
+    assert got["text"] == ""  # the reply is the call's arguments, not content
+    streamed = "".join(t["function"].get("arguments", "") for t in got["tool_calls"])
+    assert call["function"]["arguments"] == streamed
+    jsonschema.validate(json.loads(streamed), WEATHER["function"]["parameters"])
     got = asyncio.run(ws_generate(server.ws_url, {"messages": PERSON, "regex": "[a-"}))
     assert got["error"]["param"] == "regex"
