@@ -178,6 +178,21 @@ def test_regex_choice_grammar_and_json_object(server) -> None:
         _assert_cut_json_prefix(text)
 
 
+def test_ignore_eos_ends_where_the_grammar_ends(server) -> None:
+    """``ignore_eos`` beside a grammar: the output ends with the grammar (finish "stop"),
+    with no EOS tokens forced after it until ``max_tokens``."""
+    out = chat(
+        server,
+        messages=[{"role": "user", "content": "Yes or no?"}],
+        max_tokens=20,
+        temperature=0,
+        extra_body={"guided_choice": ["yes", "no"], "ignore_eos": True},
+    )
+    assert out.choices[0].message.content in ("yes", "no")
+    assert out.choices[0].finish_reason == "stop"
+    assert out.usage.completion_tokens <= 3  # the choice's tokens and the EOS
+
+
 def _assert_cut_json_prefix(text: str) -> None:
     """A reply cut by max_tokens fails to parse only at its end: an unfinished value,
     or a string cut inside a ``\\uXXXX`` escape (fewer than four hex digits left)."""
