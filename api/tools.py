@@ -13,7 +13,8 @@ of the model's reply.
   arguments of ``N``, valid for its ``parameters`` schema.
 
 The two forced forms are vLLM's. Each function's schema is compiled by llguidance when
-the request arrives, so an invalid schema is a 400.
+the request arrives, so an invalid schema is a 400. A function declared without
+``parameters`` has none (OpenAI's reading, ``NO_PARAMETERS``): its arguments are ``{}``.
 """
 
 from __future__ import annotations
