@@ -245,16 +245,9 @@ def test_a_function_without_parameters_is_called_with_no_arguments(server) -> No
     """OpenAI reads a missing ``parameters`` as none: a forced call's arguments are
     ``{}`` on the real model, named or ``required``."""
     ping = {"type": "function", "function": {"name": "ping"}}
+    sampled = {"temperature": 1.0, "seed": 5, "max_tokens": 40}
     for choice in ({"type": "function", "function": {"name": "ping"}}, "required"):
-        out = chat(
-            server,
-            messages=ASK_WEATHER,
-            tools=[ping],
-            tool_choice=choice,
-            temperature=1.0,
-            seed=5,
-            max_tokens=40,
-        )
+        out = chat(server, messages=ASK_WEATHER, tools=[ping], tool_choice=choice, **sampled)
         calls = out.choices[0].message.tool_calls
         assert calls and all(
             (c.function.name, c.function.arguments) == ("ping", "{}") for c in calls
