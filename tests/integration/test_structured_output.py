@@ -262,6 +262,13 @@ def test_required_tool_choice_calls_a_tool(server) -> None:
         jsonschema.validate(json.loads(c.function.arguments), WEATHER["function"]["parameters"])
 
 
+def test_start_up_notes_a_template_that_ignores_tools(server) -> None:
+    """The default model's chat template has no ``tools`` variable: ``houchu serve``
+    says so in one line (``auto`` cannot call a tool on it)."""
+    notes = [line for line in server.lines if "chat template ignores 'tools'" in line]
+    assert len(notes) == 1
+
+
 def test_auto_without_a_call_is_plain_content(server) -> None:
     msg = [{"role": "user", "content": "Say hello."}]
     out = chat(server, messages=msg, tools=[WEATHER], temperature=0, max_tokens=16)
