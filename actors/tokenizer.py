@@ -22,6 +22,7 @@ request it held fails with HTTP 503 (prompts still being encoded go to the new o
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import msgspec
@@ -52,6 +53,12 @@ from houchu.transport.messages import (
 )
 from houchu.transport.peers import Peers, serve
 from houchu.transport.telemetry import Telemetry
+
+#: Printed at start-up for a chat template that never shows the model the tools.
+NO_TOOLS_NOTE = (
+    "houchu: note: this model's chat template ignores 'tools': tool_choice 'auto' will "
+    "not call tools; 'required' or a named function still do (structured output)"
+)
 
 
 class TokenizerActor:
@@ -86,6 +93,8 @@ class TokenizerActor:
         tok = self.tokenizer
         self.max_token_chars = max(len(tok.token_bytes(i)) for i in range(tok.vocab_size)) or 1
         self.telemetry.start()
+        if tok.chat_template is not None and not tok.template_reads_tools:
+            print(NO_TOOLS_NOTE, file=sys.stderr, flush=True)
         return f"vocabulary {self.tokenizer.vocab_size}"
 
     async def run(self) -> None:

@@ -12,10 +12,18 @@ def chat_messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
     parts joined by newlines, tool calls and tool results kept.
 
     Raises:
-        ApiError: (400) a turn without content that is not an assistant's tool call.
+        ApiError: (400) a turn without content that is not an assistant's tool call, or
+            a ``tool`` turn without the ``tool_call_id`` it answers (OpenAI's rule).
     """
     out = []
     for i, m in enumerate(messages):
+        if m.role == "tool" and not m.tool_call_id:
+            raise ApiError(
+                f"missing required parameter 'messages[{i}].tool_call_id' (a 'tool' turn "
+                "answers the tool call of that id)",
+                param=f"messages[{i}].tool_call_id",
+                code="missing_required_parameter",
+            )
         if m.content is None and not (m.role == "assistant" and m.tool_calls):
             raise ApiError(
                 f"missing required parameter 'messages[{i}].content' (only an assistant "

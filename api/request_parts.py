@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from houchu.api.errors import ApiError
+from houchu.api.logit_bias import check_logit_bias
 from houchu.api.schema import SEED_RANGE, HttpFields, SamplingFields
 from houchu.api.schema_errors import json_type, validation_error
 from houchu.api.structured import structured_output
@@ -66,6 +67,7 @@ def decode_request(body: Body, kind: type[R], model_name: str, vocab_size: int =
     given = {k: v for k, v in body.items() if k in known and v is not None}
     if isinstance(given.get("prompt"), list):
         given["prompt"] = one_prompt(given["prompt"])
+    check_logit_bias(given.get("logit_bias"), vocab_size)  # clearer than the schema's errors
     try:
         req = msgspec.convert(given, kind, strict=True)
     except msgspec.ValidationError as exc:
@@ -93,12 +95,12 @@ def check_model(model: str | None, model_name: str) -> None:
 
 
 def check_token_ids(req: SamplingFields, vocab_size: int) -> None:
-    """``logit_bias``, ``allowed_token_ids`` and ``stop_token_ids`` name tokens of the
-    vocabulary (0: unknown, not checked), and ``logit_bias`` leaves some token unbanned.
-    Raises ``ApiError`` (400)."""
+    """``allowed_token_ids`` and ``stop_token_ids`` name tokens of the vocabulary (0:
+    unknown, not checked; ``logit_bias``'s keys: ``check_logit_bias``), and
+    ``logit_bias`` leaves some token unbanned. Raises ``ApiError`` (400)."""
     if not vocab_size:
         return
-    for name in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
+    for name in ("allowed_token_ids", "stop_token_ids"):
         ids = getattr(req, name)
         bad = [t for t in (ids or ()) if int(t) >= vocab_size]
         if bad:
@@ -189,6 +191,8 @@ def sampling_params(
                 code="invalid_value",
             )
         structured = tools.structured
+    if structured is not None:
+        check_grammar_conflicts(req, structured.param)
     given = {f: getattr(req, f) for f in SAMPLING_FIELDS if getattr(req, f) is not None}
     if req.top_k is not None:
         given["top_k"] = max(req.top_k, 0)  # -1 (vLLM) and 0 (OpenAI) both mean off
@@ -215,6 +219,30 @@ def sampling_params(
         top_logprobs=top_n if logprobs else 0,
         structured=structured,
     )
+
+
+def check_grammar_conflicts(req: SamplingFields, grammar_param: str) -> None:
+    """Refuse the parameters an output grammar (given by ``grammar_param``) would
+    override: ``min_tokens`` (the grammar's end, where it allows only EOS, would have to
+    be passed) and ``allowed_token_ids`` (the grammar's tokens, not these, would be
+    sampled where the two do not meet). vLLM applies both beside the grammar's mask and
+    can leave a row with no token to sample; a 400 says so before any work.
+
+    Raises:
+        ApiError: (400, ``invalid_value``) naming both parameters.
+    """
+    for name, given in (
+        ("min_tokens", (req.min_tokens or 0) > 0),
+        ("allowed_token_ids", req.allowed_token_ids is not None),
+    ):
+        if given:
+            raise ApiError(
+                f"'{name}' cannot be combined with the structured output constraint "
+                f"'{grammar_param}': the grammar alone decides which tokens may come and "
+                "where the output ends",
+                param=name,
+                code="invalid_value",
+            )
 
 
 def max_tokens_of(value: int | None, name: str, default: int, max_context: int) -> int:

@@ -46,6 +46,9 @@ MAX_TOP_K = 2**31 - 1
 #: int64 or uint64; msgspec's bounds hold int64 only, so the validator checks the top.
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
+#: Why ``tools`` are refused on a completion (a prompt, not ``messages``).
+CHAT_ONLY = "are accepted on chat requests only"
+CHAT_ONLY_ONE = "is accepted on chat requests only"
 #: ``Meta.extra`` key of a field the gateway refuses unless neutral; its value says why.
 UNSUPPORTED = "unsupported"
 
@@ -100,10 +103,12 @@ class ResponseFormatJsonObject(Struct, tag_field="type", tag="json_object"):
 
 
 class JsonSchemaFormat(Struct, kw_only=True):
-    """``response_format.json_schema``: the schema the output follows. ``strict``: refuse
-    a schema with keywords the grammar engine cannot enforce (else they are ignored)."""
+    """``response_format.json_schema``: the schema the output follows (none: any JSON
+    object, as ``json_object``); ``name`` as OpenAI's (letters, digits, ``_`` and ``-``,
+    up to 64). ``strict``: refuse a schema with keywords the grammar engine cannot enforce
+    (else they are ignored)."""
 
-    name: Annotated[str, Meta(min_length=1, max_length=64)]
+    name: Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
     schema: dict[str, Any] | None = None
     strict: bool | None = None
     description: str | None = None
@@ -172,7 +177,8 @@ FunctionName = Annotated[str, Meta(min_length=1, max_length=64)]
 
 class FunctionDef(Struct, kw_only=True):
     """A function the model may call: ``parameters`` is the JSON schema of its
-    arguments (default: any object); ``strict`` as in ``response_format``."""
+    arguments (default, as OpenAI's: no parameters, the arguments are ``{}``);
+    ``strict`` as in ``response_format``."""
 
     name: FunctionName
     description: str | None = None
@@ -275,9 +281,7 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
         | None
     ) = None
     logprobs: Annotated[int, Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
-    tools: (
-        Annotated[list[Any], unsupported("are accepted on chat requests only", max_length=0)] | None
-    ) = None
+    tools: Annotated[list[Any], unsupported(CHAT_ONLY, max_length=0)] | None = None
     echo: (
         Annotated[bool, Meta(description="the prompt (and, with logprobs, its logprobs) first")]
         | None

@@ -188,6 +188,9 @@ def _rule(text: str, types: Alternatives, value: Any) -> str:
     if text.startswith("Invalid enum value"):
         values = next((t.values for t, _ in types if isinstance(t, mi.LiteralType)), ())
         return f"must be {_one_of(values)}, got {_show(value)}"
+    pattern = re.match(r"Expected `str` matching regex '(.*)'$", text)
+    if pattern:
+        return f"must match the pattern {pattern[1]}, got {_show(value)}"
     bound = re.match(r"Expected `(\w+)`( of length)? ", text)
     kinds = _KINDS.get(bound[1], ()) if bound else ()
     t = next((t for t, _ in types if isinstance(t, kinds)), None) if kinds else None

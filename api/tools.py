@@ -13,7 +13,8 @@ of the model's reply.
   arguments of ``N``, valid for its ``parameters`` schema.
 
 The two forced forms are vLLM's. Each function's schema is compiled by llguidance when
-the request arrives, so an invalid schema is a 400.
+the request arrives, so an invalid schema is a 400. A function declared without
+``parameters`` has none (OpenAI's reading, ``NO_PARAMETERS``): its arguments are ``{}``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from houchu.api.errors import ApiError
 from houchu.api.schema import ChatCompletionRequest, NamedToolChoice, ToolDef, WsGenerateRequest
-from houchu.api.structured import ANY_OBJECT, checked, json_schema_grammar
+from houchu.api.structured import checked, json_schema_grammar
 from houchu.text.tool_calls import (
     FirstCallParser,
     ForcedCallParser,
@@ -35,6 +36,9 @@ from houchu.text.tool_calls import (
 from houchu.transport.structured import StructuredOutput
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: The arguments of a function declared without ``parameters``: OpenAI reads a missing
+#: ``parameters`` as an empty parameter list, so the only arguments are ``{}``.
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,8 @@ def tool_setup(req: ChatCompletionRequest | WsGenerateRequest) -> ToolSetup | No
 
 
 def _schema(tool: ToolDef) -> dict[str, Any]:
-    return tool.function.parameters if tool.function.parameters is not None else ANY_OBJECT
+    """The JSON schema of ``tool``'s arguments (``NO_PARAMETERS`` when it declares none)."""
+    return tool.function.parameters if tool.function.parameters is not None else NO_PARAMETERS
 
 
 def _arguments_grammar(tool: ToolDef, i: int) -> str:

@@ -45,6 +45,8 @@ from houchu.api.request_parts import (
     stream_flags,
 )
 from houchu.api.schema import (
+    CHAT_ONLY,
+    CHAT_ONLY_ONE,
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_COMPLETION_MAX_TOKENS,
     ChatCompletionRequest,
@@ -171,7 +173,8 @@ def parse_ws_generate(
             code="missing_required_parameter",
         )
     if messages is None and (req.tools or req.tool_choice is not None):
-        raise ApiError("'tools' need 'messages' (a chat request)", param="tools")
+        name, why = ("tools", CHAT_ONLY) if req.tools else ("tool_choice", CHAT_ONLY_ONE)
+        raise ApiError(f"'{name}' {why}", param=name, code="unsupported_value")
     max_tokens = max_tokens_of(req.max_tokens, "max_tokens", default, max_context)
     tools = tool_setup(req)
     n, _ = choice_counts(req.n, None, True)

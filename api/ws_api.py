@@ -15,8 +15,11 @@ The server answers with frames carrying the client's ``id``:
 - ``{"id", "type": "delta", "text", "token_ids"}`` (plus ``"logprobs"``: a list of
   ``{"token", "token_id", "logprob", "bytes", "top_logprobs"}`` when asked for; the
   first delta has ``"prompt_logprobs"`` when asked for: vLLM's list, ``null`` for the
-  first prompt token), then
-- one ``{"id", "type": "final", "finish_reason", "usage", "text": ""}``; ``usage`` is the
+  first prompt token). With ``tools`` a delta's ``text`` is the reply's content only
+  (never the call markup) and ``"tool_calls"`` carries OpenAI's tool-call deltas, as the
+  SSE stream has them (``houchu.api.ws_jobs``); then
+- one ``{"id", "type": "final", "finish_reason", "usage", "text": ""}`` (with tools, also
+  the reply's ``content``, the delta texts joined, and ``tool_calls``); ``usage`` is the
   OpenAI usage object with ``prompt_tokens_details.cached_tokens``. With ``n`` > 1 every
   delta carries its choice's ``"index"``, and the final frame (after every choice ended)
   has ``"choices": [{"index", "finish_reason"}]``; ``finish_reason`` is choice 0's and
@@ -45,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -55,17 +57,10 @@ from houchu.api.choices import open_choices
 from houchu.api.engine_client import EngineError
 from houchu.api.errors import ApiError, api_error
 from houchu.api.limits import SlowReader, StreamGuard
-from houchu.api.openai_format import (
-    Tally,
-    tool_finish,
-    usage_of,
-    vllm_prompt_logprobs,
-    ws_logprobs,
-)
+from houchu.api.openai_format import usage_of, vllm_prompt_logprobs, ws_logprobs
 from houchu.api.state import STATE_KEY
 from houchu.api.validation import ParsedRequest, parse_ws_generate
-from houchu.text.tool_call_streams import ToolCallStream
-from houchu.text.tool_calls import ToolCallParser
+from houchu.api.ws_jobs import ClientId, WsJob
 from houchu.transport.messages import GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -75,50 +70,6 @@ MAX_IN_FLIGHT_PER_SOCKET = 256
 #: Longest client id accepted (it becomes part of the engine request id).
 MAX_ID_CHARS = 128
 HEARTBEAT_S = 30.0
-
-ClientId = str | int
-
-
-@dataclass
-class _Job:
-    """One request in flight on a socket."""
-
-    client_id: ClientId
-    logprobs: bool
-    top_n: int
-    n: int = 1
-    prompt_logprobs: bool = False
-    tallies: list[Tally] = field(default_factory=list)
-    task: asyncio.Task[None] | None = None
-    parser: ToolCallParser | None = None  # parses tool calls (a chat with tools)
-    tools: list[ToolCallStream] | None = None  # one per choice (with ``parser``)
-    content: list[list[str]] = field(default_factory=list)  # per choice: text not a call
-
-    def __post_init__(self) -> None:
-        self.tallies = [Tally() for _ in range(self.n)]
-        if self.parser is not None:
-            self.tools = [self.parser.stream() for _ in range(self.n)]
-            self.content = [[] for _ in range(self.n)]
-
-    def tool_deltas(self, i: int, text: str | None) -> list[dict[str, Any]]:
-        """Tool-call deltas ``text`` releases in choice ``i`` (None: it is complete)."""
-        assert self.tools is not None
-        stream = self.tools[i]
-        d = stream.feed(text) if text is not None else stream.finish()
-        self.content[i].append(d.content)
-        return d.tool_calls
-
-    def tool_reply(self, i: int, finish_reason: str) -> dict[str, Any]:
-        """Choice ``i``'s ``finish_reason``, ``content`` and ``tool_calls`` (with tools)."""
-        assert self.tools is not None
-        calls = self.tools[i].calls
-        content = "".join(self.content[i])
-        return {
-            "finish_reason": tool_finish(finish_reason, bool(calls)),
-            # as the HTTP reply's ``message.content``: None beside calls when it is blank
-            "content": content if content.strip() or not calls else None,
-            "tool_calls": [c.to_openai() for c in calls],
-        }
 
 
 class WsSession:
@@ -139,7 +90,7 @@ class WsSession:
     ) -> None:
         self._app = app
         self._ws = ws
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, WsJob] = {}
         self._send_lock = asyncio.Lock()
         limit = app[STATE_KEY].limits.stream_buffer_bytes
         self._guard = StreamGuard(transport, limit, "websocket")
@@ -247,7 +198,7 @@ class WsSession:
             await self.send_error(client_id, err)
             return
         reqs = parsed.to_generates(f"ws-{uuid.uuid4().hex}-{key}")
-        job = _Job(
+        job = WsJob(
             client_id,
             parsed.sampling.logprobs,
             parsed.sampling.top_logprobs,
@@ -258,7 +209,7 @@ class WsSession:
         self._jobs[key] = job
         job.task = asyncio.create_task(self._run(key, job, reqs))
 
-    async def _run(self, key: str, job: _Job, reqs: list[GenerateRequest]) -> None:
+    async def _run(self, key: str, job: WsJob, reqs: list[GenerateRequest]) -> None:
         try:
             with self._app[STATE_KEY].admission.admit():
                 await self._generate(job, reqs)
@@ -279,37 +230,31 @@ class WsSession:
             if self._jobs.get(key) is job:
                 del self._jobs[key]
 
-    async def _generate(self, job: _Job, reqs: list[GenerateRequest]) -> None:
+    async def _generate(self, job: WsJob, reqs: list[GenerateRequest]) -> None:
         """Stream one admitted request's deltas (of every choice), then its final frame."""
         async with open_choices(self._app, reqs) as deltas:
             async for i, delta in deltas:
                 job.tallies[i].add(delta)
                 prompt = delta.prompt_logprobs is not None and job.prompt_logprobs
-                if delta.text or delta.token_ids or delta.logprobs or prompt:
-                    out: dict[str, Any] = {
-                        "id": job.client_id,
-                        "type": "delta",
-                        "text": delta.text,
-                        "token_ids": delta.token_ids,
-                    }
-                    if job.n > 1:
-                        out["index"] = i
+                text, calls = delta.text, []
+                if job.tools is not None:  # the content only; the calls as their deltas
+                    text, calls = job.tool_delta(i, delta.text)
+                if text or calls or delta.token_ids or delta.logprobs or prompt:
+                    out = job.delta_frame(i, text, calls, delta.token_ids)
                     if job.logprobs:
                         out["logprobs"] = ws_logprobs(delta.logprobs or [], job.top_n)
                     if prompt:
                         out["prompt_logprobs"] = vllm_prompt_logprobs(delta.prompt_logprobs)
-                    if job.tools is not None and (calls := job.tool_deltas(i, delta.text)):
-                        out["tool_calls"] = calls
                     await self.send(out)
         for i in range(job.n if job.tools is not None else 0):
-            if calls := job.tool_deltas(i, None):
-                frame = {"id": job.client_id, "type": "delta", "text": "", "token_ids": []}
-                if job.n > 1:
-                    frame["index"] = i
-                await self.send({**frame, "tool_calls": calls})
+            text, calls = job.tool_delta(i, None)  # what the parser held to the end
+            if text or calls:
+                await self.send(job.delta_frame(i, text, calls, []))
         await self._send_final(job, job.tallies[0].finish_reason or "abort")
 
-    async def _send_final(self, job: _Job, finish_reason: str, err: ApiError | None = None) -> None:
+    async def _send_final(
+        self, job: WsJob, finish_reason: str, err: ApiError | None = None
+    ) -> None:
         frame: dict[str, Any] = {
             "id": job.client_id,
             "type": "final",

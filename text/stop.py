@@ -26,8 +26,14 @@ from houchu.transport.messages import SamplingParams
 
 def stop_ids(sampling: SamplingParams, eos_token_ids: Sequence[int]) -> list[int]:
     """The token ids that end a request when sampled: its ``stop_token_ids``, and the
-    model's end-of-sequence ids unless ``ignore_eos`` (no duplicates, in that order)."""
-    ids = [*sampling.stop_token_ids, *(() if sampling.ignore_eos else eos_token_ids)]
+    model's end-of-sequence ids unless ``ignore_eos`` (no duplicates, in that order).
+
+    A request with an output grammar (structured output) keeps its EOS ids whatever
+    ``ignore_eos``: the grammar allows EOS only where its text is complete, and then
+    nothing else, so its end ends the output (as SGLang ends a request whose grammar
+    terminated) rather than forcing EOS tokens until ``max_tokens``."""
+    ignore = sampling.ignore_eos and sampling.structured is None
+    ids = [*sampling.stop_token_ids, *(() if ignore else eos_token_ids)]
     return list(dict.fromkeys(ids))
 
 

@@ -21,13 +21,27 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import jinja2.meta
+import jinja2.sandbox
+
 from houchu.text.chat_turns import CHAT_ROLES, conversation
 from houchu.text.token_bytes import decoder_kind, piece_bytes
 from houchu.text.tokenizer_errors import TokenizerError
 from houchu.text.tokenizer_loading import read_tokenizer
 from houchu.transport.messages import ChatMessage
 
-__all__ = ["CHAT_ROLES", "TextTokenizer", "TokenizerError", "load_tokenizer"]
+__all__ = ["CHAT_ROLES", "TextTokenizer", "TokenizerError", "load_tokenizer", "reads_variable"]
+
+
+def reads_variable(template: str, name: str) -> bool:
+    """Whether the Jinja ``template`` reads the variable ``name`` from its context
+    (``jinja2.meta.find_undeclared_variables``; a template that does not parse: False)."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment()
+    try:
+        return name in jinja2.meta.find_undeclared_variables(env.parse(template))
+    except jinja2.TemplateError:
+        return False
 
 
 class TextTokenizer:
@@ -76,6 +90,12 @@ class TextTokenizer:
         """The model's Jinja chat template, or None when it has none."""
         template = self._hf.chat_template
         return template if isinstance(template, str) else None
+
+    @property
+    def template_reads_tools(self) -> bool:
+        """Whether the chat template reads the ``tools`` variable (a template that does
+        not never shows the model the request's tools)."""
+        return self.chat_template is not None and reads_variable(self.chat_template, "tools")
 
     # ------------------------------------------------------------------ encoding
 

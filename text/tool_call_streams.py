@@ -70,11 +70,19 @@ class BufferedStream(ToolCallStream):
 
 class MarkerStream(ToolCallStream):
     """Streams content around ``start`` / ``end`` markers; each call is released when
-    its end marker arrives (or at the end)."""
+    its end marker arrives (or at the end).
+
+    Whitespace is held back until non-blank content follows it, or until the end: a
+    reply that is only calls (and whitespace around them) has no content, as the whole
+    reply's parse says (``MarkerParser.parse``), so no blank content delta is streamed
+    (SGLang's and vLLM's parsers hold whitespace back the same way).
+    """
 
     def __init__(self, parser: MarkerParser) -> None:
         super().__init__()
         self.parser, self.buf, self.inside = parser, "", False
+        self.blank = ""  # whitespace held back while no non-blank content is out
+        self.spoke = False  # some non-blank content is out
 
     def feed(self, text: str) -> StreamDelta:
         self.buf += text
@@ -85,10 +93,10 @@ class MarkerStream(ToolCallStream):
                 i = self.buf.find(p.start)
                 if i < 0:
                     keep = _partial_suffix(self.buf, p.start)
-                    out.content += self.buf[: len(self.buf) - keep]
+                    self._say(self.buf[: len(self.buf) - keep], out)
                     self.buf = self.buf[len(self.buf) - keep :]
                     return out
-                out.content += self.buf[:i]
+                self._say(self.buf[:i], out)
                 self.buf, self.inside = self.buf[i:], True
             j = self.buf.find(p.end, len(p.start)) if p.end else -1
             if j < 0:
@@ -105,14 +113,24 @@ class MarkerStream(ToolCallStream):
         if self.inside:
             self._add(self.buf, out)
         else:
-            out.content += self.buf
-        self.buf, self.inside = "", False
+            self._say(self.buf, out)
+        if not self.calls:  # no call: the reply is its text, blank or not
+            out.content += self.blank
+        self.buf, self.inside, self.blank = "", False, ""
         return out
 
     def _add(self, whole: str, out: StreamDelta) -> None:
         parsed = self.parser.parse(whole)
-        out.content += parsed.content or ""
+        self._say(parsed.content or "", out)
         out.tool_calls.extend(self._release(parsed.calls))
+
+    def _say(self, text: str, out: StreamDelta) -> None:
+        """Release content ``text``, holding whitespace back until non-blank text comes."""
+        if not self.spoke and not text.strip():
+            self.blank += text
+            return
+        out.content += self.blank + text
+        self.blank, self.spoke = "", True
 
 
 class ForcedStream(ToolCallStream):

@@ -11,7 +11,7 @@ import aiohttp
 async def ws_generate(ws_url: str, payload: dict[str, Any]) -> dict[str, Any]:
     """Send one request over a fresh WebSocket; collect its deltas and final frame.
 
-    Returns {"text", "token_ids", "deltas", "final", "error"}.
+    Returns {"text", "token_ids", "deltas", "tool_calls" (the deltas'), "final", "error"}.
     """
     async with aiohttp.ClientSession() as s, s.ws_connect(ws_url) as ws:
         await ws.send_json({"id": "t", **payload})
@@ -19,7 +19,14 @@ async def ws_generate(ws_url: str, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 async def ws_collect(ws: aiohttp.ClientWebSocketResponse, rid: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"text": "", "token_ids": [], "deltas": [], "final": None, "error": None}
+    out: dict[str, Any] = {
+        "text": "",
+        "token_ids": [],
+        "deltas": [],
+        "tool_calls": [],
+        "final": None,
+        "error": None,
+    }
     while True:
         frame = await ws.receive_json(timeout=300)
         if frame.get("id") != rid:
@@ -28,6 +35,7 @@ async def ws_collect(ws: aiohttp.ClientWebSocketResponse, rid: str) -> dict[str,
             out["deltas"].append(frame["text"])
             out["text"] += frame["text"]
             out["token_ids"] += frame.get("token_ids", [])
+            out["tool_calls"] += frame.get("tool_calls", [])
         elif frame["type"] == "final":
             out["text"] += frame.get("text", "")
             out["final"] = frame

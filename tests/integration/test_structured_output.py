@@ -178,6 +178,21 @@ def test_regex_choice_grammar_and_json_object(server) -> None:
         _assert_cut_json_prefix(text)
 
 
+def test_ignore_eos_ends_where_the_grammar_ends(server) -> None:
+    """``ignore_eos`` beside a grammar: the output ends with the grammar (finish "stop"),
+    with no EOS tokens forced after it until ``max_tokens``."""
+    out = chat(
+        server,
+        messages=[{"role": "user", "content": "Yes or no?"}],
+        max_tokens=20,
+        temperature=0,
+        extra_body={"guided_choice": ["yes", "no"], "ignore_eos": True},
+    )
+    assert out.choices[0].message.content in ("yes", "no")
+    assert out.choices[0].finish_reason == "stop"
+    assert out.usage.completion_tokens <= 3  # the choice's tokens and the EOS
+
+
 def _assert_cut_json_prefix(text: str) -> None:
     """A reply cut by max_tokens fails to parse only at its end: an unfinished value,
     or a string cut inside a ``\\uXXXX`` escape (fewer than four hex digits left)."""
@@ -226,12 +241,32 @@ def test_named_tool_choice_validates_against_the_schema(any_server) -> None:
         assert out.choices[0].finish_reason == "tool_calls"
 
 
+def test_a_function_without_parameters_is_called_with_no_arguments(server) -> None:
+    """OpenAI reads a missing ``parameters`` as none: a forced call's arguments are
+    ``{}`` on the real model, named or ``required``."""
+    ping = {"type": "function", "function": {"name": "ping"}}
+    sampled = {"temperature": 1.0, "seed": 5, "max_tokens": 40}
+    for choice in ({"type": "function", "function": {"name": "ping"}}, "required"):
+        out = chat(server, messages=ASK_WEATHER, tools=[ping], tool_choice=choice, **sampled)
+        calls = out.choices[0].message.tool_calls
+        assert calls and all(
+            (c.function.name, c.function.arguments) == ("ping", "{}") for c in calls
+        )
+
+
 def test_required_tool_choice_calls_a_tool(server) -> None:
     out = chat(server, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="required", max_tokens=80)
     calls = out.choices[0].message.tool_calls
     assert calls and all(c.function.name == "get_weather" for c in calls)
     for c in calls:
         jsonschema.validate(json.loads(c.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_start_up_notes_a_template_that_ignores_tools(server) -> None:
+    """The default model's chat template has no ``tools`` variable: ``houchu serve``
+    says so in one line (``auto`` cannot call a tool on it)."""
+    notes = [line for line in server.lines if "chat template ignores 'tools'" in line]
+    assert len(notes) == 1
 
 
 def test_auto_without_a_call_is_plain_content(server) -> None:
@@ -305,7 +340,9 @@ def test_websocket_structured_output_and_tool_calls(server) -> None:
     final = got["final"]
     assert final["finish_reason"] == "tool_calls"
     (call,) = final["tool_calls"]
-    assert call["function"]["arguments"] == got["text"]
-    jsonschema.validate(json.loads(got["text"]), WEATHER["function"]["parameters"])
+    assert got["text"] == ""  # the reply is the call's arguments, not content
+    streamed = "".join(t["function"].get("arguments", "") for t in got["tool_calls"])
+    assert call["function"]["arguments"] == streamed
+    jsonschema.validate(json.loads(streamed), WEATHER["function"]["parameters"])
     got = asyncio.run(ws_generate(server.ws_url, {"messages": PERSON, "regex": "[a-"}))
     assert got["error"]["param"] == "regex"

@@ -20,13 +20,21 @@ from .test_api_auth import routes
 from .test_api_basics import MAX_CONTEXT, MODEL, Api, serve
 
 #: Rules across parameters that a JSON Schema of each field cannot state.
-CROSS_FIELD_PARAMS = {"stream_options", "top_logprobs", "min_tokens", "best_of", "echo"}
+CROSS_FIELD_PARAMS = {
+    "stream_options",
+    "top_logprobs",
+    "min_tokens",
+    "allowed_token_ids",  # not beside a grammar
+    "best_of",
+    "echo",
+}
 #: Fields whose text is a language of its own (a regex, a grammar, a JSON schema, tool
-#: names), or whose rule spans fields (one constraint; content unless a tool call):
+#: names), or whose rule spans fields (one constraint; content unless a tool call; a
+#: ``tool`` turn's ``tool_call_id``):
 #: checked by the validator, not by the document.
 CHECKED_BEYOND_SCHEMA = re.compile(
     r"(response_format|structured_outputs|guided_\w+|regex|ebnf|tools|tool_choice"
-    r"|messages\[\d+\]\.content)\b"
+    r"|messages\[\d+\]\.(content|tool_call_id))\b"
 )
 PARSERS = {"/v1/completions": parse_completion, "/v1/chat/completions": parse_chat}
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from houchu.text.tokenizer import TextTokenizer, TokenizerError, load_tokenizer
+from houchu.text.tokenizer import TextTokenizer, TokenizerError, load_tokenizer, reads_variable
 from houchu.transport.messages import ChatMessage
 
 TEXTS = [
@@ -259,3 +259,12 @@ def test_tools_and_tool_calls_reach_the_template(hf_dir: Path, tmp_path: Path) -
         "TOOLS:get_weather;|user:weather?|assistant:[get_weather Oslo]|tool:sunny(c1)|"
     )
     assert local.render_chat(messages[:1]) == "user:weather?|"
+
+
+def test_template_reads_tools(tok: TextTokenizer) -> None:
+    """The default model's template never reads ``tools`` (the server prints a note at
+    start-up); a template that renders them does."""
+    assert tok.chat_template is not None and not tok.template_reads_tools
+    assert reads_variable("{% if tools %}{{ tools | tojson }}{% endif %}", "tools")
+    assert not reads_variable("{% set tools = [] %}{{ tools }}{{ messages }}", "tools")
+    assert not reads_variable("{% if %}", "tools")  # does not parse

@@ -1,0 +1,194 @@
+"""Request rules OpenAI (or vLLM) states and a client relies on, through the official
+``openai`` client, plain HTTP and the WebSocket API in front of the fake engine:
+parameters an output grammar would override are refused, a ``tool`` turn names the call
+it answers, ``response_format.json_schema.name`` has OpenAI's form, and a bad
+``logit_bias`` entry's 400 names its key and the allowed range. ``ignore_eos`` beside a
+grammar keeps EOS a stop token (``houchu.text.stop``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from llguidance import LLMatcher, LLTokenizer
+from openai import AsyncOpenAI
+
+from houchu.api.app import make_app
+from houchu.text.stop import stop_ids
+from houchu.transport.limits import LimitsWatch, RunnerLimits
+from houchu.transport.messages import SamplingParams
+from houchu.transport.structured import StructuredOutput
+
+from .test_api_basics import MODEL, Api, FakeEngine
+from .test_api_ws import collect
+
+VOCAB = 1000
+MESSAGES = [{"role": "user", "content": "Yes or no?"}]
+NAMED = {"type": "function", "function": {"name": "f"}}
+TOOL_F = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@contextlib.asynccontextmanager
+async def serve_vocab() -> AsyncIterator[Api]:
+    """The gateway in front of the fake engine, with a runner of ``VOCAB`` tokens."""
+    engine = FakeEngine()
+    runner = LimitsWatch(RunnerLimits(max_context=1024, vocab_size=VOCAB))
+    app = make_app(engine, model_name=MODEL, runner=runner)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        yield Api(client, engine)
+
+
+async def _chat_error(api: Api, **kw: Any) -> dict[str, Any]:
+    """The 400 body the official client gets for a chat request with ``kw``."""
+    client = AsyncOpenAI(base_url=str(api.client.make_url("/v1")), api_key="x", max_retries=0)
+    try:
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.chat.completions.create(model=MODEL, **kw)
+    finally:
+        await client.close()
+    assert err.value.status_code == 400
+    body = err.value.body
+    assert isinstance(body, dict)
+    return body
+
+
+#: (extra body, the conflicting parameter, the grammar's parameter)
+CONFLICTS = [
+    ({"guided_choice": ["yes", "no"], "min_tokens": 10}, "min_tokens", "guided_choice"),
+    (
+        {"response_format": {"type": "json_object"}, "min_tokens": 1},
+        "min_tokens",
+        "response_format",
+    ),
+    ({"regex": "[ab]+", "allowed_token_ids": [1, 2]}, "allowed_token_ids", "regex"),
+    ({"tools": [TOOL_F], "tool_choice": NAMED, "min_tokens": 3}, "min_tokens", "tool_choice"),
+    (
+        {"tools": [TOOL_F], "tool_choice": "required", "allowed_token_ids": [5]},
+        "allowed_token_ids",
+        "tool_choice",
+    ),
+]
+
+
+@pytest.mark.parametrize(("extra", "param", "grammar"), CONFLICTS)
+async def test_a_grammar_beside_min_tokens_or_allowed_token_ids_is_refused(
+    extra: dict[str, Any], param: str, grammar: str
+) -> None:
+    """Over HTTP and on the WebSocket API: a 400 naming both parameters, and nothing
+    reaches the engine."""
+    async with serve_vocab() as api:
+        kw = {k: v for k, v in extra.items() if k in ("tools", "tool_choice", "response_format")}
+        body = await _chat_error(api, messages=MESSAGES, extra_body=extra, **kw)
+        async with api.client.ws_connect("/ws") as ws:
+            await ws.send_json({"id": "t", "messages": MESSAGES, **extra})
+            (frame,) = (await collect(ws, {"t"}))["t"]
+    for error in (body, frame["error"]):
+        assert error["param"] == param and error["code"] == "invalid_value"
+        assert f"'{param}'" in error["message"] and f"'{grammar}'" in error["message"]
+    assert frame["status"] == 400 and api.engine.requests == []
+
+
+async def test_zero_min_tokens_beside_a_grammar_is_accepted() -> None:
+    async with serve_vocab() as api:
+        body = {"messages": MESSAGES, "guided_choice": ["yes", "no"], "min_tokens": 0}
+        status, _ = await api.post("/v1/chat/completions", body)
+    assert status == 200 and api.engine.requests[0].sampling.structured is not None
+
+
+def test_ignore_eos_beside_a_grammar_keeps_eos_a_stop_token() -> None:
+    """The grammar's end (where it allows only EOS) ends the output, with or without
+    ``ignore_eos``; a free request with ``ignore_eos`` has no EOS stop."""
+    grammar = StructuredOutput(kind="choice", grammar="x", param="guided_choice")
+    free = SamplingParams(ignore_eos=True, stop_token_ids=[7])
+    assert stop_ids(free, [2]) == [7]
+    constrained = SamplingParams(ignore_eos=True, stop_token_ids=[7], structured=grammar)
+    assert stop_ids(constrained, [2]) == [7, 2]
+
+
+async def test_a_tool_turn_needs_its_tool_call_id() -> None:
+    """OpenAI refuses a ``tool`` message without ``tool_call_id``; with it, accepted."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "42"},
+    ]
+    async with serve_vocab() as api:
+        body = await _chat_error(api, messages=history)
+        assert body["param"] == "messages[2].tool_call_id"
+        assert body["code"] == "missing_required_parameter"
+        history[2]["tool_call_id"] = "call_1"
+        status, _ = await api.post("/v1/chat/completions", {"messages": history})
+    assert status == 200
+
+
+@pytest.mark.parametrize("name", ["my schema", "x" * 65, "", "naïve", "a.b"])
+async def test_a_json_schema_name_outside_openais_pattern_is_refused(name: str) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": {"type": "object"}}}
+    async with serve_vocab() as api:
+        body = await _chat_error(api, messages=MESSAGES, response_format=fmt)
+    assert body["param"] == "response_format.json_schema.name"
+    assert "^[a-zA-Z0-9_-]{1,64}$" in body["message"]
+
+
+def _follows(grammar: str, text: str) -> bool:
+    m = LLMatcher(LLTokenizer("byte"), grammar, log_level=0)
+    return m.consume_tokens(list(text.encode())) and m.is_accepting()
+
+
+async def test_a_json_schema_without_schema_is_any_json_object() -> None:
+    """``json_schema`` without ``schema`` constrains as ``json_object`` does (README)."""
+    grammars = []
+    async with serve_vocab() as api:
+        for fmt in (
+            {"type": "json_schema", "json_schema": {"name": "Any_1-x" + "y" * 57}},
+            {"type": "json_object"},
+        ):
+            status, _ = await api.post(
+                "/v1/chat/completions", {"messages": MESSAGES, "response_format": fmt}
+            )
+            assert status == 200
+            structured = api.engine.requests[-1].sampling.structured
+            assert structured is not None
+            grammars.append(structured.grammar)
+    assert grammars[0] == grammars[1]
+    assert _follows(grammars[0], '{"a": [1]}') and not _follows(grammars[0], "[1]")
+
+
+#: (logit_bias, what the message must say)
+BAD_BIAS = [
+    ({"-1": 5}, ["'-1'", f"0..{VOCAB - 1}"]),
+    ({"abc": 5}, ["'abc'", f"0..{VOCAB - 1}"]),
+    ({str(VOCAB): 5}, [f"'{VOCAB}'", f"0..{VOCAB - 1}", "vocabulary"]),
+    ({"3": 101}, ["'3'", "101", "-100 to 100"]),
+    ({"3": -100.5}, ["'3'", "-100.5", "-100 to 100"]),
+    ({"3": "x"}, ["'3'", "-100 to 100"]),
+]
+
+
+@pytest.mark.parametrize(("bias", "says"), BAD_BIAS)
+async def test_a_bad_logit_bias_entry_names_its_key_and_the_range(
+    bias: dict[str, Any], says: list[str]
+) -> None:
+    """Chat, completions and WebSocket alike."""
+    async with serve_vocab() as api:
+        errors = []
+        for path, body in (
+            ("/v1/chat/completions", {"messages": MESSAGES}),
+            ("/v1/completions", {"prompt": "Hi"}),
+        ):
+            status, out = await api.post(path, {**body, "logit_bias": bias})
+            assert status == 400
+            errors.append(out["error"])
+        async with api.client.ws_connect("/ws") as ws:
+            await ws.send_json({"id": "t", "prompt": "Hi", "logit_bias": bias})
+            (frame,) = (await collect(ws, {"t"}))["t"]
+            errors.append(frame["error"])
+    for error in errors:
+        assert error["param"] == "logit_bias" and error["code"] == "invalid_value"
+        assert all(s in error["message"] for s in says), error["message"]
+        assert "msgspec" not in error["message"] and "Expected" not in error["message"]

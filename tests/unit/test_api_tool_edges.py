@@ -1,0 +1,164 @@
+"""Tool calls at their edges, through the official ``openai`` client and the WebSocket
+API in front of a scripted engine: a function declared without ``parameters`` takes
+only ``{}``, a reply made only of calls streams no blank content, WebSocket deltas
+carry the content (never the call markup) and the calls' deltas, and ``tools`` on a
+prompt frame are refused as the completions API refuses them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from llguidance import LLMatcher, LLTokenizer
+from openai import AsyncOpenAI
+
+from .test_api_basics import MODEL, serve
+from .test_api_tool_auto import HERMES_WEATHER, MESSAGES, WEATHER, ScriptedEngine
+from .test_api_ws import collect
+
+PING = {"type": "function", "function": {"name": "ping", "description": "No arguments."}}
+HERMES_PING = '<tool_call>{"name": "ping", "arguments": {}}</tool_call>'
+#: (the model's reply, the content the whole reply has): calls and whitespace only have
+#: none; with text beside them, the text and every blank between calls stay.
+REPLIES = [
+    (HERMES_WEATHER + "\n" + HERMES_PING, None),
+    ("\n  " + HERMES_WEATHER + "\n\n" + HERMES_PING + "\n", None),
+    ("Sure.\n" + HERMES_WEATHER + "\n" + HERMES_PING + "\n", "Sure.\n\n\n"),
+    (HERMES_WEATHER + "\nDone.", "\nDone."),
+    ("\n\n", "\n\n"),
+]
+
+
+def _follows(grammar: str, text: str) -> bool:
+    """Whether llguidance's matcher (on a byte tokenizer) takes ``text`` whole."""
+    m = LLMatcher(LLTokenizer("byte"), grammar, log_level=0)
+    return m.consume_tokens(list(text.encode())) and m.is_accepting()
+
+
+def _client(api: Any) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=str(api.client.make_url("/v1")), api_key="x", max_retries=0)
+
+
+@pytest.mark.parametrize(
+    ("choice", "empty", "other"),
+    [
+        ({"type": "function", "function": {"name": "ping"}}, "{}", '{"x": 1}'),
+        (
+            "required",
+            '[{"name": "ping", "parameters": {}}]',
+            '[{"name": "ping", "parameters": {"{{d:5}}:x was a sole baker": 1}}]',
+        ),
+    ],
+)
+async def test_a_function_without_parameters_takes_only_empty_arguments(
+    choice: Any, empty: str, other: str
+) -> None:
+    """OpenAI reads a missing ``parameters`` as no parameters: the forced call's grammar
+    allows ``{}`` only, and the chat template is told the same."""
+    async with serve(ScriptedEngine("{}")) as api:
+        client = _client(api)
+        try:
+            await client.chat.completions.create(
+                model=MODEL, messages=MESSAGES, tools=[PING], tool_choice=choice
+            )
+        finally:
+            await client.close()
+    (req,) = api.engine.requests
+    assert req.sampling.structured is not None
+    grammar = req.sampling.structured.grammar
+    assert _follows(grammar, empty) and not _follows(grammar, other)
+    assert req.tools is not None
+    params = req.tools[0]["function"]["parameters"]
+    assert params == {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+@pytest.mark.parametrize(("reply", "content"), REPLIES)
+async def test_streamed_content_is_the_whole_replys_content(
+    reply: str, content: str | None, step: int
+) -> None:
+    """``auto``: whitespace between and around calls is not streamed as content when
+    the reply is only calls (the whole reply's ``content`` is null); with text beside
+    the calls the streamed content is the whole reply's, blanks included."""
+    async with serve(ScriptedEngine(reply, step)) as api:
+        client = _client(api)
+        args: dict[str, Any] = {"model": MODEL, "messages": MESSAGES, "tools": [WEATHER, PING]}
+        try:
+            whole = await client.chat.completions.create(**args)
+            pieces = []
+            async for chunk in await client.chat.completions.create(**args, stream=True):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    pieces.append(chunk.choices[0].delta.content)
+        finally:
+            await client.close()
+    assert whole.choices[0].message.content == content
+    assert ("".join(pieces) or None) == content
+    if content is None:
+        assert pieces == []
+
+
+def _ws_reassembled(deltas: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The calls the ``tool_calls`` deltas of ``deltas`` build, by index."""
+    calls: dict[int, dict[str, str]] = {}
+    for d in deltas:
+        for t in d.get("tool_calls", []):
+            call = calls.setdefault(t["index"], {"name": "", "arguments": ""})
+            call["name"] += t.get("function", {}).get("name", "")
+            call["arguments"] += t.get("function", {}).get("arguments", "")
+    return [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize(("reply", "content"), REPLIES)
+async def test_websocket_deltas_carry_the_content_only(reply: str, content: str | None) -> None:
+    """``auto`` on the WebSocket API: the delta texts are the reply's content (the
+    final frame's, "" where that is null), never the call markup; the calls come as
+    ``tool_calls`` deltas that rebuild the final frame's calls."""
+    async with serve(ScriptedEngine(reply, 4)) as api:
+        async with api.client.ws_connect("/ws") as ws:
+            await ws.send_json({"id": "t", "messages": MESSAGES, "tools": [WEATHER, PING]})
+            *deltas, final = (await collect(ws, {"t"}))["t"]
+    assert final["type"] == "final" and final["content"] == content
+    texts = [d["text"] for d in deltas]
+    assert "".join(texts) == (content or "")
+    assert not any("<tool_call>" in t or "tool_call>" in t for t in texts)
+    assert _ws_reassembled(deltas) == [c["function"] for c in final["tool_calls"]]
+
+
+async def test_websocket_forced_call_streams_its_arguments() -> None:
+    """A named ``tool_choice``: no delta text (the reply is the arguments, not content),
+    the arguments streamed piece by piece as the SSE path streams them, and the final
+    frame's call is what they build."""
+    args = '{"city": "Oslo"}'
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    async with serve(ScriptedEngine(args, 3)) as api:
+        async with api.client.ws_connect("/ws") as ws:
+            frame = {"id": "t", "messages": MESSAGES, "tools": [WEATHER], "tool_choice": named}
+            await ws.send_json(frame)
+            *deltas, final = (await collect(ws, {"t"}))["t"]
+    assert [d["text"] for d in deltas] == [""] * len(deltas)
+    pieces = [t["function"]["arguments"] for d in deltas for t in d.get("tool_calls", [])]
+    assert len(pieces) == len(deltas) > 1 and "".join(pieces) == args
+    assert final["content"] is None and final["text"] == ""
+    (call,) = final["tool_calls"]
+    assert (
+        _ws_reassembled(deltas)
+        == [call["function"]]
+        == [{"name": "get_weather", "arguments": args}]
+    )
+
+
+async def test_tools_on_a_prompt_are_refused_alike_over_http_and_websocket() -> None:
+    """``tools`` with a prompt (not ``messages``): the same 400, code and message on
+    ``POST /v1/completions`` and on a WebSocket prompt frame."""
+    async with serve(ScriptedEngine("x")) as api:
+        status, body = await api.post(
+            "/v1/completions", {"model": MODEL, "prompt": "Hi", "tools": [WEATHER]}
+        )
+        async with api.client.ws_connect("/ws") as ws:
+            await ws.send_json({"id": "t", "prompt": "Hi", "tools": [WEATHER]})
+            (frame,) = (await collect(ws, {"t"}))["t"]
+    assert status == 400 and frame["type"] == "error" and frame["status"] == 400
+    assert body["error"]["code"] == frame["error"]["code"] == "unsupported_value"
+    assert body["error"]["message"] == frame["error"]["message"]
+    assert frame["error"]["message"] == "'tools' are accepted on chat requests only"
+    assert frame["error"]["param"] == "tools"
