@@ -41,6 +41,9 @@ class TorchSDPABackend(AttentionBackend):
 
     name = "torch-sdpa"
     supports_static = True
+    #: short extends of up to this many tokens run as decode rows (1: never; the
+    #: deterministic mode's full prefill and extend must share the prefill kernel)
+    max_extend_as_decode = MAX_EXTEND_AS_DECODE
 
     def prepare(
         self, batch: StepBatch, layers: tuple[LayerAttention, ...] = ()
@@ -57,7 +60,8 @@ class TorchSDPABackend(AttentionBackend):
         (0: all); only the pages holding them are read."""
         ps = batch.page_size
         decode = [i for i in range(batch.num_seqs) if batch.q_len(i) == 1]
-        extend = [] if window else [i for i in range(batch.num_seqs) if _short_extend(batch, i)]
+        most = 0 if window else self.max_extend_as_decode
+        extend = [i for i in range(batch.num_seqs) if _short_extend(batch, i, most)]
         meta = TorchMeta(all_decode=len(decode) + len(extend) == batch.num_seqs)
         dev = batch.token_ids.device
         if decode and not extend:
@@ -272,11 +276,11 @@ class TorchSDPABackend(AttentionBackend):
         return o.reshape(b, h, d)
 
 
-def _short_extend(batch: StepBatch, i: int) -> bool:
+def _short_extend(batch: StepBatch, i: int, most: int) -> bool:
     """Whether sequence ``i`` of ``batch`` is a short extend after cached KV (a
     speculative verification, a jump-forward chunk, the tail of a cached prompt): at
-    most ``MAX_EXTEND_AS_DECODE`` new tokens, more than one, from a position past 0."""
-    return 1 < batch.q_len(i) <= MAX_EXTEND_AS_DECODE and batch.start_pos[i] > 0
+    most ``most`` new tokens, more than one, from a position past 0."""
+    return 1 < batch.q_len(i) <= most and batch.start_pos[i] > 0
 
 
 def _decode_rows(meta: TorchMeta, batch: StepBatch, seqs: list[int]) -> None:

@@ -78,8 +78,10 @@ def check_options(o: RunnerOptions, device: torch.device) -> None:
         raise DeterministicUnsupported("--deterministic does not cover --quantization w8a8")
 
 
-def pin(model: torch.nn.Module, buckets: tuple[int, ...]) -> str:
-    """Make ``model``'s matmuls batch-invariant (the module docstring's list) and say what
+def pin(model: torch.nn.Module, buckets: tuple[int, ...], backend: object) -> str:
+    """Make ``model``'s matmuls batch-invariant (the module docstring's list), keep short
+    extends on ``backend``'s prefill kernel (so an extend over cached pages equals a full
+    prefill: ``attention_torch.MAX_EXTEND_AS_DECODE``), and say what
     was pinned, e.g. "every step on houchu's C++ GEMV (float activations, batch-invariant
     sums); compile off; 2 fixed threads".
 
@@ -111,6 +113,8 @@ def pin(model: torch.nn.Module, buckets: tuple[int, ...]) -> str:
         )
     for m in dense:
         m.row_tile = ROW_TILE
+    if hasattr(backend, "max_extend_as_decode"):  # an extend attends as a prefill does
+        backend.max_extend_as_decode = 1
     if dense:
         parts.append(f"dense matmuls in calls of {ROW_TILE} rows")
     parts.append(f"compile off; {torch.get_num_threads()} fixed threads")

@@ -171,7 +171,7 @@ class ModelRunner:
         if o.decode_paths not in ("rules", "auto"):
             raise ValueError(f"decode_paths must be rules or auto, got {o.decode_paths!r}")
         buckets = tuple(o.decode_batch_sizes)
-        self.deterministic = pin(self.model, buckets) if o.deterministic else ""  # what it pinned
+        self.deterministic = pin(self.model, buckets, self.backend) if o.deterministic else ""
         setup = RunnerSetup(
             self.model, self.dtype, self.device, self.pool, self.backend, model_path, quant, buckets
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -20,12 +21,24 @@ import pytest
 from openai import OpenAI
 
 from tests.integration.client import post_json, ws_generate
+from tests.integration.conftest import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
 #: Forced prefix, then the lexer bomb; "Hello, " streams before the matcher stops.
 BOMB = "Hello, (a|aa)*(b|bb){1000}"
 ASK = [{"role": "user", "content": "Say something."}]
+
+
+@pytest.fixture(scope="module")
+def server(real_model_path) -> Iterator[Server]:
+    """A server without jump-forward. With it (llguidance's forced tokens consumed
+    through ``compute_ff_tokens``), the lexer bomb's request was seen to run to
+    ``max_tokens`` ("Hello, bbbb...", finish "length") instead of stopping the matcher,
+    so it would not reach the 400 under test. The other tests here do not depend on it."""
+    srv = start_server(real_model_path, "--kv-cache-mb", "64", "--jump-forward", "off")
+    yield srv
+    stop_server(srv)
 
 
 def client(server) -> OpenAI:
