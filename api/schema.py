@@ -108,7 +108,8 @@ class JsonSchemaFormat(Struct, kw_only=True):
     up to 64). ``strict``: refuse a schema with keywords the grammar engine cannot enforce
     (else they are ignored)."""
 
-    name: Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    #: ``(?!\n)``: Python's ``$`` also matches before a final newline ("abc\n")
+    name: Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$(?!\n)")]
     schema: dict[str, Any] | None = None
     strict: bool | None = None
     description: str | None = None
@@ -282,6 +283,8 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
     ) = None
     logprobs: Annotated[int, Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
     tools: Annotated[list[Any], unsupported(CHAT_ONLY, max_length=0)] | None = None
+    #: any value is refused by the request check (``validation``), with ``CHAT_ONLY_ONE``
+    tool_choice: Annotated[Any, Meta(description=CHAT_ONLY_ONE)] | None = None
     echo: (
         Annotated[bool, Meta(description="the prompt (and, with logprobs, its logprobs) first")]
         | None

@@ -134,8 +134,10 @@ def tool_setup(req: ChatCompletionRequest | WsGenerateRequest) -> ToolSetup | No
 
 
 def _schema(tool: ToolDef) -> dict[str, Any]:
-    """The JSON schema of ``tool``'s arguments (``NO_PARAMETERS`` when it declares none)."""
-    return tool.function.parameters if tool.function.parameters is not None else NO_PARAMETERS
+    """The JSON schema of ``tool``'s arguments: ``NO_PARAMETERS`` when it declares none or
+    an empty ``parameters: {}`` (the same: no parameter is declared; an empty JSON schema
+    would let the arguments be any JSON value, a string among them)."""
+    return tool.function.parameters or NO_PARAMETERS
 
 
 def _arguments_grammar(tool: ToolDef, i: int) -> str:

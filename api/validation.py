@@ -76,6 +76,10 @@ def parse_completion(
     ``logprobs`` asks for the prompt's logprobs with as many alternatives. Raises
     ``ApiError`` (400)."""
     req = decode_request(body, CompletionRequest, model_name, vocab_size)
+    if req.tool_choice is not None:  # as on a WebSocket prompt frame
+        raise ApiError(
+            f"'tool_choice' {CHAT_ONLY_ONE}", param="tool_choice", code="unsupported_value"
+        )
     prompt, prompt_ids = prompt_of(req.prompt, vocab_size)
     top_n = req.logprobs
     max_tokens = max_tokens_of(

@@ -126,7 +126,7 @@ async def test_a_tool_turn_needs_its_tool_call_id() -> None:
     assert status == 200
 
 
-@pytest.mark.parametrize("name", ["my schema", "x" * 65, "", "naïve", "a.b"])
+@pytest.mark.parametrize("name", ["my schema", "x" * 65, "", "naïve", "a.b", "abc\n"])
 async def test_a_json_schema_name_outside_openais_pattern_is_refused(name: str) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": {"type": "object"}}}
     async with serve_vocab() as api:

@@ -50,16 +50,19 @@ def _client(api: Any) -> AsyncOpenAI:
         ),
     ],
 )
+@pytest.mark.parametrize("declared", [{}, {"parameters": {}}], ids=["missing", "empty"])
 async def test_a_function_without_parameters_takes_only_empty_arguments(
-    choice: Any, empty: str, other: str
+    choice: Any, empty: str, other: str, declared: dict
 ) -> None:
-    """OpenAI reads a missing ``parameters`` as no parameters: the forced call's grammar
-    allows ``{}`` only, and the chat template is told the same."""
+    """OpenAI reads a missing ``parameters`` as no parameters, and an empty
+    ``parameters: {}`` declares none either: the forced call's grammar allows ``{}``
+    only (not a JSON string or any object), and the chat template is told the same."""
+    ping = {"type": "function", "function": {**PING["function"], **declared}}
     async with serve(ScriptedEngine("{}")) as api:
         client = _client(api)
         try:
             await client.chat.completions.create(
-                model=MODEL, messages=MESSAGES, tools=[PING], tool_choice=choice
+                model=MODEL, messages=MESSAGES, tools=[ping], tool_choice=choice
             )
         finally:
             await client.close()
@@ -147,18 +150,27 @@ async def test_websocket_forced_call_streams_its_arguments() -> None:
     )
 
 
-async def test_tools_on_a_prompt_are_refused_alike_over_http_and_websocket() -> None:
-    """``tools`` with a prompt (not ``messages``): the same 400, code and message on
-    ``POST /v1/completions`` and on a WebSocket prompt frame."""
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("tools", [WEATHER], "'tools' are accepted on chat requests only"),
+        ("tool_choice", "required", "'tool_choice' is accepted on chat requests only"),
+        ("tool_choice", "none", "'tool_choice' is accepted on chat requests only"),
+    ],
+)
+async def test_tools_on_a_prompt_are_refused_alike_over_http_and_websocket(
+    field: str, value: Any, message: str
+) -> None:
+    """``tools`` or ``tool_choice`` with a prompt (not ``messages``): the same 400, code
+    and message on ``POST /v1/completions`` and on a WebSocket prompt frame."""
     async with serve(ScriptedEngine("x")) as api:
         status, body = await api.post(
-            "/v1/completions", {"model": MODEL, "prompt": "Hi", "tools": [WEATHER]}
+            "/v1/completions", {"model": MODEL, "prompt": "Hi", field: value}
         )
         async with api.client.ws_connect("/ws") as ws:
-            await ws.send_json({"id": "t", "prompt": "Hi", "tools": [WEATHER]})
+            await ws.send_json({"id": "t", "prompt": "Hi", field: value})
             (frame,) = (await collect(ws, {"t"}))["t"]
     assert status == 400 and frame["type"] == "error" and frame["status"] == 400
     assert body["error"]["code"] == frame["error"]["code"] == "unsupported_value"
-    assert body["error"]["message"] == frame["error"]["message"]
-    assert frame["error"]["message"] == "'tools' are accepted on chat requests only"
-    assert frame["error"]["param"] == "tools"
+    assert body["error"]["message"] == frame["error"]["message"] == message
+    assert body["error"]["param"] == frame["error"]["param"] == field
