@@ -31,6 +31,7 @@ from __future__ import annotations
 import msgspec
 import torch
 
+from houchu.actors.startup_errors import StartupFailure
 from houchu.model.autotune import DecodeRoute, attach
 from houchu.model.linear import Linear, LinearBase
 from houchu.model.qlinear import Int4Linear, Int8Linear
@@ -42,8 +43,9 @@ from houchu.options.runner_options import RunnerOptions
 ROW_TILE = 8
 
 
-class DeterministicUnsupported(ValueError):
-    """``--deterministic`` asked where houchu cannot make it hold (the message says why)."""
+class DeterministicUnsupported(StartupFailure, ValueError):
+    """``--deterministic`` asked where houchu cannot make it hold (the message says why;
+    a runner that meets it at start-up reports the one line, no traceback)."""
 
 
 def deterministic_options(o: RunnerOptions, device: torch.device) -> RunnerOptions:

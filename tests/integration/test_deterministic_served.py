@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.client import get_json, post_json
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.integration.conftest import Server, free_port, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -80,3 +80,26 @@ def test_startup_and_stats_say_what_is_pinned(det_server: Server) -> None:
     status, stats = asyncio.run(get_json(f"{det_server.url}/stats"))
     assert status == 200
     assert "fixed threads" in stats["deterministic"]
+
+
+def test_a_refused_combination_is_one_line_without_a_traceback(real_model_path: Path) -> None:
+    """``--deterministic`` with int8 activations: the runner refuses at start-up; the
+    server exits 1 with the reason on one line, and no traceback."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "houchu.cli", "serve", "--model", str(real_model_path)]
+    flags = [
+        "--port",
+        str(free_port()),
+        "--deterministic",
+        "--int4-activations",
+        "int8",
+        "--compile",
+        "off",
+    ]
+    done = subprocess.run([*cmd, *flags], capture_output=True, text=True, timeout=180)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "--deterministic pins float activations: drop --int4-activations int8" in out, out
+    assert "Traceback" not in out, out
