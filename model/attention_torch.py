@@ -41,9 +41,13 @@ class TorchSDPABackend(AttentionBackend):
 
     name = "torch-sdpa"
     supports_static = True
-    #: short extends of up to this many tokens run as decode rows (1: never; the
-    #: deterministic mode's full prefill and extend must share the prefill kernel)
+    #: short extends of up to this many tokens run as decode rows
     max_extend_as_decode = MAX_EXTEND_AS_DECODE
+    #: ``--deterministic``: every sequence, one new token or many, attends on the prefill
+    #: path (one kernel for a prompt prefilled whole, in chunks, or ending in a one-token
+    #: chunk, and for decode rows; the decode kernel and the batched verification call
+    #: order a query's sums otherwise)
+    one_kernel = False
 
     def prepare(
         self, batch: StepBatch, layers: tuple[LayerAttention, ...] = ()
@@ -59,8 +63,8 @@ class TorchSDPABackend(AttentionBackend):
         """Indices and masks of attention over each token's last ``window`` positions
         (0: all); only the pages holding them are read."""
         ps = batch.page_size
-        decode = [i for i in range(batch.num_seqs) if batch.q_len(i) == 1]
-        most = 0 if window else self.max_extend_as_decode
+        decode = [i for i in range(batch.num_seqs) if batch.q_len(i) == 1 and not self.one_kernel]
+        most = 0 if window or self.one_kernel else self.max_extend_as_decode
         extend = [i for i in range(batch.num_seqs) if _short_extend(batch, i, most)]
         meta = TorchMeta(all_decode=len(decode) + len(extend) == batch.num_seqs)
         dev = batch.token_ids.device
@@ -85,13 +89,13 @@ class TorchSDPABackend(AttentionBackend):
             and batch.start_pos[i] > 0
             and i not in extend
         ]
-        if len(multi) > 1:
+        if len(multi) > 1 and not self.one_kernel:
             meta.multi = self._multi_query(batch, multi, window)
         else:
             multi = []
         for i in range(batch.num_seqs):
             n = batch.q_len(i)
-            if n == 1 or i in multi or i in extend:
+            if i in multi or i in extend or (n == 1 and not self.one_kernel):
                 continue
             meta.prefill.append(self._prefill_seq(batch, i, window))
         return meta

@@ -81,9 +81,10 @@ def check_options(o: RunnerOptions, device: torch.device) -> None:
 
 
 def pin(model: torch.nn.Module, buckets: tuple[int, ...], backend: object) -> str:
-    """Make ``model``'s matmuls batch-invariant (the module docstring's list), keep short
-    extends on ``backend``'s prefill kernel (so an extend over cached pages equals a full
-    prefill: ``attention_torch.MAX_EXTEND_AS_DECODE``), and say what
+    """Make ``model``'s matmuls batch-invariant (the module docstring's list), run every
+    sequence's attention on ``backend``'s prefill kernel (so a prompt prefilled whole, in
+    chunks or ending in a one-token chunk, and a decode row, meet one kernel:
+    ``TorchSDPABackend.one_kernel``), and say what
     was pinned, e.g. "every step on houchu's C++ GEMV (float activations, batch-invariant
     sums); compile off; 2 fixed threads".
 
@@ -115,8 +116,8 @@ def pin(model: torch.nn.Module, buckets: tuple[int, ...], backend: object) -> st
         )
     for m in dense:
         m.row_tile = ROW_TILE
-    if hasattr(backend, "max_extend_as_decode"):  # an extend attends as a prefill does
-        backend.max_extend_as_decode = 1
+    if hasattr(backend, "one_kernel"):  # every row attends on the prefill kernel
+        backend.one_kernel = True
     if dense:
         parts.append(f"dense matmuls in calls of {ROW_TILE} rows")
     parts.append(f"compile off; {torch.get_num_threads()} fixed threads")

@@ -119,3 +119,53 @@ def test_refused_combinations(kw: dict, match: str) -> None:
         check_options(RunnerOptions(deterministic=True, **kw), torch.device("cpu"))
     with pytest.raises(DeterministicUnsupported, match="CPU only"):
         check_options(RunnerOptions(deterministic=True), torch.device("cuda"))
+
+
+@pytest.mark.parametrize("splits", [(36, 1), (20, 16, 1), (30, 7)])
+def test_a_prompt_in_chunks_equals_it_prefilled_whole(runner: ModelRunner, splits) -> None:
+    """The prompt's last-token logits from chunked prefills, the last chunk a single
+    token (which without the mode attends on the decode kernel) or a short extend beside
+    another one in the same step (without the mode, one batched SDPA call), equal those
+    of one whole prefill bit for bit."""
+    g = torch.Generator().manual_seed(11)
+    prompt = torch.randint(0, runner.config.vocab_size, (PROMPT,), generator=g).tolist()
+    other = torch.randint(0, runner.config.vocab_size, (PROMPT,), generator=g).tolist()
+    whole = logits(
+        runner,
+        [SeqWork(rid="w", token_ids=prompt, start_pos=0, page_table=pages(0, PROMPT), sample=True)],
+    )
+    table, beside = pages(10, PROMPT), pages(20, PROMPT)
+    pos = 0
+    for n in splits[:-1]:
+        work = [
+            SeqWork(
+                rid="c",
+                token_ids=prompt[pos : pos + n],
+                start_pos=pos,
+                page_table=table,
+                sample=False,
+            )
+        ]
+        work.append(
+            SeqWork(
+                rid="o",
+                token_ids=other[pos : pos + n],
+                start_pos=pos,
+                page_table=beside,
+                sample=False,
+            )
+        )
+        logits(runner, work)
+        pos += n
+    last = [SeqWork(rid="c", token_ids=prompt[pos:], start_pos=pos, page_table=table, sample=True)]
+    last.append(
+        SeqWork(
+            rid="o",
+            token_ids=other[pos : pos + splits[-1]],
+            start_pos=pos,
+            page_table=beside,
+            sample=True,
+        )
+    )
+    got = logits(runner, last)
+    assert torch.equal(got[0], whole[0])
