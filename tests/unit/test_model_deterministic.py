@@ -130,42 +130,20 @@ def test_a_prompt_in_chunks_equals_it_prefilled_whole(runner: ModelRunner, split
     g = torch.Generator().manual_seed(11)
     prompt = torch.randint(0, runner.config.vocab_size, (PROMPT,), generator=g).tolist()
     other = torch.randint(0, runner.config.vocab_size, (PROMPT,), generator=g).tolist()
-    whole = logits(
-        runner,
-        [SeqWork(rid="w", token_ids=prompt, start_pos=0, page_table=pages(0, PROMPT), sample=True)],
-    )
+    whole = logits(runner, [_chunk("w", prompt, 0, PROMPT, pages(0, PROMPT), True)])
     table, beside = pages(10, PROMPT), pages(20, PROMPT)
     pos = 0
-    for n in splits[:-1]:
-        work = [
-            SeqWork(
-                rid="c",
-                token_ids=prompt[pos : pos + n],
-                start_pos=pos,
-                page_table=table,
-                sample=False,
-            )
-        ]
-        work.append(
-            SeqWork(
-                rid="o",
-                token_ids=other[pos : pos + n],
-                start_pos=pos,
-                page_table=beside,
-                sample=False,
-            )
-        )
-        logits(runner, work)
+    for i, n in enumerate(splits):
+        last = i == len(splits) - 1
+        work = [_chunk("c", prompt, pos, PROMPT - pos if last else n, table, last)]
+        work.append(_chunk("o", other, pos, n, beside, last))
+        got = logits(runner, work)
         pos += n
-    last = [SeqWork(rid="c", token_ids=prompt[pos:], start_pos=pos, page_table=table, sample=True)]
-    last.append(
-        SeqWork(
-            rid="o",
-            token_ids=other[pos : pos + splits[-1]],
-            start_pos=pos,
-            page_table=beside,
-            sample=True,
-        )
-    )
-    got = logits(runner, last)
     assert torch.equal(got[0], whole[0])
+
+
+def _chunk(rid: str, ids: list[int], pos: int, n: int, table: list[int], sample: bool):
+    """The work item of ``ids[pos : pos + n]`` for request ``rid``."""
+    return SeqWork(
+        rid=rid, token_ids=ids[pos : pos + n], start_pos=pos, page_table=table, sample=sample
+    )
