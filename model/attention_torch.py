@@ -41,8 +41,6 @@ class TorchSDPABackend(AttentionBackend):
 
     name = "torch-sdpa"
     supports_static = True
-    #: short extends of up to this many tokens run as decode rows
-    max_extend_as_decode = MAX_EXTEND_AS_DECODE
     #: ``--deterministic``: every sequence, one new token or many, attends on the prefill
     #: path (one kernel for a prompt prefilled whole, in chunks, or ending in a one-token
     #: chunk, and for decode rows; the decode kernel and the batched verification call
@@ -62,25 +60,17 @@ class TorchSDPABackend(AttentionBackend):
     def _prepare(self, batch: StepBatch, window: int) -> TorchMeta:
         """Indices and masks of attention over each token's last ``window`` positions
         (0: all); only the pages holding them are read."""
-        ps = batch.page_size
         decode = [i for i in range(batch.num_seqs) if batch.q_len(i) == 1 and not self.one_kernel]
-        most = 0 if window or self.one_kernel else self.max_extend_as_decode
+        most = 0 if window or self.one_kernel else MAX_EXTEND_AS_DECODE
         extend = [i for i in range(batch.num_seqs) if _short_extend(batch, i, most)]
         meta = TorchMeta(all_decode=len(decode) + len(extend) == batch.num_seqs)
         dev = batch.token_ids.device
-        if decode and not extend:
-            lens = [batch.kv_lens[i] for i in decode]
-            idx = torch.tensor(decode, dtype=torch.int64, device=dev)
+        if window and any(batch.kv_lens[i] > window for i in decode):  # (no extend)
             meta.decode_rows = torch.tensor(
                 [batch.q_starts[i] for i in decode], dtype=torch.int64, device=dev
             )
-            if window and any(n > window for n in lens):
-                self._window_decode(meta, batch, decode, window)
-            else:
-                n_pages = -(-max(lens) // ps)
-                meta.decode_pages = batch.page_tables[idx, :n_pages].contiguous()
-                meta.decode_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
-        elif extend:  # every token of a short extend is a decode row (window 0 only)
+            self._window_decode(meta, batch, decode, window)
+        elif decode or extend:  # every token of a short extend is a decode row
             _decode_rows(meta, batch, sorted(decode + extend))
         multi = [
             i
