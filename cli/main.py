@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from houchu.actors.config import ServeConfig
 from houchu.bench.cli import add_bench_parser, run_bench
@@ -25,6 +26,18 @@ def _version() -> str:
         return "unknown"
 
 
+class SubcommandParser(argparse.ArgumentParser):
+    """A subcommand's parser whose errors are one line and a pointer to ``--help``.
+
+    ``houchu serve`` has some eighty flags: argparse's default error prints their whole
+    usage block before the message, which buries the one line that matters. Exits with
+    status 2, as argparse does."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``<prog>: error: <message>`` and the ``--help`` hint; exit 2."""
+        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists the flags)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``houchu`` argument parser (defaults that come from the environment, such as
     ``HOUCHU_API_KEY``, are read now)."""
@@ -33,10 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """``(the houchu parser, its serve subparser)``: the checks of ``serve``'s values
-    report through the latter (``houchu serve: error: ...`` with serve's usage)."""
+    report through the latter (``houchu serve: error: ...``, one line)."""
     parser = argparse.ArgumentParser(prog="houchu", description="houchu LLM serving engine")
     parser.add_argument("--version", action="version", version=f"houchu {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=SubcommandParser)
     serve = add_serve_parser(sub)
     sub.add_parser("fetch", help="download the default model into the cache")
     add_bench_parser(sub)

@@ -2,7 +2,7 @@
 ``houchu.model.deterministic``) at the runner level, on the default model: a prompt's
 logits are bit for bit the same alone and in steps of 2..17 sequences beside other
 prompts and decode rows of other lengths, at any place, and from an extend over its
-cached pages; on the default int4 path and the exact float32 path."""
+cached pages; on the default int4 path, int8 weights and the exact float32 path."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ PAGE = 16
 PROMPT = 37  # the target prompt's tokens: two full pages and a partial one
 
 
-@pytest.fixture(scope="module", params=["auto", "none"], ids=["int4", "exact"])
+@pytest.fixture(scope="module", params=["auto", "int8", "none"], ids=["int4", "int8", "exact"])
 def runner(request: pytest.FixtureRequest, real_model_path: Path) -> ModelRunner:
     """The default model with ``--deterministic`` (``auto``: its int4 GGUF path;
+    ``int8``: int8 weights;
     ``none``: the exact float32 path)."""
     o = RunnerOptions(
         device="cpu", quantization=request.param, deterministic=True, page_size=PAGE, num_pages=160

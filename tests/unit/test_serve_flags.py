@@ -185,3 +185,25 @@ def test_deterministic_refuses_speculation(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse(["--model", a_file(tmp_path, "model"), "--deterministic", "--speculative", "ngram"])
     assert "--deterministic does not combine with --speculative" in capsys.readouterr().err
+
+
+def test_a_bad_value_is_one_line_not_the_usage_block(tmp_path, capsys):
+    from houchu.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(
+            [
+                "serve",
+                "--model",
+                a_file(tmp_path, "model"),
+                "--deterministic",
+                "--speculative",
+                "ngram",
+            ]
+        )
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" not in err
+    first, hint = err.strip().splitlines()
+    assert first.startswith("houchu serve: error: --deterministic does not combine")
+    assert "houchu serve --help" in hint
