@@ -121,6 +121,9 @@ async def _measure(
             backend = OpenAIBackend(f"http://127.0.0.1:{server.port}/v1", spec.params)
         record = await benchmark(backend, spec, builder, name)
         record["settings"]["server_command"] = server.cmd
+        if server.kept:  # houchu's runner: its kernels and the decode route it measured
+            record["settings"]["runner_startup"] = server.kept
+            print("\n".join(server.kept), flush=True)
         return record
     finally:
         await asyncio.to_thread(server.stop)

@@ -158,7 +158,9 @@ class ManagedServer:
 
 
 def houchu_server(s: ServerSettings, extra: list[str]) -> ManagedServer:
-    """``houchu serve`` with the shared settings (plus ``extra`` options)."""
+    """``houchu serve`` with the shared settings (plus ``extra`` options); its runner's
+    start-up lines (``houchu runner: ...``: the kernels, the measured decode route) are
+    kept in ``kept``."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -172,7 +174,7 @@ def houchu_server(s: ServerSettings, extra: list[str]) -> ManagedServer:
     ]
     cmd += ["--threads", str(s.threads), "--max-context", str(s.ctx_size)]
     cmd += ["--max-running-requests", str(s.parallel), *extra]
-    return _houchu(cmd, port)
+    return _houchu(cmd, port, keep_prefix="houchu runner:")
 
 
 def _houchu(cmd: list[str], port: int, keep_prefix: str = "") -> ManagedServer:
