@@ -161,7 +161,7 @@ def bench_spec(args: argparse.Namespace, model_name: str | None = None) -> Any:
         args.temperature,
         not args.no_ignore_eos,
         args.request_timeout,
-        getattr(args, "model", None),
+        model_name,
         structured_fields(getattr(args, "structured", "none")),
     )
     return BenchSpec(workload, run, params, args.warmup, parse_slo(args.goodput) or None)

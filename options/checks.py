@@ -83,6 +83,27 @@ def _check_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         )
 
 
+def _check_deterministic(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--deterministic``'s refusals that the flags alone decide (the runner's own
+    ``houchu.model.deterministic.check_options``), before any actor starts."""
+    if not args.deterministic:
+        return
+    import torch
+
+    from houchu.model.deterministic import DeterministicUnsupported, check_options
+
+    o = RunnerOptions(
+        quantization=args.quantization,
+        int4_activations=args.int4_activations,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+    device = torch.device("cuda" if args.device.startswith("cuda") else "cpu")
+    try:
+        check_options(o, device)
+    except DeterministicUnsupported as e:
+        parser.error(str(e))
+
+
 def _check_gateway(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Also: ``--api-key`` loses surrounding blanks."""
     _positive(parser, args, "port", "max_queued_requests", "max_request_mb", "stream_buffer_kb")
@@ -149,6 +170,7 @@ def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     _check_batching(parser, args)
     _check_tiers(parser, args)
     _check_spec(parser, args)
+    _check_deterministic(parser, args)
     _check_gateway(parser, args)
     _check_telemetry(parser, args)
     _check_supervision(parser, args)

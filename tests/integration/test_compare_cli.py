@@ -28,5 +28,6 @@ def test_compare_prints_and_records_houchus_runner_line(tmp_path: Path, real_mod
     runner_lines = [ln for ln in run.stdout.splitlines() if ln.startswith("houchu runner:")]
     assert any("CPU ISA" in ln or "cuda" in ln for ln in runner_lines), run.stdout
     assert "completed requests" in run.stdout
-    (record,) = json.loads(out.read_text())["records"]
+    record = json.loads(out.read_text())["records"]["houchu"]
     assert record["settings"]["runner_startup"] == runner_lines
+    assert record["settings"]["model"] is None  # the GGUF path is not sent as the model field

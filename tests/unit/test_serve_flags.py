@@ -207,3 +207,19 @@ def test_a_bad_value_is_one_line_not_the_usage_block(tmp_path, capsys):
     first, hint = err.strip().splitlines()
     assert first.startswith("houchu serve: error: --deterministic does not combine")
     assert "houchu serve --help" in hint
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--int4-activations", "int8"], "pins float activations"),
+        (["--quantization", "w8a8"], "does not cover --quantization w8a8"),
+        (["--tensor-parallel-size", "2"], "does not combine with tensor parallel"),
+        (["--device", "cuda"], "runs on the CPU only"),
+    ],
+)
+def test_deterministic_refusals_come_at_parse_time(tmp_path, capsys, flags, says):
+    """Refused before any actor starts, one line, as ``--speculative`` is."""
+    with pytest.raises(SystemExit):
+        parse(["--model", a_file(tmp_path, "model"), "--deterministic", *flags])
+    assert says in capsys.readouterr().err
