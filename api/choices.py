@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 from aiohttp import web
 
@@ -24,13 +24,16 @@ _END = None  # a choice's pump is done
 
 @contextlib.asynccontextmanager
 async def open_choices(
-    app: web.Application, reqs: Sequence[GenerateRequest]
+    app: web.Application,
+    reqs: Sequence[GenerateRequest],
+    record: Mapping[str, float | int | str] | None = None,
 ) -> AsyncIterator[AsyncIterator[tuple[int, TextDelta]]]:
     """Start every request of ``reqs`` (choice ``i`` is ``reqs[i]``); yield an iterator
-    of ``(i, delta)``. An ``EngineError`` of any choice is raised by the iterator (the
+    of ``(i, delta)``. ``record``: the client request's parameters, for the dashboard
+    (``ParsedRequest.record``). An ``EngineError`` of any choice is raised by the iterator (the
     other choices are then aborted when the block exits)."""
     engine = app[ENGINE_KEY]
-    its = [engine.generate(r) for r in reqs]
+    its = [engine.generate(r, record) for r in reqs]
     if len(its) == 1:
         try:
             yield _one(its[0])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import zmq.asyncio
 
@@ -136,8 +136,12 @@ class EngineClient:
         """Requests sent and not yet finished."""
         return len(self._queues)
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TextDelta]:
+    async def generate(
+        self, req: GenerateRequest, record: Mapping[str, float | int | str] | None = None
+    ) -> AsyncIterator[TextDelta]:
         """Submit ``req`` and yield its deltas; the last one has ``finish_reason`` set.
+        ``record``: the client request's parameters for the dashboard
+        (``ParsedRequest.record``; None: those ``req`` carries).
 
         Raises:
             EngineError: the engine rejected the request (bad input: status 400) or failed
@@ -150,7 +154,7 @@ class EngineClient:
         self._queues[req.rid] = q
         finished = False
         outcome = "aborted"
-        self._observer.arrived(req)
+        self._observer.arrived(req, record)
         try:
             await self._to_tokenizer.send(req)
             while True:

@@ -8,9 +8,11 @@ each delta, and ``ended`` once when it is over. Everything here is in-memory and
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from houchu.api.record_params import PRIVATE_KEYS, Value, choice_record, sampling_record
 from houchu.transport.messages import GenerateRequest, TextDelta
 
 if TYPE_CHECKING:  # no import cycle: metrics -> errors -> engine_client -> observe
@@ -21,32 +23,35 @@ if TYPE_CHECKING:  # no import cycle: metrics -> errors -> engine_client -> obse
 PREVIEW_CHARS = 80
 
 
-def request_params(req: GenerateRequest) -> dict[str, float | int | str]:
-    """The request's sampling parameters and shape, as flat event data."""
-    s = req.sampling
-    out: dict[str, float | int | str] = {
-        "api": "chat" if req.messages is not None else "completion",
-        "max_tokens": s.max_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k,
-        "min_p": s.min_p,
-        "ignore_eos": int(s.ignore_eos),
-    }
-    for name in ("repetition_penalty", "frequency_penalty", "presence_penalty"):
-        v = getattr(s, name)
-        if v != (1.0 if name == "repetition_penalty" else 0.0):
-            out[name] = v
-    if s.seed is not None:
-        out["seed"] = s.seed
-    if s.stop:
-        out["stop"] = " | ".join(s.stop)[:200]
-    if s.logprobs:
-        out["top_logprobs"] = s.top_logprobs
+def request_params(req: GenerateRequest) -> dict[str, Value]:
+    """The request's parameters and shape as its wire request carries them, as flat
+    event data (``houchu.api.record_params``); a choice of a several-choice request
+    also names its ``parent``, ``choice`` index and ``choices`` count."""
+    out: dict[str, Value] = {"api": "chat" if req.messages is not None else "completion"}
+    out.update(sampling_record(req.sampling))
     if req.messages is not None:
         out["messages"] = len(req.messages)
-    if s.structured is not None:  # the grammar's form, for the dashboard's request view
-        out["grammar"] = s.structured.kind
+    out.update(choice_record(req))
+    return out
+
+
+def arrived_params(
+    req: GenerateRequest, record: Mapping[str, Value] | None, private: bool = True
+) -> dict[str, Value]:
+    """What the "arrived" event of ``req`` records: the client request's own parameters
+    ``record`` (``ParsedRequest.record``: ``n``, ``best_of``, tools, and the logprobs and
+    echo every choice does not carry) when given, else ``request_params(req)``; either way
+    the choice's own ``seed`` and its link to its ``parent``. ``private``: keep
+    ``PRIVATE_KEYS`` (tool names)."""
+    out = request_params(req)
+    if record is not None:
+        seed = out.get("seed")
+        out = {**record, **choice_record(req)}
+        if seed is not None:  # choice i samples with seed + i
+            out["seed"] = seed
+    if not private:
+        for key in PRIVATE_KEYS:
+            out.pop(key, None)
     return out
 
 
@@ -77,9 +82,9 @@ class RequestObserver:
     Args:
         telemetry: the gateway's emitter, or None.
         metrics: the gateway's metrics, or None.
-        record_previews: send the first characters of each prompt (``preview``) for the
-            dashboard's labels; off when an API key guards the APIs, since the dashboard
-            stays open without the key.
+        record_previews: send the first characters of each prompt (``preview``) and the
+            names of its tools (``PRIVATE_KEYS``) for the dashboard; off when an API key
+            guards the APIs, since the dashboard stays open without the key.
     """
 
     def __init__(
@@ -93,13 +98,15 @@ class RequestObserver:
         self.record_previews = record_previews
         self._flights: dict[str, _Flight] = {}
 
-    def arrived(self, req: GenerateRequest) -> None:
-        """``req`` was submitted to the engine."""
+    def arrived(self, req: GenerateRequest, record: Mapping[str, Value] | None = None) -> None:
+        """``req`` was submitted to the engine; ``record``: its client request's
+        parameters (``ParsedRequest.record``), None: read from ``req``."""
         self._flights[req.rid] = _Flight(time.monotonic())
         if self.telemetry is not None:
             t = req.arrival_time or time.time()
             label = preview(req) if self.record_previews else ""
-            self.telemetry.event(req.rid, "arrived", t, preview=label, **request_params(req))
+            params = arrived_params(req, record, self.record_previews)
+            self.telemetry.event(req.rid, "arrived", t, preview=label, **params)
         if self.metrics is not None:
             self.metrics.in_flight.inc()
 

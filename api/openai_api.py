@@ -119,6 +119,7 @@ async def _admitted(
         max_context=limits.max_context,
         vocab_size=limits.vocab_size,
     )
+    record = parsed.record()  # before the suffix becomes part of the prompt
     parsed = await with_suffix(request.app, parsed)
     rid = f"{prefix}-{uuid.uuid4().hex}"
     fmt = formatter_cls(
@@ -133,7 +134,7 @@ async def _admitted(
         prompt_logprobs=parsed.prompt_logprobs is not None,
     )
     reqs = parsed.to_generates(rid)
-    async with open_choices(request.app, reqs) as deltas:
+    async with open_choices(request.app, reqs, record) as deltas:
         if parsed.stream:
             return await _stream(request, deltas, fmt, len(reqs))
         return await _aggregate(request, deltas, fmt, len(reqs), parsed.n)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from houchu.api.record_params import Value, sampling_record, tools_record
 from houchu.api.schema import SEED_RANGE
 from houchu.api.tools import ToolSetup
 from houchu.transport.messages import ChatMessage, GenerateRequest, SamplingParams
@@ -36,6 +37,26 @@ class ParsedRequest:
     best_of: int = 1
     prompt_logprobs: int | None = None  # vLLM's field, as the client gave it
     suffix: str | None = None  # a completion's text after the answer (fill-in-the-middle)
+
+    def record(self) -> dict[str, Value]:
+        """The request's parameters as the dashboard records them
+        (``houchu.api.record_params``): its sampling parameters as the client asked for
+        them (every choice's, less a choice's own seed), the API, the number of chat
+        turns, ``n`` and ``best_of`` (above one), ``suffix`` (its length, characters) and
+        the tools."""
+        out: dict[str, Value] = {"api": "chat" if self.messages is not None else "completion"}
+        out.update(sampling_record(self.sampling))
+        if self.messages is not None:
+            out["messages"] = len(self.messages)
+        if self.n > 1 or self.best_of > 1:
+            out["n"] = self.n
+        if self.best_of > self.n:
+            out["best_of"] = self.best_of
+        if self.suffix:
+            out["suffix"] = len(self.suffix)
+        if self.tools is not None:
+            out.update(tools_record(self.tools))
+        return out
 
     def to_generate(self, rid: str) -> GenerateRequest:
         """The wire request of a single choice, stamped with ``rid`` and the arrival

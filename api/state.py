@@ -42,8 +42,11 @@ class EngineLike(Protocol):
     ``EngineError`` (503) when the engine does not answer.
     """
 
-    def generate(self, req: GenerateRequest) -> AsyncIterator[TextDelta]:
-        """Submit ``req`` and stream its text deltas."""
+    def generate(
+        self, req: GenerateRequest, record: Mapping[str, float | int | str] | None = None
+    ) -> AsyncIterator[TextDelta]:
+        """Submit ``req`` and stream its text deltas; ``record``: its client request's
+        parameters for the dashboard (None: those ``req`` carries)."""
         ...
 
     async def abort(self, rid: str) -> None:

@@ -205,6 +205,7 @@ class WsSession:
             n=len(reqs),
             prompt_logprobs=parsed.prompt_logprobs is not None,
             parser=parsed.tools.parser(state.tool_call_parser) if parsed.tools else None,
+            record=parsed.record(),
         )
         self._jobs[key] = job
         job.task = asyncio.create_task(self._run(key, job, reqs))
@@ -232,7 +233,7 @@ class WsSession:
 
     async def _generate(self, job: WsJob, reqs: list[GenerateRequest]) -> None:
         """Stream one admitted request's deltas (of every choice), then its final frame."""
-        async with open_choices(self._app, reqs) as deltas:
+        async with open_choices(self._app, reqs, job.record) as deltas:
             async for i, delta in deltas:
                 job.tallies[i].add(delta)
                 prompt = delta.prompt_logprobs is not None and job.prompt_logprobs

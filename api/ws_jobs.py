@@ -31,6 +31,8 @@ class WsJob:
     parser: ToolCallParser | None = None  # parses tool calls (a chat with tools)
     tools: list[ToolCallStream] | None = None  # one per choice (with ``parser``)
     content: list[list[str]] = field(default_factory=list)  # per choice: text not a call
+    #: the request's parameters for the dashboard (``ParsedRequest.record``)
+    record: dict[str, float | int | str] | None = None
 
     def __post_init__(self) -> None:
         self.tallies = [Tally() for _ in range(self.n)]

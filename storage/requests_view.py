@@ -40,8 +40,20 @@ def summary_dict(row: RequestRow) -> dict[str, Any]:
         "e2e_s": row.e2e_s,
         "preview": row.preview,
         "params": row.params or {},
+        "choice": choice_dict(row.params or {}),
         "error": row.error,
     }
+
+
+def choice_dict(params: dict[str, Any]) -> dict[str, Any] | None:
+    """Which choice of a several-choice request (``n``, ``best_of``) this request is:
+    ``parent`` (the client request's id), ``index`` (0-based), ``of`` (choices
+    generated) and ``n`` (choices returned); None for a request of one choice."""
+    parent = params.get("parent")
+    if not isinstance(parent, str):
+        return None
+    of = params.get("choices")
+    return {"parent": parent, "index": params.get("choice"), "of": of, "n": params.get("n", of)}
 
 
 #: The runner's lever whose per-request samples are the request's mask time.
@@ -98,7 +110,9 @@ def recent_requests(
     if status is not None and status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
     with Session(engine) as session:
-        q = select(RequestRow).order_by(RequestRow.started_at.desc()).limit(limit)
+        # a request's choices arrive at once: in their order (their ids end in the index)
+        order = (RequestRow.started_at.desc(), RequestRow.rid)
+        q = select(RequestRow).order_by(*order).limit(limit)
         if since is not None:
             q = q.where(RequestRow.started_at >= since)
         if status is not None:

@@ -22,9 +22,26 @@ const Timeline = (() => {
   let selected = null;
   let rows = [];
 
+  // A choice of an n > 1 / best_of request: "#i/k" (its rid's prefix is its parent's).
+  const choiceTag = (r) => (r.choice ? ` #${r.choice.index}/${r.choice.of}` : "");
+  // Keys of ``params`` shown by the choice line instead of the parameter grid.
+  const CHOICE_KEYS = new Set(["parent", "choice", "choices"]);
+
   function label(r) {
     const text = (r.preview || "").slice(0, 20);
-    return `${H.shortRid(r.rid)}  ${text}`;
+    return `${H.shortRid(r.rid)}${choiceTag(r)}  ${text}`;
+  }
+
+  /** "choice i of k of <parent>", with a link to each other choice in the timeline. */
+  function choiceLine(d) {
+    const c = d.choice;
+    if (!c) return null;
+    const best = c.n != null && c.n < c.of ? ` (the best ${c.n} returned)` : "";
+    const others = rows.filter((r) => r.choice && r.choice.parent === c.parent && r.rid !== d.rid)
+      .map((r) => H.el("button", { class: "choice-link", text: `#${r.choice.index}`, onclick: () => show(r.rid) }));
+    return H.el("p", { class: "choice-of", "data-parent": c.parent },
+      H.el("span", { text: `choice #${c.index} of ${c.of}${best} of ` }), H.el("span", { class: "mono", text: c.parent }),
+      others.length ? H.el("span", { text: " · other choices: " }) : null, ...others);
   }
 
   function stageTraces(reqs) {
@@ -105,7 +122,7 @@ const Timeline = (() => {
     if (selected && reqs.some((r) => r.rid === selected && r.status === "running")) show(selected);
   }
 
-  function kv(k, v) { return H.el("div", { class: "kv" }, H.el("span", { class: "k", text: k }), H.el("span", { class: "v", text: v })); }
+  function kv(k, v, attrs) { return H.el("div", { class: "kv", ...attrs }, H.el("span", { class: "k", text: k }), H.el("span", { class: "v", text: v })); }
 
   function detailBody(d) {
     const t0 = d.arrived_at || d.started_at;
@@ -121,6 +138,7 @@ const Timeline = (() => {
     return [
       H.el("div", { class: "detail-head" }, H.el("h3", { class: "mono", text: d.rid }), H.el("button", { class: "close", text: "×", onclick: () => { selected = null; setDetailVisible(false); } })),
       H.el("p", { class: "preview", text: d.preview || "" }),
+      choiceLine(d),
       H.el("div", { class: "kvs" },
         kv("status", `${d.status}${d.finish_reason ? ` (${d.finish_reason})` : ""}`),
         kv("prompt tokens", H.num(d.prompt_tokens)), kv("cached tokens", H.num(d.cached_tokens)),
@@ -130,7 +148,8 @@ const Timeline = (() => {
         d.structured ? kv("mask time", H.secs(d.structured.mask_s)) : null),
       d.error ? H.el("p", { class: "error", text: d.error }) : null,
       H.el("h4", { text: "Parameters" }),
-      H.el("div", { class: "kvs" }, Object.entries(d.params).map(([k, v]) => kv(k, String(v)))),
+      H.el("div", { class: "kvs params" }, Object.entries(d.params).filter(([k]) => !CHOICE_KEYS.has(k))
+        .map(([k, v]) => kv(k, String(v), { "data-param": k }))),
       H.el("h4", { text: "Its ledger" }), ledger,
       H.el("h4", { text: "Events" }), events,
     ];

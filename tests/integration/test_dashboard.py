@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -76,6 +77,68 @@ def test_a_structured_output_request_shows_its_grammar_and_mask_time(dash):
         assert d["structured"]["kind"] == "regex" and d["params"]["grammar"] == "regex"
         free = await _complete(dash, "Name a colour:")
         assert (await _wait_request(dash, free["id"]))["structured"] is None
+
+    asyncio.run(go())
+
+
+async def _listed(srv: Server, want: Callable[[list[dict]], bool]) -> list[dict]:
+    """``/dashboard/api/requests`` once ``want`` holds of its rows (telemetry is async)."""
+    deadline = time.monotonic() + 20
+    while True:
+        status, listed = await get_json(f"{srv.url}/dashboard/api/requests?limit=100")
+        assert status == 200
+        if want(listed["requests"]):
+            return listed["requests"]
+        assert time.monotonic() < deadline, listed["requests"]
+        await asyncio.sleep(0.3)
+
+
+def test_the_request_view_shows_every_parameter_and_links_choices(dash):
+    async def go():
+        body = {"n": 2, "best_of": 3, "echo": True, "logprobs": 1, "prompt_logprobs": 0}
+        body |= {"logit_bias": {"13": -100, "198": 2}, "min_tokens": 1, "stop_token_ids": [0, 2]}
+        body |= {"allowed_token_ids": [28, 29, 30, 31, 32, 33], "bad_words": ["blue"]}
+        http = await _complete(dash, "Count:", **body, seed=3, max_tokens=3)
+        tools = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+        chat = {"messages": [{"role": "user", "content": "Time?"}], "tools": tools}
+        chat |= {"tool_choice": "required", "parallel_tool_calls": False, **GREEDY}
+        status, reply = await post_json(f"{dash.url}/v1/chat/completions", chat)
+        assert status == 200, reply
+        ws = {"prompt": "unique-ws-choices:", "n": 2, "min_tokens": 2, **GREEDY}
+        assert (await ws_generate(dash.ws_url, ws))["error"] is None
+        rows = await _listed(
+            dash,
+            lambda rs: (
+                sum(r["params"].get("parent") == http["id"] for r in rs) == 3
+                and reply["id"] in {r["rid"] for r in rs}
+                and sum("unique-ws-choices" in (r["preview"] or "") for r in rs) == 2
+            ),
+        )
+        choices = sorted(
+            (r for r in rows if r["params"].get("parent") == http["id"]), key=lambda r: r["rid"]
+        )
+        assert [r["choice"] for r in choices] == [
+            {"parent": http["id"], "index": i, "of": 3, "n": 2} for i in range(3)
+        ]
+        for i, r in enumerate(choices):
+            p = r["params"]
+            assert r["rid"] == f"{http['id']}-{i}" and p["seed"] == 3 + i
+            assert p["n"] == 2 and p["best_of"] == 3 and p["echo"] == 1
+            assert p["logprobs"] == 1 and p["top_logprobs"] == 1 and p["prompt_logprobs"] == 1
+            assert p["logit_bias"] == "2: 13=-100, 198=+2" and p["min_tokens"] == 1
+            assert p["stop_token_ids"] == "2: 0, 2" and p["bad_words"] == 1
+            assert p["allowed_token_ids"] == "6: 28, 29, 30, 31, …"
+        (tool,) = [r for r in rows if r["rid"] == reply["id"]]
+        assert tool["choice"] is None
+        p = tool["params"]
+        assert p["tools"] == 1 and p["tool_names"] == "get_time"
+        assert p["tool_choice"] == "required" and p["parallel_tool_calls"] == 0
+        assert tool["structured"]["kind"] == "tool_call" and p["grammar_from"] == "tool_choice"
+        over_ws = [r for r in rows if "unique-ws-choices" in (r["preview"] or "")]
+        parents = {r["choice"]["parent"] for r in over_ws}
+        assert len(parents) == 1 and parents.pop().startswith("ws-")
+        assert sorted(r["choice"]["index"] for r in over_ws) == [0, 1]
+        assert all(r["params"]["min_tokens"] == 2 for r in over_ws)
 
     asyncio.run(go())
 
@@ -310,6 +373,7 @@ def test_dashboard_in_a_real_browser(dash):
             page.evaluate(f"Timeline.show({rid!r})")
             page.wait_for_selector(f"#detail[data-rid='{rid}']", timeout=20_000)
             assert "TTFT" in page.inner_text("#detail")
+            assert page.locator("#detail [data-param=max_tokens]").count() == 1
             # the two benchmark runs side by side
             assert page.locator("#bench-table tr[data-run]").count() == 2
             assert page.locator("#bench-compare .bench-plot .main-svg").count() >= 3

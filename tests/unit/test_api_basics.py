@@ -48,6 +48,7 @@ class FakeEngine:
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
         self.requests: list[GenerateRequest] = []
+        self.records: list[dict | None] = []  # each request's dashboard parameters
         self.aborted: list[str] = []
         self.stats_error: EngineError | None = None
         self.stats_hang = False
@@ -83,9 +84,12 @@ class FakeEngine:
             cached_tokens=CACHED_TOKENS if i == 0 else 0,
         )
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TextDelta]:
+    async def generate(
+        self, req: GenerateRequest, record: dict | None = None
+    ) -> AsyncIterator[TextDelta]:
         """Yield the deltas of ``req`` (see the class docstring for the magic words)."""
         self.requests.append(req)
+        self.records.append(record)
         text = self.prompt_text(req)
         finished = False
         try:

@@ -91,7 +91,9 @@ async def test_websocket_requests_beyond_the_limit_get_a_429_error_frame() -> No
 class OverloadedEngine(FakeEngine):
     """Refuses every request as the scheduler does when its queue is full."""
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TextDelta]:
+    async def generate(
+        self, req: GenerateRequest, record: dict | None = None
+    ) -> AsyncIterator[TextDelta]:
         raise EngineError(overloaded("the scheduler's queue is full"))
         yield  # pragma: no cover (an async generator)
 
@@ -130,7 +132,9 @@ class FireHose(FakeEngine):
     """``FLOOD`` streams 8 KiB deltas as fast as it can until aborted; other prompts are
     answered as by ``FakeEngine`` with ``delay_s`` between pieces."""
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TextDelta]:
+    async def generate(
+        self, req: GenerateRequest, record: dict | None = None
+    ) -> AsyncIterator[TextDelta]:
         if self.prompt_text(req) != "FLOOD":
             async for d in super().generate(req):
                 yield d

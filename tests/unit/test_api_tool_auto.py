@@ -54,7 +54,9 @@ class ScriptedEngine(FakeEngine):
         super().__init__()
         self.reply, self.step = reply, step
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TextDelta]:
+    async def generate(
+        self, req: GenerateRequest, record: dict | None = None
+    ) -> AsyncIterator[TextDelta]:
         """Yield the pieces of ``reply``."""
         self.requests.append(req)
         pieces = [self.reply[i : i + self.step] for i in range(0, len(self.reply), self.step)]

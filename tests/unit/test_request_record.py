@@ -1,0 +1,219 @@
+"""What the dashboard's request view records of a request (``houchu.api.record_params``):
+every parameter a client set, over HTTP (completions, chat) and the WebSocket API in
+front of the fake engine, each choice of an ``n`` / ``best_of`` request linked to its
+parent, tool names only where prompt previews are kept, the stored rows' ``choice`` as
+``/dashboard/api/requests`` returns it, and the dashboard page's request view (a real
+browser) labelling the choices and showing the parameters."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from houchu.api.app import make_app
+from houchu.api.observe import RequestObserver, arrived_params
+from houchu.dashboard.store import DashboardStore
+from houchu.storage.db import open_db
+from houchu.storage.ingest import ingest
+from houchu.storage.requests_view import recent_requests, request_detail
+from houchu.transport.telemetry import LifecycleEvent, TelemetryBatch
+from tests.dashboard_browser import CHROMIUM, dashboard_page
+
+from .test_api_basics import Api, FakeEngine
+from .test_api_request_rules import serve_vocab
+from .test_api_ws import collect
+
+TOOLS = [
+    {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+    for n in ("get_weather", "get_time", "book", "call", "email")
+]
+MESSAGES = [{"role": "user", "content": "my secret question"}]
+
+
+def _choices(api: Api) -> list[dict[str, Any]]:
+    """The "arrived" parameters of every request the fake engine got, in order."""
+    return [
+        arrived_params(r, rec)
+        for r, rec in zip(api.engine.requests, api.engine.records, strict=True)
+    ]
+
+
+async def test_a_completion_records_every_parameter_it_sets() -> None:
+    body = {
+        "prompt": "Hello",
+        "max_tokens": 4,
+        "n": 2,
+        "best_of": 3,
+        "seed": 5,
+        "echo": True,
+        "logprobs": 2,
+        "prompt_logprobs": 1,
+        "logit_bias": {"5": -100, "7": 3, "9": 1, "11": 2, "13": 4},
+        "min_tokens": 2,
+        "stop_token_ids": [1, 2],
+        "allowed_token_ids": [5, 7, 9, 11, 13, 15],
+        "bad_words": ["never", "this"],
+    }
+    async with serve_vocab() as api:
+        status, out = await api.post("/v1/completions", body)
+    assert status == 200, out
+    choices = _choices(api)
+    assert len(choices) == 3  # best_of generated, n returned
+    for i, p in enumerate(choices):
+        assert p["parent"] == out["id"] and p["choice"] == i and p["choices"] == 3
+        assert p["n"] == 2 and p["best_of"] == 3 and p["seed"] == 5 + i
+        assert p["api"] == "completion" and p["echo"] == 1 and p["prompt_logprobs"] == 2
+        assert p["logprobs"] == 1 and p["top_logprobs"] == 2
+        assert p["logit_bias"] == "5: 5=-100, 7=+3, 9=+1, 11=+2, …"
+        assert p["min_tokens"] == 2 and p["stop_token_ids"] == "2: 1, 2"
+        assert p["allowed_token_ids"] == "6: 5, 7, 9, 11, …" and p["bad_words"] == 2
+        assert "never" not in str(p)
+
+
+async def test_a_plain_request_records_no_optional_parameter() -> None:
+    async with serve_vocab() as api:
+        status, _ = await api.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    assert status == 200
+    (p,) = _choices(api)
+    optional = {"n", "best_of", "echo", "logprobs", "prompt_logprobs", "logit_bias"}
+    optional |= {"min_tokens", "stop_token_ids", "allowed_token_ids", "bad_words", "tools"}
+    optional |= {"grammar", "parent", "choice", "seed"}
+    assert not optional & set(p), p
+    assert p["max_tokens"] == 2
+
+
+async def test_a_chat_records_its_tools_and_grammar() -> None:
+    body = {
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "book"}},
+        "parallel_tool_calls": False,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
+    async with serve_vocab() as api:
+        status, out = await api.post("/v1/chat/completions", body)
+        assert status == 200, out
+        fmt = {"response_format": {"type": "json_object"}, "n": 2}
+        status, out = await api.post("/v1/chat/completions", {"messages": MESSAGES, **fmt})
+        assert status == 200, out
+    tools, *structured = _choices(api)
+    assert tools["api"] == "chat" and tools["messages"] == 1
+    assert tools["tools"] == 5 and tools["tool_choice"] == "named"
+    assert tools["tool_names"] == "get_weather, get_time, book, call, …"
+    assert tools["tool_choice_name"] == "book" and tools["parallel_tool_calls"] == 0
+    assert tools["grammar"] == "tool_call" and tools["grammar_from"] == "tool_choice"
+    assert tools["logprobs"] == 1 and tools["top_logprobs"] == 3
+    assert [p["choice"] for p in structured] == [0, 1]
+    for p in structured:
+        assert p["grammar"] == "json_object" and p["grammar_from"] == "response_format"
+        assert p["parent"] == out["id"] and p["n"] == 2 and "best_of" not in p
+
+
+async def test_a_websocket_request_records_its_parameters() -> None:
+    frame = {"id": "w", "messages": MESSAGES, "n": 2, "tools": TOOLS[:2], "min_tokens": 1}
+    async with serve_vocab() as api, api.client.ws_connect("/ws") as ws:
+        await ws.send_json(frame)
+        assert (await collect(ws, {"w"}))["w"][-1]["type"] == "final"
+    choices = _choices(api)
+    assert [p["choice"] for p in choices] == [0, 1]
+    parent = choices[0]["parent"]
+    assert parent.startswith("ws-") and api.engine.requests[1].rid == f"{parent}-1"
+    for p in choices:
+        assert p["n"] == 2 and p["tools"] == 2 and p["tool_choice"] == "auto"
+        assert p["tool_names"] == "get_weather, get_time" and p["min_tokens"] == 1
+
+
+class _Events:
+    """A telemetry emitter that keeps its events."""
+
+    def __init__(self) -> None:
+        self.events: list[LifecycleEvent] = []
+
+    def event(self, rid: str, kind: str, t: float, **data: float | int | str) -> None:
+        self.events.append(LifecycleEvent(rid, kind, t, "gateway", data))
+
+
+async def test_tool_names_only_with_prompt_previews() -> None:
+    async with serve_vocab() as api:
+        body = {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "required"}
+        status, _ = await api.post("/v1/chat/completions", body)
+    assert status == 200
+    req, record = api.engine.requests[0], api.engine.records[0]
+    for previews in (True, False):
+        ev = _Events()
+        RequestObserver(ev, None, record_previews=previews).arrived(req, record)
+        data = ev.events[0].data
+        assert data["tools"] == 5 and data["tool_choice"] == "required"
+        assert ("tool_names" in data) is previews
+        assert ("my secret" in data["preview"]) is previews
+
+
+async def _recorded(db_path: Path) -> tuple[Engine, str]:
+    """A database holding the "arrived" events of an ``n=2`` completion with a logit
+    bias and of a plain one, served by the gateway in front of the fake engine; the
+    ``n=2`` request's id."""
+    body = {"prompt": "Hi", "n": 2, "seed": 1, "logit_bias": {"5": -100}}
+    async with serve_vocab() as api:
+        status, out = await api.post("/v1/completions", body)
+        assert status == 200
+        status, _ = await api.post("/v1/completions", {"prompt": "alone"})
+        assert status == 200
+    ev = _Events()
+    observer = RequestObserver(ev, None)
+    for req, record in zip(api.engine.requests, api.engine.records, strict=True):
+        observer.arrived(req, record)
+    engine = open_db(f"sqlite:///{db_path}")
+    with Session(engine) as s, s.begin():
+        ingest(s, [TelemetryBatch(actor="gateway", events=ev.events)])
+    return engine, out["id"]
+
+
+async def test_the_request_view_links_the_choices_to_their_parent(tmp_path) -> None:
+    engine, parent = await _recorded(tmp_path / "d.db")
+    rows = recent_requests(engine, time.time())
+    linked = [r for r in rows if r["choice"] is not None]
+    assert [r["rid"] for r in linked] == [f"{parent}-0", f"{parent}-1"]
+    for i, r in enumerate(linked):
+        assert r["choice"] == {"parent": parent, "index": i, "of": 2, "n": 2}
+        assert r["params"]["seed"] == 1 + i and r["params"]["logit_bias"] == "1: 5=-100"
+    alone = next(r for r in rows if r["choice"] is None)
+    assert request_detail(engine, alone["rid"], time.time())["choice"] is None
+    engine.dispose()
+
+
+class _StatsEngine(FakeEngine):
+    async def stats(self) -> dict[str, float | int | str]:
+        return {"model": "fake", "num_running": 0, "num_waiting": 0}
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
+def test_the_request_view_in_a_browser_labels_choices_and_shows_params(tmp_path) -> None:
+    engine, parent = asyncio.run(_recorded(tmp_path / "d.db"))
+    store = DashboardStore(engine)
+    app = make_app(_StatsEngine(), model_name="fake", max_context=512, store=store)
+    try:
+        with dashboard_page(app) as (page, errors):
+            page.wait_for_function("Timeline.rows().length === 3")
+            labels = page.evaluate("document.getElementById('timeline').layout.yaxis.categoryarray")
+            assert sum("#0/2" in x for x in labels) == 1 and sum("#1/2" in x for x in labels) == 1
+            page.evaluate(f"Timeline.show({parent + '-1'!r})")
+            page.wait_for_selector(f"#detail[data-rid='{parent}-1']")
+            line = page.inner_text("#detail .choice-of")
+            assert f"choice #1 of 2 of {parent}" in line
+            assert page.locator("#detail .choice-link").all_inner_texts() == ["#0"]
+            bias = page.inner_text("#detail [data-param=logit_bias]")
+            assert "logit_bias" in bias and "1: 5=-100" in bias
+            assert page.inner_text("#detail [data-param=n]").split() == ["n", "2"]
+            assert page.locator("#detail [data-param=parent]").count() == 0
+            page.click("#detail .choice-link")  # to the other choice
+            page.wait_for_selector(f"#detail[data-rid='{parent}-0']")
+            assert not errors, errors
+    finally:
+        store.close()
