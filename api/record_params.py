@@ -3,8 +3,9 @@
 Every value is an int, float or str (telemetry event data). Defaults are left out, so
 a request shows what it asked for. Lists are shown by their length and first entries
 (``listed``), never in full; text the client wrote (``bad_words``) only by its count.
-Tool names, which a client's application chose, are kept under ``PRIVATE_KEYS``: the
-gateway drops them when it keeps no prompt previews (an API key guards the APIs).
+Tool names and stop strings, which a client's application chose, are kept under
+``PRIVATE_KEYS``: the gateway drops them when it keeps no prompt previews (an API key
+guards the APIs).
 
 ``sampling_record`` reads a ``SamplingParams``; ``tools_record`` a ``ToolSetup``-like
 object; ``choice_record`` the choice of a several-choice request (``n``, ``best_of``)
@@ -26,7 +27,7 @@ SHOWN = 4
 #: Longest recorded string value, characters.
 MAX_CHARS = 200
 #: Keys dropped when the gateway records no prompt previews.
-PRIVATE_KEYS = ("tool_names", "tool_choice_name")
+PRIVATE_KEYS = ("tool_names", "tool_choice_name", "stop")
 
 
 def first(items: Sequence[object]) -> str:

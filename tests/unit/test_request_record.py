@@ -140,9 +140,9 @@ class _Events:
         self.events.append(LifecycleEvent(rid, kind, t, "gateway", data))
 
 
-async def test_tool_names_only_with_prompt_previews() -> None:
+async def test_tool_names_and_stop_strings_only_with_prompt_previews() -> None:
     async with serve_vocab() as api:
-        body = {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "required"}
+        body = {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "required", "stop": "zz"}
         status, _ = await api.post("/v1/chat/completions", body)
     assert status == 200
     req, record = api.engine.requests[0], api.engine.records[0]
@@ -152,6 +152,7 @@ async def test_tool_names_only_with_prompt_previews() -> None:
         data = ev.events[0].data
         assert data["tools"] == 5 and data["tool_choice"] == "required"
         assert ("tool_names" in data) is previews
+        assert ("stop" in data) is previews
         assert ("my secret" in data["preview"]) is previews
 
 
