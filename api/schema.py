@@ -51,6 +51,9 @@ CHAT_ONLY = "are accepted on chat requests only"
 CHAT_ONLY_ONE = "is accepted on chat requests only"
 #: ``Meta.extra`` key of a field the gateway refuses unless neutral; its value says why.
 UNSUPPORTED = "unsupported"
+#: ``Meta.extra`` key of a string pattern said in words (error messages show these, not
+#: the regex): "must be <words>".
+PATTERN_WORDS = "pattern_words"
 
 
 def unsupported(why: str, **constraints: Any) -> Meta:
@@ -109,7 +112,13 @@ class JsonSchemaFormat(Struct, kw_only=True):
     (else they are ignored)."""
 
     #: ``(?!\n)``: Python's ``$`` also matches before a final newline ("abc\n")
-    name: Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$(?!\n)")]
+    name: Annotated[
+        str,
+        Meta(
+            pattern=r"^[a-zA-Z0-9_-]{1,64}$(?!\n)",
+            extra={PATTERN_WORDS: "1-64 characters of a-z, A-Z, 0-9, _ or -"},
+        ),
+    ]
     schema: dict[str, Any] | None = None
     strict: bool | None = None
     description: str | None = None
@@ -206,7 +215,8 @@ class NamedToolChoice(Struct, kw_only=True):
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
-Tools = Annotated[list[ToolDef], Meta(max_length=128)]
+#: At least one tool (OpenAI refuses ``[]``: leave ``tools`` out for none).
+Tools = Annotated[list[ToolDef], Meta(min_length=1, max_length=128)]
 
 
 class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):

@@ -157,6 +157,7 @@ CHAT_BAD: list[tuple[dict[str, Any], str]] = [
         "tool_choice",
     ),
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": []}, "tools"),  # OpenAI refuses an empty array
     ({"tools": [WEATHER], "tool_choice": "required", "regex": "a"}, "tool_choice"),
     ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
     (
