@@ -49,6 +49,8 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 #: Why ``tools`` are refused on a completion (a prompt, not ``messages``).
 CHAT_ONLY = "are accepted on chat requests only"
 CHAT_ONLY_ONE = "is accepted on chat requests only"
+#: Why ``echo`` is refused on a WebSocket chat frame.
+PROMPT_ONLY = "is served on prompt frames only (as on POST /v1/completions), not with 'messages'"
 #: ``Meta.extra`` key of a field the gateway refuses unless neutral; its value says why.
 UNSUPPORTED = "unsupported"
 #: ``Meta.extra`` key of a string pattern said in words (error messages show these, not
@@ -89,6 +91,11 @@ TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 #: unwrapped by the validator first: msgspec types cannot hold two array types).
 Prompt = Annotated[str, Meta(min_length=1)] | Annotated[list[TokenId], Meta(min_length=1)]
 Role = Literal[(*CHAT_ROLES, *ROLE_ALIASES)]  # type: ignore[valid-type]
+#: A completion's (``POST /v1/completions``, a WebSocket prompt frame) ``echo``.
+Echo = Annotated[bool, Meta(description="the prompt (and, with logprobs, its logprobs) first")]
+EchoMaxTokens = Annotated[
+    int, Meta(ge=0, description="0 only with echo: the prompt (and its logprobs)")
+]
 
 
 class StreamOptions(Struct, omit_defaults=True):
@@ -287,18 +294,12 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
     as evaluation harnesses score it)."""
 
     prompt: Prompt
-    max_tokens: (
-        Annotated[int, Meta(ge=0, description="0 only with echo: the prompt (and its logprobs)")]
-        | None
-    ) = None
+    max_tokens: EchoMaxTokens | None = None
     logprobs: Annotated[int, Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
     tools: Annotated[list[Any], unsupported(CHAT_ONLY, max_length=0)] | None = None
     #: any value is refused by the request check (``validation``), with ``CHAT_ONLY_ONE``
     tool_choice: Annotated[Any, Meta(description=CHAT_ONLY_ONE)] | None = None
-    echo: (
-        Annotated[bool, Meta(description="the prompt (and, with logprobs, its logprobs) first")]
-        | None
-    ) = None
+    echo: Echo | None = None
     best_of: (
         Annotated[ChoiceCount, Meta(description="choices generated; the n most likely returned")]
         | None
@@ -318,7 +319,10 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
 #: the completions API's fields on the other APIs: refused unless at their neutral value
 #: (as OpenAI refuses them, rather than ignored)
 NoSuffix = Annotated[Literal[""], unsupported("is served on POST /v1/completions only")]
-NoEcho = Annotated[Literal[False], unsupported("is served on POST /v1/completions only")]
+NoEcho = Annotated[
+    Literal[False],
+    unsupported("is served on completions only (POST /v1/completions, WebSocket prompt frames)"),
+]
 
 
 class ChatCompletionRequest(
@@ -349,18 +353,19 @@ class WsGenerateRequest(
 ):
     """A WebSocket generate frame (without its ``id`` and ``type``): ``prompt`` or
     ``messages``; ``logprobs`` is a boolean, or the number of alternatives per token
-    (which ``top_logprobs`` may also give)."""
+    (which ``top_logprobs`` may also give). ``echo`` (a prompt frame) as on
+    ``POST /v1/completions``: the prompt first, and ``max_tokens`` 0 the prompt alone."""
 
     prompt: Prompt | None = None
     messages: Messages | None = None
-    max_tokens: PositiveInt | None = None
+    max_tokens: EchoMaxTokens | None = None
     logprobs: bool | TopLogprobs | None = None
     top_logprobs: TopLogprobs | None = None
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     suffix: NoSuffix | None = None
-    echo: NoEcho | None = None
+    echo: Echo | None = None  # on a prompt frame only
     best_of: (
         Annotated[Literal[1], unsupported("is served on POST /v1/completions only (use 'n')")]
         | None
