@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
+from houchu.api.schema_tools import ToolCallIn, ToolChoice, Tools
 from houchu.transport.messages import CHAT_ROLES, ROLE_ALIASES
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -96,6 +97,12 @@ Echo = Annotated[bool, Meta(description="the prompt (and, with logprobs, its log
 EchoMaxTokens = Annotated[
     int, Meta(ge=0, description="0 only with echo: the prompt (and its logprobs)")
 ]
+#: vLLM's chat-template fields (chat requests; ``houchu.api.chat_template``).
+TemplateKwargs = Annotated[
+    dict[str, Any], Meta(description="extra chat template variables, e.g. enable_thinking")
+]
+GenerationPrompt = Annotated[bool, Meta(description="end with the assistant's header (true)")]
+ContinueFinal = Annotated[bool, Meta(description="continue the last message (no header)")]
 
 
 class StreamOptions(Struct, omit_defaults=True):
@@ -160,21 +167,6 @@ class TextPart(Struct):
     text: str
 
 
-class CalledFunction(Struct, kw_only=True):
-    """The function an assistant's tool call named, and its arguments (JSON text)."""
-
-    name: str
-    arguments: str
-
-
-class ToolCallIn(Struct, kw_only=True):
-    """A tool call in an assistant turn of the history."""
-
-    id: str
-    type: Literal["function"] = "function"
-    function: CalledFunction
-
-
 class ChatMessageIn(Struct, kw_only=True):
     """One chat turn (``developer`` is read as ``system``); parts are joined by newlines.
     ``content`` may be null in an assistant turn that made ``tool_calls``; a ``tool``
@@ -188,42 +180,6 @@ class ChatMessageIn(Struct, kw_only=True):
 
 
 Messages = Annotated[list[ChatMessageIn], Meta(min_length=1)]
-#: Letters, digits, ``_``, ``.`` and ``-`` (checked by ``houchu.api.tools``).
-FunctionName = Annotated[str, Meta(min_length=1, max_length=64)]
-
-
-class FunctionDef(Struct, kw_only=True):
-    """A function the model may call: ``parameters`` is the JSON schema of its
-    arguments (default, as OpenAI's: no parameters, the arguments are ``{}``);
-    ``strict`` as in ``response_format``."""
-
-    name: FunctionName
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ToolDef(Struct, kw_only=True):
-    """One entry of ``tools``."""
-
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class ChosenFunction(Struct, kw_only=True):
-    name: str
-
-
-class NamedToolChoice(Struct, kw_only=True):
-    """``tool_choice: {"type": "function", "function": {"name": ...}}``: call it."""
-
-    type: Literal["function"]
-    function: ChosenFunction
-
-
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
-#: At least one tool (OpenAI refuses ``[]``: leave ``tools`` out for none).
-Tools = Annotated[list[ToolDef], Meta(min_length=1, max_length=128)]
 
 
 class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -340,6 +296,9 @@ class ChatCompletionRequest(
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
+    add_generation_prompt: GenerationPrompt | None = None
+    continue_final_message: ContinueFinal | None = None
     suffix: NoSuffix | None = None
     echo: NoEcho | None = None
     best_of: (
@@ -364,6 +323,9 @@ class WsGenerateRequest(
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
+    add_generation_prompt: GenerationPrompt | None = None
+    continue_final_message: ContinueFinal | None = None
     suffix: NoSuffix | None = None
     echo: Echo | None = None  # on a prompt frame only
     best_of: (
@@ -376,14 +338,17 @@ class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     """``POST /tokenize`` (vLLM's): ``prompt`` or chat ``messages``, not both.
     ``add_special_tokens`` (default true for a prompt, false for messages: the chat
     template writes its own) adds the BOS the model's tokenizer asks for;
-    ``add_generation_prompt`` (default true) ends the messages with the assistant's
-    turn; ``return_token_strs`` adds each token's text."""
+    ``add_generation_prompt`` (default true, false with ``continue_final_message``),
+    ``continue_final_message`` and ``chat_template_kwargs`` as on chat completions;
+    ``return_token_strs`` adds each token's text."""
 
     model: str | None = None
     prompt: str | None = None
     messages: Messages | None = None
     add_special_tokens: bool | None = None
-    add_generation_prompt: bool | None = None
+    add_generation_prompt: GenerationPrompt | None = None
+    continue_final_message: ContinueFinal | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
     return_token_strs: bool | None = None
 
 

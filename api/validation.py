@@ -29,6 +29,7 @@ completions and WebSocket chat requests, capped at the context window.
 from __future__ import annotations
 
 from houchu.api.chat_messages import chat_messages
+from houchu.api.chat_template import refuse_on_prompt, template_options
 from houchu.api.errors import ApiError
 from houchu.api.parsed_request import ParsedRequest
 from houchu.api.request_parts import (
@@ -126,11 +127,15 @@ def parse_chat(
     logprobs = bool(req.logprobs)
     tools = tool_setup(req)
     n, _ = choice_counts(req.n, None, stream)
+    template = template_options(
+        req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message
+    )
     return ParsedRequest(
         sampling=sampling_params(
             req, max_tokens, logprobs=logprobs, top_n=req.top_logprobs or 0, tools=tools
         ),
         messages=chat_messages(req.messages),
+        template=template,
         stream=stream,
         include_usage=include_usage,
         tools=tools,
@@ -173,6 +178,13 @@ def parse_ws_generate(
         raise ApiError(f"'{name}' {why}", param=name, code="unsupported_value")
     if messages is not None and req.echo:
         raise ApiError(f"'echo' {PROMPT_ONLY}", param="echo", code="unsupported_value")
+    template = None
+    if messages is None:
+        refuse_on_prompt(req)
+    else:
+        template = template_options(
+            req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message
+        )
     max_tokens = max_tokens_of(req.max_tokens, "max_tokens", default, max_context)
     tools = tool_setup(req)
     n, _ = choice_counts(req.n, None, True)
@@ -188,4 +200,5 @@ def parse_ws_generate(
         n=n,
         best_of=n,
         prompt_logprobs=req.prompt_logprobs,
+        template=template,
     )

@@ -7,7 +7,10 @@ The client sends JSON text frames:
   OpenAI API (``max_tokens``, ``temperature``, ``stop``, ...); ``logprobs`` is a boolean
   or an integer 0..20 (that many alternatives per token), ``top_logprobs`` 0..20.
   ``id`` is a string or an integer; when it is missing the server assigns one, and the
-  request's frames carry it.
+  request's frames carry it. A ``messages`` frame also takes ``tools``, ``tool_choice``
+  and vLLM's chat template fields (``chat_template_kwargs``, ``add_generation_prompt``,
+  ``continue_final_message``: ``houchu.api.chat_template``); a ``prompt`` frame takes
+  ``echo`` (below).
 - ``{"type": "abort", "id": "<client id>"}`` aborts that request.
 
 The server answers with frames carrying the client's ``id``:
