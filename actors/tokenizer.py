@@ -196,7 +196,13 @@ class TokenizerActor:
     def _encode(self, req: GenerateRequest) -> list[int]:
         """Prompt token ids. Raises TokenizerError (or the library's error) on bad input."""
         if req.messages is not None:
-            return self.tokenizer.apply_chat_template(req.messages, req.tools)
+            return self.tokenizer.apply_chat_template(
+                req.messages,
+                req.tools,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                chat_template_kwargs=req.chat_template_kwargs,
+            )
         if req.prompt_ids is not None:
             return list(req.prompt_ids)
         return self.tokenizer.encode(req.prompt or "")

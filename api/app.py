@@ -79,7 +79,7 @@ def make_app(
     Args:
         engine: the engine handle (``EngineClient``, or a fake in tests).
         model_name: the served model's id, as ``/v1/models`` lists it; requests naming
-            another model are refused (400, code ``model_not_found``).
+            another model are refused (404, code ``model_not_found``).
         max_context: a fixed context window, tokens per request (prompt + completion);
             ``max_tokens`` above it is refused. Give this or ``runner``.
         runner: the runner's limits, updated by its ``RunnerInfo`` (the engine client's

@@ -3,8 +3,9 @@
 Each choice is its own engine request (``ParsedRequest.to_generates``); ``open_choices``
 starts them all and yields ``(index, delta)`` pairs as they arrive, each choice's deltas
 in order. Leaving the block early (client gone, an error) closes every choice's
-iterator, which aborts the unfinished ones in the engine. ``best_choices`` picks the
-``n`` returned from ``best_of`` generated ones.
+iterator, which aborts the unfinished ones in the engine. ``prompt_first`` puts choice
+0's first delta (the prompt's text and logprobs) before the others'; ``best_choices``
+picks the ``n`` returned from ``best_of`` generated ones.
 """
 
 from __future__ import annotations
@@ -79,6 +80,29 @@ async def _merged(
             raise item
         else:
             yield i, item
+
+
+async def prompt_first(
+    deltas: AsyncIterator[tuple[int, TextDelta]], hold: bool
+) -> AsyncIterator[tuple[int, TextDelta]]:
+    """``deltas``, with every other choice's deltas held back until choice 0's first
+    one has been yielded when ``hold``: that delta carries the prompt's text and logprobs
+    (``echo``, ``prompt_logprobs``), which each choice's first frame or chunk repeats.
+    Each choice's deltas keep their order."""
+    held: list[tuple[int, TextDelta]] = []
+    waiting = hold
+    async for i, delta in deltas:
+        if waiting and i != 0:
+            held.append((i, delta))
+            continue
+        yield i, delta
+        if waiting:
+            waiting = False
+            for item in held:
+                yield item
+            held = []
+    for item in held:  # choice 0 never came (it failed): the others as they were
+        yield item
 
 
 def mean_logprob(tally: Tally) -> float:

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from houchu.api.choices import best_choices, open_choices
+from houchu.api.choices import best_choices, open_choices, prompt_first
 from houchu.api.engine_client import EngineError
 from houchu.api.errors import api_error, error_body, json_response
 from houchu.api.limits import StreamGuard
@@ -135,7 +135,8 @@ async def _admitted(
     )
     reqs = parsed.to_generates(rid)
     async with open_choices(request.app, reqs, record) as deltas:
-        if parsed.stream:
+        if parsed.stream:  # each choice's first chunks repeat the prompt: choice 0's first
+            deltas = prompt_first(deltas, fmt.echo or fmt.prompt_logprobs)
             return await _stream(request, deltas, fmt, len(reqs))
         return await _aggregate(request, deltas, fmt, len(reqs), parsed.n)
 
@@ -200,7 +201,7 @@ async def _send_events(
 ) -> None:
     """Stream every choice's chunks, each with its ``index``. A choice's first chunks
     (the role, the echoed prompt) go out before its first content; the prompt comes
-    with choice 0's first delta, so the other choices' deltas wait for it."""
+    with choice 0's first delta, which ``prompt_first`` puts before the others'."""
 
     async def send(obj: Any) -> None:
         if client_gone(request):
@@ -210,8 +211,6 @@ async def _send_events(
 
     tallies = [Tally() for _ in range(count)]
     started = [False] * count
-    held: list[tuple[int, TextDelta]] = []  # deltas waiting for choice 0's prompt
-    needs_prompt = fmt.echo or fmt.prompt_logprobs
 
     async def emit(i: int, delta: TextDelta) -> None:
         tally = tallies[i]
@@ -229,15 +228,7 @@ async def _send_events(
 
     try:
         while item is not None:
-            i, delta = item
-            if needs_prompt and i != 0 and not started[0]:
-                held.append(item)
-            else:
-                await emit(i, delta)
-                if i == 0 and held:
-                    for j, d in held:
-                        await emit(j, d)
-                    held = []
+            await emit(*item)
             item = await anext(deltas, None)
     except EngineError as exc:  # e.g. an actor died: a finish chunk, the error, [DONE]
         err = api_error(exc)
@@ -248,8 +239,6 @@ async def _send_events(
         await send(error_body(err.message, type_=err.type, param=err.param, code=err.code))
         await resp.write(b"data: [DONE]\n\n")
         return
-    for j, d in held:  # choice 0 never came (cannot happen unless it failed)
-        await emit(j, d)
     for i, tally in enumerate(tallies):
         if tally.finish_reason is None:
             log.warning("engine ended %s without a finish reason", fmt.rid)

@@ -89,7 +89,7 @@ def _legacy(
 ) -> tuple[dict[str, Any], int]:
     """The legacy ``logprobs`` body of ``lps`` (a token without a log-probability, the
     prompt's first, gets null ``top_logprobs``) and the text offset after it."""
-    tokens, token_lps, tops, offsets = [], [], [], []
+    tokens, token_lps, tops = [], [], []
     for lp in lps:
         tokens.append(lp.token)
         token_lps.append(lp.logprob)
@@ -99,8 +99,7 @@ def _legacy(
             top = {t: p for t, _, p in lp.top[:top_n]}
             top.setdefault(lp.token, lp.logprob)
             tops.append(top)
-        offsets.append(offset)
-        offset += len(lp.token)
+    offsets, offset = text_offsets(lps, offset)
     body = {
         "tokens": tokens,
         "token_logprobs": token_lps,
@@ -110,17 +109,41 @@ def _legacy(
     return body, offset
 
 
-def ws_logprobs(lps: list[TokenLogprob], top_n: int) -> list[dict[str, Any]]:
-    """WebSocket format: one object per token, with token ids."""
-    return [
-        {
+def text_offsets(
+    lps: list[TokenLogprob] | list[PromptTokenLogprob], offset: int = 0
+) -> tuple[list[int], int]:
+    """The legacy ``text_offset`` of each token of ``lps``, counted in characters of the
+    tokens' texts from ``offset``, and the offset after the last. A token that splits a
+    UTF-8 character has U+FFFD as its text, one character, as vLLM counts it."""
+    offsets = []
+    for lp in lps:
+        offsets.append(offset)
+        offset += len(lp.token)
+    return offsets, offset
+
+
+def ws_logprobs(
+    lps: list[TokenLogprob] | list[PromptTokenLogprob],
+    top_n: int,
+    offsets: list[int] | None = None,
+) -> list[dict[str, Any]]:
+    """WebSocket format: one object per token, with token ids; a prompt token without a
+    log-probability (the first, with ``echo``) has null ``logprob`` and ``top_logprobs``.
+    With ``offsets`` (``text_offsets``, with ``echo``) each also has its
+    ``text_offset``."""
+    out = []
+    for k, lp in enumerate(lps):
+        top = None
+        if lp.logprob is not None:
+            top = [{"token": t, "token_id": i, "logprob": p} for t, i, p in lp.top[:top_n]]
+        entry: dict[str, Any] = {
             "token": lp.token,
             "token_id": lp.token_id,
             "logprob": lp.logprob,
             "bytes": list(lp.bytes_),
-            "top_logprobs": [
-                {"token": t, "token_id": i, "logprob": p} for t, i, p in lp.top[:top_n]
-            ],
+            "top_logprobs": top,
         }
-        for lp in lps
-    ]
+        if offsets is not None:
+            entry["text_offset"] = offsets[k]
+        out.append(entry)
+    return out

@@ -41,10 +41,11 @@ _ERROR_STATUSES = {
         "invalid request (the message and ``param`` name the problem; ``code`` is its kind: "
         "``invalid_value``, ``invalid_type``, ``unsupported_value`` (a field houchu knows "
         "but does not serve), ``invalid_grammar`` (a structured-output constraint that "
-        "does not compile), ``grammar_too_complex`` (one the grammar engine stopped "
+        "does not compile, or matches no text), ``grammar_too_complex`` (one the grammar engine stopped "
         "following during generation), ...)"
     ),
     "401": "missing or wrong API key (only with --api-key)",
+    "404": "``model`` names a model this server does not serve (``code``: ``model_not_found``)",
     "413": "request body too large",
     "429": "the server is at capacity; retry after ``Retry-After`` seconds",
     "503": "the engine is unavailable; retry after ``Retry-After`` seconds",
@@ -119,7 +120,7 @@ def _generate_op(refs: dict[str, dict], req: str, resp: str, summary: str) -> di
                 "text/event-stream": {"schema": {"type": "string"}},
             },
         },
-        **_errors(refs, "400", "401", "413", "429", "503"),
+        **_errors(refs, "400", "401", "404", "413", "429", "503"),
     }
     responses["429"]["headers"] = retry
     responses["503"]["headers"] = retry
@@ -137,7 +138,7 @@ def _post_op(refs: dict[str, dict], req: str, resp: str, summary: str) -> dict[s
         "requestBody": {"required": True, "content": _json(refs[req])},
         "responses": {
             "200": {"description": "the answer", "content": _json(refs[resp])},
-            **_errors(refs, "400", "401", "413", "503"),
+            **_errors(refs, "400", "401", "404", "413", "503"),
         },
         "security": [{"bearer": []}, {}],
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -37,6 +38,8 @@ class ParsedRequest:
     best_of: int = 1
     prompt_logprobs: int | None = None  # vLLM's field, as the client gave it
     suffix: str | None = None  # a completion's text after the answer (fill-in-the-middle)
+    #: a chat's template options (``houchu.api.chat_template.template_options``)
+    template: dict[str, Any] | None = None
 
     def record(self) -> dict[str, Value]:
         """The request's parameters as the dashboard records them
@@ -69,6 +72,7 @@ class ParsedRequest:
             sampling=self.sampling,
             arrival_time=time.time(),
             tools=None if self.tools is None else self.tools.template_tools,
+            **(self.template or {}),
         )
 
     def to_generates(self, rid: str) -> list[GenerateRequest]:
@@ -108,6 +112,7 @@ class ParsedRequest:
                     prefill_group=rid,
                     prefill_group_size=k,
                     tools=None if self.tools is None else self.tools.template_tools,
+                    **(self.template or {}),
                 )
             )
         return out

@@ -85,12 +85,15 @@ def decode_request(body: Body, kind: type[R], model_name: str, vocab_size: int =
 
 def check_model(model: str | None, model_name: str) -> None:
     """``model``, when given, must be the served ``model_name``. Raises ``ApiError``
-    (400, code ``model_not_found``)."""
+    (404, code ``model_not_found``, type ``invalid_request_error``: OpenAI's and vLLM's
+    answer to a model the server does not serve)."""
     if model is not None and model != model_name:
         raise ApiError(
-            f"The model '{model}' does not exist; this server serves '{model_name}'",
+            f"The model `{model}` does not exist; this server serves `{model_name}`",
+            status=404,
             param="model",
             code="model_not_found",
+            type_="invalid_request_error",
         )
 
 
@@ -219,6 +222,31 @@ def sampling_params(
         top_logprobs=top_n if logprobs else 0,
         structured=structured,
     )
+
+
+def with_echo(
+    sampling: SamplingParams, echo: bool, top_n: int | None, prompt_logprobs: int | None
+) -> SamplingParams:
+    """``sampling`` for a completion's ``echo`` (``POST /v1/completions`` and WebSocket
+    prompt frames alike): the prompt's text comes back first and, with logprobs
+    (``top_n`` alternatives; None: not asked for), its tokens' logprobs, so the prompt's
+    logprobs are computed with as many alternatives (or vLLM's ``prompt_logprobs``, if
+    more). ``max_tokens`` 0 is served only with ``echo`` (the prompt alone, as
+    evaluation harnesses score a text).
+
+    Raises:
+        ApiError: (400) ``max_tokens`` 0 without ``echo``.
+    """
+    if sampling.max_tokens == 0 and not echo:
+        raise ApiError(
+            "'max_tokens' must be at least 1 (0 is served with 'echo': the prompt alone)",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    if not echo:
+        return sampling
+    lps = prompt_logprobs if top_n is None else max(top_n, prompt_logprobs or 0)
+    return msgspec.structs.replace(sampling, echo=True, prompt_logprobs=lps)
 
 
 def check_grammar_conflicts(req: SamplingFields, grammar_param: str) -> None:

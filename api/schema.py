@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
+from houchu.api.schema_tools import ToolCallIn, ToolChoice, Tools
 from houchu.transport.messages import CHAT_ROLES, ROLE_ALIASES
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -49,8 +50,13 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 #: Why ``tools`` are refused on a completion (a prompt, not ``messages``).
 CHAT_ONLY = "are accepted on chat requests only"
 CHAT_ONLY_ONE = "is accepted on chat requests only"
+#: Why ``echo`` is refused on a WebSocket chat frame.
+PROMPT_ONLY = "is served on prompt frames only (as on POST /v1/completions), not with 'messages'"
 #: ``Meta.extra`` key of a field the gateway refuses unless neutral; its value says why.
 UNSUPPORTED = "unsupported"
+#: ``Meta.extra`` key of a string pattern said in words (error messages show these, not
+#: the regex): "must be <words>".
+PATTERN_WORDS = "pattern_words"
 
 
 def unsupported(why: str, **constraints: Any) -> Meta:
@@ -86,6 +92,17 @@ TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 #: unwrapped by the validator first: msgspec types cannot hold two array types).
 Prompt = Annotated[str, Meta(min_length=1)] | Annotated[list[TokenId], Meta(min_length=1)]
 Role = Literal[(*CHAT_ROLES, *ROLE_ALIASES)]  # type: ignore[valid-type]
+#: A completion's (``POST /v1/completions``, a WebSocket prompt frame) ``echo``.
+Echo = Annotated[bool, Meta(description="the prompt (and, with logprobs, its logprobs) first")]
+EchoMaxTokens = Annotated[
+    int, Meta(ge=0, description="0 only with echo: the prompt (and its logprobs)")
+]
+#: vLLM's chat-template fields (chat requests; ``houchu.api.chat_template``).
+TemplateKwargs = Annotated[
+    dict[str, Any], Meta(description="extra chat template variables, e.g. enable_thinking")
+]
+GenerationPrompt = Annotated[bool, Meta(description="end with the assistant's header (true)")]
+ContinueFinal = Annotated[bool, Meta(description="continue the last message (no header)")]
 
 
 class StreamOptions(Struct, omit_defaults=True):
@@ -109,7 +126,13 @@ class JsonSchemaFormat(Struct, kw_only=True):
     (else they are ignored)."""
 
     #: ``(?!\n)``: Python's ``$`` also matches before a final newline ("abc\n")
-    name: Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$(?!\n)")]
+    name: Annotated[
+        str,
+        Meta(
+            pattern=r"^[a-zA-Z0-9_-]{1,64}$(?!\n)",
+            extra={PATTERN_WORDS: "1-64 characters of a-z, A-Z, 0-9, _ or -"},
+        ),
+    ]
     schema: dict[str, Any] | None = None
     strict: bool | None = None
     description: str | None = None
@@ -144,21 +167,6 @@ class TextPart(Struct):
     text: str
 
 
-class CalledFunction(Struct, kw_only=True):
-    """The function an assistant's tool call named, and its arguments (JSON text)."""
-
-    name: str
-    arguments: str
-
-
-class ToolCallIn(Struct, kw_only=True):
-    """A tool call in an assistant turn of the history."""
-
-    id: str
-    type: Literal["function"] = "function"
-    function: CalledFunction
-
-
 class ChatMessageIn(Struct, kw_only=True):
     """One chat turn (``developer`` is read as ``system``); parts are joined by newlines.
     ``content`` may be null in an assistant turn that made ``tool_calls``; a ``tool``
@@ -172,41 +180,6 @@ class ChatMessageIn(Struct, kw_only=True):
 
 
 Messages = Annotated[list[ChatMessageIn], Meta(min_length=1)]
-#: Letters, digits, ``_``, ``.`` and ``-`` (checked by ``houchu.api.tools``).
-FunctionName = Annotated[str, Meta(min_length=1, max_length=64)]
-
-
-class FunctionDef(Struct, kw_only=True):
-    """A function the model may call: ``parameters`` is the JSON schema of its
-    arguments (default, as OpenAI's: no parameters, the arguments are ``{}``);
-    ``strict`` as in ``response_format``."""
-
-    name: FunctionName
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ToolDef(Struct, kw_only=True):
-    """One entry of ``tools``."""
-
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class ChosenFunction(Struct, kw_only=True):
-    name: str
-
-
-class NamedToolChoice(Struct, kw_only=True):
-    """``tool_choice: {"type": "function", "function": {"name": ...}}``: call it."""
-
-    type: Literal["function"]
-    function: ChosenFunction
-
-
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
-Tools = Annotated[list[ToolDef], Meta(max_length=128)]
 
 
 class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -277,18 +250,12 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
     as evaluation harnesses score it)."""
 
     prompt: Prompt
-    max_tokens: (
-        Annotated[int, Meta(ge=0, description="0 only with echo: the prompt (and its logprobs)")]
-        | None
-    ) = None
+    max_tokens: EchoMaxTokens | None = None
     logprobs: Annotated[int, Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
     tools: Annotated[list[Any], unsupported(CHAT_ONLY, max_length=0)] | None = None
     #: any value is refused by the request check (``validation``), with ``CHAT_ONLY_ONE``
     tool_choice: Annotated[Any, Meta(description=CHAT_ONLY_ONE)] | None = None
-    echo: (
-        Annotated[bool, Meta(description="the prompt (and, with logprobs, its logprobs) first")]
-        | None
-    ) = None
+    echo: Echo | None = None
     best_of: (
         Annotated[ChoiceCount, Meta(description="choices generated; the n most likely returned")]
         | None
@@ -308,7 +275,10 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
 #: the completions API's fields on the other APIs: refused unless at their neutral value
 #: (as OpenAI refuses them, rather than ignored)
 NoSuffix = Annotated[Literal[""], unsupported("is served on POST /v1/completions only")]
-NoEcho = Annotated[Literal[False], unsupported("is served on POST /v1/completions only")]
+NoEcho = Annotated[
+    Literal[False],
+    unsupported("is served on completions only (POST /v1/completions, WebSocket prompt frames)"),
+]
 
 
 class ChatCompletionRequest(
@@ -326,6 +296,9 @@ class ChatCompletionRequest(
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
+    add_generation_prompt: GenerationPrompt | None = None
+    continue_final_message: ContinueFinal | None = None
     suffix: NoSuffix | None = None
     echo: NoEcho | None = None
     best_of: (
@@ -339,18 +312,22 @@ class WsGenerateRequest(
 ):
     """A WebSocket generate frame (without its ``id`` and ``type``): ``prompt`` or
     ``messages``; ``logprobs`` is a boolean, or the number of alternatives per token
-    (which ``top_logprobs`` may also give)."""
+    (which ``top_logprobs`` may also give). ``echo`` (a prompt frame) as on
+    ``POST /v1/completions``: the prompt first, and ``max_tokens`` 0 the prompt alone."""
 
     prompt: Prompt | None = None
     messages: Messages | None = None
-    max_tokens: PositiveInt | None = None
+    max_tokens: EchoMaxTokens | None = None
     logprobs: bool | TopLogprobs | None = None
     top_logprobs: TopLogprobs | None = None
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
+    add_generation_prompt: GenerationPrompt | None = None
+    continue_final_message: ContinueFinal | None = None
     suffix: NoSuffix | None = None
-    echo: NoEcho | None = None
+    echo: Echo | None = None  # on a prompt frame only
     best_of: (
         Annotated[Literal[1], unsupported("is served on POST /v1/completions only (use 'n')")]
         | None
@@ -361,14 +338,17 @@ class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     """``POST /tokenize`` (vLLM's): ``prompt`` or chat ``messages``, not both.
     ``add_special_tokens`` (default true for a prompt, false for messages: the chat
     template writes its own) adds the BOS the model's tokenizer asks for;
-    ``add_generation_prompt`` (default true) ends the messages with the assistant's
-    turn; ``return_token_strs`` adds each token's text."""
+    ``add_generation_prompt`` (default true, false with ``continue_final_message``),
+    ``continue_final_message`` and ``chat_template_kwargs`` as on chat completions;
+    ``return_token_strs`` adds each token's text."""
 
     model: str | None = None
     prompt: str | None = None
     messages: Messages | None = None
     add_special_tokens: bool | None = None
-    add_generation_prompt: bool | None = None
+    add_generation_prompt: GenerationPrompt | None = None
+    continue_final_message: ContinueFinal | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
     return_token_strs: bool | None = None
 
 

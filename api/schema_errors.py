@@ -22,7 +22,7 @@ import msgspec
 from msgspec import inspect as mi
 
 from houchu.api.errors import ApiError
-from houchu.api.schema import UNSUPPORTED
+from houchu.api.schema import PATTERN_WORDS, UNSUPPORTED
 
 #: How an error message names a type msgspec names.
 _TYPE_NAMES = {
@@ -190,6 +190,9 @@ def _rule(text: str, types: Alternatives, value: Any) -> str:
         return f"must be {_one_of(values)}, got {_show(value)}"
     pattern = re.match(r"Expected `str` matching regex '(.*)'$", text)
     if pattern:
+        words = next((e[PATTERN_WORDS] for _, e in types if PATTERN_WORDS in e), None)
+        if words is not None:  # said in words: the regex means little to most clients
+            return f"must be {words}, got {_show(value)}"
         return f"must match the pattern {pattern[1]}, got {_show(value)}"
     bound = re.match(r"Expected `(\w+)`( of length)? ", text)
     kinds = _KINDS.get(bound[1], ()) if bound else ()

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
+from houchu.api.chat_template import refuse_on_prompt, template_options
 from houchu.api.errors import ApiError, json_response
 from houchu.api.schema import DetokenizeRequest, TokenizeRequest
 from houchu.api.schema_errors import validation_error
@@ -111,14 +112,15 @@ def tokenize_ids(tok: TextTokenizer, req: TokenizeRequest) -> list[int]:
                 param="add_generation_prompt",
                 code="invalid_value",
             )
+        refuse_on_prompt(req)
         special = True if req.add_special_tokens is None else req.add_special_tokens
         return tok.encode(req.prompt) if special else tok.encode_plain(req.prompt)
     assert req.messages is not None
     try:
-        text = tok.render_chat(
-            chat_messages(req.messages),
-            add_generation_prompt=req.add_generation_prompt is not False,
+        options = template_options(
+            req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message
         )
+        text = tok.render_chat(chat_messages(req.messages), **options)
     except TokenizerError as exc:
         raise ApiError(str(exc), param="messages", code="invalid_value") from None
     return tok.encode(text) if req.add_special_tokens else tok.encode_plain(text)

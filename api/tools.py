@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from houchu.api.errors import ApiError
-from houchu.api.schema import ChatCompletionRequest, NamedToolChoice, ToolDef, WsGenerateRequest
+from houchu.api.schema import ChatCompletionRequest, WsGenerateRequest
+from houchu.api.schema_tools import NamedToolChoice, ToolDef
 from houchu.api.structured import checked, json_schema_grammar
 from houchu.text.tool_calls import (
     FirstCallParser,

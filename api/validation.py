@@ -28,9 +28,8 @@ completions and WebSocket chat requests, capped at the context window.
 
 from __future__ import annotations
 
-import msgspec
-
 from houchu.api.chat_messages import chat_messages
+from houchu.api.chat_template import refuse_on_prompt, template_options
 from houchu.api.errors import ApiError
 from houchu.api.parsed_request import ParsedRequest
 from houchu.api.request_parts import (
@@ -43,12 +42,14 @@ from houchu.api.request_parts import (
     prompt_of,
     sampling_params,
     stream_flags,
+    with_echo,
 )
 from houchu.api.schema import (
     CHAT_ONLY,
     CHAT_ONLY_ONE,
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_COMPLETION_MAX_TOKENS,
+    PROMPT_ONLY,
     ChatCompletionRequest,
     CompletionRequest,
     WsGenerateRequest,
@@ -90,15 +91,7 @@ def parse_completion(
     sampling = sampling_params(req, max_tokens, logprobs=top_n is not None, top_n=top_n or 0)
     if req.suffix and req.echo:
         raise ApiError("'echo' cannot be used with 'suffix'", param="echo", code="invalid_value")
-    if max_tokens == 0 and not req.echo:
-        raise ApiError(
-            "'max_tokens' must be at least 1 (0 is served with 'echo': the prompt alone)",
-            param="max_tokens",
-            code="invalid_value",
-        )
-    if req.echo:
-        lps = req.prompt_logprobs if top_n is None else max(top_n, req.prompt_logprobs or 0)
-        sampling = msgspec.structs.replace(sampling, echo=True, prompt_logprobs=lps)
+    sampling = with_echo(sampling, bool(req.echo), top_n, req.prompt_logprobs)
     return ParsedRequest(
         sampling=sampling,
         prompt=prompt,
@@ -134,11 +127,15 @@ def parse_chat(
     logprobs = bool(req.logprobs)
     tools = tool_setup(req)
     n, _ = choice_counts(req.n, None, stream)
+    template = template_options(
+        req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message
+    )
     return ParsedRequest(
         sampling=sampling_params(
             req, max_tokens, logprobs=logprobs, top_n=req.top_logprobs or 0, tools=tools
         ),
         messages=chat_messages(req.messages),
+        template=template,
         stream=stream,
         include_usage=include_usage,
         tools=tools,
@@ -179,11 +176,23 @@ def parse_ws_generate(
     if messages is None and (req.tools or req.tool_choice is not None):
         name, why = ("tools", CHAT_ONLY) if req.tools else ("tool_choice", CHAT_ONLY_ONE)
         raise ApiError(f"'{name}' {why}", param=name, code="unsupported_value")
+    if messages is not None and req.echo:
+        raise ApiError(f"'echo' {PROMPT_ONLY}", param="echo", code="unsupported_value")
+    template = None
+    if messages is None:
+        refuse_on_prompt(req)
+    else:
+        template = template_options(
+            req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message
+        )
     max_tokens = max_tokens_of(req.max_tokens, "max_tokens", default, max_context)
     tools = tool_setup(req)
     n, _ = choice_counts(req.n, None, True)
+    sampling = sampling_params(req, max_tokens, logprobs=logprobs, top_n=top_n, tools=tools)
     return ParsedRequest(
-        sampling=sampling_params(req, max_tokens, logprobs=logprobs, top_n=top_n, tools=tools),
+        sampling=with_echo(
+            sampling, bool(req.echo), top_n if logprobs else None, req.prompt_logprobs
+        ),
         prompt=prompt,
         prompt_ids=prompt_ids,
         messages=messages,
@@ -191,4 +200,5 @@ def parse_ws_generate(
         n=n,
         best_of=n,
         prompt_logprobs=req.prompt_logprobs,
+        template=template,
     )

@@ -7,7 +7,10 @@ The client sends JSON text frames:
   OpenAI API (``max_tokens``, ``temperature``, ``stop``, ...); ``logprobs`` is a boolean
   or an integer 0..20 (that many alternatives per token), ``top_logprobs`` 0..20.
   ``id`` is a string or an integer; when it is missing the server assigns one, and the
-  request's frames carry it.
+  request's frames carry it. A ``messages`` frame also takes ``tools``, ``tool_choice``
+  and vLLM's chat template fields (``chat_template_kwargs``, ``add_generation_prompt``,
+  ``continue_final_message``: ``houchu.api.chat_template``); a ``prompt`` frame takes
+  ``echo`` (below).
 - ``{"type": "abort", "id": "<client id>"}`` aborts that request.
 
 The server answers with frames carrying the client's ``id``:
@@ -15,7 +18,13 @@ The server answers with frames carrying the client's ``id``:
 - ``{"id", "type": "delta", "text", "token_ids"}`` (plus ``"logprobs"``: a list of
   ``{"token", "token_id", "logprob", "bytes", "top_logprobs"}`` when asked for; the
   first delta has ``"prompt_logprobs"`` when asked for: vLLM's list, ``null`` for the
-  first prompt token). With ``tools`` a delta's ``text`` is the reply's content only
+  first prompt token). With ``"echo": true`` on a prompt frame (as on
+  ``POST /v1/completions``; ``max_tokens`` 0: the prompt alone) each choice's first delta
+  is the prompt's, marked ``"echo": true``: ``text`` is the prompt, ``token_ids`` empty,
+  and with logprobs its tokens' entries (the first's ``logprob`` and ``top_logprobs``
+  null); every logprobs entry then also has ``text_offset``, the legacy one: characters
+  of the tokens' texts from the start of the prompt (``houchu.api.ws_jobs``).
+  With ``tools`` a delta's ``text`` is the reply's content only
   (never the call markup) and ``"tool_calls"`` carries OpenAI's tool-call deltas, as the
   SSE stream has them (``houchu.api.ws_jobs``); then
 - one ``{"id", "type": "final", "finish_reason", "usage", "text": ""}`` (with tools, also
@@ -53,11 +62,11 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
-from houchu.api.choices import open_choices
+from houchu.api.choices import open_choices, prompt_first
 from houchu.api.engine_client import EngineError
 from houchu.api.errors import ApiError, api_error
 from houchu.api.limits import SlowReader, StreamGuard
-from houchu.api.openai_format import usage_of, vllm_prompt_logprobs, ws_logprobs
+from houchu.api.openai_format import usage_of
 from houchu.api.state import STATE_KEY
 from houchu.api.validation import ParsedRequest, parse_ws_generate
 from houchu.api.ws_jobs import ClientId, WsJob
@@ -204,6 +213,7 @@ class WsSession:
             parsed.sampling.top_logprobs,
             n=len(reqs),
             prompt_logprobs=parsed.prompt_logprobs is not None,
+            echo=parsed.sampling.echo,
             parser=parsed.tools.parser(state.tool_call_parser) if parsed.tools else None,
             record=parsed.record(),
         )
@@ -234,19 +244,9 @@ class WsSession:
     async def _generate(self, job: WsJob, reqs: list[GenerateRequest]) -> None:
         """Stream one admitted request's deltas (of every choice), then its final frame."""
         async with open_choices(self._app, reqs, job.record) as deltas:
-            async for i, delta in deltas:
-                job.tallies[i].add(delta)
-                prompt = delta.prompt_logprobs is not None and job.prompt_logprobs
-                text, calls = delta.text, []
-                if job.tools is not None:  # the content only; the calls as their deltas
-                    text, calls = job.tool_delta(i, delta.text)
-                if text or calls or delta.token_ids or delta.logprobs or prompt:
-                    out = job.delta_frame(i, text, calls, delta.token_ids)
-                    if job.logprobs:
-                        out["logprobs"] = ws_logprobs(delta.logprobs or [], job.top_n)
-                    if prompt:
-                        out["prompt_logprobs"] = vllm_prompt_logprobs(delta.prompt_logprobs)
-                    await self.send(out)
+            async for i, delta in prompt_first(deltas, job.echo):
+                for frame in job.frames(i, delta):
+                    await self.send(frame)
         for i in range(job.n if job.tools is not None else 0):
             text, calls = job.tool_delta(i, None)  # what the parser held to the end
             if text or calls:

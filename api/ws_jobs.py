@@ -1,7 +1,15 @@
-"""A WebSocket request in flight (``houchu.api.ws_api``): the tally of each choice and,
-for a chat request with ``tools``, each choice's tool-call parser, which splits the
-model's text into the reply's content (a delta frame's ``text``) and OpenAI tool-call
-deltas, as the SSE stream does (``houchu.api.openai_format.ChatFormatter``)."""
+"""A WebSocket request in flight (``houchu.api.ws_api``): the tally of each choice, the
+``delta`` frames its engine deltas make and, for a chat request with ``tools``, each
+choice's tool-call parser, which splits the model's text into the reply's content (a
+delta frame's ``text``) and OpenAI tool-call deltas, as the SSE stream does
+(``houchu.api.openai_format.ChatFormatter``).
+
+With ``echo`` (a prompt frame) each choice's first frame is the prompt's: a ``delta``
+with ``"echo": true``, the prompt as ``text`` and, with logprobs, its tokens' logprobs
+(the first token's ``logprob`` and ``top_logprobs`` null), as ``POST /v1/completions``
+puts the prompt before each choice's text; every logprobs entry then has the legacy
+``text_offset`` (characters of the tokens' texts, the prompt's then the choice's:
+``houchu.api.openai_logprobs.text_offsets``)."""
 
 from __future__ import annotations
 
@@ -9,9 +17,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from houchu.api.openai_format import Tally, tool_finish
+from houchu.api.openai_format import Tally, tool_finish, vllm_prompt_logprobs, ws_logprobs
+from houchu.api.openai_logprobs import text_offsets
 from houchu.text.tool_call_streams import ToolCallStream
 from houchu.text.tool_calls import ToolCallParser
+from houchu.transport.messages import PromptTokenLogprob, TextDelta, TokenLogprob
 
 ClientId = str | int
 
@@ -19,13 +29,16 @@ ClientId = str | int
 @dataclass
 class WsJob:
     """One request in flight on a WebSocket: its choices' tallies, and with tools the
-    parser of each choice's reply (``houchu.text.tool_call_streams``)."""
+    parser of each choice's reply (``houchu.text.tool_call_streams``). ``echo``: each
+    choice's frames start with the prompt's (its deltas come after choice 0's first,
+    which carries the prompt: ``houchu.api.choices.prompt_first``)."""
 
     client_id: ClientId
     logprobs: bool
     top_n: int
     n: int = 1
     prompt_logprobs: bool = False
+    echo: bool = False
     tallies: list[Tally] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
     parser: ToolCallParser | None = None  # parses tool calls (a chat with tools)
@@ -33,12 +46,58 @@ class WsJob:
     content: list[list[str]] = field(default_factory=list)  # per choice: text not a call
     #: the request's parameters for the dashboard (``ParsedRequest.record``)
     record: dict[str, float | int | str] | None = None
+    started: list[bool] = field(default_factory=list)  # per choice: a delta came
+    offsets: list[int] = field(default_factory=list)  # per choice: next text_offset
 
     def __post_init__(self) -> None:
         self.tallies = [Tally() for _ in range(self.n)]
+        self.started = [False] * self.n
+        self.offsets = [0] * self.n
         if self.parser is not None:
             self.tools = [self.parser.stream() for _ in range(self.n)]
             self.content = [[] for _ in range(self.n)]
+
+    def frames(self, i: int, delta: TextDelta) -> list[dict[str, Any]]:
+        """Fold choice ``i``'s ``delta`` into its tally; the frames to send for it: with
+        ``echo``, the prompt's frame before the choice's first, then a ``delta`` frame
+        when there is anything new. vLLM's ``prompt_logprobs`` go on the first frame."""
+        self.tallies[i].add(delta)
+        out: list[dict[str, Any]] = []
+        if self.echo and not self.started[i]:
+            out.append(self._echo_frame(i))
+        self.started[i] = True
+        prompt = delta.prompt_logprobs is not None and self.prompt_logprobs
+        text, calls = delta.text, []
+        if self.tools is not None:  # the content only; the calls as their deltas
+            text, calls = self.tool_delta(i, delta.text)
+        if text or calls or delta.token_ids or delta.logprobs or (prompt and not out):
+            out.append(self.delta_frame(i, text, calls, delta.token_ids))
+            if self.logprobs:
+                out[-1]["logprobs"] = self._logprobs(i, delta.logprobs or [])
+        if prompt and out:
+            out[0]["prompt_logprobs"] = vllm_prompt_logprobs(delta.prompt_logprobs)
+        return out
+
+    def _echo_frame(self, i: int) -> dict[str, Any]:
+        """Choice ``i``'s echo of the prompt (held by choice 0's tally): its text, and
+        its tokens' logprobs when asked for (their ids are there; ``token_ids`` lists
+        generated tokens only, so it is empty)."""
+        prompt = self.tallies[0]
+        frame = self.delta_frame(i, prompt.prompt_text or "", [], [])
+        frame["echo"] = True
+        if self.logprobs:
+            frame["logprobs"] = self._logprobs(i, prompt.prompt_logprobs or [])
+        return frame
+
+    def _logprobs(
+        self, i: int, lps: list[TokenLogprob] | list[PromptTokenLogprob]
+    ) -> list[dict[str, Any]]:
+        """The WebSocket logprobs entries of ``lps`` (choice ``i``'s next tokens), with
+        their ``text_offset`` when ``echo``."""
+        offsets = None
+        if self.echo:
+            offsets, self.offsets[i] = text_offsets(lps, self.offsets[i])
+        return ws_logprobs(lps, self.top_n, offsets)
 
     def delta_frame(
         self, i: int, text: str, calls: list[dict[str, Any]], token_ids: list[int]

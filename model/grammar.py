@@ -28,9 +28,10 @@ A matcher that has finished allows only the end-of-sequence tokens, so the reque
 ends. A matcher that enters an error state (llguidance hit one of its limits on this
 grammar: an Earley row above ``max_items_in_row``, a lexer that builds too many states,
 "too many expressions constructed"; limits it cannot check when compiling, since it
-builds its lexer lazily) fails its request: ``RequestGrammar.failure`` gives the 400 the
-runner reports in ``StepResult.failures`` (that row's mask allows only EOS until the
-scheduler drops the request; the other rows go on).
+builds its lexer lazily), or whose grammar matches no text at all, fails its request:
+``RequestGrammar.failure`` gives the 400 (``houchu.model.grammar_errors``) the runner
+reports in ``StepResult.failures`` (that row's mask allows only EOS until the scheduler
+drops the request; the other rows go on).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from houchu.model.grammar_errors import first_line, matcher_failure
 from houchu.model.grammar_tokenizer import GrammarTokenizer, TokenizerUnavailable
 from houchu.transport.failures import bad_request, internal
 from houchu.transport.messages import Failure
@@ -60,8 +62,6 @@ log = logging.getLogger(__name__)
 
 #: The ledger's name for the mask computation hidden behind the forward pass.
 LEVER = "structured_output_mask"
-#: ``Failure.code`` of a grammar llguidance stopped following during generation.
-GRAMMAR_TOO_COMPLEX = "grammar_too_complex"
 _BITS = torch.arange(32, dtype=torch.int32)  # [32]
 
 
@@ -123,14 +123,7 @@ class RequestGrammar:
         if self.reported or not self.matcher.is_error():
             return None
         self.reported = True
-        why = _first_line(self.matcher.get_error())
-        where = f"'{self.param}'" if self.param else "the structured output constraint"
-        return bad_request(
-            f"{where} is too complex for the grammar engine (llguidance stopped after "
-            f"{self.consumed} output tokens: {why}); simplify it",
-            code=GRAMMAR_TOO_COMPLEX,
-            param=self.param or None,
-        )
+        return matcher_failure(self.matcher.get_error(), self.consumed, self.param)
 
     def fill(self, bitmask: torch.Tensor, row: int, drafts: Sequence[int]) -> None:
         """Write the masks of rows ``row .. row + m`` of ``bitmask`` (``[R, W]`` int32,
@@ -174,7 +167,7 @@ class RequestGrammar:
                     "request %s: grammar matcher stopped at token %d: %s",
                     self.rid,
                     t,
-                    _first_line(m.get_error()),
+                    first_line(m.get_error()),
                 )
                 return
             self.consumed += 1
@@ -257,7 +250,7 @@ class GrammarEngine:
         matcher = llguidance.LLMatcher(tok, spec.grammar, log_level=0, limits=limits)
         if matcher.is_error():
             raise ValueError(
-                f"request {rid!r}: grammar does not compile: {_first_line(matcher.get_error())}"
+                f"request {rid!r}: grammar does not compile: {first_line(matcher.get_error())}"
             )
         return RequestGrammar(matcher, tok.eos_tokens, spec.kind, rid, spec.param)
 
@@ -338,11 +331,6 @@ class GrammarEngine:
         self.steps = 0
         self._per_request = {}
         return out
-
-
-def _first_line(message: str) -> str:
-    """llguidance's error without the parser state it may append."""
-    return message.strip().split("\n", 1)[0].strip() or "no reason given"
 
 
 def constrained_rows(rows: Sequence[_Row]) -> list[int]:

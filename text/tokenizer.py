@@ -119,24 +119,23 @@ class TextTokenizer:
         self,
         messages: Sequence[ChatMessage],
         tools: list[dict[str, Any]] | None = None,
-        *,
-        add_generation_prompt: bool = True,
+        **options: Any,
     ) -> str:
         """The chat template rendered as text, with the assistant generation prompt
-        (unless ``add_generation_prompt`` is false).
+        (``options`` as :meth:`apply_chat_template` takes them).
 
         Raises :class:`TokenizerError` when there are no messages, a role is not one of
         system / user / assistant / tool (``developer`` counts as system), the model has
-        no chat template, or the template fails (for example ``raise_exception``).
+        no chat template, or the template fails (for example ``raise_exception``, or a
+        final message to continue that the template does not write out).
         """
-        return str(
-            self._apply_template(
-                messages, tools, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
-        )
+        return str(self._apply_template(messages, tools, tokenize=False, **options))
 
     def apply_chat_template(
-        self, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        tools: list[dict[str, Any]] | None = None,
+        **options: Any,
     ) -> list[int]:
         """Token ids of a chat prompt, ending with the assistant generation prompt.
 
@@ -145,10 +144,14 @@ class TextTokenizer:
         added. ``tools``: OpenAI ``tools`` entries, the template's ``tools`` variable
         (a template that does not read it ignores them). An assistant turn's tool calls
         reach the template as ``tool_calls`` (``function.arguments`` decoded from JSON
-        when it parses), a tool turn's ``tool_call_id`` and ``name`` as such. Raises
+        when it parses), a tool turn's ``tool_call_id`` and ``name`` as such.
+        ``options`` (vLLM's chat fields): ``add_generation_prompt`` (default true),
+        ``continue_final_message`` (default false: the last message is left open for
+        the model to continue; not with ``add_generation_prompt``) and
+        ``chat_template_kwargs`` (extra template variables, or None). Raises
         :class:`TokenizerError` as :meth:`render_chat` does.
         """
-        ids = self._apply_template(messages, tools, tokenize=True)
+        ids = self._apply_template(messages, tools, tokenize=True, **options)
         if hasattr(ids, "keys"):  # a BatchEncoding despite return_dict=False
             ids = ids["input_ids"]
         return [int(i) for i in ids]
@@ -160,6 +163,8 @@ class TextTokenizer:
         *,
         tokenize: bool,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> Any:
         """Validate ``messages`` and run transformers' template renderer."""
         if self.chat_template is None:
@@ -172,8 +177,10 @@ class TextTokenizer:
                 turns,
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
                 tokenize=tokenize,
                 return_dict=False,
+                **(chat_template_kwargs or {}),
             )
         except Exception as exc:  # jinja2 errors, raise_exception(), bad template input
             raise TokenizerError(f"chat template of {self.name!r} failed: {exc}") from exc

@@ -110,6 +110,10 @@ class GenerateRequest(Struct, tag=True, kw_only=True):
     alone: the choices of one group share one prompt, which the scheduler prefills once
     (``houchu.scheduler.groups``). ``prefill_group_size``: how many choices the group has
     (the gateway sends each as its own request; the scheduler starts them together).
+    The chat template of ``messages`` is rendered with ``tools``, the extra variables
+    ``chat_template_kwargs``, ``add_generation_prompt`` (end with the assistant's turn
+    header) and ``continue_final_message`` (leave the last message open: the model
+    continues it), as transformers' ``apply_chat_template`` takes them (vLLM's fields).
     """
 
     rid: str
@@ -122,6 +126,9 @@ class GenerateRequest(Struct, tag=True, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     prefill_group: str = ""
     prefill_group_size: int = 1
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 class AbortRequest(Struct, tag=True):

@@ -11,7 +11,8 @@ import aiohttp
 async def ws_generate(ws_url: str, payload: dict[str, Any]) -> dict[str, Any]:
     """Send one request over a fresh WebSocket; collect its deltas and final frame.
 
-    Returns {"text", "token_ids", "deltas", "tool_calls" (the deltas'), "final", "error"}.
+    Returns {"text", "token_ids", "deltas", "tool_calls" (the deltas'), "frames" (the
+    delta frames), "final", "error"}.
     """
     async with aiohttp.ClientSession() as s, s.ws_connect(ws_url) as ws:
         await ws.send_json({"id": "t", **payload})
@@ -24,6 +25,7 @@ async def ws_collect(ws: aiohttp.ClientWebSocketResponse, rid: str) -> dict[str,
         "token_ids": [],
         "deltas": [],
         "tool_calls": [],
+        "frames": [],
         "final": None,
         "error": None,
     }
@@ -32,6 +34,7 @@ async def ws_collect(ws: aiohttp.ClientWebSocketResponse, rid: str) -> dict[str,
         if frame.get("id") != rid:
             continue
         if frame["type"] == "delta":
+            out["frames"].append(frame)
             out["deltas"].append(frame["text"])
             out["text"] += frame["text"]
             out["token_ids"] += frame.get("token_ids", [])

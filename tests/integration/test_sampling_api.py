@@ -10,7 +10,7 @@ import pytest
 import torch
 from openai import BadRequestError, OpenAI
 
-from tests.integration.client import get_json, ws_generate
+from tests.integration.client import get_json, post_json, ws_generate
 
 pytestmark = pytest.mark.slow
 
@@ -178,6 +178,49 @@ def test_echo_with_max_tokens_0_scores_the_prompt_alone(client, hf_prompt_logpro
     with pytest.raises(BadRequestError) as e:  # without echo there would be nothing to return
         client.completions.create(**{**kw, "echo": False})
     assert e.value.body["param"] == "max_tokens"
+
+
+def test_websocket_echo_means_what_completions_echo_means(server, client):
+    """``echo`` + ``logprobs`` on a WebSocket prompt frame: the prompt's text, then its
+    tokens' logprobs (the first null), alternatives and text offsets, as
+    ``POST /v1/completions`` returns them for the same request."""
+    kw = {"prompt": "The cat sat", "max_tokens": 2, "temperature": 0}
+    http = client.completions.create(model=_model(client), **kw, echo=True, logprobs=1)
+    ws = _ws(server, **kw, echo=True, logprobs=1)
+    echo = ws["frames"][0]
+    assert echo["echo"] and echo["text"] == kw["prompt"] and echo["token_ids"] == []
+    assert ws["text"] == http.choices[0].text
+    entries = [e for f in ws["frames"] for e in f.get("logprobs", [])]
+    lp = http.choices[0].logprobs
+    assert len(entries) == len(echo["logprobs"]) + 2
+    assert [e["token"] for e in entries] == lp.tokens
+    assert [e["text_offset"] for e in entries] == lp.text_offset
+    assert entries[0]["logprob"] is None and entries[0]["top_logprobs"] is None
+    got = torch.tensor([e["logprob"] for e in entries[1:]])
+    torch.testing.assert_close(got, torch.tensor(lp.token_logprobs[1:]), rtol=0, atol=1e-4)
+    for e, top in zip(entries[1:], lp.top_logprobs[1:], strict=True):
+        assert {t["token"]: t["logprob"] for t in e["top_logprobs"]}.keys() <= top.keys()
+
+
+def test_continue_final_message_reaches_the_engines_template(server, client):
+    """vLLM's ``continue_final_message``: the engine renders the open final message (the
+    prompt's tokens are ``/tokenize``'s for the same fields, fewer than with a new
+    assistant turn), over HTTP chat and a WebSocket chat frame alike."""
+    msgs = [
+        {"role": "user", "content": "Count to five."},
+        {"role": "assistant", "content": "1, 2, 3,"},
+    ]
+    opts = {"continue_final_message": True, "add_generation_prompt": False}
+    status, ids = asyncio.run(post_json(f"{server.url}/tokenize", {"messages": msgs, **opts}))
+    assert status == 200, ids
+    kw = {"model": _model(client), "messages": msgs, "max_tokens": 3, "temperature": 0}
+    out = client.chat.completions.create(**kw, extra_body=opts)
+    assert out.usage.prompt_tokens == ids["count"]
+    new_turn = client.chat.completions.create(**kw)
+    assert new_turn.usage.prompt_tokens > ids["count"]
+    ws = _ws(server, messages=msgs, max_tokens=3, temperature=0, **opts)
+    assert ws["final"]["usage"]["prompt_tokens"] == ids["count"]
+    assert ws["text"] == out.choices[0].message.content
 
 
 def test_bad_input_is_a_400_and_the_server_keeps_serving(client):

@@ -27,6 +27,7 @@ CROSS_FIELD_PARAMS = {
     "allowed_token_ids",  # not beside a grammar
     "best_of",
     "echo",
+    "continue_final_message",  # not beside add_generation_prompt: true
 }
 #: Fields whose text is a language of its own (a regex, a grammar, a JSON schema, tool
 #: names), or whose rule spans fields (one constraint; content unless a tool call; a
@@ -34,6 +35,7 @@ CROSS_FIELD_PARAMS = {
 #: checked by the validator, not by the document.
 CHECKED_BEYOND_SCHEMA = re.compile(
     r"(response_format|structured_outputs|guided_\w+|regex|ebnf|tools|tool_choice"
+    r"|chat_template_kwargs"
     r"|messages\[\d+\]\.(content|tool_call_id))\b"
 )
 PARSERS = {"/v1/completions": parse_completion, "/v1/chat/completions": parse_chat}

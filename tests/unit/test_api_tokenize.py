@@ -77,7 +77,6 @@ async def test_messages_tokens_are_the_chat_templates(api: Api, tok: TextTokeniz
         ("/tokenize", {"prompt": "a", "add_generation_prompt": True}, "add_generation_prompt"),
         ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
         ("/tokenize", {"messages": []}, "messages"),
-        ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
         ("/detokenize", {}, "tokens"),
         ("/detokenize", {"tokens": [1, -1]}, "tokens"),
         ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
@@ -90,6 +89,16 @@ async def test_bad_input_is_a_400(api: Api, path: str, body: dict[str, Any], par
     assert_openai_error(answer, param)
     status, _ = await api.post("/tokenize", {"prompt": "still serving"})
     assert status == 200
+
+
+@pytest.mark.parametrize(
+    "path,body", [("/tokenize", {"prompt": "a"}), ("/detokenize", {"tokens": [1]})]
+)
+async def test_a_model_not_served_is_a_404(api: Api, path: str, body: dict[str, Any]) -> None:
+    status, answer = await api.post(path, {**body, "model": "gpt-4o"})
+    assert status == 404, answer
+    err = assert_openai_error(answer, "model")
+    assert (err["type"], err["code"]) == ("invalid_request_error", "model_not_found")
 
 
 async def test_without_a_tokenizer_it_is_a_503() -> None:

@@ -174,3 +174,18 @@ async def test_tools_on_a_prompt_are_refused_alike_over_http_and_websocket(
     assert body["error"]["code"] == frame["error"]["code"] == "unsupported_value"
     assert body["error"]["message"] == frame["error"]["message"] == message
     assert body["error"]["param"] == frame["error"]["param"] == field
+
+
+async def test_an_empty_tools_array_is_refused_alike_over_http_and_websocket() -> None:
+    """``tools: []`` is a 400 (OpenAI refuses an empty array), not a chat without tools."""
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "tools": []}
+    async with serve(ScriptedEngine("x")) as api:
+        status, body = await api.post("/v1/chat/completions", chat)
+        async with api.client.ws_connect("/ws") as ws:
+            await ws.send_json({"id": "t", **chat})
+            (frame,) = (await collect(ws, {"t"}))["t"]
+        assert api.engine.requests == []
+    assert status == 400 and frame["type"] == "error" and frame["status"] == 400
+    assert body["error"] == frame["error"]
+    assert body["error"]["param"] == "tools" and body["error"]["code"] == "invalid_value"
+    assert body["error"]["message"] == "'tools' must have 1 to 128 items, got 0"

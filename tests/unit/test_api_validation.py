@@ -157,6 +157,7 @@ CHAT_BAD: list[tuple[dict[str, Any], str]] = [
         "tool_choice",
     ),
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": []}, "tools"),  # OpenAI refuses an empty array
     ({"tools": [WEATHER], "tool_choice": "required", "regex": "a"}, "tool_choice"),
     ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
     (
@@ -209,11 +210,12 @@ def _ids(cases: list[tuple[dict[str, Any], str]]) -> list[str]:
 
 async def _bad_then_good(api: Api, path: str, good: dict[str, Any], extra: dict, param: str):
     status, body = await api.post(path, {**good, **extra})
-    assert status == 400, body
+    unknown_model = param == "model" and isinstance(extra["model"], str)
+    assert status == (404 if unknown_model else 400), body  # 404: as OpenAI and vLLM
     err = assert_openai_error(body, param)
     assert err["type"] == "invalid_request_error"
     assert err["code"], err  # every 400 says what kind of error it is
-    if param == "model" and isinstance(extra["model"], str):
+    if unknown_model:
         assert err["code"] == "model_not_found"
     status, body = await api.post(path, good)
     assert status == 200, body
@@ -230,6 +232,26 @@ async def test_bad_completion_is_400(api: Api, extra: dict, param: str) -> None:
 async def test_bad_chat_is_400(api: Api, extra: dict, param: str) -> None:
     await _bad_then_good(api, "/v1/chat/completions", CHAT, extra, param)
     assert len(api.engine.requests) == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/ws"])
+async def test_a_model_not_served_is_a_404_as_openai_answers(api: Api, path: str) -> None:
+    """OpenAI and vLLM answer 404 ``model_not_found`` (type ``invalid_request_error``);
+    on the WebSocket the error frame's ``status`` is the same."""
+    good = CHAT if "chat" in path else CMPL
+    if path == "/ws":
+        async with api.client.ws_connect("/ws") as ws:
+            await ws.send_json({"id": 1, **good, "model": "gpt-4o"})
+            frame = await ws.receive_json(timeout=5)
+        assert (frame["type"], frame["status"]) == ("error", 404), frame
+        body = {"error": frame["error"]}
+    else:
+        status, body = await api.post(path, {**good, "model": "gpt-4o"})
+        assert status == 404, body
+    err = assert_openai_error(body, "model")
+    assert (err["type"], err["code"]) == ("invalid_request_error", "model_not_found")
+    assert err["message"].startswith("The model `gpt-4o` does not exist")
+    assert api.engine.requests == []
 
 
 async def test_missing_prompt_and_messages(api: Api) -> None:

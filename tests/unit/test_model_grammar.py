@@ -343,3 +343,25 @@ def test_overlap_placeholders_keep_the_grammar_in_step(model_dir, tok) -> None:
         w.use_last_sampled = True
         got.append(r.execute(StepPlan(step_id=len(got), work=[w])).outputs[0].token_id)
     assert got == want
+
+
+@pytest.mark.parametrize("pattern", [r"[^\x00-\x{10FFFF}]", r"ab[^\x00-\x{10FFFF}]+"])
+def test_a_regex_that_matches_no_text_says_so(runner, tok, pattern: str) -> None:
+    """A regex that compiles but matches no text (no character is outside U+0000..
+    U+10FFFF) fails its request at its first step with a 400 that says the regex
+    matches no text, not that it is too complex; the free request beside it goes on."""
+    spec = StructuredOutput(kind="regex", grammar=_regex(pattern), param="guided_regex")
+    reqs = {
+        "g": (tok.encode("Once upon"), SamplingParams(temperature=0.0)),
+        "x": (tok.encode("Letters:"), SamplingParams(temperature=0.0, structured=spec)),
+    }
+    pages = {"g": list(range(16)), "x": list(range(16, 32))}
+    init = [SeqInit(rid=r, sampling=sp, prompt_ids=p) for r, (p, sp) in reqs.items()]
+    work = [_work(r, p, 0, pages[r]) for r, (p, _) in reqs.items()]
+    res = runner.execute(StepPlan(step_id=0, init=init, work=work))
+    assert set(res.failures) == {"x"}
+    f = res.failures["x"]
+    assert (f.status, f.code, f.param) == (400, "invalid_grammar", "guided_regex")
+    assert f.message.startswith("'guided_regex' matches no text")
+    assert "too complex" not in f.message
+    assert "g" in {o.rid for o in res.outputs}

@@ -268,3 +268,39 @@ def test_template_reads_tools(tok: TextTokenizer) -> None:
     assert reads_variable("{% if tools %}{{ tools | tojson }}{% endif %}", "tools")
     assert not reads_variable("{% set tools = [] %}{{ tools }}{{ messages }}", "tools")
     assert not reads_variable("{% if %}", "tools")  # does not parse
+
+
+def test_chat_template_options_match_transformers(tok: TextTokenizer, hf: Any) -> None:
+    """vLLM's ``add_generation_prompt`` and ``continue_final_message`` give
+    transformers' ids: a continued final message is left open (no end of turn)."""
+    messages = [ChatMessage("user", "Name a colour."), ChatMessage("assistant", "The colour is")]
+    turns = [{"role": m.role, "content": m.content} for m in messages]
+    for opts in (
+        {"add_generation_prompt": False},
+        {"add_generation_prompt": False, "continue_final_message": True},
+    ):
+        assert tok.apply_chat_template(messages, **opts) == hf.apply_chat_template(
+            turns, tokenize=True, return_dict=False, **opts
+        )
+    open_text = tok.render_chat(messages, add_generation_prompt=False, continue_final_message=True)
+    assert open_text.endswith("The colour is")
+    assert tok.render_chat(messages, add_generation_prompt=False).startswith(open_text)
+
+
+def test_chat_template_kwargs_are_template_variables(hf_dir: Path, tmp_path: Path) -> None:
+    path = tmp_path / "kwargs"
+    shutil.copytree(hf_dir, path)
+    set_template(
+        path,
+        "{% if enable_thinking is defined and not enable_thinking %}NO-THINK|{% endif %}"
+        "{% if style is defined %}{{ style.tone }}{% else %}plain{% endif %}|"
+        "{% for m in messages %}{{ m.content }}|{% endfor %}",
+    )
+    local = load_tokenizer(path)
+    messages = [ChatMessage("user", "Hi")]
+    kwargs = {"enable_thinking": False, "style": {"tone": "dry"}}
+    assert local.render_chat(messages, chat_template_kwargs=kwargs) == "NO-THINK|dry|Hi|"
+    assert local.render_chat(messages) == "plain|Hi|"
+    assert local.apply_chat_template(messages, chat_template_kwargs=kwargs) == local.encode_plain(
+        "NO-THINK|dry|Hi|"
+    )
