@@ -56,6 +56,9 @@ class Lever:
         lossy: ``(weights, kv_dtype)`` whose top-1 agreement and Δlogprob against the
             exact path are measured (``houchu.model.quality``); None for exact levers.
         why_not: the reason it cannot apply on a machine, or None when it can.
+        requires: levers that must be on for it to run at all (the host KV tier sits
+            below the radix cache): a configuration with it has them on too, and its
+            gains are measured against those levers alone, not the baseline.
     """
 
     name: str
@@ -66,6 +69,7 @@ class Lever:
     ledger: tuple[str, ...]
     lossy: tuple[str, str] | None = None
     why_not: Callable[[Machine], str | None] = field(default=lambda m: None)
+    requires: tuple[str, ...] = ()
 
     @property
     def bottleneck(self) -> str:
@@ -135,6 +139,7 @@ LEVERS: tuple[Lever, ...] = (
         ("--host-kv-mb", "512"),
         ("--host-kv-mb", "0"),
         ("kv_tiers",),
+        requires=("radix-cache",),
     ),
     Lever(
         "chunked-prefill",
@@ -247,6 +252,11 @@ LEVERS: tuple[Lever, ...] = (
         ("--data-parallel-size", "2"),
         ("--data-parallel-size", "1"),
         ("data_parallel",),
+        why_not=lambda m: (
+            "the sweep drives one engine's WebSocket API and reads its /stats and database; "
+            "with --data-parallel-size 2 the port is smg's HTTP router: measured by "
+            "python -m houchu.bench.replicas_bench"
+        ),
     ),
     Lever(
         "tensor-parallel",

@@ -102,16 +102,17 @@ def analyze(
     levers = []
     for lv in plan.levers:
         name = Config(frozenset({lv.name})).name
+        ref = plan.reference(lv.name).name  # the baseline, or the levers it requires
         per_load = []
         for x in loads:
-            on, base = cells.get((name, x)), cells.get(("baseline", x))
+            on, base = cells.get((name, x)), cells.get((ref, x))
             effects = {key: (gain(on, base, m) if on and base else None) for key, m in EFFECTS}
             per_load.append(
                 {
                     "load": x,
                     "gain": effects,
                     "metrics": on.metrics if on else None,
-                    "binding_baseline": bind("baseline", x),
+                    "binding_baseline": bind(ref, x),
                     "binding_on": bind(name, x),
                     "ledger": lever_ledger(on, lv.ledger),
                 }
@@ -122,6 +123,7 @@ def analyze(
         levers.append(
             {
                 "lever": lv.name,
+                "against": ref,
                 "title": lv.title,
                 "verb": lv.verb,
                 "bottleneck": lv.bottleneck,

@@ -88,15 +88,31 @@ class SweepPlan:
     skipped_pairs: dict[str, str] = field(default_factory=dict)
 
     def configs(self) -> list[Config]:
-        """Baseline, then each lever alone, then each pair."""
+        """Baseline, then each lever alone, then each pair; a lever that requires others
+        (``Lever.requires``) is measured against them alone, so that configuration is
+        added where the sweep has no such config."""
         out = [Config(frozenset())]
         out += [Config(frozenset({lv.name})) for lv in self.levers]
         out += [Config(frozenset(p)) for p in self.pairs]
+        for lv in self.levers:
+            ref = self.reference(lv.name)
+            if ref not in out:
+                out.insert(1, ref)
         return out
 
+    def reference(self, name: str) -> Config:
+        """The configuration lever ``name``'s gains are measured against: the baseline,
+        or the swept levers it requires alone (one not swept is on in the baseline)."""
+        swept = {lv.name for lv in self.levers}
+        return Config(frozenset(self.lever(name).requires) & swept)
+
     def flags(self, config: Config) -> list[str]:
-        """``houchu serve`` flags of a configuration: each swept lever's on or off flags."""
-        return merge_flags([lv.flags(lv.name in config.on, self.machine) for lv in self.levers])
+        """``houchu serve`` flags of a configuration: each swept lever's on or off flags
+        (on also where a lever that is on requires it)."""
+        on = set(config.on)
+        for name in config.on:
+            on |= set(lever(name).requires)
+        return merge_flags([lv.flags(lv.name in on, self.machine) for lv in self.levers])
 
     def lever(self, name: str) -> Lever:
         """A swept lever by name."""
@@ -177,6 +193,9 @@ def build_plan(
         key = f"{a}+{b}"
         if a in na or b in na:
             skipped[key] = f"{a if a in na else b} is not applicable here"
+        elif b in by[a].requires or a in by[b].requires:
+            need, has = (a, b) if b in by[a].requires else (b, a)
+            skipped[key] = f"{need} runs with {has} on: its gains are measured against {has} alone"
         elif not can_pair(by[a], by[b]):
             skipped[key] = "they set the same flag: they cannot be on together"
         else:

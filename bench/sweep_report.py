@@ -86,7 +86,8 @@ def lever_table(answers: dict[str, Any], unit: str) -> Table:
             f"{unit}={p['load']:g}:{_gain(p['gain']['throughput'])}" for p in lv["loads"]
         )
         t.add_row(
-            lv["lever"],
+            lv["lever"]
+            + (f" (vs {lv['against']})" if lv.get("against", "baseline") != "baseline" else ""),
             lv["bottleneck"],
             f"{_binding(at['binding_baseline'])} → {_binding(at['binding_on'])}",
             _ledger_text(at["ledger"], "saved"),

@@ -208,3 +208,13 @@ def test_a_stored_record_is_answered_again_the_same():
     assert record_limits(record).copy_gbs == pytest.approx(10.0)
     with pytest.raises(ValueError):
         reanalyze({"settings": {}}, SERVE_FLAGS, frozenset())
+
+
+def test_a_required_levers_gain_is_over_the_config_it_requires():
+    plan = build_plan(["radix-cache", "kv-tiers"], "none", [Load("concurrency", 4)], 1, CPU)
+    runs = [run("baseline", 4, 100.0), run("radix-cache", 4, 200.0), run("kv-tiers", 4, 220.0)]
+    facts = {c: ServerFacts(10.0, 1e8, 1e8, 1000.0, 1456, "float32", "none") for c in ("baseline",)}
+    a = analyze(plan, runs, facts, None, frozenset({"fp32"}), {}, 4.0)
+    tiers = next(lv for lv in a["levers"] if lv["lever"] == "kv-tiers")
+    assert tiers["against"] == "radix-cache"
+    assert tiers["throughput_gain_curve"] == pytest.approx([1.1])  # 220 / 200, not 2.2

@@ -190,3 +190,26 @@ def test_recommendation_picks_the_best_measured_configuration():
     assert recommend(cells, 64) is None
     with pytest.raises(ValueError):
         recommend(cells, 16, "nope")
+
+
+def test_a_lever_that_requires_another_runs_with_it_and_is_measured_against_it():
+    """The host KV tier sits below the radix cache: with radix-cache swept (off in the
+    baseline) kv-tiers runs with it on, its gains come from radix-cache alone, and the
+    pair of the two is no pair."""
+    plan = build_plan(["radix-cache", "kv-tiers"], "interacting", LOADS, 1, CPU)
+    assert (
+        plan.pairs == []
+        and "kv-tiers runs with radix-cache on" in (plan.skipped_pairs["radix-cache+kv-tiers"])
+    )
+    tiers = plan.flags(Config(frozenset({"kv-tiers"})))
+    assert "--disable-radix-cache" not in tiers and tiers[-2:] == ["--host-kv-mb", "512"]
+    assert plan.reference("kv-tiers") == Config(frozenset({"radix-cache"}))
+    assert plan.reference("radix-cache") == Config(frozenset())
+    alone = build_plan(["kv-tiers"], "none", LOADS, 1, CPU)  # radix on in the baseline
+    assert [c.name for c in alone.configs()] == ["baseline", "kv-tiers"]
+    assert alone.reference("kv-tiers") == Config(frozenset())
+
+
+def test_data_parallel_is_listed_as_not_measured_by_the_sweep():
+    plan = build_plan(["int4", "data-parallel"], "none", LOADS, 1, CPU)
+    assert "replicas_bench" in plan.not_applicable["data-parallel"]
