@@ -96,11 +96,15 @@ class HouchuWsBackend:
         self._ids = itertools.count()
 
     async def start(self) -> None:
-        """Open the sockets."""
+        """Open the sockets (on a failure, what was opened is closed before it raises)."""
         self._session = aiohttp.ClientSession()
         self._sockets = [_Socket(self._session, self.url) for _ in range(self.connections)]
-        for s in self._sockets:
-            await s.ensure_open()
+        try:
+            for s in self._sockets:
+                await s.ensure_open()
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Close the sockets."""

@@ -335,3 +335,15 @@ async def test_openai_resends_once_on_a_closed_kept_alive_connection(fake_openai
         await b.close()
     assert ok.ok and ok.output_tokens == 4 and len(bodies) == 1
     assert bad.error == "connection" and len(calls) == 4
+
+
+async def test_ws_backend_that_cannot_connect_closes_its_session() -> None:
+    """A refused handshake (a router without /ws, say) raises and leaves no open session
+    behind (aiohttp would warn "Unclosed client session" at exit)."""
+    app = web.Application()  # no /ws route: the handshake gets a 404
+    async with TestServer(app) as server:
+        url = f"ws://127.0.0.1:{server.port}/ws"
+        backend = HouchuWsBackend(url, GenParams("completions", 0.0, True, 10.0, None, None), 2)
+        with pytest.raises(Exception, match="404"):
+            await backend.start()
+        assert backend._session is None  # noqa: SLF001 (what close() releases)
