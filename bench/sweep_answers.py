@@ -111,6 +111,8 @@ def analyze(
                 {
                     "load": x,
                     "gain": effects,
+                    # the gain's noise: twice the larger spread of the two cells' repeats
+                    "tolerance": noise_tolerance(on, base) if on and base else None,
                     "metrics": on.metrics if on else None,
                     "binding_baseline": bind(ref, x),
                     "binding_on": bind(name, x),

@@ -11,6 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from houchu.bench.sweep_analysis import MAX_TOLERANCE
+
 _SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
@@ -33,6 +35,13 @@ def amount(value: float, unit: str) -> str:
 def _ledger_text(ledger: dict[str, float], kind: str) -> str:
     parts = [amount(v, k.split(" ", 1)[1]) for k, v in ledger.items() if k.startswith(kind) and v]
     return ", ".join(parts) or "-"
+
+
+def _noisy(point: dict) -> str:
+    """`` (noisy)`` after a gain whose cells' repeats spread more than a verdict allows
+    (``sweep_analysis.MAX_TOLERANCE``, as the composition's ``noisy``)."""
+    tol = point.get("tolerance")
+    return " (noisy)" if tol is not None and tol > MAX_TOLERANCE else ""
 
 
 def _gain(g: float | None) -> str:
@@ -73,7 +82,8 @@ def lever_table(answers: dict[str, Any], unit: str) -> Table:
         title=f"Levers: the four questions (at {unit}={target:g} unless a load is named)",
         caption="binding: the constraint of the step time, its ideal time at the matmul peak "
         "/ at the memory bandwidth as % of the measured step, and the mean step; gains: "
-        "above 1x the lever helped (throughput on/off; TTFT, TPOT off/on)",
+        "above 1x the lever helped (throughput on/off; TTFT, TPOT off/on); (noisy): the "
+        "repeats of the lever's or its reference's runs spread too much to read the gain",
     )
     for col in ("lever", "targets", "binding: baseline → on", "saved", "spent"):
         t.add_column(col, overflow="fold")
@@ -83,7 +93,7 @@ def lever_table(answers: dict[str, Any], unit: str) -> Table:
     for lv in answers["levers"]:
         at = next((p for p in lv["loads"] if p["load"] == target), lv["loads"][-1])
         curve = " ".join(
-            f"{unit}={p['load']:g}:{_gain(p['gain']['throughput'])}" for p in lv["loads"]
+            f"{unit}={p['load']:g}:{_gain(p['gain']['throughput'])}{_noisy(p)}" for p in lv["loads"]
         )
         t.add_row(
             lv["lever"]

@@ -4,6 +4,7 @@ constraint, the records' JSON and the answers drawn from them."""
 from __future__ import annotations
 
 import pytest
+from rich.console import Console
 
 from houchu.bench.lever_table import lever
 from houchu.bench.runner_limits import Limits
@@ -218,3 +219,24 @@ def test_a_required_levers_gain_is_over_the_config_it_requires():
     tiers = next(lv for lv in a["levers"] if lv["lever"] == "kv-tiers")
     assert tiers["against"] == "radix-cache"
     assert tiers["throughput_gain_curve"] == pytest.approx([1.1])  # 220 / 200, not 2.2
+
+
+def test_a_gain_over_cells_whose_repeats_spread_is_marked_noisy():
+    from houchu.bench.sweep_report import lever_table
+
+    plan = build_plan(["int4", "radix-cache"], "none", [Load("concurrency", 4)], 2, CPU)
+    runs = [run("baseline", 4, 100.0, 0), run("baseline", 4, 200.0, 1)]  # 67% spread
+    runs += [run("int4", 4, 200.0, 0), run("int4", 4, 204.0, 1)]
+    runs += [run("radix-cache", 4, 150.0, 0), run("radix-cache", 4, 150.0, 1)]
+    facts = {"baseline": ServerFacts(10.0, 1e8, 1e8, 1000.0, 1456, "float32", "none")}
+    a = analyze(plan, runs, facts, None, frozenset({"fp32"}), {}, 4.0)
+    int4 = next(lv for lv in a["levers"] if lv["lever"] == "int4")
+    assert int4["loads"][0]["tolerance"] == pytest.approx(2 * 100 / 150)
+    console = Console(record=True, width=250)
+    console.print(lever_table(a, "c"))
+    assert "c=4:1.35x (noisy)" in console.export_text()
+    quiet = [r for r in runs if not (r.config == "baseline" and r.repeat == 1)]
+    a = analyze(plan, quiet, facts, None, frozenset({"fp32"}), {}, 4.0)
+    console = Console(record=True, width=250)
+    console.print(lever_table(a, "c"))
+    assert "x (noisy)" not in console.export_text() and "c=4:2.02x" in console.export_text()
