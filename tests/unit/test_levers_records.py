@@ -239,4 +239,5 @@ def test_a_gain_over_cells_whose_repeats_spread_is_marked_noisy():
     a = analyze(plan, quiet, facts, None, frozenset({"fp32"}), {}, 4.0)
     console = Console(record=True, width=250)
     console.print(lever_table(a, "c"))
-    assert "x (noisy)" not in console.export_text() and "c=4:2.02x" in console.export_text()
+    text = console.export_text()
+    assert "x (noisy)" not in text and "c=4:2.02x" in text
