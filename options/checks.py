@@ -102,6 +102,11 @@ def _check_deterministic(parser: argparse.ArgumentParser, args: argparse.Namespa
         check_options(o, device)
     except DeterministicUnsupported as e:
         parser.error(str(e))
+    if isa.choose(args.cpu_isa) == "generic" and args.quantization != "none":
+        parser.error(
+            "--deterministic needs houchu's C++ CPU kernels for quantized weights: drop "
+            "--cpu-isa generic (or serve the exact path, --quantization none)"
+        )
 
 
 def _check_gateway(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -83,23 +83,21 @@ def test_startup_and_stats_say_what_is_pinned(det_server: Server) -> None:
 
 
 def test_a_refused_combination_is_one_line_without_a_traceback(real_model_path: Path) -> None:
-    """``--deterministic`` with int8 activations: the runner refuses at start-up; the
-    server exits 1 with the reason on one line, and no traceback."""
+    """``--deterministic`` with int8 activations, or without the C++ kernels on a
+    quantized model: refused while the flags are checked, before any actor starts; exit
+    status 2, the reason on one line and a ``--help`` hint, no traceback."""
     import subprocess
     import sys
 
     cmd = [sys.executable, "-m", "houchu.cli", "serve", "--model", str(real_model_path)]
-    flags = [
-        "--port",
-        str(free_port()),
-        "--deterministic",
-        "--int4-activations",
-        "int8",
-        "--compile",
-        "off",
-    ]
-    done = subprocess.run([*cmd, *flags], capture_output=True, text=True, timeout=180)
-    out = done.stdout + done.stderr
-    assert done.returncode == 1, out
-    assert "--deterministic pins float activations: drop --int4-activations int8" in out, out
-    assert "Traceback" not in out, out
+    for flags, reason in (
+        (["--int4-activations", "int8"], "pins float activations: drop --int4-activations int8"),
+        (["--cpu-isa", "generic"], "needs houchu's C++ CPU kernels for quantized weights"),
+    ):
+        args = ["--port", str(free_port()), "--deterministic", *flags]
+        done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=180)
+        out = done.stdout + done.stderr
+        assert done.returncode == 2, out
+        first, hint = out.strip().splitlines()
+        assert first.startswith("houchu serve: error: --deterministic") and reason in first
+        assert "--help" in hint and "actor" not in out and "Traceback" not in out

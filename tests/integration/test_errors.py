@@ -27,7 +27,6 @@ BAD_CHAT = [
     {**GOOD_CHAT, "max_tokens": 0},
     {**GOOD_CHAT, "max_tokens": 1.5},
     {**GOOD_CHAT, "top_logprobs": 50, "logprobs": True},
-    {**GOOD_CHAT, "model": "no-such-model"},
     {**GOOD_CHAT, "n": 129},
     {**GOOD_CHAT, "logit_bias": {"999999": 5}},  # a token id outside the vocabulary
     {**GOOD_CHAT, "max_tokens": 100000},
@@ -51,6 +50,17 @@ def test_bad_chat_gets_400(server, body):
     status, resp = asyncio.run(post_json(f"{server.url}/v1/chat/completions", body))
     assert status == 400 and _is_openai_error(resp), resp
     status, resp = asyncio.run(post_json(f"{server.url}/v1/chat/completions", GOOD_CHAT))
+    assert status == 200, resp
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_model_not_served_gets_404_model_not_found(server, path):
+    """As OpenAI and vLLM answer: 404, code ``model_not_found``; the server keeps serving."""
+    good = GOOD_CHAT if "chat" in path else {"prompt": "Hi", "max_tokens": 2}
+    status, resp = asyncio.run(post_json(f"{server.url}{path}", {**good, "model": "no-such"}))
+    assert status == 404 and _is_openai_error(resp), resp
+    assert resp["error"]["code"] == "model_not_found" and resp["error"]["param"] == "model"
+    status, resp = asyncio.run(post_json(f"{server.url}{path}", good))
     assert status == 200, resp
 
 
