@@ -31,6 +31,7 @@ from houchu.api.engine_client import EngineError
 from houchu.api.errors import api_error, error_body, json_response
 from houchu.api.limits import StreamGuard
 from houchu.api.openai_format import ChatFormatter, CompletionFormatter, Formatter, Tally
+from houchu.api.request_parts import check_model
 from houchu.api.state import INFO_WAIT_S, STATE_KEY
 from houchu.api.tokenize import with_suffix
 from houchu.api.validation import ParsedRequest, decode_body, parse_chat, parse_completion
@@ -67,11 +68,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, parse_chat, ChatFormatter, "chatcmpl")
 
 
-async def models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: the one served model (503 while the runner loads)."""
+async def _model_object(request: web.Request) -> dict[str, Any]:
+    """The served model as OpenAI's model object (503 while the runner loads)."""
     state = request.app[STATE_KEY]
     limits = await state.runner_limits(INFO_WAIT_S)
-    model = {
+    return {
         "id": state.model_name,
         "object": "model",
         "created": state.created,
@@ -80,7 +81,18 @@ async def models(request: web.Request) -> web.Response:
         "parent": None,
         "max_model_len": limits.max_context,
     }
-    return json_response({"object": "list", "data": [model]})
+
+
+async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: the one served model (503 while the runner loads)."""
+    return json_response({"object": "list", "data": [await _model_object(request)]})
+
+
+async def model(request: web.Request) -> web.Response:
+    """``GET /v1/models/{model}`` (the ``openai`` client's ``models.retrieve``): the
+    served model's object, or 404 ``model_not_found`` for any other id."""
+    check_model(request.match_info["model"], request.app[STATE_KEY].model_name)
+    return json_response(await _model_object(request))
 
 
 def add_routes(app: web.Application) -> None:
@@ -88,6 +100,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)
 
 
 # ------------------------------------------------------------------------ driver

@@ -22,6 +22,7 @@ from houchu.api.responses import (
     DetokenizeResponse,
     ErrorResponse,
     Health,
+    Model,
     ModelList,
     TokenizeResponse,
 )
@@ -58,6 +59,7 @@ SCHEMA_TYPES: tuple[type, ...] = (
     ChatCompletionRequest,
     Completion,
     ChatCompletion,
+    Model,
     ModelList,
     ErrorResponse,
     Health,
@@ -185,6 +187,18 @@ def openapi_document(model_name: str | None = None, max_context: int | None = No
                 {"description": "one model", "content": _json(refs["ModelList"])},
                 secured=True,
             )
+        },
+        "/v1/models/{model}": {
+            "get": {
+                **_get_op(
+                    "The served model by id (404 model_not_found for another id)",
+                    {"description": "the model", "content": _json(refs["Model"])},
+                    secured=True,
+                ),
+                "parameters": [
+                    {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+            }
         },
         "/health": {
             "get": {

@@ -312,3 +312,13 @@ async def test_unknown_route_and_method_are_json_errors(api: Api) -> None:
 def test_make_app_rejects_bad_context() -> None:
     with pytest.raises(ValueError):
         make_app(FakeEngine(), model_name=MODEL, max_context=0)
+
+
+async def test_a_model_by_id(api: Api) -> None:
+    """``GET /v1/models/{id}``: the ``openai`` client's ``models.retrieve``."""
+    async with api.client.get(f"/v1/models/{MODEL}") as r:
+        body = await r.json()
+    assert r.status == 200 and body["id"] == MODEL and body["object"] == "model"
+    async with api.client.get("/v1/models/gpt-4o") as r:
+        body = await r.json()
+    assert r.status == 404 and body["error"]["code"] == "model_not_found"

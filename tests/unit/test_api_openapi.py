@@ -70,7 +70,8 @@ async def test_document_is_served_and_names_every_http_route(api: Api) -> None:
         for m, p in routes(api.client.app)
         if m != "HEAD" and p not in ("/ws", "/openapi.json") and not p.startswith("/dashboard")
     }
-    documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
+    # a path parameter as the route list writes it ({model} -> 1)
+    documented = {(m, re.sub(r"\{[^}]+\}", "1", p)) for p, ops in doc["paths"].items() for m in ops}
     assert http_routes == documented
     props = doc["components"]["schemas"]["CompletionRequest"]["properties"]
     assert props["model"]["anyOf"][0]["enum"] == [MODEL]
