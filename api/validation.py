@@ -77,6 +77,8 @@ def parse_completion(
     ``logprobs`` asks for the prompt's logprobs with as many alternatives. Raises
     ``ApiError`` (400)."""
     req = decode_request(body, CompletionRequest, model_name, vocab_size)
+    if req.tools is not None:  # even [] (the schema lets an empty list through)
+        raise ApiError(f"'tools' {CHAT_ONLY}", param="tools", code="unsupported_value")
     if req.tool_choice is not None:  # as on a WebSocket prompt frame
         raise ApiError(
             f"'tool_choice' {CHAT_ONLY_ONE}", param="tool_choice", code="unsupported_value"
@@ -173,8 +175,10 @@ def parse_ws_generate(
             param="prompt",
             code="missing_required_parameter",
         )
-    if messages is None and (req.tools or req.tool_choice is not None):
-        name, why = ("tools", CHAT_ONLY) if req.tools else ("tool_choice", CHAT_ONLY_ONE)
+    if messages is None and (req.tools is not None or req.tool_choice is not None):
+        name, why = (
+            ("tools", CHAT_ONLY) if req.tools is not None else ("tool_choice", CHAT_ONLY_ONE)
+        )
         raise ApiError(f"'{name}' {why}", param=name, code="unsupported_value")
     if messages is not None and req.echo:
         raise ApiError(f"'echo' {PROMPT_ONLY}", param="echo", code="unsupported_value")

@@ -189,3 +189,18 @@ async def test_an_empty_tools_array_is_refused_alike_over_http_and_websocket() -
     assert body["error"] == frame["error"]
     assert body["error"]["param"] == "tools" and body["error"]["code"] == "invalid_value"
     assert body["error"]["message"] == "'tools' must have 1 to 128 items, got 0"
+
+
+async def test_an_empty_tools_array_on_a_prompt_is_refused_as_any_tools_are() -> None:
+    """On completions and WebSocket prompt frames any ``tools`` value, ``[]`` included,
+    is a 400: tools belong to chat requests."""
+    prompt = {"prompt": "Hi", "max_tokens": 2, "tools": []}
+    async with serve(ScriptedEngine("x")) as api:
+        status, body = await api.post("/v1/completions", prompt)
+        async with api.client.ws_connect("/ws") as ws:
+            await ws.send_json({"id": "t", **prompt})
+            (frame,) = (await collect(ws, {"t"}))["t"]
+        assert api.engine.requests == []
+    assert status == 400 and frame["type"] == "error" and frame["status"] == 400
+    assert body["error"]["param"] == frame["error"]["param"] == "tools"
+    assert "accepted on chat requests only" in body["error"]["message"]
