@@ -84,10 +84,11 @@ def decode_request(body: Body, kind: type[R], model_name: str, vocab_size: int =
 
 
 def check_model(model: str | None, model_name: str) -> None:
-    """``model``, when given, must be the served ``model_name``. Raises ``ApiError``
-    (404, code ``model_not_found``, type ``invalid_request_error``: OpenAI's and vLLM's
-    answer to a model the server does not serve)."""
-    if model is not None and model != model_name:
+    """``model``, when given, must be the served ``model_name`` (an empty string means
+    the served model, as vLLM reads it). Raises ``ApiError`` (404, code
+    ``model_not_found``, type ``invalid_request_error``: OpenAI's and vLLM's answer to a
+    model the server does not serve)."""
+    if model and model != model_name:
         raise ApiError(
             f"The model `{model}` does not exist; this server serves `{model_name}`",
             status=404,

@@ -322,3 +322,10 @@ async def test_a_model_by_id(api: Api) -> None:
     async with api.client.get("/v1/models/gpt-4o") as r:
         body = await r.json()
     assert r.status == 404 and body["error"]["code"] == "model_not_found"
+
+
+async def test_an_empty_model_name_means_the_served_model(api: Api) -> None:
+    """``"model": ""`` is the served model, as vLLM reads it (not a 404)."""
+    body = {"model": "", "prompt": "Hi", "max_tokens": 2}
+    async with api.client.post("/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
