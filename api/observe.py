@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from houchu.api.record_params import PRIVATE_KEYS, Value, choice_record, sampling_record
+from houchu.api.record_params import PRIVATE_KEYS, Value, choice_record, shape_record
 from houchu.transport.messages import GenerateRequest, TextDelta
 
 if TYPE_CHECKING:  # no import cycle: metrics -> errors -> engine_client -> observe
@@ -27,12 +27,7 @@ def request_params(req: GenerateRequest) -> dict[str, Value]:
     """The request's parameters and shape as its wire request carries them, as flat
     event data (``houchu.api.record_params``); a choice of a several-choice request
     also names its ``parent``, ``choice`` index and ``choices`` count."""
-    out: dict[str, Value] = {"api": "chat" if req.messages is not None else "completion"}
-    out.update(sampling_record(req.sampling))
-    if req.messages is not None:
-        out["messages"] = len(req.messages)
-    out.update(choice_record(req))
-    return out
+    return {**shape_record(req.messages, req.sampling), **choice_record(req)}
 
 
 def arrived_params(
@@ -43,12 +38,12 @@ def arrived_params(
     echo every choice does not carry) when given, else ``request_params(req)``; either way
     the choice's own ``seed`` and its link to its ``parent``. ``private``: keep
     ``PRIVATE_KEYS`` (tool names)."""
-    out = request_params(req)
-    if record is not None:
-        seed = out.get("seed")
+    if record is None:
+        out = request_params(req)
+    else:
         out = {**record, **choice_record(req)}
-        if seed is not None:  # choice i samples with seed + i
-            out["seed"] = seed
+        if req.sampling.seed is not None:  # choice i samples with seed + i
+            out["seed"] = req.sampling.seed
     if not private:
         for key in PRIVATE_KEYS:
             out.pop(key, None)

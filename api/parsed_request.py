@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from houchu.api.record_params import Value, sampling_record, tools_record
+from houchu.api.record_params import Value, shape_record, tools_record
 from houchu.api.schema import SEED_RANGE
 from houchu.api.tools import ToolSetup
 from houchu.transport.messages import ChatMessage, GenerateRequest, SamplingParams
@@ -47,10 +47,7 @@ class ParsedRequest:
         them (every choice's, less a choice's own seed), the API, the number of chat
         turns, ``n`` and ``best_of`` (above one), ``suffix`` (its length, characters) and
         the tools."""
-        out: dict[str, Value] = {"api": "chat" if self.messages is not None else "completion"}
-        out.update(sampling_record(self.sampling))
-        if self.messages is not None:
-            out["messages"] = len(self.messages)
+        out = shape_record(self.messages, self.sampling)
         if self.n > 1 or self.best_of > 1:
             out["n"] = self.n
         if self.best_of > self.n:

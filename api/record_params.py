@@ -41,6 +41,16 @@ def listed(items: Sequence[object]) -> str:
     return f"{len(items)}: {first(items)}"[:MAX_CHARS]
 
 
+def shape_record(messages: Sequence[object] | None, s: SamplingParams) -> dict[str, Value]:
+    """``api`` (chat or completion), the sampling parameters (``sampling_record``) and a
+    chat's number of ``messages``: what every request's record starts with."""
+    out: dict[str, Value] = {"api": "chat" if messages is not None else "completion"}
+    out.update(sampling_record(s))
+    if messages is not None:
+        out["messages"] = len(messages)
+    return out
+
+
 def sampling_record(s: SamplingParams) -> dict[str, Value]:
     """The sampling parameters of ``s`` (the defaults of the optional ones left out)."""
     out: dict[str, Value] = {
