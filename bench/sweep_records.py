@@ -100,6 +100,10 @@ class ServerFacts:
         kv_pool_tokens: tokens the KV pool holds.
         dtype: the model dtype (float32, bfloat16).
         weights: the weight format (``none``, ``int4-g32``, ``int8``, ``w8a8``).
+        matmul_params: weights one token's forward multiplies, the LM head left out
+            (0: not on the line, an older record).
+        lm_head_params: the LM head's weights (vocabulary x hidden), multiplied only by
+            the rows that sample.
     """
 
     startup_s: float
@@ -109,9 +113,13 @@ class ServerFacts:
     kv_pool_tokens: int = 0
     dtype: str = ""
     weights: str = "none"
+    matmul_params: float = 0.0
+    lm_head_params: float = 0.0
 
 
-_PARAMS = re.compile(r"([\d.]+)M params, (\w+) on")
+_PARAMS = re.compile(
+    r"([\d.]+)M params(?: \(matmul ([\d.]+)M/token, LM head ([\d.]+)M\))?, (\w+) on"
+)
 _POOL = re.compile(r"= (\d+) tokens, [\d.]+ MiB \((\d+) B/token\)")
 _WEIGHTS = re.compile(r"weights ([\w-]+): ([\d.]+) MiB/step")
 
@@ -121,13 +129,17 @@ def parse_runner_line(line: str, startup_s: float) -> ServerFacts:
     dtype, KV pool, and weight bytes per step (with unquantized weights, the parameters
     at the dtype's size). Fields the line lacks stay 0.
 
-    Example line: ``houchu runner: llama 'X', 134.5M params, float32 on cpu, 30 layers,
+    Example line: ``houchu runner: llama 'X', 134.5M params (matmul 77.9M/token, LM head
+    28.3M), float32 on cpu, 30 layers,
     KV pool 91 pages x 16 = 1456 tokens, 64.0 MiB (46080 B/token), ...; weights
     int4-g32: 90.4 MiB/step (0.35x the bytes of bf16); ...``
     """
     facts = ServerFacts(startup_s)
     if m := _PARAMS.search(line):
-        facts.params, facts.dtype = float(m.group(1)) * 1e6, m.group(2)
+        facts.params, facts.dtype = float(m.group(1)) * 1e6, m.group(4)
+        if m.group(2):
+            facts.matmul_params = float(m.group(2)) * 1e6
+            facts.lm_head_params = float(m.group(3)) * 1e6
     if m := _POOL.search(line):
         facts.kv_pool_tokens, facts.kv_bytes_per_token = int(m.group(1)), float(m.group(2))
     if m := _WEIGHTS.search(line):

@@ -3,8 +3,11 @@
 Per step, ``time ≈ max(FLOPs / compute peak, bytes / bandwidth)`` (docs/architecture.md).
 Over a run's forward steps (``StepTotals``):
 
-- FLOPs: ``2 × parameters × tokens computed`` (the matmuls; attention is small at the
-  short contexts of a bench workload and is left out);
+- FLOPs: ``2 × matmul weights per token × tokens computed + 2 × LM head weights × rows
+  sampled`` (every decode token, and one row per request's prefill); the embedding is
+  a lookup, and attention is small at the short contexts of a bench workload: both
+  are left out. A record without the matmul split (older runner lines) counts
+  ``2 × parameters × tokens``;
 - bytes: ``weight bytes per step × steps`` (matmul weights as stored, from the runner's
   start-up line) ``+ KV bytes per token × (tokens written + decode tokens × mean
   context)``, the mean context being the run's mean prompt plus half its mean output;
@@ -56,6 +59,14 @@ def compute_format(facts: ServerFacts, native: frozenset[str]) -> str:
     return "bf16" if "bf16" in native else "fp32"
 
 
+def _flops(facts: ServerFacts, tokens: int, sampled: int) -> float:
+    """Matmul FLOPs of ``tokens`` computed tokens of which ``sampled`` rows reached the
+    LM head (see the module docstring)."""
+    if not facts.matmul_params:
+        return 2.0 * facts.params * tokens
+    return 2.0 * (facts.matmul_params * tokens + facts.lm_head_params * sampled)
+
+
 def binding(run: CellRun, facts: ServerFacts, lim: Limits, fmt: str) -> Binding:
     """The binding constraint of ``run`` on a server with ``facts`` (see the module
     docstring); ``fmt``: the format its matmuls compute in (:func:`compute_format`)."""
@@ -66,7 +77,7 @@ def binding(run: CellRun, facts: ServerFacts, lim: Limits, fmt: str) -> Binding:
     mean_prompt = (run.metrics.get("total_input_tokens") or 0) / max(done, 1)
     mean_out = (run.metrics.get("total_output_tokens") or 0) / max(done, 1)
     tokens = st.prefill_tokens + st.decode_tokens
-    flops = 2.0 * facts.params * tokens
+    flops = _flops(facts, tokens, st.decode_tokens + done)
     kv = facts.kv_bytes_per_token * (tokens + st.decode_tokens * (mean_prompt + mean_out / 2))
     nbytes = facts.weight_bytes_per_step * st.steps + kv
     t_compute = flops / lim.compute_peak(fmt)

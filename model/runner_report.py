@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from houchu.model.autotune import Tuned
-from houchu.model.config import num_parameters
+from houchu.model.config import ModelConfig, num_parameters
 from houchu.model.mla_lever import mla_summary
 from houchu.model.moe import MoEMLP, moe_lever_sample
 from houchu.transport.messages import RunnerInfo
@@ -26,7 +26,7 @@ def runner_summary(r: ModelRunner, load_s: float | None = None) -> str:
     took = "" if load_s is None else f" (loaded in {load_s:.1f}s)"
     return (
         f"houchu runner: {r.config.architecture} {r.config.name!r}, "
-        f"{r.num_params / 1e6:.1f}M params, "
+        f"{r.num_params / 1e6:.1f}M params ({_matmul_note(r.config)}), "
         f"{str(r.dtype).removeprefix('torch.')} on {r.device}, "
         f"{r.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
         f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
@@ -39,6 +39,15 @@ def runner_summary(r: ModelRunner, load_s: float | None = None) -> str:
         f"{'; decode paths ' + r.decode_paths() if r.tuned else ''}"
         f"{'; ' + mla_summary(p, r.max_context) if r.mla_lever else ''}"
     )
+
+
+def _matmul_note(c: ModelConfig) -> str:
+    """ "matmul 77.9M/token, LM head 28.3M": the weights one token's forward multiplies
+    (decoder layers, active experts only) and the LM head's, which multiplies only the
+    rows that sample (``config.num_parameters``); the roofline counts FLOPs from these."""
+    n = num_parameters(c)
+    head = c.vocab_size * c.hidden_size
+    return f"matmul {(n.matmul_per_token - head) / 1e6:.1f}M/token, LM head {head / 1e6:.1f}M"
 
 
 def _build_note(r: ModelRunner) -> str:

@@ -16,7 +16,8 @@ from houchu.bench.sweep_roofline import binding
 from .levers_helpers import CPU, SERVE_FLAGS, run
 
 LINE = (
-    "houchu runner: llama 'Smollm2 135M', 134.5M params, float32 on cpu, 30 layers, KV pool "
+    "houchu runner: llama 'Smollm2 135M', 134.5M params (matmul 77.9M/token, LM head 28.3M), "
+    "float32 on cpu, 30 layers, KV pool "
     "91 pages x 16 = 1456 tokens, 64.0 MiB (46080 B/token), max context 1456, attention cpu; "
     "weights int4-g32: 90.4 MiB/step (0.35x the bytes of bf16); KV auto: 46080 B/token"
 )
@@ -25,6 +26,10 @@ LINE = (
 def test_runner_line_facts():
     f = parse_runner_line(LINE, 12.5)
     assert f.params == pytest.approx(134.5e6)
+    assert f.matmul_params == pytest.approx(77.9e6) and f.lm_head_params == pytest.approx(28.3e6)
+    older = parse_runner_line(LINE.replace(" (matmul 77.9M/token, LM head 28.3M)", ""), 1.0)
+    assert older.params == pytest.approx(134.5e6) and older.dtype == "float32"
+    assert older.matmul_params == 0.0
     assert f.dtype == "float32" and f.weights == "int4-g32"
     assert f.kv_pool_tokens == 1456 and f.kv_bytes_per_token == 46080
     assert f.weight_bytes_per_step == pytest.approx(90.4 * 2**20)
@@ -48,6 +53,20 @@ def test_binding_constraint_from_step_time_against_the_roofline():
     r.preemptions = 2
     assert binding(r, facts, lim, "fp32").kind == "capacity"
     assert binding(run("x", 1, 1.0), facts, lim, "fp32").kind == "unknown"
+
+
+def test_roofline_counts_the_lm_head_only_for_rows_that_sample():
+    lim = Limits(copy_gbs=1e6, fp32_flops=1e9, bf16_flops=1e9, int8_ops=1e9)
+    split = ServerFacts(1.0, params=1.3e8, matmul_params=1e8, lm_head_params=3e7)
+    r = run("x", 1, 1.0)
+    r.metrics["completed"] = 1
+    # one request: a 1,000-token prefill (one row sampled) and 9 decode tokens:
+    # 2 x (1e8 x 1,009 + 3e7 x 10) = 2.024e11 FLOPs -> 202.4 s at 1 GFLOP/s
+    r.steps = StepTotals(steps=10, seconds=202.4, prefill_tokens=1000, decode_tokens=9)
+    assert binding(r, split, lim, "fp32").compute_frac == pytest.approx(1.0)
+    # an older record, no split: every token through every parameter
+    old = ServerFacts(1.0, params=1.3e8)
+    assert binding(r, old, lim, "fp32").compute_frac == pytest.approx(2 * 1.3e8 * 1009 / 202.4e9)
 
 
 def test_cell_run_json_round_trip():
