@@ -124,7 +124,7 @@ def test_the_request_view_shows_every_parameter_and_links_choices(dash):
             p = r["params"]
             assert r["rid"] == f"{http['id']}-{i}" and p["seed"] == 3 + i
             assert p["n"] == 2 and p["best_of"] == 3 and p["echo"] == 1
-            assert p["logprobs"] == 1 and p["top_logprobs"] == 1 and p["prompt_logprobs"] == 1
+            assert p["logprobs"] == 1 and p["top_logprobs"] == 1 and p["prompt_logprobs"] == 0
             assert p["logit_bias"] == "2: 13=-100, 198=+2" and p["min_tokens"] == 1
             assert p["stop_token_ids"] == "2: 0, 2" and p["bad_words"] == 1
             assert p["allowed_token_ids"] == "6: 28, 29, 30, 31, …"
