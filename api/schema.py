@@ -214,7 +214,10 @@ class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
     prompt_logprobs: (
         Annotated[
             TopLogprobs,
-            Meta(description="every prompt token's logprob, with this many alternatives (vLLM)"),
+            Meta(
+                description="every prompt token's logprob, with this many alternatives "
+                "(vLLM; beside echo, also those of the echoed prompt's tokens)"
+            ),
         ]
         | None
     ) = None
