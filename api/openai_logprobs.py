@@ -12,8 +12,9 @@ def vllm_prompt_logprobs(
     lps: list[PromptTokenLogprob] | None,
 ) -> list[dict[str, dict[str, Any]] | None] | None:
     """vLLM's ``prompt_logprobs``: per prompt token, None for the first, else
-    ``{token_id: {"logprob", "rank", "decoded_token"}}`` for the token and its top
-    alternatives."""
+    ``{token_id: {"logprob", "rank", "decoded_token"}}`` for the token (first, as vLLM
+    orders it) and its top alternatives (as many as the request's ``prompt_logprobs``:
+    none for 0)."""
     if lps is None:
         return None
     out: list[dict[str, dict[str, Any]] | None] = []
@@ -22,14 +23,10 @@ def vllm_prompt_logprobs(
             out.append(None)
             continue
         entry = {
-            str(i): {"logprob": p, "rank": r + 1, "decoded_token": t}
-            for r, (t, i, p) in enumerate(lp.top)
+            str(lp.token_id): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.token}
         }
-        entry[str(lp.token_id)] = {
-            "logprob": lp.logprob,
-            "rank": lp.rank,
-            "decoded_token": lp.token,
-        }
+        for r, (t, i, p) in enumerate(lp.top):
+            entry.setdefault(str(i), {"logprob": p, "rank": r + 1, "decoded_token": t})
         out.append(entry)
     return out
 

@@ -42,7 +42,7 @@ _ERROR_STATUSES = {
         "invalid request (the message and ``param`` name the problem; ``code`` is its kind: "
         "``invalid_value``, ``invalid_type``, ``unsupported_value`` (a field houchu knows "
         "but does not serve), ``invalid_grammar`` (a structured-output constraint that "
-        "does not compile, or matches no text), ``grammar_too_complex`` (one the grammar engine stopped "
+        "does not compile, matches no text or can never finish), ``grammar_too_complex`` (one the grammar engine stopped "
         "following during generation), ...)"
     ),
     "401": "missing or wrong API key (only with --api-key)",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -40,14 +40,20 @@ class ParsedRequest:
     suffix: str | None = None  # a completion's text after the answer (fill-in-the-middle)
     #: a chat's template options (``houchu.api.chat_template.template_options``)
     template: dict[str, Any] | None = None
+    #: the template fields as the client sent them (``record_params.template_record``)
+    template_sent: dict[str, Value] = field(default_factory=dict)
 
     def record(self) -> dict[str, Value]:
         """The request's parameters as the dashboard records them
         (``houchu.api.record_params``): its sampling parameters as the client asked for
-        them (every choice's, less a choice's own seed), the API, the number of chat
-        turns, ``n`` and ``best_of`` (above one), ``suffix`` (its length, characters) and
-        the tools."""
+        them (every choice's, less a choice's own seed; ``prompt_logprobs`` only when
+        the client sent it, not the prompt logprobs ``echo`` computes), the API, the
+        number of chat turns, the chat-template fields sent, ``n`` and ``best_of``
+        (above one), ``suffix`` (its length, characters) and the tools."""
         out = shape_record(self.messages, self.sampling)
+        if self.prompt_logprobs is None:
+            out.pop("prompt_logprobs", None)
+        out.update(self.template_sent)
         if self.n > 1 or self.best_of > 1:
             out["n"] = self.n
         if self.best_of > self.n:

@@ -8,14 +8,16 @@ Tool names and stop strings, which a client's application chose, are kept under
 guards the APIs).
 
 ``sampling_record`` reads a ``SamplingParams``; ``tools_record`` a ``ToolSetup``-like
-object; ``choice_record`` the choice of a several-choice request (``n``, ``best_of``)
-from its wire request's ``prefill_group``.
+object; ``template_record`` the chat-template fields a client sent; ``choice_record``
+the choice of a several-choice request (``n``, ``best_of``) from its wire request's
+``prefill_group``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from houchu.transport.messages import GenerateRequest
 from houchu.transport.request_fields import SamplingParams
@@ -121,6 +123,35 @@ def tools_record(setup: ToolsLike) -> dict[str, Value]:
     if setup.single:
         out["parallel_tool_calls"] = 0
     return out
+
+
+def template_record(
+    kwargs: Mapping[str, Any] | None,
+    add_generation_prompt: bool | None,
+    continue_final_message: bool | None,
+) -> dict[str, Value]:
+    """The chat-template fields as the client sent them (a field left out is not
+    recorded): ``chat_template_kwargs`` (its keys, ``listed``; a number's, boolean's or
+    null's value beside its key, e.g. ``"1: enable_thinking=false"``; text the client
+    wrote only by its key), ``add_generation_prompt`` and ``continue_final_message``
+    (1 or 0)."""
+    out: dict[str, Value] = {}
+    if kwargs is not None:
+        out["chat_template_kwargs"] = listed([_kwarg(k, v) for k, v in kwargs.items()])
+    for name, given in (
+        ("add_generation_prompt", add_generation_prompt),
+        ("continue_final_message", continue_final_message),
+    ):
+        if given is not None:
+            out[name] = int(given)
+    return out
+
+
+def _kwarg(key: str, value: Any) -> str:
+    """``key=value`` for a scalar that is not text, else ``key``."""
+    if value is None or isinstance(value, bool | int | float):
+        return f"{key}={json.dumps(value)}"
+    return key
 
 
 def choice_record(req: GenerateRequest) -> dict[str, Value]:

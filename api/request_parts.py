@@ -230,10 +230,11 @@ def with_echo(
 ) -> SamplingParams:
     """``sampling`` for a completion's ``echo`` (``POST /v1/completions`` and WebSocket
     prompt frames alike): the prompt's text comes back first and, with logprobs
-    (``top_n`` alternatives; None: not asked for), its tokens' logprobs, so the prompt's
-    logprobs are computed with as many alternatives (or vLLM's ``prompt_logprobs``, if
-    more). ``max_tokens`` 0 is served only with ``echo`` (the prompt alone, as
-    evaluation harnesses score a text).
+    (``top_n`` alternatives; None: not asked for), its tokens' logprobs. The prompt's
+    logprobs are computed as vLLM computes them: with vLLM's ``prompt_logprobs``
+    alternatives when the client gave that field (``0``: the prompt token's own
+    logprob, no alternative), else with ``top_n``. ``max_tokens`` 0 is served only
+    with ``echo`` (the prompt alone, as evaluation harnesses score a text).
 
     Raises:
         ApiError: (400) ``max_tokens`` 0 without ``echo``.
@@ -246,7 +247,7 @@ def with_echo(
         )
     if not echo:
         return sampling
-    lps = prompt_logprobs if top_n is None else max(top_n, prompt_logprobs or 0)
+    lps = top_n if prompt_logprobs is None else prompt_logprobs
     return msgspec.structs.replace(sampling, echo=True, prompt_logprobs=lps)
 
 

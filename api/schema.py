@@ -214,7 +214,10 @@ class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
     prompt_logprobs: (
         Annotated[
             TopLogprobs,
-            Meta(description="every prompt token's logprob, with this many alternatives (vLLM)"),
+            Meta(
+                description="every prompt token's logprob, with this many alternatives "
+                "(vLLM; beside echo, also those of the echoed prompt's tokens)"
+            ),
         ]
         | None
     ) = None
@@ -339,12 +342,14 @@ class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     ``add_special_tokens`` (default true for a prompt, false for messages: the chat
     template writes its own) adds the BOS the model's tokenizer asks for;
     ``add_generation_prompt`` (default true, false with ``continue_final_message``),
-    ``continue_final_message`` and ``chat_template_kwargs`` as on chat completions;
-    ``return_token_strs`` adds each token's text."""
+    ``continue_final_message``, ``chat_template_kwargs`` and ``tools`` (given to the
+    chat template) as on chat completions; ``return_token_strs`` adds each token's
+    text."""
 
     model: str | None = None
     prompt: str | None = None
     messages: Messages | None = None
+    tools: Tools | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: GenerationPrompt | None = None
     continue_final_message: ContinueFinal | None = None

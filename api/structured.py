@@ -26,6 +26,8 @@ from typing import Any
 from llguidance import LLMatcher, grammar_from
 
 from houchu.api.errors import ApiError
+from houchu.api.grammar_words import describe, endless
+from houchu.api.lark_rules import endless_rules
 from houchu.api.schema import (
     ResponseFormatJsonObject,
     ResponseFormatJsonSchema,
@@ -69,21 +71,29 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
         raise ApiError(
             f"'{param}' is not a valid {_what(kind)}: {exc}", param=param, code="invalid_grammar"
         ) from None
-    return StructuredOutput(kind=kind, grammar=checked(grammar, param, kind), param=param)
+    grammar = checked(grammar, param, kind)
+    if kind == "grammar":  # Lark text (GBNF converted): every rule must be able to finish
+        rules = endless_rules(grammar)
+        if rules:
+            source = _grammar_source(req, param)
+            raise ApiError(
+                endless(param, rules, "::=" in source), param=param, code="invalid_grammar"
+            )
+    return StructuredOutput(kind=kind, grammar=grammar, param=param)
 
 
 def checked(grammar: str, param: str, kind: GrammarKind) -> str:
     """``grammar`` when llguidance compiles it.
 
     Raises:
-        ApiError: (400, code ``invalid_grammar``) with llguidance's message.
+        ApiError: (400, code ``invalid_grammar``) with llguidance's message, in words
+            (``houchu.api.grammar_words.describe``: a JSON schema no value satisfies, a
+            regex anchor the engine does not take).
     """
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        why = messages[0].strip() if messages else "it does not compile"
-        raise ApiError(
-            f"'{param}' is not a valid {_what(kind)}: {why}", param=param, code="invalid_grammar"
-        )
+        why = messages[0] if messages else "it does not compile"
+        raise ApiError(describe(param, _what(kind), why), param=param, code="invalid_grammar")
     return grammar
 
 
@@ -99,8 +109,58 @@ def json_schema_grammar(schema: dict[str, Any] | str, *, strict: bool = False) -
     if not isinstance(schema, dict):
         raise ValueError("a JSON schema must be an object")
     return LLMatcher.grammar_from_json_schema(
-        schema, overrides={**JSON_LAYOUT, "lenient": not strict}
+        no_value_nots(schema), overrides={**JSON_LAYOUT, "lenient": not strict}
     )
+
+
+#: Keywords that describe a schema without constraining its values.
+_ANNOTATIONS = frozenset(
+    {"title", "description", "$comment", "default", "examples", "deprecated"}
+    | {"readOnly", "writeOnly", "$id", "$schema"}
+)
+#: Keywords whose value is a schema (``items`` may be a list of them), a list of
+#: schemas, or an object of named schemas.
+_SUBSCHEMA = frozenset(
+    {"not", "items", "additionalProperties", "additionalItems", "contains", "if", "then"}
+    | {"else", "propertyNames", "unevaluatedItems", "unevaluatedProperties"}
+)
+_SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_NAMED_SUBSCHEMAS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def no_value_nots(schema: Any) -> Any:
+    """``schema`` with every ``{"not": S}`` whose ``S`` every value matches (``{}``,
+    ``true``, or only annotations) made to match no value (``allOf: [false]``), as
+    JSON Schema defines it. llguidance does not implement ``not`` (it ignores it, or
+    refuses it with ``strict``), so ``{"not": {}}`` would let any JSON through; written
+    as ``false``, llguidance finds where it leaves no value (a 400 when the whole
+    schema matches nothing, ``describe``) and leaves out what it cannot be (an optional
+    property). Only keywords holding schemas are walked (a property named ``not`` is
+    left alone)."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SUBSCHEMA:
+            out[key] = (
+                [no_value_nots(v) for v in value]
+                if isinstance(value, list)
+                else (no_value_nots(value))
+            )
+        elif key in _SUBSCHEMAS and isinstance(value, list):
+            out[key] = [no_value_nots(v) for v in value]
+        elif key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
+            out[key] = {name: no_value_nots(v) for name, v in value.items()}
+        else:
+            out[key] = value
+    negated, all_of = out.get("not"), out.get("allOf", [])
+    matches_all = negated is True or (isinstance(negated, dict) and set(negated) <= _ANNOTATIONS)
+    if matches_all and isinstance(all_of, list):
+        del out["not"]
+        out["allOf"] = [*all_of, False]
+    return out
 
 
 #: The characters a regex (Rust's ``regex`` syntax, llguidance's) escapes with a backslash.
@@ -144,6 +204,15 @@ def _what(kind: GrammarKind) -> str:
         "grammar": "grammar",
         "tool_call": "tool definition",
     }[kind]
+
+
+def _grammar_source(req: SamplingFields, param: str) -> str:
+    """The text of the grammar ``param`` names (``structured_outputs.grammar`` or a
+    top-level field)."""
+    if param.startswith("structured_outputs."):
+        assert req.structured_outputs is not None
+        return getattr(req.structured_outputs, param.split(".", 1)[1]) or ""
+    return getattr(req, param, None) or ""
 
 
 def _grammar(text: str) -> str:

@@ -29,6 +29,7 @@ from houchu.api.errors import ApiError, json_response
 from houchu.api.schema import DetokenizeRequest, TokenizeRequest
 from houchu.api.schema_errors import validation_error
 from houchu.api.state import STATE_KEY
+from houchu.api.tools import refuse_tools_on_prompt, tool_setup
 from houchu.api.validation import ParsedRequest, chat_messages, check_model, decode_body
 from houchu.text.fim import fim_prompt
 from houchu.text.tokenizer import TextTokenizer, TokenizerError, load_tokenizer
@@ -96,8 +97,9 @@ def tokenize_ids(tok: TextTokenizer, req: TokenizeRequest) -> list[int]:
     """The token ids of ``req``'s prompt or messages, as the engine would encode them.
 
     Raises:
-        ApiError: (400) both or neither of ``prompt`` and ``messages`` are given, or the
-            chat template refuses the messages.
+        ApiError: (400) both or neither of ``prompt`` and ``messages`` are given, a chat
+            field beside a ``prompt``, ``tools`` a chat request would refuse (``[]``
+            among them), or the chat template refuses the messages.
     """
     if (req.prompt is None) == (req.messages is None):
         raise ApiError(
@@ -106,21 +108,18 @@ def tokenize_ids(tok: TextTokenizer, req: TokenizeRequest) -> list[int]:
             code="missing_required_parameter" if req.prompt is None else "invalid_value",
         )
     if req.prompt is not None:
-        if req.add_generation_prompt is not None:
-            raise ApiError(
-                "'add_generation_prompt' applies to 'messages' only",
-                param="add_generation_prompt",
-                code="invalid_value",
-            )
+        refuse_tools_on_prompt(req)
         refuse_on_prompt(req)
         special = True if req.add_special_tokens is None else req.add_special_tokens
         return tok.encode(req.prompt) if special else tok.encode_plain(req.prompt)
     assert req.messages is not None
+    setup = tool_setup(req)
     try:
         options = template_options(
             req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message
         )
-        text = tok.render_chat(chat_messages(req.messages), **options)
+        tools = None if setup is None else setup.template_tools
+        text = tok.render_chat(chat_messages(req.messages), tools, **options)
     except TokenizerError as exc:
         raise ApiError(str(exc), param="messages", code="invalid_value") from None
     return tok.encode(text) if req.add_special_tokens else tok.encode_plain(text)

@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from houchu.api.errors import ApiError
-from houchu.api.schema import ChatCompletionRequest, WsGenerateRequest
+from houchu.api.schema import (
+    CHAT_ONLY,
+    CHAT_ONLY_ONE,
+    ChatCompletionRequest,
+    TokenizeRequest,
+    WsGenerateRequest,
+)
 from houchu.api.schema_tools import NamedToolChoice, ToolDef
 from houchu.api.structured import checked, json_schema_grammar
 from houchu.text.tool_calls import (
@@ -78,15 +84,31 @@ class ToolSetup:
         return None
 
 
-def tool_setup(req: ChatCompletionRequest | WsGenerateRequest) -> ToolSetup | None:
-    """The tool setup of ``req``, or None when it gives no tools.
+def refuse_tools_on_prompt(req: Any) -> None:
+    """A prompt (not ``messages``: a completion, a WebSocket prompt frame, ``/tokenize``
+    of a ``prompt``) has no chat template to give tools to: ``tools`` (even ``[]``) and
+    ``tool_choice`` are a 400, not ignored.
+
+    Raises:
+        ApiError: (400, ``unsupported_value``) naming the first one given.
+    """
+    for name, why in (("tools", CHAT_ONLY), ("tool_choice", CHAT_ONLY_ONE)):
+        if getattr(req, name, None) is not None:
+            raise ApiError(f"'{name}' {why}", param=name, code="unsupported_value")
+
+
+def tool_setup(
+    req: ChatCompletionRequest | WsGenerateRequest | TokenizeRequest,
+) -> ToolSetup | None:
+    """The tool setup of ``req``, or None when it gives no tools (``/tokenize`` has no
+    ``tool_choice``: its tools go to the template, as with ``auto``).
 
     Raises:
         ApiError: (400) ``tool_choice`` without ``tools`` (other than ``none`` /
             ``auto``), a named function not in ``tools``, two tools of one name, or a
             parameters schema llguidance cannot compile.
     """
-    tools, choice = req.tools or [], req.tool_choice
+    tools, choice = req.tools or [], getattr(req, "tool_choice", None)
     if not tools:
         if choice is None or choice in ("none", "auto"):
             return None
@@ -125,7 +147,7 @@ def tool_setup(req: ChatCompletionRequest | WsGenerateRequest) -> ToolSetup | No
             kind="tool_call", grammar=grammars[named], param="tool_choice"
         )
         mode = "named"
-    single = req.parallel_tool_calls is False
+    single = getattr(req, "parallel_tool_calls", None) is False
     if mode == "required":
         structured = StructuredOutput(
             kind="tool_call", grammar=_required_grammar(tools, single), param="tool_choice"

@@ -32,6 +32,7 @@ from houchu.api.chat_messages import chat_messages
 from houchu.api.chat_template import refuse_on_prompt, template_options
 from houchu.api.errors import ApiError
 from houchu.api.parsed_request import ParsedRequest
+from houchu.api.record_params import template_record
 from houchu.api.request_parts import (
     Body,
     check_model,
@@ -45,8 +46,6 @@ from houchu.api.request_parts import (
     with_echo,
 )
 from houchu.api.schema import (
-    CHAT_ONLY,
-    CHAT_ONLY_ONE,
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_COMPLETION_MAX_TOKENS,
     PROMPT_ONLY,
@@ -54,7 +53,7 @@ from houchu.api.schema import (
     CompletionRequest,
     WsGenerateRequest,
 )
-from houchu.api.tools import tool_setup
+from houchu.api.tools import refuse_tools_on_prompt, tool_setup
 
 __all__ = [
     "DEFAULT_CHAT_MAX_TOKENS",
@@ -77,12 +76,7 @@ def parse_completion(
     ``logprobs`` asks for the prompt's logprobs with as many alternatives. Raises
     ``ApiError`` (400)."""
     req = decode_request(body, CompletionRequest, model_name, vocab_size)
-    if req.tools is not None:  # even [] (the schema lets an empty list through)
-        raise ApiError(f"'tools' {CHAT_ONLY}", param="tools", code="unsupported_value")
-    if req.tool_choice is not None:  # as on a WebSocket prompt frame
-        raise ApiError(
-            f"'tool_choice' {CHAT_ONLY_ONE}", param="tool_choice", code="unsupported_value"
-        )
+    refuse_tools_on_prompt(req)  # even [] (the schema lets an empty list through)
     prompt, prompt_ids = prompt_of(req.prompt, vocab_size)
     top_n = req.logprobs
     max_tokens = max_tokens_of(
@@ -129,15 +123,15 @@ def parse_chat(
     logprobs = bool(req.logprobs)
     tools = tool_setup(req)
     n, _ = choice_counts(req.n, None, stream)
-    template = template_options(
-        req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message
-    )
+    fields = (req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message)
+    template = template_options(*fields)
     return ParsedRequest(
         sampling=sampling_params(
             req, max_tokens, logprobs=logprobs, top_n=req.top_logprobs or 0, tools=tools
         ),
         messages=chat_messages(req.messages),
         template=template,
+        template_sent=template_record(*fields),
         stream=stream,
         include_usage=include_usage,
         tools=tools,
@@ -175,20 +169,15 @@ def parse_ws_generate(
             param="prompt",
             code="missing_required_parameter",
         )
-    if messages is None and (req.tools is not None or req.tool_choice is not None):
-        name, why = (
-            ("tools", CHAT_ONLY) if req.tools is not None else ("tool_choice", CHAT_ONLY_ONE)
-        )
-        raise ApiError(f"'{name}' {why}", param=name, code="unsupported_value")
-    if messages is not None and req.echo:
-        raise ApiError(f"'echo' {PROMPT_ONLY}", param="echo", code="unsupported_value")
     template = None
+    fields = (req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message)
     if messages is None:
+        refuse_tools_on_prompt(req)
         refuse_on_prompt(req)
+    elif req.echo:
+        raise ApiError(f"'echo' {PROMPT_ONLY}", param="echo", code="unsupported_value")
     else:
-        template = template_options(
-            req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message
-        )
+        template = template_options(*fields)
     max_tokens = max_tokens_of(req.max_tokens, "max_tokens", default, max_context)
     tools = tool_setup(req)
     n, _ = choice_counts(req.n, None, True)
@@ -205,4 +194,5 @@ def parse_ws_generate(
         best_of=n,
         prompt_logprobs=req.prompt_logprobs,
         template=template,
+        template_sent=template_record(*fields),
     )

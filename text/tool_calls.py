@@ -174,9 +174,11 @@ class RequiredCallsParser(ToolCallParser):
     (nothing to name a call by) stays content.
     """
 
-    #: A call's start, up to its arguments: ``{"name": "N", "parameters": `` (the
-    #: grammar writes the keys in this order).
-    CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"parameters"\s*:\s*')
+    #: A call's start, up to its complete name: ``{"name": "N"`` (the grammar writes
+    #: ``name`` first, then ``parameters``).
+    CALL_NAME = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")')
+    #: What comes between the name and the arguments (with any spaces between).
+    BEFORE_ARGUMENTS = (",", '"parameters"', ":")
 
     def parse(self, text: str) -> Parsed:
         calls = self._calls(text)
@@ -198,11 +200,28 @@ class RequiredCallsParser(ToolCallParser):
             try:
                 obj, pos = decoder.raw_decode(body, pos)
             except ValueError:  # the cut element
-                head = self.CALL_HEAD.match(body, pos)
-                if head is not None:
-                    calls.append(ToolCall(json.loads(head.group(1)), body[head.end() :]))
+                cut = self._cut_call(body, pos)
+                if cut is not None:
+                    calls.append(cut)
                 return calls
             calls.append(_call(obj, "parameters"))
+
+    def _cut_call(self, body: str, pos: int) -> ToolCall | None:
+        """The call cut at the end of ``body`` (its element starts at ``pos``): its name
+        once the name is complete, and its arguments' text as far as it got ("" when
+        the cut came before them, e.g. right after the name); None before that."""
+        head = self.CALL_NAME.match(body, pos)
+        if head is None:
+            return None
+        name, rest = json.loads(head.group(1)), body[head.end() :]
+        for part in self.BEFORE_ARGUMENTS:  # ``, "parameters": ``, spaces between
+            rest = rest.lstrip()
+            if part.startswith(rest):  # cut within it (or right before): no arguments yet
+                return ToolCall(name, "")
+            if not rest.startswith(part):
+                return None
+            rest = rest[len(part) :]
+        return ToolCall(name, rest.lstrip())
 
 
 class FirstCallParser(ToolCallParser):

@@ -102,6 +102,7 @@ def test_the_request_view_shows_every_parameter_and_links_choices(dash):
         tools = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
         chat = {"messages": [{"role": "user", "content": "Time?"}], "tools": tools}
         chat |= {"tool_choice": "required", "parallel_tool_calls": False, **GREEDY}
+        chat |= {"chat_template_kwargs": {"enable_thinking": False}, "add_generation_prompt": True}
         status, reply = await post_json(f"{dash.url}/v1/chat/completions", chat)
         assert status == 200, reply
         ws = {"prompt": "unique-ws-choices:", "n": 2, "min_tokens": 2, **GREEDY}
@@ -124,7 +125,7 @@ def test_the_request_view_shows_every_parameter_and_links_choices(dash):
             p = r["params"]
             assert r["rid"] == f"{http['id']}-{i}" and p["seed"] == 3 + i
             assert p["n"] == 2 and p["best_of"] == 3 and p["echo"] == 1
-            assert p["logprobs"] == 1 and p["top_logprobs"] == 1 and p["prompt_logprobs"] == 1
+            assert p["logprobs"] == 1 and p["top_logprobs"] == 1 and p["prompt_logprobs"] == 0
             assert p["logit_bias"] == "2: 13=-100, 198=+2" and p["min_tokens"] == 1
             assert p["stop_token_ids"] == "2: 0, 2" and p["bad_words"] == 1
             assert p["allowed_token_ids"] == "6: 28, 29, 30, 31, …"
@@ -133,6 +134,8 @@ def test_the_request_view_shows_every_parameter_and_links_choices(dash):
         p = tool["params"]
         assert p["tools"] == 1 and p["tool_names"] == "get_time"
         assert p["tool_choice"] == "required" and p["parallel_tool_calls"] == 0
+        assert p["chat_template_kwargs"] == "1: enable_thinking=false"
+        assert p["add_generation_prompt"] == 1 and "continue_final_message" not in p
         assert tool["structured"]["kind"] == "tool_call" and p["grammar_from"] == "tool_choice"
         over_ws = [r for r in rows if "unique-ws-choices" in (r["preview"] or "")]
         parents = {r["choice"]["parent"] for r in over_ws}

@@ -159,6 +159,36 @@ def test_echo_prompt_logprobs_match_transformers(server, client, hf_prompt_logpr
     assert ws["final"]["usage"]["prompt_tokens"] == len(ids)
 
 
+def test_echo_prompt_logprobs_have_the_alternatives_asked_for(server, client):
+    """``echo`` + ``logprobs: 3`` computes the prompt's logprobs with 3 alternatives
+    (each prompt token's ``top_logprobs``: up to 3 and the token itself, no
+    ``prompt_logprobs`` field); with vLLM's ``prompt_logprobs: 0`` beside them, as vLLM
+    does, with none: the prompt's ``top_logprobs`` and ``prompt_logprobs`` entries hold
+    the token alone, while the completion's tokens keep their 3; over the WebSocket
+    API alike."""
+    kw = {"model": _model(client), "prompt": COUNT, "max_tokens": 2, "temperature": 0}
+    plain = client.completions.create(**kw, echo=True, logprobs=3).choices[0]
+    assert "prompt_logprobs" not in (plain.model_extra or {})
+    prompt_len = len(plain.logprobs.tokens) - 2
+    tops = plain.logprobs.top_logprobs
+    assert tops[0] is None and all(3 <= len(t) <= 4 for t in tops[1:])
+    zero = client.completions.create(
+        **kw, echo=True, logprobs=3, extra_body={"prompt_logprobs": 0}
+    ).choices[0]
+    lp = zero.logprobs
+    assert lp.top_logprobs[0] is None
+    for tok, top in zip(lp.tokens[1:prompt_len], lp.top_logprobs[1:prompt_len], strict=True):
+        assert list(top) == [tok]
+    assert all(3 <= len(t) <= 4 for t in lp.top_logprobs[prompt_len:])
+    plps = zero.model_extra["prompt_logprobs"]
+    assert plps[0] is None and all(len(e) == 1 for e in plps[1:]) and len(plps) == prompt_len
+    assert lp.token_logprobs[1:prompt_len] == [next(iter(e.values()))["logprob"] for e in plps[1:]]
+    ws = _ws(server, prompt=COUNT, max_tokens=2, echo=True, logprobs=3, prompt_logprobs=0)
+    echo = ws["frames"][0]
+    assert [e["top_logprobs"] for e in echo["logprobs"]] == [None] + [[]] * (prompt_len - 1)
+    assert all(len(e) == 1 for e in echo["prompt_logprobs"][1:])
+
+
 def test_echo_with_max_tokens_0_scores_the_prompt_alone(client, hf_prompt_logprobs):
     """Evaluation harnesses score a text with ``echo``, ``logprobs`` and ``max_tokens`` 0:
     the prompt comes back with its logprobs and nothing is generated, whole or streamed."""

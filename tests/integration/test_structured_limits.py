@@ -186,3 +186,39 @@ def test_a_tool_call_cut_by_max_tokens_is_a_partial_call(server, tool_choice) ->
     ws = asyncio.run(ws_generate(server.ws_url, {**kw, "max_tokens": 12}))
     assert ws["final"]["finish_reason"] == "length" and not ws["final"]["content"]
     assert [c["function"]["arguments"] for c in ws["final"]["tool_calls"]] == [args]
+
+
+def test_a_required_call_cut_right_after_its_name_is_a_call(server) -> None:
+    """``required`` cut by ``max_tokens`` at every length up to where the arguments
+    start: once the call's name is complete the reply is that call (its arguments as far
+    as they got, "" right after the name), never the wrapper's text as content; whole,
+    streamed and over the WebSocket alike; before that it is the text."""
+    kw = {"messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": "required"}
+    kw |= {"temperature": 0}
+    empty_args = 0
+    for max_tokens in range(1, 13):
+        whole = chat(server, max_tokens=max_tokens, **kw).choices[0]
+        assert whole.finish_reason == "length"
+        streamed: dict[str, str] = {"name": "", "args": "", "content": ""}
+        for chunk in chat(server, max_tokens=max_tokens, stream=True, **kw):
+            for c in chunk.choices:
+                streamed["content"] += c.delta.content or ""
+                for d in c.delta.tool_calls or []:
+                    streamed["name"] += (d.function and d.function.name) or ""
+                    streamed["args"] += (d.function and d.function.arguments) or ""
+        ws = asyncio.run(ws_generate(server.ws_url, {**kw, "max_tokens": max_tokens}))
+        if not whole.message.tool_calls:  # the name is not complete yet
+            assert '"get_weather"' not in (whole.message.content or ""), whole.message
+            assert streamed["content"] == whole.message.content and not streamed["name"]
+            assert not ws["final"]["tool_calls"]
+            continue
+        (call,) = whole.message.tool_calls
+        assert whole.message.content is None and call.function.name == "get_weather"
+        assert (streamed["name"], streamed["args"]) == ("get_weather", call.function.arguments)
+        assert not streamed["content"]
+        assert ws["final"]["finish_reason"] == "length" and not ws["final"]["content"]
+        assert [c["function"] for c in ws["final"]["tool_calls"]] == [
+            {"name": "get_weather", "arguments": call.function.arguments}
+        ]
+        empty_args += call.function.arguments == ""
+    assert empty_args, "no budget cut the call between its name and its arguments"

@@ -220,6 +220,18 @@ def test_bad_input_is_400_and_the_server_keeps_serving(server) -> None:
         with pytest.raises(openai.BadRequestError) as err:
             chat(server, messages=PERSON, max_tokens=8, **kw)
         assert err.value.status_code == 400 and err.value.body["message"]
+    # compiled by llguidance, but a schema that matches nothing, an anchor it does not
+    # take and a grammar with no finite string: each a 400 saying so, in words
+    nothing = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}
+    for kw, words in (
+        ({"response_format": nothing}, "matches no JSON value"),
+        ({"extra_body": {"guided_regex": "a^"}}, "'^' in the middle of /a^/"),
+        ({"extra_body": {"ebnf": 'root ::= "a" root'}}, "the grammar has no finite string"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(server, messages=PERSON, max_tokens=8, **kw)
+        assert err.value.body["code"] == "invalid_grammar"
+        assert words in err.value.body["message"], err.value.body
     out = chat(server, messages=PERSON, max_tokens=4, temperature=0)
     assert out.choices[0].finish_reason == "length"
 

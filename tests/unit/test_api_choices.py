@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
 from houchu.transport.messages import PromptTokenLogprob, TextDelta
@@ -73,14 +74,17 @@ PROMPT_LPS = [
 
 
 class Echoing(FakeEngine):
-    """The first delta carries the prompt's text and logprobs, as the tokenizer sends."""
+    """The first delta carries the prompt's text and logprobs, as the tokenizer sends:
+    with as many alternatives as the request's ``prompt_logprobs`` (as the runner
+    computes them)."""
 
     def _delta(self, req, i, last) -> TextDelta:
         d = super()._delta(req, i, last)
         if i == 0 and req.sampling.echo:
             d.prompt_text = "Hello"
-        if i == 0 and req.sampling.prompt_logprobs is not None:
-            d.prompt_logprobs = PROMPT_LPS
+        k = req.sampling.prompt_logprobs
+        if i == 0 and k is not None:
+            d.prompt_logprobs = [msgspec.structs.replace(p, top=p.top[:k]) for p in PROMPT_LPS]
         return d
 
 
@@ -120,3 +124,46 @@ async def test_vllm_prompt_logprobs_field():
         assert out["choices"][0]["text"] == ANSWER  # no echo
         status, out = await api.post("/v1/chat/completions", {**CHAT, "prompt_logprobs": 1})
         assert status == 200 and out["prompt_logprobs"] == want
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_echo_with_prompt_logprobs_0_has_no_alternatives(stream: bool):
+    """``echo`` + ``logprobs: 2`` + vLLM's ``prompt_logprobs: 0``: the prompt's logprobs
+    are computed as vLLM computes them, with the client's ``prompt_logprobs`` (0: each
+    prompt token's own logprob, no alternative), not with ``logprobs``' 2: the
+    ``prompt_logprobs`` entries hold the token alone, and so do the echoed prompt
+    tokens' ``top_logprobs``; the completion's tokens keep their alternatives."""
+    body = {**CMPL, "echo": True, "logprobs": 2, "prompt_logprobs": 0, "stream": stream}
+    async with serve(Echoing()) as api:
+        if stream:
+            async with api.client.post("/v1/completions", json=body) as r:
+                choice = (await read_sse(r))[0]["choices"][0]
+        else:
+            status, out = await api.post("/v1/completions", body)
+            assert status == 200, out
+            choice = out["choices"][0]
+        (req,) = api.engine.requests
+    assert req.sampling.prompt_logprobs == 0 and req.sampling.top_logprobs == 2
+    assert choice["prompt_logprobs"] == [
+        None,
+        {"6": {"logprob": -1.5, "rank": 2, "decoded_token": "lo"}},
+    ]
+    lp = choice["logprobs"]
+    assert lp["top_logprobs"][:2] == [None, {"lo": -1.5}]
+
+
+async def test_echo_with_logprobs_computes_that_many_prompt_alternatives():
+    """Without ``prompt_logprobs``, ``echo`` + ``logprobs: 1`` computes the prompt's
+    logprobs with 1 alternative (vLLM: ``prompt_logprobs`` defaults to ``logprobs``
+    with ``echo``), and the response has no ``prompt_logprobs`` (not asked for)."""
+    body = {**CMPL, "echo": True, "logprobs": 1}
+    async with serve(Echoing()) as api:
+        status, out = await api.post("/v1/completions", body)
+        assert status == 200, out
+        (req,) = api.engine.requests
+        status, none = await api.post("/v1/completions", {**CMPL, "echo": True})
+        assert status == 200 and api.engine.requests[1].sampling.prompt_logprobs is None
+    assert req.sampling.prompt_logprobs == 1
+    choice = out["choices"][0]
+    assert "prompt_logprobs" not in choice
+    assert choice["logprobs"]["top_logprobs"][:2] == [None, {"p": -0.5, "lo": -1.5}]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from houchu.api.tokenize import GatewayTokenizer
+from houchu.api.tools import NO_PARAMETERS
 from houchu.text.fim import fim_tokens
 from houchu.text.tokenizer import TextTokenizer, load_tokenizer
 from houchu.transport.messages import ChatMessage
@@ -66,6 +67,36 @@ async def test_messages_tokens_are_the_chat_templates(api: Api, tok: TextTokeniz
     rendered = tok.render_chat(turns(), add_generation_prompt=False)
     assert bare["tokens"] == tok.encode_plain(rendered)
     assert bare["count"] < body["count"]  # the assistant's opening is left out
+
+
+TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
+
+
+async def test_tools_are_checked_as_chat_completions_check_them(
+    api: Api, tok: TextTokenizer
+) -> None:
+    """``tools: []`` is the 400 chat completions give it (the same check, the same
+    words), ``tools`` beside a ``prompt`` the completions API's 400, and valid tools go
+    to the chat template as the engine gives them."""
+    for bad in ([], [{"type": "function", "function": {"name": "no spaces"}}]):
+        status, chat = await api.post(
+            "/v1/chat/completions", {"messages": CONVERSATION, "tools": bad}
+        )
+        assert status == 400, chat
+        status, body = await api.post("/tokenize", {"messages": CONVERSATION, "tools": bad})
+        assert status == 400, body
+        assert body["error"] == chat["error"]
+    for name, value in (("tools", [TOOL]), ("add_generation_prompt", False)):
+        status, body = await api.post("/tokenize", {"prompt": "a", name: value})
+        assert status == 400  # as a completion (tools) or a WebSocket prompt frame
+        err = assert_openai_error(body, name)
+        assert err["code"] == "unsupported_value" and "chat requests only" in err["message"]
+    status, body = await api.post("/tokenize", {"messages": CONVERSATION, "tools": [TOOL]})
+    assert status == 200, body
+    template_tools = [
+        {"type": "function", "function": {"name": "get_time", "parameters": NO_PARAMETERS}}
+    ]
+    assert body["tokens"] == tok.apply_chat_template(turns(), template_tools)
 
 
 @pytest.mark.parametrize(

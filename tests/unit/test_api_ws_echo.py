@@ -147,3 +147,19 @@ async def test_echo_refusals(frame: dict[str, Any], param: str, says: str) -> No
     assert err["type"] == "error" and err["status"] == 400
     assert err["error"]["param"] == param and says in err["error"]["message"]
     assert api.engine.requests == []
+
+
+async def test_prompt_logprobs_0_beside_echo_has_no_alternatives() -> None:
+    """A prompt frame with ``echo``, ``logprobs: 2`` and ``prompt_logprobs: 0``: as on
+    ``POST /v1/completions``, the prompt's logprobs are computed with the client's 0
+    alternatives, so the echo frame's prompt entries and vLLM's ``prompt_logprobs``
+    carry the token's own logprob alone."""
+    frames, api = await _frames({**ECHO, "logprobs": 2, "prompt_logprobs": 0})
+    echo = frames[0]
+    assert echo["echo"] and [e["top_logprobs"] for e in echo["logprobs"]] == [None, []]
+    assert echo["prompt_logprobs"] == [
+        None,
+        {"6": {"logprob": -1.5, "rank": 2, "decoded_token": "lo"}},
+    ]
+    (req,) = api.engine.requests
+    assert req.sampling.prompt_logprobs == 0 and req.sampling.top_logprobs == 2

@@ -68,12 +68,66 @@ async def test_a_completion_records_every_parameter_it_sets() -> None:
     for i, p in enumerate(choices):
         assert p["parent"] == out["id"] and p["choice"] == i and p["choices"] == 3
         assert p["n"] == 2 and p["best_of"] == 3 and p["seed"] == 5 + i
-        assert p["api"] == "completion" and p["echo"] == 1 and p["prompt_logprobs"] == 2
+        assert p["api"] == "completion" and p["echo"] == 1 and p["prompt_logprobs"] == 1
         assert p["logprobs"] == 1 and p["top_logprobs"] == 2
         assert p["logit_bias"] == "5: 5=-100, 7=+3, 9=+1, 11=+2, …"
         assert p["min_tokens"] == 2 and p["stop_token_ids"] == "2: 1, 2"
         assert p["allowed_token_ids"] == "6: 5, 7, 9, 11, …" and p["bad_words"] == 2
         assert "never" not in str(p)
+
+
+@pytest.mark.parametrize("frame", [False, True])
+async def test_echo_records_the_prompt_logprobs_the_client_sent_only(frame: bool) -> None:
+    """``echo`` with ``logprobs`` computes the prompt's logprobs (``prompt_logprobs`` on
+    the wire request); the request view shows the client's own fields: no
+    ``prompt_logprobs`` when it sent none, and 0 when it sent 0, over HTTP and on a
+    WebSocket prompt frame."""
+    bodies = [
+        {"prompt": "Hello", "max_tokens": 2, "echo": True, "logprobs": 3},
+        {"prompt": "Hello", "max_tokens": 2, "echo": True, "logprobs": 3, "prompt_logprobs": 0},
+    ]
+    async with serve_vocab() as api:
+        for i, body in enumerate(bodies):
+            if frame:
+                async with api.client.ws_connect("/ws") as ws:
+                    await ws.send_json({"id": i, **body})
+                    assert (await collect(ws, {i}))[i][-1]["type"] == "final"
+            else:
+                status, out = await api.post("/v1/completions", body)
+                assert status == 200, out
+    echo_only, zero = _choices(api)
+    assert echo_only["echo"] == 1 and echo_only["top_logprobs"] == 3
+    assert "prompt_logprobs" not in echo_only
+    assert zero["prompt_logprobs"] == 0
+
+
+async def test_a_chat_records_the_template_fields_it_sent() -> None:
+    """``chat_template_kwargs`` (its keys, a scalar's value beside its key, text only by
+    its key), ``add_generation_prompt`` and ``continue_final_message`` as the client
+    sent them, over HTTP and the WebSocket API; a chat that sent none records none."""
+    kwargs = {"enable_thinking": False, "persona": "my secret persona", "depth": 2}
+    fields = {"chat_template_kwargs": kwargs, "add_generation_prompt": False}
+    fields["continue_final_message"] = True
+    async with serve_vocab() as api:
+        status, out = await api.post("/v1/chat/completions", {"messages": MESSAGES, **fields})
+        assert status == 200, out
+        async with api.client.ws_connect("/ws") as ws:
+            await ws.send_json({"id": "w", "messages": MESSAGES, **fields})
+            assert (await collect(ws, {"w"}))["w"][-1]["type"] == "final"
+        body = {"messages": MESSAGES, "add_generation_prompt": True}
+        status, out = await api.post("/v1/chat/completions", body)
+        assert status == 200, out
+        status, out = await api.post("/v1/chat/completions", {"messages": MESSAGES})
+        assert status == 200, out
+    *sent, header_only, plain = _choices(api)
+    for p in sent:
+        assert p["chat_template_kwargs"] == "3: enable_thinking=false, persona, depth=2"
+        assert p["add_generation_prompt"] == 0 and p["continue_final_message"] == 1
+        assert "my secret" not in str(p)
+    assert header_only["add_generation_prompt"] == 1
+    assert not {"chat_template_kwargs", "continue_final_message"} & set(header_only)
+    template = {"chat_template_kwargs", "add_generation_prompt", "continue_final_message"}
+    assert not template & set(plain), plain
 
 
 async def test_a_plain_request_records_no_optional_parameter() -> None:
@@ -156,15 +210,27 @@ async def test_tool_names_and_stop_strings_only_with_prompt_previews() -> None:
         assert ("my secret" in data["preview"]) is previews
 
 
-async def _recorded(db_path: Path) -> tuple[Engine, str]:
+#: A chat's template fields, as the request view shows them.
+TEMPLATE_FIELDS = {
+    "chat_template_kwargs": {"enable_thinking": False},
+    "add_generation_prompt": False,
+    "continue_final_message": True,
+}
+
+
+async def _recorded(db_path: Path) -> tuple[Engine, str, str]:
     """A database holding the "arrived" events of an ``n=2`` completion with a logit
-    bias and of a plain one, served by the gateway in front of the fake engine; the
-    ``n=2`` request's id."""
+    bias, of a plain one and of a chat with ``TEMPLATE_FIELDS``, served by the gateway
+    in front of the fake engine; the ``n=2`` request's id and the chat's."""
     body = {"prompt": "Hi", "n": 2, "seed": 1, "logit_bias": {"5": -100}}
     async with serve_vocab() as api:
         status, out = await api.post("/v1/completions", body)
         assert status == 200
         status, _ = await api.post("/v1/completions", {"prompt": "alone"})
+        assert status == 200
+        status, chat = await api.post(
+            "/v1/chat/completions", {"messages": MESSAGES, **TEMPLATE_FIELDS}
+        )
         assert status == 200
     ev = _Events()
     observer = RequestObserver(ev, None)
@@ -173,11 +239,11 @@ async def _recorded(db_path: Path) -> tuple[Engine, str]:
     engine = open_db(f"sqlite:///{db_path}")
     with Session(engine) as s, s.begin():
         ingest(s, [TelemetryBatch(actor="gateway", events=ev.events)])
-    return engine, out["id"]
+    return engine, out["id"], chat["id"]
 
 
 async def test_the_request_view_links_the_choices_to_their_parent(tmp_path) -> None:
-    engine, parent = await _recorded(tmp_path / "d.db")
+    engine, parent, chat = await _recorded(tmp_path / "d.db")
     rows = recent_requests(engine, time.time())
     linked = [r for r in rows if r["choice"] is not None]
     assert [r["rid"] for r in linked] == [f"{parent}-0", f"{parent}-1"]
@@ -186,6 +252,9 @@ async def test_the_request_view_links_the_choices_to_their_parent(tmp_path) -> N
         assert r["params"]["seed"] == 1 + i and r["params"]["logit_bias"] == "1: 5=-100"
     alone = next(r for r in rows if r["choice"] is None)
     assert request_detail(engine, alone["rid"], time.time())["choice"] is None
+    params = request_detail(engine, chat, time.time())["params"]
+    assert params["chat_template_kwargs"] == "1: enable_thinking=false"
+    assert params["add_generation_prompt"] == 0 and params["continue_final_message"] == 1
     engine.dispose()
 
 
@@ -196,12 +265,12 @@ class _StatsEngine(FakeEngine):
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
 def test_the_request_view_in_a_browser_labels_choices_and_shows_params(tmp_path) -> None:
-    engine, parent = asyncio.run(_recorded(tmp_path / "d.db"))
+    engine, parent, chat = asyncio.run(_recorded(tmp_path / "d.db"))
     store = DashboardStore(engine)
     app = make_app(_StatsEngine(), model_name="fake", max_context=512, store=store)
     try:
         with dashboard_page(app) as (page, errors):
-            page.wait_for_function("Timeline.rows().length === 3")
+            page.wait_for_function("Timeline.rows().length === 4")
             labels = page.evaluate("document.getElementById('timeline').layout.yaxis.categoryarray")
             assert sum("#0/2" in x for x in labels) == 1 and sum("#1/2" in x for x in labels) == 1
             page.evaluate(f"Timeline.show({parent + '-1'!r})")
@@ -215,6 +284,15 @@ def test_the_request_view_in_a_browser_labels_choices_and_shows_params(tmp_path)
             assert page.locator("#detail [data-param=parent]").count() == 0
             page.click("#detail .choice-link")  # to the other choice
             page.wait_for_selector(f"#detail[data-rid='{parent}-0']")
+            page.evaluate(f"Timeline.show({chat!r})")  # a chat's template fields
+            page.wait_for_selector(f"#detail[data-rid='{chat}']")
+            for name, value in (
+                ("chat_template_kwargs", "1: enable_thinking=false"),
+                ("add_generation_prompt", "0"),
+                ("continue_final_message", "1"),
+            ):
+                shown = page.inner_text(f"#detail [data-param={name}]")
+                assert name in shown and value in shown, shown
             assert not errors, errors
     finally:
         store.close()

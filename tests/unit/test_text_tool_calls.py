@@ -113,6 +113,35 @@ def test_a_cut_required_reply_is_its_calls_as_a_cut_named_one_is(step: int) -> N
         assert RequiredCallsParser().parse(text).content == text
 
 
+@pytest.mark.parametrize(
+    "cut",
+    [
+        '[{"name": "get_weather"',
+        '[{"name": "get_weather",',
+        '[{"name": "get_weather", "par',
+        '[{"name": "get_weather", "parameters"',
+        '[{"name": "get_weather", "parameters": ',
+    ],
+)
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_a_required_call_cut_right_after_its_name_is_a_call(cut: str, step: int) -> None:
+    """Cut by ``max_tokens`` once the name is complete but before its arguments start,
+    a ``required`` call is still a call (its name, empty arguments), not the wrapper's
+    text as content; whole and streamed alike."""
+    for text in (cut, '[{"name": "a", "parameters": {}}, ' + cut[1:]):
+        whole = RequiredCallsParser().parse(text)
+        assert whole.content is None, text
+        assert (whole.calls[-1].name, whole.calls[-1].arguments) == ("get_weather", "")
+        s = RequiredCallsParser().stream()
+        deltas = [*(s.feed(text[i : i + step]) for i in range(0, len(text), step)), s.finish()]
+        assert "".join(d.content for d in deltas) == ""
+        streamed = [t["function"] for d in deltas for t in d.tool_calls]
+        assert [(f["name"], f["arguments"]) for f in streamed] == [
+            (c.name, c.arguments) for c in whole.calls
+        ]
+    assert RequiredCallsParser().parse('[{"name": "get_weather", "x').content is not None
+
+
 def test_chat_formatter_cut_call_is_a_call_with_finish_reason_length() -> None:
     fmt = ChatFormatter("r", 0, "m", logprobs=False, top_n=0, tool_parser=RequiredCallsParser())
     tally = Tally()
@@ -124,6 +153,12 @@ def test_chat_formatter_cut_call_is_a_call_with_finish_reason_length() -> None:
         '{"x": 1}',
         '{"ci',
     ]
+    tally = Tally()
+    tally.add(TextDelta(rid="r", text='[{"name": "get_weather",', finish_reason="length"))
+    choice = fmt.response(tally)["choices"][0]
+    assert (choice["finish_reason"], choice["message"]["content"]) == ("length", None)
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": ""}
 
 
 def test_unknown_parser_is_refused() -> None:

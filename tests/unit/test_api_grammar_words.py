@@ -1,0 +1,151 @@
+"""Structured-output constraints the grammar engine (llguidance) would follow badly or
+refuses in its own terms get a 400 that says what is wrong, over the official
+``openai`` client and the WebSocket API in front of the fake engine: a JSON schema no
+value satisfies (``{"not": {}}``), a regex anchor in the middle of a pattern (``a^``),
+a grammar with no finite string (``root ::= "a" root``); the server keeps serving.
+And which rules of a Lark grammar can never finish (``houchu.api.lark_rules``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from llguidance.gbnf_to_lark import any_to_lark
+
+from houchu.api.lark_rules import endless_rules
+from houchu.api.structured import json_schema_grammar, no_value_nots
+
+from .test_api_request_rules import MESSAGES, _chat_error, serve_vocab
+from .test_api_ws import collect
+
+
+def _schema(schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    }
+
+
+#: (request fields, the parameter named, words the message must hold)
+REFUSED = [
+    (_schema({"not": {}}), "response_format", ["matches no JSON value", '{"not": {}}']),
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"not": True}, "strict": True},
+            }
+        },
+        "response_format",
+        ["matches no JSON value"],
+    ),
+    (
+        {"guided_json": {"type": "object", "properties": {"a": {"not": {}}}, "required": ["a"]}},
+        "guided_json",
+        ["matches no JSON value", "'a'"],
+    ),
+    ({"guided_regex": "a^"}, "guided_regex", ["'^' in the middle of /a^/", "could never match"]),
+    ({"regex": "a$b"}, "regex", ["'$' in the middle of /a$b/", "could never match"]),
+    ({"guided_json": {"type": "string", "pattern": "x^y"}}, "guided_json", ["'^' in the middle"]),
+    ({"guided_regex": r"\bcat"}, "guided_regex", ["word boundaries"]),
+    ({"ebnf": 'root ::= "a" root'}, "ebnf", ["no finite string", "'root'", "never finish"]),
+    ({"guided_grammar": 'start: "a" start'}, "guided_grammar", ["no finite string", "'start'"]),
+    (
+        {"structured_outputs": {"grammar": 'root ::= "b" | "a" loop\nloop ::= "c" loop'}},
+        "structured_outputs.grammar",
+        ["never finish", "'loop'"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("extra", "param", "words"), REFUSED)
+async def test_the_400_says_what_is_wrong(
+    extra: dict[str, Any], param: str, words: list[str]
+) -> None:
+    async with serve_vocab() as api:
+        body = await _chat_error(api, messages=MESSAGES, max_tokens=4, extra_body=extra)
+        err = body if "message" in body else body["error"]
+        assert err["param"] == param and err["code"] == "invalid_grammar", err
+        for w in words:
+            assert w in err["message"], err["message"]
+        for internal in ("lookarounds", "Start in regex", "too complex", "Unimplemented", "\n"):
+            assert internal not in err["message"], err["message"]
+        async with api.client.ws_connect("/ws") as ws:  # the same 400 over the WebSocket API
+            await ws.send_json({"id": "g", "messages": MESSAGES, "max_tokens": 4, **extra})
+            (frame,) = (await collect(ws, {"g"}))["g"]
+        assert frame["type"] == "error" and frame["status"] == 400
+        assert frame["error"]["message"] == err["message"]
+        assert api.engine.requests == []  # refused before any work
+        status, out = await api.post(
+            "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2}
+        )
+        assert status == 200, out  # still serving
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        _schema({"type": "object", "properties": {"a": {"not": {}}, "b": {"type": "integer"}}}),
+        _schema({"type": "object", "properties": {"not": {}}, "required": ["not"]}),  # a name
+        {"guided_regex": "^a(b|c)$"},
+        {"ebnf": 'root ::= "a" root | "a"'},
+        {"guided_grammar": 'start: x+\nx: "a" | "(" x ")"'},
+    ],
+)
+async def test_what_can_finish_is_served(extra: dict[str, Any]) -> None:
+    """An optional property that allows no value, a property named ``not``, anchors at
+    the pattern's edges and recursions that can end are served."""
+    async with serve_vocab() as api:
+        status, out = await api.post(
+            "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, **extra}
+        )
+    assert status == 200, out
+
+
+def test_not_of_everything_matches_no_value() -> None:
+    """``{"not": S}`` with ``S`` every value matches becomes ``allOf: [false]`` where it
+    is a schema; a property named ``not`` and other negations are left alone."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "not": {},
+            "a": {"not": {"description": "x"}},
+            "b": {"not": {"type": "string"}},
+        },
+        "anyOf": [{"not": True}, {"allOf": [{"type": "object"}], "not": {}}],
+    }
+    got = no_value_nots(schema)
+    assert got["properties"]["not"] == {} and got["properties"]["b"] == {"not": {"type": "string"}}
+    assert got["properties"]["a"] == {"allOf": [False]}
+    assert got["anyOf"] == [{"allOf": [False]}, {"allOf": [{"type": "object"}, False]}]
+    assert json_schema_grammar(schema)  # llguidance builds it
+
+
+@pytest.mark.parametrize(
+    ("grammar", "endless"),
+    [
+        ('root ::= "a" root', ["start"]),
+        ('root ::= "a" root | "b"', []),
+        ('root ::= "a" x | "b"\nx ::= "c" x', ["x"]),
+        ('root ::= ("y" root){2,3}', ["start"]),
+        ('root ::= ("y" root){0,3}', []),
+        ('root ::= item+ ("," item)* [a-z]?\nitem ::= "x" | ("y" item){2,3} | [^a]', []),
+        ('start: a b\na: "x" a\nb: "y"', ["start", "a"]),
+        ('start: [a] "z"\na: "x" a', ["a"]),
+        ('start: a~1\na: "x" a', ["start", "a"]),
+        ('start: a~2..3\na: "x" | a "y"', []),
+        ('start: x\nx: "a" x\n  | %json {"type": "object", "x": "}"}', []),
+        ('start: x\n// a comment\nx: "a"i | "b".."c" | <|eot|> # another', []),
+        ('start[capture]: "x" start', ["start"]),
+        ('?start: "q" -> alias', []),
+        ("start: A+\nA: /[a-z]/", []),
+        ('unused: "x" unused\nstart: "y"', []),  # not reachable: never entered
+    ],
+)
+def test_endless_rules(grammar: str, endless: list[str]) -> None:
+    lark = any_to_lark(grammar) if "::=" in grammar else grammar  # as houchu reads them
+    assert endless_rules(lark) == endless
+
+
+@pytest.mark.parametrize("grammar", ['%if x\nstart: "x"', 'start: "x"\n%declare A', "a: b"])
+def test_a_grammar_the_reader_does_not_follow_is_not_judged(grammar: str) -> None:
+    assert endless_rules(grammar) is None
