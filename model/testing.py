@@ -1,12 +1,15 @@
 """Helpers for tests elsewhere in houchu: a tiny random Llama-family model (Llama, Qwen2,
 Qwen3, Qwen3-MoE, DeepSeek-V2/V3, Mistral, Gemma 2/3) saved as a Hugging Face directory,
-a tokenizer to serve it with, and DeepSeek-V3's MTP layer (needs ``transformers``;
-imported lazily). Their GGUF twins are written by ``houchu.model.gguf_writers``."""
+the same model briefly trained on a text (``train_tiny_model``: peaked next-token
+distributions, as a real LM's), a tokenizer to serve it with, and DeepSeek-V3's MTP
+layer (needs ``transformers``; imported lazily). Their GGUF twins are written by ``houchu.model.gguf_writers``."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 TINY_CONFIG: dict[str, Any] = {
     "vocab_size": 128,
@@ -82,6 +85,20 @@ def make_tiny_model(
     Returns:
         ``path`` as a ``Path``.
     """
+    model = build_tiny_model(
+        family, tie_word_embeddings=tie_word_embeddings, seed=seed, **overrides
+    )
+    out = Path(path)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def build_tiny_model(
+    family: str, *, tie_word_embeddings: bool = False, seed: int = 0, **overrides: Any
+) -> Any:
+    """The float32 transformers model ``make_tiny_model`` saves (its random draw, in
+    eval mode), unsaved: ``AutoModelForCausalLM.from_config`` of ``TINY_CONFIG`` with
+    ``overrides``, weights drawn as ``make_tiny_model`` says. Arguments as there."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -103,9 +120,109 @@ def make_tiny_model(
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's routing bias
                 b.normal_(0.0, 0.1)
+    return model
+
+
+class TrainedTiny(NamedTuple):
+    """``train_tiny_model``'s result: ``path``, the saved folder; ``train_bpb``, the
+    mean teacher-forced loss of the last 20 steps on the training text (bits per token,
+    i.e. per byte for byte tokens)."""
+
+    path: Path
+    train_bpb: float
+
+
+def train_tiny_model(
+    path: str | Path,
+    family: str,
+    ids: Sequence[int],
+    *,
+    steps: int = 120,
+    batch: int = 2,
+    seq_len: int = 300,
+    lr: float = 1e-2,
+    weight_decay: float = 0.01,
+    tie_word_embeddings: bool = False,
+    seed: int = 0,
+    **overrides: Any,
+) -> TrainedTiny:
+    """Train ``make_tiny_model``'s model (same config, overrides and random draw) on
+    ``ids`` by teacher forcing, then save it as ``make_tiny_model`` does (float32
+    safetensors and ``config.json``, so the loader and the GGUF writers take it alike).
+
+    AdamW (decoupled ``weight_decay``, gradients clipped to norm 1) for ``steps`` steps of
+    ``batch`` windows of ``seq_len + 1`` tokens drawn uniformly from ``ids``, the rate
+    warmed up over 20 steps and decayed linearly to 0. Deterministic: the draw and the
+    windows come from ``seed``, and the steps run on one CPU thread with
+    ``torch.use_deterministic_algorithms`` (both restored afterwards), so the same
+    arguments on the same CPU kind give the same weights. Costs 15-50 ms of CPU per
+    step of 2 x 300 tokens at hidden size 64 (2-3 layers; the MoE and MLA models the
+    most): 2-6 s for the default 120 steps.
+
+    Args:
+        path: target directory (created).
+        family: the HF ``model_type``.
+        ids: training token ids, each below the vocabulary size, more than ``seq_len``.
+        steps: optimizer steps.
+        batch: windows per step.
+        seq_len: tokens per window (positions trained on).
+        lr: peak learning rate.
+        weight_decay: AdamW's decoupled weight decay.
+        tie_word_embeddings: share the embedding and LM-head matrices.
+        seed: torch seed for the random weights and the windows.
+        overrides: config fields replacing ``TINY_CONFIG``'s.
+    Returns:
+        the saved folder and the final training loss (``TrainedTiny``).
+    Raises:
+        ValueError: ``ids`` not longer than ``seq_len``, an id out of the vocabulary, or
+            ``steps``, ``batch`` or ``seq_len`` below 1.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    if min(steps, batch, seq_len) < 1:
+        raise ValueError(f"steps, batch and seq_len must be >= 1, got {steps}, {batch}, {seq_len}")
+    if len(ids) <= seq_len:
+        raise ValueError(f"need more than seq_len={seq_len} training ids, got {len(ids)}")
+    model = build_tiny_model(
+        family, tie_word_embeddings=tie_word_embeddings, seed=seed, **overrides
+    )
+    vocab = model.config.vocab_size
+    data = torch.tensor(list(ids), dtype=torch.long)
+    if int(data.min()) < 0 or int(data.max()) >= vocab:
+        raise ValueError(
+            f"training ids must be in [0, {vocab}), got {int(data.min())}..{int(data.max())}"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * (1.0 - s / steps)
+    )
+    threads, determ = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    losses: list[float] = []
+    try:
+        model.train()
+        for _ in range(steps):
+            starts = torch.randint(0, len(data) - seq_len, (batch,), generator=gen)
+            x = torch.stack([data[i : i + seq_len + 1] for i in starts.tolist()])
+            logits = model(x[:, :-1]).logits
+            loss = F.cross_entropy(logits.reshape(-1, vocab), x[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(determ)
+    model.eval()
     out = Path(path)
     model.save_pretrained(out, safe_serialization=True)
-    return out
+    tail = losses[-20:]
+    return TrainedTiny(out, sum(tail) / len(tail) / math.log(2))
 
 
 def write_tiny_tokenizer(path: str | Path, vocab_size: int = 128) -> Path:

@@ -1,43 +1,86 @@
-"""Quantized weights (int4, int8, W8A8) and the int8 KV cache of every model family
-against its exact path:
-top-1 next-token agreement and the mean |Δ log p| on the fixed English text (its ASCII
-bytes as token ids, within the tiny vocabulary; 600 positions, past every sliding
-window), on the tiny random models the family tests use (one variant per family).
+"""Quantized weights (int8, W8A8, int4 in groups of 32) and the int8 KV cache of every
+model family against its exact path: top-1 next-token agreement and the mean |Δ log p| on
+the fixed English text (its first 600 ASCII bytes as token ids, past every sliding
+window), on each family's tiny model (one variant per family, as its own test module
+builds it) *trained* at test time (``houchu.model.testing.train_tiny_model``: 120 AdamW
+steps of 2 x 300 tokens on the rest of quality_en.txt and quality_code.txt, 6,151 bytes,
+never the evaluated 600), so that its next-token distributions are peaked as a language
+model's rather than nearly flat as a random one's. Each figure is printed (``-s``);
+docs/benchmarks.md, "Quantized families on tiny trained models", has the table.
 
-What a tiny random model can show, and what it cannot: its next-token distribution is
-nearly flat (64-wide, random weights), so the top-1 margins are small against a
-rounding's noise, and in a MoE (Qwen3-MoE, DeepSeek) a rounding that flips one of a
-token's routed experts changes its output wholesale. The issue's 95% bar is for real
-checkpoints: the real model (SmolLM2-135M) holds it for int4, int8 and W8A8
-(tests/integration/test_quant_quality.py); here the same int4 code measures 0.84 on the
-tiny random Llama. So each figure is printed (``-s``) and held to a floor measured on
-these models that a broken quantized path (wrong fused split, bias or norm dropped, a
-permuted row) falls far below: int8 and W8A8 0.93 (measured 0.95-0.99; DeepSeek's W8A8
-0.90, measured 0.928 and 0.947), int4 0.5
-(measured 0.54-0.84; its groups of 32 leave 2 per 64-wide row). int8 of Mistral / Gemma
-is held to 0.95 in test_model_sliding.py, int8 and int4 of every DeepSeek variant in
-test_model_deepseek.py; those pairs are not repeated here. Measured figures:
-docs/benchmarks.md, "Quantized families on tiny random models".
+What the trained models learnt: 3.07-3.47 bits per byte on the evaluated text (uniform:
+7; a unigram model of the training text: 4.27; its add-0.1 bigram model: 3.45), against
+2.2-3.4 on their last training batches, so they learnt English byte statistics (bigram
+level and a little more), memorizing some of the small training text (Gemma most).
+
+Held (``FLOOR`` / ``CEILING``): the issue's 0.95 top-1 bar for int8, W8A8 and the int8 KV
+cache in every family (measured 0.978-1.000 over these models and the same families
+drawn with two other seeds), and for int4 in the dense Llama, Qwen2, Qwen3 and Mistral
+(measured 0.962-0.990 over the three seeds). Where int4 does not hold it:
+
+- Gemma 2 / 3 (0.905-0.948 over the three seeds; floor 0.88): int4 moves their last
+  hidden state (before the final norm) more, 7.8% / 9.7% relative against 5.5-5.9% for
+  Llama / Mistral, at the same 7.8% relative weight error of groups of 32 on these
+  near-Gaussian weights. That fits their post-norms (not isolated further): each block's
+  output gets unit size against the residual, so its rounding error is less diluted. The median shift of the exact path's top-2 logit
+  gap is 0.10 / 0.14 nats (Llama 0.08, Qwen 0.04-0.07) and 8.5-10.5% of positions have a
+  gap below 0.1 nats, so 52-53 of 599 positions flip.
+- the MoE families (Qwen3-MoE 0.940-0.970, DeepSeek-V2 0.943-0.988, DeepSeek-V3
+  0.953-0.998; floor 0.92): the two under 0.95 are the test's own seeds, whose exact paths
+  have more near-ties (13% / 19% of positions with a top-2 gap under 0.1 nats, against
+  5-9% in Llama, Qwen2/3 and Mistral). Routing flips are not the cause: int4 changes a
+  token's routed experts at 0.7% (Qwen3-MoE) / 4.1% (DeepSeek-V2) of token-layers, and those
+  positions hold 0 of the 36 and 3 of the 34 top-1 flips.
+
+A character-level model of 64 wide rows is a hard case for a 4-bit rounding: its best
+guess is right 29-39% of the time, so many positions are near-ties. The real model's int4
+figure (SmolLM2-135M, tests/integration/test_quant_quality.py) does not compare: its
+projections are Q4_1 in the file and int4 keeps them losslessly.
+
+Top-1 agreement alone is coarse: with layer 0's ``o_proj`` output rows 0 and 1
+exchanged, int8 still agrees at 0.952-0.995 in 7 of the 9 families, but moves log p by
+0.025-0.063 nats against at most 0.0146 for int8's rounding, so each case also holds a
+ceiling on the mean |Δ log p| (``CEILING``, about 1.4x the highest measured over the
+three seeds; a change smaller than that, such as one row of every ``o_proj`` reversed in
+DeepSeek-V3, at 0.016, passes unseen).
+``test_broken_path_fails`` shows both checks fail a deliberately broken quantized path.
+int8 of Mistral / Gemma stays held at 0.95 on the random models in test_model_sliding.py,
+int8 and int4 of every DeepSeek variant (lower floors, random) in test_model_deepseek.py.
 """
 
 from __future__ import annotations
 
+import math
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from houchu.model.loader import load_model
-from houchu.model.quality import agreement, text_logprobs
+from houchu.model.quality import Agreement, agreement, text_logprobs
 from houchu.model.quant import QuantSpec
-from houchu.model.testing import make_tiny_model
+from houchu.model.testing import train_tiny_model
 from houchu.model.w8a8 import W8A8_MIN_ROWS
 from tests.unit.test_model_deepseek import FAMILIES as DEEPSEEK
 from tests.unit.test_model_deepseek import MLA
 from tests.unit.test_model_families import FAMILIES as QWEN
 from tests.unit.test_model_sliding import FAMILIES as SLIDING
 
-TEXT = (Path(__file__).parents[1] / "data" / "quality_en.txt").read_text()
+DATA = Path(__file__).parents[1] / "data"
+EVAL = 600  #: evaluated bytes: the first 600 ASCII bytes of quality_en.txt
+
+
+def ascii_ids(name: str) -> list[int]:
+    """``tests/data/{name}``'s ASCII bytes below 128, as token ids."""
+    return [b for b in (DATA / name).read_text().encode("ascii", "ignore") if b < 128]
+
+
+EN = ascii_ids("quality_en.txt")
+#: training ids: quality_en.txt past the evaluated bytes, then quality_code.txt
+TRAIN = EN[EVAL:] + ascii_ids("quality_code.txt")
 #: family variant -> (config overrides, seed), as each family's own test builds it
 MODELS = {
     "llama": ({}, 7),
@@ -50,43 +93,80 @@ MODELS = {
     "deepseek_v2": ({**MLA, **DEEPSEEK["deepseek_v2"]}, 11),
     "deepseek_v3": ({**MLA, **DEEPSEEK["deepseek_v3"]}, 11),
 }
-FLOOR = {"int8": 0.93, "w8a8": 0.93, "int4": 0.5}
-#: MLA with DeepSeekMoE: routing flips on near-ties (W8A8 measured 0.928 and 0.947)
-FLOOR_DEEPSEEK = {"w8a8": 0.9}
-#: pairs held (to the same floor or a higher one) in the family's own test module
-ELSEWHERE = {
-    ("mistral", "int8"),
-    ("gemma2", "int8"),
-    ("gemma3_text", "int8"),
-    ("deepseek_v2", "int8"),
-    ("deepseek_v2", "int4"),
-    ("deepseek_v3", "int8"),
-    ("deepseek_v3", "int4"),
-}
-CASES = [(m, q) for m in MODELS for q in FLOOR if (m, q) not in ELSEWHERE]
-#: int8 KV (exact weights; measured 0.982-0.998); MLA's latent pool stays in the model
-#: dtype (said at start-up: test_model_deepseek.py::test_levers_that_do_not_apply_say_so)
+GEMMA = {"gemma2", "gemma3_text"}
+MOE = {"qwen3_moe", "deepseek_v2", "deepseek_v3"}
+#: lowest top-1 agreement held: the issue's 0.95, int4 lower where it does not hold
+FLOOR = {"int8": 0.95, "w8a8": 0.95, "kv-int8": 0.95, "int4": 0.95}
+FLOOR_INT4 = {**dict.fromkeys(GEMMA, 0.88), **dict.fromkeys(MOE, 0.92)}
+#: highest mean |Δ log p| held (nats); measured at most 0.0146, 0.0138, 0.0074, 0.056
+CEILING = {"int8": 0.02, "w8a8": 0.02, "kv-int8": 0.01, "int4": 0.08}
+CEILING_INT4_GEMMA = 0.15  #: measured at most 0.104
+#: bits per byte the exact path must beat on the evaluated text (a unigram model: 4.27)
+MAX_BPB = 3.7
+CASES = [(m, q) for m in MODELS for q in ("int8", "w8a8", "int4")]
+#: int8 KV (exact weights); MLA's latent pool stays in the model dtype (said at start-up:
+#: test_model_deepseek.py::test_levers_that_do_not_apply_say_so)
 CASES += [(m, "kv-int8") for m in MODELS if not m.startswith("deepseek")]
-FLOOR_KV = 0.95
+
+
+def bounds(name: str, quant: str) -> tuple[float, float]:
+    """(top-1 floor, mean |Δ log p| ceiling) held for ``name`` under ``quant``."""
+    if quant == "int4":
+        return FLOOR_INT4.get(name, FLOOR[quant]), (
+            CEILING_INT4_GEMMA if name in GEMMA else CEILING[quant]
+        )
+    return FLOOR[quant], CEILING[quant]
+
+
+def passes(a: Agreement, name: str, quant: str) -> bool:
+    """Whether ``a`` meets the floor and the ceiling held for ``name`` under ``quant``."""
+    floor, ceiling = bounds(name, quant)
+    return a.top1 >= floor and a.mean_abs_dlogp <= ceiling
+
+
+def measure(path: Path, ref: torch.Tensor, ids: list[int], quant: str) -> Agreement:
+    """The model at ``path`` under ``quant`` ("int8", "w8a8", "int4" in groups of 32, or
+    "kv-int8": exact weights over an int8 KV pool) against the exact path's ``ref``, fed
+    16 tokens a step (the weight-only kernels' row counts) or, for W8A8,
+    ``W8A8_MIN_ROWS`` (its int8 GEMM: weight-only int8 below that, and on CPUs whose
+    ``torch._int_mm`` saturates)."""
+    chunk = W8A8_MIN_ROWS if quant == "w8a8" else 16
+    kv = "int8" if quant == "kv-int8" else "auto"
+    weights = QuantSpec("none" if kv == "int8" else quant, 32)
+    with torch.inference_mode():
+        model = load_model(path, quant=weights)
+        got = text_logprobs(model, ids, chunk=chunk, page_size=4, kv_dtype=kv)
+    return agreement(ref, got, ids)
 
 
 @pytest.fixture(scope="module")
 def ids() -> list[int]:
-    """The fixed English text's first 600 ASCII bytes below 128, as token ids."""
-    return [b for b in TEXT.encode("ascii", "ignore") if b < 128][:600]
+    """The evaluated ids: the fixed English text's first 600 ASCII bytes."""
+    return EN[:EVAL]
 
 
 @pytest.fixture(scope="module")
 def exact(tmp_path_factory, ids):
-    """family variant -> (HF dir, ``[600, V]`` exact-path log-probabilities), built once."""
-    out = {}
+    """family variant -> (trained HF dir, ``[600, V]`` exact-path log-probabilities),
+    trained and measured once; prints the bits per byte on the evaluated text."""
+    out: dict[str, tuple[Path, torch.Tensor]] = {}
 
-    def get(name: str):
+    def get(name: str) -> tuple[Path, torch.Tensor]:
         if name not in out:
             overrides, seed = MODELS[name]
-            path = make_tiny_model(tmp_path_factory.mktemp(name), name, seed=seed, **overrides)
+            trained = train_tiny_model(
+                tmp_path_factory.mktemp(name) / "hf", name, TRAIN, seed=seed, **overrides
+            )
             with torch.inference_mode():
-                out[name] = path, text_logprobs(load_model(path), ids, chunk=16, page_size=4)
+                ref = text_logprobs(load_model(trained.path), ids, chunk=16, page_size=4)
+            nxt = torch.tensor(ids[1:])[:, None]
+            bpb = -ref[:-1].gather(1, nxt).mean().item() / math.log(2)
+            print(
+                f"\n[quality] {name} exact: {bpb:.3f} bits/byte on the evaluated text, "
+                f"{trained.train_bpb:.3f} on the last training batches"
+            )
+            assert bpb < MAX_BPB, f"{name} learnt too little: {bpb:.3f} bits/byte"
+            out[name] = trained.path, ref
         return out[name]
 
     return get
@@ -94,25 +174,65 @@ def exact(tmp_path_factory, ids):
 
 @pytest.mark.parametrize(("name", "quant"), CASES, ids=lambda v: str(v))
 def test_quantized_family_keeps_top1(exact, ids, name, quant):
-    """int4 (groups of 32), int8 or W8A8 weights, or the int8 KV cache ("kv-int8",
-    read back every chunk), against the exact path on the English
-    text, fed 16 tokens a step (the weight-only kernels' row counts) or, for W8A8,
-    ``W8A8_MIN_ROWS`` (its int8 GEMM: weight-only int8 below that, and on CPUs whose
-    ``torch._int_mm`` saturates)."""
+    """The quantized path keeps the top-1 agreement floor and the mean |Δ log p|
+    ceiling (``bounds``) against the exact path of the trained model."""
     path, ref = exact(name)
-    chunk = W8A8_MIN_ROWS if quant == "w8a8" else 16
-    kv = "int8" if quant == "kv-int8" else "auto"
-    weights = QuantSpec("none" if kv == "int8" else quant, 32)
-    with torch.inference_mode():
-        model = load_model(path, quant=weights)
-        got = text_logprobs(model, ids, chunk=chunk, page_size=4, kv_dtype=kv)
-    a = agreement(ref, got, ids)
-    print(f"\n[quality] {name} {quant}: top-1 {a.top1:.3f}, mean |dlogp| {a.mean_abs_dlogp:.4f}")
+    a = measure(path, ref, ids, quant)
+    floor, ceiling = bounds(name, quant)
+    print(
+        f"\n[quality] {name} {quant}: top-1 {a.top1:.3f} (floor {floor}), "
+        f"mean |dlogp| {a.mean_abs_dlogp:.4f} (ceiling {ceiling})"
+    )
     assert a.positions == len(ids) - 1
-    if quant == "kv-int8":
-        floor = FLOOR_KV
-    elif "deepseek" in name:
-        floor = FLOOR_DEEPSEEK.get(quant, FLOOR[quant])
-    else:
-        floor = FLOOR[quant]
-    assert a.top1 >= floor, a
+    assert passes(a, name, quant), a
+
+
+def halves_swapped(w: dict[str, torch.Tensor]) -> None:
+    """Layer 0's ``o_proj`` with the two 16-wide halves of every group of 32 inputs
+    exchanged: an int4 nibble-order mix-up (ggml's low nibbles hold elements 0-15, the
+    high ones 16-31)."""
+    name = "model.layers.0.self_attn.o_proj.weight"
+    n, k = w[name].shape
+    w[name] = w[name].reshape(n, k // 32, 2, 16).flip(2).reshape(n, k).contiguous()
+
+
+def rows_swapped(w: dict[str, torch.Tensor]) -> None:
+    """Layer 0's ``o_proj`` with output rows 0 and 1 exchanged (a wrong row order)."""
+    name = "model.layers.0.self_attn.o_proj.weight"
+    w[name] = w[name][[1, 0, *range(2, w[name].shape[0])]].contiguous()
+
+
+def bias_dropped(w: dict[str, torch.Tensor]) -> None:
+    """Every q/k/v bias zeroed: a path that drops Qwen2's attention biases."""
+    for name in [n for n in w if n.endswith("_proj.bias")]:
+        w[name] = torch.zeros_like(w[name])
+
+
+#: (family, quantization, how the path is broken)
+BROKEN: list[tuple[str, str, Callable[[dict[str, torch.Tensor]], None]]] = [
+    ("gemma3_text", "int4", halves_swapped),  # the lowest floor held
+    ("llama", "int4", halves_swapped),
+    ("llama", "int8", rows_swapped),  # top-1 about 0.99: caught by the ceiling
+    ("qwen2", "int8", bias_dropped),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "quant", "breaking"), BROKEN, ids=lambda v: getattr(v, "__name__", str(v))
+)
+def test_broken_path_fails(exact, ids, tmp_path, name, quant, breaking):
+    """A quantized path broken on purpose (its weights edited here, in a copy of the
+    trained folder, before houchu quantizes them) fails the floor or the ceiling the
+    working path clears, so the check above can fail."""
+    path, ref = exact(name)
+    broken = tmp_path / "broken"
+    shutil.copytree(path, broken)
+    weights = load_file(str(broken / "model.safetensors"))
+    breaking(weights)
+    save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    a = measure(broken, ref, ids, quant)
+    print(
+        f"\n[quality] {name} {quant} broken ({breaking.__name__}): top-1 {a.top1:.3f}, "
+        f"mean |dlogp| {a.mean_abs_dlogp:.4f}"
+    )
+    assert not passes(a, name, quant), a
