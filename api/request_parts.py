@@ -15,6 +15,7 @@ from houchu.api.schema import SEED_RANGE, HttpFields, SamplingFields
 from houchu.api.schema_errors import json_type, validation_error
 from houchu.api.structured import structured_output
 from houchu.api.tools import ToolSetup
+from houchu.text.token_conflicts import no_token_left
 from houchu.transport.limits import RunnerLimits
 from houchu.transport.messages import SamplingParams
 
@@ -101,7 +102,9 @@ def check_model(model: str | None, model_name: str) -> None:
 def check_token_ids(req: SamplingFields, vocab_size: int) -> None:
     """``allowed_token_ids`` and ``stop_token_ids`` name tokens of the vocabulary (0:
     unknown, not checked; ``logit_bias``'s keys: ``check_logit_bias``), and
-    ``logit_bias`` leaves some token unbanned. Raises ``ApiError`` (400)."""
+    ``allowed_token_ids`` and ``logit_bias`` together leave some token to sample
+    (``houchu.text.token_conflicts``; ``bad_words`` and ``min_tokens`` are checked with
+    them by the tokenizer actor, which encodes the words). Raises ``ApiError`` (400)."""
     if not vocab_size:
         return
     for name in ("allowed_token_ids", "stop_token_ids"):
@@ -114,14 +117,10 @@ def check_token_ids(req: SamplingFields, vocab_size: int) -> None:
                 param=name,
                 code="invalid_value",
             )
-    banned = {int(t) for t, b in (req.logit_bias or {}).items() if b <= -100}
-    if len(banned) >= vocab_size:
-        raise ApiError(
-            "'logit_bias' bans every token of the vocabulary (-100 on all "
-            f"{vocab_size}): nothing could be sampled",
-            param="logit_bias",
-            code="invalid_value",
-        )
+    bias = {int(t): b for t, b in (req.logit_bias or {}).items()}
+    failure = no_token_left(vocab_size, allowed=req.allowed_token_ids, logit_bias=bias)
+    if failure is not None:
+        raise ApiError.of(failure)
 
 
 def choice_counts(n: int | None, best_of: int | None, stream: bool) -> tuple[int, int]:
