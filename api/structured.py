@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llguidance import LLMatcher, grammar_from
+from llguidance import LLMatcher, grammar_from, regex_to_lark
 
 from houchu.api.errors import ApiError
 from houchu.api.grammar_words import describe, endless
@@ -163,6 +163,21 @@ def no_value_nots(schema: Any) -> Any:
     return out
 
 
+def regex_grammar(pattern: str) -> str:
+    """llguidance's grammar of a regex, with ``\\d`` read as ``[0-9]`` and ``\\D`` as
+    ``[^0-9]``, as vLLM's grammar engines (xgrammar, outlines) and JSON Schema's
+    ``pattern`` read them, rather than Rust's Unicode digits (``\\d`` would match "١" or
+    "🯸"). llguidance's ``regex_to_lark`` rewrites them, escapes (``\\\\d``) and
+    classes (``[\\d_]``) respected; ``\\w`` and ``\\s`` keep their Unicode meaning. A
+    pattern that does not compile as given is returned as given, so its error is the
+    user's pattern's (the rewrite would mend some, such as a final lone backslash)."""
+    original = grammar_from("regex", pattern)
+    ascii_digits = regex_to_lark(pattern, "d")
+    if ascii_digits == pattern or LLMatcher.validate_grammar_with_warnings(original)[0]:
+        return original
+    return grammar_from("regex", ascii_digits)
+
+
 #: The characters a regex (Rust's ``regex`` syntax, llguidance's) escapes with a backslash.
 _REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~")
 
@@ -242,10 +257,10 @@ def _forms(req: SamplingFields) -> list[tuple[str, GrammarKind, Any]]:
     if req.guided_json is not None:
         out.append(("guided_json", "json_schema", lambda: json_schema_grammar(req.guided_json)))
     for param, kind, value, build in (
-        ("guided_regex", "regex", req.guided_regex, lambda v: grammar_from("regex", v)),
+        ("guided_regex", "regex", req.guided_regex, regex_grammar),
         ("guided_choice", "choice", req.guided_choice, choice_grammar),
         ("guided_grammar", "grammar", req.guided_grammar, _grammar),
-        ("regex", "regex", req.regex, lambda v: grammar_from("regex", v)),
+        ("regex", "regex", req.regex, regex_grammar),
         ("ebnf", "grammar", req.ebnf, lambda v: grammar_from("ebnf", v)),
     ):
         if value is not None:
@@ -262,7 +277,7 @@ def _vllm_forms(so: StructuredOutputs) -> list[tuple[str, GrammarKind, Any]]:
     if so.json_object:
         out.append((f"{p}.json_object", "json_object", lambda: json_schema_grammar(ANY_OBJECT)))
     if so.regex is not None:
-        out.append((f"{p}.regex", "regex", lambda: grammar_from("regex", so.regex)))
+        out.append((f"{p}.regex", "regex", lambda: regex_grammar(so.regex)))
     if so.choice is not None:
         out.append((f"{p}.choice", "choice", lambda: choice_grammar(so.choice)))
     if so.grammar is not None:
