@@ -11,7 +11,13 @@ import msgspec
 
 from houchu.api.errors import ApiError
 from houchu.api.logit_bias import check_logit_bias
-from houchu.api.schema import SEED_RANGE, HttpFields, SamplingFields
+from houchu.api.schema import (
+    SEED_RANGE,
+    ChatCompletionRequest,
+    HttpFields,
+    SamplingFields,
+    WsGenerateRequest,
+)
 from houchu.api.schema_errors import json_type, validation_error
 from houchu.api.structured import structured_output
 from houchu.api.tools import ToolSetup
@@ -272,6 +278,15 @@ def check_grammar_conflicts(req: SamplingFields, grammar_param: str) -> None:
                 param=name,
                 code="invalid_value",
             )
+
+
+def asked_max_tokens(req: ChatCompletionRequest | WsGenerateRequest) -> tuple[int | None, str]:
+    """(the value, the field) that limits the output, as ``max_tokens_of`` takes them:
+    ``max_completion_tokens`` when given (OpenAI's name; it wins over ``max_tokens``,
+    as vLLM reads them), else ``max_tokens`` (None: neither given)."""
+    if req.max_completion_tokens is not None:
+        return req.max_completion_tokens, "max_completion_tokens"
+    return req.max_tokens, "max_tokens"
 
 
 def max_tokens_of(value: int | None, name: str, default: int, max_context: int) -> int:
