@@ -259,9 +259,10 @@ def with_echo(
 def check_grammar_conflicts(req: SamplingFields, grammar_param: str) -> None:
     """Refuse the parameters an output grammar (given by ``grammar_param``) would
     override: ``min_tokens`` (the grammar's end, where it allows only EOS, would have to
-    be passed) and ``allowed_token_ids`` (the grammar's tokens, not these, would be
-    sampled where the two do not meet). vLLM applies both beside the grammar's mask and
-    can leave a row with no token to sample; a 400 says so before any work.
+    be passed), ``allowed_token_ids`` (the grammar's tokens, not these, would be
+    sampled where the two do not meet) and ``bad_words`` that ban every choice of a
+    choice list (``check_banned_choices``). vLLM applies them beside the grammar's mask
+    and can leave a row with no token to sample; a 400 says so before any work.
 
     Raises:
         ApiError: (400, ``invalid_value``) naming both parameters.
@@ -278,6 +279,33 @@ def check_grammar_conflicts(req: SamplingFields, grammar_param: str) -> None:
                 param=name,
                 code="invalid_value",
             )
+    check_banned_choices(req, grammar_param)
+
+
+def check_banned_choices(req: SamplingFields, grammar_param: str) -> None:
+    """Refuse a choice list whose every choice is a bad word: the grammar could only
+    write a banned word (the bans are applied before the grammar's mask and, where they
+    leave the grammar no token, the grammar wins, as with ``logit_bias``). A word is
+    compared as ``bad_words`` encodes it: without its leading whitespace.
+
+    Raises:
+        ApiError: (400, ``invalid_value``, ``param`` "bad_words") naming the choices.
+    """
+    if grammar_param == "guided_choice":
+        choices = req.guided_choice
+    elif grammar_param == "structured_outputs.choice" and req.structured_outputs is not None:
+        choices = req.structured_outputs.choice
+    else:
+        return
+    words = {w.lstrip() for w in req.bad_words or ()}
+    if choices and all(c.lstrip() in words for c in choices):
+        listed = ", ".join(repr(c) for c in choices[:4]) + (", ..." if len(choices) > 4 else "")
+        raise ApiError(
+            f"'bad_words' bans every choice of '{grammar_param}' ({listed}): the grammar "
+            "could only write a banned word",
+            param="bad_words",
+            code="invalid_value",
+        )
 
 
 def asked_max_tokens(req: ChatCompletionRequest | WsGenerateRequest) -> tuple[int | None, str]:

@@ -71,6 +71,12 @@ CONFLICTS = [
         "allowed_token_ids",
         "tool_choice",
     ),
+    ({"guided_choice": ["Paris"], "bad_words": ["Paris"]}, "bad_words", "guided_choice"),
+    (
+        {"structured_outputs": {"choice": [" yes", "no"]}, "bad_words": ["yes", " no", "x"]},
+        "bad_words",
+        "structured_outputs.choice",
+    ),
 ]
 
 
@@ -90,6 +96,22 @@ async def test_a_grammar_beside_min_tokens_or_allowed_token_ids_is_refused(
         assert error["param"] == param and error["code"] == "invalid_value"
         assert f"'{param}'" in error["message"] and f"'{grammar}'" in error["message"]
     assert frame["status"] == 400 and api.engine.requests == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"guided_choice": ["Paris", "London"], "bad_words": ["Paris"]},  # London is left
+        {"guided_choice": ["Paris!"], "bad_words": ["Paris"]},  # token-level, as vLLM's
+        {"guided_regex": "Paris", "bad_words": ["Paris"]},  # the grammar wins (README)
+    ],
+)
+async def test_bad_words_beside_a_grammar_that_can_avoid_them_are_accepted(
+    extra: dict[str, Any],
+) -> None:
+    async with serve_vocab() as api:
+        status, _ = await api.post("/v1/chat/completions", {"messages": MESSAGES, **extra})
+    assert status == 200 and api.engine.requests[0].sampling.bad_words == extra["bad_words"]
 
 
 async def test_zero_min_tokens_beside_a_grammar_is_accepted() -> None:
