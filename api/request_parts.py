@@ -328,15 +328,19 @@ def max_tokens_of(value: int | None, name: str, default: int, max_context: int) 
     return value
 
 
-def stream_flags(req: HttpFields) -> tuple[bool, bool]:
-    """(``stream``, ``stream_options.include_usage``); the options need ``stream``."""
+def stream_flags(req: HttpFields) -> tuple[bool, bool, bool]:
+    """(``stream``, ``stream_options.include_usage``, vLLM's
+    ``stream_options.continuous_usage_stats``: usage in every chunk, which vLLM serves
+    only beside ``include_usage``); the options need ``stream``."""
     stream = bool(req.stream)
-    if req.stream_options is None:
-        return stream, False
+    options = req.stream_options
+    if options is None:
+        return stream, False, False
     if not stream:
         raise ApiError(
             "'stream_options' is only allowed when 'stream' is true",
             param="stream_options",
             code="invalid_value",
         )
-    return stream, bool(req.stream_options.include_usage)
+    usage = bool(options.include_usage)
+    return stream, usage, usage and bool(options.continuous_usage_stats)

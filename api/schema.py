@@ -112,9 +112,11 @@ ContinueFinal = Annotated[bool, Meta(description="continue the last message (no 
 
 
 class StreamOptions(Struct, omit_defaults=True):
-    """``stream_options`` (only with ``stream: true``)."""
+    """``stream_options`` (only with ``stream: true``); vLLM's
+    ``continuous_usage_stats`` (with ``include_usage``): every chunk's ``usage``."""
 
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
 
 
 class ResponseFormatText(Struct, tag_field="type", tag="text"):
@@ -152,18 +154,28 @@ class ResponseFormatJsonSchema(Struct, tag_field="type", tag="json_schema"):
 
 ResponseFormat = ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema
 GrammarText = Annotated[str, Meta(min_length=1, max_length=MAX_GRAMMAR_CHARS)]
+WhitespacePattern = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=MAX_GRAMMAR_CHARS,
+        description="the regex of the whitespace around JSON's punctuation (vLLM)",
+    ),
+]
 Choices = Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(min_length=1)]
 
 
 class StructuredOutputs(Struct, kw_only=True, forbid_unknown_fields=True):
     """vLLM's ``structured_outputs``: exactly one of ``json`` (a JSON schema, or its
-    text), ``json_object``, ``regex``, ``choice`` or ``grammar`` (Lark, or EBNF/GBNF)."""
+    text), ``json_object`` (true), ``regex``, ``choice`` or ``grammar`` (Lark, or
+    EBNF/GBNF); ``whitespace_pattern`` with ``json`` or ``json_object``."""
 
     json: dict[str, Any] | str | None = None
     json_object: bool | None = None
     regex: GrammarText | None = None
     choice: Choices | None = None
     grammar: GrammarText | None = None
+    whitespace_pattern: WhitespacePattern | None = None
 
 
 class TextPart(Struct):
@@ -243,6 +255,7 @@ class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
     guided_grammar: GrammarText | None = None
     regex: GrammarText | None = None
     ebnf: GrammarText | None = None
+    guided_whitespace_pattern: WhitespacePattern | None = None
     user: str | None = None
 
 

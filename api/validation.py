@@ -83,7 +83,7 @@ def parse_completion(
     max_tokens = max_tokens_of(
         req.max_tokens, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS, max_context
     )
-    stream, include_usage = stream_flags(req)
+    stream, include_usage, continuous_usage = stream_flags(req)
     n, best_of = choice_counts(req.n, req.best_of, stream)
     sampling = sampling_params(req, max_tokens, logprobs=top_n is not None, top_n=top_n or 0)
     if req.suffix and req.echo:
@@ -95,6 +95,7 @@ def parse_completion(
         prompt_ids=prompt_ids,
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
         n=n,
         best_of=best_of,
         prompt_logprobs=req.prompt_logprobs,
@@ -116,7 +117,7 @@ def parse_chat(
             code="invalid_value",
         )
     max_tokens = max_tokens_of(*asked_max_tokens(req), DEFAULT_CHAT_MAX_TOKENS, max_context)
-    stream, include_usage = stream_flags(req)
+    stream, include_usage, continuous_usage = stream_flags(req)
     logprobs = bool(req.logprobs)
     tools = tool_setup(req)
     n, _ = choice_counts(req.n, None, stream)
@@ -131,6 +132,7 @@ def parse_chat(
         template_sent=template_record(*fields),
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
         tools=tools,
         n=n,
         best_of=n,
