@@ -32,6 +32,7 @@ from houchu.actors.config import ServeConfig
 from houchu.text.bad_words import bad_words_ids
 from houchu.text.request_text import RequestText
 from houchu.text.stop import stop_ids
+from houchu.text.token_conflicts import no_token_left
 from houchu.transport.channel import Inbox
 from houchu.transport.failures import bad_request, internal, unavailable
 from houchu.transport.limits import LimitsWatch
@@ -177,6 +178,17 @@ class TokenizerActor:
         if s.bad_words:
             s = msgspec.structs.replace(s, bad_words_ids=bad_words_ids(self.tokenizer, s.bad_words))
         stops = stop_ids(s, self.tokenizer.eos_token_ids)
+        failure = no_token_left(
+            limits.vocab_size or self.tokenizer.vocab_size,
+            allowed=s.allowed_token_ids,
+            logit_bias=s.logit_bias,
+            bad_words_ids=s.bad_words_ids,
+            min_tokens=s.min_tokens,
+            stop_ids=stops,
+        )
+        if failure is not None:  # the constraints leave nothing to sample: a 400
+            await self._fail(req.rid, failure)
+            return
         self.telemetry.event(req.rid, "tokenized", prompt_tokens=len(ids))
         self.requests[req.rid] = RequestText(
             req.rid, self.tokenizer, ids, s, stops, prompt_text=req.prompt

@@ -142,6 +142,7 @@ async def _admitted(
         logprobs=parsed.sampling.logprobs,
         top_n=parsed.sampling.top_logprobs,
         include_usage=parsed.include_usage,
+        continuous_usage=parsed.continuous_usage,
         tool_parser=parsed.tools.parser(state.tool_call_parser) if parsed.tools else None,
         echo=parsed.sampling.echo,
         prompt_logprobs=parsed.prompt_logprobs is not None,
@@ -220,6 +221,7 @@ async def _send_events(
         if client_gone(request):
             raise ClientGone("client closed the connection")
         guard.check()  # raises SlowReader (a ConnectionResetError) for a stalled client
+        obj = fmt.with_running_usage(obj, tallies)
         await resp.write(b"data: " + msgspec.json.encode(obj) + b"\n\n")
 
     tallies = [Tally() for _ in range(count)]

@@ -59,6 +59,8 @@ class Formatter(abc.ABC):
         logprobs: whether the client asked for logprobs.
         top_n: alternatives per token.
         include_usage: stream chunks carry ``"usage": null`` and a usage chunk follows.
+        continuous_usage: (with ``include_usage``) every chunk's ``usage`` is the counts
+            so far (vLLM's ``continuous_usage_stats``: ``with_running_usage``).
         tool_parser: how the reply is parsed into tool calls (chat with ``tools``), or
             None; every choice is parsed on its own.
         echo: the prompt comes before each choice's text (completions).
@@ -77,6 +79,7 @@ class Formatter(abc.ABC):
         logprobs: bool,
         top_n: int,
         include_usage: bool = False,
+        continuous_usage: bool = False,
         tool_parser: ToolCallParser | None = None,
         echo: bool = False,
         prompt_logprobs: bool = False,
@@ -89,6 +92,7 @@ class Formatter(abc.ABC):
         self.logprobs = logprobs
         self.top_n = top_n
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage and include_usage
         self.echo = echo
         self.prompt_logprobs = prompt_logprobs
 
@@ -136,6 +140,17 @@ class Formatter(abc.ABC):
     def finish_chunks(self, reason: str, index: int = 0) -> list[dict[str, Any]]:
         """Choice ``index``'s last chunks: what was held back, then ``finish_reason``."""
         return [self.finish_chunk(reason, index)]
+
+    def with_running_usage(self, chunk: dict[str, Any], tallies: list[Tally]) -> dict[str, Any]:
+        """``chunk`` with its ``usage`` filled in when ``continuous_usage``, as vLLM
+        fills it: the prompt and the tokens of the chunk's choice so far (``tallies``:
+        every choice's, by index); a chunk without a choice (the chat API's
+        ``prompt_logprobs``) counts every choice. Other chunks are returned as given."""
+        if not self.continuous_usage or "usage" not in chunk or chunk["usage"] is not None:
+            return chunk
+        choices = chunk["choices"]
+        mine = [tallies[choices[0]["index"]]] if choices else tallies
+        return {**chunk, "usage": usage_of(mine)}
 
     def usage_chunk(self, tally: Tally | list[Tally]) -> dict[str, Any]:
         """The last chunk when ``include_usage``: no choices, the usage of every choice."""

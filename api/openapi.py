@@ -18,7 +18,9 @@ from aiohttp import web
 from houchu.api.errors import json_response
 from houchu.api.responses import (
     ChatCompletion,
+    ChatCompletionChunk,
     Completion,
+    CompletionChunk,
     DetokenizeResponse,
     ErrorResponse,
     Health,
@@ -59,6 +61,8 @@ SCHEMA_TYPES: tuple[type, ...] = (
     ChatCompletionRequest,
     Completion,
     ChatCompletion,
+    CompletionChunk,
+    ChatCompletionChunk,
     Model,
     ModelList,
     ErrorResponse,
@@ -111,16 +115,29 @@ def _errors(refs: dict[str, dict], *statuses: str) -> dict[str, Any]:
     }
 
 
-def _generate_op(refs: dict[str, dict], req: str, resp: str, summary: str) -> dict[str, Any]:
+#: The media type extension naming the JSON each server-sent event's ``data`` holds
+#: (OpenAPI 3.1 has no keyword for an event stream's items).
+EVENT_DATA = "x-event-data"
+
+
+def _generate_op(
+    refs: dict[str, dict], req: str, resp: str, chunk: str, summary: str
+) -> dict[str, Any]:
     retry = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+    events = {
+        "schema": {
+            "type": "string",
+            "description": f"server-sent events: ``data: {{{chunk}}}`` per chunk, then "
+            "``data: [DONE]``; an error after the stream began is a last chunk with "
+            '``finish_reason: "error"``, then ``data: {ErrorResponse}`` and ``[DONE]``',
+        },
+        EVENT_DATA: {"oneOf": [refs[chunk], refs["ErrorResponse"]]},
+    }
     responses: dict[str, Any] = {
         "200": {
             "description": "the answer; with ``stream: true`` server-sent events "
-            "(``data: {chunk}`` lines ending with ``data: [DONE]``)",
-            "content": {
-                **_json(refs[resp]),
-                "text/event-stream": {"schema": {"type": "string"}},
-            },
+            f"(``data: {{{chunk}}}`` lines ending with ``data: [DONE]``)",
+            "content": {**_json(refs[resp]), "text/event-stream": events},
         },
         **_errors(refs, "400", "401", "404", "413", "429", "503"),
     }
@@ -161,11 +178,17 @@ def openapi_document(model_name: str | None = None, max_context: int | None = No
     info = {"type": "object"}
     paths = {
         "/v1/completions": {
-            "post": _generate_op(refs, "CompletionRequest", "Completion", "Complete a prompt")
+            "post": _generate_op(
+                refs, "CompletionRequest", "Completion", "CompletionChunk", "Complete a prompt"
+            )
         },
         "/v1/chat/completions": {
             "post": _generate_op(
-                refs, "ChatCompletionRequest", "ChatCompletion", "Answer a conversation"
+                refs,
+                "ChatCompletionRequest",
+                "ChatCompletion",
+                "ChatCompletionChunk",
+                "Answer a conversation",
             )
         },
         "/tokenize": {

@@ -33,6 +33,7 @@ class ParsedRequest:
     messages: list[ChatMessage] | None = None
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats: usage in every chunk
     tools: ToolSetup | None = None  # a chat request's tools and tool_choice
     n: int = 1
     best_of: int = 1

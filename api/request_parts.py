@@ -11,10 +11,17 @@ import msgspec
 
 from houchu.api.errors import ApiError
 from houchu.api.logit_bias import check_logit_bias
-from houchu.api.schema import SEED_RANGE, HttpFields, SamplingFields
+from houchu.api.schema import (
+    SEED_RANGE,
+    ChatCompletionRequest,
+    HttpFields,
+    SamplingFields,
+    WsGenerateRequest,
+)
 from houchu.api.schema_errors import json_type, validation_error
 from houchu.api.structured import structured_output
 from houchu.api.tools import ToolSetup
+from houchu.text.token_conflicts import no_token_left
 from houchu.transport.limits import RunnerLimits
 from houchu.transport.messages import SamplingParams
 
@@ -101,7 +108,9 @@ def check_model(model: str | None, model_name: str) -> None:
 def check_token_ids(req: SamplingFields, vocab_size: int) -> None:
     """``allowed_token_ids`` and ``stop_token_ids`` name tokens of the vocabulary (0:
     unknown, not checked; ``logit_bias``'s keys: ``check_logit_bias``), and
-    ``logit_bias`` leaves some token unbanned. Raises ``ApiError`` (400)."""
+    ``allowed_token_ids`` and ``logit_bias`` together leave some token to sample
+    (``houchu.text.token_conflicts``; ``bad_words`` and ``min_tokens`` are checked with
+    them by the tokenizer actor, which encodes the words). Raises ``ApiError`` (400)."""
     if not vocab_size:
         return
     for name in ("allowed_token_ids", "stop_token_ids"):
@@ -114,14 +123,10 @@ def check_token_ids(req: SamplingFields, vocab_size: int) -> None:
                 param=name,
                 code="invalid_value",
             )
-    banned = {int(t) for t, b in (req.logit_bias or {}).items() if b <= -100}
-    if len(banned) >= vocab_size:
-        raise ApiError(
-            "'logit_bias' bans every token of the vocabulary (-100 on all "
-            f"{vocab_size}): nothing could be sampled",
-            param="logit_bias",
-            code="invalid_value",
-        )
+    bias = {int(t): b for t, b in (req.logit_bias or {}).items()}
+    failure = no_token_left(vocab_size, allowed=req.allowed_token_ids, logit_bias=bias)
+    if failure is not None:
+        raise ApiError.of(failure)
 
 
 def choice_counts(n: int | None, best_of: int | None, stream: bool) -> tuple[int, int]:
@@ -254,9 +259,10 @@ def with_echo(
 def check_grammar_conflicts(req: SamplingFields, grammar_param: str) -> None:
     """Refuse the parameters an output grammar (given by ``grammar_param``) would
     override: ``min_tokens`` (the grammar's end, where it allows only EOS, would have to
-    be passed) and ``allowed_token_ids`` (the grammar's tokens, not these, would be
-    sampled where the two do not meet). vLLM applies both beside the grammar's mask and
-    can leave a row with no token to sample; a 400 says so before any work.
+    be passed), ``allowed_token_ids`` (the grammar's tokens, not these, would be
+    sampled where the two do not meet) and ``bad_words`` that ban every choice of a
+    choice list (``check_banned_choices``). vLLM applies them beside the grammar's mask
+    and can leave a row with no token to sample; a 400 says so before any work.
 
     Raises:
         ApiError: (400, ``invalid_value``) naming both parameters.
@@ -273,6 +279,42 @@ def check_grammar_conflicts(req: SamplingFields, grammar_param: str) -> None:
                 param=name,
                 code="invalid_value",
             )
+    check_banned_choices(req, grammar_param)
+
+
+def check_banned_choices(req: SamplingFields, grammar_param: str) -> None:
+    """Refuse a choice list whose every choice is a bad word: the grammar could only
+    write a banned word (the bans are applied before the grammar's mask and, where they
+    leave the grammar no token, the grammar wins, as with ``logit_bias``). A word is
+    compared as ``bad_words`` encodes it: without its leading whitespace.
+
+    Raises:
+        ApiError: (400, ``invalid_value``, ``param`` "bad_words") naming the choices.
+    """
+    if grammar_param == "guided_choice":
+        choices = req.guided_choice
+    elif grammar_param == "structured_outputs.choice" and req.structured_outputs is not None:
+        choices = req.structured_outputs.choice
+    else:
+        return
+    words = {w.lstrip() for w in req.bad_words or ()}
+    if choices and all(c.lstrip() in words for c in choices):
+        listed = ", ".join(repr(c) for c in choices[:4]) + (", ..." if len(choices) > 4 else "")
+        raise ApiError(
+            f"'bad_words' bans every choice of '{grammar_param}' ({listed}): the grammar "
+            "could only write a banned word",
+            param="bad_words",
+            code="invalid_value",
+        )
+
+
+def asked_max_tokens(req: ChatCompletionRequest | WsGenerateRequest) -> tuple[int | None, str]:
+    """(the value, the field) that limits the output, as ``max_tokens_of`` takes them:
+    ``max_completion_tokens`` when given (OpenAI's name; it wins over ``max_tokens``,
+    as vLLM reads them), else ``max_tokens`` (None: neither given)."""
+    if req.max_completion_tokens is not None:
+        return req.max_completion_tokens, "max_completion_tokens"
+    return req.max_tokens, "max_tokens"
 
 
 def max_tokens_of(value: int | None, name: str, default: int, max_context: int) -> int:
@@ -286,15 +328,19 @@ def max_tokens_of(value: int | None, name: str, default: int, max_context: int) 
     return value
 
 
-def stream_flags(req: HttpFields) -> tuple[bool, bool]:
-    """(``stream``, ``stream_options.include_usage``); the options need ``stream``."""
+def stream_flags(req: HttpFields) -> tuple[bool, bool, bool]:
+    """(``stream``, ``stream_options.include_usage``, vLLM's
+    ``stream_options.continuous_usage_stats``: usage in every chunk, which vLLM serves
+    only beside ``include_usage``); the options need ``stream``."""
     stream = bool(req.stream)
-    if req.stream_options is None:
-        return stream, False
+    options = req.stream_options
+    if options is None:
+        return stream, False, False
     if not stream:
         raise ApiError(
             "'stream_options' is only allowed when 'stream' is true",
             param="stream_options",
             code="invalid_value",
         )
-    return stream, bool(req.stream_options.include_usage)
+    usage = bool(options.include_usage)
+    return stream, usage, usage and bool(options.continuous_usage_stats)

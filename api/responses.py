@@ -1,14 +1,23 @@
 """msgspec types of the HTTP API's answers, for the OpenAPI document (``openapi``).
 
 The handlers build these answers as plain dicts (``openai_format``); these types describe
-them so that ``msgspec.json.schema_components`` generates their JSON Schemas.
+them so that ``msgspec.json.schema_components`` generates their JSON Schemas: the whole
+answers, and the chunks a stream sends (``ChatCompletionChunk``, ``CompletionChunk``),
+as OpenAI documents them. A field that is sometimes left out is ``UNSET`` by default
+(not required, never null); a field that is sometimes null says so.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from msgspec import Struct
+from msgspec import UNSET, Struct, UnsetType
+
+#: Why a choice ended: its end (EOS, a stop string or token, the grammar's end), its
+#: ``max_tokens`` or the context window, its tool calls (chat with ``tools``), the
+#: client or the engine aborting it, or (only in a stream's last chunk of the choice,
+#: before the ``{"error": ...}`` event) an error after the stream had begun.
+FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
 
 
 class PromptTokensDetails(Struct):
@@ -72,9 +81,9 @@ class CompletionChoice(Struct, omit_defaults=True):
 
     index: int
     text: str
-    finish_reason: str | None
+    finish_reason: FinishReason
     logprobs: CompletionLogprobs | None = None
-    prompt_logprobs: PromptLogprobList | None = None
+    prompt_logprobs: PromptLogprobList | UnsetType = UNSET
 
 
 class Completion(Struct):
@@ -90,15 +99,35 @@ class Completion(Struct):
     usage: Usage
 
 
-class AssistantMessage(Struct):
+class CalledFunction(Struct):
+    """The function a tool call names and its arguments (JSON text; a call cut by
+    ``max_tokens`` has them as far as they got)."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(Struct):
+    """One call of a reply (``finish_reason`` "tool_calls" when the reply ended by
+    itself)."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class AssistantMessage(Struct, omit_defaults=True):
+    """The reply: ``content`` is null when the reply is only tool calls."""
+
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
 
 
 class ChatChoice(Struct):
     index: int
     message: AssistantMessage
-    finish_reason: str | None
+    finish_reason: FinishReason
     logprobs: ChatLogprobs | None = None
 
 
@@ -113,7 +142,82 @@ class ChatCompletion(Struct, omit_defaults=True):
     model: str
     choices: list[ChatChoice]
     usage: Usage
-    prompt_logprobs: PromptLogprobList | None = None
+    prompt_logprobs: PromptLogprobList | UnsetType = UNSET
+
+
+class FunctionDelta(Struct, omit_defaults=True):
+    """A piece of a streamed call's function: its ``name`` (first), then pieces of its
+    ``arguments``, to be joined."""
+
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
+
+
+class ToolCallDelta(Struct, omit_defaults=True):
+    """A piece of the call ``index``: its ``id``, ``type`` and name first, then its
+    arguments."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: Literal["function"] | UnsetType = UNSET
+    function: FunctionDelta | UnsetType = UNSET
+
+
+class ChatDelta(Struct, omit_defaults=True):
+    """What a chunk adds to a choice: the ``role`` (its first chunk), ``content`` text,
+    or ``tool_calls`` pieces; ``{}`` in the chunk that ends it."""
+
+    role: Literal["assistant"] | UnsetType = UNSET
+    content: str | None | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
+
+
+class ChatChunkChoice(Struct):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(Struct, omit_defaults=True):
+    """One server-sent event of ``POST /v1/chat/completions`` with ``stream: true``
+    (``data: {chunk}``; the stream ends with ``data: [DONE]``). With
+    ``stream_options.include_usage`` every chunk has ``usage`` (null, or with
+    ``continuous_usage_stats`` the counts so far) and a last chunk with no choices has
+    the whole request's; vLLM's ``prompt_logprobs`` come in a chunk of their own, with
+    no choices, before the first content."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None | UnsetType = UNSET
+    prompt_logprobs: PromptLogprobList | UnsetType = UNSET
+
+
+class CompletionChunkChoice(Struct, omit_defaults=True):
+    """A piece of choice ``index``: its new text (with ``echo``, the prompt first) and
+    its tokens' logprobs; ``finish_reason`` in the chunk that ends it."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+    prompt_logprobs: PromptLogprobList | UnsetType = UNSET
+
+
+class CompletionChunk(Struct, omit_defaults=True):
+    """One server-sent event of ``POST /v1/completions`` with ``stream: true``
+    (``object`` is ``text_completion``, as OpenAI's chunks); ``usage`` as in
+    ``ChatCompletionChunk``."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None | UnsetType = UNSET
 
 
 class Model(Struct):

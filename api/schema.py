@@ -52,6 +52,12 @@ CHAT_ONLY = "are accepted on chat requests only"
 CHAT_ONLY_ONE = "is accepted on chat requests only"
 #: Why ``echo`` is refused on a WebSocket chat frame.
 PROMPT_ONLY = "is served on prompt frames only (as on POST /v1/completions), not with 'messages'"
+#: Why ``stream: false`` and ``stream_options`` are refused on a WebSocket frame.
+WS_STREAMS = "is always true on WebSocket frames: every request streams its delta frames"
+WS_STREAM_OPTIONS = (
+    "is not served on WebSocket frames: every request streams, and its final frame "
+    "always carries 'usage'"
+)
 #: ``Meta.extra`` key of a field the gateway refuses unless neutral; its value says why.
 UNSUPPORTED = "unsupported"
 #: ``Meta.extra`` key of a string pattern said in words (error messages show these, not
@@ -106,9 +112,11 @@ ContinueFinal = Annotated[bool, Meta(description="continue the last message (no 
 
 
 class StreamOptions(Struct, omit_defaults=True):
-    """``stream_options`` (only with ``stream: true``)."""
+    """``stream_options`` (only with ``stream: true``); vLLM's
+    ``continuous_usage_stats`` (with ``include_usage``): every chunk's ``usage``."""
 
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
 
 
 class ResponseFormatText(Struct, tag_field="type", tag="text"):
@@ -146,18 +154,28 @@ class ResponseFormatJsonSchema(Struct, tag_field="type", tag="json_schema"):
 
 ResponseFormat = ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema
 GrammarText = Annotated[str, Meta(min_length=1, max_length=MAX_GRAMMAR_CHARS)]
+WhitespacePattern = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=MAX_GRAMMAR_CHARS,
+        description="the regex of the whitespace around JSON's punctuation (vLLM)",
+    ),
+]
 Choices = Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(min_length=1)]
 
 
 class StructuredOutputs(Struct, kw_only=True, forbid_unknown_fields=True):
     """vLLM's ``structured_outputs``: exactly one of ``json`` (a JSON schema, or its
-    text), ``json_object``, ``regex``, ``choice`` or ``grammar`` (Lark, or EBNF/GBNF)."""
+    text), ``json_object`` (true), ``regex``, ``choice`` or ``grammar`` (Lark, or
+    EBNF/GBNF); ``whitespace_pattern`` with ``json`` or ``json_object``."""
 
     json: dict[str, Any] | str | None = None
     json_object: bool | None = None
     regex: GrammarText | None = None
     choice: Choices | None = None
     grammar: GrammarText | None = None
+    whitespace_pattern: WhitespacePattern | None = None
 
 
 class TextPart(Struct):
@@ -237,6 +255,7 @@ class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
     guided_grammar: GrammarText | None = None
     regex: GrammarText | None = None
     ebnf: GrammarText | None = None
+    guided_whitespace_pattern: WhitespacePattern | None = None
     user: str | None = None
 
 
@@ -316,11 +335,19 @@ class WsGenerateRequest(
     """A WebSocket generate frame (without its ``id`` and ``type``): ``prompt`` or
     ``messages``; ``logprobs`` is a boolean, or the number of alternatives per token
     (which ``top_logprobs`` may also give). ``echo`` (a prompt frame) as on
-    ``POST /v1/completions``: the prompt first, and ``max_tokens`` 0 the prompt alone."""
+    ``POST /v1/completions``: the prompt first, and ``max_tokens`` 0 the prompt alone.
+    ``max_completion_tokens`` as on chat completions (given, it is the limit).
+
+    Every field of the HTTP request bodies is a field here, served or refused (a
+    frame never drops one: ``stream`` is always true, ``stream_options`` refused)."""
 
     prompt: Prompt | None = None
     messages: Messages | None = None
     max_tokens: EchoMaxTokens | None = None
+    max_completion_tokens: (
+        Annotated[PositiveInt, Meta(description="as on chat completions: wins over max_tokens")]
+        | None
+    ) = None
     logprobs: bool | TopLogprobs | None = None
     top_logprobs: TopLogprobs | None = None
     tools: Tools | None = None
@@ -334,6 +361,11 @@ class WsGenerateRequest(
     best_of: (
         Annotated[Literal[1], unsupported("is served on POST /v1/completions only (use 'n')")]
         | None
+    ) = None
+    #: the HTTP API's streaming fields: a frame always streams, its final frame has usage
+    stream: Annotated[Literal[True], unsupported(WS_STREAMS)] | None = None
+    stream_options: (
+        Annotated[dict[str, Any], unsupported(WS_STREAM_OPTIONS, max_length=0)] | None
     ) = None
 
 

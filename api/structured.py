@@ -21,9 +21,10 @@ matcher (``houchu.model.grammar``).
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
-from llguidance import LLMatcher, grammar_from
+from llguidance import LLMatcher, grammar_from, regex_to_lark
 
 from houchu.api.errors import ApiError
 from houchu.api.grammar_words import describe, endless
@@ -54,9 +55,8 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
         ApiError: (400) several forms at once, a schema that is not a JSON object, or a
             grammar, regex or schema llguidance cannot compile (the message is its).
     """
-    forms = _forms(req)
-    if not forms:
-        return None
+    space = whitespace_pattern(req)
+    forms = _forms(req, space[1] if space else None)
     if len(forms) > 1:
         names = ", ".join(f"'{param}'" for param, _, _ in forms)
         raise ApiError(
@@ -64,6 +64,16 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
             param=forms[1][0],
             code="invalid_value",
         )
+    if space is not None and (not forms or forms[0][1] not in ("json_object", "json_schema")):
+        given = f"not to '{forms[0][0]}'" if forms else "and none is given"
+        raise ApiError(
+            f"'{space[0]}' applies to a JSON structured output constraint ('response_format', "
+            f"'guided_json', 'structured_outputs.json' or '.json_object'), {given}",
+            param=space[0],
+            code="invalid_value",
+        )
+    if not forms:
+        return None
     param, kind, build = forms[0]
     try:
         grammar = build()
@@ -97,9 +107,13 @@ def checked(grammar: str, param: str, kind: GrammarKind) -> str:
     return grammar
 
 
-def json_schema_grammar(schema: dict[str, Any] | str, *, strict: bool = False) -> str:
+def json_schema_grammar(
+    schema: dict[str, Any] | str, *, strict: bool = False, whitespace: str | None = None
+) -> str:
     """llguidance's grammar of a JSON schema (a dict or its text). ``strict``: unknown
-    or unsupported keywords are errors, else ignored.
+    or unsupported keywords are errors, else ignored. ``whitespace``: the regex of the
+    whitespace allowed around JSON's punctuation (vLLM's ``guided_whitespace_pattern``,
+    llguidance's ``whitespace_pattern``), else ``JSON_LAYOUT``.
 
     Raises:
         ValueError: the schema is not a JSON object.
@@ -108,9 +122,40 @@ def json_schema_grammar(schema: dict[str, Any] | str, *, strict: bool = False) -
         schema = json.loads(schema)
     if not isinstance(schema, dict):
         raise ValueError("a JSON schema must be an object")
+    layout = JSON_LAYOUT
+    if whitespace is not None:
+        layout = {"whitespace_pattern": whitespace, "item_separator": ",", "key_separator": ":"}
     return LLMatcher.grammar_from_json_schema(
-        no_value_nots(schema), overrides={**JSON_LAYOUT, "lenient": not strict}
+        no_value_nots(schema), overrides={**layout, "lenient": not strict}
     )
+
+
+def whitespace_pattern(req: SamplingFields) -> tuple[str, str] | None:
+    """(the field, its regex) of vLLM's whitespace pattern for JSON output
+    (``guided_whitespace_pattern``, or ``structured_outputs.whitespace_pattern``), or
+    None when not given.
+
+    Raises:
+        ApiError: (400) both given, or a regex llguidance cannot compile.
+    """
+    so = req.structured_outputs
+    given = [
+        (param, value)
+        for param, value in (
+            ("guided_whitespace_pattern", req.guided_whitespace_pattern),
+            ("structured_outputs.whitespace_pattern", so.whitespace_pattern if so else None),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise ApiError(
+            "give 'guided_whitespace_pattern' or 'structured_outputs.whitespace_pattern', not both",
+            param=given[1][0],
+            code="invalid_value",
+        )
+    if given:
+        checked(grammar_from("regex", given[0][1]), given[0][0], "regex")
+    return given[0] if given else None
 
 
 #: Keywords that describe a schema without constraining its values.
@@ -161,6 +206,21 @@ def no_value_nots(schema: Any) -> Any:
         del out["not"]
         out["allOf"] = [*all_of, False]
     return out
+
+
+def regex_grammar(pattern: str) -> str:
+    """llguidance's grammar of a regex, with ``\\d`` read as ``[0-9]`` and ``\\D`` as
+    ``[^0-9]``, as vLLM's grammar engines (xgrammar, outlines) and JSON Schema's
+    ``pattern`` read them, rather than Rust's Unicode digits (``\\d`` would match "١" or
+    "🯸"). llguidance's ``regex_to_lark`` rewrites them, escapes (``\\\\d``) and
+    classes (``[\\d_]``) respected; ``\\w`` and ``\\s`` keep their Unicode meaning. A
+    pattern that does not compile as given is returned as given, so its error is the
+    user's pattern's (the rewrite would mend some, such as a final lone backslash)."""
+    original = grammar_from("regex", pattern)
+    ascii_digits = regex_to_lark(pattern, "d")
+    if ascii_digits == pattern or LLMatcher.validate_grammar_with_warnings(original)[0]:
+        return original
+    return grammar_from("regex", ascii_digits)
 
 
 #: The characters a regex (Rust's ``regex`` syntax, llguidance's) escapes with a backslash.
@@ -220,12 +280,14 @@ def _grammar(text: str) -> str:
     return grammar_from("ebnf" if "::=" in text else "lark", text)
 
 
-def _forms(req: SamplingFields) -> list[tuple[str, GrammarKind, Any]]:
-    """(parameter, kind, grammar builder) of every constraint ``req`` gives."""
+def _forms(req: SamplingFields, space: str | None = None) -> list[tuple[str, GrammarKind, Any]]:
+    """(parameter, kind, grammar builder) of every constraint ``req`` gives; ``space``:
+    the JSON forms' whitespace pattern (``whitespace_pattern``)."""
     out: list[tuple[str, GrammarKind, Any]] = []
     rf = req.response_format
     if isinstance(rf, ResponseFormatJsonObject):
-        out.append(("response_format", "json_object", lambda: json_schema_grammar(ANY_OBJECT)))
+        any_object = partial(json_schema_grammar, ANY_OBJECT, whitespace=space)
+        out.append(("response_format", "json_object", any_object))
     elif isinstance(rf, ResponseFormatJsonSchema):
         spec = rf.json_schema
         schema = spec.schema if spec.schema is not None else ANY_OBJECT
@@ -233,19 +295,20 @@ def _forms(req: SamplingFields) -> list[tuple[str, GrammarKind, Any]]:
             (
                 "response_format",
                 "json_schema",
-                lambda: json_schema_grammar(schema, strict=bool(spec.strict)),
+                lambda: json_schema_grammar(schema, strict=bool(spec.strict), whitespace=space),
             )
         )
     so = req.structured_outputs
     if so is not None:
-        out.extend(_vllm_forms(so))
+        out.extend(_vllm_forms(so, space))
     if req.guided_json is not None:
-        out.append(("guided_json", "json_schema", lambda: json_schema_grammar(req.guided_json)))
+        guided = partial(json_schema_grammar, req.guided_json, whitespace=space)
+        out.append(("guided_json", "json_schema", guided))
     for param, kind, value, build in (
-        ("guided_regex", "regex", req.guided_regex, lambda v: grammar_from("regex", v)),
+        ("guided_regex", "regex", req.guided_regex, regex_grammar),
         ("guided_choice", "choice", req.guided_choice, choice_grammar),
         ("guided_grammar", "grammar", req.guided_grammar, _grammar),
-        ("regex", "regex", req.regex, lambda v: grammar_from("regex", v)),
+        ("regex", "regex", req.regex, regex_grammar),
         ("ebnf", "grammar", req.ebnf, lambda v: grammar_from("ebnf", v)),
     ):
         if value is not None:
@@ -253,18 +316,42 @@ def _forms(req: SamplingFields) -> list[tuple[str, GrammarKind, Any]]:
     return out
 
 
-def _vllm_forms(so: StructuredOutputs) -> list[tuple[str, GrammarKind, Any]]:
-    """The constraints of vLLM's ``structured_outputs`` object."""
+def _vllm_forms(so: StructuredOutputs, space: str | None) -> list[tuple[str, GrammarKind, Any]]:
+    """The constraints of vLLM's ``structured_outputs`` object (``space``: the JSON
+    forms' whitespace pattern).
+
+    Raises:
+        ApiError: (400) it names no constraint, as vLLM refuses it (``{}``, only a
+            whitespace pattern, or ``json_object: false``, which vLLM counts as given
+            and then finds no constraint in).
+    """
     out: list[tuple[str, GrammarKind, Any]] = []
     p = "structured_outputs"
+    if so.json_object is False:
+        raise ApiError(
+            f"'{p}.json_object' must be true (false names no constraint); leave "
+            f"'{p}' out for free text",
+            param=f"{p}.json_object",
+            code="invalid_value",
+        )
     if so.json is not None:
-        out.append((f"{p}.json", "json_schema", lambda: json_schema_grammar(so.json)))
+        out.append(
+            (f"{p}.json", "json_schema", partial(json_schema_grammar, so.json, whitespace=space))
+        )
     if so.json_object:
-        out.append((f"{p}.json_object", "json_object", lambda: json_schema_grammar(ANY_OBJECT)))
+        any_object = partial(json_schema_grammar, ANY_OBJECT, whitespace=space)
+        out.append((f"{p}.json_object", "json_object", any_object))
     if so.regex is not None:
-        out.append((f"{p}.regex", "regex", lambda: grammar_from("regex", so.regex)))
+        out.append((f"{p}.regex", "regex", lambda: regex_grammar(so.regex)))
     if so.choice is not None:
         out.append((f"{p}.choice", "choice", lambda: choice_grammar(so.choice)))
     if so.grammar is not None:
         out.append((f"{p}.grammar", "grammar", lambda: _grammar(so.grammar)))
+    if not out:
+        raise ApiError(
+            f"'{p}' names no constraint: give one of 'json', 'json_object', 'regex', "
+            f"'choice' or 'grammar' (leave '{p}' out for free text)",
+            param=p,
+            code="invalid_value",
+        )
     return out

@@ -14,7 +14,9 @@ of the model's reply.
 
 The two forced forms are vLLM's. Each function's schema is compiled by llguidance when
 the request arrives, so an invalid schema is a 400. A function declared without
-``parameters`` has none (OpenAI's reading, ``NO_PARAMETERS``): its arguments are ``{}``.
+``parameters`` has none (OpenAI's reading, ``NO_PARAMETERS``): its arguments are ``{}``;
+one that declares them gives a JSON Schema of ``type: "object"`` (a 400 otherwise, as
+OpenAI answers).
 """
 
 from __future__ import annotations
@@ -105,8 +107,9 @@ def tool_setup(
 
     Raises:
         ApiError: (400) ``tool_choice`` without ``tools`` (other than ``none`` /
-            ``auto``), a named function not in ``tools``, two tools of one name, or a
-            parameters schema llguidance cannot compile.
+            ``auto``), a named function not in ``tools``, two tools of one name, a
+            parameters schema that is not of ``type: "object"`` (``check_parameters``)
+            or one llguidance cannot compile.
     """
     tools, choice = req.tools or [], getattr(req, "tool_choice", None)
     if not tools:
@@ -129,6 +132,7 @@ def tool_setup(
                 param=f"tools[{i}].function.name",
                 code="invalid_value",
             )
+        check_parameters(tool, i)
         by_name[name] = tool
     grammars = {name: _arguments_grammar(t, i) for i, (name, t) in enumerate(by_name.items())}
     mode = "auto" if choice is None else choice
@@ -154,6 +158,27 @@ def tool_setup(
         )
     template = None if mode == "none" else [_template_tool(t) for t in tools]
     return ToolSetup(mode, named, template, structured, single, frozenset(by_name))
+
+
+def check_parameters(tool: ToolDef, i: int) -> None:
+    """``tools[i].function.parameters``, when it declares any, is a JSON Schema of
+    ``type: "object"``: a function's arguments are a JSON object (OpenAI refuses any
+    other schema with this code; ``parameters`` absent or ``{}`` declares none).
+
+    Raises:
+        ApiError: (400, ``invalid_function_parameters``) naming the type given.
+    """
+    params = tool.function.parameters
+    if not params or params.get("type") == "object":
+        return
+    got = f"type {params['type']!r}" if "type" in params else "a schema without 'type'"
+    param = f"tools[{i}].function.parameters"
+    raise ApiError(
+        f"'{param}' of the function {tool.function.name!r} must be a JSON Schema of "
+        f'type "object" (a function\'s arguments are a JSON object), got {got}',
+        param=param,
+        code="invalid_function_parameters",
+    )
 
 
 def _schema(tool: ToolDef) -> dict[str, Any]:

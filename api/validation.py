@@ -35,6 +35,7 @@ from houchu.api.parsed_request import ParsedRequest
 from houchu.api.record_params import template_record
 from houchu.api.request_parts import (
     Body,
+    asked_max_tokens,
     check_model,
     choice_counts,
     decode_body,
@@ -82,7 +83,7 @@ def parse_completion(
     max_tokens = max_tokens_of(
         req.max_tokens, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS, max_context
     )
-    stream, include_usage = stream_flags(req)
+    stream, include_usage, continuous_usage = stream_flags(req)
     n, best_of = choice_counts(req.n, req.best_of, stream)
     sampling = sampling_params(req, max_tokens, logprobs=top_n is not None, top_n=top_n or 0)
     if req.suffix and req.echo:
@@ -94,6 +95,7 @@ def parse_completion(
         prompt_ids=prompt_ids,
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
         n=n,
         best_of=best_of,
         prompt_logprobs=req.prompt_logprobs,
@@ -114,12 +116,8 @@ def parse_chat(
             param="top_logprobs",
             code="invalid_value",
         )
-    if req.max_completion_tokens is not None:
-        name, value = "max_completion_tokens", req.max_completion_tokens
-    else:
-        name, value = "max_tokens", req.max_tokens
-    max_tokens = max_tokens_of(value, name, DEFAULT_CHAT_MAX_TOKENS, max_context)
-    stream, include_usage = stream_flags(req)
+    max_tokens = max_tokens_of(*asked_max_tokens(req), DEFAULT_CHAT_MAX_TOKENS, max_context)
+    stream, include_usage, continuous_usage = stream_flags(req)
     logprobs = bool(req.logprobs)
     tools = tool_setup(req)
     n, _ = choice_counts(req.n, None, stream)
@@ -134,6 +132,7 @@ def parse_chat(
         template_sent=template_record(*fields),
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
         tools=tools,
         n=n,
         best_of=n,
@@ -178,7 +177,7 @@ def parse_ws_generate(
         raise ApiError(f"'echo' {PROMPT_ONLY}", param="echo", code="unsupported_value")
     else:
         template = template_options(*fields)
-    max_tokens = max_tokens_of(req.max_tokens, "max_tokens", default, max_context)
+    max_tokens = max_tokens_of(*asked_max_tokens(req), default, max_context)
     tools = tool_setup(req)
     n, _ = choice_counts(req.n, None, True)
     sampling = sampling_params(req, max_tokens, logprobs=logprobs, top_n=top_n, tools=tools)

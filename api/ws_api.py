@@ -4,7 +4,9 @@ The client sends JSON text frames:
 
 - ``{"id": "<client id>", "prompt": ... | "messages": [...], <sampling parameters>}``
   (optionally ``"type": "generate"``) starts a request. Parameters are named as in the
-  OpenAI API (``max_tokens``, ``temperature``, ``stop``, ...); ``logprobs`` is a boolean
+  OpenAI API (``max_tokens``, ``max_completion_tokens``, ``temperature``, ``stop``, ...;
+  every field of the HTTP bodies is served or refused with an error frame, never
+  dropped: ``houchu.api.schema.WsGenerateRequest``); ``logprobs`` is a boolean
   or an integer 0..20 (that many alternatives per token), ``top_logprobs`` 0..20.
   ``id`` is a string or an integer; when it is missing the server assigns one, and the
   request's frames carry it. A ``messages`` frame also takes ``tools``, ``tool_choice``

@@ -1,7 +1,19 @@
 """The model's tokenizer as llguidance needs it (``llguidance.LLTokenizer``), for
 structured output (``houchu.model.grammar``): loaded once in the background, its
 ``tokenizers`` JSON cached beside the kernel builds (a GGUF vocabulary takes seconds to
-convert)."""
+convert).
+
+Text a grammar forces (a choice, a JSON ``const``, a regex's literal) is tokenized by
+this tokenizer. A Hugging Face tokenizer always reads the text of a special token
+(``<|im_end|>``) as that token, so llguidance, given the tokenizer's JSON, would force
+the special token (which is not the text, and is EOS here) and stop. llguidance's
+documented default is the other reading, special-token text as ordinary bytes, which
+its ``TokenizerWrapper`` protocol lets the caller give: ``TextAsText`` encodes with the
+``tokenizers`` option that reads special-token text as text, so such text comes out as
+ordinary tokens, as any other text does. The special tokens stay special (never part
+of a text's mask; a Lark grammar still names them, ``<|im_end|>``). llguidance calls the
+encoder (Python, under the GIL) only to tokenize text a grammar forces.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from houchu.model import cpu_kernels
+from houchu.text.token_bytes import decoder_kind, vocabulary_bytes
 
 if TYPE_CHECKING:
     import llguidance
@@ -52,7 +65,8 @@ class GrammarTokenizer:
             import llguidance
 
             text, eos = self._tokenizer_json()
-            lt = llguidance.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=eos)
+            wrapper = TextAsText(text, eos, self.vocab_size)
+            lt = llguidance.LLTokenizer(wrapper, n_vocab=self.vocab_size, eos_token=eos)
             self._future.set_result(lt)
         except Exception as exc:  # no tokenizer in the model folder, say
             self._future.set_exception(exc)
@@ -106,3 +120,47 @@ class GrammarTokenizer:
             raise TokenizerUnavailable(
                 f"structured output needs the model's tokenizer: {exc}"
             ) from exc
+
+
+class TextAsText:
+    """A ``tokenizers`` tokenizer in llguidance's ``TokenizerWrapper`` protocol, reading
+    the text of special tokens as text (module docstring).
+
+    Args:
+        tokenizer_json: the tokenizer (``tokenizers`` JSON).
+        eos: its end-of-sequence ids (the first is the main one).
+        n_vocab: the model's vocabulary (its logits' rows), at least the tokenizer's.
+
+    Attributes:
+        tokens: each token's bytes (special tokens: their text; llguidance marks them),
+            ``b""`` for the model's rows past the tokenizer's vocabulary (llguidance
+            takes the vocabulary's size from this list, never allowing such a row).
+        special_token_ids: the special tokens (never text).
+        eos_token_id, bos_token_id: as llguidance asks (no BOS: grammars follow output).
+    """
+
+    is_tokenizer_wrapper = True
+
+    def __init__(self, tokenizer_json: str, eos: list[int], n_vocab: int = 0) -> None:
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_str(tokenizer_json)
+        backend.encode_special_tokens = True  # "<|im_end|>" in a text is text
+        self._backend = backend
+        added = backend.get_added_tokens_decoder()
+        added_text = {i: t.content for i, t in added.items()}
+        byte_mode, marker = decoder_kind(tokenizer_json)
+        self.tokens = [
+            vocabulary_bytes(backend, i, added_text, byte_mode=byte_mode, space_marker=marker)
+            for i in range(backend.get_vocab_size(with_added_tokens=True))
+        ]
+        self.tokens += [b""] * (n_vocab - len(self.tokens))
+        self.special_token_ids = sorted(i for i, t in added.items() if t.special)
+        self.eos_token_id = eos[0] if eos else None
+        self.bos_token_id = None
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        """The token ids of ``text`` (special-token text as ordinary tokens)."""
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._backend.encode(text, add_special_tokens=False).ids

@@ -15,8 +15,16 @@ Definitions:
 - ``min_tokens`` (vLLM): the request's stop ids (EOS and ``stop_token_ids``) are -inf
   until ``min_tokens`` tokens were generated.
 
-A row that every processor together leaves with no finite logit keeps its unprocessed
-logits (a distribution with no token cannot be sampled).
+The fixed constraints (``allowed_token_ids``, ``logit_bias`` at -100 / 100, one-token bad
+words, and ``min_tokens`` against them) always leave a token: a request where they would
+not is refused with a 400 before any work (``houchu.text.token_conflicts``). The bans that
+depend on the generated tokens can still leave a row nothing to sample at some position
+(``allowed_token_ids: [a, b]`` with the bad words "a a" and "a b", after "a"). Then the
+hard constraints stay and the dynamic bans give way, one kind at a time: a multi-token
+bad word's ban is kept when some token is left with it, else not applied at that
+position; then ``min_tokens``' ban of the stop tokens likewise (so such a row may end
+before ``min_tokens``, rather than write a bad word or a token outside its allowed
+set). The tokens the client allowed or forced are never left for others.
 
 Each request's fixed part is one ``[V]`` float32 row built once (bias, bans, allowed
 set) and a ``[V]`` bool row of forced tokens; a step adds the rows of the requests that
@@ -31,10 +39,8 @@ from collections.abc import Sequence
 
 import torch
 
+from houchu.text.token_conflicts import BIAS_LIMIT
 from houchu.transport.messages import SamplingParams
-
-#: A ``logit_bias`` of this magnitude bans (negative) or forces (positive) the token.
-BIAS_LIMIT = 100.0
 
 
 class LogitsProcessors:
@@ -109,14 +115,19 @@ class LogitsProcessors:
                 forced = forced.to(device)
         return cls(additive, forced, stops, params.min_tokens, sequences)
 
-    def dynamic_bans(self, generated: Sequence[int]) -> list[int]:
-        """Token ids banned at the next position, given the tokens generated so far."""
-        out = list(self.stop_ids) if len(generated) < self.min_tokens else []
+    def word_bans(self, generated: Sequence[int]) -> list[int]:
+        """The last tokens of the multi-token bad words whose other tokens end
+        ``generated`` (banned at the next position)."""
+        out = []
         for seq in self.bad_sequences:
             n = len(seq) - 1
             if len(generated) >= n and tuple(generated[len(generated) - n :]) == seq[:-1]:
                 out.append(seq[-1])
         return out
+
+    def stop_bans(self, generated: Sequence[int]) -> list[int]:
+        """The stop ids, while fewer than ``min_tokens`` tokens were generated."""
+        return list(self.stop_ids) if len(generated) < self.min_tokens else []
 
 
 def check_params(params: SamplingParams, vocab_size: int) -> None:
@@ -172,17 +183,27 @@ def apply_processors(
         idx = torch.tensor(force, device=dev)
         mask = torch.stack([processors[i].forced for i in force])  # [Rf, V] bool
         out[idx] = out[idx].masked_fill(~mask, float("-inf"))
-    ban_rows: list[int] = []
-    ban_ids: list[int] = []
-    for i in rows:
-        ids = processors[i].dynamic_bans(generated[i])
-        ban_rows.extend([i] * len(ids))
-        ban_ids.extend(ids)
-    if ban_ids:
-        out[torch.tensor(ban_rows, device=dev), torch.tensor(ban_ids, device=dev)] = float("-inf")
-    idx = torch.tensor(rows, device=dev)
-    dead = torch.isneginf(out[idx]).all(dim=-1)  # [Rp] bool: nothing left to sample
-    if bool(dead.any()):
-        gone = idx[dead]
-        out[gone] = logits[gone]
+    for kind in (LogitsProcessors.word_bans, LogitsProcessors.stop_bans):
+        _ban_where_some_token_stays(out, {i: kind(processors[i], generated[i]) for i in rows})
     return out
+
+
+def _ban_where_some_token_stays(out: torch.Tensor, bans: dict[int, list[int]]) -> None:
+    """Set ``out[row, id]`` to -inf for each row's ``bans``, in place, in the rows where
+    some finite logit stays (a row the bans would leave with none keeps its logits).
+
+    Args:
+        out: ``[R, V]`` float32.
+        bans: row -> token ids to ban (rows with none may be left out or empty).
+    """
+    rows = [i for i, ids in bans.items() if ids]
+    if not rows:
+        return
+    dev = out.device
+    local = [j for j, i in enumerate(rows) for _ in bans[i]]
+    ids = [t for i in rows for t in bans[i]]
+    idx = torch.tensor(rows, device=dev)
+    sub = out[idx]  # [Rb, V] (a copy)
+    sub[torch.tensor(local, device=dev), torch.tensor(ids, device=dev)] = float("-inf")
+    keep = ~torch.isneginf(sub).all(dim=-1)  # [Rb] bool: some token left
+    out[idx[keep]] = sub[keep]

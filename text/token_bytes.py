@@ -9,6 +9,8 @@ from the ``decoder`` section of its ``tokenizer.json``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -76,3 +78,30 @@ def piece_bytes(piece: str, *, byte_mode: bool, space_marker: str | None) -> byt
                 pass
         return piece.replace(space_marker, " ").encode("utf-8")
     return None
+
+
+def vocabulary_bytes(
+    backend: Any,
+    token_id: int,
+    added_text: Mapping[int, str],
+    *,
+    byte_mode: bool,
+    space_marker: str | None,
+) -> bytes:
+    """The bytes token ``token_id`` of a ``tokenizers`` tokenizer stands for.
+
+    Args:
+        backend: a ``tokenizers.Tokenizer``.
+        token_id: the id (outside the vocabulary: ``b""``).
+        added_text: added and special tokens' ids -> their text (given as UTF-8).
+        byte_mode, space_marker: :func:`decoder_kind` of ``backend``.
+    """
+    if token_id in added_text:
+        return added_text[token_id].encode("utf-8")
+    piece = backend.id_to_token(token_id) if token_id >= 0 else None
+    if piece is None:
+        return b""
+    spelled = piece_bytes(piece, byte_mode=byte_mode, space_marker=space_marker)
+    if spelled is not None:
+        return spelled
+    return backend.decode([token_id], skip_special_tokens=False).encode("utf-8")

@@ -26,7 +26,7 @@ import jinja2.meta
 import jinja2.sandbox
 
 from houchu.text.chat_turns import CHAT_ROLES, conversation
-from houchu.text.token_bytes import decoder_kind, piece_bytes
+from houchu.text.token_bytes import decoder_kind, vocabulary_bytes
 from houchu.text.tokenizer_errors import TokenizerError
 from houchu.text.tokenizer_loading import read_tokenizer
 from houchu.transport.messages import ChatMessage
@@ -221,15 +221,13 @@ class TextTokenizer:
 
     def _compute_token_bytes(self, token_id: int) -> bytes:
         """Uncached :meth:`token_bytes`."""
-        if token_id in self._added_text:
-            return self._added_text[token_id].encode("utf-8")
-        piece = self._backend.id_to_token(token_id) if token_id >= 0 else None
-        if piece is None:
-            return b""
-        spelled = piece_bytes(piece, byte_mode=self._byte_mode, space_marker=self._space_marker)
-        if spelled is not None:
-            return spelled
-        return self._backend.decode([token_id], skip_special_tokens=False).encode("utf-8")
+        return vocabulary_bytes(
+            self._backend,
+            token_id,
+            self._added_text,
+            byte_mode=self._byte_mode,
+            space_marker=self._space_marker,
+        )
 
 
 def load_tokenizer(model_path: str | os.PathLike[str]) -> TextTokenizer:

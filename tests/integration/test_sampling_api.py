@@ -124,6 +124,29 @@ def test_allowed_token_ids_bad_words_min_tokens(server, client):
     assert held.usage.completion_tokens >= 3
 
 
+def test_bad_words_that_ban_every_allowed_token_are_refused(server, client):
+    """The tokenizer actor, which encodes ``bad_words``, refuses constraints that leave
+    no token (before, the sampler dropped them all and wrote " Paris")."""
+    status, tok = asyncio.run(
+        post_json(f"{server.url}/tokenize", {"prompt": " Paris", "add_special_tokens": False})
+    )
+    assert status == 200 and len(tok["tokens"]) == 1
+    fields = {"allowed_token_ids": tok["tokens"], "bad_words": ["Paris"]}
+    kw = {"model": _model(client), "prompt": "The capital of France is", "max_tokens": 4}
+    with pytest.raises(BadRequestError) as err:
+        client.completions.create(**kw, temperature=0, extra_body=fields)
+    error = err.value.body
+    assert error["param"] == "allowed_token_ids" and "'bad_words'" in error["message"]
+    ws = asyncio.run(ws_generate(server.ws_url, {"prompt": kw["prompt"], **fields}))
+    assert ws["error"]["param"] == "allowed_token_ids" and ws["final"] is None
+    # min_tokens beside an allowed set of stop tokens only: a 400 too
+    eos = {"allowed_token_ids": [0], "stop_token_ids": [0], "min_tokens": 2}
+    with pytest.raises(BadRequestError) as err:
+        client.completions.create(**kw, extra_body=eos)
+    assert err.value.body["param"] == "min_tokens"
+    assert client.completions.create(**kw).choices[0].text  # still serving
+
+
 @pytest.fixture(scope="module")
 def hf_prompt_logprobs(hf_model) -> tuple[list[int], list[float]]:
     """transformers' prompt ids of ``LONG`` and the logprob of each after the first."""

@@ -222,3 +222,63 @@ def test_a_required_call_cut_right_after_its_name_is_a_call(server) -> None:
         ]
         empty_args += call.function.arguments == ""
     assert empty_args, "no budget cut the call between its name and its arguments"
+
+
+#: (a constraint forcing a special token's text, the only output it allows)
+SPECIAL_TEXT = [
+    ({"guided_choice": ["<|im_end|>"]}, "<|im_end|>"),
+    ({"guided_regex": r"<\|im_end\|>"}, "<|im_end|>"),
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "t",
+                    "schema": {
+                        "type": "object",
+                        "properties": {"t": {"const": "<|endoftext|>"}},
+                        "required": ["t"],
+                        "additionalProperties": False,
+                    },
+                },
+            }
+        },
+        '{"t": "<|endoftext|>"}',
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "text"), SPECIAL_TEXT)
+def test_forced_special_token_text_is_written_as_text(server, fields, text) -> None:
+    """Before, these ended with a 400 ``grammar_too_complex`` ("simplify it"): the
+    forced text was tokenized into the special token."""
+    kw = {"model": _model(server), "prompt": "x", "max_tokens": 20}
+    out = client(server).completions.create(**kw, extra_body=fields)
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (text, "stop")
+    ws = asyncio.run(ws_generate(server.ws_url, {"prompt": "x", "max_tokens": 20, **fields}))
+    assert ws["error"] is None and ws["text"] == text
+
+
+def test_a_tool_argument_with_special_token_text(server) -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {
+                "type": "object",
+                "properties": {"s": {"enum": ["<|im_end|>"]}},
+                "required": ["s"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    out = chat(
+        server,
+        messages=ASK,
+        max_tokens=30,
+        tools=[tool],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
+    (call,) = out.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"s": "<|im_end|>"}

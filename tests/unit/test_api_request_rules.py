@@ -71,6 +71,12 @@ CONFLICTS = [
         "allowed_token_ids",
         "tool_choice",
     ),
+    ({"guided_choice": ["Paris"], "bad_words": ["Paris"]}, "bad_words", "guided_choice"),
+    (
+        {"structured_outputs": {"choice": [" yes", "no"]}, "bad_words": ["yes", " no", "x"]},
+        "bad_words",
+        "structured_outputs.choice",
+    ),
 ]
 
 
@@ -90,6 +96,22 @@ async def test_a_grammar_beside_min_tokens_or_allowed_token_ids_is_refused(
         assert error["param"] == param and error["code"] == "invalid_value"
         assert f"'{param}'" in error["message"] and f"'{grammar}'" in error["message"]
     assert frame["status"] == 400 and api.engine.requests == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"guided_choice": ["Paris", "London"], "bad_words": ["Paris"]},  # London is left
+        {"guided_choice": ["Paris!"], "bad_words": ["Paris"]},  # token-level, as vLLM's
+        {"guided_regex": "Paris", "bad_words": ["Paris"]},  # the grammar wins (README)
+    ],
+)
+async def test_bad_words_beside_a_grammar_that_can_avoid_them_are_accepted(
+    extra: dict[str, Any],
+) -> None:
+    async with serve_vocab() as api:
+        status, _ = await api.post("/v1/chat/completions", {"messages": MESSAGES, **extra})
+    assert status == 200 and api.engine.requests[0].sampling.bad_words == extra["bad_words"]
 
 
 async def test_zero_min_tokens_beside_a_grammar_is_accepted() -> None:
@@ -194,3 +216,47 @@ async def test_a_bad_logit_bias_entry_names_its_key_and_the_range(
         assert error["param"] == "logit_bias" and error["code"] == "invalid_value"
         assert all(s in error["message"] for s in says), error["message"]
         assert "msgspec" not in error["message"] and "Expected" not in error["message"]
+
+
+#: (pattern, texts it takes, texts it refuses): ``\d`` is ASCII, as in xgrammar and
+#: outlines; an escaped backslash and other classes are left as they are
+DIGITS = [
+    (r"\d{4}", ["1234"], ["١٢٣٤", "🯸183", "12a4"]),
+    (r"[\d_]+", ["1_2"], ["١"]),
+    (r"\D\d", ["x1", "١1"], ["11", "x١"]),
+    (r"[^\d]", ["١", "x"], ["5"]),
+    (r"\\d", ["\\d"], ["1"]),
+    (r"\p{Nd}", ["١", "1"], ["x"]),
+    (r"\w/\d", ["é/1"], ["é/١"]),
+]
+
+
+@pytest.mark.parametrize(("pattern", "takes", "refuses"), DIGITS)
+@pytest.mark.parametrize("field", ["guided_regex", "regex", "structured_outputs", "ws"])
+async def test_a_regex_reads_backslash_d_as_ascii_digits(
+    pattern: str, takes: list[str], refuses: list[str], field: str
+) -> None:
+    """``guided_regex``, SGLang's ``regex``, ``structured_outputs.regex`` and a WebSocket
+    frame's: the grammar the engine gets reads ``\\d`` as ``[0-9]``."""
+    async with serve_vocab() as api:
+        if field == "ws":
+            async with api.client.ws_connect("/ws") as ws:
+                await ws.send_json({"id": "t", "prompt": "Hi", "guided_regex": pattern})
+                frames = (await collect(ws, {"t"}))["t"]
+            assert frames[-1]["type"] == "final"
+        else:
+            value = {"regex": pattern} if field == "structured_outputs" else pattern
+            status, _ = await api.post("/v1/completions", {"prompt": "Hi", field: value})
+            assert status == 200
+        structured = api.engine.requests[0].sampling.structured
+    assert structured is not None
+    assert all(_follows(structured.grammar, t) for t in takes)
+    assert not any(_follows(structured.grammar, t) for t in refuses)
+
+
+@pytest.mark.parametrize("pattern", ["(\\d", "\\d^a"])
+async def test_a_bad_regex_with_backslash_d_is_refused_in_its_own_terms(pattern: str) -> None:
+    async with serve_vocab() as api:
+        status, body = await api.post("/v1/completions", {"prompt": "Hi", "guided_regex": pattern})
+    assert status == 400 and body["error"]["code"] == "invalid_grammar"
+    assert "[0-9]" not in body["error"]["message"]

@@ -78,7 +78,12 @@ async def test_tools_are_checked_as_chat_completions_check_them(
     """``tools: []`` is the 400 chat completions give it (the same check, the same
     words), ``tools`` beside a ``prompt`` the completions API's 400, and valid tools go
     to the chat template as the engine gives them."""
-    for bad in ([], [{"type": "function", "function": {"name": "no spaces"}}]):
+    not_object = {"name": "f", "parameters": {"type": "string"}}
+    for bad in (
+        [],
+        [{"type": "function", "function": {"name": "no spaces"}}],
+        [{"type": "function", "function": not_object}],
+    ):
         status, chat = await api.post(
             "/v1/chat/completions", {"messages": CONVERSATION, "tools": bad}
         )

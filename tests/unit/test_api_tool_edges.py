@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import openai
 import pytest
 from llguidance import LLMatcher, LLTokenizer
 from openai import AsyncOpenAI
@@ -204,3 +205,45 @@ async def test_an_empty_tools_array_on_a_prompt_is_refused_as_any_tools_are() ->
     assert status == 400 and frame["type"] == "error" and frame["status"] == 400
     assert body["error"]["param"] == frame["error"]["param"] == "tools"
     assert "accepted on chat requests only" in body["error"]["message"]
+
+
+#: (``parameters`` that are not an object schema, how the 400 names what was given)
+NOT_OBJECTS = [
+    ({"type": "string"}, "got type 'string'"),
+    ({"type": "array", "items": {"type": "integer"}}, "got type 'array'"),
+    ({"properties": {"a": {"type": "integer"}}}, "got a schema without 'type'"),
+    ({"type": ["object", "null"]}, "got type ['object', 'null']"),
+]
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", "named"])
+@pytest.mark.parametrize(("parameters", "got"), NOT_OBJECTS)
+async def test_parameters_that_are_not_an_object_schema_are_refused(
+    parameters: dict[str, Any], got: str, choice: Any
+) -> None:
+    """OpenAI: a function's ``parameters`` is a JSON Schema of ``type: "object"``;
+    anything else is a 400 (before, ``required`` returned arguments that were not an
+    object). The official client over HTTP and a WebSocket frame alike."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    if choice == "named":
+        choice = {"type": "function", "function": {"name": "f"}}
+    async with serve(ScriptedEngine("{}")) as api:
+        client = _client(api)
+        try:
+            with pytest.raises(openai.BadRequestError) as err:
+                await client.chat.completions.create(
+                    model=MODEL, messages=MESSAGES, tools=[PING, tool], tool_choice=choice
+                )
+        finally:
+            await client.close()
+        async with api.client.ws_connect("/ws") as ws:
+            frame = {"id": "t", "messages": MESSAGES, "tools": [PING, tool], "tool_choice": choice}
+            await ws.send_json(frame)
+            (answer,) = (await collect(ws, {"t"}))["t"]
+        assert api.engine.requests == []
+    assert answer["type"] == "error" and answer["status"] == 400
+    body = err.value.body
+    assert isinstance(body, dict) and body == answer["error"]
+    assert body["param"] == "tools[1].function.parameters"
+    assert body["code"] == "invalid_function_parameters"
+    assert 'must be a JSON Schema of type "object"' in body["message"] and got in body["message"]

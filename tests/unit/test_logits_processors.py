@@ -90,10 +90,46 @@ def test_rows_are_independent_in_a_batch():
     assert _greedy(x, states) == [int(x[0].argmax()), 0, 5]
 
 
-def test_a_row_left_with_no_token_keeps_its_logits():
-    proc = LogitsProcessors.of(SamplingParams(allowed_token_ids=[7], bad_words_ids=[[7]]), [], V)
+def test_a_bad_word_ban_that_would_leave_nothing_gives_way_not_the_allowed_set():
+    """After "3", the bad words "3 3" and "3 5" would ban both allowed tokens: the
+    allowed set stays (the row samples 3 or 5), the words' bans give way there."""
+    st = _state(temperature=1.0, seed=0, allowed_token_ids=[3, 5], bad_words_ids=[[3, 3], [3, 5]])
+    st.append(3)
     x = _logits()
-    torch.testing.assert_close(apply_processors(x, [proc], [[]]), x)
+    out = apply_processors(x, [st.processors], [st.generated])
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [3, 5]
+    torch.testing.assert_close(out[0, [3, 5]], x[0, [3, 5]])
+    for seed in range(5):
+        (s,) = Sampler(seed=seed).sample(_logits(seed=seed), [st])
+        assert s.token_id in (3, 5)
+
+
+def test_min_tokens_gives_way_before_a_bad_word():
+    """Allowed 2 (a stop id) and 9; "9 9" is a bad word and min_tokens 5 holds 2 off:
+    after "9" only 2 is left, so the request may stop early, and never writes "9 9"."""
+    st = _state(
+        temperature=0.0,
+        allowed_token_ids=[2, 9],
+        bad_words_ids=[[9, 9]],
+        min_tokens=5,
+        stop_ids=[2],
+    )
+    x = torch.zeros(1, V)
+    x[0, 9] = 3.0  # 9 is the greedy token
+    assert _greedy(x, [st]) == [9]
+    st.append(9)
+    assert _greedy(x, [st]) == [2]
+
+
+def test_a_dead_row_does_not_change_its_neighbours():
+    """Rows whose dynamic bans give way and rows whose bans hold, in one batch."""
+    gives = _state("a", temperature=0.0, allowed_token_ids=[4], bad_words_ids=[[4, 4]])
+    holds = _state("b", temperature=0.0, bad_words_ids=[[4, 4]])
+    for st in (gives, holds):
+        st.append(4)
+    x = torch.zeros(2, V)
+    x[:, 4] = 5.0
+    assert _greedy(x, [gives, holds]) == [4, 0]
 
 
 def test_no_processors_is_the_input_itself():
