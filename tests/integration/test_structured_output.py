@@ -255,15 +255,18 @@ def test_named_tool_choice_validates_against_the_schema(any_server) -> None:
 
 def test_a_function_without_parameters_is_called_with_no_arguments(server) -> None:
     """OpenAI reads a missing ``parameters`` as none: a forced call's arguments are
-    ``{}`` on the real model, named or ``required``."""
+    ``{}`` on the real model, named or ``required``. ``required`` may write several
+    calls: one cut by ``max_tokens`` comes back as the call it began (finish_reason
+    ``length``), its arguments the part written."""
     ping = {"type": "function", "function": {"name": "ping"}}
     sampled = {"temperature": 1.0, "seed": 5, "max_tokens": 40}
     for choice in ({"type": "function", "function": {"name": "ping"}}, "required"):
         out = chat(server, messages=ASK_WEATHER, tools=[ping], tool_choice=choice, **sampled)
         calls = out.choices[0].message.tool_calls
-        assert calls and all(
-            (c.function.name, c.function.arguments) == ("ping", "{}") for c in calls
-        )
+        assert calls and all(c.function.name == "ping" for c in calls)
+        whole = calls[:-1] if out.choices[0].finish_reason == "length" else calls
+        assert all(c.function.arguments == "{}" for c in whole)
+        assert "{}".startswith(calls[-1].function.arguments)
 
 
 def test_required_tool_choice_calls_a_tool(server) -> None:
