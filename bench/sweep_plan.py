@@ -108,11 +108,16 @@ class SweepPlan:
 
     def flags(self, config: Config) -> list[str]:
         """``houchu serve`` flags of a configuration: each swept lever's on or off flags
-        (on also where a lever that is on requires it)."""
+        (on also where a lever that is on requires it), in the levers' order; where a
+        lever that is on and one that is off set the same flag (int4 on, int8 off: both
+        ``--quantization``), the one that is on sets its value."""
         on = set(config.on)
         for name in config.on:
             on |= set(lever(name).requires)
-        return merge_flags([lv.flags(lv.name in on, self.machine) for lv in self.levers])
+        chunks = [lv.flags(lv.name in on, self.machine) for lv in self.levers]
+        return merge_flags(
+            chunks + [lv.flags(True, self.machine) for lv in self.levers if lv.name in on]
+        )
 
     def lever(self, name: str) -> Lever:
         """A swept lever by name."""

@@ -58,6 +58,25 @@ def test_levers_sharing_a_flag_do_not_pair_and_shared_off_flags_merge():
     assert plan.flags(Config(frozenset({"int8"}))) == ["--quantization", "int8"]
 
 
+def test_a_lever_on_sets_the_flag_it_shares_with_levers_off():
+    """int4 on beside int8 off (both ``--quantization``), int8-kv on beside fp8-kv off
+    (both ``--kv-cache-dtype``): the lever that is on sets the value, whatever the
+    order of the levers."""
+    names = ["int4", "int8", "int8-kv", "fp8-kv"]
+    for order in (names, names[::-1]):
+        plan = build_plan(order, "none", LOADS, 1, CPU)
+        assert _value(plan.flags(Config(frozenset({"int4"}))), "--quantization") == "int4"
+        assert _value(plan.flags(Config(frozenset({"int8"}))), "--quantization") == "int8"
+        assert _value(plan.flags(Config(frozenset())), "--quantization") == "none"
+        kv = plan.flags(Config(frozenset({"int8-kv"})))
+        assert _value(kv, "--kv-cache-dtype") == "int8" and kv.count("--kv-cache-dtype") == 1
+        assert _value(plan.flags(Config(frozenset({"fp8-kv"}))), "--kv-cache-dtype") == "fp8"
+
+
+def _value(flags: list[str], flag: str) -> str:
+    return flags[flags.index(flag) + 1]
+
+
 def test_not_applicable_levers_are_listed_with_the_reason():
     smollm = "--tensor-parallel-size 2: 'x' has attention heads (9), KV heads (3) not divisible"
     cpu = Machine("cpu", frozenset({"avx2", "fma"}), SERVE_FLAGS, tp_refusal=smollm)
