@@ -6,6 +6,8 @@ Examples::
         --workload shared-prefix --num-requests 32 --output-len 64
     houchu levers --levers all --request-rates 0.5,1,2 --workload replay --replay reqs.jsonl
     houchu levers --levers int4,spec-ngram --replay-db --num-requests 200 --repeats 3
+    houchu levers --levers all --concurrency 1,4,16 --max-duration 60 --dry-run
+    houchu levers --levers all --concurrency 1,4,16 --max-duration 60 --resume levers.json
 
 Starts a fresh ``houchu serve`` per configuration (baseline: every lever off; each lever
 alone; the pairs), one after the other, runs the workload at each load level on it
@@ -15,18 +17,25 @@ TTFT, TPOT and throughput, and its break-even load; then whether each pair's gai
 overlap or cancel, and the fastest configuration at the target load as ``houchu serve``
 flags. Prints rich tables, writes the record as JSON (``--output``) and stores it in
 the database beside the benchmark runs (``--db``; skipped with ``--no-db``).
+
+Before the first server it prints the servers and measured runs and an upper bound of
+the duration (each run within ``--max-duration``, plus a start-up allowance per
+server); the progress bar's ETA follows the servers measured. ``--dry-run`` prints the
+plan (each configuration's flags, servers, runs, the estimate) and runs nothing. After
+every server the record so far goes to the ``--output`` file, marked incomplete; Ctrl-C
+or SIGTERM stops the running server, writes it and prints the command that resumes:
+the same options with ``--resume FILE``, which checks the plan and the machine are the
+same and measures only the missing cells.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import shlex
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -99,17 +108,33 @@ def add_levers_parser(sub: argparse._SubParsersAction) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--name", help="run name (default: levers-WORKLOAD-TIME)")
     o.add_argument(
-        "--output", type=Path, help="JSON file (default: ~/.cache/houchu/bench/NAME.json)"
+        "--output",
+        type=Path,
+        help="JSON file, written after every server (marked incomplete until the end) "
+        "(default: ~/.cache/houchu/bench/NAME.json)",
     )
     o.add_argument("--db", help="database URL to store the sweep in (default: houchu's)")
     o.add_argument("--no-db", action="store_true")
     o.add_argument("--no-progress", action="store_true")
     o.add_argument(
+        "--resume",
+        type=Path,
+        metavar="FILE",
+        help="continue the partial record FILE (a sweep interrupted) with the same options "
+        "on the same machine: only its missing cells run; the record is written back to "
+        "FILE (or --output)",
+    )
+    o.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (configurations, flags per server, runs, the estimate); start nothing",
+    )
+    o.add_argument(
         "--reanalyze",
         type=Path,
         metavar="FILE",
-        help="answer again from a stored JSON record (no servers run); with --output, "
-        "write the new record there",
+        help="answer again from a stored JSON record (no servers run; a partial one from "
+        "the cells it holds); with --output, write the new record there",
     )
 
 
@@ -180,12 +205,16 @@ def _replay_from_db(args: argparse.Namespace, builder: Any, workdir: Path) -> st
     return str(path)
 
 
-def run_levers(args: argparse.Namespace) -> int:
-    """Run ``houchu levers``; returns the exit code (2: bad options; 1: nothing measured)."""
+def run_levers(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """Run ``houchu levers``; returns the exit code (2: bad options or a record that
+    cannot be resumed; 1: nothing measured; 128 + N: stopped by signal N). ``argv``:
+    the command's arguments, for the resume hint."""
     try:
         if args.reanalyze is not None:
+            if args.resume is not None or args.dry_run:
+                raise ValueError("--reanalyze runs nothing: not with --resume or --dry-run")
             return _reanalyze(args)
-        return _run(args)
+        return _run(args, argv)
     except ValueError as exc:
         print(f"houchu levers: {exc}", file=sys.stderr)
         return 2
@@ -193,19 +222,15 @@ def run_levers(args: argparse.Namespace) -> int:
 
 def _reanalyze(args: argparse.Namespace) -> int:
     """Print (and with ``--output`` write) a stored record analyzed again."""
-    import json
-
     from rich.console import Console
 
+    from houchu.bench.sweep_checkpoint import read_record
     from houchu.bench.sweep_reanalyze import reanalyze
     from houchu.bench.sweep_report import print_report, save_record
     from houchu.model import cpu_isa
     from houchu.options.flags import GROUPS
 
-    try:
-        record = json.loads(args.reanalyze.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read {args.reanalyze}: {exc}") from None
+    record = read_record(args.reanalyze)
     flags = frozenset(f.name for g in GROUPS for f in g.flags)
     record = reanalyze(record, flags, cpu_isa.native_units(cpu_isa.usable()[0]))
     console = Console(width=None if sys.stdout.isatty() else 200)
@@ -215,7 +240,7 @@ def _reanalyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     from houchu.bench.sweep_plan import build_plan, parse_loads
 
     serve_args = shlex.split(args.serve_args)
@@ -236,24 +261,45 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--target-load {args.target_load:g} is not one of the load levels")
     workdir = Path(tempfile.mkdtemp(prefix="houchu-levers-"))
     try:
-        return _prepare_and_sweep(args, plan, loads, serve_args, workdir)
+        return _prepare_and_sweep(args, plan, serve_args, workdir, argv)
     finally:
         if not os.environ.get("HOUCHU_LEVERS_KEEP_DB"):
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _prepare_and_sweep(args, plan, loads, serve_args, workdir) -> int:  # noqa: ANN001
-    """Build the workload and run the sweep in ``workdir``."""
+def _spec(args: argparse.Namespace) -> Any:
+    """The workload's :class:`~houchu.bench.core.BenchSpec` (its load levels are the
+    sweep's: no concurrency or rate of its own)."""
     from houchu.bench.cli import bench_spec
+
+    return bench_spec(
+        argparse.Namespace(**{**vars(args), "concurrency": None, "request_rate": None})
+    )
+
+
+def _prepare_and_sweep(args, plan, serve_args, workdir, argv) -> int:  # noqa: ANN001
+    """Build the workload and run the sweep in ``workdir`` (``--dry-run``: print it)."""
     from houchu.bench.prompts import PromptBuilder, load_encoder
+    from houchu.bench.sweep_runner import SweepInputs
+    from houchu.bench.sweep_session import dry_run, run_session
 
     builder = PromptBuilder(load_encoder(args.tokenizer))
     if args.replay_db is not None:
         args.workload, args.replay = "replay", _replay_from_db(args, builder, workdir)
-    spec = bench_spec(
-        argparse.Namespace(**{**vars(args), "concurrency": None, "request_rate": None})
+    spec = _spec(args)
+    if args.dry_run:
+        model = _model_path(args)
+        return dry_run(args, plan, spec, model, serve_args, OBJECTIVES[args.objective])
+    inputs = SweepInputs(
+        _model_path(args),
+        serve_args,
+        spec,
+        builder,
+        workdir,
+        fresh_per_load=spec.workload.kind == "replay",
+        ws_connections=args.ws_connections,
     )
-    return _sweep(args, plan, spec, builder, _model_path(args), serve_args, workdir)
+    return run_session(args, plan, inputs, OBJECTIVES[args.objective], argv)
 
 
 def _model_path(args: argparse.Namespace) -> Path:
@@ -268,111 +314,3 @@ def _model_path(args: argparse.Namespace) -> Path:
     if not model.exists():
         raise ValueError(f"model path {model} does not exist")
     return model.resolve()
-
-
-def _sweep(args, plan, spec, builder, model, serve_args, workdir) -> int:  # noqa: ANN001
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from houchu.bench import runner_limits
-    from houchu.bench.report import results_dir, store
-    from houchu.bench.sweep_answers import analyze
-    from houchu.bench.sweep_quality import measure_quality
-    from houchu.bench.sweep_report import print_report, save_record
-    from houchu.bench.sweep_runner import SweepInputs, SweepRunner
-    from houchu.model import cpu_isa
-
-    console = Console(width=None if sys.stdout.isatty() else 200)
-    load_start = os.getloadavg()
-    lim = runner_limits.measure()
-    inputs = SweepInputs(
-        model,
-        serve_args,
-        spec,
-        builder,
-        workdir,
-        fresh_per_load=spec.workload.kind == "replay",
-        ws_connections=args.ws_connections,
-    )
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=args.no_progress,
-        transient=False,
-    ) as bar:
-        runner = SweepRunner(plan, inputs, lambda kind, text: None)
-        task = bar.add_task("levers", total=runner.total_cells())
-
-        def progress(kind: str, text: str) -> None:
-            if kind == "cell":
-                bar.advance(task)
-            bar.update(task, description=text[:90])
-
-        runner.progress = progress
-        result = runner.run()
-    lim = lim.best(runner_limits.measure())
-    native = cpu_isa.native_units(cpu_isa.usable()[0])
-    cases = {lv.name: lv.lossy for lv in plan.levers if lv.lossy is not None}
-    base = result.facts.get("baseline")
-    quality = (
-        {}
-        if args.no_quality
-        else measure_quality(model, cases, base.dtype if base else "float32", args.quality_text)
-    )
-    target = args.target_load if args.target_load is not None else plan.loads[-1].value
-    answers = analyze(
-        plan, result.runs, result.facts, lim, native, quality, target, OBJECTIVES[args.objective]
-    )
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = args.name or f"levers-{spec.workload.kind}-{stamp}"
-    record = {
-        "name": name,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "settings": {
-            "backend": "houchu levers",
-            "model": str(model),
-            "serve_args": serve_args,
-            "workload": {
-                **spec.workload.settings(),
-                **{
-                    k: v
-                    for k, v in spec.settings().items()
-                    if k in ("api", "warmup", "temperature", "ignore_eos")
-                },
-            },
-            "levers": [lv.name for lv in plan.levers],
-            "pairs": [f"{a}+{b}" for a, b in plan.pairs],
-            "load_kind": plan.loads[0].kind,
-            "loads": [ld.value for ld in plan.loads],
-            "repeats": plan.repeats,
-            "objective": args.objective,
-            "cpu_flags": " ".join(sorted(cpu_isa.isa_flags())),
-            "cpu_count": os.cpu_count(),
-            "draft_model": args.draft_model,
-        },
-        "limits": lim.line(native),
-        "limits_values": asdict(lim),
-        "load_average": {"start": list(load_start), "end": list(os.getloadavg())},
-        "seconds": result.seconds,
-        "facts": {k: v.__dict__ for k, v in result.facts.items()},
-        "failures": result.failures,
-        "answers": answers,
-        "runs": [r.to_json() for r in result.runs],
-    }
-    print_report(record, console)
-    path = save_record(record, args.output or results_dir() / f"{name}.json")
-    console.print(f"results: {path}")
-    if not args.no_db:
-        row = store(
-            {
-                "name": name,
-                "settings": record["settings"],
-                "results": {"kind": "lever_sweep", "answers": answers},
-            },
-            args.db,
-        )
-        console.print(f"database: run {row}" if row is not None else "database: not stored")
-    return 0 if result.runs else 1

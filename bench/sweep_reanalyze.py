@@ -1,6 +1,8 @@
 """Answering again from a stored sweep record (``houchu levers --reanalyze FILE``): the
 plan is rebuilt from the record's settings, the measurements are its runs, so a record
-from another machine or an older version is read with this version's analysis.
+from another machine or an older version is read with this version's analysis. A
+partial record (a sweep interrupted, not yet resumed) is answered from the cells it
+holds; its ``sweep`` block lists the cells missing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from houchu.bench.lever_table import Machine
 from houchu.bench.runner_limits import Limits
 from houchu.bench.sweep_answers import analyze
 from houchu.bench.sweep_plan import Load, build_plan
-from houchu.bench.sweep_records import CellRun, ServerFacts
+from houchu.bench.sweep_records import SweepResult
+from houchu.bench.sweep_schedule import sweep_state
 
 _LINE = re.compile(
     r"copy ([\d.]+) GB/s, fp32 matmul ([\d.]+) GFLOP/s, bf16 matmul ([\d.]+) GFLOP/s"
@@ -53,13 +56,16 @@ def reanalyze(
     old = record["answers"]
     plan.not_applicable = dict(old.get("not_applicable", {}))
     plan.skipped_pairs = dict(old.get("pairs_not_measured", {}))
-    runs = [CellRun.from_json(r) for r in record["runs"]]
-    facts = {k: ServerFacts(**v) for k, v in record.get("facts", {}).items()}
+    measured = SweepResult.from_record(record)
+    runs, facts = measured.runs, measured.facts
     quality = {lv["lever"]: lv["accuracy"] for lv in old["levers"] if lv["accuracy"]}
     lim = record_limits(record)
     objective = old.get("objective", "output_throughput")
     answers = analyze(plan, runs, facts, lim, native, quality, old["target_load"], objective)
+    state = record.get("sweep") or {}
+    complete = bool(state.get("complete", True))  # records before checkpoints: whole
     out = {**record, "answers": answers}
+    out["sweep"] = sweep_state(plan, runs, complete, list(state.get("parts") or []))
     if lim is not None:
         out["limits_values"] = asdict(lim)
     return out

@@ -148,3 +148,28 @@ def parse_runner_line(line: str, startup_s: float) -> ServerFacts:
     elif facts.params:
         facts.weight_bytes_per_step = facts.params * (4 if facts.dtype == "float32" else 2)
     return facts
+
+
+@dataclass
+class SweepResult:
+    """Everything a sweep measured (with a resumed sweep: the earlier sessions' too).
+
+    Attributes:
+        runs: one per (configuration, load, repeat) measured.
+        facts: ``{configuration: ServerFacts}`` of its first server.
+        failures: ``{configuration: why}`` for configurations whose server or run failed.
+        seconds: the sweep's wall time, s (every session's).
+    """
+
+    runs: list[CellRun]
+    facts: dict[str, ServerFacts]
+    failures: dict[str, str]
+    seconds: float
+
+    @staticmethod
+    def from_record(record: dict[str, Any]) -> SweepResult:
+        """The measurements of a stored sweep record (its failures are left out: a
+        resumed sweep tries those configurations again)."""
+        runs = [CellRun.from_json(r) for r in record.get("runs", [])]
+        facts = {k: ServerFacts(**v) for k, v in record.get("facts", {}).items()}
+        return SweepResult(runs, facts, {}, float(record.get("seconds") or 0.0))

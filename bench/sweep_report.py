@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +175,26 @@ def noise_text(record: dict[str, Any]) -> str:
     )
 
 
+def missing_text(record: dict[str, Any]) -> str:
+    """The cells a record lacks (a partial sweep's, or a failed configuration's) and
+    that its answers are drawn without them; "" when every cell is measured."""
+    state = record.get("sweep") or {}
+    missing = state.get("missing") or []
+    if not missing:
+        return ""
+    unit = "c" if record["settings"]["load_kind"] == "concurrency" else "r"
+    by_config: dict[str, list[str]] = {}
+    for m in missing:
+        by_config.setdefault(m["config"], []).append(f"{unit}={m['load']:g} #{m['repeat'] + 1}")
+    head = "Partial sweep" if not state.get("complete", True) else "Sweep"
+    n = len(missing) + len(state.get("measured") or [])
+    cells = "; ".join(f"{c}: {', '.join(xs)}" for c, xs in by_config.items())
+    return (
+        f"{head}: {len(missing)} of {n} cells not measured (the answers use the cells "
+        f"measured; gains over a missing cell show as -): {cells}"
+    )
+
+
 def print_report(record: dict[str, Any], console: Console | None = None) -> None:
     """Every table of the sweep, then the recommendation and the noise."""
     c = console or Console(width=None if sys.stdout.isatty() else 200)
@@ -191,12 +213,25 @@ def print_report(record: dict[str, Any], console: Console | None = None) -> None
         c.print(not_applicable_table(answers))
     for name, why in record["failures"].items():
         c.print(f"[red]{name}: {why}[/red]")
+    if text := missing_text(record):
+        c.print(f"[yellow]{text}[/yellow]", highlight=False)
     c.print(recommendation_text(answers, record))
     c.print(noise_text(record))
 
 
 def save_record(record: dict[str, Any], path: Path) -> Path:
-    """Write the sweep's record as JSON (folders created); returns the path."""
+    """Write the sweep's record as JSON (folders created) atomically: to a temporary
+    file beside ``path``, then renamed over it, so ``path`` always holds a whole record
+    (the previous one if this write is interrupted); returns the path."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, default=str))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path

@@ -12,6 +12,12 @@ the end flush them into the right run.
 
 A workload whose prompts do not change with the seed (a replay) would hit the prefix
 cache on its second load level; it gets a fresh server per (configuration, load).
+
+The servers to start come from ``houchu.bench.sweep_schedule.server_jobs``: with the
+runs of an earlier, interrupted session (``prior``), only the cells it did not measure.
+A server's runs join the sweep's after the server stopped and its database was read, so
+after each server (``on_server``) the runs are whole; a server interrupted midway
+(SIGINT, SIGTERM: ``KeyboardInterrupt``) is stopped and its runs left to a resumed sweep.
 """
 
 from __future__ import annotations
@@ -30,8 +36,16 @@ from houchu.bench.core import WARMUP_SEED_OFFSET, BenchSpec, benchmark
 from houchu.bench.driver import RunConfig, run_sessions
 from houchu.bench.prompts import PromptBuilder
 from houchu.bench.servers import ManagedServer, ServerError, houchu_serve
-from houchu.bench.sweep_plan import Config, Load, SweepPlan
-from houchu.bench.sweep_records import METRICS, CellRun, ServerFacts, StepTotals, parse_runner_line
+from houchu.bench.sweep_plan import Load, SweepPlan
+from houchu.bench.sweep_records import (
+    METRICS,
+    CellRun,
+    ServerFacts,
+    StepTotals,
+    SweepResult,
+    parse_runner_line,
+)
+from houchu.bench.sweep_schedule import ServerJob, in_plan_order, measured_cells, server_jobs
 from houchu.bench.workloads import RequestSpec, Session
 
 #: Seconds of quiet before a flush request (the runner reports its counters each second).
@@ -70,23 +84,9 @@ class SweepInputs:
 #: Progress events: ("server", text) when a server starts, ("fail", why) when a
 #: configuration fails, ("cell", text) once per planned run, measured or not.
 Progress = Callable[[str, str], None]
-
-
-@dataclass
-class SweepResult:
-    """Everything measured.
-
-    Attributes:
-        runs: one per (configuration, load, repeat) measured.
-        facts: ``{configuration: ServerFacts}`` of its first server.
-        failures: ``{configuration: why}`` for configurations whose server or run failed.
-        seconds: the sweep's wall time.
-    """
-
-    runs: list[CellRun]
-    facts: dict[str, ServerFacts]
-    failures: dict[str, str]
-    seconds: float
+#: Called after each server with the sweep's result so far (its runs whole).
+OnServer = Callable[[SweepResult], None]
+Window = tuple[CellRun, float, float, int]  # a run, its start and end (epoch s), preemptions
 
 
 def load_spec(spec: BenchSpec, load: Load, seed: int) -> BenchSpec:
@@ -114,81 +114,116 @@ def _get_json(url: str) -> dict:
 
 
 class SweepRunner:
-    """Runs a plan's cells on fresh servers (see the module docstring)."""
+    """Runs a plan's cells on fresh servers (see the module docstring).
 
-    def __init__(self, plan: SweepPlan, inputs: SweepInputs, progress: Progress) -> None:
+    Args:
+        plan: the sweep plan.
+        inputs: what every server and run shares.
+        progress: called on each progress event.
+        prior: the measurements of an earlier session of this sweep (resumed): its cells
+            are not measured again, its runs and facts are kept.
+        on_server: called after each server (a checkpoint).
+    """
+
+    def __init__(
+        self,
+        plan: SweepPlan,
+        inputs: SweepInputs,
+        progress: Progress,
+        prior: SweepResult | None = None,
+        on_server: OnServer | None = None,
+    ) -> None:
         self.plan = plan
         self.inputs = inputs
         self.progress = progress
-        self.runs: list[CellRun] = []
-        self.facts: dict[str, ServerFacts] = {}
+        self.on_server = on_server
+        self.runs: list[CellRun] = list(prior.runs) if prior else []
+        self.facts: dict[str, ServerFacts] = dict(prior.facts) if prior else {}
         self.failures: dict[str, str] = {}
+        self.jobs: list[ServerJob] = server_jobs(
+            plan, inputs.fresh_per_load, measured_cells(self.runs)
+        )
+        self.servers_done = 0
+        self._prior_s = prior.seconds if prior else 0.0
+        self._t0 = time.perf_counter()
         self._n_db = 0
 
     def total_cells(self) -> int:
-        """Measured runs the plan asks for."""
-        return len(self.plan.configs()) * len(self.plan.loads) * self.plan.repeats
+        """Measured runs this session asks for (all of the plan's unless resumed)."""
+        return sum(len(j.loads) for j in self.jobs)
+
+    def result(self) -> SweepResult:
+        """The sweep so far: every whole run (the earlier sessions' too) in sweep
+        order, the facts, the failures and the wall time."""
+        seconds = self._prior_s + time.perf_counter() - self._t0
+        runs = in_plan_order(self.plan, self.runs)
+        return SweepResult(runs, dict(self.facts), dict(self.failures), seconds)
 
     def run(self) -> SweepResult:
-        """Every cell of the plan, in order; a configuration whose server fails to start
-        is recorded in ``failures`` (its cells are not measured) and the sweep goes on."""
-        t0 = time.perf_counter()
-        self.inputs.workdir.mkdir(parents=True, exist_ok=True)
-        for repeat in range(self.plan.repeats):
-            for config in self.plan.configs():
-                if config.name in self.failures:
-                    for _ in self.plan.loads:
-                        self.progress("cell", f"{config.name}: not measured (failed before)")
-                    continue
-                groups = (
-                    [[i] for i in range(len(self.plan.loads))]
-                    if self.inputs.fresh_per_load
-                    else [list(range(len(self.plan.loads)))]
-                )
-                for idx in groups:
-                    self._on_server(config, repeat, idx)
-        return SweepResult(self.runs, self.facts, self.failures, time.perf_counter() - t0)
+        """Every server of ``jobs``, in order; a configuration whose server fails to
+        start or whose run fails is recorded in ``failures`` (its later cells are not
+        measured) and the sweep goes on.
 
-    def _on_server(self, config: Config, repeat: int, load_idx: list[int]) -> None:
+        Raises:
+            KeyboardInterrupt: a signal stopped the sweep (the running server was
+                stopped; ``result()`` holds the whole runs so far).
+        """
+        self._t0 = time.perf_counter()
+        self.inputs.workdir.mkdir(parents=True, exist_ok=True)
+        for job in self.jobs:
+            if job.config.name in self.failures:
+                for _ in job.loads:
+                    self.progress("cell", f"{job.config.name}: not measured (failed before)")
+            else:
+                self._on_server(job)
+            self.servers_done += 1
+            if self.on_server is not None:
+                self.on_server(self.result())
+        return self.result()
+
+    def _on_server(self, job: ServerJob) -> None:
+        config, repeat = job.config, job.repeat
         self._n_db += 1
         db = self.inputs.workdir / f"server{self._n_db}.db"
         db_url = f"sqlite:///{db}"
         flags = [*self.inputs.serve_args, *self.plan.flags(config), "--db-url", db_url]
         server = houchu_serve(self.inputs.model, flags, keep_prefix="houchu runner:")
         self.progress("server", f"{config.name} (repeat {repeat + 1}): {' '.join(flags)}")
-        t = time.perf_counter()
+        windows: list[Window] = []
         try:
-            server.start(self.inputs.start_timeout_s)
-        except ServerError as exc:
-            tail = "\n".join(str(exc).strip().splitlines()[-4:])
-            self.failures[config.name] = f"server did not start: {tail}"
-            self.progress("fail", f"{config.name}: server did not start")
-            for _ in load_idx:
-                self.progress("cell", f"{config.name}: not measured")
-            return
-        facts = parse_runner_line(server.kept[0] if server.kept else "", time.perf_counter() - t)
-        self.facts.setdefault(config.name, facts)
-        windows: list[tuple[int, float, float, int]] = []
-        try:
-            for i in load_idx:
-                windows.append(asyncio.run(self._cell(server, config, repeat, i)))
-        except Exception as exc:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
-            self.failures[config.name] = f"run failed: {type(exc).__name__}: {exc}"
-            self.progress("fail", f"{config.name}: {self.failures[config.name]}")
-            for _ in load_idx[len(windows) :]:
-                self.progress("cell", f"{config.name}: not measured")
+            t = time.perf_counter()
+            try:
+                server.start(self.inputs.start_timeout_s)
+            except ServerError as exc:
+                tail = "\n".join(str(exc).strip().splitlines()[-4:])
+                self.failures[config.name] = f"server did not start: {tail}"
+                self.progress("fail", f"{config.name}: server did not start")
+                for _ in job.loads:
+                    self.progress("cell", f"{config.name}: not measured")
+                return
+            line = server.kept[0] if server.kept else ""
+            facts = parse_runner_line(line, time.perf_counter() - t)
+            try:
+                for i in job.loads:
+                    windows.append(asyncio.run(self._cell(server, job, i)))
+            except Exception as exc:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
+                self.failures[config.name] = f"run failed: {type(exc).__name__}: {exc}"
+                self.progress("fail", f"{config.name}: {self.failures[config.name]}")
+                for _ in job.loads[len(windows) :]:
+                    self.progress("cell", f"{config.name}: not measured")
         finally:
-            server.stop()
+            server.stop()  # also when interrupted, starting or measuring
         self._read_db(db_url, windows)
+        self.facts.setdefault(config.name, facts)
+        self.runs += [w[0] for w in windows]
         if db.exists() and not os.environ.get("HOUCHU_LEVERS_KEEP_DB"):
             for suffix in ("", "-wal", "-shm", ".migrate-lock"):
                 Path(f"{db}{suffix}").unlink(missing_ok=True)
 
-    async def _cell(
-        self, server: ManagedServer, config: Config, repeat: int, i: int
-    ) -> tuple[int, float, float, int]:
-        """One load level on a running server; returns (run index, t0, t1, preemptions)."""
-        load = self.plan.loads[i]
+    async def _cell(self, server: ManagedServer, job: ServerJob, i: int) -> Window:
+        """Load level ``i`` on a running server; returns its run (ledger and steps read
+        from the database after the server stopped), t0, t1 and the preemptions."""
+        config, repeat, load = job.config, job.repeat, self.plan.loads[i]
         seed = self.inputs.spec.run.seed + SEED_STRIDE_LOAD * i + SEED_STRIDE_REPEAT * repeat
         spec = load_spec(self.inputs.spec, load, seed)
         url = f"ws://127.0.0.1:{server.port}/ws"
@@ -210,9 +245,8 @@ class SweepRunner:
         t1 = time.time()
         pre1 = int(_get_json(stats_url).get("num_preemptions", 0))
         metrics = {m: record["results"].get(m) for m in METRICS}
-        self.runs.append(CellRun(config.name, load.value, repeat, metrics))
         self.progress("cell", f"{name}: {metrics['output_throughput'] or 0:.1f} tok/s")
-        return len(self.runs) - 1, t0, t1, pre1 - pre0
+        return CellRun(config.name, load.value, repeat, metrics), t0, t1, pre1 - pre0
 
     @staticmethod
     async def _flush(url: str, params) -> None:  # noqa: ANN001
@@ -226,7 +260,7 @@ class SweepRunner:
         finally:
             await backend.close()
 
-    def _read_db(self, db_url: str, windows: list[tuple[int, float, float, int]]) -> None:
+    def _read_db(self, db_url: str, windows: list[Window]) -> None:
         """Each run's ledger and steps, from its server's database (after the server
         stopped: the recorder has written everything)."""
         if not windows:
@@ -236,8 +270,7 @@ class SweepRunner:
 
         engine = open_db(db_url)
         try:
-            for k, t0, t1, pre in windows:
-                run = self.runs[k]
+            for run, t0, t1, pre in windows:
                 run.ledger = ledger_between(engine, t0, t1)
                 run.steps = StepTotals(**steps_between(engine, t0, t1))
                 run.preemptions = pre

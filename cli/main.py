@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return run_bench(args)
     if args.command == "levers":
-        return run_levers(args)
+        return run_levers(args, sys.argv[1:] if argv is None else list(argv))
 
     if args.command == "fetch":
         try:

@@ -88,19 +88,33 @@ def level(name: str) -> Level:
     raise ValueError(f"unknown CPU ISA level {name!r} (one of {', '.join(NAMES)})")
 
 
-def cpu_features(cpuinfo: str | None = None) -> frozenset[str]:
-    """This CPU's feature flags: the ``flags`` (x86) or ``Features`` (arm) line of
-    ``/proc/cpuinfo`` (or of the ``cpuinfo`` text given), empty where there is none."""
+def _cpuinfo_field(keys: tuple[str, ...], cpuinfo: str | None) -> str | None:
+    """The value of the first line of ``/proc/cpuinfo`` (or of the ``cpuinfo`` text
+    given) whose key is one of ``keys``; None where there is none."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return frozenset()
+            return None
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
+        if key.strip() in keys:
+            return value.strip()
+    return None
+
+
+def cpu_features(cpuinfo: str | None = None) -> frozenset[str]:
+    """This CPU's feature flags: the ``flags`` (x86) or ``Features`` (arm) line of
+    ``/proc/cpuinfo`` (or of the ``cpuinfo`` text given), empty where there is none."""
+    return frozenset((_cpuinfo_field(("flags", "Features"), cpuinfo) or "").split())
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """This CPU's model name: the ``model name`` line of ``/proc/cpuinfo`` (or of the
+    ``cpuinfo`` text given; arm: ``Hardware`` or ``CPU part``), else the platform's
+    processor and machine names."""
+    name = _cpuinfo_field(("model name", "Hardware", "CPU part"), cpuinfo)
+    return name or platform.processor() or platform.machine()
 
 
 def runs(

@@ -4,6 +4,11 @@ after another, measures every cell, reads each lever's own counters back, writes
 JSON record and stores it in the database, where the dashboard draws its heat map and
 gain curves in a real browser (Debian's chromium) with no console error.
 
+The sweep runs as a ``houchu levers`` process that is sent SIGINT once its record holds
+the first server's cells: it stops the server it was starting, leaves a partial record
+and the command that resumes it, and exits 130; the resumed sweep (in this process)
+measures only the missing cells and ends with the record of the whole sweep.
+
 The dashboard's server is started beside the sweep, not after it: it only reads the
 database when the page asks (after the sweep stored its record), and its start-up (about
 5 s on 2 cores) overlaps the sweep's idle seconds (each cell waits a second before each
@@ -12,6 +17,11 @@ of its two counter flushes) instead of adding to the test's wall time."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -38,47 +48,100 @@ def test_minimal_sweep_writes_its_record(tmp_path, real_model_path, capsys):
                 stop_server(dashboard.result())
 
 
+def _sweep_args(out: Path, db: str, model: Path) -> list[str]:
+    return [
+        "levers",
+        "--model",
+        str(model),
+        "--levers",
+        "radix-cache,chunked-prefill,cuda-graph",
+        "--pairs",
+        "none",
+        "--concurrency",
+        "1,2",
+        "--repeats",
+        "1",
+        "--workload",
+        "shared-prefix",
+        "--num-prefixes",
+        "1",
+        "--prefix-len",
+        "64",
+        "--num-requests",
+        "3",
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+        "--serve-args",
+        "--compile off --decode-paths rules --kv-cache-mb 16",
+        "--output",
+        str(out),
+        "--db",
+        db,
+        "--no-progress",
+    ]
+
+
+def _interrupted_sweep(args: list[str], out: Path, tmp: Path) -> dict:
+    """Run the sweep as a process, SIGINT it once its record holds the first server's
+    cells; returns that partial record (its servers must all be gone)."""
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}  # its servers' databases: found by path
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "houchu.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and json.loads(out.read_text())["sweep"]["measured"]:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stdout + stderr
+    assert "interrupted by SIGINT" in stderr and "houchu levers levers" not in stderr
+    assert f"--resume {out}" in stderr and "houchu levers --model" in stderr, stderr
+    assert "3 servers, 6 measured runs" in stdout, stdout
+    left = [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and str(tmp) in _cmdline(pid) and int(pid) != proc.pid
+    ]
+    assert not left, "servers left running"
+    return json.loads(out.read_text())
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _sweep_and_check(
     out: Path, db: str, model: Path, capsys, dashboard: Future[Server] | None
 ) -> None:
-    rc = main(
-        [
-            "levers",
-            "--model",
-            str(model),
-            "--levers",
-            "radix-cache,chunked-prefill,cuda-graph",
-            "--pairs",
-            "none",
-            "--concurrency",
-            "1,2",
-            "--repeats",
-            "1",
-            "--workload",
-            "shared-prefix",
-            "--num-prefixes",
-            "1",
-            "--prefix-len",
-            "64",
-            "--num-requests",
-            "3",
-            "--input-len",
-            "8",
-            "--output-len",
-            "4",
-            "--serve-args",
-            "--compile off --decode-paths rules --kv-cache-mb 16",
-            "--output",
-            str(out),
-            "--db",
-            db,
-            "--no-progress",
-        ]
-    )
+    args = _sweep_args(out, db, model)
+    partial = _interrupted_sweep(args, out, out.parent / "tmp")
+    state = partial["sweep"]
+    assert state["complete"] is False
+    assert state["measured"][:2] == [
+        {"config": "baseline", "load": x, "repeat": 0} for x in (1.0, 2.0)
+    ]
+    assert len(state["measured"]) + len(state["missing"]) == 6
+    assert {(r["config"], r["load"]) for r in partial["runs"]} >= {("baseline", 1.0)}
+    rc = main([*args, "--resume", str(out)])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     record = json.loads(out.read_text())
     assert record["failures"] == {}
+    assert record["sweep"]["complete"] is True and record["sweep"]["missing"] == []
+    assert len(record["sweep"]["parts"]) == 2 and record["name"] == partial["name"]
+    assert f"resuming {out}: {len(state['measured'])} of 6 runs measured" in printed
     runs = record["runs"]
     assert {(r["config"], r["load"]) for r in runs} == {
         (c, x) for c in ("baseline", "radix-cache", "chunked-prefill") for x in (1.0, 2.0)
