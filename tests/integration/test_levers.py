@@ -88,20 +88,19 @@ def _interrupted_sweep(args: list[str], out: Path, tmp: Path) -> dict:
     cells; returns that partial record (its servers must all be gone)."""
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp)}  # its servers' databases: found by path
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "houchu.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    logs = tmp / "stdout", tmp / "stderr"  # files: a pipe not read could fill and block
+    with logs[0].open("w") as o, logs[1].open("w") as e:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "houchu.cli", *args], stdout=o, stderr=e, env=env
+        )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         if out.exists() and json.loads(out.read_text())["sweep"]["measured"]:
             break
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    stdout, stderr = (p.read_text() for p in logs)
     assert proc.returncode == 130, stdout + stderr
     assert "interrupted by SIGINT" in stderr and "houchu levers levers" not in stderr
     assert f"--resume {out}" in stderr and "houchu levers --model" in stderr, stderr
