@@ -73,6 +73,7 @@ def template_options(
                 param="chat_template_kwargs",
                 code="invalid_value",
             )
+    _check_integers(kwargs, "chat_template_kwargs")
     cont = bool(continue_final_message)
     header = (not cont) if add_generation_prompt is None else add_generation_prompt
     if cont and header:
@@ -88,6 +89,26 @@ def template_options(
         "add_generation_prompt": header,
         "continue_final_message": cont,
     }
+
+
+def _check_integers(value: Any, param: str) -> None:
+    """Raise ``ApiError`` (400) for an integer anywhere in ``value`` (nested lists and
+    objects) outside int64/uint64: the request travels between houchu's actors as
+    msgpack, whose integers stop there."""
+    if isinstance(value, dict):
+        for v in value.values():
+            _check_integers(v, param)
+    elif isinstance(value, list):
+        for v in value:
+            _check_integers(v, param)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if not -(2**63) <= value <= 2**64 - 1:
+            raise ApiError(
+                f"'{param}' holds the integer {value}, outside the 64-bit range houchu "
+                f"carries (-2**63 to 2**64 - 1)",
+                param=param,
+                code="invalid_value",
+            )
 
 
 def refuse_on_prompt(req: Any) -> None:

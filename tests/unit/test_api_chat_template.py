@@ -86,6 +86,8 @@ BAD = [
         "give 'add_generation_prompt' as a request field",
     ),
     ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, "chat_template_kwargs", "reserved"),
+    ({"chat_template_kwargs": {"n": 2**64}}, "chat_template_kwargs", "outside the 64-bit"),
+    ({"chat_template_kwargs": {"a": [{"b": -(2**63) - 1}]}}, "chat_template_kwargs", "64-bit"),
 ]
 
 
