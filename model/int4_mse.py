@@ -13,17 +13,18 @@ level free and the refit stretches them.
 
 Here the same search runs on whole tensors of groups at once (``fit_int4_groups``):
 
-- the candidates are ``CANDIDATES``: 4 of ``make_qkx2_quants``' kind of factor where it
-  tries 21 (14.0, 14.1, ..., 16.0). A greedy choice among 121 factors (12.0-18.0) on
-  Gaussian and Student-t groups of 32; the 21 would lower the RMSE 0.6% more (relative
-  to min/max: 0.889 against 0.894 on trained weights), at 2.5x the time;
+- the candidates are ``CANDIDATES``: 4 factors where ``make_qkx2_quants`` tries 21
+  (14.0, 14.1, ..., 16.0), picked greedily among 121 (12.0-18.0) for the lowest error
+  on Gaussian and Student-t groups of 32; the 21 would lower the RMSE 0.6% more
+  (relative to min/max: 0.888 against 0.894 on trained weights) at 3x the time;
 - each candidate's least-squares fit and its squared error come in closed form from
   per-group sums (``Σl``, ``Σl²``, ``Σxl`` besides ``Σx``, ``Σx²``, on the group's
   values less their mean, so that less cancels);
 - unlike Q4_K, the minimum may be positive (houchu's offset is a free float32, where
   Q4_K stores ``-min`` as an unsigned 6-bit number) and the error is unweighted (Q4_K
-  weights each value by ``rms + |x|``; measured on the trained tiny models, that moved
-  log p 2% more than the plain squared error, whose guarantee below it keeps);
+  weights each value by ``rms + |x|``: on the trained tiny models, with 6 candidates,
+  that moved log p 2% more than the plain squared error, whose guarantee below this
+  keeps);
 - the winner's codes are then reassigned to the nearest level of its fitted grid and
   refitted again (``REFITS`` rounds, alternating least squares as HQQ's solver
   alternates: neither step can raise the error);
@@ -37,9 +38,12 @@ through here: a GGUF file's Q4_0/Q4_1 tensors are converted losslessly
 (``quant.gguf_q4_to_int4``) and kept as they are.
 
 Cost: about 8 passes over a group's values per candidate and per refit, in chunks that
-stay in the cache: 3.7 s of one core's CPU for SmolLM2-135M's 106M projection values
-(min/max: 0.5 s), measured under another benchmark's load.
+stay in the cache: 3.3-3.8 s of one core's CPU for SmolLM2-135M's 106M projection values
+in bfloat16 (min/max: 0.4 s; 6 candidates 4.6 s, the 21 of Q4_K 11.5 s), measured on
+one thread under another benchmark's load.
 """
+
+from __future__ import annotations
 
 import torch
 
@@ -65,8 +69,8 @@ def fit_int4_groups(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
         (summed squared error, per group) as min/max RTN's.
     """
     m, size = g.shape
-    q = torch.empty(m, size, dtype=torch.uint8)
-    scale, offset = torch.empty(m), torch.empty(m)
+    q = torch.empty(m, size, dtype=torch.uint8, device=g.device)
+    scale, offset = torch.empty(m, device=g.device), torch.empty(m, device=g.device)
     step = max(1, CHUNK_VALUES // (size * len(CANDIDATES)))
     for i in range(0, m, step):
         q[i : i + step], scale[i : i + step], offset[i : i + step] = _fit_chunk(g[i : i + step])
@@ -105,7 +109,7 @@ def _fit_chunk(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     sx, sxx = xc.sum(-1), (xc * xc).sum(-1)  # [M]
     lo = xc.amin(-1, keepdim=True)
     t = (xc - lo).div_((xc.amax(-1, keepdim=True) - lo).clamp_(min=1e-30))  # in [0, 1]
-    cand = torch.tensor(CANDIDATES)[:, None, None]  # [C, 1, 1], ascending
+    cand = torch.tensor(CANDIDATES, device=x.device)[:, None, None]  # [C, 1, 1], ascending
     lvl = (t * cand).round_()  # [C, M, G]; >= 0, and above 15 only where c >= 15.5
     lvl[sum(c < 15.5 for c in CANDIDATES) :].clamp_(max=15)
     s, o, err = _refit(xc, lvl, sx, sxx)  # [C, M] each

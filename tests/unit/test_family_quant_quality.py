@@ -17,10 +17,10 @@ int4 rounds these float weights with ``quantize_int4``'s default "mse" method (e
 group's scale and offset searched to minimise its squared error, ``houchu.model.int4_mse``:
 6.9-7.0% relative weight error in groups of 32 where min/max gave 7.8%). Measured over
 these models and the same families drawn with five other seeds (seed + 100, ..., + 500):
-mean top-1 +0.005 against min/max (31 of 54 draws better, 23 worse), mean |Δ log p|
-10% lower; the lowest of each family's six draws rose by 0.013 (Gemma 2 / 3) to 0.037
-(Qwen3-MoE, DeepSeek-V2), stayed at 0.953 in DeepSeek-V3, and moved by -0.012 to
-+0.013 in the dense four (docs/benchmarks.md, "Quantized families on tiny trained
+mean top-1 +0.005 against min/max (31 of 54 draws better, 23 worse), mean |Δ log p| 10%
+lower; the lowest of each family's six draws rose by 0.013-0.014 (Gemma 2 / 3) and
+0.036-0.037 (Qwen3-MoE, DeepSeek-V2), stayed at 0.953 in DeepSeek-V3 and moved by -0.012
+to +0.013 in the dense four (docs/benchmarks.md, "Quantized families on tiny trained
 models").
 
 Held (``FLOOR`` / ``CEILING``): the issue's 0.95 top-1 bar for int8, W8A8 and the int8 KV
@@ -30,17 +30,17 @@ drawn with two other seeds), and for int4 in the dense Llama, Qwen2, Qwen3 and M
 (0.953-0.995 over six seeds, 0.985-0.988 at the test's; min/max gave 0.943 at
 DeepSeek-V2's). Where int4 does not hold it:
 
-- Gemma 2 / 3 (0.918-0.950 over six seeds, 0.930 / 0.926 at the test's; floor 0.90,
-  0.88 with min/max's 0.905-0.948): int4 moves their last
-  hidden state (before the final norm) more, 7.8% / 9.7% relative against 5.5-5.9% for
-  Llama / Mistral (measured with min/max), at the same relative weight error of groups of
-  32 on these near-Gaussian weights. That fits their post-norms (not isolated further):
-  each block's output gets unit size against the residual, so its rounding error is less
-  diluted. The median shift of the exact path's top-2 logit
-  gap is 0.10 / 0.14 nats (Llama 0.08, Qwen 0.04-0.07) and 8.5-10.5% of positions have a
-  gap below 0.1 nats, so 52-53 of 599 positions flipped with min/max (42 / 44 now).
-- Qwen3-MoE (0.938-0.990 over six seeds, 0.957 at the test's; floor 0.93, 0.92 with
-  min/max's 0.901-0.978): its exact path has more near-ties (13% of positions with a
+- Gemma 2 / 3 (0.918-0.950 over six seeds, 0.930 / 0.927 at the test's; floor 0.90, was
+  0.88 for min/max's 0.905-0.948): int4 moves their last hidden state (before the final
+  norm) more, 7.8% / 9.7% relative against 5.5-5.9% for Llama / Mistral (measured with
+  min/max), at the same relative weight error of groups of 32 on these near-Gaussian
+  weights. That fits their post-norms (not isolated further): each block's output gets
+  unit size against the residual, so its rounding error is less diluted. The median
+  shift of the exact path's top-2 logit gap is 0.10 / 0.14 nats (Llama 0.08, Qwen
+  0.04-0.07) and 8.5-10.5% of positions have a gap below 0.1 nats, so 52-53 of 599
+  positions flipped with min/max (42 / 44 now).
+- Qwen3-MoE (0.938-0.990 over six seeds, 0.957 at the test's; floor 0.93, was 0.92 for
+  min/max's 0.902-0.978): its exact path has more near-ties (13% of positions with a
   top-2 gap under 0.1 nats at the test's seed, against 5-9% in Llama, Qwen2/3 and
   Mistral). Routing flips are not the cause: int4 (min/max) changed a token's routed
   experts at 0.7% of token-layers, and those positions held none of the 36 top-1 flips.
