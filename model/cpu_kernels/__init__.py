@@ -61,6 +61,7 @@ _HEADERS = (
     "argmax.h",
     "gemv.h",
     "gemv_a8.h",
+    "gemm_a8.h",
     "norm_rope.h",
     "attention.h",
     "decode_layers.h",

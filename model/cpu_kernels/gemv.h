@@ -23,6 +23,7 @@ constexpr int64_t kMaxTile = 8;  // bfloat16 activation rows per pass over the w
 }  // namespace houchu_cpu
 
 #include "gemv_a8.h"
+#include "gemm_a8.h"
 
 namespace houchu_cpu {
 namespace gemv {
@@ -838,6 +839,17 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
   if (b0 >= b1) return;
   const int64_t n = p.n;
   if (xa.a8) {
+#ifdef HOUCHU_A8_X86
+    if (m >= kGemmA8MinRows) {  // the same results, tiled for many rows (gemm_a8.h)
+      if (p.H == 128)
+        int4_gemm_a8<true>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xa.xq, xa.ld, xa.xs, xa.gsum, m,
+                           out, n, n);
+      else
+        int4_gemm_a8<false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xa.xq, xa.ld, xa.xs, xa.gsum, m,
+                            out, n, n);
+      return;
+    }
+#endif
     for (int64_t r0 = 0; r0 < m; r0 += kMaxTileA8) {
       const int64_t mt = std::min(kMaxTileA8, m - r0);
       const int8_t* xq = xa.xq + r0 * xa.ld;
