@@ -67,6 +67,7 @@ inline void quantize_row_a8(const float* x, int64_t ng, int64_t G, int8_t* q, fl
 #ifdef HOUCHU_A8_X86
   const __m256 sign = _mm256_set1_ps(-0.f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  float sum = 0.f;  // the group's sum so far, added in the order of the portable loop below
   for (int64_t a = 0; a < k / A; ++a) {
     const float* xa = x + a * A;
     __m256 vmax = _mm256_setzero_ps();
@@ -77,13 +78,24 @@ inline void quantize_row_a8(const float* x, int64_t ng, int64_t G, int8_t* q, fl
     for (int i = 0; i < 8; ++i) amax = std::max(amax, mx[i]);
     xs[a] = amax / 127.f;
     const __m256 vinv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    __m256i vsum = _mm256_setzero_si256();  // |values| <= 127: the int8 sums, exactly
     for (int64_t j = 0; j < A; j += 8) {  // cvtps rounds half to even, as nearbyint
       const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xa + j), vinv));
+      vsum = _mm256_add_epi32(vsum, v);
       const __m256i p = _mm256_permutevar8x32_epi32(v, order);
       const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
       _mm_storel_epi64(reinterpret_cast<__m128i*>(q + a * A + j), _mm_packs_epi16(w16, w16));
     }
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(vsum), _mm256_extracti128_si256(vsum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    sum += xs[a] * static_cast<float>(_mm_cvtsi128_si32(s4));
+    if ((a + 1) * A % G == 0) {
+      gs[(a + 1) * A / G - 1] = sum;
+      sum = 0.f;
+    }
   }
+  return;
 #elif defined(HOUCHU_A8_NEON)
   for (int64_t a = 0; a < k / A; ++a) {
     const float* xa = x + a * A;
