@@ -88,6 +88,9 @@ from houchu.transport.messages import (
 OPTIONAL_ACTORS = ("recorder", "kv_tiers", "draft")
 #: Longest wait before a restart, seconds.
 MAX_BACKOFF_S = 10.0
+#: A gap between the supervisor's own ticks longer than this (seconds; at most half the
+#: heartbeat timeout) is its own pause, not the actors' silence (``_forgive_own_pause``).
+PAUSE_GAP_S = 5.0
 
 
 class RestartBudget:
@@ -224,6 +227,7 @@ class Supervisor:
         self.pending: dict[str, tuple[float, int]] = {}  # name -> (restart time, generation)
         self.given_up: set[str] = set()
         self.num_restarts = 0
+        self._last_tick: float | None = None  # monotonic seconds of the last tick
 
     # ------------------------------------------------------------------ processes
 
@@ -288,6 +292,7 @@ class Supervisor:
         now = time.monotonic()
         heartbeat_timeout = self.config.supervision.heartbeat_timeout
         ready_timeout_s = self.config.timings.ready_timeout_s
+        self._forgive_own_pause(now, min(PAUSE_GAP_S, heartbeat_timeout / 2))
         for ap in list(self.procs.values()):
             if ap.proc.poll() is not None:
                 await self._on_death(ap)
@@ -302,6 +307,25 @@ class Supervisor:
                 del self.pending[name]
                 ap = self.spawn(name, generation)
                 _say(f"restarting {name} (pid {ap.pid}, generation {generation})")
+
+    def _forgive_own_pause(self, now: float, gap_s: float) -> None:
+        """When the supervisor itself did not run for more than ``gap_s`` seconds since
+        its last tick (the host paused the machine, or starved this process), the
+        heartbeats of that time are still unread in its inbox: every actor's silence is
+        then the supervisor's own, so each gets that time again before it is judged (a
+        host pause killed and restarted every actor at once before)."""
+        gap = now - self._last_tick if self._last_tick is not None else 0.0
+        self._last_tick = now
+        if gap <= gap_s:
+            return
+        _say(
+            f"the supervisor did not run for {gap:.0f} s (host paused or starved): "
+            "not counted against the actors' heartbeats",
+            err=True,
+        )
+        for ap in self.procs.values():
+            ap.last_beat += gap
+            ap.started_at += gap
 
     async def _on_death(self, ap: ActorProcess) -> None:
         name = ap.name

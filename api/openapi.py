@@ -99,7 +99,7 @@ def schema_components(
             props["model"]["anyOf"][0] = {"type": "string", "enum": [model_name]}
         if max_context is not None:
             for key in ("max_tokens", "max_completion_tokens"):
-                if key in props:
+                if "anyOf" in props.get(key, {}):  # a completion's max_completion_tokens: null
                     props[key]["anyOf"][0]["maximum"] = max_context
     return dict(zip(names, refs, strict=True)), components
 

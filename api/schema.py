@@ -24,6 +24,14 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
+from houchu.api.schema_refusals import (
+    CHAT_ONLY,
+    CHAT_ONLY_ONE,
+    WS_STREAM_OPTIONS,
+    WS_STREAMS,
+    VllmUnserved,
+    unsupported,
+)
 from houchu.api.schema_tools import ToolCallIn, ToolChoice, Tools
 from houchu.transport.messages import CHAT_ROLES, ROLE_ALIASES
 
@@ -47,28 +55,9 @@ MAX_TOP_K = 2**31 - 1
 #: int64 or uint64; msgspec's bounds hold int64 only, so the validator checks the top.
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
-#: Why ``tools`` are refused on a completion (a prompt, not ``messages``).
-CHAT_ONLY = "are accepted on chat requests only"
-CHAT_ONLY_ONE = "is accepted on chat requests only"
-#: Why ``echo`` is refused on a WebSocket chat frame.
-PROMPT_ONLY = "is served on prompt frames only (as on POST /v1/completions), not with 'messages'"
-#: Why ``stream: false`` and ``stream_options`` are refused on a WebSocket frame.
-WS_STREAMS = "is always true on WebSocket frames: every request streams its delta frames"
-WS_STREAM_OPTIONS = (
-    "is not served on WebSocket frames: every request streams, and its final frame "
-    "always carries 'usage'"
-)
-#: ``Meta.extra`` key of a field the gateway refuses unless neutral; its value says why.
-UNSUPPORTED = "unsupported"
 #: ``Meta.extra`` key of a string pattern said in words (error messages show these, not
 #: the regex): "must be <words>".
 PATTERN_WORDS = "pattern_words"
-
-
-def unsupported(why: str, **constraints: Any) -> Meta:
-    """The ``Meta`` of a refused feature: ``why`` follows the field's name in the error
-    (and is its description in the schema); ``constraints`` admit its neutral value."""
-    return Meta(description=why, extra={UNSUPPORTED: why}, **constraints)
 
 
 TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
@@ -200,7 +189,7 @@ class ChatMessageIn(Struct, kw_only=True):
 Messages = Annotated[list[ChatMessageIn], Meta(min_length=1)]
 
 
-class SamplingFields(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+class SamplingFields(VllmUnserved, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     """Parameters every generation request accepts. (The server ignores keys it does
     not know; the document lists only the ones it reads.)"""
 
@@ -266,6 +255,10 @@ class HttpFields(SamplingFields, kw_only=True, omit_defaults=True, forbid_unknow
     stream_options: StreamOptions | None = None
 
 
+#: a chat request's field on a completion: only null admitted
+ChatOnly = Annotated[None, unsupported(CHAT_ONLY_ONE + " (with 'messages')")]
+
+
 class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     """``POST /v1/completions``: one prompt (text, or token ids), up to ``max_tokens``
     tokens (default 16, at most the context window; 0 with ``echo``: the prompt alone,
@@ -278,6 +271,13 @@ class CompletionRequest(HttpFields, kw_only=True, omit_defaults=True, forbid_unk
     #: any value is refused by the request check (``validation``), with ``CHAT_ONLY_ONE``
     tool_choice: Annotated[Any, Meta(description=CHAT_ONLY_ONE)] | None = None
     echo: Echo | None = None
+    #: the chat requests' fields: null only (any value is a 400)
+    chat_template_kwargs: ChatOnly = None
+    add_generation_prompt: ChatOnly = None
+    continue_final_message: ChatOnly = None
+    parallel_tool_calls: ChatOnly = None
+    top_logprobs: ChatOnly = None
+    max_completion_tokens: ChatOnly = None
     best_of: (
         Annotated[ChoiceCount, Meta(description="choices generated; the n most likely returned")]
         | None

@@ -22,7 +22,8 @@ import msgspec
 from msgspec import inspect as mi
 
 from houchu.api.errors import ApiError
-from houchu.api.schema import PATTERN_WORDS, UNSUPPORTED
+from houchu.api.schema import PATTERN_WORDS
+from houchu.api.schema_refusals import UNSUPPORTED
 
 #: How an error message names a type msgspec names.
 _TYPE_NAMES = {
@@ -104,8 +105,8 @@ def validation_error(exc: msgspec.ValidationError, root: type, body: Any) -> Api
         return ApiError(f"'{param}' keys: {text}", param=param, code="invalid_value")
     subject = f"'{param}' items" if where.is_item else f"'{param}'"
     wrong = re.match(r"Expected `([^`]+)`, got `(\w+)`", text)
-    if wrong and (where.feature is None or where.at_feature):
-        names = [n for n in wrong[1].split(" | ") if n != "null"]
+    names = [n for n in wrong[1].split(" | ") if n != "null"] if wrong else []
+    if names and (where.feature is None or where.at_feature):  # none: a null-only field
         expected = " or ".join(_TYPE_NAMES.get(n, n) for n in names)
         got = _JSON_NAMES.get(wrong[2], wrong[2])
         return ApiError(
@@ -135,8 +136,8 @@ def _flatten(t: mi.Type, extra: dict[str, Any] | None = None) -> Alternatives:
         return [alt for member in t.types for alt in _flatten(member, extra)]
     if isinstance(t, mi.Metadata):
         return _flatten(t.type, {**(extra or {}), **(t.extra or {})})
-    if isinstance(t, mi.NoneType):
-        return []
+    if isinstance(t, mi.NoneType):  # kept only to carry a refusal (a null-only field)
+        return [(t, extra)] if extra and UNSUPPORTED in extra else []
     return [(t, extra or {})]
 
 

@@ -27,12 +27,11 @@ from typing import Any
 
 from houchu.api.errors import ApiError
 from houchu.api.schema import (
-    CHAT_ONLY,
-    CHAT_ONLY_ONE,
     ChatCompletionRequest,
     TokenizeRequest,
     WsGenerateRequest,
 )
+from houchu.api.schema_refusals import CHAT_ONLY, CHAT_ONLY_ONE
 from houchu.api.schema_tools import NamedToolChoice, ToolDef
 from houchu.api.structured import checked, json_schema_grammar
 from houchu.text.tool_calls import (

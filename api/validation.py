@@ -49,11 +49,11 @@ from houchu.api.request_parts import (
 from houchu.api.schema import (
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_COMPLETION_MAX_TOKENS,
-    PROMPT_ONLY,
     ChatCompletionRequest,
     CompletionRequest,
     WsGenerateRequest,
 )
+from houchu.api.schema_refusals import PROMPT_ONLY
 from houchu.api.tools import refuse_tools_on_prompt, tool_setup
 
 __all__ = [

@@ -167,9 +167,13 @@ def bench_spec(args: argparse.Namespace, model_name: str | None = None) -> Any:
     return BenchSpec(workload, run, params, args.warmup, parse_slo(args.goodput) or None)
 
 
-#: The schema of ``--structured json-schema``: records until the output length is spent.
+#: The schema of ``--structured json-schema``: records until the output length is spent
+#: (``minItems``: 1,024 records of at least ~15 tokens each, more than any context holds,
+#: so the grammar never lets the array close and every request runs to ``max_tokens``).
+BENCH_MIN_RECORDS = 1024
 BENCH_SCHEMA: dict[str, Any] = {
     "type": "array",
+    "minItems": BENCH_MIN_RECORDS,
     "items": {
         "type": "object",
         "properties": {

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -59,12 +60,14 @@ FORMATS = {  # name: (model dtype, quantization); "act": the linear layers' acti
 INT8_ACTS = {"w4a8"}  # formats whose int4 layers quantize their activations to int8
 _CHILD = "HOUCHU_RUNNER_BENCH_LEVEL"  # set in the per-level child processes
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
+WARMUP_STEPS = 4  # untimed decode steps before the timed ones
 
 
 @dataclass
 class Row:
-    """One measured configuration (step_s: seconds per step; tokens: new tokens per
-    step; bytes: bytes moved per step; flops: floating-point (or int8) ops per step)."""
+    """One measured configuration (step_s: seconds of the fastest step; med_s: seconds
+    of the median step, 0 when not measured; tokens: new tokens per step; bytes: bytes
+    moved per step; flops: floating-point (or int8) ops per step)."""
 
     fmt: str
     mode: str
@@ -76,6 +79,7 @@ class Row:
     attn_flops: float = 0.0  # the part of flops in attention
     compute: str = "bf16"  # the format the step computes in: fp32 or bf16 (w8a8: GEMMs int8)
     kernels: str = ""  # the CPU ISA level and the kernel path, e.g. "avx2 fused"
+    med_s: float = 0.0  # the median step's seconds (the best is step_s)
 
 
 class Bench:
@@ -96,9 +100,11 @@ class Bench:
         return StepPlan(step_id=self.step, **kw)
 
     def decode(self, batch: int, steps: int) -> Row:
-        """Best-of-``steps`` decode step at ``batch`` sequences of ``context`` tokens."""
+        """Best-of-``steps`` decode step at ``batch`` sequences of ``context`` tokens (and
+        the median step), after ``WARMUP_STEPS`` untimed steps: the first steps after a
+        prefill run slower (caches, the thread team waking, the governor's first trial)."""
         r, ps, ctx = self.r, self.r.pool.page_size, self.context
-        pages = -(-(ctx + steps + 1) // ps)
+        pages = -(-(ctx + WARMUP_STEPS + steps + 1) // ps)
         rids = [f"b{batch}-{i}" for i in range(batch)]
         tables = {rid: list(range(i * pages, (i + 1) * pages)) for i, rid in enumerate(rids)}
         prompt = [(7 * i) % self.ids + 10 for i in range(ctx)]
@@ -106,28 +112,32 @@ class Bench:
         for x in rids:  # prefill one sequence per step (keeps the pool small)
             w = SeqWork(rid=x, token_ids=prompt, start_pos=0, page_table=tables[x], sample=False)
             r.execute(self._plan(init=[i for i in init if i.rid == x], work=[w]))
-        best = float("inf")
-        for s in range(steps):
+        times: list[float] = []  # seconds per timed step
+        for s in range(WARMUP_STEPS + steps):
             work = [
                 SeqWork(rid=x, token_ids=[11], start_pos=ctx + s, page_table=tables[x], sample=True)
                 for x in rids
             ]
             t0 = time.perf_counter()
             r.execute(self._plan(work=work))
-            best = min(best, time.perf_counter() - t0)
+            if s >= WARMUP_STEPS:
+                times.append(time.perf_counter() - t0)
         r.execute(self._plan(work=[], release=rids))
+        ctx += WARMUP_STEPS
         kv = r.pool.bytes_per_token * batch * (ctx + steps // 2 + 1)
         flops = 2 * self.matmul_params * batch + self.attn_per_kv_token * batch * (ctx + steps // 2)
         attn = self.attn_per_kv_token * batch * (ctx + steps // 2)
         weights = self.model.weight_bytes_at(batch, batch)  # the copies this row count reads
-        return Row("", "", f"decode b={batch}", best, batch, weights + kv, flops, attn)
+        row = Row("", "", f"decode b={batch}", min(times), batch, weights + kv, flops, attn)
+        row.med_s = statistics.median(times)
+        return row
 
     def prefill(self, n: int, reps: int) -> Row:
         """Best-of-``reps`` time to prefill one ``n``-token prompt (sampling its last)."""
         r, ps = self.r, self.r.pool.page_size
         prompt = [(13 * i) % self.ids + 10 for i in range(n)]
         table = list(range(-(-n // ps)))
-        best = float("inf")
+        times: list[float] = []  # seconds per prefill
         for k in range(reps):
             rid = f"p{k}"
             plan = self._plan(
@@ -138,21 +148,23 @@ class Bench:
             )
             t0 = time.perf_counter()
             r.execute(plan)
-            best = min(best, time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
             r.execute(self._plan(work=[], release=[rid]))
         kv = r.pool.bytes_per_token * n
         layers = self.matmul_params - self.head_params  # the LM head runs on the last row only
         attn = self.attn_per_kv_token * n * (n + 1) // 2
         flops = 2 * (layers * n + self.head_params) + attn
         weights = self.model.weight_bytes_at(n, 1)
-        return Row("", "", f"prefill {n}", best, n, weights + kv, flops, attn)
+        row = Row("", "", f"prefill {n}", min(times), n, weights + kv, flops, attn)
+        row.med_s = statistics.median(times)
+        return row
 
 
 def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:
     dtype, quant = FORMATS[fmt]
     if dtype == "act":
         dtype = str(quant_act_dtype("cpu")).removeprefix("torch.")
-    pages = max(args.batches) * (-(-(args.context + args.steps + 2) // 16)) + 64
+    pages = max(args.batches) * (-(-(args.context + WARMUP_STEPS + args.steps + 2) // 16)) + 64
     t0 = time.perf_counter()
     options = RunnerOptions(
         device="cpu",
@@ -190,7 +202,7 @@ def print_table(
     %peak only where every format the step computes in is in ``units`` (the CPU's native
     matmul formats, ``cpu_isa.native_units``), else "-"."""
     head = (
-        f"{'format':6} {'mode':8} {'kernels':18} {'step':13} {'tok/s':>9} {'ms/step':>8} "
+        f"{'format':6} {'mode':8} {'kernels':18} {'step':13} {'tok/s':>9} {'ms/step':>8} {'med ms':>7} "
         f"{'MB/step':>8} {'GB/s':>6} {'%BW':>5} {'GFLOP/s':>8} {'%peak':>6}"
     )
     if header:
@@ -209,7 +221,7 @@ def print_table(
         peak = f"{100 * ideal_s / r.step_s:6.1f}" if {gemm_fmt, r.compute} <= units else "     -"
         print(
             f"{r.fmt:6} {r.mode:8} {r.kernels:18} {r.what:13} {r.tokens / r.step_s:9.1f} "
-            f"{r.step_s * 1e3:8.2f} {r.bytes / 1e6:8.1f} {gbs:6.2f} "
+            f"{r.step_s * 1e3:8.2f} {(r.med_s or r.step_s) * 1e3:7.2f} {r.bytes / 1e6:8.1f} {gbs:6.2f} "
             f"{100 * gbs / lim.copy_gbs:5.1f} {fl / 1e9:8.1f} {peak}"
         )
 
@@ -221,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="eager,compiled", help="eager and/or compiled")
     p.add_argument("--batches", default="1,8,32", help="decode batch sizes")
     p.add_argument("--context", type=int, default=128, help="KV tokens per sequence")
-    p.add_argument("--steps", type=int, default=8, help="timed decode steps (best taken)")
+    p.add_argument(
+        "--steps", type=int, default=32, help="timed decode steps (best and median taken)"
+    )
     p.add_argument(
         "--prefill", type=int, default=512, help="prefill prompt length (0: no prefill row)"
     )
@@ -293,7 +307,9 @@ def run_level(level: str, args: argparse.Namespace) -> int:
     print(f"limits used (best of both): {lim.line(units)}\n")
     print_table(rows, lim, units=units)
     print(
-        "%BW: bytes moved per step / step time, over the copy bandwidth; %peak: the time "
+        "ms/step: the fastest timed step (tok/s, GB/s, %BW, GFLOP/s and %peak are of it); "
+        "med ms: the median step; %BW: bytes moved per step / step time, over the copy "
+        "bandwidth; %peak: the time "
         "the step's work would take at the matmul peak of the format each part computes in "
         "(w8a8 prefill: GEMMs int8; else the row's activation format), over the measured "
         "time; '-' where the CPU has no unit for that format at this level"

@@ -63,7 +63,10 @@ class RequestText:
             if sampling.stop
             else None
         )
-        self.hidden_ids = frozenset(stop_ids)
+        # ids that end the request without text; with include_stop_str_in_output the
+        # request's own stop_token_ids keep their text (as vLLM's stop checker does)
+        shown = set(sampling.stop_token_ids) if sampling.include_stop_str_in_output else set()
+        self.hidden_ids = frozenset(stop_ids) - shown
         self.want_logprobs = sampling.logprobs
         self.min_tokens = sampling.min_tokens  # stop strings are not matched before
         self.prompt_tokens = len(prompt_ids)

@@ -140,3 +140,52 @@ async def test_extensions_that_name_no_constraint_are_refused(
         assert api.engine.requests == []
     assert status == 400 and frame["type"] == "error" and frame["error"] == body["error"]
     assert body["error"]["param"] == param and says in body["error"]["message"]
+
+
+UNSERVED = [
+    ({"skip_special_tokens": False}, "skip_special_tokens", "never holds special tokens"),
+    ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens", "not served"),
+    ({"length_penalty": 2.0}, "length_penalty", "beam search"),
+    ({"truncate_prompt_tokens": 2}, "truncate_prompt_tokens", "never cuts a prompt"),
+    ({"truncate_prompt_tokens": -1}, "truncate_prompt_tokens", "never cuts a prompt"),
+]
+
+
+@pytest.mark.parametrize(("fields", "param", "says"), UNSERVED)
+async def test_vllm_fields_not_served_are_refused_not_ignored(
+    fields: dict[str, Any], param: str, says: str
+) -> None:
+    """They were ignored whatever their value: a client cutting prompts with
+    ``truncate_prompt_tokens`` got its whole prompt run without a word."""
+    async with serve(FakeEngine()) as api:
+        status, body = await api.post("/v1/completions", {"prompt": "Hi", **fields})
+        chat = {"messages": [{"role": "user", "content": "Hi"}], **fields}
+        chat_status, chat_body = await api.post("/v1/chat/completions", chat)
+        async with api.client.ws_connect("/ws") as ws:
+            await ws.send_json({"id": "t", "prompt": "Hi", **fields})
+            (frame,) = (await collect(ws, {"t"}))["t"]
+        assert api.engine.requests == []
+        ok, _ = await api.post("/v1/completions", {"prompt": "Hi", "skip_special_tokens": True})
+    assert status == chat_status == 400 and frame["type"] == "error"
+    assert body["error"]["param"] == chat_body["error"]["param"] == param
+    assert says in body["error"]["message"] and ok == 200
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"chat_template_kwargs": {"a": 1}},
+        {"add_generation_prompt": True},
+        {"continue_final_message": False},
+        {"parallel_tool_calls": True},
+        {"top_logprobs": 2},
+        {"max_completion_tokens": 10**30},
+    ],
+)
+async def test_chat_fields_on_a_completion_are_refused(field: dict[str, Any]) -> None:
+    (name,) = field
+    async with serve(FakeEngine()) as api:
+        status, body = await api.post("/v1/completions", {"prompt": "Hi", **field})
+        assert api.engine.requests == []
+    assert status == 400 and body["error"]["param"] == name
+    assert "chat requests only" in body["error"]["message"]

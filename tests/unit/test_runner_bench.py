@@ -74,3 +74,21 @@ def test_native_units_follow_the_level():
     assert cpu_isa.torch_env_for("avx2", avx512)["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert cpu_isa.torch_env_for("avx2_vnni", avx2_vnni) == {}
     assert cpu_isa.torch_env_for("avx2", avx2_vnni)["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+
+
+def test_decode_reports_best_and_median_after_warmup(tmp_path, capsys):
+    path = make_tiny_llama(tmp_path)
+    runner = ModelRunner(str(path), exact(page_size=4, num_pages=64), quiet=True)
+    b = Bench(runner, context=4)
+    calls = []
+    run = runner.execute
+    runner.execute = lambda plan: calls.append(plan) or run(plan)  # type: ignore[method-assign]
+    row = b.decode(2, steps=5)
+    timed = [p for p in calls if p.work and all(w.token_ids == [11] for w in p.work)]
+    assert len(timed) == runner_bench.WARMUP_STEPS + 5  # the warm-up steps are not timed
+    assert 0 < row.step_s <= row.med_s
+    row.fmt, row.mode, row.kernels = "int4", "eager", "avx2 fused"
+    print_table([row], LIMITS, header=False)
+    cols = capsys.readouterr().out.split()
+    assert float(cols[7]) == pytest.approx(row.step_s * 1e3, abs=0.01)  # ms/step: the best
+    assert float(cols[8]) == pytest.approx(row.med_s * 1e3, abs=0.01)  # med ms

@@ -200,3 +200,26 @@ async def test_drain_handles_queued_messages_and_stops_at_shutdown(tmp_path):
     peers.close()
     inbox.close()
     ctx.destroy(linger=0)
+
+
+async def test_a_pause_of_the_supervisor_itself_kills_no_actor(tmp_path):
+    """A host pause stops the supervisor too: the heartbeats of that time wait unread in
+    its inbox, and every actor looked silent (all were killed and restarted at once)."""
+    ctx = zmq.asyncio.Context()
+    config = _config(tmp_path)
+    inbox: Inbox[LauncherInbox] = Inbox(ctx, config.endpoints["launcher"], LauncherInbox)
+    sup = Supervisor(ctx, config, ("recorder",))
+    try:
+        sup.spawn_all()
+        await _drive(sup, inbox, lambda: sup.procs["recorder"].ready, 120)
+        first = sup.procs["recorder"]
+        await asyncio.sleep(config.supervision.heartbeat_timeout + 1.0)  # no tick, no inbox
+        await sup.tick()
+        assert first.kill_reason is None and first.proc.poll() is None
+        t0 = time.monotonic()
+        await _drive(sup, inbox, lambda: time.monotonic() - t0 > 2, 30)  # it keeps beating
+        assert sup.procs["recorder"] is first and first.kill_reason is None
+    finally:
+        await sup.shutdown()
+        inbox.close()
+        ctx.destroy(linger=0)

@@ -112,3 +112,26 @@ def test_include_stop_str_in_output_ends_on_the_stop_string(tok: TextTokenizer) 
     deltas = run(tok, [[t] for t in ids], sp)
     assert "".join(d.text for d in deltas) == "Hello world. 你好。"
     assert deltas[-1].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_token_ids_text_kept_only_with_include_stop_str(
+    tok: TextTokenizer, include: bool
+) -> None:
+    """vLLM's stop checker cuts a ``stop_token_ids`` token's text unless
+    ``include_stop_str_in_output``; the EOS token's text is never shown."""
+    ids = tok.encode(" 4,")
+    comma = ids[-1]
+    sp = SamplingParams(stop_token_ids=[comma], include_stop_str_in_output=include)
+    stops = [comma, *tok.eos_token_ids]
+    state = RequestText("r", tok, tok.encode("1, 2, 3,"), sp, stops)
+    delta = state.on_event(TokenEvent(rid="r", token_ids=ids, finish_reason="stop"))
+    assert delta is not None and delta.finish_reason == "stop"
+    assert delta.text == (" 4," if include else " 4")
+    eos = RequestText("e", tok, tok.encode("x"), sp, stops)
+    last = eos.on_event(
+        TokenEvent(
+            rid="e", token_ids=[*tok.encode(" y"), tok.eos_token_ids[0]], finish_reason="stop"
+        )
+    )
+    assert last is not None and last.text == " y"
