@@ -8,3 +8,22 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
+
+#include <cstdint>
+
+namespace houchu_cpu {
+
+// at::parallel_for(begin, end, grain, f), or one call f(begin, end) in the standalone kernel
+// checks (tests/unit/native/*.cpp, built with -DHOUCHU_NO_LIBTORCH), which include these
+// headers but link no libtorch (the aarch64 one is cross-compiled and run under qemu).
+template <class F>
+inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+#ifdef HOUCHU_NO_LIBTORCH
+  (void)grain;
+  if (begin < end) f(begin, end);
+#else
+  at::parallel_for(begin, end, grain, f);
+#endif
+}
+
+}  // namespace houchu_cpu

@@ -113,7 +113,7 @@ struct Acts {
       // a prefill's rows on every thread (512 rows of 1536 inputs: 0.8 ms on one);
       // inside a parallel region (the fused decode layers) this runs inline
       if (m >= kParallelQuantRows)
-        at::parallel_for(0, m, kParallelQuantRows / 2, quantize);
+        houchu_cpu::parallel_for(0, m, kParallelQuantRows / 2, quantize);
       else
         quantize(0, m);
       xq = q_buf.data();

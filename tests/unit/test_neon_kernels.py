@@ -60,6 +60,7 @@ def _compile(level: str, out: Path, *extra: str) -> list[str]:
     """The (cross-)compiler command line of ``level``'s build flags (those the real
     extension is built with), the torch headers on the include path."""
     flags = [f for f in cpu_kernels._flags(level) if not f.startswith("-DHOUCHU_LIB")]  # noqa: SLF001
+    flags.append("-DHOUCHU_NO_LIBTORCH")  # (the program links no libtorch)
     if "+dotprod" in " ".join(cpu_isa.level(level).cflags):
         flags.append("-DHOUCHU_EXPECT_DOTPROD")
     return [CXX, *flags, "-w", f"-I{ROOT}", f"-I{TORCH_INCLUDE}", *extra, "-o", str(out)]
