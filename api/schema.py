@@ -116,6 +116,10 @@ class ResponseFormatJsonObject(Struct, tag_field="type", tag="json_object"):
     """``response_format: {"type": "json_object"}``: any JSON object."""
 
 
+#: A JSON schema: an object, or a boolean (``true``: any JSON value; ``false``: a 400)
+JsonSchema = dict[str, Any] | bool
+
+
 class JsonSchemaFormat(Struct, kw_only=True):
     """``response_format.json_schema``: the schema the output follows (none: any JSON
     object, as ``json_object``); ``name`` as OpenAI's (letters, digits, ``_`` and ``-``,
@@ -130,7 +134,7 @@ class JsonSchemaFormat(Struct, kw_only=True):
             extra={PATTERN_WORDS: "1-64 characters of a-z, A-Z, 0-9, _ or -"},
         ),
     ]
-    schema: dict[str, Any] | None = None
+    schema: JsonSchema | None = None
     strict: bool | None = None
     description: str | None = None
 
@@ -151,7 +155,7 @@ WhitespacePattern = Annotated[
         description="the regex of the whitespace around JSON's punctuation (vLLM)",
     ),
 ]
-Choices = Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(min_length=1)]
+Choices = Annotated[list[str], Meta(min_length=1)]  # "" too (then empty output), as vLLM
 
 
 class StructuredOutputs(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -159,7 +163,7 @@ class StructuredOutputs(Struct, kw_only=True, forbid_unknown_fields=True):
     text), ``json_object`` (true), ``regex``, ``choice`` or ``grammar`` (Lark, or
     EBNF/GBNF); ``whitespace_pattern`` with ``json`` or ``json_object``."""
 
-    json: dict[str, Any] | str | None = None
+    json: JsonSchema | str | None = None
     json_object: bool | None = None
     regex: GrammarText | None = None
     choice: Choices | None = None
@@ -238,7 +242,7 @@ class SamplingFields(VllmUnserved, kw_only=True, omit_defaults=True, forbid_unkn
     response_format: ResponseFormat | None = None
     # structured output: vLLM's fields, then SGLang's
     structured_outputs: StructuredOutputs | None = None
-    guided_json: dict[str, Any] | str | None = None
+    guided_json: JsonSchema | str | None = None
     guided_regex: GrammarText | None = None
     guided_choice: Choices | None = None
     guided_grammar: GrammarText | None = None

@@ -35,6 +35,7 @@ from houchu.api.schema import (
     SamplingFields,
     StructuredOutputs,
 )
+from houchu.api.schema_integers import integer_words, out_of_range_integer
 from houchu.transport.structured import GrammarKind, StructuredOutput
 
 #: JSON is written as Python's ``json.dumps`` writes it (", " and ": ", no other
@@ -52,8 +53,9 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
     """The grammar ``req`` asks for, or None for free text.
 
     Raises:
-        ApiError: (400) several forms at once, a schema that is not a JSON object, or a
-            grammar, regex or schema llguidance cannot compile (the message is its).
+        ApiError: (400) several forms at once, a schema that is neither a JSON object
+            nor a boolean (or matches no value, ``false``, or holds an integer beyond 64
+            bits), or a grammar, regex or schema llguidance cannot compile.
     """
     space = whitespace_pattern(req)
     forms = _forms(req, space[1] if space else None)
@@ -108,20 +110,29 @@ def checked(grammar: str, param: str, kind: GrammarKind) -> str:
 
 
 def json_schema_grammar(
-    schema: dict[str, Any] | str, *, strict: bool = False, whitespace: str | None = None
+    schema: dict[str, Any] | bool | str, *, strict: bool = False, whitespace: str | None = None
 ) -> str:
-    """llguidance's grammar of a JSON schema (a dict or its text). ``strict``: unknown
-    or unsupported keywords are errors, else ignored. ``whitespace``: the regex of the
-    whitespace allowed around JSON's punctuation (vLLM's ``guided_whitespace_pattern``,
-    llguidance's ``whitespace_pattern``), else ``JSON_LAYOUT``.
+    """llguidance's grammar of a JSON schema (a dict, a boolean or its text). ``true``
+    is JSON Schema's "any JSON value" (``{}``); ``false`` matches no value, written as
+    ``{"allOf": [false]}`` so that ``checked`` refuses it in words (``describe``: it
+    "matches no JSON value"). ``strict``: unknown or unsupported keywords are errors,
+    else ignored. ``whitespace``: the regex of the whitespace allowed around JSON's
+    punctuation (vLLM's ``guided_whitespace_pattern``, llguidance's
+    ``whitespace_pattern``), else ``JSON_LAYOUT``.
 
     Raises:
-        ValueError: the schema is not a JSON object.
+        ValueError: the schema is neither a JSON object nor a boolean, or holds an
+            integer outside the 64 bits llguidance reads (``schema_integers``).
     """
     if isinstance(schema, str):
         schema = json.loads(schema)
+    if isinstance(schema, bool):
+        schema = {} if schema else {"allOf": [False]}
     if not isinstance(schema, dict):
-        raise ValueError("a JSON schema must be an object")
+        raise ValueError("a JSON schema must be an object or a boolean")
+    too_big = out_of_range_integer(schema)
+    if too_big is not None:
+        raise ValueError(integer_words(*too_big))
     layout = JSON_LAYOUT
     if whitespace is not None:
         layout = {"whitespace_pattern": whitespace, "item_separator": ",", "key_separator": ":"}
@@ -233,6 +244,9 @@ def choice_grammar(choices: list[str]) -> str:
     alternative per choice (``grammar_from("choice", ...)``) makes an Earley row of that
     many items, and llguidance stops such a grammar mid-generation above
     ``max_items_in_row`` (2000 by default); a lexeme has no such limit.
+
+    An empty choice ("") is a legal alternative, as in vLLM (its choices become a
+    grammar's alternatives): the output may then be empty (EOS first).
 
     Raises:
         ValueError: the list is empty.

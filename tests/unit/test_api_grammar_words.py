@@ -2,7 +2,8 @@
 refuses in its own terms get a 400 that says what is wrong, over the official
 ``openai`` client and the WebSocket API in front of the fake engine: a JSON schema no
 value satisfies (``{"not": {}}``), a regex anchor in the middle of a pattern (``a^``),
-a grammar with no finite string (``root ::= "a" root``); the server keeps serving.
+a grammar with no finite string (``root ::= "a" root``), a schema that is ``false``,
+an integer beyond the 64 bits llguidance reads; the server keeps serving.
 And which rules of a Lark grammar can never finish (``houchu.api.lark_rules``)."""
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from houchu.api.structured import json_schema_grammar, no_value_nots
 from .test_api_request_rules import MESSAGES, _chat_error, serve_vocab
 from .test_api_ws import collect
 
+#: an integer beyond the 64 bits llguidance reads (its own error: "not JSON serializable")
+BIG = 123456789012345678901234567890
 
-def _schema(schema: dict[str, Any]) -> dict[str, Any]:
+
+def _schema(schema: dict[str, Any] | bool) -> dict[str, Any]:
     return {
         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
     }
@@ -42,6 +46,39 @@ REFUSED = [
         {"guided_json": {"type": "object", "properties": {"a": {"not": {}}}, "required": ["a"]}},
         "guided_json",
         ["matches no JSON value", "'a'"],
+    ),
+    (_schema(False), "response_format", ["matches no JSON value"]),  # JSON Schema's false
+    ({"guided_json": False}, "guided_json", ["matches no JSON value"]),
+    ({"structured_outputs": {"json": "false"}}, "structured_outputs.json", ["no JSON value"]),
+    (  # an integer llguidance cannot read: named, with the range, not its internal words
+        {"guided_json": {"type": "integer", "maximum": BIG}},
+        "guided_json",
+        [f"the integer {BIG} at #/maximum does not fit in 64 bits", "-9223372036854775808"],
+    ),
+    (
+        _schema({"type": "object", "properties": {"n": {"type": "integer", "minimum": -BIG}}}),
+        "response_format",
+        [f"the integer {-BIG} at #/properties/n/minimum does not fit in 64 bits"],
+    ),
+    (
+        {"structured_outputs": {"json": f'{{"type": "array", "maxItems": {BIG}}}'}},
+        "structured_outputs.json",
+        ["at #/maxItems does not fit in 64 bits"],
+    ),
+    (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"n": {"enum": [BIG]}}},
+                    },
+                }
+            ]
+        },
+        "tools[0].function.parameters",
+        ["at #/properties/n/enum/0 does not fit in 64 bits"],
     ),
     ({"guided_regex": "a^"}, "guided_regex", ["'^' in the middle of /a^/", "could never match"]),
     ({"regex": "a$b"}, "regex", ["'$' in the middle of /a$b/", "could never match"]),
@@ -67,7 +104,8 @@ async def test_the_400_says_what_is_wrong(
         assert err["param"] == param and err["code"] == "invalid_grammar", err
         for w in words:
             assert w in err["message"], err["message"]
-        for internal in ("lookarounds", "Start in regex", "too complex", "Unimplemented", "\n"):
+        internals = ("lookarounds", "Start in regex", "too complex", "Unimplemented", "\n")
+        for internal in (*internals, "serializable"):
             assert internal not in err["message"], err["message"]
         async with api.client.ws_connect("/ws") as ws:  # the same 400 over the WebSocket API
             await ws.send_json({"id": "g", "messages": MESSAGES, "max_tokens": 4, **extra})

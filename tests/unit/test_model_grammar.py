@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import torch
 
-from houchu.api.structured import json_schema_grammar
+from houchu.api.structured import choice_grammar, json_schema_grammar
 from houchu.model import grammar
 from houchu.model.grammar import bitmask_to_allowed
 from houchu.model.model_runner import ModelRunner
@@ -209,6 +209,25 @@ def test_choice_list_constrains_exactly(runner, tok) -> None:
     }
     for ids in run(runner, reqs, 10).values():
         assert text_of(tok, ids) in {"yes", "no", "maybe"}
+
+
+@pytest.mark.parametrize("choices", [["", "yes", "no"], [""]])
+def test_an_empty_choice_may_end_the_output_at_once(runner, tok, choices: list[str]) -> None:
+    """A choice list with "" (the gateway's ``choice_grammar``) allows EOS as the first
+    token: an empty output; with "" alone, EOS is the only token allowed."""
+    spec = StructuredOutput(kind="choice", grammar=choice_grammar(choices))
+    g = runner.grammar.compile("e", spec)
+    mask = torch.zeros(1, grammar.bitmask_words(VOCAB), dtype=torch.int32)
+    g.fill(mask, 0, [])
+    allowed = bitmask_to_allowed(mask, VOCAB)[0].nonzero().flatten().tolist()
+    assert 2 in allowed  # EOS
+    assert (allowed == [2]) == (choices == [""])
+    reqs = {
+        f"e{s}": (tok.encode("Answer:"), SamplingParams(temperature=1.5, seed=s, structured=spec))
+        for s in range(4)
+    }
+    for ids in run(runner, reqs, 6).values():
+        assert text_of(tok, ids) in choices
 
 
 def test_logit_bias_on_a_forbidden_token_still_follows_the_grammar(runner, tok) -> None:

@@ -1,0 +1,109 @@
+"""Structured-output values JSON Schema and vLLM allow, through plain HTTP and the
+WebSocket API in front of the fake engine: an empty string is a legal item of a choice
+list (the output may then be empty), and a schema may be the boolean ``true`` (any JSON
+value); the grammar the engine gets follows exactly that (checked with llguidance's
+byte tokenizer). ``false`` and integers beyond 64 bits are refused in
+``test_api_grammar_words``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from houchu.api.schema_integers import MAX_INTEGER, MIN_INTEGER, out_of_range_integer
+
+from .test_api_request_rules import MESSAGES, _follows, serve_vocab
+from .test_api_ws import collect
+
+
+async def _grammar(extra: dict[str, Any], via: str) -> str:
+    """The grammar the engine gets for a request with ``extra`` sent ``via`` "chat",
+    "completions" or "ws" (a WebSocket prompt frame)."""
+    async with serve_vocab() as api:
+        if via == "ws":
+            async with api.client.ws_connect("/ws") as ws:
+                await ws.send_json({"id": "t", "prompt": "Hi", "max_tokens": 2, **extra})
+                frames = (await collect(ws, {"t"}))["t"]
+            assert frames[-1]["type"] == "final", frames[-1]
+        else:
+            path, body = (
+                ("/v1/chat/completions", {"messages": MESSAGES})
+                if via == "chat"
+                else ("/v1/completions", {"prompt": "Hi"})
+            )
+            status, out = await api.post(path, {**body, "max_tokens": 2, **extra})
+            assert status == 200, out
+        structured = api.engine.requests[0].sampling.structured
+    assert structured is not None
+    return structured.grammar
+
+
+@pytest.mark.parametrize("via", ["chat", "completions", "ws"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"guided_choice": ["yes", ""]},
+        {"structured_outputs": {"choice": ["", "yes"]}},
+    ],
+)
+async def test_an_empty_choice_is_a_legal_alternative(extra: dict[str, Any], via: str) -> None:
+    """As in vLLM (the choices are a grammar's alternatives): "" may be chosen, an
+    empty output."""
+    grammar = await _grammar(extra, via)
+    assert _follows(grammar, "") and _follows(grammar, "yes")
+    assert not any(_follows(grammar, t) for t in ("y", "yesyes", " "))
+
+
+async def test_a_list_of_only_the_empty_choice_allows_only_the_empty_output() -> None:
+    grammar = await _grammar({"guided_choice": [""]}, "chat")
+    assert _follows(grammar, "") and not _follows(grammar, "a")
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"guided_choice": []}, "guided_choice"),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+    ],
+)
+async def test_an_empty_choice_list_is_still_refused(extra: dict[str, Any], param: str) -> None:
+    async with serve_vocab() as api:
+        status, out = await api.post("/v1/chat/completions", {"messages": MESSAGES, **extra})
+    assert status == 400 and out["error"]["param"] == param, out
+
+
+#: JSON Schema's ``true`` in each field that takes a schema
+TRUE_SCHEMAS = [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": True}}},
+    {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": True, "strict": True},
+        }
+    },
+    {"guided_json": True},
+    {"guided_json": "true"},  # the schema's text
+    {"structured_outputs": {"json": True}},
+]
+
+
+@pytest.mark.parametrize("via", ["chat", "ws"])
+@pytest.mark.parametrize("extra", TRUE_SCHEMAS)
+async def test_a_true_schema_is_any_json_value(extra: dict[str, Any], via: str) -> None:
+    """Not only objects, as ``json_object`` would constrain: any JSON value."""
+    grammar = await _grammar(extra, via)
+    for text in ('{"a": [1, null]}', "[1, 2]", '"x"', "3", "-0.5", "true", "null"):
+        assert _follows(grammar, text), text
+    for text in ("x", "{", "[1,", "'a'"):
+        assert not _follows(grammar, text), text
+
+
+def test_out_of_range_integers_are_found_where_they_are() -> None:
+    """The bounds are llguidance's (i64's minimum, u64's maximum); booleans and floats
+    are not integers; the pointer escapes ``/`` and ``~`` (RFC 6901)."""
+    fits = {"maximum": MAX_INTEGER, "minimum": MIN_INTEGER, "x": [True, 1e300, "9" * 30]}
+    assert out_of_range_integer(fits) is None
+    assert out_of_range_integer({"maximum": MAX_INTEGER + 1}) == ("#/maximum", MAX_INTEGER + 1)
+    schema = {"properties": {"a/b~": {"enum": [1, MIN_INTEGER - 1]}}}
+    assert out_of_range_integer(schema) == ("#/properties/a~1b~0/enum/1", MIN_INTEGER - 1)
