@@ -45,6 +45,10 @@ SAMPLING_FIELDS = (
     "include_stop_str_in_output",
 )
 
+#: The fields a forced tool call ignores (``sampling_params``): stop strings and stop
+#: token ids do not end it, so whether a stop's text is kept does not arise.
+FORCED_CALL_DROPS = ("stop_token_ids", "include_stop_str_in_output")
+
 
 def decode_body(raw: bytes) -> Body:
     """Decode a request body that must be a JSON object.
@@ -189,9 +193,17 @@ def sampling_params(
 ) -> SamplingParams:
     """The engine's parameters: what the client gave, ``SamplingParams``'s defaults for
     the rest; the output grammar of a structured output constraint or of a forced tool
-    call (not both: a 400)."""
+    call (not both: a 400).
+
+    A forced tool call (``required`` or a named function) ends where its grammar ends
+    (or at ``max_tokens``): its ``stop`` strings and ``stop_token_ids`` are dropped, so
+    neither can cut the call short (a cut call would come back as a call whose
+    arguments do not parse, or as the grammar's array markup). Beside any other
+    grammar (``response_format``, ``guided_*``, ``structured_outputs``) they end the
+    output early, as vLLM's do."""
     structured = structured_output(req)
-    if tools is not None and tools.structured is not None:
+    forced = tools.structured if tools is not None else None
+    if forced is not None:
         if structured is not None:
             raise ApiError(
                 "a required or named 'tool_choice' cannot be combined with another "
@@ -199,15 +211,18 @@ def sampling_params(
                 param="tool_choice",
                 code="invalid_value",
             )
-        structured = tools.structured
+        structured = forced
     if structured is not None:
         check_grammar_conflicts(req, structured.param)
     given = {f: getattr(req, f) for f in SAMPLING_FIELDS if getattr(req, f) is not None}
+    if forced is not None:  # the grammar decides where a forced call ends
+        for name in FORCED_CALL_DROPS:
+            given.pop(name, None)
     if req.top_k is not None:
         given["top_k"] = max(req.top_k, 0)  # -1 (vLLM) and 0 (OpenAI) both mean off
     if req.top_p == 0.0:  # OpenAI's edge: the smallest set of mass >= 0 is the top token
         given["top_p"], given["top_k"] = 1.0, 1
-    if req.stop is not None:
+    if req.stop is not None and forced is None:
         given["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
     if req.logit_bias:
         given["logit_bias"] = {int(k): v for k, v in req.logit_bias.items()}

@@ -68,6 +68,16 @@ class BufferedStream(ToolCallStream):
         return StreamDelta(content=parsed.content or "", tool_calls=self._release(parsed.calls))
 
 
+class HeldStream(BufferedStream):
+    """Holds the whole reply and parses it at the end: for a parser whose reply is never
+    content (``RequiredCallsParser``), so no piece of it is streamed as content, even
+    one that does not start like a call."""
+
+    def feed(self, text: str) -> StreamDelta:
+        self.held += text
+        return StreamDelta()
+
+
 class MarkerStream(ToolCallStream):
     """Streams content around ``start`` / ``end`` markers; each call is released when
     its end marker arrives (or at the end).

@@ -33,6 +33,7 @@ from houchu.text.tool_call_streams import (
     BufferedStream,
     FirstCallStream,
     ForcedStream,
+    HeldStream,
     MarkerStream,
     ToolCallStream,
 )
@@ -170,8 +171,12 @@ class RequiredCallsParser(ToolCallParser):
     OpenAI returns for a call cut by ``max_tokens`` (``tool_calls`` whose ``arguments``
     do not parse, ``finish_reason: "length"``) and what vLLM streams for both forced
     forms: a client that asked for a call gets a call, and the whole reply says what the
-    streamed deltas said. Only a reply cut before the first call's name is complete
-    (nothing to name a call by) stays content.
+    streamed deltas said.
+
+    The array's markup is never content, whole or streamed (``HeldStream``): a reply
+    cut before the first call's name is complete (nothing to name a call by) has no
+    content and no call, and an element that is not a call (which the grammar does not
+    allow) is dropped.
     """
 
     #: A call's start, up to its complete name: ``{"name": "N"`` (the grammar writes
@@ -181,10 +186,10 @@ class RequiredCallsParser(ToolCallParser):
     BEFORE_ARGUMENTS = (",", '"parameters"', ":")
 
     def parse(self, text: str) -> Parsed:
-        calls = self._calls(text)
-        if not calls or any(c is None for c in calls):
-            return Parsed(text, [])
-        return Parsed(None, calls)  # type: ignore[arg-type]
+        return Parsed(None, [c for c in self._calls(text) if c is not None])
+
+    def stream(self) -> ToolCallStream:
+        return HeldStream(self)
 
     def _calls(self, text: str) -> list[ToolCall | None]:
         """The array's calls, the last maybe cut (None for an element not a call)."""

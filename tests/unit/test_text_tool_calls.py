@@ -92,8 +92,7 @@ CUT_REQUIRED = '[{"name": "a", "parameters": {"x": 1}}, {"name": "get_weather", 
 @pytest.mark.parametrize("step", [1, 4, 1000])
 def test_a_cut_required_reply_is_its_calls_as_a_cut_named_one_is(step: int) -> None:
     """Cut by ``max_tokens``, ``required`` and a named ``tool_choice`` both give calls
-    whose last ``arguments`` are the text as far as it got, whole and streamed; a reply
-    cut before the first call's name stays content."""
+    whose last ``arguments`` are the text as far as it got, whole and streamed."""
     whole = RequiredCallsParser().parse(CUT_REQUIRED)
     want = [("a", '{"x": 1}'), ("get_weather", '{"ci')]
     assert whole.content is None and [(c.name, c.arguments) for c in whole.calls] == want
@@ -109,8 +108,21 @@ def test_a_cut_required_reply_is_its_calls_as_a_cut_named_one_is(step: int) -> N
             c[0] += t["function"].get("name", "")
             c[1] += t["function"]["arguments"]
     assert [tuple(c) for c in calls.values()] == want
-    for text in ('[{"name": "get_wea', "["):
-        assert RequiredCallsParser().parse(text).content == text
+
+
+@pytest.mark.parametrize(
+    "text", ["[", "[{", '[{"name": "get_wea', '[{"name": "get_weather", "x', " [ ", "x"]
+)
+@pytest.mark.parametrize("step", [1, 2, 1000])
+def test_a_required_reply_never_gives_its_markup_as_content(text: str, step: int) -> None:
+    """A ``required`` reply cut before its first call's name is complete (by
+    ``max_tokens``), or one that is not an array of calls, has no call and no content:
+    the grammar's array markup is never the reply's content, whole or streamed."""
+    whole = RequiredCallsParser().parse(text)
+    assert (whole.content, whole.calls) == (None, [])
+    s = RequiredCallsParser().stream()
+    deltas = [*(s.feed(text[i : i + step]) for i in range(0, len(text), step)), s.finish()]
+    assert [(d.content, d.tool_calls) for d in deltas if d.content or d.tool_calls] == []
 
 
 @pytest.mark.parametrize(
@@ -139,7 +151,6 @@ def test_a_required_call_cut_right_after_its_name_is_a_call(cut: str, step: int)
         assert [(f["name"], f["arguments"]) for f in streamed] == [
             (c.name, c.arguments) for c in whole.calls
         ]
-    assert RequiredCallsParser().parse('[{"name": "get_weather", "x').content is not None
 
 
 def test_chat_formatter_cut_call_is_a_call_with_finish_reason_length() -> None:
