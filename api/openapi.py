@@ -73,6 +73,11 @@ SCHEMA_TYPES: tuple[type, ...] = (
     DetokenizeResponse,
 )
 REQUEST_TYPES = ("CompletionRequest", "ChatCompletionRequest")
+#: The request bodies: their unknown top-level keys are ignored, not refused (the
+#: validator drops them before decoding, as vLLM ignores them), so the document allows
+#: them; a nested object that refuses unknown keys (``StructuredOutputs``) keeps its
+#: ``additionalProperties: false``.
+BODY_TYPES = (*REQUEST_TYPES, "TokenizeRequest", "DetokenizeRequest")
 
 
 def schema_components(
@@ -83,7 +88,8 @@ def schema_components(
     What the types cannot say is added to the generated schemas (the validator checks
     it by hand): the batch-of-one prompt, the seed's top, and, when given, the served
     ``model_name`` (the only value ``model`` may take) and the context window
-    ``max_context`` (the largest ``max_tokens``).
+    ``max_context`` (the largest ``max_tokens``), and the unknown top-level keys a
+    request body may hold (``BODY_TYPES``).
     """
     refs, components = msgspec.json.schema_components(
         SCHEMA_TYPES, ref_template="#/components/schemas/{name}"
@@ -92,6 +98,8 @@ def schema_components(
     one_text = {"type": "array", "items": {"type": "string", "minLength": 1}}
     one_text.update(minItems=1, maxItems=1)
     components["CompletionRequest"]["properties"]["prompt"]["anyOf"].append(one_text)
+    for name in BODY_TYPES:  # the types forbid unknown fields; the bodies do not
+        components[name].pop("additionalProperties", None)
     for name in REQUEST_TYPES:
         props = components[name]["properties"]
         props["seed"]["anyOf"][0]["maximum"] = SEED_RANGE[1]

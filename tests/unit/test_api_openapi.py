@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import jsonschema
 import msgspec
 import pytest
 import schemathesis
@@ -14,10 +15,25 @@ from hypothesis import strategies as st
 
 from houchu.api.errors import ApiError
 from houchu.api.openapi import openapi_document
+from houchu.api.tokenize import GatewayTokenizer
 from houchu.api.validation import parse_chat, parse_completion
 
 from .test_api_auth import routes
 from .test_api_basics import MAX_CONTEXT, MODEL, Api, serve
+
+#: Keys no request type knows, which a body may hold (ignored, as vLLM ignores them).
+UNKNOWN = {"metadata": {"k": "v"}, "x_client_trace": [1, None], "store": False}
+#: (path, its body type, a minimal valid body)
+BODIES = [
+    ("/v1/completions", "CompletionRequest", {"prompt": "Hi", "max_tokens": 2}),
+    (
+        "/v1/chat/completions",
+        "ChatCompletionRequest",
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    ),
+    ("/tokenize", "TokenizeRequest", {"prompt": "Hi"}),
+    ("/detokenize", "DetokenizeRequest", {"tokens": [1, 2]}),
+]
 
 #: Rules across parameters that a JSON Schema of each field cannot state.
 CROSS_FIELD_PARAMS = {
@@ -110,6 +126,9 @@ def test_bodies_valid_by_the_schema_pass_the_validator(path: str) -> None:
             return
         for req in parsed.to_generates("r"):  # each choice can travel to the engine
             msgspec.msgpack.encode(req)
+        # unknown top-level keys, which the document allows, change nothing
+        extra = parse(integral({**UNKNOWN, **case.body}), model_name=MODEL, max_context=MAX_CONTEXT)
+        assert extra.sampling == parsed.sampling
 
     check()
     assert tried > 50
@@ -140,3 +159,29 @@ def test_the_logprobs_objects_are_described() -> None:
         "text_offset",
     }
     assert "top_logprobs" in schemas["ChatTokenLogprob"]["properties"]
+
+
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    """A validator of the document's ``components/schemas/name``."""
+    doc = openapi_document(MODEL, MAX_CONTEXT)
+    root = {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
+    return jsonschema.Draft202012Validator(root)
+
+
+@pytest.mark.parametrize(("path", "name", "body"), BODIES, ids=[b[1] for b in BODIES])
+async def test_unknown_top_level_keys_are_documented_as_the_server_takes_them(
+    path: str, name: str, body: dict[str, Any], real_model_path: Any
+) -> None:
+    """A body with keys no request type knows is valid by the document and served (the
+    keys ignored); a nested object that refuses unknown keys is refused by both."""
+    _validator(name).validate({**body, **UNKNOWN})
+    async with serve(tokenizer=GatewayTokenizer(real_model_path)) as api:
+        status, answer = await api.post(path, {**body, **UNKNOWN})
+        assert status == 200, answer
+        if name not in ("CompletionRequest", "ChatCompletionRequest"):
+            return
+        nested = {**body, "structured_outputs": {"choice": ["a"], "unknown": 1}}
+        with pytest.raises(jsonschema.ValidationError):
+            _validator(name).validate(nested)
+        status, answer = await api.post(path, nested)
+        assert status == 400 and answer["error"]["param"] == "structured_outputs", answer
