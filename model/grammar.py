@@ -41,7 +41,6 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +48,7 @@ import numpy as np
 import torch
 
 from houchu.model.grammar_errors import first_line, matcher_failure
+from houchu.model.grammar_fill import MaskRow, SoloTiming, constrained_rows, fill_rows
 from houchu.model.grammar_tokenizer import GrammarTokenizer, TokenizerUnavailable
 from houchu.transport.failures import bad_request, internal
 from houchu.transport.messages import Failure
@@ -116,6 +116,7 @@ class RequestGrammar:
         self.param = param
         self.consumed = 0  # output tokens the matcher has taken
         self.reported = False  # its failure was given once (``failure``)
+        self.solo = SoloTiming()  # its masks timed alone (its share of a batched fill)
 
     def failure(self) -> Failure | None:
         """The 400 the request ends with, once, when its matcher entered an error state
@@ -173,14 +174,6 @@ class RequestGrammar:
             self.consumed += 1
 
 
-@dataclass
-class _Row:
-    grammar: RequestGrammar
-    row: int
-    drafts: Sequence[int]
-    fill_s: float = 0.0  # seconds the worker spent on this request's masks this step
-
-
 class MaskJob:
     """The masks of one step, computed on the engine's worker thread."""
 
@@ -189,7 +182,7 @@ class MaskJob:
         engine: GrammarEngine,
         future: Future[tuple[torch.Tensor, float]],
         bitmask: torch.Tensor,
-        rows: list[_Row],
+        rows: list[MaskRow],
     ) -> None:
         self.engine, self.future, self.bitmask, self.rows = engine, future, bitmask, rows
         self.started = time.perf_counter()
@@ -230,6 +223,7 @@ class GrammarEngine:
         self.mask_s = 0.0  # mask wall seconds since the last samples()
         self.waited_s = 0.0  # seconds the sampler waited for masks
         self.steps = 0
+        self.fills = 0  # steps whose masks were started (``grammar_fill.SOLO_EVERY``)
         #: per request since the last samples(): [hidden seconds, waited seconds]
         self._per_request: dict[str, list[float]] = {}
 
@@ -283,7 +277,7 @@ class GrammarEngine:
         rows, row = [], 0
         for g, c, d in zip(grammars, counts, drafts, strict=True):
             if g is not None:
-                rows.append(_Row(g, row, d))
+                rows.append(MaskRow(g, row, d))
             row += c
         if not rows:
             return None
@@ -294,13 +288,18 @@ class GrammarEngine:
             import llguidance
 
             self._executor = llguidance.LLExecutor()
-        future = self._worker.submit(_fill_all, rows, bitmask, self.vocab_size, self._executor)
+        future = self._worker.submit(
+            _fill_all, rows, bitmask, self.vocab_size, self._executor, self.fills
+        )
+        self.fills += 1
         return MaskJob(self, future, bitmask, rows)
 
-    def count(self, mask_wall_s: float, waited_s: float, rows: Sequence[_Row] = ()) -> None:
+    def count(self, mask_wall_s: float, waited_s: float, rows: Sequence[MaskRow] = ()) -> None:
         """Record one step's mask time: its wall time and the part not hidden, shared
         among the step's constrained requests (``rows``) in proportion to the worker
-        time each one's masks took (equal shares when none was measurable)."""
+        time each one's masks took (``MaskRow.fill_s``: measured for a row filled
+        alone, estimated from the request's masks timed alone for a batched one,
+        ``houchu.model.grammar_fill``; equal shares when none was measurable)."""
         self.mask_s += mask_wall_s
         self.waited_s += waited_s
         self.steps += 1
@@ -333,47 +332,15 @@ class GrammarEngine:
         return out
 
 
-def constrained_rows(rows: Sequence[_Row]) -> list[int]:
-    """The logits rows a step's grammars mask (each request's row and one per proposal
-    to verify), ascending."""
-    return sorted({r.row + j for r in rows for j in range(len(r.drafts) + 1)})
-
-
 def _fill_all(
-    rows: list[_Row], bitmask: torch.Tensor, vocab_size: int, executor: Any = None
+    rows: list[MaskRow], bitmask: torch.Tensor, vocab_size: int, executor: Any = None, step: int = 0
 ) -> tuple[torch.Tensor, float]:
-    """The worker's job: fill ``bitmask``'s constrained rows, then unpack them (``[Rc,
-    V]`` bool, rows ``constrained_rows(rows)``), all while the forward pass runs.
-    Returns them and the ``perf_counter`` at the end.
-
-    The rows without proposals go to llguidance's ``LLExecutor`` in one call (its own
-    threads, without the GIL), so the worker takes the GIL from the forward pass's
-    thread a few times per step rather than twice per request; the rest (proposals to
-    check, a matcher in error) row by row."""
+    """The worker's job: fill ``bitmask``'s constrained rows (``grammar_fill.fill_rows``:
+    the rows without proposals in one ``LLExecutor`` call, the rest row by row), then
+    unpack them (``[Rc, V]`` bool, rows ``constrained_rows(rows)``), all while the
+    forward pass runs. Returns them and the ``perf_counter`` at the end."""
     with torch.inference_mode():  # the runner made ``bitmask`` in inference mode
-        batched = [r for r in rows if not r.drafts and not r.grammar.matcher.is_error()]
-        if executor is None or len(batched) < 2:
-            batched = []
-        if batched:
-            t0 = time.perf_counter()
-            targets = [(r.grammar.matcher, r.row) for r in batched]
-            row_bytes = bitmask.shape[1] * bitmask.element_size()
-            executor.unsafe_compute_mask_ptr(
-                targets, bitmask.data_ptr(), row_bytes, bitmask.shape[0]
-            )
-            for r in batched:
-                if r.grammar.matcher.is_stopped() or r.grammar.matcher.is_error():
-                    r.grammar.eos_only(bitmask[r.row])
-            share = (time.perf_counter() - t0) / len(batched)
-            for r in batched:
-                r.fill_s = share
-        done = {id(r) for r in batched}
-        for r in rows:
-            if id(r) in done:
-                continue
-            t0 = time.perf_counter()
-            r.grammar.fill(bitmask, r.row, r.drafts)
-            r.fill_s = time.perf_counter() - t0
+        fill_rows(rows, bitmask, executor, step)
         idx = constrained_rows(rows)
         packed = bitmask if len(idx) == bitmask.shape[0] else bitmask[torch.tensor(idx)]
         return bitmask_to_allowed(packed, vocab_size), time.perf_counter()  # [Rc, V]

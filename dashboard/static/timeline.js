@@ -122,6 +122,8 @@ const Timeline = (() => {
     if (selected && reqs.some((r) => r.rid === selected && r.status === "running")) show(selected);
   }
 
+  const MASK_TIME_NOTE = "Its share of each step's grammar mask time. A step's batched masks "
+    + "(one llguidance call) are shared by each request's masks timed alone on earlier steps: an estimate.";
   function kv(k, v, attrs) { return H.el("div", { class: "kv", ...attrs }, H.el("span", { class: "k", text: k }), H.el("span", { class: "v", text: v })); }
 
   function detailBody(d) {
@@ -145,7 +147,7 @@ const Timeline = (() => {
         kv("completion tokens", H.num(d.completion_tokens)), kv("TTFT", H.secs(d.ttft_s)),
         kv("TPOT", H.secs(d.tpot_s)), kv("E2E", H.secs(d.e2e_s)), kv("preemptions", H.num(d.num_preemptions)),
         d.structured ? kv("grammar", d.structured.kind) : null,
-        d.structured ? kv("mask time", H.secs(d.structured.mask_s)) : null),
+        d.structured ? kv("mask time", H.secs(d.structured.mask_s), { title: MASK_TIME_NOTE }) : null),
       d.error ? H.el("p", { class: "error", text: d.error }) : null,
       H.el("h4", { text: "Parameters" }),
       H.el("div", { class: "kvs params" }, Object.entries(d.params).filter(([k]) => !CHOICE_KEYS.has(k))

@@ -156,13 +156,13 @@ def test_batched_masks_match_row_by_row(runner, tok) -> None:
     grammars = [engine.compile(f"q{i}", spec) for i, spec in enumerate([JSON, JSON, choice])]
     grammars[1].commit(tok.encode('{"name'))
     grammars[2].commit(tok.encode("yes"))  # done: EOS only
-    rows = [grammar._Row(g, i, []) for i, g in enumerate(grammars)]
+    rows = [grammar.MaskRow(g, i, []) for i, g in enumerate(grammars)]
     words = grammar.bitmask_words(VOCAB)
     one_by_one = torch.full((3, words), -1, dtype=torch.int32)
     for r in rows:
         r.grammar.fill(one_by_one, r.row, [])
     batched = torch.full((3, words), -1, dtype=torch.int32)
-    allowed, _ = grammar._fill_all(rows, batched, VOCAB, llguidance.LLExecutor())
+    allowed, _ = grammar._fill_all(rows, batched, VOCAB, llguidance.LLExecutor(), step=1)
     assert torch.equal(batched, one_by_one)
     assert allowed[2].nonzero().flatten().tolist() == [2]  # EOS
     assert allowed[0].sum() < VOCAB and allowed[1].sum() < VOCAB
