@@ -20,6 +20,7 @@ and the rules across fields (``stream_options`` needs ``stream``, ``top_logprobs
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
@@ -37,17 +38,15 @@ from houchu.transport.messages import CHAT_ROLES, ROLE_ALIASES
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 #: The OpenAI chat API defaults to "until the context is full"; 512 bounds a forgotten
-#: limit (both defaults are capped at the context window).
+#: limit (both capped at the context window).
 DEFAULT_CHAT_MAX_TOKENS = 512
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 1024  # per stop string: each is searched in every new piece of text
 MAX_COMPLETION_LOGPROBS = 5
 MAX_TOP_LOGPROBS = 20
 MAX_TOKEN_ID = 2**31 - 1
-#: Longest regex or grammar text (characters).
-MAX_GRAMMAR_CHARS = 100_000
-#: Most choices per request (``n``, ``best_of``), OpenAI's bound.
-MAX_CHOICES = 128
+MAX_GRAMMAR_CHARS = 100_000  # the longest regex or grammar text (characters)
+MAX_CHOICES = 128  # the most choices per request (``n``, ``best_of``), OpenAI's bound
 #: ``logit_bias`` values: OpenAI's range (the ends ban or force the token).
 MAX_LOGIT_BIAS = 100.0
 #: Largest ``top_k`` (any value above the vocabulary size keeps every token).
@@ -78,7 +77,8 @@ LogitBias = Annotated[
     ),
 ]
 BadWord = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
-RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=2.0)]
+#: vLLM's: any finite value above 0 (1: off); only infinity is above the top.
+RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=sys.float_info.max)]
 Seed = Annotated[int, Meta(ge=SEED_RANGE[0])]  # the top: see SEED_RANGE
 StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
 Stop = StopString | Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)]

@@ -15,6 +15,7 @@ message name the parameter:
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,6 +210,8 @@ def _range(t: mi.IntType | mi.FloatType) -> str:
     """``between 0.0 and 2.0``, ``in (0.0, 1.0]``, ``at least 1``, ..."""
     lo, lo_open = (t.gt, True) if t.gt is not None else (t.ge, False)
     hi, hi_open = (t.lt, True) if t.lt is not None else (t.le, False)
+    if hi == sys.float_info.max and lo is not None:  # the top says "finite"
+        return f"a finite number {'greater than' if lo_open else 'at least'} {lo}"
     if lo is not None and hi is not None:
         if not (lo_open or hi_open):
             return f"between {lo} and {hi}"

@@ -41,6 +41,11 @@ from houchu.transport.messages import SamplingParams
 GREEDY_EPS = 1e-5  # temperatures below this are greedy
 #: Smallest repetition penalty applied (a smaller one would overflow float32 logits).
 MIN_REPETITION_PENALTY = 1e-20
+#: Largest repetition penalty applied: a larger one (the API takes any finite value; in
+#: float32 above ~3.4e38 it is infinite) would make a seen logit of 0 NaN (0 * inf) and
+#: overflow negative ones to -inf; at 1e20 a seen token's positive logit is already about
+#: 0 and a negative one pushed far down, as any larger penalty would leave them.
+MAX_REPETITION_PENALTY = 1e20
 MAX_TOP_LOGPROBS = 20
 
 
@@ -186,7 +191,8 @@ def apply_penalties(logits: torch.Tensor, states: list[RequestState]) -> torch.T
         pen = torch.tensor([states[i].params.repetition_penalty for i in rep], device=dev)[
             :, None
         ]  # [Rp, 1]
-        pen = pen.clamp_min(MIN_REPETITION_PENALTY)  # a tiny one underflows in float32
+        # a tiny one underflows in float32, a huge one is infinite there
+        pen = pen.clamp(MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
         x = out[idx]  # [Rp, V]
         out[idx] = torch.where(seen, torch.where(x > 0, x / pen, x * pen), x)
     if frq:

@@ -4,6 +4,7 @@ parsers of ``houchu.api.validation``, edge by edge)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -18,8 +19,10 @@ OPENAI_RANGES: list[tuple[str, list[Any], list[Any]]] = [
     ("presence_penalty", [-2, -2.0, 0, 2, 2.0], [-2.001, 2.001]),
     ("frequency_penalty", [-2, -2.0, 0, 2, 2.0], [-2.001, 2.001]),
     ("n", [1, 128], [0, -1, 129, 1.5]),
-    ("seed", [-(2**63), -1, 0, 2**63 - 1], [-(2**63) - 1, 2**64, 1.5]),
-    ("stop", ["x", [], ["a", "b", "c", "d"]], [["a", "b", "c", "d", "e"], 5]),
+    ("seed", [-(2**63), -1, 0, 2**63 - 1], [-(2**63) - 1, 2**64, 1.5, 1.0]),
+    ("stop", ["x", [], ["a", "b", "c", "d"]], [["a", "b", "c", "d", "e"], 5, "", [""]]),
+    # vLLM's extension: any finite value above 0
+    ("repetition_penalty", [1e-9, 1, 2.5, 3, 1e300, sys.float_info.max], [0, -1, "2"]),
     (
         "logit_bias",
         [{"0": -100}, {"1": 100}, {"2": -100.0, "3": 100.0}, {}],
@@ -31,7 +34,7 @@ OPENAI_RANGES: list[tuple[str, list[Any], list[Any]]] = [
         ],
     ),
     ("user", ["", "user-1"], [5]),
-    ("max_tokens", [1, MAX_CONTEXT], [0, -1, MAX_CONTEXT + 1]),
+    ("max_tokens", [1, MAX_CONTEXT], [0, -1, MAX_CONTEXT + 1, 2.0]),
 ]
 COMPLETION_RANGES: list[tuple[str, list[Any], list[Any]]] = [
     ("logprobs", [0, 5], [-1, 6]),
@@ -98,6 +101,17 @@ def test_edge_values_keep_openais_meaning() -> None:
     assert _parse("chat", "logit_bias", {"1": 100}).sampling.logit_bias == {1: 100.0}
     assert _parse("chat", "seed", -(2**63)).sampling.seed == -(2**63)
     assert _parse("chat", "stop", "x").sampling.stop == ["x"]
+    assert _parse("chat", "repetition_penalty", 3).sampling.repetition_penalty == 3.0
+
+
+def test_a_repetition_penalty_at_or_below_zero_says_it_must_be_above_zero() -> None:
+    from houchu.api.errors import ApiError
+
+    with pytest.raises(ApiError) as e:
+        _parse("chat", "repetition_penalty", 0)
+    assert e.value.message == (
+        "'repetition_penalty' must be a finite number greater than 0.0, got 0"
+    )
 
 
 @pytest.mark.parametrize(

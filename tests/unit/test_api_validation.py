@@ -39,7 +39,7 @@ COMMON_BAD: list[tuple[dict[str, Any], str]] = [
     ({"top_k": True}, "top_k"),
     ({"min_p": 1.5}, "min_p"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"repetition_penalty": 2.5}, "repetition_penalty"),
+    ({"repetition_penalty": -0.5}, "repetition_penalty"),
     ({"frequency_penalty": 3}, "frequency_penalty"),
     ({"presence_penalty": 9}, "presence_penalty"),
     ({"presence_penalty": -2.5}, "presence_penalty"),

@@ -110,6 +110,19 @@ def test_penalties_follow_definitions():
     assert x[0, 0] == 2.0  # input untouched
 
 
+@pytest.mark.parametrize("penalty", [3.0, 1e20, 1e38, 1e300, 1.7976931348623157e308])
+def test_a_huge_repetition_penalty_keeps_the_logits_finite(penalty: float) -> None:
+    """The API takes any finite penalty; above float32's range it would be infinite,
+    and a seen logit of 0 NaN (0 * inf): the penalty is capped, the row still samples
+    and a seen token is never preferred to an unseen one of the same logit."""
+    x = torch.tensor([[0.0, -1.0, 2.0, 0.0, -1.0] + [-50.0] * (V - 5)])
+    s = state(prompt=[0, 1, 2], repetition_penalty=penalty, temperature=1.0, seed=1)
+    got = apply_penalties(x, [s])[0]
+    assert bool(torch.isfinite(got).all())
+    assert got[0] <= got[3] and got[1] < got[4] and 0 < got[2] < 2.0
+    assert Sampler(seed=0).sample(x, [s])[0].token_id in range(V)
+
+
 def test_penalties_change_greedy_choice():
     x = torch.zeros(1, V)
     x[0, 7] = 1.0

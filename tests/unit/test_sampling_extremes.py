@@ -7,6 +7,8 @@ the whole step with a 500 for every request in it.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,7 +33,10 @@ params = st.builds(
     top_p=unit_open(lo_open=True),
     top_k=st.integers(0, V + 5),
     min_p=unit_open(),
-    repetition_penalty=unit_open(lo_open=True) | st.floats(1.0, 2.0),
+    repetition_penalty=unit_open(lo_open=True)
+    | st.floats(1.0, 2.0)
+    | st.sampled_from([3.0, 1e10, 1e20, 1e38, 1e300, sys.float_info.max])
+    | st.floats(1.0, sys.float_info.max),
     frequency_penalty=st.floats(-2.0, 2.0),
     presence_penalty=st.floats(-2.0, 2.0),
     seed=st.none() | st.integers(0, 2**63 - 1),
