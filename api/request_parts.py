@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from houchu.api.errors import ApiError
+from houchu.api.json_text import not_json_error
 from houchu.api.logit_bias import check_logit_bias
 from houchu.api.schema import (
     SEED_RANGE,
@@ -54,14 +55,15 @@ def decode_body(raw: bytes) -> Body:
     """Decode a request body that must be a JSON object.
 
     Raises:
-        ApiError: (400) it is empty, not JSON, nested too deeply, or not an object.
+        ApiError: (400) it is empty, not JSON (a lone surrogate escape named as such,
+            ``houchu.api.json_text``), nested too deeply, or not an object.
     """
     if not raw.strip():
         raise ApiError("request body is empty; expected a JSON object", code="invalid_json")
     try:
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
-        raise ApiError(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise not_json_error(raw, exc, "request body")[0] from None
     except RecursionError:
         raise ApiError("request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):

@@ -67,6 +67,7 @@ from aiohttp import WSMsgType, web
 from houchu.api.choices import open_choices, prompt_first
 from houchu.api.engine_client import EngineError
 from houchu.api.errors import ApiError, api_error
+from houchu.api.json_text import not_json_error
 from houchu.api.limits import SlowReader, StreamGuard
 from houchu.api.openai_format import usage_of
 from houchu.api.state import STATE_KEY
@@ -141,10 +142,14 @@ class WsSession:
         """Handle one client text frame."""
         try:
             frame = msgspec.json.decode(data)
-        except (msgspec.DecodeError, RecursionError) as exc:
+        except RecursionError as exc:
             await self.send_error(
                 None, ApiError(f"frame is not valid JSON: {exc}", code="invalid_json")
             )
+            return
+        except msgspec.DecodeError as exc:
+            err, doc = not_json_error(data, exc, "frame")
+            await self.send_error(_frame_id(doc), err)
             return
         if not isinstance(frame, dict):
             await self.send_error(
@@ -330,6 +335,18 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     finally:
         await session.close()
     return ws
+
+
+def _frame_id(doc: Any) -> ClientId | None:
+    """The ``id`` of a frame msgspec could not decode, as Python's ``json`` read it
+    (``doc``; None: not read), when it is a valid id: the error frame then names it."""
+    cid = doc.get("id") if isinstance(doc, dict) else None
+    if isinstance(cid, bool) or not isinstance(cid, str | int):
+        return None
+    text = str(cid)
+    if not 0 < len(text) <= MAX_ID_CHARS or any(0xD800 <= ord(c) < 0xE000 for c in text):
+        return None
+    return cid
 
 
 def add_routes(app: web.Application) -> None:
