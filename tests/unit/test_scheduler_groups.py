@@ -4,9 +4,12 @@ The choices start together: the same steps whatever their arrival and the cache.
 
 from __future__ import annotations
 
+from houchu.options.batching_options import BatchingOptions
+from houchu.scheduler.core import SchedulerCore
 from houchu.scheduler.groups import ARRIVAL_WAIT_S, PrefillGroups
 from houchu.scheduler.overlap import OverlapLedger
 from houchu.transport.messages import SamplingParams, StepResult, TokenizedRequest
+from houchu.transport.telemetry import LeverSample
 
 from .test_scheduler import EOS, check_page_tables, make_core, run_step
 
@@ -45,6 +48,47 @@ def test_the_prompt_is_prefilled_once_and_shared():
         run_step(core)
     assert core.batcher.groups.num_groups == 0
     check_page_tables(core)
+
+
+class LeverRecord:
+    """A telemetry sink that keeps the lever samples (events are dropped)."""
+
+    def __init__(self) -> None:
+        self.samples: list[LeverSample] = []
+
+    def event(self, rid: str, kind: str, t: float | None = None, **data: float | int | str):
+        pass
+
+    def lever(self, sample: LeverSample) -> None:
+        self.samples.append(sample)
+
+
+def test_each_reused_prompt_token_is_saved_by_one_lever():
+    """The choices' shared prompt tokens are the ``parallel_sampling`` lever's, a later
+    request's cache hit the ``radix_prefix_cache``'s, never both: the tokens the levers
+    saved add up to ``/stats`` ``prefix_tokens_reused`` (every prompt token found in
+    the tree, whatever put it there), of which ``parallel_sampling_tokens_shared`` is
+    the part the choices took from each other."""
+    record = LeverRecord()
+    core = SchedulerCore(make_core(num_pages=32).runner, BatchingOptions(), telemetry=record)
+    for i in range(3):
+        core.add(choice(i, size=3))
+    while core.has_work:
+        run_step(core)
+    core.add(choice(10, group="", rid="after"))
+    while core.has_work:
+        run_step(core)
+    saved: dict[tuple[str | None, str], float] = {}
+    for s in record.samples:
+        if s.saved_unit == "tokens" and s.lever in ("parallel_sampling", "radix_prefix_cache"):
+            key = (s.rid, s.lever)
+            saved[key] = saved.get(key, 0.0) + s.saved
+    assert saved[("g-1", "parallel_sampling")] == saved[("g-2", "parallel_sampling")] == 12
+    assert saved[("after", "radix_prefix_cache")] == 12
+    assert len({rid for rid, _ in saved}) == len(saved)  # one lever per request
+    stats = core.stats()
+    assert sum(saved.values()) == stats["prefix_tokens_reused"]
+    assert stats["parallel_sampling_tokens_shared"] == 24
 
 
 def test_without_the_radix_cache_every_choice_prefills():
