@@ -192,7 +192,8 @@ def test_a_required_call_cut_right_after_its_name_is_a_call(server) -> None:
     """``required`` cut by ``max_tokens`` at every length up to where the arguments
     start: once the call's name is complete the reply is that call (its arguments as far
     as they got, "" right after the name), never the wrapper's text as content; whole,
-    streamed and over the WebSocket alike; before that it is the text."""
+    streamed and over the WebSocket alike; before that the reply has neither a call nor
+    content (the array's markup is never content)."""
     kw = {"messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": "required"}
     kw |= {"temperature": 0}
     empty_args = 0
@@ -208,9 +209,9 @@ def test_a_required_call_cut_right_after_its_name_is_a_call(server) -> None:
                     streamed["args"] += (d.function and d.function.arguments) or ""
         ws = asyncio.run(ws_generate(server.ws_url, {**kw, "max_tokens": max_tokens}))
         if not whole.message.tool_calls:  # the name is not complete yet
-            assert '"get_weather"' not in (whole.message.content or ""), whole.message
-            assert streamed["content"] == whole.message.content and not streamed["name"]
-            assert not ws["final"]["tool_calls"]
+            assert whole.message.content is None, whole.message
+            assert not streamed["content"] and not streamed["name"]
+            assert not ws["final"]["tool_calls"] and not ws["final"]["content"]
             continue
         (call,) = whole.message.tool_calls
         assert whole.message.content is None and call.function.name == "get_weather"
@@ -222,6 +223,47 @@ def test_a_required_call_cut_right_after_its_name_is_a_call(server) -> None:
         ]
         empty_args += call.function.arguments == ""
     assert empty_args, "no budget cut the call between its name and its arguments"
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "named"])
+@pytest.mark.parametrize("stop", ['"', "}", "token ids"])
+def test_stops_do_not_cut_a_forced_call(server, tool_choice, stop) -> None:
+    """The grammar decides where a forced call ends: a ``stop`` string its text holds,
+    or ``stop_token_ids`` naming the tokens of its arguments, do not cut it, whole,
+    streamed and over the WebSocket alike; the arguments validate and
+    ``finish_reason`` is "tool_calls"."""
+    choice = (
+        "required"
+        if tool_choice == "required"
+        else {"type": "function", "function": {"name": "get_weather"}}
+    )
+    kw = {"messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": choice, "temperature": 0}
+    plain = chat(server, max_tokens=120, **kw).choices[0]
+    text = plain.message.tool_calls[0].function.arguments
+    assert stop in text or stop == "token ids"
+    stops: dict = {"stop": [stop]}
+    if stop == "token ids":
+        tokenized = {"prompt": text, "add_special_tokens": False}
+        _, body = asyncio.run(post_json(f"{server.url}/tokenize", tokenized))
+        stops = {"stop_token_ids": sorted(set(body["tokens"]))}
+    whole = chat(server, max_tokens=120, extra_body=stops, **kw).choices[0]
+    assert (whole.finish_reason, whole.message.content) == ("tool_calls", None)
+    calls = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert calls == [(c.function.name, c.function.arguments) for c in plain.message.tool_calls]
+    jsonschema.validate(json.loads(calls[0][1]), WEATHER["function"]["parameters"])
+    content, args, reasons = "", "", []
+    for chunk in chat(server, max_tokens=120, stream=True, extra_body=stops, **kw):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            reasons.append(c.finish_reason)
+            args += "".join(
+                (d.function and d.function.arguments) or "" for d in c.delta.tool_calls or []
+            )
+    assert (content, reasons[-1]) == ("", "tool_calls")
+    assert args == "".join(a for _, a in calls)
+    ws = asyncio.run(ws_generate(server.ws_url, {**kw, **stops, "max_tokens": 120}))
+    assert ws["final"]["finish_reason"] == "tool_calls" and not ws["final"]["content"]
+    assert [c["function"]["arguments"] for c in ws["final"]["tool_calls"]] == [a for _, a in calls]
 
 
 #: (a constraint forcing a special token's text, the only output it allows)
