@@ -196,7 +196,9 @@ class _Events:
 
 async def test_tool_names_and_stop_strings_only_with_prompt_previews() -> None:
     async with serve_vocab() as api:
-        body = {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "required", "stop": "zz"}
+        # "auto": a forced call (required / named) drops its stop strings, which the
+        # grammar overrides (``request_parts.sampling_params``)
+        body = {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto", "stop": "zz"}
         status, _ = await api.post("/v1/chat/completions", body)
     assert status == 200
     req, record = api.engine.requests[0], api.engine.records[0]
@@ -204,7 +206,7 @@ async def test_tool_names_and_stop_strings_only_with_prompt_previews() -> None:
         ev = _Events()
         RequestObserver(ev, None, record_previews=previews).arrived(req, record)
         data = ev.events[0].data
-        assert data["tools"] == 5 and data["tool_choice"] == "required"
+        assert data["tools"] == 5 and data["tool_choice"] == "auto"
         assert ("tool_names" in data) is previews
         assert ("stop" in data) is previews
         assert ("my secret" in data["preview"]) is previews
