@@ -12,8 +12,8 @@ depends on the CPU (its ISA level, cores, caches), the model's shapes and the ba
 | ``fused-a8``, ``gemv-a8`` | as ``fused`` / ``gemv``, the int4 layers' activations quantized to int8 (W4A8, integer dot products: ``cpu_kernels/gemv_a8.h``) |
 
 The ``-a8`` paths exist where the int4 layers run on houchu's C++ GEMV and
-``QuantSpec.int4_activations`` is "int8" (then only they are timed) or "auto" with
-float32 activations (``a8_candidate``).
+``QuantSpec.int4_activations`` is "int8" (then only they are timed) or "auto" in a
+float32 model (``a8_candidate``).
 
 ``tune`` times one decode step of each available path at every decode bucket (best of a
 few, after a warm-up; a path four times slower than a bucket's best is not timed at the
@@ -155,7 +155,7 @@ def available_paths(model: torch.nn.Module) -> list[str]:
         paths.append("torch")
     if all(m._dense is not None for m in lins):  # noqa: SLF001
         paths.append("dense")
-    if int4 and gemv and a8_candidate({m.activations for m in int4}, int4[0].act_dtype):
+    if int4 and gemv and a8_candidate({m.activations for m in int4}, model_dtype(model)):
         if {m.activations for m in int4} == {"int8"}:  # forced: the float paths are not choices
             paths = []
         paths += ["fused-a8"] if fused else []
@@ -163,17 +163,27 @@ def available_paths(model: torch.nn.Module) -> list[str]:
     return paths
 
 
-def a8_candidate(activations: set[str], act_dtype: torch.dtype) -> bool:
+def a8_candidate(activations: set[str], model_dtype: torch.dtype) -> bool:
     """Whether the int8-activation paths are timed: always where the layers ask for
-    "int8"; with "auto" only where the int4 layers compute in float32 (no native bf16).
-    In bf16 the activations' two roundings (bf16, then int8) cost too much accuracy:
-    SmolLM2's top-1 agreement with the exact path on the English quality text is 0.965
-    with int8 activations where the layers compute in float32 (0.976 with float ones;
-    torch held to AVX2) but 0.947 with a bf16 model (0.960 float), below the 95% the
+    "int8"; with "auto" only in a float32 model (its layer inputs are quantized to int8
+    from float32, or from their bfloat16 rounding where the int4 layers compute in
+    bfloat16). SmolLM2's top-1 agreement with the exact path on the English quality text,
+    int4 x int8 activations: 0.965 with float32 layer inputs (torch held to AVX2), 0.964
+    with float32 rounded to bfloat16 (avx512_bf16; ``test_quant_quality``'s ``int4-a8``),
+    but 0.947 in a bfloat16 model (its residual stream rounded too), below the 95% the
     quantized paths keep."""
     if "int8" in activations:
         return True
-    return "auto" in activations and act_dtype == torch.float32
+    return "auto" in activations and model_dtype == torch.float32
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of ``model``'s floating-point parameters (its residual stream's: the
+    embeddings and norms; quantized linears keep their weights in buffers)."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
 
 
 def attach(model: torch.nn.Module, route: DecodeRoute | None) -> None:

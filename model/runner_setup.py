@@ -12,7 +12,7 @@ import torch
 
 from houchu.model.accel import DecodeAccelerator
 from houchu.model.attention import AttentionBackend
-from houchu.model.autotune import Tuned, tune_model
+from houchu.model.autotune import Tuned, available_paths, tune_model
 from houchu.model.config import resolve_model_file
 from houchu.model.decisions import DecisionCache, model_key
 from houchu.model.kv_pool import KVPool
@@ -51,7 +51,9 @@ class RunnerSetup:
     def tune(self) -> Tuned | None:
         """Measure the decode paths per bucket (or read the cached measurement)."""
         m = self.model
-        return tune_model(m, self.pool, self.backend, self.buckets, DecisionCache(), self._key())
+        # the candidate paths in the key: a measurement without a path timed now is stale
+        key = self._key(tuple(available_paths(m)))
+        return tune_model(m, self.pool, self.backend, self.buckets, DecisionCache(), key)
 
     def accelerator(self, compile: str, cuda_graph: bool, tuned: Tuned | None) -> DecodeAccelerator:
         """The decode accelerator (compiled step / CUDA graphs), set up: measured against
