@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -15,11 +16,35 @@ from pathlib import Path
 
 import pytest
 
+#: Ports a test server may take: below Linux's ephemeral range (32768-60999), where an
+#: outgoing connection can take a port between the check and the server's bind.
+PORT_RANGE = (20000, 32000)
+#: Consecutive ports checked free from each server's port up: ``--data-parallel-size N``
+#: serves on P .. P + N + 2 (router, replicas, dashboard, router metrics).
+PORT_SPAN = 8
 
-def free_port() -> int:
+
+def free_port(span: int = PORT_SPAN) -> int:
+    """A port P of ``PORT_RANGE`` such that P .. P + span - 1 are free on 127.0.0.1 now.
+
+    Raises:
+        RuntimeError: no such run of ports found in 200 tries.
+    """
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(PORT_RANGE[0], PORT_RANGE[1] - span)
+        if all(_bindable(port + i) for i in range(span)):
+            return port
+    raise RuntimeError(f"no {span} consecutive free ports in {PORT_RANGE}")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 @dataclass
