@@ -36,6 +36,7 @@ from houchu.api.schema import (
     StructuredOutputs,
 )
 from houchu.api.schema_integers import integer_words, out_of_range_integer
+from houchu.api.schema_numbers import wrong_number
 from houchu.transport.structured import GrammarKind, StructuredOutput
 
 #: JSON is written as Python's ``json.dumps`` writes it (", " and ": ", no other
@@ -121,8 +122,10 @@ def json_schema_grammar(
     ``whitespace_pattern``), else ``JSON_LAYOUT``.
 
     Raises:
-        ValueError: the schema is neither a JSON object nor a boolean, or holds an
-            integer outside the 64 bits llguidance reads (``schema_integers``).
+        ValueError: the schema is neither a JSON object nor a boolean, holds an
+            integer outside the 64 bits llguidance reads (``schema_integers``), or a
+            number it would get wrong (``schema_numbers``: a ``const``/``enum`` value
+            it writes as another number, a bound out of its range or rounded).
     """
     if isinstance(schema, str):
         schema = json.loads(schema)
@@ -133,6 +136,9 @@ def json_schema_grammar(
     too_big = out_of_range_integer(schema)
     if too_big is not None:
         raise ValueError(integer_words(*too_big))
+    inexact = wrong_number(schema)
+    if inexact is not None:
+        raise ValueError(inexact[1])
     layout = JSON_LAYOUT
     if whitespace is not None:
         layout = {"whitespace_pattern": whitespace, "item_separator": ",", "key_separator": ":"}
