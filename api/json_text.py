@@ -6,7 +6,9 @@ allows it, but it is no Unicode character, so the text cannot be a ``str`` of va
 Unicode. msgspec refuses it with a message about the input ("Input data was truncated",
 "invalid utf-16 surrogate pair"); the error here names the escape and where it is.
 Python's ``json`` module reads such strings (it keeps the lone surrogate), which is how
-the escape and its place are found, on the error path only.
+the escape and its place are found, on the error path only. Raw bytes that are not
+UTF-8 (a surrogate encoded as CESU-8 does, ``ed a0 80``: Python's ``json`` would read it
+as a lone surrogate) are named as bytes, with their offset, before that.
 """
 
 from __future__ import annotations
@@ -25,11 +27,15 @@ def not_json_error(raw: bytes | str, exc: Exception, what: str) -> tuple[ApiErro
     as Python's ``json`` reads it when that located the problem, else None). ``what``:
     the message's subject ("request body", "frame").
 
-    A lone surrogate escape gives ``<what> holds a lone surrogate escape (\\ud800) in
+    Bytes that are not UTF-8 give ``<what> holds bytes that are not valid UTF-8 at byte
+    offset 14: ed a0 80 ...``. A lone surrogate escape gives ``<what> holds a lone surrogate escape (\\ud800) in
     'guided_choice[0]', which is not valid Unicode text ...`` (``param``: the top-level
     key it is under); any other problem msgspec's message (``<what> is not valid JSON:
     ...``).
     """
+    bad_bytes = _invalid_utf8(raw)
+    if bad_bytes is not None:  # Python's json would read them as lone surrogates
+        return ApiError(f"{what} {bad_bytes}", code="invalid_json"), None
     doc = _python_json(raw)
     found = None if doc is None else next(_lone_surrogates(doc, ""), None)
     if found is None:
@@ -41,6 +47,24 @@ def not_json_error(raw: bytes | str, exc: Exception, what: str) -> tuple[ApiErro
         "followed by a low one (\\udc00-\\udfff), as in \\ud83d\\ude00"
     )
     return ApiError(message, param=param, code="invalid_json"), doc
+
+
+def _invalid_utf8(raw: bytes | str) -> str | None:
+    """Where ``raw`` is not UTF-8, in words ("holds bytes that are not valid UTF-8 at
+    byte offset 14: ed a0 80 ..."), or None (text, or valid UTF-8). Bytes ``ed a0..bf``
+    are a UTF-16 surrogate encoded as UTF-8 (CESU-8), which UTF-8 forbids; the message
+    says so."""
+    if isinstance(raw, str):
+        return None
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        shown = raw[exc.start : exc.start + 3].hex(" ")
+        words = f"holds bytes that are not valid UTF-8 at byte offset {exc.start}: {shown}"
+        if raw[exc.start] == 0xED and exc.start + 1 < len(raw) and raw[exc.start + 1] >= 0xA0:
+            words += " (a UTF-16 surrogate encoded as UTF-8, as CESU-8 writes it)"
+        return words + "; JSON text must be UTF-8"
+    return None
 
 
 def _python_json(raw: bytes | str) -> Any:

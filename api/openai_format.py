@@ -86,6 +86,9 @@ class Formatter(abc.ABC):
     ) -> None:
         self.tool_parser = tool_parser
         self.tool_streams: dict[int, ToolCallStream] = {}  # choice -> its tool-call parser
+        #: choice -> logprobs of tokens whose text a tool-call parser holds back (sent
+        #: with the choice's next chunk: no empty content delta carries them)
+        self.held_logprobs: dict[int, list[TokenLogprob]] = {}
         self.rid = rid
         self.created = created
         self.model = model
@@ -288,19 +291,33 @@ class ChatFormatter(Formatter):
         if stream is None:
             return [self.finish_chunk(reason, index)]
         out = self._tool_chunks(stream.finish(), None, index)
-        return [*out, self.finish_chunk(tool_finish(reason, bool(stream.calls)), index)]
+        last = self.finish_chunk(tool_finish(reason, bool(stream.calls)), index)
+        held = self.held_logprobs.pop(index, [])
+        if held:  # tokens no content or call chunk was sent for
+            last["choices"][0]["logprobs"] = chat_logprobs(held, self.top_n)
+        return [*out, last]
 
     def _tool_chunks(
         self, d: StreamDelta, lps: list[TokenLogprob] | None, index: int
     ) -> list[dict[str, Any]]:
+        """The chunks of what a tool-call parser released: its content (if any), then
+        its call deltas (if any). Text it holds back (a call's wrapper, arguments not yet
+        complete) sends no chunk: no empty content delta; the logprobs of its tokens
+        wait for the choice's next chunk (on a call delta's ``logprobs``)."""
+        held = [*self.held_logprobs.pop(index, []), *(lps or [])] if self.logprobs else []
         out = []
-        if d.content or (lps and self.logprobs):
-            out.append(self.content_chunk(d.content, lps, index))
+        if d.content:
+            out.append(self.content_chunk(d.content, held, index))
+            held = []
         if d.tool_calls:
+            logprobs = chat_logprobs(held, self.top_n) if held else None
             delta = {"tool_calls": d.tool_calls}
             out.append(
-                self._chunk(index, {"delta": delta, "logprobs": None, "finish_reason": None})
+                self._chunk(index, {"delta": delta, "logprobs": logprobs, "finish_reason": None})
             )
+            held = []
+        if held:
+            self.held_logprobs[index] = held
         return out
 
     def response(

@@ -33,6 +33,13 @@ from houchu.api.schema_refusals import (
     VllmUnserved,
     unsupported,
 )
+from houchu.api.schema_structured import (
+    Choices,
+    GrammarText,
+    JsonSchema,
+    StructuredOutputs,
+    WhitespacePattern,
+)
 from houchu.api.schema_tools import ToolCallIn, ToolChoice, Tools
 from houchu.transport.messages import CHAT_ROLES, ROLE_ALIASES
 
@@ -45,7 +52,6 @@ MAX_STOP_CHARS = 1024  # per stop string: each is searched in every new piece of
 MAX_COMPLETION_LOGPROBS = 5
 MAX_TOP_LOGPROBS = 20
 MAX_TOKEN_ID = 2**31 - 1
-MAX_GRAMMAR_CHARS = 100_000  # the longest regex or grammar text (characters)
 MAX_CHOICES = 128  # the most choices per request (``n``, ``best_of``), OpenAI's bound
 #: ``logit_bias`` values: OpenAI's range (the ends ban or force the token).
 MAX_LOGIT_BIAS = 100.0
@@ -116,10 +122,6 @@ class ResponseFormatJsonObject(Struct, tag_field="type", tag="json_object"):
     """``response_format: {"type": "json_object"}``: any JSON object."""
 
 
-#: A JSON schema: an object, or a boolean (``true``: any JSON value; ``false``: a 400)
-JsonSchema = dict[str, Any] | bool
-
-
 class JsonSchemaFormat(Struct, kw_only=True):
     """``response_format.json_schema``: the schema the output follows (none: any JSON
     object, as ``json_object``); ``name`` as OpenAI's (letters, digits, ``_`` and ``-``,
@@ -146,29 +148,6 @@ class ResponseFormatJsonSchema(Struct, tag_field="type", tag="json_schema"):
 
 
 ResponseFormat = ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema
-GrammarText = Annotated[str, Meta(min_length=1, max_length=MAX_GRAMMAR_CHARS)]
-WhitespacePattern = Annotated[
-    str,
-    Meta(
-        min_length=1,
-        max_length=MAX_GRAMMAR_CHARS,
-        description="the regex of the whitespace around JSON's punctuation (vLLM)",
-    ),
-]
-Choices = Annotated[list[str], Meta(min_length=1)]  # "" too (then empty output), as vLLM
-
-
-class StructuredOutputs(Struct, kw_only=True, forbid_unknown_fields=True):
-    """vLLM's ``structured_outputs``: exactly one of ``json`` (a JSON schema, or its
-    text), ``json_object`` (true), ``regex``, ``choice`` or ``grammar`` (Lark, or
-    EBNF/GBNF); ``whitespace_pattern`` with ``json`` or ``json_object``."""
-
-    json: JsonSchema | str | None = None
-    json_object: bool | None = None
-    regex: GrammarText | None = None
-    choice: Choices | None = None
-    grammar: GrammarText | None = None
-    whitespace_pattern: WhitespacePattern | None = None
 
 
 class TextPart(Struct):

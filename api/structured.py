@@ -36,6 +36,8 @@ from houchu.api.schema import (
     StructuredOutputs,
 )
 from houchu.api.schema_integers import integer_words, out_of_range_integer
+from houchu.api.schema_numbers import wrong_number
+from houchu.api.schema_rewrites import closed_objects, no_value_nots
 from houchu.transport.structured import GrammarKind, StructuredOutput
 
 #: JSON is written as Python's ``json.dumps`` writes it (", " and ": ", no other
@@ -44,6 +46,12 @@ JSON_LAYOUT: dict[str, Any] = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
+}
+#: vLLM's ``disable_any_whitespace``: no whitespace at all (``{"a":[1,2]}``).
+COMPACT_LAYOUT: dict[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ",",
+    "key_separator": ":",
 }
 #: The schema of ``{"type": "json_object"}``: any JSON object.
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -58,7 +66,26 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
             bits), or a grammar, regex or schema llguidance cannot compile.
     """
     space = whitespace_pattern(req)
-    forms = _forms(req, space[1] if space else None)
+    so = req.structured_outputs
+    compact = bool(so and so.disable_any_whitespace)
+    closed = bool(so and so.disable_additional_properties)
+    if compact and space is not None:
+        raise ApiError(
+            f"give 'structured_outputs.disable_any_whitespace' or '{space[0]}', not both",
+            param=space[0],
+            code="invalid_value",
+        )
+    layout = {"whitespace": space[1] if space else None, "compact": compact, "closed": closed}
+    json_options = [
+        name
+        for name, given in (
+            (space[0] if space else "", space is not None),
+            ("structured_outputs.disable_any_whitespace", compact),
+            ("structured_outputs.disable_additional_properties", closed),
+        )
+        if given
+    ]
+    forms = _forms(req, layout)
     if len(forms) > 1:
         names = ", ".join(f"'{param}'" for param, _, _ in forms)
         raise ApiError(
@@ -66,12 +93,13 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
             param=forms[1][0],
             code="invalid_value",
         )
-    if space is not None and (not forms or forms[0][1] not in ("json_object", "json_schema")):
+    if json_options and (not forms or forms[0][1] not in ("json_object", "json_schema")):
         given = f"not to '{forms[0][0]}'" if forms else "and none is given"
         raise ApiError(
-            f"'{space[0]}' applies to a JSON structured output constraint ('response_format', "
-            f"'guided_json', 'structured_outputs.json' or '.json_object'), {given}",
-            param=space[0],
+            f"'{json_options[0]}' applies to a JSON structured output constraint "
+            f"('response_format', 'guided_json', 'structured_outputs.json' or "
+            f"'.json_object'), {given}",
+            param=json_options[0],
             code="invalid_value",
         )
     if not forms:
@@ -110,7 +138,12 @@ def checked(grammar: str, param: str, kind: GrammarKind) -> str:
 
 
 def json_schema_grammar(
-    schema: dict[str, Any] | bool | str, *, strict: bool = False, whitespace: str | None = None
+    schema: dict[str, Any] | bool | str,
+    *,
+    strict: bool = False,
+    whitespace: str | None = None,
+    compact: bool = False,
+    closed: bool = False,
 ) -> str:
     """llguidance's grammar of a JSON schema (a dict, a boolean or its text). ``true``
     is JSON Schema's "any JSON value" (``{}``); ``false`` matches no value, written as
@@ -118,11 +151,15 @@ def json_schema_grammar(
     "matches no JSON value"). ``strict``: unknown or unsupported keywords are errors,
     else ignored. ``whitespace``: the regex of the whitespace allowed around JSON's
     punctuation (vLLM's ``guided_whitespace_pattern``, llguidance's
-    ``whitespace_pattern``), else ``JSON_LAYOUT``.
+    ``whitespace_pattern``), else ``COMPACT_LAYOUT`` with ``compact`` (vLLM's
+    ``disable_any_whitespace``), else ``JSON_LAYOUT``. ``closed``: vLLM's
+    ``disable_additional_properties`` (``schema_rewrites.closed_objects``).
 
     Raises:
-        ValueError: the schema is neither a JSON object nor a boolean, or holds an
-            integer outside the 64 bits llguidance reads (``schema_integers``).
+        ValueError: the schema is neither a JSON object nor a boolean, holds an
+            integer outside the 64 bits llguidance reads (``schema_integers``), or a
+            number it would get wrong (``schema_numbers``: a ``const``/``enum`` value
+            it writes as another number, a bound out of its range or rounded).
     """
     if isinstance(schema, str):
         schema = json.loads(schema)
@@ -133,9 +170,14 @@ def json_schema_grammar(
     too_big = out_of_range_integer(schema)
     if too_big is not None:
         raise ValueError(integer_words(*too_big))
-    layout = JSON_LAYOUT
+    inexact = wrong_number(schema)
+    if inexact is not None:
+        raise ValueError(inexact[1])
+    layout = COMPACT_LAYOUT if compact else JSON_LAYOUT
     if whitespace is not None:
         layout = {"whitespace_pattern": whitespace, "item_separator": ",", "key_separator": ":"}
+    if closed:
+        schema = closed_objects(schema)
     return LLMatcher.grammar_from_json_schema(
         no_value_nots(schema), overrides={**layout, "lenient": not strict}
     )
@@ -167,56 +209,6 @@ def whitespace_pattern(req: SamplingFields) -> tuple[str, str] | None:
     if given:
         checked(grammar_from("regex", given[0][1]), given[0][0], "regex")
     return given[0] if given else None
-
-
-#: Keywords that describe a schema without constraining its values.
-_ANNOTATIONS = frozenset(
-    {"title", "description", "$comment", "default", "examples", "deprecated"}
-    | {"readOnly", "writeOnly", "$id", "$schema"}
-)
-#: Keywords whose value is a schema (``items`` may be a list of them), a list of
-#: schemas, or an object of named schemas.
-_SUBSCHEMA = frozenset(
-    {"not", "items", "additionalProperties", "additionalItems", "contains", "if", "then"}
-    | {"else", "propertyNames", "unevaluatedItems", "unevaluatedProperties"}
-)
-_SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-_NAMED_SUBSCHEMAS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
-)
-
-
-def no_value_nots(schema: Any) -> Any:
-    """``schema`` with every ``{"not": S}`` whose ``S`` every value matches (``{}``,
-    ``true``, or only annotations) made to match no value (``allOf: [false]``), as
-    JSON Schema defines it. llguidance does not implement ``not`` (it ignores it, or
-    refuses it with ``strict``), so ``{"not": {}}`` would let any JSON through; written
-    as ``false``, llguidance finds where it leaves no value (a 400 when the whole
-    schema matches nothing, ``describe``) and leaves out what it cannot be (an optional
-    property). Only keywords holding schemas are walked (a property named ``not`` is
-    left alone)."""
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in _SUBSCHEMA:
-            out[key] = (
-                [no_value_nots(v) for v in value]
-                if isinstance(value, list)
-                else (no_value_nots(value))
-            )
-        elif key in _SUBSCHEMAS and isinstance(value, list):
-            out[key] = [no_value_nots(v) for v in value]
-        elif key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
-            out[key] = {name: no_value_nots(v) for name, v in value.items()}
-        else:
-            out[key] = value
-    negated, all_of = out.get("not"), out.get("allOf", [])
-    matches_all = negated is True or (isinstance(negated, dict) and set(negated) <= _ANNOTATIONS)
-    if matches_all and isinstance(all_of, list):
-        del out["not"]
-        out["allOf"] = [*all_of, False]
-    return out
 
 
 def regex_grammar(pattern: str) -> str:
@@ -294,13 +286,17 @@ def _grammar(text: str) -> str:
     return grammar_from("ebnf" if "::=" in text else "lark", text)
 
 
-def _forms(req: SamplingFields, space: str | None = None) -> list[tuple[str, GrammarKind, Any]]:
-    """(parameter, kind, grammar builder) of every constraint ``req`` gives; ``space``:
-    the JSON forms' whitespace pattern (``whitespace_pattern``)."""
+def _forms(
+    req: SamplingFields, layout: dict[str, Any] | None = None
+) -> list[tuple[str, GrammarKind, Any]]:
+    """(parameter, kind, grammar builder) of every constraint ``req`` gives; ``layout``:
+    the JSON forms' ``json_schema_grammar`` options (``whitespace``, ``compact``,
+    ``closed``)."""
+    space = layout or {}
     out: list[tuple[str, GrammarKind, Any]] = []
     rf = req.response_format
     if isinstance(rf, ResponseFormatJsonObject):
-        any_object = partial(json_schema_grammar, ANY_OBJECT, whitespace=space)
+        any_object = partial(json_schema_grammar, ANY_OBJECT, **space)
         out.append(("response_format", "json_object", any_object))
     elif isinstance(rf, ResponseFormatJsonSchema):
         spec = rf.json_schema
@@ -309,14 +305,14 @@ def _forms(req: SamplingFields, space: str | None = None) -> list[tuple[str, Gra
             (
                 "response_format",
                 "json_schema",
-                lambda: json_schema_grammar(schema, strict=bool(spec.strict), whitespace=space),
+                lambda: json_schema_grammar(schema, strict=bool(spec.strict), **space),
             )
         )
     so = req.structured_outputs
     if so is not None:
         out.extend(_vllm_forms(so, space))
     if req.guided_json is not None:
-        guided = partial(json_schema_grammar, req.guided_json, whitespace=space)
+        guided = partial(json_schema_grammar, req.guided_json, **space)
         out.append(("guided_json", "json_schema", guided))
     for param, kind, value, build in (
         ("guided_regex", "regex", req.guided_regex, regex_grammar),
@@ -330,9 +326,9 @@ def _forms(req: SamplingFields, space: str | None = None) -> list[tuple[str, Gra
     return out
 
 
-def _vllm_forms(so: StructuredOutputs, space: str | None) -> list[tuple[str, GrammarKind, Any]]:
+def _vllm_forms(so: StructuredOutputs, space: dict[str, Any]) -> list[tuple[str, GrammarKind, Any]]:
     """The constraints of vLLM's ``structured_outputs`` object (``space``: the JSON
-    forms' whitespace pattern).
+    forms' ``json_schema_grammar`` options).
 
     Raises:
         ApiError: (400) it names no constraint, as vLLM refuses it (``{}``, only a
@@ -349,11 +345,9 @@ def _vllm_forms(so: StructuredOutputs, space: str | None) -> list[tuple[str, Gra
             code="invalid_value",
         )
     if so.json is not None:
-        out.append(
-            (f"{p}.json", "json_schema", partial(json_schema_grammar, so.json, whitespace=space))
-        )
+        out.append((f"{p}.json", "json_schema", partial(json_schema_grammar, so.json, **space)))
     if so.json_object:
-        any_object = partial(json_schema_grammar, ANY_OBJECT, whitespace=space)
+        any_object = partial(json_schema_grammar, ANY_OBJECT, **space)
         out.append((f"{p}.json_object", "json_object", any_object))
     if so.regex is not None:
         out.append((f"{p}.regex", "regex", lambda: regex_grammar(so.regex)))

@@ -152,7 +152,9 @@ def parse_ws_generate(
     """
     req = decode_request(body, WsGenerateRequest, model_name, vocab_size)
     if req.prompt is not None and req.messages is not None:
-        raise ApiError("give either 'prompt' or 'messages', not both", param="messages")
+        raise ApiError(
+            "give either 'prompt' or 'messages', not both", param="messages", code="invalid_value"
+        )
     lp = req.logprobs
     logprobs, top_n = (bool(lp), 0) if lp is None or isinstance(lp, bool) else (True, lp)
     top_n = max(top_n, req.top_logprobs or 0)

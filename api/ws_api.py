@@ -255,9 +255,8 @@ class WsSession:
                 for frame in job.frames(i, delta):
                     await self.send(frame)
         for i in range(job.n if job.tools is not None else 0):
-            text, calls = job.tool_delta(i, None)  # what the parser held to the end
-            if text or calls:
-                await self.send(job.delta_frame(i, text, calls, []))
+            for frame in job.end_frames(i):  # what the parser held to the end
+                await self.send(frame)
         await self._send_final(job, job.tallies[0].finish_reason or "abort")
 
     async def _send_final(

@@ -48,6 +48,8 @@ class WsJob:
     record: dict[str, float | int | str] | None = None
     started: list[bool] = field(default_factory=list)  # per choice: a delta came
     offsets: list[int] = field(default_factory=list)  # per choice: next text_offset
+    #: per choice: the token ids and logprobs of text a tool-call parser holds back
+    held: list[tuple[list[int], list[TokenLogprob]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.tallies = [Tally() for _ in range(self.n)]
@@ -56,6 +58,7 @@ class WsJob:
         if self.parser is not None:
             self.tools = [self.parser.stream() for _ in range(self.n)]
             self.content = [[] for _ in range(self.n)]
+            self.held = [([], []) for _ in range(self.n)]
 
     def frames(self, i: int, delta: TextDelta) -> list[dict[str, Any]]:
         """Fold choice ``i``'s ``delta`` into its tally; the frames to send for it: with
@@ -68,12 +71,19 @@ class WsJob:
         self.started[i] = True
         prompt = delta.prompt_logprobs is not None and self.prompt_logprobs
         text, calls = delta.text, []
+        ids, lps = delta.token_ids, delta.logprobs or []
         if self.tools is not None:  # the content only; the calls as their deltas
             text, calls = self.tool_delta(i, delta.text)
-        if text or calls or delta.token_ids or delta.logprobs or (prompt and not out):
-            out.append(self.delta_frame(i, text, calls, delta.token_ids))
+            ids, lps = [*self.held[i][0], *ids], [*self.held[i][1], *lps]
+            # text held back (a call's wrapper) sends no empty frame: its tokens wait
+            hold = not (text or calls or (prompt and not out))
+            self.held[i] = (ids, lps) if hold else ([], [])
+            if hold:
+                ids, lps = [], []
+        if text or calls or ids or lps or (prompt and not out):
+            out.append(self.delta_frame(i, text, calls, ids))
             if self.logprobs:
-                out[-1]["logprobs"] = self._logprobs(i, delta.logprobs or [])
+                out[-1]["logprobs"] = self._logprobs(i, lps)
         if prompt and out:
             out[0]["prompt_logprobs"] = vllm_prompt_logprobs(delta.prompt_logprobs)
         return out
@@ -124,6 +134,19 @@ class WsJob:
         d = stream.feed(text) if text is not None else stream.finish()
         self.content[i].append(d.content)
         return d.content, d.tool_calls
+
+    def end_frames(self, i: int) -> list[dict[str, Any]]:
+        """Choice ``i``'s last ``delta`` frame (with tools): what the parser held to the
+        end, with the token ids (and logprobs) still held; none when nothing is left."""
+        text, calls = self.tool_delta(i, None)
+        ids, lps = self.held[i]
+        self.held[i] = ([], [])
+        if not (text or calls or ids or lps):
+            return []
+        frame = self.delta_frame(i, text, calls, ids)
+        if self.logprobs:
+            frame["logprobs"] = self._logprobs(i, lps)
+        return [frame]
 
     def tool_reply(self, i: int, finish_reason: str) -> dict[str, Any]:
         """Choice ``i``'s ``finish_reason``, ``content`` and ``tool_calls`` (with tools)."""

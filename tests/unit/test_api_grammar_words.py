@@ -3,7 +3,8 @@ refuses in its own terms get a 400 that says what is wrong, over the official
 ``openai`` client and the WebSocket API in front of the fake engine: a JSON schema no
 value satisfies (``{"not": {}}``), a regex anchor in the middle of a pattern (``a^``),
 a grammar with no finite string (``root ::= "a" root``), a schema that is ``false``,
-an integer beyond the 64 bits llguidance reads; the server keeps serving.
+an integer beyond the 64 bits llguidance reads, a ``const``/``enum`` number it would
+write as another and a bound it cannot compile or would round; the server keeps serving.
 And which rules of a Lark grammar can never finish (``houchu.api.lark_rules``)."""
 
 from __future__ import annotations
@@ -80,6 +81,71 @@ REFUSED = [
         "tools[0].function.parameters",
         ["at #/properties/n/enum/0 does not fit in 64 bits"],
     ),
+    (  # a const/enum number llguidance would write as another (it reads doubles)
+        {"guided_json": {"const": 9007199254740993}},
+        "guided_json",
+        ["9007199254740993 at #/const would be written as 9007199254740992", "2^53"],
+    ),
+    (
+        {"structured_outputs": {"json": {"enum": ["a", -9007199254740993]}}},
+        "structured_outputs.json",
+        ["at #/enum/1 would be written as -9007199254740992"],
+    ),
+    (
+        _schema({"properties": {"p": {"anyOf": [{"const": 123456789.12345679}]}}}),
+        "response_format",
+        [
+            "123456789.12345679 at #/properties/p/anyOf/0/const would be written as 123456789.1234568"
+        ],
+    ),
+    (
+        {"guided_json": {"$defs": {"d": {"items": {"const": {"x": [1e-25]}}}}}},
+        "guided_json",
+        ["at #/$defs/d/items/const/x/0 would be written as 0.0000000000000000000000000999"],
+    ),
+    (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"n": {"enum": [2**60 + 1]}},
+                        },
+                    },
+                }
+            ]
+        },
+        "tools[0].function.parameters",
+        ["at #/properties/n/enum/0 would be written as 1152921504606846976"],
+    ),
+    (  # bounds beyond the engine's range: its own words were "Failed to generate regex"
+        {"guided_json": {"type": "integer", "minimum": -(2**63)}},
+        "guided_json",
+        ["'minimum' -9223372036854775808 at #/minimum", "strictly between -2^63 and 10^18"],
+    ),
+    (
+        {"guided_json": {"type": "integer", "minimum": 2**63}},
+        "guided_json",
+        ["'minimum' 9223372036854775808 at #/minimum", "strictly between -2^63 and 10^18"],
+    ),
+    (
+        {"guided_json": {"items": {"type": "number", "maximum": 2**64 - 1}}},
+        "guided_json",
+        ["'maximum' 18446744073709551615 at #/items/maximum", "between -10^18 and 2^63"],
+    ),
+    (
+        {"guided_json": {"type": ["integer", "null"], "exclusiveMaximum": -1e18}},
+        "guided_json",
+        ["'exclusiveMaximum' -1e+18 at #/exclusiveMaximum", "between -10^18 and 2^63"],
+    ),
+    (  # a bound the engine would round: 500000000000000000 would pass
+        {"guided_json": {"type": "integer", "exclusiveMinimum": 500000000000000001}},
+        "guided_json",
+        ["would be read as 500000000000000000", "64-bit doubles"],
+    ),
     ({"guided_regex": "a^"}, "guided_regex", ["'^' in the middle of /a^/", "could never match"]),
     ({"regex": "a$b"}, "regex", ["'$' in the middle of /a$b/", "could never match"]),
     ({"guided_json": {"type": "string", "pattern": "x^y"}}, "guided_json", ["'^' in the middle"]),
@@ -105,6 +171,7 @@ async def test_the_400_says_what_is_wrong(
         for w in words:
             assert w in err["message"], err["message"]
         internals = ("lookarounds", "Start in regex", "too complex", "Unimplemented", "\n")
+        internals += ("Failed to generate",)
         for internal in (*internals, "serializable"):
             assert internal not in err["message"], err["message"]
         async with api.client.ws_connect("/ws") as ws:  # the same 400 over the WebSocket API

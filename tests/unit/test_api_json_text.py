@@ -78,3 +78,27 @@ async def test_over_websocket_the_error_frame_names_the_frame_id() -> None:
         while not frames or frames[-1]["type"] not in ("final", "error"):
             frames.append(await recv(ws))
         assert frames[-1]["type"] == "final"
+
+
+@pytest.mark.parametrize(
+    ("raw", "offset", "shown", "cesu"),
+    [
+        (b'{"prompt": "a\xed\xa0\x80b"}', 13, "ed a0 80", True),  # no escape in the text
+        (b'{"prompt": "a\xffb"}', 13, "ff 62 22", False),
+        (b'{"prompt": "a\xc3"}', 13, "c3 22 7d", False),
+    ],
+)
+def test_invalid_utf8_bytes_are_named_as_bytes_not_as_an_escape(
+    raw: bytes, offset: int, shown: str, cesu: bool
+) -> None:
+    """Python's ``json`` reads ``ed a0 80`` as a lone surrogate ("surrogatepass"): the
+    body holds no escape, so the message names the bytes and where they are."""
+    with pytest.raises(ApiError) as e:
+        decode_body(raw)
+    err = e.value
+    assert (err.status, err.code) == (400, "invalid_json")
+    assert err.message.startswith(
+        f"request body holds bytes that are not valid UTF-8 at byte offset {offset}: {shown}"
+    ), err.message
+    assert ("CESU-8" in err.message) == cesu
+    assert "escape" not in err.message and "Input data" not in err.message

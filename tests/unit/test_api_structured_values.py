@@ -7,11 +7,13 @@ byte tokenizer). ``false`` and integers beyond 64 bits are refused in
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
 from houchu.api.schema_integers import MAX_INTEGER, MIN_INTEGER, out_of_range_integer
+from houchu.api.schema_numbers import EXACT_INTEGER, engine_text, wrong_number
 
 from .test_api_request_rules import MESSAGES, _follows, serve_vocab
 from .test_api_ws import collect
@@ -107,3 +109,42 @@ def test_out_of_range_integers_are_found_where_they_are() -> None:
     assert out_of_range_integer({"maximum": MAX_INTEGER + 1}) == ("#/maximum", MAX_INTEGER + 1)
     schema = {"properties": {"a/b~": {"enum": [1, MIN_INTEGER - 1]}}}
     assert out_of_range_integer(schema) == ("#/properties/a~1b~0/enum/1", MIN_INTEGER - 1)
+
+
+#: (a const/enum schema, the one text the engine may write): numbers it writes exactly
+EXACT_NUMBERS = [
+    ({"const": 2**53}, "9007199254740992"),
+    ({"const": -(2**53)}, "-9007199254740992"),
+    ({"const": 0.1}, "0.1"),
+    ({"const": 1e-7}, "0.0000001"),
+    ({"const": 3.14}, "3.14"),
+    ({"const": 0.30000000000000004}, "0.30000000000000004"),
+    ({"enum": [1e22]}, "10000000000000000000000"),
+    ({"properties": {"a": {"const": [12345, 2.5]}}, "required": ["a"]}, '{"a": [12345, 2.5]}'),
+]
+
+
+@pytest.mark.parametrize(("schema", "text"), EXACT_NUMBERS)
+async def test_const_and_enum_numbers_the_engine_writes_exactly_still_work(
+    schema: dict[str, Any], text: str
+) -> None:
+    """Integers within 2^53 and ordinary decimals pass the check that refuses the ones
+    llguidance would write as another number (``schema_numbers``), and come out as
+    exactly that number."""
+    grammar = await _grammar({"guided_json": schema}, "chat")
+    assert _follows(grammar, text)
+
+
+def test_every_integer_within_2_53_is_written_exactly() -> None:
+    """The rule ``schema_numbers`` relies on for integers, sampled: what the engine
+    writes for ``{"const": n}`` is ``n``; just beyond 2^53 it is not."""
+    rng = random.Random(0)
+    samples = [rng.randint(-EXACT_INTEGER, EXACT_INTEGER) for _ in range(300)]
+    for n in [*samples, EXACT_INTEGER - 1, 10**15 + 1, 0, -1]:
+        assert engine_text(n) == str(n), n
+    assert engine_text(EXACT_INTEGER + 1) == str(EXACT_INTEGER)
+    assert engine_text(2**63) == "9223372036854776000"
+    assert wrong_number({"const": EXACT_INTEGER + 1}) is not None
+    assert wrong_number({"enum": [EXACT_INTEGER, "x", 0.1, None]}) is None
+    assert wrong_number({"default": EXACT_INTEGER + 1, "examples": [1e-25]}) is None
+    assert wrong_number({"type": "string", "minimum": 2**63}) is None  # no number here

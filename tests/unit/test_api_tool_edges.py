@@ -6,14 +6,18 @@ prompt frame are refused as the completions API refuses them."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import openai
 import pytest
 from llguidance import LLMatcher, LLTokenizer
 from openai import AsyncOpenAI
 
-from .test_api_basics import MODEL, serve
+from houchu.transport.messages import GenerateRequest, TextDelta, TokenLogprob
+
+from .test_api_basics import MODEL, read_sse, serve
 from .test_api_tool_auto import HERMES_WEATHER, MESSAGES, WEATHER, ScriptedEngine
 from .test_api_ws import collect
 
@@ -247,3 +251,54 @@ async def test_parameters_that_are_not_an_object_schema_are_refused(
     assert body["param"] == "tools[1].function.parameters"
     assert body["code"] == "invalid_function_parameters"
     assert 'must be a JSON Schema of type "object"' in body["message"] and got in body["message"]
+
+
+@pytest.mark.parametrize(
+    ("choice", "reply"),
+    [
+        ({"type": "function", "function": {"name": "get_weather"}}, '{"city": "Oslo"}'),
+        ("required", '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'),
+    ],
+    ids=["named", "required"],
+)
+async def test_a_forced_call_streams_no_empty_content(choice: Any, reply: str) -> None:
+    """While a forced call's wrapper text is held back no empty content delta is sent
+    (SSE: only the first role delta has ``content: ""``; WebSocket: every delta frame
+    has text or a call), and every token id and logprob still comes, once."""
+    async with serve(LogprobEngine(reply)) as api:
+        body = {"messages": MESSAGES, "tools": [WEATHER], "tool_choice": choice}
+        body["logprobs"] = True
+        async with api.client.post("/v1/chat/completions", json={**body, "stream": True}) as r:
+            chunks = await read_sse(r)
+        async with api.client.ws_connect("/ws") as ws:
+            await ws.send_json({"id": "t", **body})
+            frames = (await collect(ws, {"t"}))["t"]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert all(d.get("content") != "" for d in deltas[1:]), deltas
+    assert any("tool_calls" in d for d in deltas)
+    sent = [f for f in frames if f["type"] == "delta"]
+    assert sent and all(f["text"] or f.get("tool_calls") for f in sent), sent
+    sse_lps = [lp["token"] for c in chunks if c["choices"] for lp in _lps(c["choices"][0])]
+    ws_lps = [lp["token"] for f in sent for lp in f["logprobs"]]
+    assert "".join(sse_lps) == "".join(ws_lps) == reply
+    ids = [t for f in sent for t in f["token_ids"]]
+    assert (
+        ids == list(range(100, 100 + len(ids)))
+        and len(ids) == frames[-1]["usage"]["completion_tokens"]
+    )
+
+
+def _lps(choice: dict[str, Any]) -> list[dict[str, Any]]:
+    return (choice.get("logprobs") or {}).get("content") or []
+
+
+class LogprobEngine(ScriptedEngine):
+    """``ScriptedEngine`` whose deltas carry each piece's logprob (one token a piece)."""
+
+    async def generate(
+        self, req: GenerateRequest, record: dict | None = None
+    ) -> AsyncIterator[TextDelta]:
+        async for d in super().generate(req, record):
+            lp = TokenLogprob(d.text, d.token_ids[0], -0.5, list(d.text.encode()))
+            yield msgspec.structs.replace(d, logprobs=[lp])

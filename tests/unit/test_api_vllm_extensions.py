@@ -1,6 +1,8 @@
 """vLLM's extensions that were dropped without a word: ``stream_options.
 continuous_usage_stats`` (usage in every chunk), ``guided_whitespace_pattern`` (and
-``structured_outputs.whitespace_pattern``: the whitespace of JSON output), and a
+``structured_outputs.whitespace_pattern``: the whitespace of JSON output), vLLM's
+``structured_outputs.disable_any_whitespace``, ``disable_additional_properties`` and
+``disable_fallback`` (as vLLM's guidance backend reads them), and a
 ``structured_outputs`` naming no constraint (a 400, as vLLM refuses it)."""
 
 from __future__ import annotations
@@ -10,11 +12,34 @@ from typing import Any
 import pytest
 from llguidance import LLMatcher, LLTokenizer
 
+from houchu.api.openapi import openapi_document
+
 from .test_api_basics import PIECES, PROMPT_TOKENS, FakeEngine, read_sse, serve
 from .test_api_ws import collect
 
 CHAT = [{"role": "user", "content": "Hi"}]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+LIST_SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "array", "items": {"type": "integer"}}},
+    "required": ["a"],
+}
+#: objects under properties, items, anyOf and $defs
+NESTED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "o": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/x"}]}},
+        "d": {"type": "object", "properties": {"y": {"type": "string"}}, "required": ["y"]},
+    },
+    "required": ["o", "d"],
+    "$defs": {"x": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+}
+OPEN_SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}},
+    "required": ["a"],
+    "additionalProperties": {"type": "integer"},
+}
 
 
 def _follows(grammar: str, text: str) -> bool:
@@ -75,6 +100,52 @@ WHITESPACE = [
         '{\n"a": 1}',
     ),
     ({"guided_json": SCHEMA}, '{"a": 1}', '{ "a": 1 }'),  # houchu's layout without one
+    (  # vLLM's disable_any_whitespace: none at all, not even houchu's ", " and ": "
+        {"structured_outputs": {"json": LIST_SCHEMA, "disable_any_whitespace": True}},
+        '{"a":[1,2]}',
+        '{"a": [1, 2]}',
+    ),
+    (
+        {"structured_outputs": {"json_object": True, "disable_any_whitespace": True}},
+        '{"b":{"c":[]}}',
+        '{"b": {}}',
+    ),
+    (  # false: houchu's layout; disable_fallback: accepted, no effect
+        {
+            "structured_outputs": {
+                "json": LIST_SCHEMA,
+                "disable_any_whitespace": False,
+                "disable_fallback": True,
+            }
+        },
+        '{"a": [1, 2]}',
+        '{"a":[1,2]}',
+    ),
+    (  # an object schema that does not say additionalProperties gets false
+        {"structured_outputs": {"json": SCHEMA, "disable_additional_properties": True}},
+        '{"a": 1}',
+        '{"a": 1, "b": 2}',
+    ),
+    (  # nested too (under properties, items, anyOf, $defs)
+        {"structured_outputs": {"json": NESTED_SCHEMA, "disable_additional_properties": True}},
+        '{"o": [{"x": 1}], "d": {"y": "z"}}',
+        '{"o": [{"x": 1, "q": 2}], "d": {"y": "z"}}',
+    ),
+    (
+        {"structured_outputs": {"json": NESTED_SCHEMA, "disable_additional_properties": True}},
+        '{"o": [{"x": 1}], "d": {"y": "z"}}',
+        '{"o": [{"x": 1}], "d": {"y": "z", "w": 1}}',
+    ),
+    (  # without it, an unnamed property is allowed (JSON Schema's default)
+        {"structured_outputs": {"json": NESTED_SCHEMA, "disable_additional_properties": False}},
+        '{"o": [{"x": 1, "q": 2}], "d": {"y": "z", "w": 1}}',
+        '{"o": [{"x": "1"}], "d": {"y": "z"}}',
+    ),
+    (  # an object that says additionalProperties keeps it
+        {"structured_outputs": {"json": OPEN_SCHEMA, "disable_additional_properties": True}},
+        '{"a": 1, "b": 2}',
+        '{"a": 1, "b": "2"}',
+    ),
 ]
 
 
@@ -120,6 +191,27 @@ REFUSED = [
         {
             "structured_outputs": {"json": SCHEMA, "whitespace_pattern": " "},
             "guided_whitespace_pattern": " ",
+        },
+        "structured_outputs.whitespace_pattern",
+        "not both",
+    ),
+    (
+        {"structured_outputs": {"regex": "a+", "disable_any_whitespace": True}},
+        "structured_outputs.disable_any_whitespace",
+        "not to 'structured_outputs.regex'",
+    ),
+    (
+        {"structured_outputs": {"choice": ["a"], "disable_additional_properties": True}},
+        "structured_outputs.disable_additional_properties",
+        "applies to a JSON structured output constraint",
+    ),
+    (
+        {
+            "structured_outputs": {
+                "json": SCHEMA,
+                "whitespace_pattern": " ",
+                "disable_any_whitespace": True,
+            }
         },
         "structured_outputs.whitespace_pattern",
         "not both",
@@ -189,3 +281,14 @@ async def test_chat_fields_on_a_completion_are_refused(field: dict[str, Any]) ->
         assert api.engine.requests == []
     assert status == 400 and body["error"]["param"] == name
     assert "chat requests only" in body["error"]["message"]
+
+
+def test_the_openapi_document_describes_vllms_structured_output_options() -> None:
+    props = openapi_document()["components"]["schemas"]["StructuredOutputs"]["properties"]
+    words = {
+        "disable_any_whitespace": "no whitespace at all",
+        "disable_additional_properties": "additionalProperties: false",
+        "disable_fallback": "no fallback",
+    }
+    for name, says in words.items():
+        assert says in props[name]["anyOf"][0]["description"], name

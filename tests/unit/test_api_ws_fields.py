@@ -76,3 +76,22 @@ async def test_neutral_streaming_fields_are_accepted() -> None:
     async with serve(FakeEngine()) as api:
         frames = await _frame(api, {"prompt": "Hi", "stream": True, "stream_options": {}})
     assert frames[-1]["type"] == "final"
+
+
+#: (a frame's fields, the error code its error frame carries): as HTTP names the kind
+FRAME_ERRORS = [
+    ({"prompt": "Hi", "messages": CHAT}, "invalid_value"),  # /tokenize's code for both
+    ({"max_tokens": 2}, "missing_required_parameter"),
+    ({"prompt": "Hi", "temperature": 9}, None),  # any code, not null
+    ({"prompt": "Hi", "guided_regex": "("}, "invalid_grammar"),
+]
+
+
+@pytest.mark.parametrize(("fields", "code"), FRAME_ERRORS)
+async def test_an_error_frame_has_a_code(fields: dict[str, Any], code: str | None) -> None:
+    """Every error frame has a machine-readable ``code``, never null."""
+    async with serve(FakeEngine()) as api:
+        (frame,) = await _frame(api, fields)
+    assert frame["type"] == "error" and frame["status"] == 400
+    assert frame["error"]["code"] is not None, frame
+    assert code is None or frame["error"]["code"] == code, frame
