@@ -61,6 +61,7 @@ _HEADERS = (
     "argmax.h",
     "gemv.h",
     "gemv_a8.h",
+    "gemv_a8_zmm.h",
     "gemm_a8.h",
     "norm_rope.h",
     "attention.h",

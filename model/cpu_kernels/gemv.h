@@ -24,6 +24,7 @@ constexpr int64_t kMaxTile = 8;  // bfloat16 activation rows per pass over the w
 
 #include "gemv_a8.h"
 #include "gemm_a8.h"
+#include "gemv_a8_zmm.h"
 
 namespace houchu_cpu {
 namespace gemv {
@@ -872,7 +873,17 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
       const float* xs = xa.xs + r0 * (xa.ld / a8_block(p.G));
       const float* gs = xa.gsum + r0 * p.ng;
       OutT* o = out + r0 * n;
-#ifdef HOUCHU_A8_X86
+#ifdef HOUCHU_A8_ZMM  // the same results in 512-bit registers (gemv_a8_zmm.h)
+      with_rows4(mt, [&](auto MT_) {
+        constexpr int MT = decltype(MT_)::value;
+        if (p.H == 128)
+          int4_tile_a8_zmm<MT, true>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xq, xa.ld, xs, gs, o,
+                                     n, n);
+        else
+          int4_tile_a8_zmm<MT, false>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xq, xa.ld, xs, gs, o,
+                                      n, n);
+      });
+#elif defined(HOUCHU_A8_X86)
       with_rows4(mt, [&](auto MT_) {
         constexpr int MT = decltype(MT_)::value;
         if (p.H == 128)

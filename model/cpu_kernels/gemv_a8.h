@@ -15,7 +15,7 @@
 // first those of k = (2, 6, 3, 7) (see gemv.cpp's layout), so the quantized row is
 // stored in that order per 8 inputs and one broadcast 32-bit word meets each.
 //
-// x86 with AVX2 (every level: the AVX-512 builds run the same 256-bit code): vpmaddubsw
+// x86 with AVX2 (256-bit; at avx512_bf16 gemv_a8_zmm.h holds the same tile in zmm): vpmaddubsw
 // (u8 x s8 pairs to int16; 2 * 15 * 127 per pair, so the 4 of one activation scale's 16
 // inputs add up in int16 without saturating) then vpmaddwd to int32; with VNNI (AVX512-VNNI: the
 // avx512_bf16 level; AVX-VNNI: the avx2_vnni level) one vpdpbusd does both.
