@@ -26,6 +26,7 @@ number of ``const`` or ``enum`` in its own decimal form (no exponent: ``1e-07`` 
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any
@@ -115,13 +116,17 @@ def _wrong_value(value: Any, at: str) -> tuple[str, str] | None:
     if isinstance(value, int) and not isinstance(value, bool):
         if abs(value) <= EXACT_INTEGER:
             return None
-        written = engine_text(value)
+        # not asked of the engine: llguidance 1.9 crashes the process (SIGSEGV) on a
+        # const integer that rounds to -2^63
         return at, (
-            f"the integer {value} at {at} would be written as {written}: the grammar engine "
-            f"(llguidance) reads numbers as 64-bit doubles, so an integer in 'const' or "
-            f"'enum' must lie within -{EXACT_INTEGER} .. {EXACT_INTEGER} (2^53)"
+            f"the integer {value} at {at} is beyond 2^53: the grammar engine (llguidance) "
+            f"reads numbers as 64-bit doubles, which do not hold every integer beyond "
+            f"2^53, so an integer in 'const' or 'enum' must lie within -{EXACT_INTEGER} .. "
+            f"{EXACT_INTEGER}"
         )
     if isinstance(value, float):
+        if not math.isfinite(value):  # (JSON has none; a schema's text may, for json.loads)
+            return at, f"the number {value!r} at {at} is not finite: JSON has no such number"
         written = engine_text(value)
         if Decimal(written) == Decimal(repr(value)):  # the same decimal number
             return None

@@ -148,3 +148,27 @@ def test_every_integer_within_2_53_is_written_exactly() -> None:
     assert wrong_number({"enum": [EXACT_INTEGER, "x", 0.1, None]}) is None
     assert wrong_number({"default": EXACT_INTEGER + 1, "examples": [1e-25]}) is None
     assert wrong_number({"type": "string", "minimum": 2**63}) is None  # no number here
+
+
+def test_numbers_the_engine_would_crash_on_are_refused_without_asking_it() -> None:
+    """llguidance 1.9 kills its process (SIGSEGV) building a grammar of a const integer
+    that rounds to -2^63: ``wrong_number`` refuses every number beyond 2^53 in a const or
+    enum without asking the engine, so a request cannot take the gateway down. Checked in
+    a child process, whose death would show."""
+    import subprocess
+    import sys
+
+    code = (
+        "from houchu.api.schema_numbers import wrong_number\n"
+        "for schema in ({'const': -2**63}, {'const': -2**63 + 1}, {'enum': [-2**63]},\n"
+        "               {'anyOf': [{'const': -2**63}]}, {'x-ext': {'const': -2**63}}):\n"
+        "    at, why = wrong_number(schema)\n"
+        "    assert 'beyond 2^53' in why, why\n"
+        "assert 'not finite' in wrong_number({'const': float('nan')})[1]\n"
+        "print('refused')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip() == "refused"
