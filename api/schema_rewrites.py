@@ -12,6 +12,7 @@ Both walk only the keywords whose values are schemas, so a property named ``not`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 #: Keywords that describe a schema without constraining its values.
@@ -42,20 +43,7 @@ def no_value_nots(schema: Any) -> Any:
     left alone)."""
     if not isinstance(schema, dict):
         return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in _SUBSCHEMA:
-            out[key] = (
-                [no_value_nots(v) for v in value]
-                if isinstance(value, list)
-                else (no_value_nots(value))
-            )
-        elif key in _SUBSCHEMAS and isinstance(value, list):
-            out[key] = [no_value_nots(v) for v in value]
-        elif key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
-            out[key] = {name: no_value_nots(v) for name, v in value.items()}
-        else:
-            out[key] = value
+    out = _subschemas_mapped(schema, no_value_nots)
     negated, all_of = out.get("not"), out.get("allOf", [])
     matches_all = negated is True or (isinstance(negated, dict) and set(negated) <= _ANNOTATIONS)
     if matches_all and isinstance(all_of, list):
@@ -72,20 +60,24 @@ def closed_objects(schema: Any) -> Any:
     ``no_value_nots``; the input is not changed."""
     if not isinstance(schema, dict):
         return schema
+    out = _subschemas_mapped(schema, closed_objects)
+    if ("properties" in out or "patternProperties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _subschemas_mapped(schema: dict[str, Any], f: Callable[[Any], Any]) -> dict[str, Any]:
+    """A copy of ``schema`` with ``f`` applied to each of its subschemas (the values of
+    ``_SUBSCHEMA``, ``_SUBSCHEMAS`` and ``_NAMED_SUBSCHEMAS`` keywords), every other
+    value as it is."""
     out: dict[str, Any] = {}
     for key, value in schema.items():
         if key in _SUBSCHEMA:
-            out[key] = (
-                [closed_objects(v) for v in value]
-                if isinstance(value, list)
-                else closed_objects(value)
-            )
+            out[key] = [f(v) for v in value] if isinstance(value, list) else f(value)
         elif key in _SUBSCHEMAS and isinstance(value, list):
-            out[key] = [closed_objects(v) for v in value]
+            out[key] = [f(v) for v in value]
         elif key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
-            out[key] = {name: closed_objects(v) for name, v in value.items()}
+            out[key] = {name: f(v) for name, v in value.items()}
         else:
             out[key] = value
-    if ("properties" in out or "patternProperties" in out) and "additionalProperties" not in out:
-        out["additionalProperties"] = False
     return out
