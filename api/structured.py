@@ -26,6 +26,7 @@ from typing import Any
 
 from llguidance import LLMatcher, grammar_from, regex_to_lark
 
+from houchu.api import grammar_guard
 from houchu.api.errors import ApiError
 from houchu.api.grammar_words import describe, endless
 from houchu.api.lark_rules import endless_rules
@@ -130,7 +131,13 @@ def checked(grammar: str, param: str, kind: GrammarKind) -> str:
             (``houchu.api.grammar_words.describe``: a JSON schema no value satisfies, a
             regex anchor the engine does not take).
     """
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    try:
+        is_error, messages = grammar_guard.validate(grammar)
+    except (grammar_guard.EngineCrashed, TimeoutError) as e:
+        why = str(e) or f"it took over {grammar_guard.VALIDATE_TIMEOUT_S:.0f} s to compile"
+        raise ApiError(
+            describe(param, _what(kind), why), param=param, code="invalid_grammar"
+        ) from e
     if is_error:
         why = messages[0] if messages else "it does not compile"
         raise ApiError(describe(param, _what(kind), why), param=param, code="invalid_grammar")
@@ -221,9 +228,17 @@ def regex_grammar(pattern: str) -> str:
     user's pattern's (the rewrite would mend some, such as a final lone backslash)."""
     original = grammar_from("regex", pattern)
     ascii_digits = regex_to_lark(pattern, "d")
-    if ascii_digits == pattern or LLMatcher.validate_grammar_with_warnings(original)[0]:
+    if ascii_digits == pattern or _fails(original):
         return original
     return grammar_from("regex", ascii_digits)
+
+
+def _fails(grammar: str) -> bool:
+    """Whether ``grammar`` does not compile (or crashes the engine: ``checked`` says so)."""
+    try:
+        return grammar_guard.validate(grammar)[0]
+    except (grammar_guard.EngineCrashed, TimeoutError):
+        return True
 
 
 #: The characters a regex (Rust's ``regex`` syntax, llguidance's) escapes with a backslash.

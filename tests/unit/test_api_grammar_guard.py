@@ -1,0 +1,41 @@
+"""Grammars that kill the grammar engine's process are refused, and the process that
+asked (the gateway) lives on: ``houchu.api.grammar_guard`` compiles them in a child."""
+
+from __future__ import annotations
+
+import pytest
+
+from houchu.api.errors import ApiError
+from houchu.api.structured import checked
+
+#: Found by the issue 20 review: each killed the gateway (SIGSEGV in llguidance 1.9).
+CRASHERS = [
+    'start: %json {"const": -9223372036854775808}',
+    'start: %json {"enum": [-9223372036854775807]}',
+    "start: r0\n" + "\n".join(f'r{i}: r{i + 1} | "x"' for i in range(3000)) + '\nr3000: "a"',
+]
+
+
+@pytest.mark.parametrize("grammar", CRASHERS, ids=["json-const", "json-enum", "rule-chain"])
+def test_a_grammar_that_crashes_the_engine_is_a_400(grammar: str) -> None:
+    from llguidance import grammar_from
+
+    with pytest.raises(ApiError) as e:
+        checked(grammar_from("lark", grammar), "guided_grammar", "grammar")
+    failure = e.value.failure
+    assert failure.status == 400 and failure.code == "invalid_grammar"
+    assert "crashed" in failure.message
+    # the guard serves on: a good grammar compiles after the crash
+    good = grammar_from("lark", 'start: "yes" | "no"')
+    assert checked(good, "guided_grammar", "grammar") == good
+
+
+def test_a_deep_ref_chain_is_a_400() -> None:
+    from houchu.api.structured import json_schema_grammar
+
+    defs = {f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(3000)}
+    defs["a3000"] = {"type": "integer"}
+    grammar = json_schema_grammar({"$defs": defs, "$ref": "#/$defs/a0"})
+    with pytest.raises(ApiError) as e:
+        checked(grammar, "guided_json", "json_schema")
+    assert e.value.failure.status == 400
