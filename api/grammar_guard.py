@@ -4,10 +4,11 @@ llguidance (1.9) kills the process that compiles some grammars: a JSON ``const``
 that rounds to -2^63 (also inside a Lark ``%json`` block), a chain of some thousands of
 Lark rules or JSON-schema ``$ref`` s (its recursion overflows the stack). Compiled in the
 gateway, one such request took the gateway down, and a few in a minute the whole server.
-So ``validate`` runs ``LLMatcher.validate_grammar_with_warnings`` in one child process
-(started on first use, kept for the next): a grammar that kills the child is refused,
-the child is started again, and the gateway serves on. A grammar that passes here is
-compiled by the runner with the same engine (``houchu.model.grammar``).
+So ``validate`` runs ``LLMatcher.validate_grammar_with_warnings`` (and builds a matcher)
+in one child process (started on first use, kept for the next), on a thread with half
+the runner's stack: a grammar that kills the child is refused, the child is started
+again, and the gateway serves on. A grammar that passes here is compiled by the runner
+with the same engine (``houchu.model.grammar``), with twice the stack.
 """
 
 from __future__ import annotations
@@ -25,10 +26,33 @@ class EngineCrashed(Exception):
     """The grammar engine killed its process on this grammar (its exit is the message)."""
 
 
-def _validate(grammar: str) -> tuple[bool, list[str]]:
-    from llguidance import LLMatcher
+#: The stack of the child's compiling thread: half of the 8 MiB the runner's threads get,
+#: so a grammar whose compile recursion fits here fits the runner's matcher with room to
+#: spare (a 2,675-rule chain passed a check on an 8 MiB stack and overflowed the runner's).
+CHECK_STACK_BYTES = 4 << 20
 
-    return LLMatcher.validate_grammar_with_warnings(grammar)
+
+def _validate(grammar: str) -> tuple[bool, list[str]]:
+    """In the child: llguidance's validation, then a matcher of the grammar over a byte
+    tokenizer (what the runner builds over the model's), on a thread of
+    ``CHECK_STACK_BYTES``."""
+    result: list[tuple[bool, list[str]]] = []
+
+    def run() -> None:
+        from llguidance import LLMatcher, LLTokenizer
+
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+        if not is_error:
+            LLMatcher(LLTokenizer("byte"), grammar, log_level=0)
+        result.append((is_error, messages))
+
+    threading.stack_size(CHECK_STACK_BYTES)
+    thread = threading.Thread(target=run, name="grammar-check")
+    thread.start()
+    thread.join()
+    if not result:
+        raise RuntimeError("the grammar check's thread ended without an answer")
+    return result[0]
 
 
 class _Guard:

@@ -39,3 +39,41 @@ def test_a_deep_ref_chain_is_a_400() -> None:
     with pytest.raises(ApiError) as e:
         checked(grammar, "guided_json", "json_schema")
     assert e.value.failure.status == 400
+
+
+def _rule_chain(n: int) -> str:
+    return (
+        "start: r0\n"
+        + "\n".join(f'r{i}: r{i + 1} | "x"' for i in range(n - 1))
+        + (f'\nr{n - 1}: "x"')
+    )
+
+
+@pytest.mark.parametrize("n", [2675, 2677])
+def test_a_chain_that_overflows_the_runners_stack_is_refused(n: int) -> None:
+    """Chains of 2,673-2,678 rules passed a check on an 8 MiB stack and then overflowed
+    the runner's (SIGSEGV, found by the issue 20 review): the check's thread has half
+    that stack, so they are refused at the gateway."""
+    from llguidance import grammar_from
+
+    with pytest.raises(ApiError) as e:
+        checked(grammar_from("lark", _rule_chain(n)), "guided_grammar", "grammar")
+    assert e.value.failure.status == 400
+
+
+def test_a_ref_chain_that_overflows_the_runners_stack_is_refused() -> None:
+    from houchu.api.structured import json_schema_grammar
+
+    defs: dict = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(2496)}
+    defs["d2496"] = {"type": "integer"}
+    grammar = json_schema_grammar({"$ref": "#/$defs/d0", "$defs": defs})
+    with pytest.raises(ApiError) as e:
+        checked(grammar, "guided_json", "json_schema")
+    assert e.value.failure.status == 400
+
+
+def test_an_ordinary_deep_grammar_still_compiles() -> None:
+    from llguidance import grammar_from
+
+    grammar = grammar_from("lark", _rule_chain(200))
+    assert checked(grammar, "guided_grammar", "grammar") == grammar
