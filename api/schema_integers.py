@@ -25,7 +25,7 @@ def out_of_range_integer(value: Any, at: str = "#") -> tuple[str, int] | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return None if MIN_INTEGER <= value <= MAX_INTEGER else (at, value)
     if isinstance(value, dict):
-        items = ((_escaped(str(k)), v) for k, v in value.items())
+        items = ((pointer_token(str(k)), v) for k, v in value.items())
     elif isinstance(value, list):
         items = ((str(i), v) for i, v in enumerate(value))
     else:
@@ -47,6 +47,6 @@ def integer_words(at: str, value: int) -> str:
     )
 
 
-def _escaped(key: str) -> str:
+def pointer_token(key: str) -> str:
     """``key`` as a JSON Pointer token (RFC 6901: ``~`` as ``~0``, ``/`` as ``~1``)."""
     return key.replace("~", "~0").replace("/", "~1")

@@ -33,6 +33,9 @@ from typing import Any
 
 from llguidance import LLMatcher, LLTokenizer
 
+from houchu.api.schema_integers import pointer_token
+from houchu.api.schema_rewrites import NAMED_SUBSCHEMAS
+
 #: Integers within +-2^53 are exact doubles, and the engine writes them exactly.
 EXACT_INTEGER = 2**53
 #: The open range of a lower bound (minimum, exclusiveMinimum), as a double.
@@ -43,9 +46,6 @@ _LOWER = frozenset({"minimum", "exclusiveMinimum"})
 _UPPER = frozenset({"maximum", "exclusiveMaximum"})
 #: Keywords whose value is no schema and holds no value the output must match.
 _ANNOTATIONS = frozenset({"title", "description", "$comment", "default", "examples"})
-#: Keywords whose value is an object of named schemas (a name is no keyword).
-_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions"})
-_NAMED |= {"dependentSchemas"}
 _BYTES = LLTokenizer("byte")
 
 
@@ -66,7 +66,7 @@ def wrong_number(schema: Any, at: str = "#") -> tuple[str, str] | None:
         return None
     numeric = _may_be_number(schema.get("type"))
     for key, value in schema.items():
-        here = f"{at}/{_escaped(str(key))}"
+        here = f"{at}/{pointer_token(str(key))}"
         found: tuple[str, str] | None = None
         if key == "const":
             found = _wrong_value(value, here)
@@ -76,12 +76,12 @@ def wrong_number(schema: Any, at: str = "#") -> tuple[str, str] | None:
             )
         elif key in _LOWER | _UPPER and numeric and _is_number(value):
             found = _wrong_bound(key, value, here)
-        elif key in _NAMED and isinstance(value, dict):
+        elif key in NAMED_SUBSCHEMAS and isinstance(value, dict):
             found = next(
                 (
                     f
                     for name, sub in value.items()
-                    if (f := wrong_number(sub, f"{here}/{_escaped(str(name))}"))
+                    if (f := wrong_number(sub, f"{here}/{pointer_token(str(name))}"))
                 ),
                 None,
             )
@@ -109,7 +109,7 @@ def _wrong_value(value: Any, at: str) -> tuple[str, str] | None:
     if isinstance(value, dict | list):
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, item in items:
-            found = _wrong_value(item, f"{at}/{_escaped(str(key))}")
+            found = _wrong_value(item, f"{at}/{pointer_token(str(key))}")
             if found is not None:
                 return found
         return None
@@ -169,8 +169,3 @@ def _may_be_number(kind: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _escaped(key: str) -> str:
-    """``key`` as a JSON Pointer token (RFC 6901: ``~`` as ``~0``, ``/`` as ``~1``)."""
-    return key.replace("~", "~0").replace("/", "~1")

@@ -27,7 +27,8 @@ _SUBSCHEMA = frozenset(
     | {"else", "propertyNames", "unevaluatedItems", "unevaluatedProperties"}
 )
 _SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-_NAMED_SUBSCHEMAS = frozenset(
+#: Keywords whose value is an object of named schemas (a name is no keyword).
+NAMED_SUBSCHEMAS = frozenset(
     {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
 )
 
@@ -68,7 +69,7 @@ def closed_objects(schema: Any) -> Any:
 
 def _subschemas_mapped(schema: dict[str, Any], f: Callable[[Any], Any]) -> dict[str, Any]:
     """A copy of ``schema`` with ``f`` applied to each of its subschemas (the values of
-    ``_SUBSCHEMA``, ``_SUBSCHEMAS`` and ``_NAMED_SUBSCHEMAS`` keywords), every other
+    ``_SUBSCHEMA``, ``_SUBSCHEMAS`` and ``NAMED_SUBSCHEMAS`` keywords), every other
     value as it is."""
     out: dict[str, Any] = {}
     for key, value in schema.items():
@@ -76,7 +77,7 @@ def _subschemas_mapped(schema: dict[str, Any], f: Callable[[Any], Any]) -> dict[
             out[key] = [f(v) for v in value] if isinstance(value, list) else f(value)
         elif key in _SUBSCHEMAS and isinstance(value, list):
             out[key] = [f(v) for v in value]
-        elif key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
+        elif key in NAMED_SUBSCHEMAS and isinstance(value, dict):
             out[key] = {name: f(v) for name, v in value.items()}
         else:
             out[key] = value
