@@ -63,6 +63,7 @@ _HEADERS = (
     "gemv_a8.h",
     "gemv_a8_zmm.h",
     "gemm_a8.h",
+    "gemv_a16.h",
     "norm_rope.h",
     "attention.h",
     "decode_layers.h",
@@ -355,3 +356,15 @@ def tiled_prefill(level: str | None = None) -> bool:
 def available(level: str | None = None) -> bool:
     """Whether ``level``'s kernels load here (see ``unavailable_reason``)."""
     return unavailable_reason(level) is None
+
+
+def int8_int16_acts(dtype: torch.dtype, level: str | None = None) -> bool:
+    """Whether ``int8_gemv`` at ``level`` (default: the active one) quantizes activations
+    of ``dtype`` to int16 per 64 inputs and sums in integers (``gemv_a16.h``): at the
+    AVX2 levels for float32 and bfloat16, at the AVX-512 levels for float32 (bfloat16
+    activations are exact in their vdpbf16ps dot products there); elsewhere the
+    activations are used as they are."""
+    name = level or active_level()
+    if name in ("avx2", "avx2_vnni"):
+        return dtype in (torch.float32, torch.bfloat16)
+    return name in ("avx512", "avx512_bf16") and dtype == torch.float32

@@ -25,6 +25,7 @@ constexpr int64_t kMaxTile = 8;  // bfloat16 activation rows per pass over the w
 #include "gemv_a8.h"
 #include "gemm_a8.h"
 #include "gemv_a8_zmm.h"
+#include "gemv_a16.h"
 
 namespace houchu_cpu {
 namespace gemv {
@@ -65,9 +66,13 @@ constexpr int64_t kParallelQuantRows = 32;
 //   int8 activations (a8, int4 only; every build): quantized rows xq [M, ld] in
 //     int4_pack's chunk order, their scales xs [M, ld / a8_block(G)] and exact group
 //     sums gsum [M, ngroups] (gemv_a8.h).
+//   int16 activations (a16, int8 weights on x86: AVX2 any x, AVX-512 float32 x): rows
+//     x16 [M, ld] and their scales xs [M, a16_blocks(ld)] (gemv_a16.h).
 struct Acts {
   int64_t rows = 0, R = 1, k = 0, ld = 0;  // rows = M * R, ld = row stride of bits / xf / xq
   bool a8 = false;                         // int8 activations (xq, xs, gsum)
+  bool a16 = false;                        // int16 activations (x16, xs)
+  const int16_t* x16 = nullptr;            // a16: [M, ld]
   const int8_t* xq = nullptr;              // a8: [M, ld]
   const float* xs = nullptr;               // a8: [M, ld / a8_block(G)] scales
   const uint16_t* bits = nullptr;          // AVX-512: [rows, ld] bfloat16 bits, zero past k
@@ -122,6 +127,26 @@ struct Acts {
       gsum = sums;
       return;
     }
+#ifdef HOUCHU_A16_X86
+#ifdef HOUCHU_A16_ZMM
+    constexpr bool kA16 = std::is_same_v<T, float>;  // bfloat16 x: vdpbf16ps, exact
+#else
+    constexpr bool kA16 = true;
+#endif
+    if (kA16 && group == 0) {
+      thread_local std::vector<int16_t> q16_buf;
+      a16 = true;
+      rows = m;
+      const int64_t ns = a16_blocks(ld);
+      if (static_cast<int64_t>(q16_buf.size()) < m * ld) q16_buf.resize(m * ld);
+      if (static_cast<int64_t>(float_buf.size()) < m * ns) float_buf.resize(m * ns);
+      for (int64_t i = 0; i < m; ++i)
+        quantize_row_a16(x + i * s0, k, s1, ld, q16_buf.data() + i * ld, float_buf.data() + i * ns);
+      x16 = q16_buf.data();
+      xs = float_buf.data();
+      return;
+    }
+#endif
 #if defined(HOUCHU_AVX2) || defined(HOUCHU_NEON)
     R = 1;
     rows = m;
@@ -855,6 +880,13 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
                 int64_t b1) {
   if (b0 >= b1) return;
   const int64_t n = p.n;
+#ifdef HOUCHU_A16_X86
+  if (xa.a16) {  // int8 weights, int16 activations (gemv_a16.h)
+    int8_rows_a16(reinterpret_cast<const int8_t*>(p.w), b0, b1, p.nc, xa.x16, xa.ld, xa.xs,
+                  a16_blocks(xa.ld), m, out, n);
+    return;
+  }
+#endif
   if (xa.a8) {
 #ifdef HOUCHU_A8_X86
     if (m >= kGemmA8MinRows) {  // the same results, tiled for many rows (gemm_a8.h)

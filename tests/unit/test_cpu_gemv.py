@@ -34,11 +34,25 @@ def int8_weight(n: int, k: int, dtype: torch.dtype, seed: int):
     return q, scale, q.float() * scale.float()[:, None]
 
 
-def check(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> None:
+def a16_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] -> float32 [M, K]: x as the int16 activations of ``gemv_a16.h`` stand for
+    it: per block of 64 inputs, round(x * (16383 / amax)) * (amax / 16383) (float32
+    steps, round half to even; an all-zero block stays zero)."""
+    m, k = x.shape
+    kp = -(-k // 64) * 64
+    xb = torch.nn.functional.pad(x.float(), (0, kp - k)).view(m, kp // 64, 64)
+    amax = xb.abs().amax(-1, keepdim=True)  # [M, K/64, 1]
+    inv = torch.where(amax > 0, torch.tensor(16383.0) / amax, torch.zeros(()))
+    q = torch.round(xb * inv)  # [M, K/64, 64] integers, |q| <= 16383
+    return (q * (amax / 16383)).view(m, kp)[:, :k]
+
+
+def check(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor, a16: bool = False) -> None:
     """y must equal x.float() @ dense.T up to float32 summation order (relative to
-    |x| @ |dense|.T) and then, for bfloat16 x, the rounding of the output."""
+    |x| @ |dense|.T) and then, for bfloat16 x, the rounding of the output; ``a16``: of x
+    as its int16 activations stand for it (``a16_activations``)."""
     assert y.dtype == x.dtype and y.shape == (x.shape[0], dense.shape[0])
-    ref = x.float() @ dense.T
+    ref = (a16_activations(x) if a16 else x.float()) @ dense.T
     mag = x.float().abs() @ dense.abs().T
     bound = 1e-5 * mag + 1e-30
     if x.dtype == torch.bfloat16:
@@ -103,7 +117,8 @@ def test_int8_gemv_matches_dense(n, k, m, x_dtype, s_dtype):
     q, scale, dense = int8_weight(n, k, s_dtype, seed=n + k)
     packed = cpu_kernels.ops().int8_pack(q, scale)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(x_dtype)
-    check(cpu_kernels.ops().int8_gemv(x, packed, n), x, dense)
+    a16 = cpu_kernels.int8_int16_acts(x_dtype)
+    check(cpu_kernels.ops().int8_gemv(x, packed, n), x, dense, a16)
 
 
 @pytest.mark.parametrize("m", [1, 8])
@@ -111,7 +126,8 @@ def test_int8_gemv_lm_head(m):
     n, k = 49152, 576
     q, scale, dense = int8_weight(n, k, torch.bfloat16, seed=7)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)).bfloat16()
-    check(cpu_kernels.ops().int8_gemv(x, cpu_kernels.ops().int8_pack(q, scale), n), x, dense)
+    y = cpu_kernels.ops().int8_gemv(x, cpu_kernels.ops().int8_pack(q, scale), n)
+    check(y, x, dense, cpu_kernels.int8_int16_acts(x.dtype))
 
 
 @pytest.mark.parametrize("m", [1, 3, 8])
@@ -125,7 +141,7 @@ def test_int8_gemv_float_out_is_the_unrounded_float32_product(m):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(12)).bfloat16()
     y = cpu_kernels.ops().int8_gemv(x, packed, n, True)  # [m, N] float32
     assert y.dtype == torch.float32 and y.shape == (m, n)
-    ref = x.float() @ dense.T
+    ref = (a16_activations(x) if cpu_kernels.int8_int16_acts(x.dtype) else x.float()) @ dense.T
     mag = x.float().abs() @ dense.abs().T
     assert ((y - ref).abs() <= 1e-5 * mag + 1e-30).all()
     assert (y != y.bfloat16().float()).float().mean() > 0.9  # not on bfloat16's grid

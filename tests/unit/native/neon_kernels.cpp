@@ -5,7 +5,8 @@
 // every failed check (the first 40). Where the kernels follow the AVX2 ones' float32 steps (int4 / int8 / W4A8
 // GEMV), the reference replays those steps with std::fma and the results must be equal
 // bit for bit; elsewhere (attention, RMSNorm, SiLU, exp) they must agree to float32
-// rounding.
+// rounding. The AVX2 build's int8 GEMV takes int16 activations (gemv_a16.h): its
+// reference replays that quantization and its integer sums.
 #include "model/cpu_kernels/argmax.h"
 #include "model/cpu_kernels/attention.h"
 #include "model/cpu_kernels/gemv.h"
@@ -310,12 +311,30 @@ void check_int8(int64_t m, int64_t n, int64_t k) {
                 static_cast<long long>(n), static_cast<long long>(k));
   for (int64_t r = 0; r < m; ++r)
     for (int64_t f = 0; f < n; ++f) {
+#ifdef HOUCHU_A16_X86
+      // gemv_a16.h: x quantized to int16 per 64 inputs, exact integer sums per block,
+      // then acc = fma(float(sum), scale, acc) over the blocks in order
+      float acc = 0.f;
+      for (int64_t j0 = 0; j0 < k; j0 += 64) {
+        const int64_t j1 = std::min<int64_t>(k, j0 + 64);
+        float amax = 0.f;
+        for (int64_t kk = j0; kk < j1; ++kk) amax = std::max(amax, std::fabs(x[r * k + kk]));
+        if (amax == 0.f) continue;
+        const float inv = 16383.f / amax;
+        int64_t sum = 0;
+        for (int64_t kk = j0; kk < j1; ++kk)
+          sum += weight(f, kk) * static_cast<int64_t>(std::nearbyint(x[r * k + kk] * inv));
+        acc = std::fma(static_cast<float>(sum), amax / 16383.f, acc);
+      }
+      float want = acc * scale(f);
+#else
       float e = 0.f, o = 0.f;  // the even-k and odd-k lanes, then added (hadd / vpaddq)
       for (int64_t kk = 0; kk < k; ++kk) {
         float& a = kk % 2 == 0 ? e : o;
         a = std::fma(static_cast<float>(weight(f, kk)), x[r * k + kk], a);
       }
       float want = (e + o) * scale(f);
+#endif
       if (!std::is_same_v<OutT, float>) want = bf16_round(want);
       expect_same(what, out_value(out[r * n + f]), want, r * n + f);
     }
@@ -513,6 +532,7 @@ int main() {
   for (int64_t m : {1, 2, 4, 7}) {
     check_int8<float>(m, 40, 64);
     check_int8<BFloat16>(m, 24, 38);  // k not a multiple of 4
+    check_int8<float>(m, 24, 150);    // a partial block of 64 inputs (int16 activations)
   }
   for (int64_t d : {64, 128})
     for (int64_t group : {1, 3, 8})
