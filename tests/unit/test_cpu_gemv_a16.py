@@ -53,7 +53,9 @@ def test_error_within_the_quantization_step(level, n, k):
     half = (amax / 16383 / 2).repeat_interleave(64, 1)[:, :k]  # [5, K] half a step
     assert (step <= half * 1.01).all()  # float32 rounding of q * scale beside the step
     exact = x.double() @ dense.double().T
-    bound = half.double() @ dense.abs().double().T + 1e-5 * (x.abs().double() @ dense.abs().double().T)
+    bound = half.double() @ dense.abs().double().T + 1e-5 * (
+        x.abs().double() @ dense.abs().double().T
+    )
     assert ((y.double() - exact).abs() <= bound + 1e-30).all()
 
 
