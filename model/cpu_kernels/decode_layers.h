@@ -199,6 +199,30 @@ inline int64_t head_chunks(const LayerArgs& L, int nt) {
   return std::min<int64_t>(G, (4 * nt + groups - 1) / groups);
 }
 
+// Thread t's attention items [a0, a1) of n = B * Hkv * chunks (item i: row
+// i / (Hkv * chunks)): contiguous ranges of near-equal work, each item costing its row's
+// length plus a fixed overhead, so that a thread given the longer rows does not keep the
+// other waiting at the barrier (an even count of items did at 16 rows of mixed lengths).
+inline std::pair<int64_t, int64_t> share_attention(const LayerArgs& L, int64_t chunks, int t,
+                                                   int nt) {
+  const int64_t n = L.B * L.Hkv * chunks, per_row = L.Hkv * chunks;
+  constexpr int64_t kItemCost = 16;  // positions' worth of a item's fixed work
+  int64_t total = 0;
+  for (int64_t b = 0; b < L.B; ++b) total += per_row * (L.lens[b] + kItemCost);
+  auto boundary = [&](int64_t part) {  // first item whose work starts at or past the cut
+    if (part <= 0) return int64_t{0};
+    if (part >= nt) return n;
+    const int64_t cut = total * part / nt;
+    int64_t done = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (done >= cut) return i;
+      done += L.lens[i / per_row] + kItemCost;
+    }
+    return n;
+  };
+  return {boundary(t), boundary(t + 1)};
+}
+
 // Layer L on thread t of nt (called inside the parallel region): reads the residual
 // stream x [B, hidden], writes the layer's output to out [B, hidden] (out may be x: x is
 // last read before the barrier that precedes the first write).
@@ -226,7 +250,7 @@ void layer_thread(const LayerArgs& L, const Shared<T>& S, const T* x, T* out, in
     store_kv<T>(L, S, i / L.Hkv, i % L.Hkv);
 #pragma omp barrier
   const int64_t G = L.H / L.Hkv, chunks = head_chunks(L, nt);
-  const auto [a0, a1] = share(L.B * L.Hkv * chunks, t, nt);
+  const auto [a0, a1] = share_attention(L, chunks, t, nt);
   for (int64_t i = a0; i < a1; ++i) {
     const int64_t grp = i / chunks, ch = i % chunks;
     const int64_t b = grp / L.Hkv, first = grp % L.Hkv * G;
