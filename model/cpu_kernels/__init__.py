@@ -360,11 +360,11 @@ def available(level: str | None = None) -> bool:
 
 def int8_int16_acts(dtype: torch.dtype, level: str | None = None) -> bool:
     """Whether ``int8_gemv`` at ``level`` (default: the active one) quantizes activations
-    of ``dtype`` to int16 per 64 inputs and sums in integers (``gemv_a16.h``): at the
-    AVX2 levels for float32 and bfloat16, at the AVX-512 levels for float32 (bfloat16
-    activations are exact in their vdpbf16ps dot products there); elsewhere the
-    activations are used as they are."""
+    of ``dtype`` to int16 per 64 inputs and sums in integers (``gemv_a16.h``): at every
+    x86 level, for float32 and bfloat16 alike; elsewhere the activations are used as
+    they are."""
     name = level or active_level()
-    if name in ("avx2", "avx2_vnni"):
-        return dtype in (torch.float32, torch.bfloat16)
-    return name in ("avx512", "avx512_bf16") and dtype == torch.float32
+    return name in _X86_LEVELS and dtype in (torch.float32, torch.bfloat16)
+
+
+_X86_LEVELS = frozenset({"avx512_bf16", "avx512", "avx2_vnni", "avx2"})

@@ -1,8 +1,10 @@
-// Weight-only int4 / int8 GEMV for the CPU (decode: M = 1..8 activation rows), with
+// Weight-only int4 / int8 GEMV for the CPU (decode: M = 1..8 activation rows). int4, with
 // exact activations: x is used as it is (bfloat16 exactly; float32 split into three
 // bfloat16 terms hi + mid + lo that sum to it exactly), products are exact and sums are
 // float32, so results equal x.float() @ w.float().T up to float32 summation order, where
-// w is the dense weight built in float32 from the stored codes, scales and offsets.
+// w is the dense weight built in float32 from the stored codes, scales and offsets
+// (int8_acts: x quantized to int8, gemv_a8.h). int8: on x86 x quantized to int16
+// (gemv_a16.h), elsewhere exact as int4's.
 //
 // Operators (torch.ops.houchu_cpu.*):
 //   int4_pack(q, scale, offset, group_size) -> packed     once, at model load
@@ -16,12 +18,15 @@
 //
 // Both weight layouts group output features in blocks of 16 (one AVX-512 lane per
 // feature) and are contiguous per block, so each thread streams one contiguous range.
-// The inner product uses vdpbf16ps (AVX512_BF16: 16 lanes x 2 products per instruction,
-// exact products, float32 accumulation): an int4 code or an int8 value is exact in
-// bfloat16. int4 codes become bfloat16 with one vpermw table lookup per 32 codes;
-// per group g, sum_k x_k (q_k s + o) = s * sum_k x_k q_k + o * sum_k x_k, with sum_k x_k
-// computed once per call. Without AVX512_BF16 the dot product is emulated with two FMAs;
-// without AVX-512 a scalar path decodes the same layouts.
+// int4: the inner product uses vdpbf16ps (AVX512_BF16: 16 lanes x 2 products per
+// instruction, exact products, float32 accumulation): an int4 code is exact in bfloat16.
+// int4 codes become bfloat16 with one vpermw table lookup per 32 codes; per group g,
+// sum_k x_k (q_k s + o) = s * sum_k x_k q_k + o * sum_k x_k, with sum_k x_k computed once
+// per call. Without AVX512_BF16 the dot product is emulated with two FMAs; at the AVX2 and
+// NEON levels float32 FMAs compute the same exact products. int8 on x86: x quantized to
+// int16 per 64 inputs (2^-15 of the block's largest |x|) and exact integer sums
+// (gemv_a16.h; the LM head: 16 rows in 4 ms on 2 AVX2 cores, not 8); on NEON float32
+// FMAs. Without SIMD a scalar path decodes the same layouts.
 #include "aten.h"
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>

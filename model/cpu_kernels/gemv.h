@@ -66,8 +66,8 @@ constexpr int64_t kParallelQuantRows = 32;
 //   int8 activations (a8, int4 only; every build): quantized rows xq [M, ld] in
 //     int4_pack's chunk order, their scales xs [M, ld / a8_block(G)] and exact group
 //     sums gsum [M, ngroups] (gemv_a8.h).
-//   int16 activations (a16, int8 weights on x86: AVX2 any x, AVX-512 float32 x): rows
-//     x16 [M, ld] and their scales xs [M, a16_blocks(ld)] (gemv_a16.h).
+//   int16 activations (a16, int8 weights on x86, every level): rows x16 [M, ld] and
+//     their scales xs [M, a16_blocks(ld)] (gemv_a16.h).
 struct Acts {
   int64_t rows = 0, R = 1, k = 0, ld = 0;  // rows = M * R, ld = row stride of bits / xf / xq
   bool a8 = false;                         // int8 activations (xq, xs, gsum)
@@ -128,12 +128,7 @@ struct Acts {
       return;
     }
 #ifdef HOUCHU_A16_X86
-#ifdef HOUCHU_A16_ZMM
-    constexpr bool kA16 = std::is_same_v<T, float>;  // bfloat16 x: vdpbf16ps, exact
-#else
-    constexpr bool kA16 = true;
-#endif
-    if (kA16 && group == 0) {
+    if (group == 0) {  // int8 weights
       thread_local std::vector<int16_t> q16_buf;
       a16 = true;
       rows = m;
@@ -369,61 +364,6 @@ void int4_tile(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes, int6
   }
 }
 
-// int8: row blocks [b0, b1); after a block's scales, chunk c holds k = 4c..4c+3.
-template <int MT, int R, typename OutT>
-void int8_tile(const int8_t* w, int64_t b0, int64_t b1, int64_t nchunks, const uint16_t* xb,
-               int64_t ldx, OutT* out, int64_t ldo, int64_t n) {
-  // One chunk in flight (2 chains per row) whatever MT is: a row's sums are then added in
-  // the same order at every batch size, so its output does not depend on the other rows
-  // (batch invariance: a seeded request samples the same tokens in any batch). More
-  // chains for small MT measured no faster: the LM head's int8 weights are streamed from
-  // memory, and two vdpbf16ps chains already outrun it.
-  constexpr int A = 1;
-  for (int64_t b = b0; b < b1; ++b) {
-    const int8_t* hdr = w + b * (1 + nchunks) * 64;  // 16 float32 scales
-    const int8_t* p = hdr + 64;
-    __m512 d[MT][2 * A];
-    for (int m = 0; m < MT; ++m)
-      for (int a = 0; a < 2 * A; ++a) d[m][a] = _mm512_setzero_ps();
-    auto chunk = [&](int64_t c, auto slot_) {
-      constexpr int slot = decltype(slot_)::value;
-      const int8_t* q = p + c * 64;
-      __m512 f[4];
-      for (int j = 0; j < 4; ++j)
-        f[j] = _mm512_cvtepi32_ps(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * j))));
-      __m512i wt[2];
-#ifdef __AVX512BF16__
-      wt[0] = (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0]);
-      wt[1] = (__m512i)_mm512_cvtne2ps_pbh(f[3], f[2]);
-#else  // int8 values are exact in bfloat16: keep the high halves of the float32 lanes
-      const __m512i sel = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39,
-                                           37, 35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13,
-                                           11, 9, 7, 5, 3, 1);
-      wt[0] = _mm512_permutex2var_epi16(_mm512_castps_si512(f[0]), sel, _mm512_castps_si512(f[1]));
-      wt[1] = _mm512_permutex2var_epi16(_mm512_castps_si512(f[2]), sel, _mm512_castps_si512(f[3]));
-#endif
-      const uint16_t* xc = xb + c * 4;
-#pragma GCC unroll 2
-      for (int t = 0; t < 2; ++t)
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m)
-          d[m][slot * 2 + t] = dp_bf16(d[m][slot * 2 + t], wt[t], bcast_pair(xc + m * ldx + 2 * t));
-    };
-    for (int64_t c = 0; c < nchunks; ++c) chunk(c, std::integral_constant<int, 0>{});
-    const int64_t n0 = b * kBlock;
-    const __mmask16 mask =
-        n - n0 >= kBlock ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - n0)) - 1);
-    const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(hdr));
-    for (int r = 0; r < MT / R; ++r) {
-      __m512 y = _mm512_setzero_ps();
-      for (int j = 0; j < R; ++j)
-        for (int a = 0; a < 2 * A; ++a) y = _mm512_add_ps(y, d[r * R + j][a]);
-      store_out(out + r * ldo + n0, _mm512_mul_ps(y, sc), mask);
-    }
-  }
-}
-
 // Calls f(std::integral_constant<int, MT>) for MT in 1..8 (runtime mt).
 template <typename F>
 void with_mt(int64_t mt, F&& f) {
@@ -539,54 +479,13 @@ void int4_tile_avx2(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes,
   }
 }
 
-// int8, MT float32 activation rows: row blocks [b0, b1). A chunk's first 32 bytes hold
-// (k = 4c, 4c + 1) for features 0..15 as pairs, the next 32 bytes (4c + 2, 4c + 3); 8
-// bytes widened to float32 are 4 features' pairs, multiplied by the broadcast pair of x,
-// and the pair lanes are added at the end.
-template <int MT, typename OutT>
-void int8_tile_avx2(const int8_t* w, int64_t b0, int64_t b1, int64_t nchunks, const float* xf,
-                    int64_t ldx, OutT* out, int64_t ldo, int64_t n) {
-  for (int64_t b = b0; b < b1; ++b) {
-    const int8_t* hdr = w + b * (1 + nchunks) * 64;  // 16 float32 scales
-    const int8_t* p = hdr + 64;
-    __m256 q[MT][4];  // [row][features 4j .. 4j + 3 as (k even, k odd) pairs]
-    for (int m = 0; m < MT; ++m)
-      for (int j = 0; j < 4; ++j) q[m][j] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < nchunks; ++c, p += 64) {
-#pragma GCC unroll 2
-      for (int half = 0; half < 2; ++half) {
-        __m256 wf[4];
-        for (int j = 0; j < 4; ++j)
-          wf[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 32 * half + 8 * j))));
-#pragma GCC unroll 4
-        for (int m = 0; m < MT; ++m) {
-          const __m256 xp = _mm256_castpd_ps(
-              _mm256_broadcast_sd(reinterpret_cast<const double*>(xf + m * ldx + 4 * c + 2 * half)));
-          for (int j = 0; j < 4; ++j) q[m][j] = _mm256_fmadd_ps(wf[j], xp, q[m][j]);
-        }
-      }
-    }
-    const int64_t n0 = b * kBlock;
-    const __m256 sc[2] = {_mm256_loadu_ps(reinterpret_cast<const float*>(hdr)),
-                          _mm256_loadu_ps(reinterpret_cast<const float*>(hdr) + 8)};
-    for (int m = 0; m < MT; ++m)
-      for (int h = 0; h < 2; ++h) {
-        // hadd: [f0 f1 f4 f5 | f2 f3 f6 f7] of this half; 64-bit lanes 0, 2, 1, 3 in order
-        const __m256 y = _mm256_castpd_ps(_mm256_permute4x64_pd(
-            _mm256_castps_pd(_mm256_hadd_ps(q[m][2 * h], q[m][2 * h + 1])), 0xD8));
-        if (n0 + 8 * h < n)
-          store_out8(out + m * ldo + n0 + 8 * h, _mm256_mul_ps(y, sc[h]), n - n0 - 8 * h);
-      }
-  }
-}
-
 #endif  // HOUCHU_AVX2
 
 #ifdef HOUCHU_NEON
 
-// NEON, float32 arithmetic: int4_tile_avx2 and int8_tile_avx2 in 8-lane f32x8 vectors
-// (neon.h), with the same FMAs in the same order, so both levels give the same floats.
+// NEON, float32 arithmetic: int4_tile_avx2 in 8-lane f32x8 vectors (neon.h), with the
+// same FMAs in the same order, so both levels give the same floats; int8 weights with
+// float32 activations as they are (x86 quantizes them to int16 instead: gemv_a16.h).
 constexpr int64_t kMaxTileNeon = 4;  // activation rows per pass over the weights
 
 // Stores the 8 lanes [0, n) of v (n <= 8) at p.
@@ -702,9 +601,10 @@ void int4_tile_neon(const uint8_t* w, int64_t b0, int64_t b1, int64_t blk_bytes,
   }
 }
 
-// int8, MT float32 activation rows: row blocks [b0, b1), as int8_tile_avx2: 8 bytes
-// widened to float32 are 4 features' (k even, k odd) pairs, multiplied by the pair of x,
-// and each feature's two lanes are added at the end (vpaddq, as AVX2's hadd).
+// int8, MT float32 activation rows: row blocks [b0, b1). A chunk's first 32 bytes hold
+// (k = 4c, 4c + 1) for features 0..15 as pairs, the next 32 bytes (4c + 2, 4c + 3); 8
+// bytes widened to float32 are 4 features' (k even, k odd) pairs, multiplied by the pair
+// of x, and each feature's two lanes are added at the end (vpaddq).
 template <int MT, typename OutT>
 void int8_tile_neon(const int8_t* w, int64_t b0, int64_t b1, int64_t nchunks, const float* xf,
                     int64_t ldx, OutT* out, int64_t ldo, int64_t n) {
@@ -960,16 +860,7 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
           int4_tile<MT, 1, F32S, OutT, INV>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xb, xa.ld, gs, o,
                                              n, n);
         });
-      } else {
-        const int8_t* w = reinterpret_cast<const int8_t*>(p.w);
-        if constexpr (MT % 3 == 0) {
-          if (xa.R == 3) {
-            int8_tile<MT, 3>(w, b0, b1, p.nc, xb, xa.ld, o, n, n);
-            return;
-          }
-        }
-        int8_tile<MT, 1>(w, b0, b1, p.nc, xb, xa.ld, o, n, n);
-      }
+      }  // int8 weights took the a16 path above
     });
   });
 #elif defined(HOUCHU_AVX2)
@@ -986,9 +877,7 @@ void run_blocks(const PackedLinear& p, const Acts& xa, int64_t m, OutT* out, int
           int4_tile_avx2<MT, F32S, OutT, INV>(p.w, b0, b1, p.blk_bytes, p.ng, p.G, xs, xa.ld, gs,
                                               o, n, n);
         });
-      } else {
-        int8_tile_avx2<MT>(reinterpret_cast<const int8_t*>(p.w), b0, b1, p.nc, xs, xa.ld, o, n, n);
-      }
+      }  // int8 weights took the a16 path above
     });
   }
 #elif defined(HOUCHU_NEON)
