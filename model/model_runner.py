@@ -68,7 +68,7 @@ from houchu.model.runner_report import (
 from houchu.model.runner_setup import RunnerSetup
 from houchu.model.sampling import RequestState, Sampler
 from houchu.model.structure_levers import structure_notes
-from houchu.model.threads import ThreadGovernor, step_key
+from houchu.model.threads import CpuLoad, ThreadGovernor, step_key
 from houchu.model.tp_group import TPGroup, TPStep
 from houchu.model.verify import sample_and_verify
 from houchu.options.runner_options import RunnerOptions
@@ -203,7 +203,7 @@ class ModelRunner:
         self.mtp: MTPDrafter | None = None  # in-runner MTP proposals (spec.mtp.attach_mtp)
         self.num_params = self.model.num_params()
         on_cpu = self.device.type == "cpu" and not o.fixed_threads
-        self.governor = ThreadGovernor(torch.get_num_threads()) if on_cpu else None
+        self.governor = ThreadGovernor(torch.get_num_threads(), load=CpuLoad()) if on_cpu else None
         mla = isinstance(self.pool, LatentKVPool)
         self.mla_lever = MLALever(self.pool, self.max_context) if mla else None
         if not quiet:

@@ -19,6 +19,15 @@ actors took to plan the next one, which more threads can lengthen). Every
 keeps it when its median cycle per token beats the current count's by ``min_gain``. Idle
 periods (a gap longer than ``idle_gap_s``) are never measured.
 
+A thread more is tried only where a core is free for it (``model.cpu_load``: the other
+processes' share of the CPU over the last quarter second), as a trial on cores others keep
+busy can stall a step for seconds' worth of time slices. A losing direction waits longer and longer between trials (up to ``max_wait_s``), but the
+load that made it lose can end, or a new one begin: when the current count's median cycle
+per token over its last few steps has moved by more than ``retry_shift`` from its settled
+value (one thread beside two busy loops on two cores runs a third slower than alone; two
+threads run 10-60x slower), the machine changed, and both directions are due again at
+once, whatever the budget below.
+
 A trial costs time when it loses, so it is paid for out of a budget: a kind is tried
 only after it has run ``probe_steps`` of its own steps' worth of cycle time at its current
 count since its last trial (``probe_every_s`` is the least wall time in between), and a
@@ -30,6 +39,7 @@ probes a second apart each ran six such steps.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import deque
@@ -39,7 +49,11 @@ from typing import TypeVar
 
 import torch
 
+from houchu.model.cpu_load import CpuLoad
+
 T = TypeVar("T")
+
+RECENT = 5  # steps whose median tells a change of the load (``retry_shift``)
 
 
 def step_key(num_tokens: int, all_decode: bool) -> str:
@@ -65,6 +79,7 @@ class _Kind:
     trial_lost: bool = False  # a trial step was far slower: ended early, lost
     due: dict[int, float] = field(default_factory=dict)  # direction -> next probe time
     wait: dict[int, float] = field(default_factory=dict)  # direction -> current interval
+    ref_s: float | None = None  # the current count's recent median when last settled
 
     def __post_init__(self) -> None:
         self.due = {-1: self.now + self.base_s, +1: self.now + self.base_s}
@@ -105,8 +120,12 @@ class ThreadGovernor:
             contended cores can stall a step for a whole time slice).
         min_gain: a trial count is kept when its median cycle per token is below
             ``(1 - min_gain)`` times the current count's.
+        retry_shift: the relative change of the current count's median cycle per token
+            since the last lost trial that makes both directions due again.
         idle_gap_s: a gap after a step longer than this is idle time, not measured.
         keep: recent samples kept per (kind, thread count).
+        load: the other processes' CPU share (``model.cpu_load``): a thread more is tried
+            only where a core is free for it; None: always tried.
         set_threads, clock: for tests; torch's and ``time.perf_counter``.
     """
 
@@ -120,8 +139,10 @@ class ThreadGovernor:
         probe_steps: int = 40,
         abort_ratio: float = 1.5,
         min_gain: float = 0.03,
+        retry_shift: float = 0.3,
         idle_gap_s: float = 0.05,
         keep: int = 24,
+        load: CpuLoad | None = None,
         set_threads: Callable[[int], None] = torch.set_num_threads,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -130,8 +151,9 @@ class ThreadGovernor:
         self.probe_every_s, self.max_wait_s = probe_every_s, max_wait_s
         self.probe_steps = probe_steps
         self.trial_steps, self.abort_ratio, self.min_gain = trial_steps, abort_ratio, min_gain
+        self.retry_shift = retry_shift
         self.idle_gap_s, self.keep = idle_gap_s, keep
-        self._set, self._clock = set_threads, clock
+        self._set, self._clock, self.load = set_threads, clock, load
         self.kinds: dict[str, _Kind] = {}
         self._last: _Step | None = None
         self.changes = 0  # kept changes of some kind's thread count
@@ -146,6 +168,8 @@ class ThreadGovernor:
         why its speed changed)."""
         now = self._clock()
         self._measure(now)
+        if self.load is not None:
+            self.load.tick()
         kind = self.kinds.get(key)
         if kind is None:
             kind = self.kinds[key] = _Kind(self.max_threads, now, self.probe_every_s)
@@ -183,16 +207,39 @@ class ThreadGovernor:
             self._judge(kind, now)
         if self.max_threads == 1 or len(kind.samples.get(kind.threads, ())) < 3:
             return kind.threads
+        self._retry_if_changed(kind, now)
         if kind.busy_s < self.probe_steps * kind.cycle_s:
             return kind.threads  # not yet paid for
         for d in sorted(kind.due, key=kind.due.get):  # the direction due longest first
             n = kind.threads + d
+            if kind.due[d] <= now and d > 0 and self.load and not self.load.core_free(kind.threads):
+                kind.due[d] = now + self.probe_every_s  # no free core: no costly trial
+                continue
             if kind.due[d] <= now and 1 <= n <= self.max_threads:
                 kind.trial, kind.trial_lost, kind.busy_s = n, False, 0.0
                 kind.samples.pop(n, None)  # judged on fresh samples only
                 kind.trial_left = self.trial_steps - 1
                 return n
         return kind.threads
+
+    def _retry_if_changed(self, kind: _Kind, now: float) -> None:
+        """Both directions due now, their waits and the trial budget forgiven, when the
+        current count's median over its last RECENT steps has moved by more than
+        ``retry_shift`` from its settled value (the load beside houchu changed: a step
+        of 8 ms at two threads can take 0.1-0.5 s once two busy processes share the
+        cores, and 40 such steps of budget would be seconds of it)."""
+        got = kind.samples.get(kind.threads)
+        if not got or len(got) < RECENT:
+            return
+        cur = statistics.median(list(got)[-RECENT:])
+        if kind.ref_s is None:
+            kind.ref_s = cur
+        elif abs(cur / kind.ref_s - 1) > self.retry_shift:
+            kind.ref_s = cur
+            kind.samples[kind.threads] = deque(list(got)[-RECENT:], maxlen=self.keep)  # now's
+            kind.wait = {-1: self.probe_every_s, +1: self.probe_every_s}
+            kind.due = {-1: now, +1: now}
+            kind.busy_s = math.inf
 
     def _judge(self, kind: _Kind, now: float) -> None:
         trial, kind.trial = kind.trial, None
@@ -206,8 +253,9 @@ class ThreadGovernor:
         if kind.trial_lost or statistics.median(got) >= (1 - self.min_gain) * base:
             kind.wait[d] = min(2 * kind.wait[d], self.max_wait_s)
             kind.due[d] = now + kind.wait[d]
+            kind.ref_s = base
             return
-        before, kind.threads = kind.threads, trial
+        before, kind.threads, kind.ref_s = kind.threads, trial, None
         kind.wait = {-1: self.probe_every_s, +1: self.probe_every_s}
         kind.due = {-1: now + self.probe_every_s, +1: now + self.probe_every_s}
         self.changes += 1

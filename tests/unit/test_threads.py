@@ -4,9 +4,10 @@ machine's load, never measures idle gaps, and judges each kind on its own."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
-from houchu.model.threads import ThreadGovernor, step_key
+from houchu.model.threads import CpuLoad, ThreadGovernor, step_key
 
 
 class FakeMachine:
@@ -140,3 +141,106 @@ def test_a_trial_waits_until_its_kind_has_run_long_enough():
     first = used.index(1)
     assert first >= 40  # 40 steps' worth of time at the current count first
     assert all(u == 2 for u in used[:first])
+
+
+def test_back_to_more_threads_soon_after_a_long_busy_spell():
+    """Thirty seconds beside two busy loops push the two-thread trials' wait to its cap;
+    when the loops end, the single thread runs faster (a core of its own), and that change
+    brings the next trial at once instead of after the long wait."""
+    busy = {"on": True}
+
+    def cost(kind: str, t: int) -> tuple[float, float]:
+        if busy["on"]:  # one thread gets two thirds of a core; two stall at the barriers
+            return (0.030, 0.002) if t == 2 else (0.0135, 0.002)
+        return (0.005, 0.001) if t == 2 else (0.009, 0.001)
+
+    m = FakeMachine(cost)
+    m.run_for(30.0)
+    assert m.g.chosen() == {"decode<=1": 1}
+    assert m.g.kinds["decode<=1"].wait[+1] >= 16.0  # many lost trials: a long wait
+    busy["on"] = False
+    m.run_for(2.0)
+    assert m.g.chosen() == {"decode<=1": 2}
+
+
+def test_a_steady_load_does_not_bring_trials_early():
+    """The load does not change: the lost direction keeps its long wait (trials stay rare)."""
+    m = FakeMachine(lambda kind, t: (0.030, 0.002) if t == 2 else (0.0135, 0.002))
+    used = m.run_for(60.0)
+    assert m.g.chosen() == {"decode<=1": 1}
+    trials = sum(1 for a, b in zip(used, used[1:], strict=False) if a == 1 and b == 2)
+    assert trials <= 8
+
+
+class FakeLoad:
+    """A CpuLoad whose other processes' share the test sets (cores of 2)."""
+
+    def __init__(self) -> None:
+        self.others: float | None = 0.0
+        self.cpus = 2
+
+    def tick(self) -> None:
+        pass
+
+    def core_free(self, threads: int) -> bool:
+        return CpuLoad.core_free(self, threads)  # type: ignore[arg-type]
+
+
+def test_no_trial_of_a_thread_more_while_the_cores_are_busy():
+    """Two busy processes start beside two threads: the governor drops to one thread
+    within seconds (not after 40 slow steps of budget), then runs no two-thread trial
+    while the cores stay busy (each would stall on every barrier); when the processes
+    end, the trial runs and wins."""
+    load = FakeLoad()
+    busy = {"on": False}
+
+    def cost(kind: str, t: int) -> tuple[float, float]:
+        if busy["on"]:
+            return (0.5, 0.002) if t == 2 else (0.0135, 0.002)
+        return (0.005, 0.001) if t == 2 else (0.009, 0.001)
+
+    m = FakeMachine(cost)
+    m.g.load = load
+    m.run_for(40.0)  # quiet: two threads, the one-thread direction lost many times
+    assert m.g.chosen() == {"decode<=1": 2}
+    busy["on"], load.others = True, 1.5
+    m.run_for(4.0)
+    assert m.g.chosen() == {"decode<=1": 1}
+    used = m.run_for(30.0)
+    assert 2 not in used  # no trial on busy cores
+    busy["on"], load.others = False, 0.1
+    assert 2 in m.run_for(2.0) and m.g.chosen() == {"decode<=1": 2}
+
+
+def _proc_stat(total: tuple[int, ...], own: tuple[int, int]) -> tuple[str, str]:
+    """(/proc/stat, /proc/self/stat) texts: the summed cpu line, one line per usable CPU."""
+    cpus = "".join(f"cpu{i} 1 0 0 0\n" for i in range(len(os.sched_getaffinity(0))))
+    return (
+        "cpu  " + " ".join(map(str, total)) + " 0 0\n" + cpus,
+        "1 (a b) R " + "0 " * 10 + f"{own[0]} {own[1]} 0",
+    )
+
+
+def test_cpu_load_counts_only_the_other_processes():
+    """/proc/stat's busy ticks less this process's own, per CPU of the window."""
+    n = len(os.sched_getaffinity(0))
+    stats = iter(
+        [
+            _proc_stat((100, 0, 50, 850, 0, 0, 0, 0), (30, 10)),
+            _proc_stat((300, 0, 150, 850 + 300 * n - 300, 0, 0, 0, 0), (110, 30)),
+        ]
+    )
+    clock = iter([0.0, 1.0])
+    load = CpuLoad(every_s=0.5, read=lambda: next(stats), clock=lambda: next(clock))
+    assert load.others is None  # one reading: no window yet
+    load.tick()
+    # the window: 300 * n ticks, 300 per CPU; busy +300, own +100: others 200 / 300 cores
+    assert load.cpus == n and abs(load.others - 200 / 300) < 1e-9
+    assert load.core_free(n - 1) is False  # the rest of the machine holds 2/3 of a core
+    assert load.core_free(n - 2) is (n >= 2)
+
+
+def test_cpu_load_unknown_where_the_counters_do_not_read():
+    load = CpuLoad(read=lambda: None)
+    load.tick()
+    assert load.others is None and load.core_free(64)

@@ -1,0 +1,94 @@
+"""How much of the CPU other processes take, for the thread governor (``model.threads``).
+
+A thread-count trial that adds a thread on cores other processes keep busy is expensive:
+each of a fused decode step's ~150 barriers can wait a whole scheduler time slice for the
+preempted thread (one such step took 0.5 s beside two busy loops on 2 cores, against
+26 ms at one thread). ``CpuLoad`` reads the kernel's CPU accounting (Linux
+``/proc/stat`` and ``/proc/self/stat``, in clock ticks) every ``every_s`` seconds and
+keeps what the rest of the machine used over the last window, in cores, so the governor
+tries a thread more only where a core is free.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _ticks(stat: str) -> tuple[int, int, int] | None:
+    """(all CPUs' ticks, their busy ticks, CPU count) from ``/proc/stat`` text."""
+    lines = stat.splitlines()
+    if not lines or not lines[0].startswith("cpu "):
+        return None
+    f = [int(v) for v in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+    ncpu = sum(1 for ln in lines if ln.startswith("cpu") and ln[3:4].isdigit())
+    return sum(f), sum(f) - f[3] - f[4], ncpu
+
+
+def _own_ticks(stat: str) -> int:
+    """This process's user + system ticks from ``/proc/self/stat`` text."""
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+
+
+class CpuLoad:
+    """Cores the other processes kept busy over the last window (None where unknown).
+
+    Args:
+        every_s: the shortest window; ``tick`` reads the counters at most this often.
+        read: for tests: returns (``/proc/stat`` text, ``/proc/self/stat`` text), or None.
+        clock: for tests; ``time.monotonic``.
+    """
+
+    def __init__(
+        self,
+        every_s: float = 0.25,
+        read: Callable[[], tuple[str, str] | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.every_s = every_s
+        self._read = read or _read_proc
+        self._clock = clock
+        self._last: tuple[float, int, int, int] | None = None  # (time, total, busy, own)
+        self.others: float | None = None  # cores, over the last window
+        self.cpus = 0  # CPUs the counters cover
+        self.tick()
+
+    def tick(self) -> None:
+        """Reads the counters if the window is over, updating ``others``."""
+        now = self._clock()
+        if self._last is not None and now - self._last[0] < self.every_s:
+            return
+        got = self._read()
+        parsed = _ticks(got[0]) if got else None
+        if got is None or parsed is None:
+            self.others, self._last = None, None
+            return
+        total, busy, ncpu = parsed
+        own = _own_ticks(got[1])
+        self.cpus = ncpu
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        if usable != ncpu:
+            self.others = None  # the counters cover CPUs this process cannot use
+        elif self._last is not None and total > self._last[1]:
+            d_total = (total - self._last[1]) / ncpu  # ticks per CPU over the window
+            d_others = (busy - self._last[2]) - (own - self._last[3])
+            self.others = max(0.0, d_others / d_total)
+        self._last = (now, total, busy, own)
+
+    def core_free(self, threads: int) -> bool:
+        """Whether a core is free for a thread more beside ``threads`` of this process's
+        own: at least half a core left once the others' share is counted (True where the
+        share is unknown)."""
+        if self.others is None:
+            return True
+        return self.cpus - self.others - threads >= 0.5
+
+
+def _read_proc() -> tuple[str, str] | None:
+    try:
+        return Path("/proc/stat").read_text(), Path("/proc/self/stat").read_text()
+    except OSError:
+        return None
