@@ -13,15 +13,13 @@ import torch
 
 from houchu.model import cpu_isa, cpu_kernels
 from tests.unit.test_cpu_gemv import a16_activations, int8_weight
+from tests.unit.test_cpu_gemv_a8_levels import _loaded
 
 X86_LEVELS = [lv.name for lv in cpu_isa.LEVELS if lv.kernels and "x86_64" in lv.arch]
 
 
 def _skip_unless_loaded(level: str) -> None:
-    lv = cpu_isa.level(level)
-    if not cpu_isa.runs(lv):
-        pytest.skip(cpu_isa.why_not(lv))
-    why = cpu_kernels.unavailable_reason(level)
+    why = _loaded(level)
     if why is not None:
         pytest.skip(f"{level}: {why}")
 
