@@ -21,8 +21,9 @@ periods (a gap longer than ``idle_gap_s``) are never measured.
 
 A thread more is tried only where a core is free for it (``model.cpu_load``: the other
 processes' share of the CPU over the last quarter second), as a trial on cores others keep
-busy can stall a step for seconds' worth of time slices. A losing direction waits longer and longer between trials (up to ``max_wait_s``), but the
-load that made it lose can end, or a new one begin: when the current count's median cycle
+busy can stall a step for seconds' worth of time slices. A losing direction waits longer
+and longer between trials (up to ``max_wait_s``), but the load that made it lose can
+end, or a new one begin: when the current count's median cycle
 per token over its last few steps has moved by more than ``retry_shift`` from its settled
 value (one thread beside two busy loops on two cores runs a third slower than alone; two
 threads run 10-60x slower), the machine changed, and both directions are due again at
@@ -121,7 +122,8 @@ class ThreadGovernor:
         min_gain: a trial count is kept when its median cycle per token is below
             ``(1 - min_gain)`` times the current count's.
         retry_shift: the relative change of the current count's median cycle per token
-            since the last lost trial that makes both directions due again.
+            (over its last ``RECENT`` steps) from its settled value that makes both
+            directions due again.
         idle_gap_s: a gap after a step longer than this is idle time, not measured.
         keep: recent samples kept per (kind, thread count).
         load: the other processes' CPU share (``model.cpu_load``): a thread more is tried
