@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from houchu.api.errors import ApiError
+from houchu.api.json_depth import MAX_JSON_DEPTH, depth_words, too_deep
 from houchu.api.schema import (
     ChatCompletionRequest,
     TokenizeRequest,
@@ -47,6 +48,9 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: The arguments of a function declared without ``parameters``: OpenAI reads a missing
 #: ``parameters`` as an empty parameter list, so the only arguments are ``{}``.
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+#: The levels ``required``'s schema wraps each function's ``parameters`` in: the array,
+#: its ``items``, the ``anyOf`` list, a call's object and its ``properties``.
+REQUIRED_WRAP_DEPTH = 5
 
 
 @dataclass(frozen=True)
@@ -201,7 +205,24 @@ def _arguments_grammar(tool: ToolDef, i: int) -> str:
 
 def _required_grammar(tools: list[ToolDef], single: bool = False) -> str:
     """At least one call to any of ``tools`` (exactly one when ``single``), as a JSON
-    array (vLLM's form)."""
+    array (vLLM's form).
+
+    Raises:
+        ApiError: (400, ``invalid_grammar``) a function's ``parameters`` too deep to sit
+            ``REQUIRED_WRAP_DEPTH`` levels down in the array's schema.
+    """
+    room = MAX_JSON_DEPTH - REQUIRED_WRAP_DEPTH
+    for i, tool in enumerate(tools):
+        if too_deep(_schema(tool), room):
+            param = f"tools[{i}].function.parameters"
+            raise ApiError(
+                f"'{param}' {depth_words(room)}: with tool_choice 'required' each "
+                f"function's parameters sit {REQUIRED_WRAP_DEPTH} levels down in the "
+                f"schema of the array of calls, and the grammar engine (llguidance) reads "
+                f"at most {MAX_JSON_DEPTH} levels",
+                param=param,
+                code="invalid_grammar",
+            )
     calls = [
         {
             "type": "object",
