@@ -108,17 +108,27 @@ def tool_setup(
     """The tool setup of ``req``, or None when it gives no tools (``/tokenize`` has no
     ``tool_choice``: its tools go to the template, as with ``auto``).
 
+    ``tool_choice`` without ``tools`` is a 400 (``auto``, ``required``, a named
+    function), as OpenAI and vLLM answer it, except ``none``: vLLM accepts ``none``
+    without tools (its ``check_tool_usage`` returns before asking for them) and some
+    clients send it on every request, so it is accepted and means what it means beside
+    tools (plain content). OpenAI refuses ``none`` too; houchu follows vLLM there.
+
     Raises:
-        ApiError: (400) ``tool_choice`` without ``tools`` (other than ``none`` /
-            ``auto``), a named function not in ``tools``, two tools of one name, a
-            parameters schema that is not of ``type: "object"`` (``check_parameters``)
-            or one llguidance cannot compile.
+        ApiError: (400) ``tool_choice`` other than ``none`` without ``tools``, a named
+            function not in ``tools``, two tools of one name, a parameters schema that
+            is not of ``type: "object"`` (``check_parameters``) or one llguidance cannot
+            compile.
     """
     tools, choice = req.tools or [], getattr(req, "tool_choice", None)
     if not tools:
-        if choice is None or choice in ("none", "auto"):
+        if choice is None or choice == "none":
             return None
-        raise ApiError("'tool_choice' requires 'tools'", param="tool_choice", code="invalid_value")
+        raise ApiError(
+            "'tool_choice' is only allowed when 'tools' are specified ('none' excepted)",
+            param="tool_choice",
+            code="invalid_value",
+        )
     by_name: dict[str, ToolDef] = {}
     for i, tool in enumerate(tools):
         name = tool.function.name
