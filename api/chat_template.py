@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from houchu.api.errors import ApiError
+from houchu.api.json_depth import MAX_JSON_DEPTH, depth_words, too_deep
 
 #: ``apply_chat_template``'s own parameters and the variables its renderer sets.
 RESERVED_KWARGS = frozenset(
@@ -58,8 +59,9 @@ def template_options(
     ``{"chat_template_kwargs", "add_generation_prompt", "continue_final_message"}``.
 
     Raises:
-        ApiError: (400) a reserved ``chat_template_kwargs`` key, or
-            ``continue_final_message`` and ``add_generation_prompt`` both true.
+        ApiError: (400) a reserved ``chat_template_kwargs`` key, ``chat_template_kwargs``
+            nesting more than ``MAX_JSON_DEPTH`` levels, or ``continue_final_message``
+            and ``add_generation_prompt`` both true.
     """
     for key in kwargs or {}:
         if key in RESERVED_KWARGS:
@@ -73,6 +75,13 @@ def template_options(
                 param="chat_template_kwargs",
                 code="invalid_value",
             )
+    if too_deep(kwargs):  # before any walk: the checks below and the template recurse
+        raise ApiError(
+            f"'chat_template_kwargs' {depth_words()} (at most {MAX_JSON_DEPTH}, as a JSON "
+            "schema may)",
+            param="chat_template_kwargs",
+            code="invalid_value",
+        )
     _check_integers(kwargs, "chat_template_kwargs")
     cont = bool(continue_final_message)
     header = (not cont) if add_generation_prompt is None else add_generation_prompt

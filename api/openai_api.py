@@ -238,7 +238,7 @@ async def _send_events(
             for chunk in fmt.content_chunks(delta.text, delta.logprobs, i):
                 await send(chunk)
         if delta.finish_reason is not None:
-            for chunk in fmt.finish_chunks(delta.finish_reason, i):
+            for chunk in fmt.finish_chunks(delta.finish_reason, i, delta.stop_reason):
                 await send(chunk)
 
     try:

@@ -130,8 +130,12 @@ class Formatter(abc.ABC):
         """A chunk carrying new text (and its logprobs) of choice ``index``."""
 
     @abc.abstractmethod
-    def finish_chunk(self, reason: str, index: int = 0) -> dict[str, Any]:
-        """The chunk carrying choice ``index``'s ``finish_reason``."""
+    def finish_chunk(
+        self, reason: str, index: int = 0, stop_reason: int | str | None = None
+    ) -> dict[str, Any]:
+        """The chunk carrying choice ``index``'s ``finish_reason`` and vLLM's
+        ``stop_reason`` (the stop string or ``stop_token_ids`` id that ended it, or
+        null), as vLLM's last chunk of a choice carries them."""
 
     def content_chunks(
         self, text: str, lps: list[TokenLogprob] | None, index: int = 0
@@ -140,9 +144,12 @@ class Formatter(abc.ABC):
         with tools)."""
         return [self.content_chunk(text, lps, index)]
 
-    def finish_chunks(self, reason: str, index: int = 0) -> list[dict[str, Any]]:
-        """Choice ``index``'s last chunks: what was held back, then ``finish_reason``."""
-        return [self.finish_chunk(reason, index)]
+    def finish_chunks(
+        self, reason: str, index: int = 0, stop_reason: int | str | None = None
+    ) -> list[dict[str, Any]]:
+        """Choice ``index``'s last chunks: what was held back, then ``finish_reason``
+        (with ``stop_reason``)."""
+        return [self.finish_chunk(reason, index, stop_reason)]
 
     def with_running_usage(self, chunk: dict[str, Any], tallies: list[Tally]) -> dict[str, Any]:
         """``chunk`` with its ``usage`` filled in when ``continuous_usage``, as vLLM
@@ -214,8 +221,11 @@ class CompletionFormatter(Formatter):
             logprobs, self._offsets[index] = completion_logprobs(lps or [], self.top_n, offset)
         return self._chunk(index, {"text": text, "logprobs": logprobs, "finish_reason": None})
 
-    def finish_chunk(self, reason: str, index: int = 0) -> dict[str, Any]:
-        return self._chunk(index, {"text": "", "logprobs": None, "finish_reason": reason})
+    def finish_chunk(
+        self, reason: str, index: int = 0, stop_reason: int | str | None = None
+    ) -> dict[str, Any]:
+        choice = {"text": "", "logprobs": None, "finish_reason": reason, "stop_reason": stop_reason}
+        return self._chunk(index, choice)
 
     def _choice(self, index: int, tally: Tally, prompt: Tally) -> dict[str, Any]:
         text, logprobs = tally.text, None
@@ -234,6 +244,7 @@ class CompletionFormatter(Formatter):
             "text": text,
             "logprobs": logprobs,
             "finish_reason": tally.finish_reason,
+            "stop_reason": tally.stop_reason,
         }
         if self.prompt_logprobs:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(prompt.prompt_logprobs)
@@ -268,8 +279,16 @@ class ChatFormatter(Formatter):
             index, {"delta": {"content": text}, "logprobs": logprobs, "finish_reason": None}
         )
 
-    def finish_chunk(self, reason: str, index: int = 0) -> dict[str, Any]:
-        return self._chunk(index, {"delta": {}, "logprobs": None, "finish_reason": reason})
+    def finish_chunk(
+        self, reason: str, index: int = 0, stop_reason: int | str | None = None
+    ) -> dict[str, Any]:
+        choice = {
+            "delta": {},
+            "logprobs": None,
+            "finish_reason": reason,
+            "stop_reason": stop_reason,
+        }
+        return self._chunk(index, choice)
 
     def _tool_stream(self, index: int) -> ToolCallStream | None:
         if self.tool_parser is None:
@@ -286,12 +305,14 @@ class ChatFormatter(Formatter):
             return [self.content_chunk(text, lps, index)]
         return self._tool_chunks(stream.feed(text), lps, index)
 
-    def finish_chunks(self, reason: str, index: int = 0) -> list[dict[str, Any]]:
+    def finish_chunks(
+        self, reason: str, index: int = 0, stop_reason: int | str | None = None
+    ) -> list[dict[str, Any]]:
         stream = self._tool_stream(index)
         if stream is None:
-            return [self.finish_chunk(reason, index)]
+            return [self.finish_chunk(reason, index, stop_reason)]
         out = self._tool_chunks(stream.finish(), None, index)
-        last = self.finish_chunk(tool_finish(reason, bool(stream.calls)), index)
+        last = self.finish_chunk(tool_finish(reason, bool(stream.calls)), index, stop_reason)
         held = self.held_logprobs.pop(index, [])
         if held:  # tokens no content or call chunk was sent for
             last["choices"][0]["logprobs"] = chat_logprobs(held, self.top_n)
@@ -344,4 +365,5 @@ class ChatFormatter(Formatter):
             "message": message,
             "logprobs": logprobs,
             "finish_reason": reason,
+            "stop_reason": tally.stop_reason,
         }

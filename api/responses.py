@@ -18,6 +18,10 @@ from msgspec import UNSET, Struct, UnsetType
 #: client or the engine aborting it, or (only in a stream's last chunk of the choice,
 #: before the ``{"error": ...}`` event) an error after the stream had begun.
 FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
+#: vLLM's ``stop_reason``: with ``finish_reason`` "stop", the stop string that ended the
+#: choice (from ``stop``) or the token id (from ``stop_token_ids``); null otherwise (an
+#: end-of-sequence token, the grammar's end, or another finish reason).
+StopReason = int | str | None
 
 
 class PromptTokensDetails(Struct):
@@ -82,6 +86,7 @@ class CompletionChoice(Struct, omit_defaults=True):
     index: int
     text: str
     finish_reason: FinishReason
+    stop_reason: StopReason
     logprobs: CompletionLogprobs | None = None
     prompt_logprobs: PromptLogprobList | UnsetType = UNSET
 
@@ -128,6 +133,7 @@ class ChatChoice(Struct):
     index: int
     message: AssistantMessage
     finish_reason: FinishReason
+    stop_reason: StopReason
     logprobs: ChatLogprobs | None = None
 
 
@@ -173,10 +179,14 @@ class ChatDelta(Struct, omit_defaults=True):
 
 
 class ChatChunkChoice(Struct):
+    """A piece of choice ``index``; ``finish_reason`` and vLLM's ``stop_reason`` in the
+    chunk that ends it."""
+
     index: int
     delta: ChatDelta
     logprobs: ChatLogprobs | None
     finish_reason: FinishReason | None
+    stop_reason: StopReason | UnsetType = UNSET
 
 
 class ChatCompletionChunk(Struct, omit_defaults=True):
@@ -198,12 +208,14 @@ class ChatCompletionChunk(Struct, omit_defaults=True):
 
 class CompletionChunkChoice(Struct, omit_defaults=True):
     """A piece of choice ``index``: its new text (with ``echo``, the prompt first) and
-    its tokens' logprobs; ``finish_reason`` in the chunk that ends it."""
+    its tokens' logprobs; ``finish_reason`` and vLLM's ``stop_reason`` in the chunk
+    that ends it."""
 
     index: int
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: FinishReason | None
+    stop_reason: StopReason | UnsetType = UNSET
     prompt_logprobs: PromptLogprobList | UnsetType = UNSET
 
 

@@ -4,7 +4,9 @@ llguidance takes a schema as a Python object and reads its numbers as 64-bit int
 (signed or unsigned) or doubles; a Python integer outside both ranges (JSON allows any
 number of digits: ``"maximum": 123456789012345678901234567890``) makes it fail with
 "Value is not JSON serializable". ``out_of_range_integer`` finds such an integer and
-where it is, so the 400 can say so before the engine sees the schema.
+where it is, so the 400 can say so before the engine sees the schema. It recurses per
+level: it is given only a schema whose depth ``houchu.api.structured.json_schema_grammar``
+checked first (at most ``houchu.api.json_depth.MAX_JSON_DEPTH`` levels).
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ number of ``const`` or ``enum`` in its own decimal form (no exponent: ``1e-07`` 
   engine then stops at 2^63 - 1).
 
 ``wrong_number`` finds the first such number and where it is (a JSON Pointer), so the
-400 can name it before the engine sees the schema.
+400 can name it before the engine sees the schema. It recurses per level: it is given
+only a schema whose depth ``houchu.api.structured.json_schema_grammar`` checked first (at
+most ``houchu.api.json_depth.MAX_JSON_DEPTH`` levels).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@
   gets ``additionalProperties: false``).
 
 Both walk only the keywords whose values are schemas, so a property named ``not`` or
-``properties`` is a name, not a keyword.
+``properties`` is a name, not a keyword. Both recurse per level: they are given only a
+schema whose depth ``houchu.api.structured.json_schema_grammar`` checked first (at most
+``houchu.api.json_depth.MAX_JSON_DEPTH`` levels).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from llguidance import LLMatcher, grammar_from, regex_to_lark
 from houchu.api import grammar_guard
 from houchu.api.errors import ApiError
 from houchu.api.grammar_words import describe, endless
+from houchu.api.json_depth import depth_words, too_deep
 from houchu.api.lark_rules import endless_rules
 from houchu.api.schema import (
     ResponseFormatJsonObject,
@@ -54,6 +55,11 @@ COMPACT_LAYOUT: dict[str, Any] = {
     "item_separator": ",",
     "key_separator": ":",
 }
+#: Why a schema deeper than the grammar engine reads is refused.
+SCHEMA_TOO_DEEP = (
+    f"it {depth_words()}, the most the grammar engine (llguidance) reads in a schema "
+    f"(a schema's own object is its first level)"
+)
 #: The schema of ``{"type": "json_object"}``: any JSON object.
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -162,18 +168,27 @@ def json_schema_grammar(
     ``disable_any_whitespace``), else ``JSON_LAYOUT``. ``closed``: vLLM's
     ``disable_additional_properties`` (``schema_rewrites.closed_objects``).
 
+    The schema's depth is checked first (``houchu.api.json_depth``), so the checks and
+    rewrites after it, which recurse once or more per level, never overflow the stack.
+
     Raises:
-        ValueError: the schema is neither a JSON object nor a boolean, holds an
-            integer outside the 64 bits llguidance reads (``schema_integers``), or a
-            number it would get wrong (``schema_numbers``: a ``const``/``enum`` value
-            it writes as another number, a bound out of its range or rounded).
+        ValueError: the schema is neither a JSON object nor a boolean, nests more than
+            ``MAX_JSON_DEPTH`` levels (the grammar engine's bound), holds an integer
+            outside the 64 bits llguidance reads (``schema_integers``), or a number it
+            would get wrong (``schema_numbers``: a ``const``/``enum`` value it writes as
+            another number, a bound out of its range or rounded).
     """
     if isinstance(schema, str):
-        schema = json.loads(schema)
+        try:
+            schema = json.loads(schema)
+        except RecursionError:  # deeper than Python's json reads: far too deep
+            raise ValueError(SCHEMA_TOO_DEEP) from None
     if isinstance(schema, bool):
         schema = {} if schema else {"allOf": [False]}
     if not isinstance(schema, dict):
         raise ValueError("a JSON schema must be an object or a boolean")
+    if too_deep(schema):
+        raise ValueError(SCHEMA_TOO_DEEP)
     too_big = out_of_range_integer(schema)
     if too_big is not None:
         raise ValueError(integer_words(*too_big))

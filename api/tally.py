@@ -23,6 +23,7 @@ class Tally:
     completion_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # vLLM's: the stop string or stop token id
     prompt_text: str | None = None  # echo
     prompt_logprobs: list[PromptTokenLogprob] | None = None
 
@@ -40,6 +41,7 @@ class Tally:
         self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason
 
     @property
     def text(self) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from houchu.api.errors import ApiError
+from houchu.api.json_depth import MAX_JSON_DEPTH, depth_words, too_deep
 from houchu.api.schema import (
     ChatCompletionRequest,
     TokenizeRequest,
@@ -47,6 +48,9 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: The arguments of a function declared without ``parameters``: OpenAI reads a missing
 #: ``parameters`` as an empty parameter list, so the only arguments are ``{}``.
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+#: The levels ``required``'s schema wraps each function's ``parameters`` in: the array,
+#: its ``items``, the ``anyOf`` list, a call's object and its ``properties``.
+REQUIRED_WRAP_DEPTH = 5
 
 
 @dataclass(frozen=True)
@@ -104,17 +108,27 @@ def tool_setup(
     """The tool setup of ``req``, or None when it gives no tools (``/tokenize`` has no
     ``tool_choice``: its tools go to the template, as with ``auto``).
 
+    ``tool_choice`` without ``tools`` is a 400 (``auto``, ``required``, a named
+    function), as OpenAI and vLLM answer it, except ``none``: vLLM accepts ``none``
+    without tools (its ``check_tool_usage`` returns before asking for them) and some
+    clients send it on every request, so it is accepted and means what it means beside
+    tools (plain content). OpenAI refuses ``none`` too; houchu follows vLLM there.
+
     Raises:
-        ApiError: (400) ``tool_choice`` without ``tools`` (other than ``none`` /
-            ``auto``), a named function not in ``tools``, two tools of one name, a
-            parameters schema that is not of ``type: "object"`` (``check_parameters``)
-            or one llguidance cannot compile.
+        ApiError: (400) ``tool_choice`` other than ``none`` without ``tools``, a named
+            function not in ``tools``, two tools of one name, a parameters schema that
+            is not of ``type: "object"`` (``check_parameters``) or one llguidance cannot
+            compile.
     """
     tools, choice = req.tools or [], getattr(req, "tool_choice", None)
     if not tools:
-        if choice is None or choice in ("none", "auto"):
+        if choice is None or choice == "none":
             return None
-        raise ApiError("'tool_choice' requires 'tools'", param="tool_choice", code="invalid_value")
+        raise ApiError(
+            "'tool_choice' is only allowed when 'tools' are specified ('none' excepted)",
+            param="tool_choice",
+            code="invalid_value",
+        )
     by_name: dict[str, ToolDef] = {}
     for i, tool in enumerate(tools):
         name = tool.function.name
@@ -201,7 +215,24 @@ def _arguments_grammar(tool: ToolDef, i: int) -> str:
 
 def _required_grammar(tools: list[ToolDef], single: bool = False) -> str:
     """At least one call to any of ``tools`` (exactly one when ``single``), as a JSON
-    array (vLLM's form)."""
+    array (vLLM's form).
+
+    Raises:
+        ApiError: (400, ``invalid_grammar``) a function's ``parameters`` too deep to sit
+            ``REQUIRED_WRAP_DEPTH`` levels down in the array's schema.
+    """
+    room = MAX_JSON_DEPTH - REQUIRED_WRAP_DEPTH
+    for i, tool in enumerate(tools):
+        if too_deep(_schema(tool), room):
+            param = f"tools[{i}].function.parameters"
+            raise ApiError(
+                f"'{param}' {depth_words(room)}: with tool_choice 'required' each "
+                f"function's parameters sit {REQUIRED_WRAP_DEPTH} levels down in the "
+                f"schema of the array of calls, and the grammar engine (llguidance) reads "
+                f"at most {MAX_JSON_DEPTH} levels",
+                param=param,
+                code="invalid_grammar",
+            )
     calls = [
         {
             "type": "object",

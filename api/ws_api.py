@@ -42,7 +42,10 @@ The server answers with frames carrying the client's ``id``:
   for a frame that is not JSON, an unknown ``type``, bad parameters, an id already in
   flight, an unknown id to abort, a full server (``status`` 429, with ``retry_after``
   seconds, as the HTTP API's 429 and ``Retry-After``) or an engine rejection; ``status`` is
-  the HTTP status the same error gets on the HTTP API. The socket stays open and usable.
+  the HTTP status the same error gets on the HTTP API. Its ``id`` is the frame's whenever
+  the frame had one the server can read, a string or a number (even one refused as an id,
+  or in a frame that cannot be decoded: ``houchu.api.ws_ids``), else null; a failure
+  inside the server (500) is answered the same way. The socket stays open and usable.
 
 Each request holds one of the gateway's admission slots while it runs
 (``houchu.api.limits``). A frame longer than the gateway's body limit closes the
@@ -72,6 +75,7 @@ from houchu.api.limits import SlowReader, StreamGuard
 from houchu.api.openai_format import usage_of
 from houchu.api.state import STATE_KEY
 from houchu.api.validation import ParsedRequest, parse_ws_generate
+from houchu.api.ws_ids import MAX_ID_CHARS, answer_id, id_in_text
 from houchu.api.ws_jobs import ClientId, WsJob
 from houchu.transport.messages import GenerateRequest
 
@@ -79,8 +83,6 @@ log = logging.getLogger(__name__)
 
 #: Requests one socket may have in flight at once.
 MAX_IN_FLIGHT_PER_SOCKET = 256
-#: Longest client id accepted (it becomes part of the engine request id).
-MAX_ID_CHARS = 128
 HEARTBEAT_S = 30.0
 
 
@@ -139,36 +141,51 @@ class WsSession:
         await self.send(frame)
 
     async def on_text(self, data: str) -> None:
-        """Handle one client text frame."""
+        """Handle one client text frame. Every error frame answering it carries its
+        ``id`` when it had a readable one (``houchu.api.ws_ids``), an unexpected failure
+        (a 500) included."""
+        answer_to: Any = None  # the id this frame's error frames carry
         try:
-            frame = msgspec.json.decode(data)
-        except RecursionError as exc:
-            await self.send_error(
-                None, ApiError(f"frame is not valid JSON: {exc}", code="invalid_json")
-            )
-            return
-        except msgspec.DecodeError as exc:
-            err, doc = not_json_error(data, exc, "frame")
-            await self.send_error(_frame_id(doc), err)
-            return
-        if not isinstance(frame, dict):
-            await self.send_error(
-                None, ApiError("frame must be a JSON object", code="invalid_type")
-            )
-            return
-        client_id = frame.get("id")
-        if client_id is None:
-            client_id = uuid.uuid4().hex
-        elif isinstance(client_id, bool) or not isinstance(client_id, str | int):
-            err = ApiError("'id' must be a string or an integer", param="id", code="invalid_type")
-            await self.send_error(None, err)
-            return
-        elif len(str(client_id)) > MAX_ID_CHARS or str(client_id) == "":
-            err = ApiError(
-                f"'id' must have 1 to {MAX_ID_CHARS} characters", param="id", code="invalid_value"
-            )
-            await self.send_error(None, err)
-            return
+            try:
+                frame = msgspec.json.decode(data)
+            except RecursionError:
+                err = ApiError("frame is nested too deeply", code="invalid_json")
+                await self.send_error(answer_id(id_in_text(data)), err)
+                return
+            except msgspec.DecodeError as exc:
+                err, _ = not_json_error(data, exc, "frame")
+                await self.send_error(answer_id(id_in_text(data)), err)
+                return
+            if not isinstance(frame, dict):
+                err = ApiError("frame must be a JSON object", code="invalid_type")
+                await self.send_error(None, err)
+                return
+            client_id = frame.get("id")
+            answer_to = answer_id(client_id)
+            if client_id is None:
+                client_id = answer_to = uuid.uuid4().hex
+            elif isinstance(client_id, bool) or not isinstance(client_id, str | int):
+                err = ApiError(
+                    "'id' must be a string or an integer", param="id", code="invalid_type"
+                )
+                await self.send_error(answer_to, err)
+                return
+            elif len(str(client_id)) > MAX_ID_CHARS or str(client_id) == "":
+                err = ApiError(
+                    f"'id' must have 1 to {MAX_ID_CHARS} characters",
+                    param="id",
+                    code="invalid_value",
+                )
+                await self.send_error(answer_to, err)
+                return
+            await self._dispatch(client_id, frame)
+        except Exception:
+            log.exception("unexpected error handling a websocket frame")
+            err = ApiError("internal server error", status=500, code="internal_error")
+            await self.send_error(answer_to, err)
+
+    async def _dispatch(self, client_id: ClientId, frame: dict[str, Any]) -> None:
+        """Start or abort the request ``frame`` asks for (its ``id``: ``client_id``)."""
         kind = frame.get("type", "generate")
         if kind == "generate":
             await self._start(client_id, frame)
@@ -321,31 +338,19 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
             if msg.type == WSMsgType.TEXT:
                 try:
                     await session.on_text(msg.data)
-                except Exception:
+                except Exception:  # on_text answers its own failures; this is a last guard
                     log.exception("unexpected error handling a websocket frame")
                     err = ApiError("internal server error", status=500, code="internal_error")
-                    await session.send_error(None, err)
+                    await session.send_error(answer_id(id_in_text(msg.data)), err)
             elif msg.type == WSMsgType.BINARY:
                 err = ApiError("send JSON text frames, not binary", code="invalid_frame")
-                await session.send_error(None, err)
+                await session.send_error(answer_id(id_in_text(msg.data)), err)
             elif msg.type == WSMsgType.ERROR:
                 log.info("websocket error: %s", ws.exception())
                 break
     finally:
         await session.close()
     return ws
-
-
-def _frame_id(doc: Any) -> ClientId | None:
-    """The ``id`` of a frame msgspec could not decode, as Python's ``json`` read it
-    (``doc``; None: not read), when it is a valid id: the error frame then names it."""
-    cid = doc.get("id") if isinstance(doc, dict) else None
-    if isinstance(cid, bool) or not isinstance(cid, str | int):
-        return None
-    text = str(cid)
-    if not 0 < len(text) <= MAX_ID_CHARS or any(0xD800 <= ord(c) < 0xE000 for c in text):
-        return None
-    return cid
 
 
 def add_routes(app: web.Application) -> None:

@@ -67,6 +67,7 @@ class RequestText:
         # request's own stop_token_ids keep their text (as vLLM's stop checker does)
         shown = set(sampling.stop_token_ids) if sampling.include_stop_str_in_output else set()
         self.hidden_ids = frozenset(stop_ids) - shown
+        self.stop_token_ids = frozenset(sampling.stop_token_ids)  # the client's own
         self.want_logprobs = sampling.logprobs
         self.min_tokens = sampling.min_tokens  # stop strings are not matched before
         self.prompt_tokens = len(prompt_ids)
@@ -96,6 +97,8 @@ class RequestText:
             self.completion_tokens += len(ev.token_ids)
             if final is not None:
                 text += self._flush()
+                if self.stops is not None and self.stops.stopped:
+                    final = "stop"  # the last text completed a stop string (as vLLM's)
         logprobs = self._logprobs(ids[:taken], ev) if self.want_logprobs else None
         prompt_text, prompt_lps = self._prompt(ev)
         if final is not None:
@@ -112,10 +115,24 @@ class RequestText:
             token_ids=sent_ids,
             logprobs=logprobs,
             finish_reason=final,
+            stop_reason=self._stop_reason(ev) if final == "stop" else None,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             cached_tokens=self.cached_tokens,
         )
+
+    def _stop_reason(self, ev: TokenEvent) -> int | str | None:
+        """vLLM's ``stop_reason`` of an output that ended with ``finish_reason: "stop"``
+        (``ev``: the last event): the stop string that ended it, else the token id of
+        the request's ``stop_token_ids`` that did, else None (an end-of-sequence token,
+        or the grammar's end). An EOS id the client also lists in ``stop_token_ids`` is
+        reported as that id (vLLM reports its primary EOS id as None)."""
+        if self.stops is not None and self.stops.matched is not None:
+            return self.stops.matched
+        last = ev.token_ids[-1] if ev.token_ids else None
+        if ev.finish_reason == "stop" and last in self.stop_token_ids:
+            return last
+        return None
 
     def _take(self, ids: list[int]) -> tuple[str, int, bool]:
         """Detokenize ``ids`` one by one through the stop strings: (text released, tokens

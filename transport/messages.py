@@ -228,6 +228,8 @@ class TextDelta(Struct, tag=True, kw_only=True):
     back travels with the delta that releases it; the EOS / stop token that ends the
     request is not included).
     ``completion_tokens`` counts tokens emitted so far (EOS/stop tokens excluded).
+    ``stop_reason`` (vLLM's, with ``finish_reason`` "stop"): the stop string that ended
+    the output, or the id of the ``stop_token_ids`` token that did; None otherwise.
     The first delta carries ``prompt_text`` (``SamplingParams.echo``: the prompt as text)
     and ``prompt_logprobs`` (``SamplingParams.prompt_logprobs``: every prompt token).
     """
@@ -242,6 +244,7 @@ class TextDelta(Struct, tag=True, kw_only=True):
     cached_tokens: int = 0
     prompt_text: str | None = None
     prompt_logprobs: list[PromptTokenLogprob] | None = None
+    stop_reason: int | str | None = None
 
 
 class RequestFailed(Struct, tag=True, kw_only=True):

@@ -95,6 +95,47 @@ def test_ws_error_frames_keep_socket_usable(server):
     asyncio.run(go())
 
 
+def _anyof_text(times: int) -> str:
+    """``{"anyOf": [...]}`` nested ``times`` times around an integer schema, as JSON
+    text (a JSON encoder would recurse once per level)."""
+    return '{"anyOf": [' * times + '{"type": "integer"}' + "]}" * times
+
+
+def test_deep_schemas_are_400_and_ws_error_frames_name_the_frame_id(server):
+    """Issue 20: a schema 400 ``anyOf`` levels deep was a RecursionError, a 500 (the
+    WebSocket error frame with ``id: null``, a client waiting on its id hung). Now it is
+    a 400 ``invalid_grammar`` over HTTP and on the WebSocket, whose error frames name the
+    frame's id, also for a frame too deep to decode; the server keeps serving."""
+    deep = _anyof_text(400)
+    chat = '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, '
+    raw = (chat + '"guided_json": ' + deep + "}").encode()
+    status, resp = asyncio.run(post_json(f"{server.url}/v1/chat/completions", None, raw=raw))
+    assert status == 400 and resp["error"]["code"] == "invalid_grammar", resp
+    assert resp["error"]["param"] == "guided_json" and "nests more than" in resp["error"]["message"]
+
+    async def go():
+        async with aiohttp.ClientSession() as s, s.ws_connect(server.ws_url) as ws:
+            await ws.send_str(
+                '{"id": "deep", "prompt": "x", "max_tokens": 4, "guided_json": ' + deep + "}"
+            )
+            err = await ws.receive_json(timeout=60)
+            assert (err["id"], err["type"], err["status"]) == ("deep", "error", 400), err
+            assert err["error"]["code"] == "invalid_grammar"
+            undecodable = '{"id": "deeper", "prompt": "x", "guided_json": ' + "[" * 5000
+            await ws.send_str(undecodable + "]" * 5000 + "}")
+            err = await ws.receive_json(timeout=60)
+            assert (err["id"], err["status"], err["error"]["code"]) == (
+                "deeper",
+                400,
+                "invalid_json",
+            )
+            await ws.send_json({"id": "ok", "prompt": "x", "max_tokens": 2})
+            good = await ws_collect(ws, "ok")
+            assert good["error"] is None and good["final"]["usage"]["completion_tokens"] == 2
+
+    asyncio.run(go())
+
+
 async def _ws_error(ws_url: str, body: dict) -> dict:
     """The error frame a WebSocket request gets (it must get one, not deltas)."""
     async with aiohttp.ClientSession() as s, s.ws_connect(ws_url) as ws:

@@ -124,6 +124,37 @@ def test_allowed_token_ids_bad_words_min_tokens(server, client):
     assert held.usage.completion_tokens >= 3
 
 
+def test_stop_reason_is_vllms(server, client):
+    """Issue 20: vLLM's ``stop_reason`` beside ``finish_reason``: the stop string or the
+    ``stop_token_ids`` id that ended the choice, null for ``length``; in the whole
+    answer and in the streamed chunk that ends the choice."""
+    plain = _ws(server, prompt=COUNT, max_tokens=4, temperature=0)
+    assert "," in plain["text"], plain["text"]  # " 4, 5": the greedy count goes on
+    kw = {"model": _model(client), "prompt": COUNT, "max_tokens": 4, "temperature": 0}
+    by_string = client.completions.create(**kw, stop=["zz", ","]).choices[0]
+    assert (by_string.finish_reason, by_string.model_extra["stop_reason"]) == ("stop", ",")
+    assert by_string.text == plain["text"].split(",")[0]
+    stop_id = plain["token_ids"][0]
+    by_id = client.completions.create(**kw, extra_body={"stop_token_ids": [stop_id]}).choices[0]
+    assert (by_id.finish_reason, by_id.model_extra["stop_reason"]) == ("stop", stop_id)
+    cut = client.completions.create(**{**kw, "max_tokens": 1}).choices[0]
+    assert (cut.finish_reason, cut.model_extra["stop_reason"]) == ("length", None)
+    chat = {
+        "model": kw["model"],
+        "messages": [{"role": "user", "content": "Count: 1, 2, 3,"}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    reply = client.chat.completions.create(**chat).choices[0].message.content
+    assert len(reply) >= 3, reply
+    stop = reply[1:3]  # in the greedy reply: it ends there
+    whole = client.chat.completions.create(**chat, stop=[stop]).choices[0]
+    assert (whole.finish_reason, whole.model_extra["stop_reason"]) == ("stop", stop)
+    chunks = list(client.chat.completions.create(**chat, stop=[stop], stream=True))
+    ends = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [(e.finish_reason, e.model_extra["stop_reason"]) for e in ends] == [("stop", stop)]
+
+
 def test_bad_words_that_ban_every_allowed_token_are_refused(server, client):
     """The tokenizer actor, which encodes ``bad_words``, refuses constraints that leave
     no token (before, the sampler dropped them all and wrote " Paris")."""

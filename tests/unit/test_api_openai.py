@@ -49,7 +49,13 @@ async def test_completion_non_streaming(api: Api) -> None:
     assert body["object"] == "text_completion" and body["model"] == MODEL
     assert before <= body["created"] <= time.time()
     (choice,) = body["choices"]
-    assert choice == {"index": 0, "text": ANSWER, "logprobs": None, "finish_reason": "length"}
+    assert choice == {
+        "index": 0,
+        "text": ANSWER,
+        "logprobs": None,
+        "finish_reason": "length",
+        "stop_reason": None,  # vLLM's: no stop string or stop token ended it
+    }
     assert body["usage"] == USAGE
     assert api.engine.aborted == [] and api.in_flight == 0
 

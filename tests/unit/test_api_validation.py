@@ -12,6 +12,7 @@ from houchu.api.validation import DEFAULT_CHAT_MAX_TOKENS
 from houchu.transport.messages import ChatMessage, SamplingParams
 
 from .test_api_basics import MAX_CONTEXT, MODEL, Api, assert_openai_error, serve
+from .test_api_ws import collect
 
 CMPL = {"prompt": "Hello", "max_tokens": 4}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
@@ -157,6 +158,9 @@ CHAT_BAD: list[tuple[dict[str, Any], str]] = [
         "tool_choice",
     ),
     ({"tool_choice": "required"}, "tool_choice"),
+    # tool_choice without tools: OpenAI's and vLLM's 400 ("none" alone is accepted)
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     ({"tools": []}, "tools"),  # OpenAI refuses an empty array
     ({"tools": [WEATHER], "tool_choice": "required", "regex": "a"}, "tool_choice"),
     ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
@@ -232,6 +236,21 @@ async def test_bad_completion_is_400(api: Api, extra: dict, param: str) -> None:
 async def test_bad_chat_is_400(api: Api, extra: dict, param: str) -> None:
     await _bad_then_good(api, "/v1/chat/completions", CHAT, extra, param)
     assert len(api.engine.requests) == 1
+
+
+async def test_tool_choice_none_without_tools_is_accepted_as_vllm_accepts_it(api: Api) -> None:
+    """vLLM accepts ``tool_choice: "none"`` without ``tools`` (and refuses the others,
+    as OpenAI does): the reply is plain content; over the WebSocket too."""
+    status, body = await api.post("/v1/chat/completions", {**CHAT, "tool_choice": "none"})
+    assert status == 200 and body["choices"][0]["message"]["content"], body
+    async with api.client.ws_connect("/ws") as ws:
+        await ws.send_json({"id": "n", **CHAT, "tool_choice": "none"})
+        await ws.send_json({"id": "a", **CHAT, "tool_choice": "auto"})
+        frames = await collect(ws, {"n", "a"})
+    assert frames["n"][-1]["type"] == "final" and "tool_calls" not in frames["n"][-1]
+    err = frames["a"][-1]
+    assert (err["type"], err["error"]["param"]) == ("error", "tool_choice"), err
+    assert "only allowed when 'tools' are specified" in err["error"]["message"]
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/ws"])

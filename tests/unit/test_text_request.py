@@ -135,3 +135,42 @@ def test_stop_token_ids_text_kept_only_with_include_stop_str(
         )
     )
     assert last is not None and last.text == " y"
+
+
+def test_stop_reason_names_what_ended_the_output(tok: TextTokenizer) -> None:
+    """vLLM's ``stop_reason``: the matched stop string, the ``stop_token_ids`` id that
+    ended the output, None for EOS, for the grammar's end and for any other reason."""
+    ids = tok.encode("Hello world. 你好。Goodbye")
+    by_string = run(tok, [[t] for t in ids], SamplingParams(stop=["zzz", "。"]))
+    assert (by_string[-1].finish_reason, by_string[-1].stop_reason) == ("stop", "。")
+    assert all(d.stop_reason is None for d in by_string[:-1])
+    by_eos = run(tok, [[t] for t in ids], SamplingParams(stop=["zzz"]))
+    assert (by_eos[-1].finish_reason, by_eos[-1].stop_reason) == ("stop", None)
+    # ended "stop" by no stop token (a grammar's end): no stop reason
+    by_grammar = run(tok, [ids], SamplingParams(stop=["zzz"]), eos=False)
+    assert (by_grammar[-1].finish_reason, by_grammar[-1].stop_reason) == ("stop", None)
+
+    comma = tok.encode(" 4,")[-1]
+    for include in (False, True):
+        sp = SamplingParams(stop_token_ids=[comma], include_stop_str_in_output=include)
+        state = RequestText("r", tok, tok.encode("1, 2, 3,"), sp, [comma, *tok.eos_token_ids])
+        delta = state.on_event(
+            TokenEvent(rid="r", token_ids=tok.encode(" 4,"), finish_reason="stop")
+        )
+        assert delta is not None and (delta.finish_reason, delta.stop_reason) == ("stop", comma)
+    cut = RequestText("c", tok, tok.encode("x"), SamplingParams(stop_token_ids=[comma]), [comma])
+    delta = cut.on_event(TokenEvent(rid="c", token_ids=tok.encode(" y"), finish_reason="length"))
+    assert delta is not None and (delta.finish_reason, delta.stop_reason) == ("length", None)
+
+
+def test_a_stop_string_completed_by_the_last_text_is_the_stop_reason(tok: TextTokenizer) -> None:
+    """Stops "abcd" and "bc" on the text "abc": "bc" is complete but "abcd" could still
+    match earlier, so the text is held; when ``max_tokens`` ends the request there, the
+    flush decides for "bc": the output ends on that stop string, ``finish_reason``
+    "stop" with it as ``stop_reason`` (as vLLM reports a stop string the last token
+    completed), not "length"."""
+    sp = SamplingParams(stop=["abcd", "bc"])
+    state = RequestText("r", tok, tok.encode("x"), sp, tok.eos_token_ids)
+    delta = state.on_event(TokenEvent(rid="r", token_ids=tok.encode("abc"), finish_reason="length"))
+    assert delta is not None and delta.text == "a"
+    assert (delta.finish_reason, delta.stop_reason) == ("stop", "bc")
