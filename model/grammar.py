@@ -20,9 +20,10 @@ Per step (``GrammarEngine.start`` / ``MaskJob.wait``), as vLLM and SGLang do it:
 
 Speculative decoding: a verified request's rows are the distributions after each
 proposal. The worker consumes the proposals the grammar accepts (``validate_tokens``),
-one mask per row, then rolls the matcher back; a proposal the grammar rejects cannot be
-accepted (its row's mask excludes it), so rows after it are never sampled. Only the
-emitted tokens are committed.
+one mask per row, then rolls the matcher back (proposals after the one that completes
+the grammar, EOS, are not consumed: ``RequestGrammar.fill``); a proposal the grammar
+rejects cannot be accepted (its row's mask excludes it), so rows after it are never
+sampled. Only the emitted tokens are committed.
 
 A matcher that has finished allows only the end-of-sequence tokens, so the request
 ends. A matcher that enters an error state (llguidance hit one of its limits on this
@@ -129,15 +130,27 @@ class RequestGrammar:
     def fill(self, bitmask: torch.Tensor, row: int, drafts: Sequence[int]) -> None:
         """Write the masks of rows ``row .. row + m`` of ``bitmask`` (``[R, W]`` int32,
         contiguous): the next token now, then after each of the first ``m`` proposals
-        the grammar accepts; the matcher is rolled back to where it was."""
+        the grammar accepts; the matcher is rolled back to where it was.
+
+        Once a proposal completes the grammar (the matcher stops), the proposals after
+        it are the end-of-sequence token and are not consumed: their rows allow only
+        EOS. llguidance takes EOS at a stop without recording it, so a rollback
+        counting it would undo one real token too many (the next commit then fails on
+        a token the mask allowed: a false "too complex" 400).
+        """
         m = self.matcher
         self._fill_row(bitmask, row)
         valid = m.validate_tokens(list(drafts)) if drafts and not m.is_stopped() else 0
+        taken = 0  # proposals the matcher recorded (what the rollback undoes)
         for j in range(valid):
+            if m.is_stopped():
+                self.eos_only(bitmask[row + j + 1])
+                continue
             m.consume_token(drafts[j])
+            taken += 1
             self._fill_row(bitmask, row + j + 1)
-        if valid:
-            m.rollback(valid)
+        if taken:
+            m.rollback(taken)
 
     def _fill_row(self, bitmask: torch.Tensor, row: int) -> None:
         m = self.matcher

@@ -29,12 +29,17 @@ the request's frontier, so the runner draws nothing there (``drop_stale_samples`
 scheduler voids the sample it expected (``StepTracker.void_samples``). The forced tokens
 go in the step after.
 
+Beside requests without a grammar, the chunk's forced tokens run in a forward pass of
+their own (``houchu.model.catch_up``): in the free requests' pass they would change the
+decode path those rows take, and so their output.
+
 Not used for a request that asks for logprobs (a forced token's log-probability would
 need the forward pass that jump-forward skips), nor past its ``max_tokens``.
 
 The ledger (lever ``jump_forward``, verb break_serial): saved = forward passes not run
-(one per forced token), spent = seconds computing forced tokens after the sampler (on
-the step's critical path); one sample per request.
+(one per forced token, less the passes the forced tokens took alone: ``charge``),
+spent = seconds computing forced tokens after the sampler (on the step's critical path)
+and those passes' seconds; one sample per request.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ LEVER, VERB = "jump_forward", "break_serial"
 
 def drop_stale_samples(
     plan: StepPlan, state_of: Callable[[str], RequestState], forced: set[str]
-) -> None:
+) -> set[str]:
     """Clear ``sample`` on each work item of ``plan`` whose request got forced tokens in
     the previous step (``forced``: rids) and that ends behind that request's frontier
     (the prompt plus every token generated so far, forced ones included): the next token
@@ -66,13 +71,18 @@ def drop_stale_samples(
         plan: the step's plan (placeholders already resolved).
         state_of: rid -> the request's sampling state.
         forced: the rids that got forced tokens in the previous step.
+    Returns:
+        The rids whose item was told to draw nothing.
     """
+    stale = set()
     for w in plan.work:
         if not w.sample or w.num_draft or w.rid not in forced:
             continue
         st = state_of(w.rid)
         if w.start_pos + len(w.token_ids) < len(st.prompt_ids) + len(st.generated):
             w.sample = False
+            stale.add(w.rid)
+    return stale
 
 
 class JumpForward:
@@ -86,6 +96,7 @@ class JumpForward:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.tokens = 0  # tokens forced since start
+        self.split_passes = 0  # passes of catch-up tokens alone (``charge``) since start
         self.forced_rids: set[str] = set()  # rids forced at the last commit
         #: per request since the last samples(): [tokens forced, seconds spent]
         self._per_request: dict[str, list[float]] = {}
@@ -150,9 +161,20 @@ class JumpForward:
         acc[1] += time.perf_counter() - t0
         return ff
 
+    def charge(self, rids: Sequence[str], seconds: float) -> None:
+        """A forward pass of the catch-up tokens of ``rids`` alone (``houchu.model.catch_up``:
+        beside free requests), ``seconds`` long: one pass less saved and its seconds
+        spent, shared among them."""
+        self.split_passes += 1
+        for rid in rids:
+            acc = self._per_request.setdefault(rid, [0.0, 0.0])
+            acc[0] -= 1.0 / len(rids)
+            acc[1] += seconds / len(rids)
+
     def samples(self, now: float | None = None) -> list[LeverSample]:
         """The ledger since the last call: per request that was checked, forward passes
-        saved (tokens forced) and the seconds it cost."""
+        saved (tokens forced, less the passes its catch-up tokens took alone: ``charge``)
+        and the seconds it cost."""
         t = time.time() if now is None else now
         out = [
             LeverSample(LEVER, VERB, n, "forward_passes", s, "seconds", t, rid)

@@ -30,6 +30,7 @@ follow the sampled ones (``SeqOutput.forced``); a step planned before them draws
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,7 @@ from houchu.model import cpu_kernels
 from houchu.model.attention import make_backend
 from houchu.model.attention_window import WindowLedger
 from houchu.model.batch import StepBatch, build_batch
+from houchu.model.catch_up import send_pass, split_passes
 from houchu.model.config import ModelConfig
 from houchu.model.deterministic import deterministic_options, pin, pinned_notes
 from houchu.model.device import resolve_device
@@ -55,6 +57,7 @@ from houchu.model.ops import make_ops
 from houchu.model.plan_state import (
     compile_grammars,
     live_state,
+    new_states,
     resolve_last_sampled,
     seq_outputs,
 )
@@ -69,10 +72,11 @@ from houchu.model.runner_setup import RunnerSetup
 from houchu.model.sampling import RequestState, Sampler
 from houchu.model.structure_levers import structure_notes
 from houchu.model.threads import CpuLoad, ThreadGovernor, step_key
-from houchu.model.tp_group import TPGroup, TPStep
+from houchu.model.tp_group import TPGroup
 from houchu.model.verify import sample_and_verify
 from houchu.options.runner_options import RunnerOptions
 from houchu.transport.messages import PromptLogprobs, RunnerInfo, StepPlan, StepResult
+from houchu.transport.step_messages import SeqWork
 from houchu.transport.telemetry import LeverSample
 
 if TYPE_CHECKING:
@@ -220,6 +224,18 @@ class ModelRunner:
         """One line: architecture, parameters, dtype, KV pool geometry and bytes."""
         return runner_summary(self, load_s)
 
+    def _build(self, work: list[SeqWork], prompt_rows: list[int]) -> StepBatch:
+        """The batch of ``work`` (``build_batch`` on this runner's pool and limits)."""
+        return build_batch(
+            work,
+            page_size=self.pool.page_size,
+            num_pages=self.pool.num_pages,
+            max_context=self.max_context,
+            vocab_size=self.config.vocab_size,
+            device=self.device,
+            prompt_rows=prompt_rows,
+        )
+
     def _timed_forward(self, batch: StepBatch) -> torch.Tensor:
         """``_forward``, with the thread governor told about the step."""
         if self.governor is None:
@@ -312,46 +328,26 @@ class ModelRunner:
         with torch.inference_mode():
             # ---- validate everything before touching state
             resolve_last_sampled(plan, previous)
-            live = set(self.states) - set(plan.release)
-            new: dict[str, RequestState] = {}
-            for si in plan.init:
-                if si.rid in live or si.rid in new:
-                    raise ValueError(f"request {si.rid!r} is already registered")
-                new[si.rid] = RequestState(
-                    si.rid,
-                    si.sampling,
-                    si.prompt_ids,
-                    self.config.vocab_size,
-                    self.device,
-                    stop_ids=si.stop_ids,
-                )
+            new = new_states(plan, self.states, self.config.vocab_size, self.device)
             new_grammars, failures = compile_grammars(self.grammar, plan.init)
-            for w in plan.work:
-                if w.rid not in live and w.rid not in new:
-                    raise ValueError(f"request {w.rid!r} was never initialised (or released)")
+            state_of = partial(live_state, states=self.states, new=new)
             forced = self.jump.take_forced_rids()  # the overlap step planned before them
-            drop_stale_samples(plan, lambda rid: live_state(rid, self.states, new), forced)
-            batch = None
-            scored = [  # (prompt rows to score, first position) per work item
-                rows_wanted(w, live_state(w.rid, self.states, new)) for w in plan.work
-            ]
-            if plan.work:
-                batch = build_batch(
-                    plan.work,
-                    page_size=self.pool.page_size,
-                    num_pages=self.pool.num_pages,
-                    max_context=self.max_context,
-                    vocab_size=self.config.vocab_size,
-                    device=self.device,
-                    prompt_rows=[n for n, _ in scored],
-                )
+            stale = drop_stale_samples(plan, state_of, forced)
+            scored = [rows_wanted(w, state_of(w.rid)) for w in plan.work]  # (rows, first pos)
+            prompt_rows = [n for n, _ in scored]
+            batch = self._build(plan.work, prompt_rows) if plan.work else None
+            passes = None  # jump-forward's catch-up tokens beside free requests: two passes
+            if batch is not None and self.mtp is None:
+                grammared = self.grammars.keys() | new_grammars.keys()
+                passes = split_passes(plan.work, prompt_rows, state_of, grammared, stale)
             if self.host_kv is not None:
                 self.host_kv.check(plan.kv_saves)
                 self.host_kv.check(plan.kv_loads)
             elif plan.kv_saves or plan.kv_loads:
                 raise ValueError("plan copies KV pages but no host pool is attached")
-            if self.tp is not None and batch is not None:  # the other ranks run it too
-                self.tp.send_step(TPStep(plan=plan, prompt_rows=[n for n, _ in scored]))
+            send = partial(send_pass, self.tp, plan)  # a tensor-parallel runner's other ranks
+            if batch is not None:  # run it too
+                send(*(passes.parts()[0] if passes else (plan.work, prompt_rows)))
             # ---- commit
             if self.host_kv is not None:
                 self.host_kv.save(plan.kv_saves)
@@ -370,7 +366,10 @@ class ModelRunner:
                 grammars = [self.grammars.get(w.rid) for w in ws]
                 # the grammar masks are computed while the model runs
                 masking = self.grammar.start(grammars, batch.sample_counts, drafts)
-                logits = self._timed_forward(batch)  # [R, V] fp32
+                if passes is None:
+                    logits = self._timed_forward(batch)  # [R, V] fp32
+                else:  # the same rows; the catch-up tokens in a pass of their own
+                    logits = passes.run(batch, self._build, self._timed_forward, self.jump, send)
                 if batch.prompt_spans:
                     spans = [(row, n, scored[i][1]) for i, row, n in batch.prompt_spans]
                     owners = [self.states[plan.work[i].rid] for i, _, _ in batch.prompt_spans]

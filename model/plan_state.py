@@ -5,6 +5,8 @@ tokens (the grammars' commits, the ``SeqOutput``s)."""
 
 from __future__ import annotations
 
+import torch
+
 from houchu.model.grammar import GrammarEngine, RequestGrammar
 from houchu.model.sampling import RequestState, Sample
 from houchu.transport.messages import Failure, SeqInit, SeqOutput, StepPlan
@@ -22,6 +24,30 @@ def live_state(
     if state is None:
         raise ValueError(f"request {rid!r} was never initialised (or released)")
     return state
+
+
+def new_states(
+    plan: StepPlan, states: dict[str, RequestState], vocab_size: int, device: torch.device
+) -> dict[str, RequestState]:
+    """The sampling states of the requests ``plan`` registers (``states``: those
+    registered before; ``vocab_size`` and ``device``: the model's).
+
+    Raises:
+        ValueError: a rid registered twice or still registered (not released by
+            ``plan``), or a work item of a request neither registered nor new.
+    """
+    live = set(states) - set(plan.release)
+    new: dict[str, RequestState] = {}
+    for si in plan.init:
+        if si.rid in live or si.rid in new:
+            raise ValueError(f"request {si.rid!r} is already registered")
+        new[si.rid] = RequestState(
+            si.rid, si.sampling, si.prompt_ids, vocab_size, device, stop_ids=si.stop_ids
+        )
+    for w in plan.work:
+        if w.rid not in live and w.rid not in new:
+            raise ValueError(f"request {w.rid!r} was never initialised (or released)")
+    return new
 
 
 def resolve_last_sampled(plan: StepPlan, previous: dict[str, int]) -> None:

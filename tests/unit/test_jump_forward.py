@@ -89,6 +89,7 @@ def test_forced_keys_skip_decode_steps_and_the_json_stays_valid(model_dir, tok, 
     assert core_off.counters.jump_forward_tokens == 0 and runner_off.runner.jump.tokens == 0
     # a forced token costs no step of its own (the three requests decode side by side)
     assert runner.steps <= runner_off.steps - forced // 3 // 2
+    assert runner.runner.jump.split_passes == 0  # constrained requests alone: one pass a step
     saved = [s for s in runner.runner.lever_samples() if s.lever == "jump_forward"]
     assert {s.rid for s in saved} == set(on) and sum(s.saved for s in saved) >= forced
     assert all(s.verb == "break_serial" and s.spent > 0 for s in saved)
