@@ -98,7 +98,7 @@ def runner_info(r: ModelRunner) -> RunnerInfo:
         device_type=r.device.type,
         num_threads=torch.get_num_threads(),
         cpu_isa=r.cpu_isa if r.device.type == "cpu" else "",
-        decode_paths=r.tuned.route.describe(r.tuned.times) if r.tuned else "",
+        decode_paths=decode_paths_text(r.tuned),
         deterministic=r.deterministic,
         sliding_window=c.sliding_window if c.every_layer_windowed else 0,
     )

@@ -213,3 +213,9 @@ def test_a_read_only_cache_with_a_finished_build_is_loaded_as_it_is(monkeypatch)
     assert cpu_kernels.unavailable_reason(level) is None
     cpu_kernels._load_once.cache_clear()  # noqa: SLF001
     monkeypatch.undo()
+
+
+def test_a_bad_isa_cap_names_its_variable(monkeypatch):
+    monkeypatch.setenv("HOUCHU_CPU_ISA_MAX", "bogus")
+    with pytest.raises(ValueError, match="HOUCHU_CPU_ISA_MAX: unknown CPU ISA level 'bogus'"):
+        cpu_isa.runs(cpu_isa.level("avx2"))
