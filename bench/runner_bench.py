@@ -184,10 +184,12 @@ def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:
     rows = [b.decode(n, args.steps) for n in args.batches]
     if mode == "eager" and args.prefill > 0:
         rows.append(b.prefill(args.prefill, 3))
-    path = "fused" if runner.model.fused else runner.model.ops.name
+    fused = runner.model.fused
     for row in rows:
         row.fmt, row.mode = fmt, mode
         row.compute = "fp32" if dtype == "float32" else "bf16"
+        decode = row.what.startswith("decode")  # the fused layers run decode steps only
+        path = "fused" if decode and fused and fused.applies(row.tokens) else runner.model.ops.name
         row.kernels = f"{runner.cpu_isa} {path}"
     return rows
 

@@ -130,11 +130,23 @@ def runs(
     if not lv.kernels:
         return True
     cap = os.environ.get("HOUCHU_CPU_ISA_MAX") if capped else None
-    if cap and NAMES.index(lv.name) < NAMES.index(level(cap).name):
+    if cap and NAMES.index(lv.name) < NAMES.index(_cap_level(cap).name):
         return False
     machine = machine if machine is not None else platform.machine()
     features = features if features is not None else cpu_features()
     return machine in lv.arch and lv.needs <= features
+
+
+def _cap_level(cap: str) -> Level:
+    """``$HOUCHU_CPU_ISA_MAX``'s level.
+
+    Raises:
+        ValueError: not a level (the message names the variable and the levels).
+    """
+    try:
+        return level(cap)
+    except ValueError as e:
+        raise ValueError(f"HOUCHU_CPU_ISA_MAX: {e}") from None
 
 
 def usable(features: frozenset[str] | None = None, machine: str | None = None) -> list[str]:
@@ -145,7 +157,7 @@ def usable(features: frozenset[str] | None = None, machine: str | None = None) -
 def why_not(lv: Level, features: frozenset[str] | None = None) -> str:
     """Why this CPU cannot run ``lv`` (for skip reasons and errors)."""
     cap = os.environ.get("HOUCHU_CPU_ISA_MAX")
-    if cap and NAMES.index(lv.name) < NAMES.index(level(cap).name):
+    if cap and NAMES.index(lv.name) < NAMES.index(_cap_level(cap).name):
         return f"{lv.name} is above HOUCHU_CPU_ISA_MAX={cap}"
     if platform.machine() not in lv.arch:
         return f"{lv.name} is a level of {'/'.join(lv.arch)}, this CPU is {platform.machine()}"

@@ -50,6 +50,11 @@ class FusedDecode:
             self._weights[key] = _collect(self.model.layers[:layers], rows)
         return self._weights[key]
 
+    def applies(self, rows: int) -> bool:
+        """Whether a decode step of ``rows`` rows can run fused: every layer's projections
+        have a C++ GEMV blob there (quantized weights; a dense float layer has none)."""
+        return self._layer_weights(rows, len(self.model.layers)) is not None
+
     def bind(self, batch: StepBatch, pool: KVPool, meta: object) -> LayersFn | None:
         """``fn(layers, x [B, hidden], cos [B, 1, D], sin [B, 1, D], head=False)``, which
         runs the first ``layers`` layers of this step and returns ``[B, hidden]``, or with

@@ -38,7 +38,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from houchu.model import cpu_kernels
+from houchu.model import cpu_isa, cpu_kernels
 from houchu.model.autotune import DecodeRoute
 from houchu.model.linear import LinearBase, onednn_available, packed_matmul
 from houchu.model.quant import (
@@ -62,10 +62,14 @@ CPU_DENSE_MIN_ROWS = 64  # CPU: rows from which a kept dense prepacked copy beat
 
 @functools.cache
 def quant_act_dtype(device_type: str) -> torch.dtype:
-    """bfloat16 if ``device_type``'s hardware computes in it, else float32."""
+    """bfloat16 if ``device_type``'s hardware computes in it natively, else float32. On
+    the CPU: the active ISA level's native units (``cpu_isa.native_units``: AVX512-BF16
+    or AMX at the CPU's own level). oneDNN also says it supports bf16 on AVX-512 CPUs
+    without either (Skylake), where it emulates the bf16 products."""
     if device_type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+    native = "bf16" in cpu_isa.native_units(cpu_kernels.active_level())
+    return torch.bfloat16 if native else torch.float32
 
 
 class Int4Linear(LinearBase):

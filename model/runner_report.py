@@ -33,7 +33,7 @@ def runner_summary(r: ModelRunner, load_s: float | None = None) -> str:
         f"({p.bytes_per_token} B/token), max context {r.max_context}, "
         f"attention {r.backend.name}, kernels {r.model.ops.name} "
         f"(CPU ISA {r.cpu_isa}){_build_note(r)}"
-        f"{' with fused decode layers' if r.model.fused else ''}, "
+        f"{' with fused decode layers' if r.model.fused and r.model.fused.applies(1) else ''}, "
         f"matmul {'onednn-packed' if r.model.prepacked else 'dense'}, "
         f"{torch.get_num_threads()} threads{took}; {r.levers.summary()}"
         f"{'; decode paths ' + r.decode_paths() if r.tuned else ''}"
@@ -98,7 +98,7 @@ def runner_info(r: ModelRunner) -> RunnerInfo:
         device_type=r.device.type,
         num_threads=torch.get_num_threads(),
         cpu_isa=r.cpu_isa if r.device.type == "cpu" else "",
-        decode_paths=r.tuned.route.describe(r.tuned.times) if r.tuned else "",
+        decode_paths=decode_paths_text(r.tuned),
         deterministic=r.deterministic,
         sliding_window=c.sliding_window if c.every_layer_windowed else 0,
     )

@@ -229,23 +229,48 @@ def _load_once(level: str, verbose: bool) -> float:
     sources = [here / s for s in _SOURCES]
     key = build_key(level, sources + [here / h for h in _HEADERS])
     build = cache_dir() / key
-    build.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    # one builder at a time per machine; the kernel drops this lock if its holder dies,
-    # unlike cpp_extension's own lock file, which a killed build leaves behind
-    with open(build / "houchu.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        (build / "lock").unlink(missing_ok=True)
-        if not any(build.glob("*.so")):
-            print(
-                f"houchu: building the {level} C++ CPU kernels in {build} (once)", file=sys.stderr
-            )
-        _build(cpp_extension, key, level, sources, build, verbose)
-    os.utime(build)  # marks the build as in use, for prune_stale_builds
-    prune_stale_builds(keep=build)
+    try:
+        build.mkdir(parents=True, exist_ok=True)
+        lock = open(build / "houchu.lock", "w")  # noqa: SIM115 (held across the build)
+    except OSError as e:  # a read-only or shared cache folder, or a file in its way
+        _load_read_only(build, e)
+    else:
+        # one builder at a time per machine; the kernel drops this lock if its holder
+        # dies, unlike cpp_extension's own lock file, which a killed build leaves behind
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            (build / "lock").unlink(missing_ok=True)
+            if not any(build.glob("*.so")):
+                print(
+                    f"houchu: building the {level} C++ CPU kernels in {build} (once)",
+                    file=sys.stderr,
+                )
+            _build(cpp_extension, key, level, sources, build, verbose)
+        os.utime(build)  # marks the build as in use, for prune_stale_builds
+        prune_stale_builds(keep=build)
     register_fakes(level)
     _built_levels.add(level)
     return time.perf_counter() - t0
+
+
+def _load_read_only(build: Path, error: OSError) -> None:
+    """Load the finished build in ``build`` as it is, where the cache cannot be written.
+
+    Raises:
+        CpuKernelsUnavailable: no finished build there (the message names the folder
+            and ``$HOUCHU_KERNEL_CACHE``).
+    """
+    libs = sorted(build.glob("*.so")) if build.is_dir() else []
+    if not libs:
+        raise CpuKernelsUnavailable(
+            f"the kernel cache {build} cannot be written ({error.strerror or error}) and "
+            "holds no finished build: set HOUCHU_KERNEL_CACHE to a writable folder"
+        ) from error
+    try:
+        torch.ops.load_library(str(libs[0]))
+    except (OSError, RuntimeError) as e:
+        raise CpuKernelsUnavailable(f"loading the read-only build {libs[0]} failed: {e}") from e
 
 
 def load_in_background(level: str | None = None, every_s: float = 10.0) -> Future[str | None]:

@@ -80,8 +80,9 @@ def test_auto_measures_then_reads_the_cache(tiny, monkeypatch):
     again = _runner(tiny, decode_paths="auto", int4_activations="auto")
     assert again.tuned.cached and again.tuned.route == t.route
     assert again.tuned.prefill_times == pre
-    info = again.info()
-    assert info.decode_paths and info.cpu_isa
+    info = again.info()  # /stats: the startup line's route, prefill times and how
+    assert info.cpu_isa and info.decode_paths == again.decode_paths()
+    assert "prefill " in info.decode_paths and "[cached measurement]" in info.decode_paths
 
 
 @pytest.mark.parametrize("path", ["fused", "gemv", "torch", "dense", "fused-a8", "gemv-a8"])

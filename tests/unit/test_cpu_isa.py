@@ -177,3 +177,45 @@ def test_stale_builds_are_pruned_and_recent_or_locked_ones_kept(monkeypatch, tmp
     assert removed == [stale]
     assert not stale.exists()
     assert keep.exists() and recent.exists() and locked.exists() and other.exists()
+
+
+def test_a_cache_path_that_cannot_be_written_falls_back_with_the_reason(monkeypatch, tmp_path):
+    """HOUCHU_KERNEL_CACHE on a file (as on a read-only folder with no build): the level
+    is unavailable with a reason naming the folder and the variable, not an OSError
+    (the server then runs torch's kernels and says why)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HOUCHU_KERNEL_CACHE", str(blocker))
+    monkeypatch.setattr(cpu_kernels, "_failed", {})
+    cpu_kernels._load_once.cache_clear()  # noqa: SLF001
+    level = cpu_isa.usable()[0]
+    if level == "generic":
+        pytest.skip("no C++ kernel level runs here")
+    why = cpu_kernels.unavailable_reason(level)
+    assert why is not None and "cannot be written" in why and "HOUCHU_KERNEL_CACHE" in why
+    cpu_kernels._load_once.cache_clear()  # noqa: SLF001
+    monkeypatch.undo()
+
+
+def test_a_read_only_cache_with_a_finished_build_is_loaded_as_it_is(monkeypatch):
+    """The cache cannot be written (a read-only shared home), but holds this level's
+    build: it loads without the lock or a rebuild."""
+    level = cpu_isa.usable()[0]
+    if level == "generic" or cpu_kernels.unavailable_reason(level) is not None:
+        pytest.skip("no C++ kernel level builds here")
+
+    def read_only(*args, **kwargs):  # noqa: ANN002, ANN003
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    monkeypatch.setattr(cpu_kernels, "_failed", {})
+    cpu_kernels._load_once.cache_clear()  # noqa: SLF001
+    assert cpu_kernels.unavailable_reason(level) is None
+    cpu_kernels._load_once.cache_clear()  # noqa: SLF001
+    monkeypatch.undo()
+
+
+def test_a_bad_isa_cap_names_its_variable(monkeypatch):
+    monkeypatch.setenv("HOUCHU_CPU_ISA_MAX", "bogus")
+    with pytest.raises(ValueError, match="HOUCHU_CPU_ISA_MAX: unknown CPU ISA level 'bogus'"):
+        cpu_isa.runs(cpu_isa.level("avx2"))

@@ -114,6 +114,16 @@ def test_fused_stays_off_where_it_does_not_apply(models, kw):
     assert torch.equal(l0, l1)
 
 
+def test_the_startup_line_names_the_fused_layers_only_where_they_apply(models):
+    """A dense model has no GEMV blobs: no fused step can run, and the runner's summary
+    (and runner_bench's path column, through ``FusedDecode.applies``) does not say so."""
+    dense = _runner(models["d16"], quantization="none")
+    int4 = _runner(models["d16"], quantization="int4")
+    assert not dense.model.fused.applies(1) and int4.model.fused.applies(1)
+    assert "with fused decode layers" not in dense.summary(0.0)
+    assert "with fused decode layers" in int4.summary(0.0)
+
+
 @pytest.mark.parametrize("kv", ["auto", "int8"])
 def test_fused_greedy_tokens_through_the_runner(models, kv):
     """Decode steps through ``execute``: the same greedy tokens fused and per-op."""
