@@ -20,21 +20,24 @@ few, after a warm-up; a path four times slower than a bucket's best is not timed
 larger ones), keeps the fastest per bucket in a ``DecodeRoute`` that the model's
 quantized linears and the fused layers consult, and caches the result (``DecisionCache``,
 keyed by the model file, its format, the ISA level, the thread count and torch's version),
-so a second start only reads it. Steps of more rows than the largest bucket (prefill)
+so a second start only reads it. Measuring stops at a time budget (``TUNE_BUDGET_S``):
+buckets not yet timed then take the last timed bucket's path. A measurement cut short or
+taken on contended cores is cached as provisional: a later start uses it while its cores
+are still busy (a few probe steps tell), and measures again once they are quiet. Steps of more rows than the largest bucket (prefill)
 take the path a one-sequence prefill measured fastest among ``dense``, ``gemv`` and
 ``gemv-a8`` (``DecodeRoute.prefill``), else the layers' own rules.
 """
 
 from __future__ import annotations
 
-import os
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+
+from houchu.model.cpu_load import wait_share, waited
 
 if TYPE_CHECKING:
     from houchu.model.attention import AttentionBackend
@@ -47,6 +50,8 @@ PREFILL_PATHS = ("dense", "gemv", "gemv-a8")  # timed on a prefill-sized step
 PREFILL_TOKENS = 128  # the prompt length of that step
 CONTENDED_WAIT = 0.2  # of the threads' wall time spent waiting for a core: above it not kept
 DROP_ABOVE = 4.0  # a path this many times slower than a bucket's best is not timed further
+TUNE_BUDGET_S = 15.0  # wall seconds of measuring (4.5-8.7 s on 2 quiet cores): then it stops
+PROBE_STEPS = 4  # steps that tell whether the cores are still busy, before a provisional
 
 
 @dataclass
@@ -102,38 +107,6 @@ class DecodeRoute:
                 text += f" ({others})" if others else ""
             parts.append(text)
         return "; ".join(parts)
-
-
-def _waited() -> float:
-    """Seconds this process's threads have spent runnable but waiting for a core, summed
-    over the threads alive now (Linux ``/proc/self/task/*/schedstat``, its second field:
-    ``run_delay`` in nanoseconds). Where schedstat is missing, the involuntary context
-    switches times a 4 ms time slice stand in.
-
-    Waiting, not CPU share, tells contention: an OpenMP pool that spins keeps its CPU
-    share high while other processes hold the cores, and a quiet pool that sleeps has a
-    low share with nobody else about."""
-    total, seen = 0, False
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        tasks = []
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[1])
-            seen = True
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that ended meanwhile
-    if seen:
-        return total / 1e9
-    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw * 0.004
-
-
-def wait_share(waited_s: float, wall_s: float, threads: int) -> float:
-    """The fraction of ``threads`` threads' ``wall_s`` seconds they spent waiting for a
-    core (0: never waited; 0.5: as with one other busy process per core)."""
-    return waited_s / max(wall_s * max(threads, 1), 1e-9)
 
 
 def available_paths(model: torch.nn.Module) -> list[str]:
@@ -198,17 +171,29 @@ def attach(model: torch.nn.Module, route: DecodeRoute | None) -> None:
 
 @dataclass
 class Tuned:
-    """``tune``'s answer: the route, the measured step times (bucket -> path -> seconds),
-    the seconds measuring took (0 when read from the cache), whether it was read from
-    the cache, and whether the cores were contended while it measured (then it is not
-    stored, and the next start measures again)."""
+    """``tune``'s answer.
+
+    Attributes:
+        route: the path per bucket.
+        times: bucket -> path -> seconds of one decode step (buckets not timed absent).
+        took_s: seconds measuring took (0 when read from the cache).
+        cached: read from the cache.
+        contended: the cores were contended while it measured (wait share above
+            ``CONTENDED_WAIT``), or, read from the cache, while the probe steps ran.
+        prefill_times: path -> seconds of the prefill step, or None.
+        truncated: measuring reached ``TUNE_BUDGET_S`` (buckets or rounds left out).
+        provisional: measured contended or truncated: cached so, and measured again by
+            the first later start whose cores are quiet.
+    """
 
     route: DecodeRoute
     times: dict[int, dict[str, float]]
     took_s: float
     cached: bool
-    contended: bool = False  # measured while the cores were contended: not cached
-    prefill_times: dict[str, float] | None = None  # path -> seconds of the prefill step
+    contended: bool = False
+    prefill_times: dict[str, float] | None = None
+    truncated: bool = False
+    provisional: bool = False
 
 
 def tune(
@@ -219,6 +204,7 @@ def tune(
     cache_put: Callable[[dict], None] = lambda v: None,
     reps: int = 3,
     prefill_step: Callable[[], None] | None = None,
+    budget_s: float | None = None,
 ) -> Tuned | None:
     """Measure and attach the fastest path per bucket (see the module docstring).
 
@@ -233,6 +219,8 @@ def tune(
             burst of other work cannot spoil all of one pair's steps.
         prefill_step: runs one eager prefill step of more rows than the largest bucket
             (None: no prefill path is chosen).
+        budget_s: seconds of measuring after which no further step is timed (a bucket
+            or round already begun is finished); None: ``TUNE_BUDGET_S``.
     Returns:
         None when there is nothing to choose (dense weights, fewer than two paths).
     """
@@ -241,54 +229,106 @@ def tune(
         return None
     cached = cache_get()
     if cached and set(cached.get("paths", [])) == set(paths):
-        times = {int(b): t for b, t in cached["times"].items()}
-        pre = cached.get("prefill_times") or None
-        route = DecodeRoute(
-            {b: min(t, key=t.get) for b, t in times.items()}, min(pre, key=pre.get) if pre else None
-        )
-        attach(model, route)
-        return Tuned(route, times, 0.0, True, prefill_times=pre)
+        kept = _from_cache(cached)
+        attach(model, kept.route)
+        if not kept.provisional:
+            return kept
+        kept.contended = _cores_busy(step, buckets)
+        if kept.contended:  # still busy: the provisional answer stands
+            return kept
+    budget = TUNE_BUDGET_S if budget_s is None else budget_s
+    return _measure(model, paths, buckets, step, cache_put, reps, prefill_step, budget)
+
+
+def _from_cache(entry: dict) -> Tuned:
+    """The ``Tuned`` a cache entry holds."""
+    times = {int(b): t for b, t in entry["times"].items()}
+    table = {int(b): p for b, p in entry.get("table", {}).items()}
+    table |= {b: min(t, key=t.get) for b, t in times.items()}
+    pre = entry.get("prefill_times") or None
+    route = DecodeRoute(dict(sorted(table.items())), min(pre, key=pre.get) if pre else None)
+    provisional = bool(entry.get("provisional"))
+    return Tuned(route, times, 0.0, True, prefill_times=pre, provisional=provisional)
+
+
+def _cores_busy(step: Callable[[int], None], buckets: tuple[int, ...]) -> bool:
+    """Whether ``PROBE_STEPS`` decode steps of the smallest bucket spend more than
+    ``CONTENDED_WAIT`` of their threads' time waiting for a core."""
+    if not buckets:
+        return False
+    t0, waited0 = time.perf_counter(), waited()
+    for _ in range(PROBE_STEPS):
+        step(min(buckets))
+    took = time.perf_counter() - t0
+    return wait_share(waited() - waited0, took, torch.get_num_threads()) > CONTENDED_WAIT
+
+
+def _measure(
+    model: torch.nn.Module,
+    paths: list[str],
+    buckets: tuple[int, ...],
+    step: Callable[[int], None],
+    cache_put: Callable[[dict], None],
+    reps: int,
+    prefill_step: Callable[[], None] | None,
+    budget_s: float,
+) -> Tuned:
+    """``tune``'s measurement (its arguments), within ``budget_s`` seconds."""
     t0 = time.perf_counter()
-    waited0 = _waited()
+    waited0 = waited()
+
+    def over() -> bool:
+        return time.perf_counter() - t0 > budget_s
+
     times: dict[int, dict[str, float]] = {}
+    table: dict[int, str] = {}
     live = list(paths)  # a path DROP_ABOVE x slower than the best is not timed further up
+    truncated = False
     for b in buckets:  # the first round: a warm-up and one timed step each
+        if times and over():  # out of time: the last timed bucket's path, untimed
+            table[b], truncated = table[max(times)], True
+            continue
         times[b] = {}
         for p in live:
             attach(model, DecodeRoute({max(buckets): p}))
             times[b][p] = _best_of(lambda b=b: step(b), 1)
-        fastest = min(times[b].values())
-        live = [p for p in live if times[b][p] <= DROP_ABOVE * fastest]
+        table[b] = min(times[b], key=times[b].get)
+        live = [p for p in live if times[b][p] <= DROP_ABOVE * times[b][table[b]]]
     pre: dict[str, float] = {}
     candidates = [p for p in PREFILL_PATHS if p in paths]
-    if prefill_step is None or len(candidates) < 2:
+    if prefill_step is None or len(candidates) < 2 or over():
+        truncated |= prefill_step is not None and len(candidates) >= 2
         candidates = []
     for p in candidates:
         attach(model, DecodeRoute({max(buckets): p}, prefill=p))
         pre[p] = _best_of(prefill_step, 1)
     for _ in range(reps - 1):  # more rounds, across every (bucket, path) timed: a burst
-        for b, by_path in times.items():  # of other work (an actor starting) slows one
-            for p in by_path:  # step of each, not all the steps of one
+        if over():  # of other work (an actor starting) slows one step of each, not all
+            truncated = True  # the steps of one
+            break
+        for b, by_path in times.items():
+            for p in by_path:
                 attach(model, DecodeRoute({max(buckets): p}))
                 by_path[p] = min(by_path[p], _timed(lambda b=b: step(b)))
         for p in candidates:
             attach(model, DecodeRoute({max(buckets): p}, prefill=p))
             pre[p] = min(pre[p], _timed(prefill_step))
-    route = DecodeRoute(
-        {b: min(t, key=t.get) for b, t in times.items()}, min(pre, key=pre.get) if pre else None
-    )
+    table |= {b: min(t, key=t.get) for b, t in times.items()}
+    route = DecodeRoute(table, min(pre, key=pre.get) if pre else None)
     attach(model, route)
     took = time.perf_counter() - t0
-    contended = wait_share(_waited() - waited0, took, torch.get_num_threads()) > CONTENDED_WAIT
-    if not contended:  # a measurement taken while other processes held the cores is not kept
-        cache_put(
-            {
-                "paths": paths,
-                "times": {str(b): t for b, t in times.items()},
-                "prefill_times": pre,
-            }
-        )
-    return Tuned(route, times, took, False, contended, pre or None)
+    contended = wait_share(waited() - waited0, took, torch.get_num_threads()) > CONTENDED_WAIT
+    provisional = contended or truncated  # measured again once a start finds quiet cores
+    cache_put(
+        {
+            "paths": paths,
+            "times": {str(b): t for b, t in times.items()},
+            "table": {str(b): p for b, p in table.items()},
+            "prefill_times": pre,
+            "provisional": provisional,
+        }
+    )
+    return Tuned(route, times, took, False, contended, pre or None, truncated, provisional)
 
 
 def _timed(run: Callable[[], None]) -> float:

@@ -1,4 +1,5 @@
-"""How much of the CPU other processes take, for the thread governor (``model.threads``).
+"""How much of the CPU other processes take: for the thread governor (``model.threads``)
+and the start-up measurement (``model.autotune``).
 
 A thread-count trial that adds a thread on cores other processes keep busy is expensive:
 each of a fused decode step's ~150 barriers can wait a whole scheduler time slice for the
@@ -6,12 +7,14 @@ preempted thread (one such step took 0.5 s beside two busy loops on 2 cores, aga
 26 ms at one thread). ``CpuLoad`` reads the kernel's CPU accounting (Linux
 ``/proc/stat`` and ``/proc/self/stat``, in clock ticks) every ``every_s`` seconds and
 keeps what the rest of the machine used over the last window, in cores, so the governor
-tries a thread more only where a core is free.
+tries a thread more only where a core is free. ``waited`` and ``wait_share`` tell how long
+this process's threads waited for a core: the start-up measurement's test of contention.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -85,6 +88,38 @@ class CpuLoad:
         if self.others is None:
             return True
         return self.cpus - self.others - threads >= 0.5
+
+
+def waited() -> float:
+    """Seconds this process's threads have spent runnable but waiting for a core, summed
+    over the threads alive now (Linux ``/proc/self/task/*/schedstat``, its second field:
+    ``run_delay`` in nanoseconds). Where schedstat is missing, the involuntary context
+    switches times a 4 ms time slice stand in.
+
+    Waiting, not CPU share, tells contention: an OpenMP pool that spins keeps its CPU
+    share high while other processes hold the cores, and a quiet pool that sleeps has a
+    low share with nobody else about."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        tasks = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+            seen = True
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    if seen:
+        return total / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw * 0.004
+
+
+def wait_share(waited_s: float, wall_s: float, threads: int) -> float:
+    """The fraction of ``threads`` threads' ``wall_s`` seconds they spent waiting for a
+    core (0: never waited; 0.5: as with one other busy process per core)."""
+    return waited_s / max(wall_s * max(threads, 1), 1e-9)
 
 
 def _read_proc() -> tuple[str, str] | None:

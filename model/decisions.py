@@ -19,7 +19,10 @@ import torch
 
 from houchu.model import cpu_kernels
 
-VERSION = 3  # of the measurements' code: a change that alters answers bumps it
+VERSION = 4  # of the measurements' code: a change that alters answers bumps it
+# the variables that hold torch's own CPU kernels (ATen, oneDNN, MKL) to an ISA level: the
+# dense and torch paths' times depend on them
+TORCH_ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 FILE_NAME = "decisions.json"
 MAX_ENTRIES = 200  # per kind: one per model, format and CPU level tried on this machine
 
@@ -27,13 +30,15 @@ MAX_ENTRIES = 200  # per kind: one per model, format and CPU level tried on this
 def model_key(model_path: str | Path, *parts: object) -> str:
     """A cache key: the model file's resolved path, size and mtime, the active ISA
     level and its kernel build's key (sources, flags), the measurements' ``VERSION``,
-    torch's thread count and version, then ``parts``."""
+    torch's thread count and version, the variables that cap torch's ISA
+    (``TORCH_ISA_ENV``), then ``parts``."""
     p = Path(model_path).resolve()
     st = p.stat()
     head = [str(p), st.st_size, int(st.st_mtime)]
     level = cpu_kernels.active_level()
     build = cpu_kernels.current_build_key(level)  # the kernels' sources and flags
     tail = [level, build, VERSION, torch.get_num_threads(), torch.__version__]
+    tail += [os.environ.get(v, "") for v in TORCH_ISA_ENV]  # torch's own kernels' level
     return "|".join(str(x) for x in (*head, *tail, *parts))
 
 

@@ -109,6 +109,12 @@ def decode_paths_text(t: Tuned | None) -> str:
     ("" when not tuned)."""
     if t is None:
         return ""
-    how = "cached measurement" if t.cached else f"measured in {t.took_s:.1f}s"
-    how += "; cores contended: not cached" if t.contended else ""
+    if t.cached:
+        how = "provisional cached measurement" if t.provisional else "cached measurement"
+        how += "; cores still busy" if t.contended else ""
+    else:
+        how = f"measured in {t.took_s:.1f}s"
+        how += "; cores contended" if t.contended else ""
+        how += "; time budget reached" if t.truncated else ""
+        how += "; cached as provisional" if t.provisional else ""
     return f"{t.route.describe(t.times, t.prefill_times)} [{how}]"

@@ -65,6 +65,7 @@ def test_auto_measures_then_reads_the_cache(tiny, monkeypatch):
     import houchu.model.autotune as autotune
 
     monkeypatch.setattr(autotune, "CONTENDED_WAIT", float("inf"))  # however busy this machine is
+    monkeypatch.setattr(autotune, "TUNE_BUDGET_S", float("inf"))  # and however slow
     r = _runner(tiny, decode_paths="auto", int4_activations="auto")
     assert r.tuned is not None and not r.tuned.cached
     t = r.tuned
@@ -149,15 +150,60 @@ def test_route_lookup():
     assert torch.get_num_threads() >= 1
 
 
-def test_a_measurement_under_contention_is_not_kept(tiny, monkeypatch):
+def test_a_measurement_under_contention_is_provisional(tiny, monkeypatch):
+    """Measured on busy cores: cached as provisional. A later start on busy cores uses it
+    (its probe steps wait), the first start on quiet cores measures again and keeps that."""
     import houchu.model.autotune as autotune
 
-    calls = iter(range(0, 10**6, 1000))
-    monkeypatch.setattr(autotune, "_waited", lambda: float(next(calls)))  # 1000 s waited
+    calls = iter(range(0, 10**9, 1000))
+    monkeypatch.setattr(autotune, "waited", lambda: float(next(calls)))  # 1000 s waited
     r = _runner(tiny, decode_paths="auto")
-    assert r.tuned.contended and "cores contended: not cached" in r.decode_paths()
+    assert r.tuned.contended and r.tuned.provisional and not r.tuned.cached
+    assert "cores contended; cached as provisional" in r.decode_paths()
+    busy = _runner(tiny, decode_paths="auto")
+    assert busy.tuned.cached and busy.tuned.provisional and busy.tuned.contended
+    assert busy.tuned.route == r.tuned.route
+    assert "provisional cached measurement; cores still busy" in busy.decode_paths()
+    monkeypatch.setattr(autotune, "waited", lambda: 0.0)  # the cores are quiet now
+    quiet = _runner(tiny, decode_paths="auto")
+    assert not quiet.tuned.cached and not quiet.tuned.provisional  # measured anew
     again = _runner(tiny, decode_paths="auto")
-    assert not again.tuned.cached  # measured anew
+    assert again.tuned.cached and not again.tuned.provisional
+    assert "[cached measurement]" in again.decode_paths()
+
+
+def test_measuring_stops_at_its_time_budget(monkeypatch):
+    """Past the budget no bucket is timed: the ones left take the last timed bucket's
+    path, the answer is cached as provisional, and a cached copy routes the same."""
+    import houchu.model.autotune as autotune
+
+    current: dict[str, str] = {}
+    stored: list[dict] = []
+
+    def step(rows: int) -> None:
+        time.sleep({"fused": 0.002, "gemv": 0.004}[current["path"]] * rows)
+
+    def attach(model, route):
+        current["path"] = route.table[max(route.table)]
+
+    monkeypatch.setattr(autotune, "available_paths", lambda m: ["fused", "gemv"])
+    monkeypatch.setattr(autotune, "attach", attach)
+    monkeypatch.setattr(autotune, "waited", lambda: 0.0)
+    tuned = autotune.tune(
+        torch.nn.Module(), (1, 2, 4), step, cache_put=stored.append, budget_s=0.001
+    )
+    assert tuned.truncated and tuned.provisional and not tuned.contended
+    assert set(tuned.times) == {1}  # only the first bucket timed
+    assert tuned.route.table == {1: "fused", 2: "fused", 4: "fused"}
+    entry = stored[-1]
+    assert entry["provisional"]
+    calls = iter(range(0, 10**9, 1000))
+    monkeypatch.setattr(autotune, "waited", lambda: float(next(calls)))  # busy probe steps
+    cached = autotune.tune(torch.nn.Module(), (1, 2, 4), step, cache_get=lambda: entry)
+    assert cached.cached and cached.route == tuned.route and cached.contended
+    monkeypatch.setattr(autotune, "waited", lambda: 0.0)  # quiet: measured again in full
+    full = autotune.tune(torch.nn.Module(), (1, 2, 4), step)
+    assert not full.truncated and set(full.times) == {1, 2, 4}
 
 
 def _spin(seconds: float) -> None:
@@ -168,10 +214,11 @@ def _spin(seconds: float) -> None:
 
 def test_waiting_for_a_core_is_seen_when_other_processes_hold_them():
     """Two busy processes per core of this one: its thread waits for most of the time
-    it is runnable, and ``_waited`` sees it (run_delay, not CPU share)."""
+    it is runnable, and ``waited`` sees it (run_delay, not CPU share)."""
     import multiprocessing
 
-    from houchu.model.autotune import CONTENDED_WAIT, _waited, wait_share
+    from houchu.model.autotune import CONTENDED_WAIT
+    from houchu.model.cpu_load import wait_share, waited
 
     mask = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(mask)})  # this thread on one core
@@ -181,9 +228,9 @@ def test_waiting_for_a_core_is_seen_when_other_processes_hold_them():
         for p in busy:
             p.start()
         time.sleep(1.0)  # the busy processes are up and spinning
-        w0, t0 = _waited(), time.perf_counter()
+        w0, t0 = waited(), time.perf_counter()
         _spin(1.0)
-        share = wait_share(_waited() - w0, time.perf_counter() - t0, 1)
+        share = wait_share(waited() - w0, time.perf_counter() - t0, 1)
     finally:
         for p in busy:
             p.terminate()
@@ -211,6 +258,6 @@ def test_a_burst_of_other_work_at_the_start_does_not_decide_the_route(monkeypatc
 
     monkeypatch.setattr(autotune, "available_paths", lambda m: ["fused", "gemv"])
     monkeypatch.setattr(autotune, "attach", attach)
-    monkeypatch.setattr(autotune, "CONTENDED_WAIT", float("inf"))
+    monkeypatch.setattr(autotune, "waited", lambda: 0.0)
     tuned = autotune.tune(torch.nn.Module(), (1, 2), step, reps=3)
     assert tuned.route.table == {1: "fused", 2: "fused"}, tuned.times
