@@ -51,7 +51,7 @@ PREFILL_TOKENS = 128  # the prompt length of that step
 CONTENDED_WAIT = 0.2  # of the threads' wall time spent waiting for a core: above it not kept
 DROP_ABOVE = 4.0  # a path this many times slower than a bucket's best is not timed further
 TUNE_BUDGET_S = 15.0  # wall seconds of measuring (4.5-8.7 s on 2 quiet cores): then it stops
-PROBE_STEPS = 4  # steps that tell whether the cores are still busy, before a provisional
+PROBE_STEPS = 8  # steps that tell whether the cores are still busy, before a provisional
 
 
 @dataclass
@@ -252,15 +252,19 @@ def _from_cache(entry: dict) -> Tuned:
 
 
 def _cores_busy(step: Callable[[int], None], buckets: tuple[int, ...]) -> bool:
-    """Whether ``PROBE_STEPS`` decode steps of the smallest bucket spend more than
-    ``CONTENDED_WAIT`` of their threads' time waiting for a core."""
+    """Whether each of ``PROBE_STEPS`` decode steps of the smallest bucket spent more
+    than ``CONTENDED_WAIT`` of its threads' time waiting for a core. Other processes that
+    hold the cores make every step wait; houchu's own actors starting beside the runner
+    come in bursts, which some steps miss."""
     if not buckets:
         return False
-    t0, waited0 = time.perf_counter(), waited()
+    threads = torch.get_num_threads()
     for _ in range(PROBE_STEPS):
+        t0, waited0 = time.perf_counter(), waited()
         step(min(buckets))
-    took = time.perf_counter() - t0
-    return wait_share(waited() - waited0, took, torch.get_num_threads()) > CONTENDED_WAIT
+        if wait_share(waited() - waited0, time.perf_counter() - t0, threads) <= CONTENDED_WAIT:
+            return False
+    return True
 
 
 def _measure(
