@@ -81,6 +81,7 @@ class _Kind:
     due: dict[int, float] = field(default_factory=dict)  # direction -> next probe time
     wait: dict[int, float] = field(default_factory=dict)  # direction -> current interval
     ref_s: float | None = None  # the current count's recent median when last settled
+    name: str = ""  # the kind's key, e.g. "decode<=1"
 
     def __post_init__(self) -> None:
         self.due = {-1: self.now + self.base_s, +1: self.now + self.base_s}
@@ -174,7 +175,7 @@ class ThreadGovernor:
             self.load.tick()
         kind = self.kinds.get(key)
         if kind is None:
-            kind = self.kinds[key] = _Kind(self.max_threads, now, self.probe_every_s)
+            kind = self.kinds[key] = _Kind(self.max_threads, now, self.probe_every_s, name=key)
         n = self._pick(kind, now)
         if n != self.threads:
             self._set(n)
@@ -258,11 +259,13 @@ class ThreadGovernor:
             kind.ref_s = base
             return
         before, kind.threads, kind.ref_s = kind.threads, trial, None
+        new_s = statistics.median(got)
         kind.wait = {-1: self.probe_every_s, +1: self.probe_every_s}
         kind.due = {-1: now + self.probe_every_s, +1: now + self.probe_every_s}
         self.changes += 1
         print(
-            f"houchu runner: {before} -> {trial} threads serve faster now "
-            f"(measured cycle per token)",
+            f"houchu runner: {time.strftime('%H:%M:%S')} {kind.name}: {before} -> {trial} "
+            f"threads serve faster now (cycle per token {base * 1e3:.2f} -> "
+            f"{new_s * 1e3:.2f} ms)",
             flush=True,
         )

@@ -5,6 +5,7 @@ machine's load, never measures idle gaps, and judges each kind on its own."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 
 from houchu.model.threads import CpuLoad, ThreadGovernor, step_key
@@ -56,11 +57,17 @@ def test_more_threads_kept_where_they_are_faster():
     assert used.count(1) < 0.05 * len(used)  # trials are a small share of the steps
 
 
-def test_fewer_threads_chosen_when_they_serve_faster():
+def test_fewer_threads_chosen_when_they_serve_faster(capsys):
     """2 threads step faster alone but collide with the actors' work: the cycle is longer."""
     m = FakeMachine(lambda kind, t: (0.0033, 0.0025) if t == 2 else (0.0037, 0.0005))
     m.run_for(3.0)
     assert m.g.chosen() == {"decode<=1": 1} and m.g.changes == 1
+    # the log line: when (wall clock), which kind, and the cycles per token before and after
+    line = re.search(
+        r"runner: \d\d:\d\d:\d\d decode<=1: 2 -> 1 threads .*5\.80 -> 4\.20 ms",
+        capsys.readouterr().out,
+    )
+    assert line, "the change is logged with its time, kind and cycle times"
     assert m.run_for(1.0)[-1] == 1
 
 
