@@ -105,6 +105,11 @@ def add_levers_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--ws-connections", type=int, default=4)
     s.add_argument("--quality-text", type=Path, help="text for the lossy levers' accuracy")
     s.add_argument("--no-quality", action="store_true", help="do not measure accuracy")
+    s.add_argument(
+        "--no-defaults",
+        action="store_true",
+        help="do not measure houchu's defaults (no lever flags) beside the baseline",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--name", help="run name (default: levers-WORKLOAD-TIME)")
     o.add_argument(
@@ -256,6 +261,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         loads,
         args.repeats,
         _machine(serve_args, args.draft_model, _model_path(args)),
+        defaults=not args.no_defaults,
     )
     if args.target_load is not None and args.target_load not in [ld.value for ld in loads]:
         raise ValueError(f"--target-load {args.target_load:g} is not one of the load levels")

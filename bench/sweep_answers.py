@@ -23,7 +23,7 @@ from houchu.bench.sweep_analysis import (
     recommend,
     summarize_cells,
 )
-from houchu.bench.sweep_plan import Config, SweepPlan
+from houchu.bench.sweep_plan import DEFAULTS, Config, SweepPlan
 from houchu.bench.sweep_records import CellRun, ServerFacts
 from houchu.bench.sweep_roofline import binding, compute_format
 from houchu.dashboard.lever_catalog import canonical
@@ -155,7 +155,10 @@ def analyze(
     recommendation = None
     if rec is not None:
         config = next(c for c in plan.configs() if c.name == rec.config)
-        recommendation = {**rec.__dict__, "flags": plan.flags(config)}
+        defaults = cells.get((DEFAULTS, rec.load))
+        best = cells.get((rec.config, rec.load))
+        against = gain(best, defaults, objective) if best and defaults else None
+        recommendation = {**rec.__dict__, "flags": plan.flags(config), "against_defaults": against}
     spreads = [c.spread for c in cells.values() if c.repeats > 1]
     return {
         "levers": levers,

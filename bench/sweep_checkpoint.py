@@ -40,6 +40,7 @@ PLAN_KEYS = (
     "load_kind",
     "loads",
     "repeats",
+    "defaults",
     "draft_model",
 )
 #: The settings that name the machine a sweep was measured on.

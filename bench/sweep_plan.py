@@ -30,15 +30,23 @@ class Load:
         return f"{'c' if self.kind == 'concurrency' else 'r'}={self.value:g}"
 
 
+DEFAULTS = "defaults"  # the configuration of ``houchu serve`` with no lever flags
+
+
 @dataclass(frozen=True)
 class Config:
-    """A set of levers switched on (the others of the sweep off)."""
+    """A set of levers switched on (the others of the sweep off), or with ``defaults``
+    houchu's own defaults: no lever flag at all (the reference a recommendation is
+    judged against)."""
 
     on: frozenset[str]
+    defaults: bool = False
 
     @property
     def name(self) -> str:
-        """``baseline``, ``int4`` or ``int4+int8-kv`` (sorted)."""
+        """``baseline``, ``int4``, ``int4+int8-kv`` (sorted) or ``defaults``."""
+        if self.defaults:
+            return DEFAULTS
         return "+".join(sorted(self.on)) or "baseline"
 
 
@@ -77,6 +85,8 @@ class SweepPlan:
         loads: the load levels, lowest first.
         repeats: runs of each (configuration, load).
         machine: what applicability was judged on.
+        skipped_pairs: ``{"a+b": reason}`` for the pairs asked for and not measured.
+        defaults: whether houchu's defaults (no lever flags) are measured too.
     """
 
     levers: list[Lever]
@@ -86,18 +96,20 @@ class SweepPlan:
     repeats: int
     machine: Machine
     skipped_pairs: dict[str, str] = field(default_factory=dict)
+    defaults: bool = True
 
     def configs(self) -> list[Config]:
-        """Baseline, then each lever alone, then each pair; a lever that requires others
-        (``Lever.requires``) is measured against them alone, so that configuration is
-        added where the sweep has no such config."""
+        """Baseline, houchu's defaults, then each lever alone, then each pair; a lever
+        that requires others (``Lever.requires``) is measured against them alone, so that
+        configuration is added where the sweep has no such config."""
         out = [Config(frozenset())]
+        out += [Config(frozenset(), defaults=True)] if self.defaults else []
         out += [Config(frozenset({lv.name})) for lv in self.levers]
         out += [Config(frozenset(p)) for p in self.pairs]
         for lv in self.levers:
             ref = self.reference(lv.name)
             if ref not in out:
-                out.insert(1, ref)
+                out.insert(2 if self.defaults else 1, ref)
         return out
 
     def reference(self, name: str) -> Config:
@@ -110,7 +122,9 @@ class SweepPlan:
         """``houchu serve`` flags of a configuration: each swept lever's on or off flags
         (on also where a lever that is on requires it), in the levers' order; where a
         lever that is on and one that is off set the same flag (int4 on, int8 off: both
-        ``--quantization``), the one that is on sets its value."""
+        ``--quantization``), the one that is on sets its value. houchu's defaults: none."""
+        if config.defaults:
+            return []
         on = set(config.on)
         for name in config.on:
             on |= set(lever(name).requires)
@@ -151,6 +165,7 @@ def build_plan(
     loads: list[Load],
     repeats: int,
     machine: Machine,
+    defaults: bool = True,
 ) -> SweepPlan:
     """The plan for levers ``names``.
 
@@ -161,6 +176,7 @@ def build_plan(
         loads: load levels.
         repeats: runs per (configuration, load), at least 1.
         machine: decides which levers apply.
+        defaults: measure houchu's defaults (``houchu serve`` with no lever flag) too.
 
     Raises:
         ValueError: an unknown lever or pair, a lever named twice, no lever, repeats < 1.
@@ -207,4 +223,4 @@ def build_plan(
             pair = (a, b) if order[a] < order[b] else (b, a)
             if pair not in out:
                 out.append(pair)
-    return SweepPlan(levers, na, out, loads, repeats, machine, skipped)
+    return SweepPlan(levers, na, out, loads, repeats, machine, skipped, defaults)

@@ -52,7 +52,8 @@ def reanalyze(
     loads = [Load(s["load_kind"], float(x)) for x in s["loads"]]
     # the recorded levers ran where they were measured: judge them applicable
     ran = Machine("cuda", frozenset({"avx512_vnni"}), serve_flags, s.get("draft_model"))
-    plan = build_plan(s["levers"], ",".join(s["pairs"]) or "none", loads, s["repeats"], ran)
+    pairs = ",".join(s["pairs"]) or "none"
+    plan = build_plan(s["levers"], pairs, loads, s["repeats"], ran, s.get("defaults", False))
     old = record["answers"]
     plan.not_applicable = dict(old.get("not_applicable", {}))
     plan.skipped_pairs = dict(old.get("pairs_not_measured", {}))

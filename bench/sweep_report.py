@@ -151,12 +151,18 @@ def recommendation_text(answers: dict[str, Any], record: dict[str, Any]) -> str:
         return "-" if v is None else format(v, fmt)
 
     gain = "" if rec["gain"] is None else f", {rec['gain']:.2f}x the baseline's {rec['metric']}"
-    return (
+    text = (
         f"Recommended at load {rec['load']:g} ({rec['config']}{gain}):\n"
         f"  {shlex.join(serve)}\n"
         f"  expected: TTFT {num(m['median_ttft_ms'], '.1f')} ms, TPOT "
         f"{num(m['median_tpot_ms'], '.1f')} ms, {num(m['output_throughput'], '.1f')} output tok/s"
     )
+    d = rec.get("against_defaults")
+    if d is not None and rec["config"] != "defaults":
+        text += f"\n  against houchu's defaults (no lever flags): {d:.2f}x their {rec['metric']}"
+    elif rec["config"] == "defaults":
+        text += "\n  houchu's defaults were the fastest measured: no lever flag to add"
+    return text
 
 
 def noise_text(record: dict[str, Any]) -> str:

@@ -52,6 +52,7 @@ def sweep_settings(
         "load_kind": plan.loads[0].kind,
         "loads": [ld.value for ld in plan.loads],
         "repeats": plan.repeats,
+        "defaults": plan.defaults,
         "objective": args.objective,
         **cpu_identity(),
         "device": plan.machine.device,

@@ -104,7 +104,7 @@ def _interrupted_sweep(args: list[str], out: Path, tmp: Path) -> dict:
     assert proc.returncode == 130, stdout + stderr
     assert "interrupted by SIGINT" in stderr and "houchu levers levers" not in stderr
     assert f"--resume {out}" in stderr and "houchu levers --model" in stderr, stderr
-    assert "3 servers, 6 measured runs" in stdout, stdout
+    assert "4 servers, 8 measured runs" in stdout, stdout
     left = [
         pid
         for pid in os.listdir("/proc")
@@ -131,7 +131,7 @@ def _sweep_and_check(
     assert state["measured"][:2] == [
         {"config": "baseline", "load": x, "repeat": 0} for x in (1.0, 2.0)
     ]
-    assert len(state["measured"]) + len(state["missing"]) == 6
+    assert len(state["measured"]) + len(state["missing"]) == 8
     assert {(r["config"], r["load"]) for r in partial["runs"]} >= {("baseline", 1.0)}
     rc = main([*args, "--resume", str(out)])
     printed = capsys.readouterr().out
@@ -140,10 +140,12 @@ def _sweep_and_check(
     assert record["failures"] == {}
     assert record["sweep"]["complete"] is True and record["sweep"]["missing"] == []
     assert len(record["sweep"]["parts"]) == 2 and record["name"] == partial["name"]
-    assert f"resuming {out}: {len(state['measured'])} of 6 runs measured" in printed
+    assert f"resuming {out}: {len(state['measured'])} of 8 runs measured" in printed
     runs = record["runs"]
     assert {(r["config"], r["load"]) for r in runs} == {
-        (c, x) for c in ("baseline", "radix-cache", "chunked-prefill") for x in (1.0, 2.0)
+        (c, x)
+        for c in ("baseline", "defaults", "radix-cache", "chunked-prefill")
+        for x in (1.0, 2.0)
     }
     for r in runs:
         assert r["metrics"]["completed"] == 3 and r["metrics"]["failed"] == 0
@@ -154,6 +156,7 @@ def _sweep_and_check(
         for r in runs
     }
     assert reused["baseline", 1.0] == 0 and reused["radix-cache", 1.0] > 0
+    assert reused["defaults", 1.0] > 0  # houchu's defaults: the radix cache on
     answers = record["answers"]
     assert "CUDA" in answers["not_applicable"]["cuda-graph"]
     rc_answer = next(lv for lv in answers["levers"] if lv["lever"] == "radix-cache")
@@ -165,7 +168,9 @@ def _sweep_and_check(
         "overhead",
     )
     assert record["facts"]["baseline"]["params"] > 1e8
-    assert answers["recommendation"]["config"] in ("baseline", "radix-cache", "chunked-prefill")
+    rec = answers["recommendation"]
+    assert rec["config"] in ("baseline", "defaults", "radix-cache", "chunked-prefill")
+    assert rec["against_defaults"] is not None or rec["config"] == "defaults"
     assert "houchu serve --model" in printed and "Levers" in printed
     assert "database: run 1" in printed
     if dashboard is not None:

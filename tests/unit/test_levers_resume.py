@@ -26,7 +26,12 @@ from houchu.bench.sweep_checkpoint import (
 from houchu.bench.sweep_plan import Config, Load, build_plan
 from houchu.bench.sweep_reanalyze import reanalyze
 from houchu.bench.sweep_records import ServerFacts, SweepResult
-from houchu.bench.sweep_report import missing_text, print_report, save_record
+from houchu.bench.sweep_report import (
+    missing_text,
+    print_report,
+    recommendation_text,
+    save_record,
+)
 from houchu.bench.sweep_schedule import (
     STARTUP_ALLOWANCE_S,
     ServerEta,
@@ -46,7 +51,8 @@ PLAN_ARGS = ["--levers", "radix-cache,int4", "--pairs", "all", "--concurrency", 
 
 
 def _plan(repeats: int = 2):
-    return build_plan(["radix-cache", "int4"], "all", LOADS2, repeats, CPU)
+    # without houchu's defaults: the schedule's arithmetic below counts lever configs only
+    return build_plan(["radix-cache", "int4"], "all", LOADS2, repeats, CPU, defaults=False)
 
 
 def _one_go(plan) -> list:
@@ -96,6 +102,36 @@ def test_the_union_of_two_sessions_is_analyzed_as_one_sweep():
     a = analyze(plan, union, facts, None, native, {}, 4.0)
     b = analyze(plan, one_go, facts, None, native, {}, 4.0)
     assert a == b and a["recommendation"]["config"] == "int4+radix-cache"
+
+
+def test_the_recommendation_is_weighed_against_houchus_defaults():
+    """houchu's defaults (no lever flag) are one more configuration: the recommendation
+    says how it compares with them, and says so where they were the fastest."""
+    plan = build_plan(["radix-cache", "int4"], "all", LOADS2, 1, CPU)
+    speed = {"baseline": 10.0, "defaults": 20.0, "radix-cache": 12.0, "int4": 18.0}
+    speed["int4+radix-cache"] = 25.0
+    runs = [
+        run(c.name, ld.value, speed[c.name] * ld.value, 0)
+        for c in plan.configs()
+        for ld in plan.loads
+    ]
+    facts = {"baseline": ServerFacts(5.0, 1e8, 4e8, 1000.0, 1456, "float32", "none")}
+    a = analyze(plan, runs, facts, None, frozenset({"fp32"}), {}, 4.0)
+    rec = a["recommendation"]
+    assert rec["config"] == "int4+radix-cache" and rec["against_defaults"] == pytest.approx(1.25)
+    record = {"answers": a, "settings": {"model": "m.gguf", "serve_args": []}}
+    text = recommendation_text(a, record)
+    assert "against houchu's defaults (no lever flags): 1.25x their output_throughput" in text
+    speed["defaults"] = 30.0
+    runs = [
+        run(c.name, ld.value, speed[c.name] * ld.value, 0)
+        for c in plan.configs()
+        for ld in plan.loads
+    ]
+    best = analyze(plan, runs, facts, None, frozenset({"fp32"}), {}, 4.0)
+    assert best["recommendation"]["config"] == "defaults"
+    assert best["recommendation"]["flags"] == []
+    assert "houchu's defaults were the fastest measured" in recommendation_text(best, record)
 
 
 def test_sweep_state_lists_the_measured_and_missing_cells():

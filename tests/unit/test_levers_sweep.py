@@ -28,6 +28,7 @@ def test_configs_toggle_each_lever_as_asked():
     names = [c.name for c in plan.configs()]
     assert names == [
         "baseline",
+        "defaults",  # houchu serve with no lever flag: what a recommendation is judged against
         "radix-cache",
         "int4",
         "int8-kv",
@@ -37,6 +38,9 @@ def test_configs_toggle_each_lever_as_asked():
     ]
     base = plan.flags(Config(frozenset()))
     assert base == ["--disable-radix-cache", "--quantization", "none", "--kv-cache-dtype", "auto"]
+    assert plan.flags(Config(frozenset(), defaults=True)) == []
+    without = build_plan(["radix-cache", "int4"], "none", LOADS, 1, CPU, defaults=False)
+    assert [c.name for c in without.configs()] == ["baseline", "radix-cache", "int4"]
     assert plan.flags(Config(frozenset({"int4"}))) == [
         "--disable-radix-cache",
         "--quantization",
@@ -216,6 +220,8 @@ def test_a_lever_that_requires_another_runs_with_it_and_is_measured_against_it()
     baseline) kv-tiers runs with it on, its gains come from radix-cache alone, and the
     pair of the two is no pair."""
     plan = build_plan(["radix-cache", "kv-tiers"], "interacting", LOADS, 1, CPU)
+    names = [c.name for c in plan.configs()]
+    assert names == ["baseline", "defaults", "radix-cache", "kv-tiers"]
     assert (
         plan.pairs == []
         and "kv-tiers runs with radix-cache on" in (plan.skipped_pairs["radix-cache+kv-tiers"])
@@ -225,7 +231,7 @@ def test_a_lever_that_requires_another_runs_with_it_and_is_measured_against_it()
     assert plan.reference("kv-tiers") == Config(frozenset({"radix-cache"}))
     assert plan.reference("radix-cache") == Config(frozenset())
     alone = build_plan(["kv-tiers"], "none", LOADS, 1, CPU)  # radix on in the baseline
-    assert [c.name for c in alone.configs()] == ["baseline", "kv-tiers"]
+    assert [c.name for c in alone.configs()] == ["baseline", "defaults", "kv-tiers"]
     assert alone.reference("kv-tiers") == Config(frozenset())
 
 
