@@ -9,17 +9,28 @@ in one child process (started on first use, kept for the next), on a thread with
 the runner's stack: a grammar that kills the child is refused, the child is started
 again, and the gateway serves on. A grammar that passes here is compiled by the runner
 with the same engine (``houchu.model.grammar``), with twice the stack.
+
+One grammar is checked at a time (a crash fails every grammar queued in the child's
+pool, so none is queued there), and the last ``VERDICTS_KEPT`` verdicts are kept, so a
+grammar sent again (a client retrying a refused request) is answered without the child.
+The callers wait on a thread of their own (``houchu.api.parse_thread``): the gateway's
+event loop serves every other request meanwhile.
 """
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 #: Seconds one validation may take (llguidance's own limits end a slow compile first).
 VALIDATE_TIMEOUT_S = 60.0
+#: Verdicts kept, by the grammar's hash: the newest first out of the cache last.
+VERDICTS_KEPT = 512
 
 
 class EngineCrashed(Exception):
@@ -56,26 +67,54 @@ def _validate(grammar: str) -> tuple[bool, list[str]]:
 
 
 class _Guard:
-    """One child process that validates grammars, started again after a crash."""
+    """One child process that validates grammars one at a time, started again after a
+    crash, and the verdicts of the last ``VERDICTS_KEPT`` grammars."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, check: Callable[[str], tuple[bool, list[str]]] = _validate) -> None:
+        self._run = check  # what the child runs (a module-level function: pickled by name)
+        self._lock = threading.Lock()  # one check at a time
         self._pool: ProcessPoolExecutor | None = None
+        self._verdicts: OrderedDict[bytes, tuple[bool, list[str]] | str] = OrderedDict()
 
     def validate(self, grammar: str) -> tuple[bool, list[str]]:
+        key = hashlib.blake2b(grammar.encode(), digest_size=16).digest()
         with self._lock:
-            if self._pool is None:
-                ctx = multiprocessing.get_context("spawn")  # no forked event loop or threads
-                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
-            pool = self._pool
+            verdict = self._verdicts.get(key)
+            if verdict is None:
+                verdict = self._check(grammar)
+                self._verdicts[key] = verdict
+                while len(self._verdicts) > VERDICTS_KEPT:
+                    self._verdicts.popitem(last=False)
+            self._verdicts.move_to_end(key)
+        if isinstance(verdict, str):
+            raise EngineCrashed(verdict)
+        return verdict
+
+    def _check(self, grammar: str) -> tuple[bool, list[str]] | str:
+        """The child's verdict, or the crash's message (under the lock)."""
+        if self._pool is None:
+            ctx = multiprocessing.get_context("spawn")  # no forked event loop or threads
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+        pool = self._pool
         try:
-            return pool.submit(_validate, grammar).result(timeout=VALIDATE_TIMEOUT_S)
-        except BrokenProcessPool as e:
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = None
+            return pool.submit(self._run, grammar).result(timeout=VALIDATE_TIMEOUT_S)
+        except BrokenProcessPool:
+            self._pool = None
             pool.shutdown(wait=False, cancel_futures=True)
-            raise EngineCrashed("the grammar engine (llguidance) crashed on it") from e
+            return "the grammar engine (llguidance) crashed on it"
+        except TimeoutError:
+            self._pool = None  # the child is still compiling it: the next check gets a
+            _kill_workers(pool)  # fresh one, not a wait behind this grammar
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+def _kill_workers(pool: ProcessPoolExecutor) -> None:
+    """Ends ``pool``'s child processes (one stuck compiling a grammar). Before
+    ``shutdown``, which forgets them; ``ProcessPoolExecutor.terminate_workers`` does
+    this from Python 3.14."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.kill()
 
 
 _GUARD = _Guard()
@@ -85,8 +124,12 @@ def validate(grammar: str) -> tuple[bool, list[str]]:
     """llguidance's ``(is_error, messages)`` for ``grammar`` (its text, as
     ``llguidance.grammar_from`` writes it), computed in the guard's child process.
 
+    Blocks (on a lock and the child) for up to ``VALIDATE_TIMEOUT_S`` seconds behind
+    every check queued before it: call it off the event loop.
+
     Raises:
-        EngineCrashed: the engine killed the child compiling ``grammar``.
+        EngineCrashed: the engine killed the child compiling ``grammar`` (now or when
+            the same grammar was checked before).
         TimeoutError: no answer within ``VALIDATE_TIMEOUT_S`` seconds.
     """
     return _GUARD.validate(grammar)

@@ -31,6 +31,7 @@ from houchu.api.engine_client import EngineError
 from houchu.api.errors import api_error, error_body, json_response
 from houchu.api.limits import StreamGuard
 from houchu.api.openai_format import ChatFormatter, CompletionFormatter, Formatter, Tally
+from houchu.api.parse_thread import off_loop
 from houchu.api.request_parts import check_model
 from houchu.api.state import INFO_WAIT_S, STATE_KEY
 from houchu.api.tokenize import with_suffix
@@ -126,7 +127,8 @@ async def _admitted(
     state = request.app[STATE_KEY]
     body = decode_body(await request.read())
     limits = await state.runner_limits()
-    parsed = parse(
+    parsed = await off_loop(  # a grammar's check waits for the engine's child process
+        parse,
         body,
         model_name=state.model_name,
         max_context=limits.max_context,

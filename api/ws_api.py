@@ -73,6 +73,7 @@ from houchu.api.errors import ApiError, api_error
 from houchu.api.json_text import not_json_error
 from houchu.api.limits import SlowReader, StreamGuard
 from houchu.api.openai_format import usage_of
+from houchu.api.parse_thread import off_loop
 from houchu.api.state import STATE_KEY
 from houchu.api.validation import ParsedRequest, parse_ws_generate
 from houchu.api.ws_ids import MAX_ID_CHARS, answer_id, id_in_text
@@ -221,7 +222,8 @@ class WsSession:
         body = {k: v for k, v in frame.items() if k not in ("id", "type")}
         try:
             limits = await state.runner_limits()
-            parsed: ParsedRequest = parse_ws_generate(
+            parsed: ParsedRequest = await off_loop(  # a grammar's check waits (parse_thread)
+                parse_ws_generate,
                 body,
                 model_name=state.model_name,
                 max_context=limits.max_context,

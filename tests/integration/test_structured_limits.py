@@ -324,3 +324,53 @@ def test_a_tool_argument_with_special_token_text(server) -> None:
     )
     (call,) = out.choices[0].message.tool_calls
     assert json.loads(call.function.arguments) == {"s": "<|im_end|>"}
+
+
+def _rule_chain(n: int) -> str:
+    """A Lark chain of ``n`` rules: past some thousands the engine's recursion crashes
+    its process (``houchu.api.grammar_guard``)."""
+    rules = "\n".join(f'r{i}: r{i + 1} | "x"' for i in range(n - 1))
+    return f'start: r0\n{rules}\nr{n - 1}: "x"'
+
+
+def test_health_answers_while_grammars_are_checked(server) -> None:
+    """Grammars are checked one at a time in a child process, off the gateway's event
+    loop: while three crashing grammars wait their turn (each crash restarts the child),
+    ``/health`` and ``/v1/models`` are answered (found by the issue 20 review: parsed on
+    the loop, four such grammars held every endpoint for 7.8 s)."""
+    url = f"{server.url}/v1/chat/completions"
+    model = _model(server)
+
+    async def timed(session, method: str, target: str, body=None) -> tuple[int, float]:
+        async with session.request(method, target, json=body) as r:
+            await r.read()
+            return r.status, asyncio.get_running_loop().time()
+
+    async def run() -> tuple[list[tuple[int, float]], tuple[int, float], ...]:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s:
+            bad = [
+                asyncio.create_task(
+                    timed(
+                        s,
+                        "POST",
+                        url,
+                        {"model": model, "messages": ASK, "guided_grammar": _rule_chain(3100 + i)},
+                    )
+                )
+                for i in range(3)
+            ]
+            await asyncio.sleep(0.3)  # the checks have begun
+            health = await timed(s, "GET", f"{server.url}/health")
+            models = await timed(s, "GET", f"{server.url}/v1/models")
+            refused = await asyncio.gather(*bad)
+            plain = {"model": model, "messages": ASK, "max_tokens": 2}
+            served = await timed(s, "POST", url, plain)  # and the server serves on
+            return refused, health, models, served
+
+    bad, health, models, served = asyncio.run(run())
+    assert [status for status, _ in bad] == [400, 400, 400]
+    assert health[0] == 200 and models[0] == 200 and served[0] == 200
+    last_refusal = max(done for _, done in bad)
+    assert health[1] < last_refusal and models[1] < last_refusal

@@ -3,6 +3,8 @@ asked (the gateway) lives on: ``houchu.api.grammar_guard`` compiles them in a ch
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from houchu.api.errors import ApiError
@@ -77,3 +79,39 @@ def test_an_ordinary_deep_grammar_still_compiles() -> None:
 
     grammar = grammar_from("lark", _rule_chain(200))
     assert checked(grammar, "guided_grammar", "grammar") == grammar
+
+
+def test_a_crashing_grammar_sent_again_is_refused_from_its_verdict() -> None:
+    """A client retrying a refused request costs no second crash (each restarts the
+    child: about 3 s on 2 busy cores, during which every other check waits)."""
+    from llguidance import grammar_from
+
+    from houchu.api import grammar_guard
+
+    crasher = grammar_from("lark", 'start: %json {"const": -9223372036854775808, "x": 1}')
+    for _ in range(2):
+        with pytest.raises(ApiError) as e:
+            checked(crasher, "guided_grammar", "grammar")
+        assert "crashed" in e.value.failure.message
+        # the crash left no child, and the second time none was started: its verdict
+        assert grammar_guard._GUARD._pool is None
+
+
+def _slow_check(grammar: str) -> tuple[bool, list[str]]:
+    """A check that takes long on "slow" (the guard's child runs it)."""
+    if grammar == "slow":
+        time.sleep(60)
+    return False, []
+
+
+def test_a_check_past_its_time_does_not_hold_up_the_next(monkeypatch) -> None:
+    """The child still compiling a grammar past ``VALIDATE_TIMEOUT_S`` is ended: the next
+    grammar is checked by a fresh child, not queued behind the slow one."""
+    from houchu.api import grammar_guard
+
+    monkeypatch.setattr(grammar_guard, "VALIDATE_TIMEOUT_S", 5.0)
+    guard = grammar_guard._Guard(check=_slow_check)
+    guard.validate("warm")  # the child started (spawned: a second or two)
+    with pytest.raises(TimeoutError):
+        guard.validate("slow")
+    assert guard.validate("next") == (False, [])  # within 5 s, or TimeoutError
