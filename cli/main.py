@@ -13,7 +13,12 @@ from houchu.actors.config import ServeConfig
 from houchu.bench.cli import add_bench_parser, run_bench
 from houchu.bench.levers_cli import add_levers_parser, run_levers
 from houchu.cli.fetch import FetchError, fetch_default_model
-from houchu.options.checks import check_device, check_serve_args, check_tensor_parallel
+from houchu.options.checks import (
+    check_device,
+    check_mtp,
+    check_serve_args,
+    check_tensor_parallel,
+)
 from houchu.options.parser import add_serve_parser, config_from_args
 
 
@@ -99,6 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
     args.model = str(Path(args.model).resolve())
     config = config_from_args(args)
     why = check_tensor_parallel(config.runner, config.model)
+    why = why or check_mtp(config.speculation.speculative, config.model)
     if why is not None:
         print(f"houchu: {why}", file=sys.stderr)
         return 2

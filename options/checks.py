@@ -208,3 +208,18 @@ def check_device(args: argparse.Namespace) -> str | None:
     except DeviceError as e:
         return str(e)
     return None
+
+
+def check_mtp(speculative: str | None, model: str) -> str | None:
+    """Why ``--speculative mtp`` cannot run ``model``, in one line (None: it can, or MTP
+    is not asked for). Reads the model's configuration and safetensors headers only, so
+    a GGUF file or a checkpoint without MTP layers is refused before anything loads."""
+    if speculative != "mtp":
+        return None
+    from houchu.model.mtp import MTPUnavailable, mtp_layer_index
+
+    try:
+        mtp_layer_index(model)
+    except MTPUnavailable as e:
+        return str(e)
+    return None

@@ -210,3 +210,36 @@ def test_checkpoints_without_mtp_layers_fail_at_startup(tmp_path, mtp_model):
         attach_mtp(ModelRunner(str(dsv3), exact(), quiet=True), str(dsv3), 2)
     assert mtp_layer_index(mtp_model) == 2
     assert runner.mtp is None
+
+
+@pytest.mark.parametrize("kind", ["gguf", "no-mtp-folder"])
+def test_serve_refuses_mtp_without_mtp_layers_before_loading(tmp_path, kind):
+    """``houchu serve --speculative mtp`` on a GGUF file or a checkpoint without MTP
+    layers: one line and exit 2 before any actor starts (it loaded the whole model and
+    ended in a traceback before)."""
+    import subprocess
+    import sys
+
+    if kind == "gguf":
+        model = tmp_path / "m.gguf"
+        model.touch()
+    else:
+        model = make_tiny_llama(tmp_path / "llama")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "houchu.cli",
+            "serve",
+            "--model",
+            str(model),
+            "--speculative",
+            "mtp",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "mtp" in out.stderr.lower()
+    assert out.stdout == ""  # no actor was started
