@@ -45,7 +45,7 @@ from houchu.bench import runner_limits
 from houchu.model import cpu_isa, cpu_kernels
 from houchu.model.model_runner import ModelRunner
 from houchu.model.qlinear import quant_act_dtype
-from houchu.model.w8a8 import W8A8_MIN_ROWS
+from houchu.model.w8a8 import W8A8_MIN_ROWS, int_mm_pays
 from houchu.options.runner_options import RunnerOptions
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 
@@ -213,7 +213,8 @@ def print_table(
     for r in rows:
         gbs = r.bytes / r.step_s / 1e9
         fl = r.flops / r.step_s
-        w8a8_gemm = r.fmt == "w8a8" and r.tokens >= W8A8_MIN_ROWS
+        # w8a8's int8 GEMMs run from W8A8_MIN_ROWS where the probe found them paying
+        w8a8_gemm = r.fmt == "w8a8" and r.tokens >= W8A8_MIN_ROWS and int_mm_pays()
         gemm_fmt = "int8" if w8a8_gemm or r.fmt in INT8_ACTS else r.compute
         # the step's time at the peaks of the formats its parts compute in: only w8a8's
         # int8 GEMMs differ from its attention

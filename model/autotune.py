@@ -21,7 +21,9 @@ larger ones), keeps the fastest per bucket in a ``DecodeRoute`` that the model's
 quantized linears and the fused layers consult, and caches the result (``DecisionCache``,
 keyed by the model file, its format, the ISA level, the thread count and torch's version),
 so a second start only reads it. Measuring stops at a time budget (``TUNE_BUDGET_S``):
-buckets not yet timed then take the last timed bucket's path. A measurement cut short or
+buckets not yet timed then take the last timed bucket's path (each bucket times that
+path first), a bucket cut short chooses among the paths it timed, and a prefill choice
+cut short is not made. A measurement cut short or
 taken on contended cores is cached as provisional: a later start uses it while its cores
 are still busy (a few probe steps tell), and measures again once they are quiet. Steps of more rows than the largest bucket (prefill)
 take the path a one-sequence prefill measured fastest among ``dense``, ``gemv`` and
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from houchu.model.cpu_load import wait_share, waited
+from houchu.model.decode_route import DecodeRoute
 
 if TYPE_CHECKING:
     from houchu.model.attention import AttentionBackend
@@ -52,61 +55,6 @@ CONTENDED_WAIT = 0.2  # of the threads' wall time spent waiting for a core: abov
 DROP_ABOVE = 4.0  # a path this many times slower than a bucket's best is not timed further
 TUNE_BUDGET_S = 15.0  # wall seconds of measuring (4.5-8.7 s on 2 quiet cores): then it stops
 PROBE_STEPS = 8  # steps that tell whether the cores are still busy, before a provisional
-
-
-@dataclass
-class DecodeRoute:
-    """Which path a decode step of ``rows`` rows takes.
-
-    Attributes:
-        table: bucket (rows) -> path; a step of ``rows`` rows takes the path of the
-            smallest bucket >= rows.
-        prefill: the path of steps above the largest bucket, or None (the layers'
-            rules).
-    """
-
-    table: dict[int, str]
-    prefill: str | None = None
-
-    def __post_init__(self) -> None:
-        # every quantized linear asks on every step: the buckets sorted once
-        self._order = sorted(self.table.items())
-
-    def path_for(self, rows: int) -> str | None:
-        """The path for a step of ``rows`` rows, or None (no choice made for it)."""
-        for b, path in self._order:
-            if rows <= b:
-                return path
-        return self.prefill
-
-    def describe(
-        self,
-        times: dict[int, dict[str, float]] | None = None,
-        prefill_times: dict[str, float] | None = None,
-    ) -> str:
-        """E.g. "b<=1 fused 2.4 ms (gemv 3.1, torch 9.0); b<=32 dense 20.1 ms (...);
-        prefill gemv-a8 40.2 ms (dense 90.3)": consecutive buckets with the same path
-        merged when no times are given, times in milliseconds."""
-        parts, buckets = [], sorted(self.table)
-        for i, b in enumerate(buckets):
-            if i + 1 < len(buckets) and self.table[buckets[i + 1]] == self.table[b] and not times:
-                continue
-            path = self.table[b]
-            text = f"b<={b} {path}"
-            if times and b in times:
-                others = ", ".join(f"{p} {t * 1e3:.1f}" for p, t in times[b].items() if p != path)
-                text += f" {times[b][path] * 1e3:.1f} ms" + (f" ({others})" if others else "")
-            parts.append(text)
-        if self.prefill is not None:
-            text = f"prefill {self.prefill}"
-            if prefill_times and self.prefill in prefill_times:
-                others = ", ".join(
-                    f"{p} {t * 1e3:.1f}" for p, t in prefill_times.items() if p != self.prefill
-                )
-                text += f" {prefill_times[self.prefill] * 1e3:.1f} ms"
-                text += f" ({others})" if others else ""
-            parts.append(text)
-        return "; ".join(parts)
 
 
 def available_paths(model: torch.nn.Module) -> list[str]:
@@ -219,8 +167,9 @@ def tune(
             burst of other work cannot spoil all of one pair's steps.
         prefill_step: runs one eager prefill step of more rows than the largest bucket
             (None: no prefill path is chosen).
-        budget_s: seconds of measuring after which no further step is timed (a bucket
-            or round already begun is finished); None: ``TUNE_BUDGET_S``.
+        budget_s: seconds of measuring after which no further step is timed (the step
+            running then finishes: the budget is overrun by at most one path's warm-up and
+            timed step); None: ``TUNE_BUDGET_S``.
     Returns:
         None when there is nothing to choose (dense weights, fewer than two paths).
     """
@@ -293,17 +242,25 @@ def _measure(
             table[b], truncated = table[max(times)], True
             continue
         times[b] = {}
+        if table:  # the last bucket's winner first: timed whatever the budget leaves
+            live.sort(key=lambda p: p != table[max(table)])
         for p in live:
+            if times[b] and over():  # the paths left are not timed at this bucket
+                truncated = True
+                break
             attach(model, DecodeRoute({max(buckets): p}))
             times[b][p] = _best_of(lambda b=b: step(b), 1)
         table[b] = min(times[b], key=times[b].get)
-        live = [p for p in live if times[b][p] <= DROP_ABOVE * times[b][table[b]]]
+        fastest = times[b][table[b]]
+        live = [p for p in live if p not in times[b] or times[b][p] <= DROP_ABOVE * fastest]
     pre: dict[str, float] = {}
     candidates = [p for p in PREFILL_PATHS if p in paths]
-    if prefill_step is None or len(candidates) < 2 or over():
-        truncated |= prefill_step is not None and len(candidates) >= 2
+    if prefill_step is None or len(candidates) < 2:
         candidates = []
     for p in candidates:
+        if over():  # a choice among some of them could be the slow one: none is made
+            pre, candidates, truncated = {}, [], True
+            break
         attach(model, DecodeRoute({max(buckets): p}, prefill=p))
         pre[p] = _best_of(prefill_step, 1)
     for _ in range(reps - 1):  # more rounds, across every (bucket, path) timed: a burst
@@ -312,9 +269,13 @@ def _measure(
             break
         for b, by_path in times.items():
             for p in by_path:
+                if over():
+                    break
                 attach(model, DecodeRoute({max(buckets): p}))
                 by_path[p] = min(by_path[p], _timed(lambda b=b: step(b)))
         for p in candidates:
+            if over():
+                break
             attach(model, DecodeRoute({max(buckets): p}, prefill=p))
             pre[p] = min(pre[p], _timed(prefill_step))
     table |= {b: min(t, key=t.get) for b, t in times.items()}

@@ -77,13 +77,13 @@ NAMES = tuple(lv.name for lv in LEVELS)
 
 
 def level(name: str) -> Level:
-    """The level called ``name``.
+    """The level called ``name`` (any case).
 
     Raises:
         ValueError: no such level (the message lists them).
     """
     for lv in LEVELS:
-        if lv.name == name:
+        if lv.name == name.lower():  # "AVX2" as torch's own variables spell it
             return lv
     raise ValueError(f"unknown CPU ISA level {name!r} (one of {', '.join(NAMES)})")
 
@@ -144,9 +144,15 @@ def _cap_level(cap: str) -> Level:
         ValueError: not a level (the message names the variable and the levels).
     """
     try:
-        return level(cap)
+        lv = level(cap)
     except ValueError as e:
         raise ValueError(f"HOUCHU_CPU_ISA_MAX: {e}") from None
+    if lv.kernels and platform.machine() not in lv.arch:
+        raise ValueError(
+            f"HOUCHU_CPU_ISA_MAX: {lv.name} is a level of {'/'.join(lv.arch)}, this CPU is "
+            f"{platform.machine()}"
+        )
+    return lv
 
 
 def usable(features: frozenset[str] | None = None, machine: str | None = None) -> list[str]:
@@ -184,7 +190,7 @@ def choose(requested: str | None = None) -> str:
         raise ValueError(f"{source}: {e}") from None
     if not runs(lv):
         raise ValueError(f"{source} {name}: {why_not(lv)}")
-    return name
+    return lv.name
 
 
 #: Environment that keeps torch's own CPU kernels (ATen's dispatch, oneDNN, MKL) at or
@@ -215,18 +221,23 @@ def torch_env(name: str) -> dict[str, str]:
     return dict(_TORCH_ENV.get(name, {}))
 
 
+_BF16 = frozenset({"avx512_bf16", "amx_bf16"})  # features that compute bf16 natively
+_INT8 = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})  # int8 dot products
+
+
 def native_units(name: str, features: frozenset[str] | None = None) -> frozenset[str]:
     """The matmul number formats torch's kernels compute natively at level ``name`` on
     this CPU: ``fp32`` always; ``bf16`` with AVX512-BF16 or AMX; ``int8`` with
     AVX512-VNNI, AVX-VNNI or AMX. A level forced below the CPU's best (with
-    ``torch_env``, or capped by ``$HOUCHU_CPU_ISA_MAX``) gives up every unit beyond fp32."""
+    ``torch_env``, or capped by ``$HOUCHU_CPU_ISA_MAX``) keeps only the units its own
+    features give (``avx2_vnni``: int8; ``avx2``, ``avx512``: none beyond fp32)."""
     f = features if features is not None else cpu_features()
     if name not in ("generic", _best_uncapped(f)):
-        return frozenset({"fp32"})
+        f = level(name).needs  # torch is held to the level: its features only
     units = {"fp32"}
-    if f & {"avx512_bf16", "amx_bf16"}:
+    if f & _BF16:
         units.add("bf16")
-    if f & {"avx512_vnni", "avx_vnni", "amx_int8"}:
+    if f & _INT8:
         units.add("int8")
     return frozenset(units)
 

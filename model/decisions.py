@@ -42,6 +42,9 @@ def model_key(model_path: str | Path, *parts: object) -> str:
     return "|".join(str(x) for x in (*head, *tail, *parts))
 
 
+_WARNED: set[Path] = set()  # caches whose "not written" warning was printed
+
+
 class DecisionCache:
     """A small JSON file of measured answers, read and written under a file lock
     (``$HOUCHU_NO_DECISION_CACHE=1`` turns it off: every start measures).
@@ -54,7 +57,8 @@ class DecisionCache:
     def __init__(self, path: Path | None = None) -> None:
         env = os.environ.get("HOUCHU_DECISION_CACHE")
         self.path = path or (Path(env) if env else cpu_kernels.cache_dir() / FILE_NAME)
-        if self.path.is_dir():  # a folder given: the file in it
+        folder = bool(env) and path is None and env.endswith(("/", os.sep))  # "dir/": one
+        if folder or self.path.is_dir():  # a folder given: the file in it
             self.path = self.path / FILE_NAME
         self.enabled = os.environ.get("HOUCHU_NO_DECISION_CACHE") != "1"
 
@@ -83,11 +87,13 @@ class DecisionCache:
                 tmp.write_text(json.dumps(data))
                 tmp.replace(self.path)
         except OSError as exc:
-            print(
-                f"houchu: decision cache {self.path} not written ({exc}); "
-                "the next start measures again",
-                file=sys.stderr,
-            )
+            if self.path not in _WARNED:  # once per file and process
+                _WARNED.add(self.path)
+                print(
+                    f"houchu: decision cache {self.path} not written ({exc}); "
+                    "the next start measures again",
+                    file=sys.stderr,
+                )
 
     def _read(self) -> dict[str, dict[str, Any]]:
         try:

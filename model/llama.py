@@ -26,10 +26,10 @@ from torch import nn
 
 from houchu.model.attention import AttentionBackend
 from houchu.model.attention_window import layer_attention
-from houchu.model.autotune import DecodeRoute
 from houchu.model.batch import StepBatch
 from houchu.model.block_parts import apply_norm, softcap
 from houchu.model.config import ModelConfig
+from houchu.model.decode_route import DecodeRoute
 from houchu.model.decoder_layer import DecoderLayer, frozen_param, norm_kind
 from houchu.model.fused_cpu import FusedDecode
 from houchu.model.kv_pool import KVPool

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from houchu.model import cpu_isa, cpu_kernels
-from houchu.model.autotune import DecodeRoute
+from houchu.model.decode_route import DecodeRoute
 from houchu.model.linear import LinearBase, onednn_available, packed_matmul
 from houchu.model.quant import (
     Int4Weight,

@@ -64,6 +64,12 @@ def step_key(num_tokens: int, all_decode: bool) -> str:
     return f"{'decode' if all_decode else 'prefill'}<={bucket}"
 
 
+#: The share of a core the other processes must keep busy for a new step kind to start
+#: with a thread fewer (below it: houchu's own actors, which use part of a core while
+#: the runner serves, do not cost a thread)
+HELD_CORE = 0.9
+
+
 @dataclass
 class _Kind:
     """One step kind's measurements: recent cycle seconds per token by thread count, and
@@ -175,7 +181,7 @@ class ThreadGovernor:
             self.load.tick()
         kind = self.kinds.get(key)
         if kind is None:
-            kind = self.kinds[key] = _Kind(self.max_threads, now, self.probe_every_s, name=key)
+            kind = self.kinds[key] = _Kind(self._first_count(), now, self.probe_every_s, name=key)
         n = self._pick(kind, now)
         if n != self.threads:
             self._set(n)
@@ -185,6 +191,17 @@ class ThreadGovernor:
         cur.end = self._clock()
         self._last = cur
         return out
+
+    def _first_count(self) -> int:
+        """A new step kind's thread count: all of them, less one per core the other
+        processes hold (``HELD_CORE`` of one, by ``load``'s last window), at least one.
+        A server started beside two busy loops on 2 cores ran its first request's
+        decode steps at two threads, 1.3 s per token, until a trial found one thread's
+        29 ms 40 steps later."""
+        others = self.load.others if self.load is not None else None
+        if others is None:
+            return self.max_threads
+        return max(1, self.max_threads - int(others / HELD_CORE))
 
     def _measure(self, now: float) -> None:
         last = self._last

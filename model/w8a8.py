@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -120,8 +121,9 @@ class W8A8Linear(Int8Linear):
 
     def _int8_gemm_here(self, x: torch.Tensor) -> bool:
         """Whether the quantized-activation GEMM runs for x: FP8 always; int8 only where
-        ``torch._int_mm`` is exact (``int_mm_exact``), else the rows run weight-only."""
-        return self.fmt != "int8" or x.device.type != "cpu" or int_mm_exact()
+        ``torch._int_mm`` is exact and faster than the dense matmul (``int_mm_pays``),
+        else the rows run weight-only."""
+        return self.fmt != "int8" or x.device.type != "cpu" or int_mm_pays()
 
     def _fused_at(self, x: torch.Tensor) -> bool:
         """Whether the int8 GEMM of x runs on houchu's C++ kernels."""
@@ -186,3 +188,47 @@ def int_mm_exact() -> bool:
             file=sys.stderr,
         )
     return exact
+
+
+#: The GEMM ``int_mm_pays`` times: a 128-token prefill through a 1024 x 1024 projection.
+PROBE_SHAPE = (128, 1024, 1024)
+#: How much slower than the dense matmul the int8 GEMM may be and still run: a near tie
+#: (7.4 against 7.1 ms on an AMX Xeon, busy) keeps it, as a noisy probe must not flip
+#: W8A8's numbers between starts; oneDNN held to AVX2_VNNI there took 1.9x (17.6 ms).
+INT_MM_SLOWER = 1.5
+
+
+@functools.cache
+def int_mm_pays() -> bool:
+    """Whether W8A8's int8 GEMM runs on this CPU (probed once, printed when not): where
+    ``torch._int_mm`` is exact (``int_mm_exact``) and, on a ``PROBE_SHAPE`` GEMM, less
+    than ``INT_MM_SLOWER`` times the dense matmul that weight-only rows of that size run
+    (in the CPU layers' activation dtype; the fastest of 5 alternated calls each). Measured, not assumed from
+    the CPU's flags: with oneDNN held to AVX2_VNNI on an AVX-512 host, a 128-token W8A8
+    prefill took 720 ms against the weight-only path's 203 ms."""
+    if not int_mm_exact():
+        return False
+    from houchu.model.qlinear import quant_act_dtype
+
+    m, k, n = PROBE_SHAPE
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)  # [M, K]
+    b = torch.randint(-127, 128, (k, n), dtype=torch.int8, generator=g)  # [K, N]
+    dtype = quant_act_dtype("cpu")
+    af, bf = a.to(dtype), b.to(dtype)
+    best = {"int8": float("inf"), "dense": float("inf")}
+    torch._int_mm(a, b), af @ bf  # warm-up: first-call costs
+    for _ in range(5):
+        for name, run in (("int8", lambda: torch._int_mm(a, b)), ("dense", lambda: af @ bf)):
+            t0 = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    if best["int8"] < INT_MM_SLOWER * best["dense"]:
+        return True
+    print(
+        f"houchu: torch._int_mm is slower than the dense matmul on this CPU "
+        f"({best['int8'] * 1e3:.2f} ms against {best['dense'] * 1e3:.2f} ms for "
+        f"{m}x{k}x{n}): W8A8 layers run their int8 weights weight-only",
+        file=sys.stderr,
+    )
+    return False

@@ -4,6 +4,7 @@ never hands a CPU a build it cannot run."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,19 @@ def test_a_bad_isa_cap_names_its_variable(monkeypatch):
     monkeypatch.setenv("HOUCHU_CPU_ISA_MAX", "bogus")
     with pytest.raises(ValueError, match="HOUCHU_CPU_ISA_MAX: unknown CPU ISA level 'bogus'"):
         cpu_isa.runs(cpu_isa.level("avx2"))
+
+
+def test_a_cap_of_another_architecture_is_refused(monkeypatch):
+    """``HOUCHU_CPU_ISA_MAX=neon`` on x86 (or ``avx2`` on arm) would leave only
+    ``generic``: an error naming the variable, not a silent torch-only start."""
+    other = "neon" if platform.machine() in ("x86_64", "AMD64") else "avx2"
+    monkeypatch.setenv("HOUCHU_CPU_ISA_MAX", other)
+    with pytest.raises(ValueError, match=f"HOUCHU_CPU_ISA_MAX: {other} is a level of"):
+        cpu_isa.usable()
+
+
+def test_level_names_are_taken_in_any_case(monkeypatch):
+    monkeypatch.delenv("HOUCHU_CPU_ISA_MAX", raising=False)
+    assert cpu_isa.level("AVX2").name == "avx2"
+    monkeypatch.setenv("HOUCHU_CPU_ISA", "GENERIC")
+    assert cpu_isa.choose() == "generic"  # the level's own name, lower case

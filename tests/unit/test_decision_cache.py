@@ -25,6 +25,17 @@ def test_an_unwritable_cache_warns(tmp_path: Path, monkeypatch, capsys) -> None:
     cache.put("route", "k", 1)
     assert "not written" in capsys.readouterr().err
     assert cache.get("route", "k") is None
+    cache.put("compile", "k", 2)  # said once per file: the start-up's second put is quiet
+    assert capsys.readouterr().err == ""
+
+
+def test_a_folder_not_made_yet_is_named_by_its_slash(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HOUCHU_DECISION_CACHE", f"{tmp_path / 'new'}/")
+    monkeypatch.delenv("HOUCHU_NO_DECISION_CACHE", raising=False)
+    cache = DecisionCache()
+    assert cache.path == tmp_path / "new" / FILE_NAME
+    cache.put("route", "k", 1)
+    assert (tmp_path / "new").is_dir() and DecisionCache().get("route", "k") == 1
 
 
 def test_turned_off_it_neither_reads_nor_writes(tmp_path: Path, monkeypatch) -> None:

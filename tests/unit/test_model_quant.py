@@ -65,14 +65,16 @@ def test_quantized_linears_match_dequantized_matmul(rows):
         torch.testing.assert_close(w8a8(x), x @ w.t(), atol=tol * ref8.abs().max(), rtol=tol)
 
 
-def test_w8a8_runs_outlier_features_in_float():
+def test_w8a8_runs_outlier_features_in_float(monkeypatch):
     """Two features 100x larger than the rest (as LLM activations have): with per-token
     int8 alone they set every row's scale and the ordinary features lose their precision;
     with the LLM.int8() decomposition the error is that of the int8 weights alone."""
+    from houchu.model import w8a8
     from houchu.model.w8a8 import int_mm_exact
 
     if not int_mm_exact():
         pytest.skip("torch._int_mm saturates on this CPU: W8A8 runs weight-only here")
+    monkeypatch.setattr(w8a8, "int_mm_pays", lambda: True)  # the GEMM, whatever its speed
     g = torch.Generator().manual_seed(7)
     w = torch.randn(64, 256, generator=g) * 0.05
     x = torch.randn(64, 256, generator=g)
@@ -205,14 +207,30 @@ def test_runner_quantized_generates_and_reports_levers(tiny_dir, quant, kv):
 
 
 def test_w8a8_runs_weight_only_where_int_mm_saturates(monkeypatch):
-    """Where ``torch._int_mm`` is not exact (a CPU without int8 dot products), W8A8's
-    rows run its int8 weights weight-only: the int8 layer's numbers, never the saturated
-    GEMM's."""
+    """Where ``torch._int_mm`` is not exact (a CPU without int8 dot products) or slow
+    (``int_mm_pays``), W8A8's rows run its int8 weights weight-only: the int8 layer's
+    numbers, never the GEMM's."""
     import houchu.model.w8a8 as w8a8
 
     g = torch.Generator().manual_seed(9)
     w = torch.randn(48, 128, generator=g) * 0.05
     x = torch.randn(200, 128, generator=g)
-    monkeypatch.setattr(w8a8, "int_mm_exact", lambda: False)
+    monkeypatch.setattr(w8a8, "int_mm_pays", lambda: False)
     layer = W8A8Linear(w)
     assert torch.equal(layer(x), Int8Linear.forward(layer, x))
+
+
+def test_the_int8_gemm_runs_only_where_the_probe_finds_it_pays(monkeypatch, capsys):
+    """``int_mm_pays``: an inexact ``torch._int_mm`` never runs; an exact one runs unless
+    it was ``INT_MM_SLOWER`` times slower than the dense matmul (printed once)."""
+    import houchu.model.w8a8 as w8a8
+
+    probe = w8a8.int_mm_pays.__wrapped__  # uncached
+    monkeypatch.setattr(w8a8, "int_mm_exact", lambda: False)
+    assert probe() is False
+    monkeypatch.setattr(w8a8, "int_mm_exact", lambda: True)
+    monkeypatch.setattr(w8a8, "INT_MM_SLOWER", 0.0)  # no GEMM is that fast
+    assert probe() is False
+    assert "W8A8 layers run their int8 weights weight-only" in capsys.readouterr().err
+    monkeypatch.setattr(w8a8, "INT_MM_SLOWER", float("inf"))  # any GEMM is fast enough
+    assert probe() is True

@@ -71,6 +71,9 @@ def test_native_units_follow_the_level():
     assert cpu_isa.native_units("avx2", avx512) == {"fp32"}  # forced below the best
     assert cpu_isa.native_units("avx2_vnni", avx2_vnni) == {"fp32", "int8"}  # its best
     assert cpu_isa.native_units("avx2", avx2_vnni) == {"fp32"}  # forced below the best
+    # forced below the best, a level keeps what its own features give: AVX-VNNI's int8
+    assert cpu_isa.native_units("avx2_vnni", avx512 | {"avx_vnni"}) == {"fp32", "int8"}
+    assert cpu_isa.native_units("avx512", avx512) == {"fp32"}  # no VNNI, no BF16 there
     assert cpu_isa.torch_env_for("avx2", avx512)["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert cpu_isa.torch_env_for("avx2_vnni", avx2_vnni) == {}
     assert cpu_isa.torch_env_for("avx2", avx2_vnni)["ONEDNN_MAX_CPU_ISA"] == "AVX2"

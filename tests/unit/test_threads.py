@@ -219,6 +219,19 @@ def test_no_trial_of_a_thread_more_while_the_cores_are_busy():
     assert 2 in m.run_for(2.0) and m.g.chosen() == {"decode<=1": 2}
 
 
+def test_a_new_kind_starts_with_a_thread_less_per_core_others_hold():
+    """The first steps of a kind run at the count the load leaves: one thread where two
+    busy processes hold both cores (the trial that found it came 40 slow steps late),
+    both where only part of a core is taken, all where the load is unknown."""
+    for others, first in ((1.9, 1), (1.0, 1), (0.5, 2), (None, 2)):
+        load = FakeLoad()
+        load.others = others
+        m = FakeMachine(lambda kind, t: (0.005, 0.001))
+        m.g.load = load
+        assert m.step() == first, others
+        assert m.g.chosen() == {"decode<=1": first}
+
+
 def _proc_stat(total: tuple[int, ...], own: tuple[int, int]) -> tuple[str, str]:
     """(/proc/stat, /proc/self/stat) texts: the summed cpu line, one line per usable CPU."""
     cpus = "".join(f"cpu{i} 1 0 0 0\n" for i in range(len(os.sched_getaffinity(0))))
