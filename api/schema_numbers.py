@@ -18,7 +18,9 @@ number of ``const`` or ``enum`` in its own decimal form (no exponent: ``1e-07`` 
   through), and the engine fails to compile one outside its range ("Failed to generate
   regex for integer range"): a lower bound must lie in (-2^63, 10^18), an upper bound in
   (-10^18, 2^63), as doubles (an integer upper bound of 2^63 or more compiles, but the
-  engine then stops at 2^63 - 1).
+  engine then stops at 2^63 - 1);
+- ``multipleOf`` must be greater than 0 (JSON Schema); the engine refuses 0 but takes a
+  negative one.
 
 ``wrong_number`` finds the first such number and where it is (a JSON Pointer), so the
 400 can name it before the engine sees the schema. It recurses per level: it is given
@@ -78,6 +80,9 @@ def wrong_number(schema: Any, at: str = "#") -> tuple[str, str] | None:
             )
         elif key in _LOWER | _UPPER and numeric and _is_number(value):
             found = _wrong_bound(key, value, here)
+        elif key == "multipleOf" and numeric and _is_number(value) and value <= 0:
+            # JSON Schema: strictly positive; the engine took a negative one as given
+            found = here, f"'multipleOf' {value} at {here} must be greater than 0"
         elif key in NAMED_SUBSCHEMAS and isinstance(value, dict):
             found = next(
                 (

@@ -29,11 +29,12 @@ The server answers with frames carrying the client's ``id``:
   With ``tools`` a delta's ``text`` is the reply's content only
   (never the call markup) and ``"tool_calls"`` carries OpenAI's tool-call deltas, as the
   SSE stream has them (``houchu.api.ws_jobs``); then
-- one ``{"id", "type": "final", "finish_reason", "usage", "text": ""}`` (with tools, also
+- one ``{"id", "type": "final", "finish_reason", "stop_reason", "usage", "text": ""}``
+  (``stop_reason``: vLLM's, as on the HTTP API; with tools, also
   the reply's ``content``, the delta texts joined, and ``tool_calls``); ``usage`` is the
   OpenAI usage object with ``prompt_tokens_details.cached_tokens``. With ``n`` > 1 every
   delta carries its choice's ``"index"``, and the final frame (after every choice ended)
-  has ``"choices": [{"index", "finish_reason"}]``; ``finish_reason`` is choice 0's and
+  has ``"choices": [{"index", "finish_reason", "stop_reason"}]``; ``finish_reason`` is choice 0's and
   ``usage`` counts every choice. An aborted request
   ends with a final frame whose ``finish_reason`` is ``"abort"``; one the engine failed
   after taking it (an actor died and is restarting) with ``finish_reason: "error"``,
@@ -285,6 +286,7 @@ class WsSession:
             "id": job.client_id,
             "type": "final",
             "finish_reason": finish_reason,
+            "stop_reason": job.tallies[0].stop_reason,
             "usage": usage_of(job.tallies),
             "text": "",
         }
@@ -296,6 +298,7 @@ class WsSession:
                 choice: dict[str, Any] = {
                     "index": i,
                     "finish_reason": t.finish_reason or finish_reason,
+                    "stop_reason": t.stop_reason,
                 }
                 if job.tools is not None and err is None:
                     choice.update(job.tool_reply(i, choice["finish_reason"]))

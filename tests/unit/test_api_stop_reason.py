@@ -1,7 +1,8 @@
 """vLLM's ``stop_reason`` on the HTTP API (issue 20): every choice of a whole answer
 has it (the stop string or ``stop_token_ids`` id that ended the choice, else null), and
 so has the chunk that ends a streamed choice, as vLLM sends them; the answers and chunks
-validate against the OpenAPI document, which describes the field."""
+validate against the OpenAPI document, which describes the field. The WebSocket API's
+final frame has it too, per choice."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from houchu.transport.messages import GenerateRequest, TextDelta
 
 from .test_api_basics import FakeEngine, read_sse, serve
 from .test_api_openapi_answers import DOC, _event_validator, _validator
+from .test_api_ws import collect
 
 
 class StoppingEngine(FakeEngine):
@@ -88,3 +90,22 @@ def test_the_document_describes_stop_reason() -> None:
     for name in ("ChatChoice", "CompletionChoice", "ChatChunkChoice", "CompletionChunkChoice"):
         types = {s.get("type") for s in schemas[name]["properties"]["stop_reason"]["anyOf"]}
         assert types == {"integer", "string", "null"}, (name, types)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [({"stop": ["\n\n", "END"]}, "\n\n"), ({"stop_token_ids": [42]}, 42), ({}, None)],
+)
+async def test_the_websocket_final_frame_has_stop_reason(
+    api: Any, fields: dict[str, Any], reason: int | str | None
+) -> None:
+    async with api.client.ws_connect("/ws") as ws:
+        await ws.send_json({"id": "one", "prompt": "Hi", "max_tokens": 3, **fields})
+        await ws.send_json({"id": "two", "prompt": "Hi", "max_tokens": 3, "n": 2, **fields})
+        frames = await collect(ws, {"one", "two"})
+    one, two = frames["one"][-1], frames["two"][-1]
+    assert one["type"] == "final" and (one["finish_reason"], one["stop_reason"]) == (
+        "stop",
+        reason,
+    )
+    assert [(c["index"], c["stop_reason"]) for c in two["choices"]] == [(0, reason), (1, reason)]

@@ -172,3 +172,23 @@ def test_numbers_the_engine_would_crash_on_are_refused_without_asking_it() -> No
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.strip() == "refused"
+
+
+def test_a_multiple_of_zero_or_less_is_refused_where_it_is() -> None:
+    """JSON Schema's ``multipleOf`` is strictly positive; llguidance refuses 0 but took
+    -1 as given (found by the issue 20 review)."""
+    for value in (-1, -0.5, 0):
+        at, why = wrong_number({"properties": {"n": {"type": "number", "multipleOf": value}}})
+        assert at == "#/properties/n/multipleOf" and "must be greater than 0" in why
+    assert wrong_number({"type": "integer", "multipleOf": 3}) is None
+    assert wrong_number({"type": "string", "multipleOf": -1}) is None  # no number here
+
+
+async def test_a_negative_multiple_of_is_a_400() -> None:
+    async with serve_vocab() as api:
+        schema = {"type": "number", "multipleOf": -1}
+        status, out = await api.post(
+            "/v1/chat/completions",
+            {"messages": MESSAGES, "max_tokens": 2, "guided_json": schema},
+        )
+    assert status == 400 and "multipleOf" in out["error"]["message"], out

@@ -68,6 +68,7 @@ async def test_one_request(api: Api) -> None:
         "id": "a",
         "type": "final",
         "finish_reason": "length",
+        "stop_reason": None,
         "usage": USAGE,
         "text": "",
     }
