@@ -2,7 +2,7 @@
 // LLM.int8()'s outlier features, Dettmers et al. 2022), dynamic per-token int8
 // quantization that sets the outlier features aside, and the epilogue that scales the
 // int32 products back and adds the outlier features' product with their int8 weight
-// columns, computed in the same pass (AVX-512 where the CPU has it).
+// columns, computed in the same pass (AVX-512 or AVX2 tiles where the CPU has them).
 //
 // Numerics follow houchu.model.quant.quantize_rows_int8 and W8A8Linear._int8_gemm:
 // scale = max(absmax / 127, 1e-10), q = clamp(round_half_even(x / scale), -127, 127);
@@ -13,6 +13,7 @@
 #include "library.h"
 
 #include "norm_rope.h"
+#include "simd.h"
 #include "vec.h"
 
 #include <algorithm>
@@ -190,6 +191,58 @@ inline void epilogue_tile(const int32_t* a, const float* xs, const float* ws, co
 }
 #endif
 
+#ifdef HOUCHU_AVX2
+// epilogue_tile's AVX2 form: NR rows x 32 columns (4 x 8 lanes) from column i, the same
+// arithmetic (one fma per outlier product; a bfloat16 pair's odd element first, as
+// vdpbf16ps adds them), so every level gives epilogue_one's bits. Without it the avx2_vnni
+// level, whose int8 GEMM runs (AVX-VNNI), spent 5.4 ms of a 6.1 ms 128 x 576 -> 1536
+// W8A8 layer in the scalar epilogue.
+template <typename T, int NR>
+inline void epilogue_tile(const int32_t* a, const float* xs, const float* ws, const T* xrow,
+                          const T* w_out, int64_t slots, int64_t n, int64_t i, T* o,
+                          int64_t o_stride) {
+  constexpr int64_t pw = std::is_same_v<T, float> ? 1 : 2;
+  __m256 acc[NR][4];
+  for (int r = 0; r < NR; ++r) {
+    const __m256 sv = _mm256_set1_ps(xs[r]);
+    for (int b = 0; b < 4; ++b) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + r * n + i + b * 8));
+      acc[r][b] = _mm256_mul_ps(_mm256_cvtepi32_ps(v), sv);
+    }
+  }
+  for (int64_t j = 0; j < slots; ++j) {
+    const T* wj = w_out + (j * n + i) * pw;
+    if constexpr (std::is_same_v<T, float>) {
+      __m256 wv[4];
+      for (int b = 0; b < 4; ++b) wv[b] = _mm256_loadu_ps(wj + b * 8);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 xb = _mm256_set1_ps(xrow[r * slots + j]);
+        for (int b = 0; b < 4; ++b) acc[r][b] = _mm256_fmadd_ps(xb, wv[b], acc[r][b]);
+      }
+    } else {  // 8 columns' (even, odd) pairs per 256 bits: a bfloat16 is a float's top half
+      __m256 w0[4], w1[4];
+      for (int b = 0; b < 4; ++b) {
+        const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wj + b * 16));
+        w0[b] = _mm256_castsi256_ps(_mm256_slli_epi32(p, 16));
+        w1[b] = _mm256_castsi256_ps(_mm256_and_si256(p, _mm256_set1_epi32(0xFFFF0000u)));
+      }
+      for (int r = 0; r < NR; ++r) {
+        const T* xq = xrow + (r * slots + j) * 2;
+        const __m256 x0 = _mm256_set1_ps(static_cast<float>(xq[0]));
+        const __m256 x1 = _mm256_set1_ps(static_cast<float>(xq[1]));
+        for (int b = 0; b < 4; ++b) {
+          acc[r][b] = _mm256_fmadd_ps(x1, w1[b], acc[r][b]);
+          acc[r][b] = _mm256_fmadd_ps(x0, w0[b], acc[r][b]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int b = 0; b < 4; ++b)
+      simd::store8(o + r * o_stride + b * 8, _mm256_mul_ps(acc[r][b], _mm256_loadu_ps(ws + i + b * 8)));
+}
+#endif
+
 // One row's column i of (acc * xs + outliers · w_out) * ws, rounded to T (the portable
 // path; xq: the row's padded outliers). Bit-equal to epilogue_tile: one rounding per
 // product added (fma; a bfloat16 product is exact in float32), a pair's odd element
@@ -231,20 +284,26 @@ void epilogue_rows(const int32_t* ap, const float* xs, const float* ws, const T*
   }
   bool vectorized = false;
 #ifdef HOUCHU_AVX512
+  constexpr int64_t kTile = 64;  // columns per epilogue_tile
   vectorized = std::is_same_v<T, float>;
 #ifdef __AVX512BF16__
   vectorized = true;
 #endif
+#elif defined(HOUCHU_AVX2)
+  constexpr int64_t kTile = 32;
+  vectorized = true;
+#else
+  constexpr int64_t kTile = 64;
 #endif
-  const int64_t c64 = vectorized ? cols / 64 * 64 : 0;
+  const int64_t c64 = vectorized ? cols / kTile * kTile : 0;  // the tiles' columns
   for (int64_t r = r0; r < r1; r += NR) {
     const int64_t nr = std::min<int64_t>(NR, r1 - r);
     for (int64_t q = 0; q < nr; ++q)
       std::copy(xo + (r + q) * c, xo + (r + q + 1) * c, xrow.begin() + q * slots * pw);
     // columns [from, from + cols) of y for rows r.. into dst (row stride cols)
     auto half = [&](int64_t from, T* dst) {
-#ifdef HOUCHU_AVX512
-      for (int64_t i = 0; i < c64; i += 64) {
+#if defined(HOUCHU_AVX512) || defined(HOUCHU_AVX2)
+      for (int64_t i = 0; i < c64; i += kTile) {
         if (nr == NR) {
           epilogue_tile<T, NR>(ap + r * n, xs + r, ws, xrow.data(), w_out, slots, n, from + i,
                                dst + i, cols);

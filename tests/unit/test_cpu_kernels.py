@@ -291,3 +291,34 @@ def test_argmax_rows_rejects_bad_input():
         cpu_kernels.ops().argmax_rows(torch.zeros(2, 0))
     with pytest.raises(RuntimeError, match=r"\[R, V\]"):
         cpu_kernels.ops().argmax_rows(torch.zeros(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_epilogue_gives_the_same_bits_at_every_level(dtype):
+    """W8A8's epilogue (the AVX-512 and AVX2 tiles, the portable loop for the columns
+    past the last tile and where no tile exists) gives the same bits at every level this
+    CPU runs: one fma per outlier product, in the same order."""
+    from houchu.model import cpu_isa as isa
+    from tests.conftest import KERNEL_LEVELS
+
+    g = torch.Generator().manual_seed(3)
+    m, k, n, c = 7, 96, 200, 5  # 200 columns: whole tiles and a tail at 32 and 64 lanes
+    acc = torch.randint(-(2**20), 2**20, (m, n), dtype=torch.int32, generator=g)
+    xs, ws = torch.rand(m, 1, generator=g), torch.rand(n, generator=g)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    cols = torch.randperm(k, generator=g)[:c].contiguous()
+    outl = (torch.randn(m, c, generator=g) * 30).to(dtype)
+    before, got = cpu_kernels.active_level(), {}
+    try:
+        for level in KERNEL_LEVELS:
+            if not isa.runs(isa.level(level)) or cpu_kernels.unavailable_reason(level):
+                continue
+            cpu_kernels.select(level)
+            for silu in (False, True):
+                got[level, silu] = cpu_kernels.ops().int8_epilogue(acc, xs, ws, outl, w, cols, silu)
+    finally:
+        cpu_kernels.select(before)
+    levels = sorted({lv for lv, _ in got})
+    assert len(levels) >= 1
+    for (level, silu), y in got.items():
+        assert torch.equal(y, got[levels[0], silu]), (level, levels[0], silu)
