@@ -237,7 +237,8 @@ def _reanalyze(args: argparse.Namespace) -> int:
 
     record = read_record(args.reanalyze)
     flags = frozenset(f.name for g in GROUPS for f in g.flags)
-    record = reanalyze(record, flags, cpu_isa.native_units(cpu_isa.usable()[0]))
+    native = cpu_isa.native_units(cpu_isa.usable()[0])
+    record = reanalyze(record, flags, native, args.target_load)
     console = Console(width=None if sys.stdout.isatty() else 200)
     print_report(record, console)
     if args.output:

@@ -37,14 +37,19 @@ def record_limits(record: dict[str, Any]) -> Limits | None:
 
 
 def reanalyze(
-    record: dict[str, Any], serve_flags: frozenset[str], native: frozenset[str]
+    record: dict[str, Any],
+    serve_flags: frozenset[str],
+    native: frozenset[str],
+    target_load: float | None = None,
 ) -> dict[str, Any]:
     """``record`` with its ``answers`` computed again from its runs (``serve_flags``:
     this build's ``houchu serve`` flags; ``native``: the matmul formats of the CPU the
-    record was measured on, for the roofline).
+    record was measured on, for the roofline), the matrix and the recommendation at
+    ``target_load`` (None: the record's own).
 
     Raises:
-        ValueError: the record is not a ``houchu levers`` record.
+        ValueError: the record is not a ``houchu levers`` record, or ``target_load`` is
+            not one of its loads.
     """
     s = record.get("settings") or {}
     if s.get("backend") != "houchu levers" or "runs" not in record:
@@ -62,7 +67,10 @@ def reanalyze(
     quality = {lv["lever"]: lv["accuracy"] for lv in old["levers"] if lv["accuracy"]}
     lim = record_limits(record)
     objective = old.get("objective", "output_throughput")
-    answers = analyze(plan, runs, facts, lim, native, quality, old["target_load"], objective)
+    target = old["target_load"] if target_load is None else target_load
+    if target not in [ld.value for ld in loads]:
+        raise ValueError(f"--target-load {target:g} is not one of the record's loads")
+    answers = analyze(plan, runs, facts, lim, native, quality, target, objective)
     state = record.get("sweep") or {}
     complete = bool(state.get("complete", True))  # records before checkpoints: whole
     out = {**record, "answers": answers}

@@ -320,3 +320,19 @@ def test_dry_run_prints_the_plan_and_estimate(tmp_path, capsys):
         "  int4: 2 server(s), 4 run(s): --compile off --disable-radix-cache --quantization int4"
         in out
     )
+
+
+def test_reanalyze_answers_at_another_target_load(tmp_path):
+    """``--reanalyze FILE --target-load X``: the matrix and the recommendation at X, one
+    of the record's loads; another load is refused in one line."""
+    plan = _plan()
+    facts = {"baseline": ServerFacts(5.0, 1e8, 4e8, 1000.0, 1456, "float32", "none")}
+    ctx, _, _ = _session(_args(tmp_path), plan)
+    record = ctx.record(plan, SweepResult(_one_go(plan), facts, {}, 90.0), {}, True, 8)
+    assert record["answers"]["target_load"] == 4.0  # the highest, by default
+    at1 = reanalyze(json.loads(json.dumps(record)), SERVE_FLAGS, frozenset({"fp32"}), 1.0)
+    answers = at1["answers"]
+    assert answers["target_load"] == 1.0 and answers["recommendation"]["load"] == 1.0
+    assert answers["matrix"] and all(p["load"] == 1.0 for p in answers["matrix"])
+    with pytest.raises(ValueError, match="--target-load 2 is not one of the record's loads"):
+        reanalyze(record, SERVE_FLAGS, frozenset({"fp32"}), 2.0)
