@@ -30,7 +30,7 @@ from houchu.api import grammar_guard
 from houchu.api.errors import ApiError
 from houchu.api.grammar_words import describe, endless
 from houchu.api.json_depth import depth_words, too_deep
-from houchu.api.lark_rules import endless_rules
+from houchu.api.lark_rules import ebnf_to_lark, endless_rules
 from houchu.api.schema import (
     ResponseFormatJsonObject,
     ResponseFormatJsonSchema,
@@ -313,7 +313,7 @@ def _grammar_source(req: SamplingFields, param: str) -> str:
 
 def _grammar(text: str) -> str:
     """A Lark grammar, or GBNF/EBNF (``::=``) converted to Lark."""
-    return grammar_from("ebnf" if "::=" in text else "lark", text)
+    return ebnf_to_lark(text) if "::=" in text else grammar_from("lark", text)
 
 
 def _forms(
@@ -349,7 +349,7 @@ def _forms(
         ("guided_choice", "choice", req.guided_choice, choice_grammar),
         ("guided_grammar", "grammar", req.guided_grammar, _grammar),
         ("regex", "regex", req.regex, regex_grammar),
-        ("ebnf", "grammar", req.ebnf, lambda v: grammar_from("ebnf", v)),
+        ("ebnf", "grammar", req.ebnf, ebnf_to_lark),
     ):
         if value is not None:
             out.append((param, kind, lambda b=build, v=value: b(v)))

@@ -107,14 +107,17 @@ class WsSession:
         self._app = app
         self._ws = ws
         self._jobs: dict[str, WsJob] = {}
+        # requests whose frame is being parsed (a grammar's check can take seconds): the
+        # task that parses, then runs it
+        self._pending: dict[str, asyncio.Task[None]] = {}
         self._send_lock = asyncio.Lock()
         limit = app[STATE_KEY].limits.stream_buffer_bytes
         self._guard = StreamGuard(transport, limit, "websocket")
 
     @property
     def num_in_flight(self) -> int:
-        """Requests running on this socket."""
-        return len(self._jobs)
+        """Requests running on this socket, or being parsed."""
+        return len(self._jobs) + len(self._pending)
 
     async def send(self, frame: dict[str, Any]) -> None:
         """Send one frame; a socket already closed swallows it."""
@@ -202,8 +205,11 @@ class WsSession:
             await self.send_error(client_id, err)
 
     async def _start(self, client_id: ClientId, frame: dict[str, Any]) -> None:
+        """Refuse a duplicate id or a full socket at once; else parse the frame and run
+        the request on a task of its own, so that the next frames (an abort among them)
+        are read while a grammar is checked."""
         key = str(client_id)
-        if key in self._jobs:
+        if key in self._jobs or key in self._pending:
             err = ApiError(
                 f"request id {client_id!r} is already in flight on this socket",
                 param="id",
@@ -211,7 +217,7 @@ class WsSession:
             )
             await self.send_error(client_id, err)
             return
-        if len(self._jobs) >= MAX_IN_FLIGHT_PER_SOCKET:
+        if self.num_in_flight >= MAX_IN_FLIGHT_PER_SOCKET:
             err = ApiError(
                 f"at most {MAX_IN_FLIGHT_PER_SOCKET} requests may be in flight per socket",
                 status=429,
@@ -219,33 +225,48 @@ class WsSession:
             )
             await self.send_error(client_id, err)
             return
-        state = self._app[STATE_KEY]
         body = {k: v for k, v in frame.items() if k not in ("id", "type")}
+        self._pending[key] = asyncio.create_task(self._parse_and_run(client_id, key, body))
+
+    async def _parse_and_run(self, client_id: ClientId, key: str, body: dict[str, Any]) -> None:
+        """Parse ``body`` off the event loop (``parse_thread``), then run the request on
+        this same task (an abort cancels it in either phase)."""
         try:
-            limits = await state.runner_limits()
-            parsed: ParsedRequest = await off_loop(  # a grammar's check waits (parse_thread)
-                parse_ws_generate,
-                body,
-                model_name=state.model_name,
-                max_context=limits.max_context,
-                vocab_size=limits.vocab_size,
+            state = self._app[STATE_KEY]
+            try:
+                limits = await state.runner_limits()
+                parsed: ParsedRequest = await off_loop(
+                    parse_ws_generate,
+                    body,
+                    model_name=state.model_name,
+                    max_context=limits.max_context,
+                    vocab_size=limits.vocab_size,
+                )
+            except ApiError as err:
+                await self.send_error(client_id, err)
+                return
+            reqs = parsed.to_generates(f"ws-{uuid.uuid4().hex}-{key}")
+            job = WsJob(
+                client_id,
+                parsed.sampling.logprobs,
+                parsed.sampling.top_logprobs,
+                n=len(reqs),
+                prompt_logprobs=parsed.prompt_logprobs is not None,
+                echo=parsed.sampling.echo,
+                parser=parsed.tools.parser(state.tool_call_parser) if parsed.tools else None,
+                record=parsed.record(),
             )
-        except ApiError as err:
+        except Exception:
+            log.exception("unexpected error parsing a websocket frame")
+            err = ApiError("internal server error", status=500, code="internal_error")
             await self.send_error(client_id, err)
             return
-        reqs = parsed.to_generates(f"ws-{uuid.uuid4().hex}-{key}")
-        job = WsJob(
-            client_id,
-            parsed.sampling.logprobs,
-            parsed.sampling.top_logprobs,
-            n=len(reqs),
-            prompt_logprobs=parsed.prompt_logprobs is not None,
-            echo=parsed.sampling.echo,
-            parser=parsed.tools.parser(state.tool_call_parser) if parsed.tools else None,
-            record=parsed.record(),
-        )
+        finally:
+            if self._pending.get(key) is asyncio.current_task():
+                del self._pending[key]
         self._jobs[key] = job
-        job.task = asyncio.create_task(self._run(key, job, reqs))
+        job.task = asyncio.current_task()
+        await self._run(key, job, reqs)
 
     async def _run(self, key: str, job: WsJob, reqs: list[GenerateRequest]) -> None:
         try:
@@ -309,6 +330,13 @@ class WsSession:
         await self.send(frame)
 
     async def _abort(self, client_id: ClientId, *, explicit: bool) -> None:
+        pending = self._pending.get(str(client_id)) if explicit else None
+        if pending is not None:  # still parsing: nothing ran, the final frame says so
+            pending.cancel()
+            await asyncio.wait([pending])
+            if pending.cancelled():
+                await self._send_final(WsJob(client_id, False, 0), "abort")
+            return
         job = self._jobs.get(str(client_id)) if explicit else None
         if job is None or job.task is None:
             err = ApiError(
@@ -326,6 +354,7 @@ class WsSession:
     async def close(self) -> None:
         """Abort every request still in flight (the socket is closed)."""
         tasks = [job.task for job in self._jobs.values() if job.task is not None]
+        tasks += list(self._pending.values())
         for task in tasks:
             task.cancel()
         if tasks:

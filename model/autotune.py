@@ -132,6 +132,7 @@ class Tuned:
         truncated: measuring reached ``TUNE_BUDGET_S`` (buckets or rounds left out).
         provisional: measured contended or truncated: cached so, and measured again by
             the first later start whose cores are quiet.
+        stored: (measured) the cache took it; False where it could not be written.
     """
 
     route: DecodeRoute
@@ -142,6 +143,7 @@ class Tuned:
     prefill_times: dict[str, float] | None = None
     truncated: bool = False
     provisional: bool = False
+    stored: bool = True  # measured: whether the cache took it
 
 
 def tune(
@@ -149,7 +151,7 @@ def tune(
     buckets: tuple[int, ...],
     step: Callable[[int], None],
     cache_get: Callable[[], dict | None] = lambda: None,
-    cache_put: Callable[[dict], None] = lambda v: None,
+    cache_put: Callable[[dict], bool | None] = lambda v: False,
     reps: int = 3,
     prefill_step: Callable[[], None] | None = None,
     budget_s: float | None = None,
@@ -160,7 +162,8 @@ def tune(
         model: the loaded model.
         buckets: decode batch sizes to choose for.
         step: runs one eager decode step of the given number of rows.
-        cache_get, cache_put: read / store the measurement (a JSON-able dict).
+        cache_get, cache_put: read / store the measurement (a JSON-able dict);
+            ``cache_put`` returns False where it could not store it.
         reps: timed steps per (bucket, path), the best taken, after one warm-up step:
             one in a first round over the buckets in order (where the slow paths drop
             out), the rest in later rounds over every pair timed, so that a passing
@@ -221,7 +224,7 @@ def _measure(
     paths: list[str],
     buckets: tuple[int, ...],
     step: Callable[[int], None],
-    cache_put: Callable[[dict], None],
+    cache_put: Callable[[dict], bool | None],
     reps: int,
     prefill_step: Callable[[], None] | None,
     budget_s: float,
@@ -284,7 +287,7 @@ def _measure(
     took = time.perf_counter() - t0
     contended = wait_share(waited() - waited0, took, torch.get_num_threads()) > CONTENDED_WAIT
     provisional = contended or truncated  # measured again once a start finds quiet cores
-    cache_put(
+    stored = cache_put(
         {
             "paths": paths,
             "times": {str(b): t for b, t in times.items()},
@@ -293,7 +296,9 @@ def _measure(
             "provisional": provisional,
         }
     )
-    return Tuned(route, times, took, False, contended, pre or None, truncated, provisional)
+    tuned = Tuned(route, times, took, False, contended, pre or None, truncated, provisional)
+    tuned.stored = stored is not False
+    return tuned
 
 
 def _timed(run: Callable[[], None]) -> float:

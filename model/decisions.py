@@ -68,11 +68,11 @@ class DecisionCache:
             return None
         return self._read().get(kind, {}).get(key)
 
-    def put(self, kind: str, key: str, value: Any) -> None:
-        """Store ``value`` (JSON-able); an unwritable cache is skipped with a warning on
-        stderr (the next start measures again)."""
+    def put(self, kind: str, key: str, value: Any) -> bool:
+        """Store ``value`` (JSON-able); whether it was stored. An unwritable cache is
+        skipped with a warning on stderr, once per file (the next start measures again)."""
         if not self.enabled:
-            return
+            return False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path.with_suffix(".lock"), "w") as lock:
@@ -86,14 +86,18 @@ class DecisionCache:
                 tmp = self.path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(data))
                 tmp.replace(self.path)
+            return True
         except OSError as exc:
             if self.path not in _WARNED:  # once per file and process
                 _WARNED.add(self.path)
+                file = next((a for a in self.path.parents if a.exists() and not a.is_dir()), None)
+                why = f"{file} is a file, not a folder" if file else str(exc)
                 print(
-                    f"houchu: decision cache {self.path} not written ({exc}); "
+                    f"houchu: decision cache {self.path} not written ({why}); "
                     "the next start measures again",
                     file=sys.stderr,
                 )
+            return False
 
     def _read(self) -> dict[str, dict[str, Any]]:
         try:

@@ -116,5 +116,8 @@ def decode_paths_text(t: Tuned | None) -> str:
         how = f"measured in {t.took_s:.1f}s"
         how += "; cores contended" if t.contended else ""
         how += "; time budget reached" if t.truncated else ""
-        how += "; cached as provisional" if t.provisional else ""
+        if not t.stored:
+            how += "; not cached"
+        elif t.provisional:
+            how += "; cached as provisional"
     return f"{t.route.describe(t.times, t.prefill_times)} [{how}]"

@@ -201,7 +201,15 @@ class ThreadGovernor:
         others = self.load.others if self.load is not None else None
         if others is None:
             return self.max_threads
-        return max(1, self.max_threads - int(others / HELD_CORE))
+        first = max(1, self.max_threads - int(others / HELD_CORE))
+        if first < self.max_threads:
+            print(
+                f"houchu runner: {time.strftime('%H:%M:%S')} a new kind of step starts at "
+                f"{first} of {self.max_threads} threads (other processes hold "
+                f"{others:.1f} cores)",
+                flush=True,
+            )
+        return first
 
     def _measure(self, now: float) -> None:
         last = self._last

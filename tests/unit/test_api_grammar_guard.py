@@ -115,3 +115,23 @@ def test_a_check_past_its_time_does_not_hold_up_the_next(monkeypatch) -> None:
     with pytest.raises(TimeoutError):
         guard.validate("slow")
     assert guard.validate("next") == (False, [])  # within 5 s, or TimeoutError
+
+
+def test_a_gbnf_grammar_sent_again_is_not_converted_again(monkeypatch) -> None:
+    """GBNF's conversion to Lark grows with the square of its rules (seconds for a few
+    thousand): a grammar sent again reuses the converted text, and its kept verdict."""
+    from houchu.api import lark_rules
+
+    calls: list[str] = []
+    real = lark_rules.grammar_from
+
+    def counting(kind: str, text: str) -> str:
+        calls.append(kind)
+        return real(kind, text)
+
+    monkeypatch.setattr(lark_rules, "grammar_from", counting)
+    lark_rules.ebnf_to_lark.cache_clear()
+    source = 'root ::= "yes" | "no" | "maybe"'
+    first = lark_rules.ebnf_to_lark(source)
+    assert lark_rules.ebnf_to_lark(source) == first and calls == ["ebnf"]
+    assert checked(first, "guided_grammar", "grammar") == first

@@ -282,3 +282,39 @@ async def test_n_choices_with_a_named_tool(api: Api) -> None:
         (call,) = c["tool_calls"]
         assert call["function"] == {"name": "f", "arguments": ANSWER}
     assert final["tool_calls"] == final["choices"][0]["tool_calls"]
+
+
+async def test_a_slow_parse_holds_up_no_other_frame(api: Api, monkeypatch) -> None:
+    """A frame whose parse waits (a grammar's check in the engine's child can take
+    seconds) is parsed on a task of its own: a later frame on the socket runs meanwhile,
+    and an abort of the waiting one ends it at once with a final "abort" frame (found by
+    a review: the receive loop waited for the parse, and an abort took 10 s)."""
+    import threading
+
+    import houchu.api.ws_api as ws_api
+
+    release = threading.Event()
+    real = ws_api.parse_ws_generate
+
+    def parse(body: dict, **kw: Any):
+        if body.get("prompt") == "slow":
+            release.wait(timeout=30)  # a check that takes until the test says
+        return real(body, **kw)
+
+    monkeypatch.setattr(ws_api, "parse_ws_generate", parse)
+    try:
+        async with api.client.ws_connect("/ws") as ws:
+            await ws.send_json({"id": "slow", "prompt": "slow", "max_tokens": 5})
+            await ws.send_json({"id": "fast", "prompt": "Hi", "max_tokens": 5})
+            fast = (await collect(ws, {"fast"}))["fast"]
+            assert fast[-1]["type"] == "final" and fast[-1]["finish_reason"] == "length"
+            await ws.send_json({"type": "abort", "id": "slow"})
+            (final,) = (await collect(ws, {"slow"}))["slow"]
+            assert final["type"] == "final" and final["finish_reason"] == "abort"
+            assert final["usage"]["completion_tokens"] == 0
+            await ws.send_json({"id": "slow", "prompt": "Hi", "max_tokens": 5})  # id free
+            again = (await collect(ws, {"slow"}))["slow"]
+            assert again[-1]["type"] == "final"
+    finally:
+        release.set()
+    assert len(api.engine.requests) == 2  # the aborted one never reached the engine

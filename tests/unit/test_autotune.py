@@ -172,6 +172,21 @@ def test_a_measurement_under_contention_is_provisional(tiny, monkeypatch):
     assert "[cached measurement]" in again.decode_paths()
 
 
+def test_a_measurement_the_cache_did_not_take_says_so(tiny, tmp_path, monkeypatch):
+    """An unwritable decision cache: the start-up line says "not cached", never "cached
+    as provisional" (found by a review)."""
+    import houchu.model.autotune as autotune
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    monkeypatch.setenv("HOUCHU_DECISION_CACHE", str(blocker / "d.json"))
+    calls = iter(range(0, 10**9, 1000))
+    monkeypatch.setattr(autotune, "waited", lambda: float(next(calls)))  # contended
+    r = _runner(tiny, decode_paths="auto")
+    assert r.tuned.provisional and not r.tuned.stored
+    assert "not cached" in r.decode_paths() and "cached as provisional" not in r.decode_paths()
+
+
 def test_measuring_stops_at_its_time_budget(monkeypatch):
     """Past the budget no bucket is timed: the ones left take the last timed bucket's
     path, the answer is cached as provisional, and a cached copy routes the same."""

@@ -13,7 +13,7 @@ def test_a_folder_in_the_environment_holds_the_file(tmp_path: Path, monkeypatch)
     monkeypatch.delenv("HOUCHU_NO_DECISION_CACHE", raising=False)
     cache = DecisionCache()
     assert cache.path == tmp_path / FILE_NAME
-    cache.put("route", "k", {"b": 1})
+    assert cache.put("route", "k", {"b": 1}) is True
     assert DecisionCache().get("route", "k") == {"b": 1}
 
 
@@ -22,8 +22,8 @@ def test_an_unwritable_cache_warns(tmp_path: Path, monkeypatch, capsys) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     cache = DecisionCache(blocker / "sub" / FILE_NAME)  # a parent that is a file
-    cache.put("route", "k", 1)
-    assert "not written" in capsys.readouterr().err
+    assert cache.put("route", "k", 1) is False
+    assert f"not written ({blocker} is a file, not a folder)" in capsys.readouterr().err
     assert cache.get("route", "k") is None
     cache.put("compile", "k", 2)  # said once per file: the start-up's second put is quiet
     assert capsys.readouterr().err == ""

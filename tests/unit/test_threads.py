@@ -219,7 +219,7 @@ def test_no_trial_of_a_thread_more_while_the_cores_are_busy():
     assert 2 in m.run_for(2.0) and m.g.chosen() == {"decode<=1": 2}
 
 
-def test_a_new_kind_starts_with_a_thread_less_per_core_others_hold():
+def test_a_new_kind_starts_with_a_thread_less_per_core_others_hold(capsys):
     """The first steps of a kind run at the count the load leaves: one thread where two
     busy processes hold both cores (the trial that found it came 40 slow steps late),
     both where only part of a core is taken, all where the load is unknown."""
@@ -230,6 +230,8 @@ def test_a_new_kind_starts_with_a_thread_less_per_core_others_hold():
         m.g.load = load
         assert m.step() == first, others
         assert m.g.chosen() == {"decode<=1": first}
+        said = "starts at 1 of 2 threads" in capsys.readouterr().out  # logged, with why
+        assert said == (first == 1)
 
 
 def _proc_stat(total: tuple[int, ...], own: tuple[int, int]) -> tuple[str, str]:
