@@ -126,12 +126,15 @@ class W8A8Linear(Int8Linear):
         return self.fmt != "int8" or x.device.type != "cpu" or int_mm_pays()
 
     def _fused_at(self, x: torch.Tensor) -> bool:
-        """Whether the int8 GEMM of x runs on houchu's C++ kernels."""
+        """Whether the int8 GEMM of x runs on houchu's C++ kernels: at the x86 levels,
+        whose epilogue has AVX-512 or AVX2 tiles (the NEON levels' is the portable loop:
+        torch's vectorized ops serve there instead)."""
         return (
             self.fmt == "int8"
             and x.device.type == "cpu"
             and x.dtype in _CPU_FUSED
             and cpu_kernels.is_loaded()
+            and not cpu_kernels.active_level().startswith("neon")
         )
 
     def _int8_gemm(self, x: torch.Tensor) -> torch.Tensor:

@@ -234,3 +234,16 @@ def test_the_int8_gemm_runs_only_where_the_probe_finds_it_pays(monkeypatch, caps
     assert "W8A8 layers run their int8 weights weight-only" in capsys.readouterr().err
     monkeypatch.setattr(w8a8, "INT_MM_SLOWER", float("inf"))  # any GEMM is fast enough
     assert probe() is True
+
+
+def test_w8a8_takes_torchs_ops_where_its_epilogue_has_no_simd_tiles(monkeypatch):
+    """At the NEON levels W8A8's C++ epilogue is the portable loop: the int8 GEMM's float
+    work runs on torch's vectorized ops there, never a scalar hot path."""
+    from houchu.model import cpu_kernels
+
+    layer = W8A8Linear(torch.randn(48, 128) * 0.05)
+    x = torch.randn(80, 128)
+    if cpu_kernels.is_loaded():
+        assert layer._fused_at(x)  # noqa: SLF001 (x86: the C++ tiles)
+    monkeypatch.setattr(cpu_kernels, "active_level", lambda: "neon_dotprod")
+    assert not layer._fused_at(x)  # noqa: SLF001
