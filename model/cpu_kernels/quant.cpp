@@ -71,6 +71,10 @@ void col_absmax_impl(const T* xp, int64_t m, int64_t k, float* o) {
 template <typename T>
 void quantize_rows_impl(const T* xp, int64_t m, int64_t k, const uint8_t* mask,
                         const int64_t* cp, int64_t c, int8_t* qp, float* sp, T* op) {
+#ifdef HOUCHU_AVX2
+  std::vector<int32_t> keep8(k);  // per column: all ones where it is not an outlier
+  for (int64_t i = 0; i < k; ++i) keep8[i] = mask[i] ? 0 : -1;
+#endif
 #ifdef HOUCHU_AVX512
   std::vector<__mmask16> keep((k + 15) / 16);  // per 16 columns: which are not outliers
   for (int64_t b = 0; b * 16 < k; ++b) {
@@ -91,6 +95,15 @@ void quantize_rows_impl(const T* xp, int64_t m, int64_t k, const uint8_t* mask,
       for (; i + 16 <= k; i += 16)
         mx = _mm512_max_ps(mx, _mm512_maskz_mov_ps(keep[i / 16], _mm512_abs_ps(vec::load16(row + i))));
       amax = _mm512_reduce_max_ps(mx);
+#elif defined(HOUCHU_AVX2)
+      const __m256 sign = _mm256_set1_ps(-0.f);
+      __m256 mx = _mm256_setzero_ps();
+      for (; i + 8 <= k; i += 8) {
+        const __m256 kv = _mm256_castsi256_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keep8.data() + i)));
+        mx = _mm256_max_ps(mx, _mm256_and_ps(kv, _mm256_andnot_ps(sign, simd::load8(row + i))));
+      }
+      amax = simd::hmax8(mx);
 #endif
       for (; i < k; ++i) amax = std::max(amax, mask[i] ? 0.f : std::abs(static_cast<float>(row[i])));
       const float s = std::max(amax / 127.f, 1e-10f);
@@ -103,6 +116,18 @@ void quantize_rows_impl(const T* xp, int64_t m, int64_t k, const uint8_t* mask,
         const __m512 v = _mm512_maskz_div_ps(keep[i / 16], vec::load16(row + i), sv);
         const __m512i q = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(v), lo), hi);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + i), _mm512_cvtepi32_epi8(q));
+      }
+#elif defined(HOUCHU_AVX2)
+      const __m256 sv = _mm256_set1_ps(s);
+      const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+      for (; i + 8 <= k; i += 8) {  // as the AVX-512 loop: outliers 0, x / s rounded to even
+        const __m256 kv = _mm256_castsi256_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keep8.data() + i)));
+        const __m256 v = _mm256_and_ps(kv, _mm256_div_ps(simd::load8(row + i), sv));
+        const __m256i q = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(v), lo), hi);
+        const __m128i q16 =
+            _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(qr + i), _mm_packs_epi16(q16, q16));
       }
 #endif
       for (; i < k; ++i) {

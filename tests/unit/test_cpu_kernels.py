@@ -322,3 +322,21 @@ def test_the_epilogue_gives_the_same_bits_at_every_level(dtype):
     assert len(levels) >= 1
     for (level, silu), y in got.items():
         assert torch.equal(y, got[levels[0], silu]), (level, levels[0], silu)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_quantization_equals_the_torch_reference(dtype):
+    """W8A8's C++ row quantization (AVX-512 and AVX2 loops, the portable tail) gives
+    ``houchu.model.quant.quantize_rows_int8``'s bits on the rows with the outlier
+    columns set to 0, and the outliers as they are, at every level."""
+    from houchu.model.quant import quantize_rows_int8
+
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(9, 100, generator=g) * 3).to(dtype)  # 100: whole vectors and a tail
+    x[:, 7] *= 50.0
+    cols = torch.tensor([7, 42, 99])
+    q, s, outl = cpu_kernels.ops().quantize_rows_int8(x, cols)
+    ref = x.float().index_fill(1, cols, 0.0)
+    rq, rs = quantize_rows_int8(ref)
+    assert torch.equal(s, rs) and torch.equal(q, rq)
+    assert torch.equal(outl, x[:, cols])
