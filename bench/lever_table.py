@@ -33,6 +33,7 @@ class Machine:
         tp_refusal: why ``--tensor-parallel-size 2`` cannot serve the swept model here
             (its heads or MLP width not divisible by 2, MoE or MLA: the runner's own
             check, ``houchu.model.tp_worker.check_model``), or None when it can.
+        structured: the workload's requests carry a grammar (``--structured``).
     """
 
     device: str
@@ -40,6 +41,7 @@ class Machine:
     serve_flags: frozenset[str]
     draft_model: str | None = None
     tp_refusal: str | None = None
+    structured: bool = False  # the workload's requests carry a grammar (--structured)
 
 
 @dataclass(frozen=True)
@@ -286,7 +288,9 @@ LEVERS: tuple[Lever, ...] = (
         ("--jump-forward", "off"),
         ("jump_forward",),
         why_not=lambda m: (
-            "acts only on structured-output requests (response_format), which a bench workload does not send"
+            None
+            if m.structured
+            else "acts only on structured-output requests: give the workload --structured"
         ),
     ),
 )

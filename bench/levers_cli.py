@@ -161,7 +161,9 @@ def _tp_refusal(model: Path, serve_args: list[str]) -> str | None:
     return None
 
 
-def _machine(serve_args: list[str], draft: str | None, model: Path) -> Any:
+def _machine(
+    serve_args: list[str], draft: str | None, model: Path, structured: bool = False
+) -> Any:
     from houchu.bench.lever_table import Machine
     from houchu.model.cpu_isa import cpu_features
     from houchu.options.flags import GROUPS
@@ -176,7 +178,8 @@ def _machine(serve_args: list[str], draft: str | None, model: Path) -> Any:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     flags = frozenset(f.name for g in GROUPS for f in g.flags)
     kind = "cuda" if device.startswith("cuda") else "cpu"
-    return Machine(kind, cpu_features(), flags, draft, _tp_refusal(model, serve_args))
+    refusal = _tp_refusal(model, serve_args)
+    return Machine(kind, cpu_features(), flags, draft, refusal, structured)
 
 
 def _replay_from_db(args: argparse.Namespace, builder: Any, workdir: Path) -> str:
@@ -261,9 +264,15 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         args.pairs,
         loads,
         args.repeats,
-        _machine(serve_args, args.draft_model, _model_path(args)),
+        _machine(
+            serve_args,
+            args.draft_model,
+            _model_path(args),
+            getattr(args, "structured", "none") != "none",
+        ),
         defaults=not args.no_defaults,
     )
+    check_serve_args(serve_args, plan)
     if args.target_load is not None and args.target_load not in [ld.value for ld in loads]:
         raise ValueError(f"--target-load {args.target_load:g} is not one of the load levels")
     workdir = Path(tempfile.mkdtemp(prefix="houchu-levers-"))
@@ -272,6 +281,24 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     finally:
         if not os.environ.get("HOUCHU_LEVERS_KEEP_DB"):
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def check_serve_args(serve_args: list[str], plan: Any) -> None:
+    """Refuse ``--serve-args`` that set a swept lever's own flag: every configuration
+    sets it (on or off), so the arguments would turn a lever on or off behind the
+    sweep's back, and "defaults" would not be houchu's defaults.
+
+    Raises:
+        ValueError: naming the flag and the lever.
+    """
+    given = {a.split("=", 1)[0] for a in serve_args if a.startswith("--")}
+    for lv in plan.levers:
+        clash = sorted(given & lv.flag_names())
+        if clash:
+            raise ValueError(
+                f"--serve-args must not set {', '.join(clash)}: the lever {lv.name} sets it "
+                "(leave it out of --levers to fix it for every configuration)"
+            )
 
 
 def _spec(args: argparse.Namespace) -> Any:

@@ -158,7 +158,13 @@ def analyze(
         defaults = cells.get((DEFAULTS, rec.load))
         best = cells.get((rec.config, rec.load))
         against = gain(best, defaults, objective) if best and defaults else None
-        recommendation = {**rec.__dict__, "flags": plan.flags(config), "against_defaults": against}
+        spread = noise_tolerance(best, defaults) if best and defaults else None
+        recommendation = {
+            **rec.__dict__,
+            "flags": plan.flags(config),
+            "against_defaults": against,
+            "defaults_tolerance": spread,  # a gain within it of 1x is noise
+        }
     spreads = [c.spread for c in cells.values() if c.repeats > 1]
     return {
         "levers": levers,

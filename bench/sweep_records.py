@@ -124,6 +124,12 @@ _POOL = re.compile(r"= (\d+) tokens, [\d.]+ MiB \((\d+) B/token\)")
 _WEIGHTS = re.compile(r"weights ([\w-]+): ([\d.]+) MiB/step")
 
 
+def summary_line(lines: list[str]) -> str:
+    """The runner's start-up summary among its ``houchu runner:`` lines (others come
+    before it: ``--compile auto skipped: ...``, a thread count kept), or ""."""
+    return next((ln for ln in lines if _PARAMS.search(ln)), "")
+
+
 def parse_runner_line(line: str, startup_s: float) -> ServerFacts:
     """The facts of the runner's start-up line (``ModelRunner.summary``): parameters,
     dtype, KV pool, and weight bytes per step (with unquantized weights, the parameters

@@ -153,16 +153,43 @@ def recommendation_text(answers: dict[str, Any], record: dict[str, Any]) -> str:
     gain = "" if rec["gain"] is None else f", {rec['gain']:.2f}x the baseline's {rec['metric']}"
     text = (
         f"Recommended at load {rec['load']:g} ({rec['config']}{gain}):\n"
-        f"  {shlex.join(serve)}\n"
+        f"  {shell_lines(serve)}\n"
         f"  expected: TTFT {num(m['median_ttft_ms'], '.1f')} ms, TPOT "
         f"{num(m['median_tpot_ms'], '.1f')} ms, {num(m['output_throughput'], '.1f')} output tok/s"
     )
     d = rec.get("against_defaults")
     if d is not None and rec["config"] != "defaults":
         text += f"\n  against houchu's defaults (no lever flags): {d:.2f}x their {rec['metric']}"
+        tol = rec.get("defaults_tolerance")
+        if tol is not None and abs(d - 1.0) <= tol:
+            text += (
+                f", within the repeats' spread (±{100 * tol:.0f}%): no clear gain over the defaults"
+            )
     elif rec["config"] == "defaults":
         text += "\n  houchu's defaults were the fastest measured: no lever flag to add"
     return text
+
+
+def shell_lines(args: list[str], width: int = 88) -> str:
+    """``args`` as a shell command broken into lines of at most ``width`` characters
+    with a backslash at each break (a flag stays with its value), so that it can be
+    copied whole from any terminal."""
+    words, i = [], 0
+    while i < len(args):  # a flag and its value as one word
+        flag_value = (
+            args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--")
+        )
+        n = 2 if flag_value else 1
+        words.append(shlex.join(args[i : i + n]))
+        i += n
+    lines, cur = [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) > width:
+            lines.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    return " \\\n      ".join([*lines, cur])
 
 
 def noise_text(record: dict[str, Any]) -> str:
@@ -221,7 +248,7 @@ def print_report(record: dict[str, Any], console: Console | None = None) -> None
         c.print(f"[red]{name}: {why}[/red]")
     if text := missing_text(record):
         c.print(f"[yellow]{text}[/yellow]", highlight=False)
-    c.print(recommendation_text(answers, record))
+    c.print(recommendation_text(answers, record), soft_wrap=True, highlight=False)
     c.print(noise_text(record))
 
 

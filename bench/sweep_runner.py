@@ -44,6 +44,7 @@ from houchu.bench.sweep_records import (
     StepTotals,
     SweepResult,
     parse_runner_line,
+    summary_line,
 )
 from houchu.bench.sweep_schedule import ServerJob, in_plan_order, measured_cells, server_jobs
 from houchu.bench.workloads import RequestSpec, Session
@@ -201,8 +202,7 @@ class SweepRunner:
                 for _ in job.loads:
                     self.progress("cell", f"{config.name}: not measured")
                 return
-            line = server.kept[0] if server.kept else ""
-            facts = parse_runner_line(line, time.perf_counter() - t)
+            facts = parse_runner_line(summary_line(server.kept), time.perf_counter() - t)
             try:
                 for i in job.loads:
                     windows.append(asyncio.run(self._cell(server, job, i)))

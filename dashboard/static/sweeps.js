@@ -55,8 +55,23 @@ const Sweeps = (() => {
       text: `${p.a} + ${p.b}: ${p.verdict}` }));
     return H.el("div", { class: "bench-tables" },
       H.el("table", { class: "tbl small" }, H.el("tr", {}, ["lever", "targets", "break-even"].map((h) => H.el("th", { text: h }))), rows, na),
-      H.el("div", {}, H.el("div", { text: rec ? `Recommended at load ${rec.load}: ${rec.config}` : "No recommendation" }),
-        H.el("div", { class: "mono", text: rec ? `houchu serve ${rec.flags.join(" ")}` : "" }), H.el("div", {}, verdicts)));
+      H.el("div", { class: "sweep-summary" }, recommendation(rec),
+        H.el("div", { class: "sweep-verdicts" }, verdicts.length ? verdicts : H.el("span", { class: "muted", text: "no pairs measured" }))));
+  }
+
+  /** The recommended configuration: its serve flags (houchu's defaults: none), what to
+   *  expect, and how it compares with the defaults. */
+  function recommendation(rec) {
+    if (!rec) return H.el("div", { text: "No recommendation: nothing was measured at the target load" });
+    const m = rec.metrics || {};
+    const num = (v, unit) => (v == null ? "-" : `${v.toFixed(1)} ${unit}`);
+    const flags = rec.config === "defaults" ? "(houchu's defaults: no lever flag)" : rec.flags.join(" ");
+    const vs = rec.config === "defaults" ? "the fastest measured"
+      : rec.against_defaults == null ? "" : `${rec.against_defaults.toFixed(2)}x houchu's defaults`;
+    return H.el("div", { id: "sweep-recommendation" },
+      H.el("div", { text: `Recommended at load ${rec.load}: ${rec.config}${vs ? ` (${vs})` : ""}` }),
+      H.el("div", { class: "mono wrap", text: `houchu serve ${flags}` }),
+      H.el("div", { class: "muted", text: `expected: TTFT ${num(m.median_ttft_ms, "ms")}, TPOT ${num(m.median_tpot_ms, "ms")}, ${num(m.output_throughput, "output tok/s")}` }));
   }
 
   function draw() {

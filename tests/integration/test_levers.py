@@ -199,6 +199,8 @@ def _dashboard_shows_the_sweep(srv: Server) -> None:
         assert traces == ["radix-cache", "chunked-prefill"]
         assert page.evaluate("document.getElementById('sweep-heatmap').data[0].type") == "heatmap"
         assert "not applicable" in page.inner_text("#sweeps")
+        rec = page.inner_text("#sweep-recommendation")  # the flags and what to expect
+        assert "houchu serve" in rec and "expected: TTFT" in rec and "output tok/s" in rec
         # the sweep is not offered as a benchmark run to compare
         assert page.locator("#bench-table tr[data-run]").count() == 0
         browser.close()

@@ -10,7 +10,13 @@ from houchu.bench.lever_table import lever
 from houchu.bench.runner_limits import Limits
 from houchu.bench.sweep_answers import analyze
 from houchu.bench.sweep_plan import Load, build_plan
-from houchu.bench.sweep_records import CellRun, ServerFacts, StepTotals, parse_runner_line
+from houchu.bench.sweep_records import (
+    CellRun,
+    ServerFacts,
+    StepTotals,
+    parse_runner_line,
+    summary_line,
+)
 from houchu.bench.sweep_roofline import binding
 
 from .levers_helpers import CPU, SERVE_FLAGS, run
@@ -35,6 +41,15 @@ def test_runner_line_facts():
     assert f.weight_bytes_per_step == pytest.approx(90.4 * 2**20)
     dense = parse_runner_line(LINE.replace("; weights int4-g32: 90.4 MiB/step", ""), 1.0)
     assert dense.weight_bytes_per_step == pytest.approx(134.5e6 * 4)
+
+
+def test_the_summary_is_found_among_the_runners_lines():
+    """``--compile auto`` prints its verdict first: the facts come from the summary line
+    wherever it is (found by a review: int4 and the defaults had every fact 0)."""
+    skipped = "houchu runner: --compile auto skipped: the decode route runs the fused C++ layers"
+    assert summary_line([skipped, LINE]) == LINE
+    assert summary_line([skipped]) == ""
+    assert parse_runner_line(summary_line([skipped, LINE]), 1.0).kv_pool_tokens == 1456
 
 
 def test_binding_constraint_from_step_time_against_the_roofline():

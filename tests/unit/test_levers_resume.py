@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -122,6 +123,9 @@ def test_the_recommendation_is_weighed_against_houchus_defaults():
     record = {"answers": a, "settings": {"model": "m.gguf", "serve_args": []}}
     text = recommendation_text(a, record)
     assert "against houchu's defaults (no lever flags): 1.25x their output_throughput" in text
+    assert "no clear gain" not in text  # one repeat: a 3% tolerance, well below 25%
+    close = {**a, "recommendation": {**rec, "against_defaults": 1.02}}
+    assert "within the repeats' spread (±3%): no clear gain" in recommendation_text(close, record)
     speed["defaults"] = 30.0
     runs = [
         run(c.name, ld.value, speed[c.name] * ld.value, 0)
@@ -336,3 +340,18 @@ def test_reanalyze_answers_at_another_target_load(tmp_path):
     assert answers["matrix"] and all(p["load"] == 1.0 for p in answers["matrix"])
     with pytest.raises(ValueError, match="--target-load 2 is not one of the record's loads"):
         reanalyze(record, SERVE_FLAGS, frozenset({"fp32"}), 2.0)
+
+
+def test_the_recommended_command_is_copied_whole():
+    """The command is broken into lines with a backslash at each break (found by a
+    review: rich wrapped it between a flag and its value), each flag with its value."""
+    from houchu.bench.sweep_report import shell_lines
+
+    args = ["houchu", "serve", "--model", "/a b/m.gguf", "--quantization", "int4"]
+    args += ["--disable-radix-cache", *(["--kv-cache-mb", "256"] * 6), "--compile", "off"]
+    text = shell_lines(args, width=40)
+    lines = text.split("\n")
+    assert len(lines) > 2 and all(ln.endswith(" \\") for ln in lines[:-1])
+    assert all(len(ln) <= 40 + 8 for ln in lines)
+    assert shlex.split(text.replace("\\\n", " ")) == args
+    assert "--quantization int4" in text and "'/a b/m.gguf'" in text

@@ -238,3 +238,29 @@ def test_a_lever_that_requires_another_runs_with_it_and_is_measured_against_it()
 def test_data_parallel_is_listed_as_not_measured_by_the_sweep():
     plan = build_plan(["int4", "data-parallel"], "none", LOADS, 1, CPU)
     assert "replicas_bench" in plan.not_applicable["data-parallel"]
+
+
+def test_serve_args_may_not_set_a_swept_levers_flag():
+    """``--serve-args`` setting a lever's own flag would turn it on or off behind the
+    sweep's back: refused in one line naming both (found by a review)."""
+    from houchu.bench.levers_cli import check_serve_args
+
+    plan = build_plan(["radix-cache", "int4"], "none", LOADS, 1, CPU)
+    with pytest.raises(ValueError, match="--disable-radix-cache: the lever radix-cache"):
+        check_serve_args(["--disable-radix-cache"], plan)
+    with pytest.raises(ValueError, match="--quantization: the lever int4"):
+        check_serve_args(["--quantization=int8"], plan)
+    check_serve_args(["--kv-cache-mb", "64", "--compile", "off"], plan)  # not swept: fine
+
+
+def test_jump_forward_applies_to_a_structured_workload():
+    """Jump-forward acts on constrained requests only: not applicable (with the way to
+    make it apply) unless the workload sends them (``--structured``)."""
+    import dataclasses
+
+    free = build_plan(["jump-forward"], "none", LOADS, 1, CPU)
+    assert "--structured" in free.not_applicable["jump-forward"]
+    structured = dataclasses.replace(CPU, structured=True)
+    plan = build_plan(["jump-forward"], "none", LOADS, 1, structured)
+    assert [lv.name for lv in plan.levers] == ["jump-forward"]
+    assert plan.flags(Config(frozenset({"jump-forward"}))) == ["--jump-forward", "on"]
