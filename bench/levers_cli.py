@@ -186,7 +186,8 @@ def _replay_from_db(args: argparse.Namespace, builder: Any, workdir: Path) -> st
     """A JSONL replay file of recorded request shapes (prompt text rebuilt to length).
 
     Raises:
-        ValueError: the database holds no finished request.
+        ValueError: no database file at a ``sqlite:///`` URL (none is made), or the
+            database holds no finished request.
     """
     import json
     import random
@@ -194,13 +195,22 @@ def _replay_from_db(args: argparse.Namespace, builder: Any, workdir: Path) -> st
     from houchu.storage.db import open_db
     from houchu.storage.sweep_view import recorded_requests
 
-    engine = open_db(args.replay_db or None)
+    url = args.replay_db or None
+    if url and url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
+        raise ValueError(f"--replay-db: no database at {url[len('sqlite:///') :]}")
+    engine = open_db(url)
     try:
         rows = recorded_requests(engine, args.num_requests)
     finally:
         engine.dispose()
     if not rows:
         raise ValueError("the database holds no finished request to replay")
+    if len(rows) < args.num_requests:
+        print(
+            f"houchu levers: the database holds {len(rows)} finished request(s): replaying "
+            f"{len(rows)}, not the {args.num_requests} of --num-requests",
+            file=sys.stderr,
+        )
     rng = random.Random(args.seed)
     path = workdir / "replay_db.jsonl"
     with path.open("w", encoding="utf-8") as f:
@@ -246,6 +256,10 @@ def _reanalyze(args: argparse.Namespace) -> int:
     print_report(record, console)
     if args.output:
         console.print(f"results: {save_record(record, args.output)}")
+    if args.db and not args.no_db:  # asked for: stored (another machine's, for the dashboard)
+        from houchu.bench.sweep_session import store_sweep
+
+        store_sweep(record, args.db, console)
     return 0
 
 

@@ -269,19 +269,26 @@ def _interrupted(exc, ctx, plan, runner, output, argv) -> None:  # noqa: ANN001
 
 def _finish(args, console, record, output) -> int:  # noqa: ANN001
     """Print the report, say where the record is and store it in the database."""
-    from houchu.bench.report import store
     from houchu.bench.sweep_report import print_report
 
     print_report(record, console)
     console.print(f"results: {output}")
     if not args.no_db:
-        row = store(
-            {
-                "name": record["name"],
-                "settings": record["settings"],
-                "results": {"kind": "lever_sweep", "answers": record["answers"]},
-            },
-            args.db,
-        )
-        console.print(f"database: run {row}" if row is not None else "database: not stored")
+        store_sweep(record, args.db, console)
     return 0 if record["runs"] else 1
+
+
+def store_sweep(record: dict[str, Any], db: str | None, console: Any) -> None:
+    """Store the sweep's answers in the database ``db`` (None: houchu's) beside the
+    benchmark runs, for the dashboard, and say which run it became."""
+    from houchu.bench.report import store
+
+    row = store(
+        {
+            "name": record["name"],
+            "settings": record["settings"],
+            "results": {"kind": "lever_sweep", "answers": record["answers"]},
+        },
+        db,
+    )
+    console.print(f"database: run {row}" if row is not None else "database: not stored")
