@@ -41,11 +41,11 @@ const Sweeps = (() => {
       font: PLOT_FONT, margin: { l: 48, r: 8, t: 30, b: 40 }, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
       xaxis: { type: "log", title: { text: "load" }, tickvals: loads }, yaxis: { title: { text: "× baseline" }, gridcolor: "#eef2f7" },
       shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: 1, y1: 1, line: { dash: "dash", color: "#94a3b8" } }],
-      legend: { orientation: "h", y: -0.25, font: { size: 10 } } };
+      legend: { orientation: "h", y: -0.4, font: { size: 10 } } };
     Plotly.react(div, traces, layout, PLOT_CONFIG);
   }
 
-  function summary(answers) {
+  function summary(answers, settings) {
     const rec = answers.recommendation;
     const rows = answers.levers.map((l) => H.el("tr", {}, H.el("td", { class: "mono", text: l.lever }),
       H.el("td", { text: l.bottleneck }), H.el("td", { text: l.break_even.text })));
@@ -55,19 +55,25 @@ const Sweeps = (() => {
       text: `${p.a} + ${p.b}: ${p.verdict}` }));
     return H.el("div", { class: "bench-tables" },
       H.el("table", { class: "tbl small" }, H.el("tr", {}, ["lever", "targets", "break-even"].map((h) => H.el("th", { text: h }))), rows, na),
-      H.el("div", { class: "sweep-summary" }, recommendation(rec),
+      H.el("div", { class: "sweep-summary" }, recommendation(rec, settings),
         H.el("div", { class: "sweep-verdicts" }, verdicts.length ? verdicts : H.el("span", { class: "muted", text: "no pairs measured" }))));
   }
 
   /** The recommended configuration: its serve flags (houchu's defaults: none), what to
    *  expect, and how it compares with the defaults. */
-  function recommendation(rec) {
+  function recommendation(rec, settings) {
     if (!rec) return H.el("div", { text: "No recommendation: nothing was measured at the target load" });
     const m = rec.metrics || {};
     const num = (v, unit) => (v == null ? "-" : `${v.toFixed(1)} ${unit}`);
-    const flags = rec.config === "defaults" ? "(houchu's defaults: no lever flag)" : rec.flags.join(" ");
+    const serveArgs = (settings.serve_args || []).join(" ");
+    const model = settings.model ? `--model ${settings.model} ` : "";
+    const flags = `${model}${serveArgs} ${rec.flags.join(" ")}`.trim()
+      + (rec.config === "defaults" ? "  (houchu's defaults: no lever flag)" : "");
+    const noise = rec.defaults_tolerance != null && rec.against_defaults != null
+      && Math.abs(rec.against_defaults - 1) <= rec.defaults_tolerance;
     const vs = rec.config === "defaults" ? "the fastest measured"
-      : rec.against_defaults == null ? "" : `${rec.against_defaults.toFixed(2)}x houchu's defaults`;
+      : rec.against_defaults == null ? ""
+      : `${rec.against_defaults.toFixed(2)}x houchu's defaults${noise ? `, within the repeats' spread (±${Math.round(100 * rec.defaults_tolerance)}%): no clear gain` : ""}`;
     return H.el("div", { id: "sweep-recommendation" },
       H.el("div", { text: `Recommended at load ${rec.load}: ${rec.config}${vs ? ` (${vs})` : ""}` }),
       H.el("div", { class: "mono wrap", text: `houchu serve ${flags}` }),
@@ -82,7 +88,7 @@ const Sweeps = (() => {
       sweeps.map((r) => H.el("option", { value: String(r.id), text: `${r.id}: ${r.name}`, selected: r.id === run.id })));
     const heat = H.el("div", { class: "bench-plot", id: "sweep-heatmap" });
     const curve = H.el("div", { class: "bench-plot", id: "sweep-curves" });
-    box.replaceChildren(select, H.el("div", { class: "bench-plots" }, heat, curve), summary(answers));
+    box.replaceChildren(select, H.el("div", { class: "bench-plots" }, heat, curve), summary(answers, run.settings || {}));
     heatmap(heat, answers);
     curves(curve, answers, run.settings.loads || []);
     box.dataset.run = String(run.id);
