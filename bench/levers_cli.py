@@ -305,6 +305,7 @@ def check_serve_args(serve_args: list[str], plan: Any) -> None:
     Raises:
         ValueError: naming the flag and the lever.
     """
+    _parse_as_serve(serve_args)
     given = {a.split("=", 1)[0] for a in serve_args if a.startswith("--")}
     for lv in plan.levers:
         clash = sorted(given & lv.flag_names())
@@ -313,6 +314,29 @@ def check_serve_args(serve_args: list[str], plan: Any) -> None:
                 f"--serve-args must not set {', '.join(clash)}: the lever {lv.name} sets it "
                 "(leave it out of --levers to fix it for every configuration)"
             )
+
+
+def _parse_as_serve(serve_args: list[str]) -> None:
+    """Refuse ``--serve-args`` that ``houchu serve`` would refuse (an unknown or
+    shortened flag), before any server starts.
+
+    Raises:
+        ValueError: serve's own error line.
+    """
+    import contextlib
+    import io
+
+    from houchu.cli.main import build_parsers
+
+    parser, _ = build_parsers()
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            parser.parse_args(["serve", *serve_args])
+    except SystemExit:
+        lines = [ln for ln in said.getvalue().splitlines() if "error:" in ln]
+        why = lines[-1].split("error:", 1)[1].strip() if lines else "refused"
+        raise ValueError(f"--serve-args: houchu serve refuses them: {why}") from None
 
 
 def _spec(args: argparse.Namespace) -> Any:

@@ -251,6 +251,8 @@ def test_serve_args_may_not_set_a_swept_levers_flag():
     with pytest.raises(ValueError, match="--quantization: the lever int4"):
         check_serve_args(["--quantization=int8"], plan)
     check_serve_args(["--kv-cache-mb", "64", "--compile", "off"], plan)  # not swept: fine
+    with pytest.raises(ValueError, match="houchu serve refuses them"):  # every start fails
+        check_serve_args(["--quant", "int8"], plan)
 
 
 def test_jump_forward_applies_to_a_structured_workload():
