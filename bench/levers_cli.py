@@ -192,12 +192,13 @@ def _replay_from_db(args: argparse.Namespace, builder: Any, workdir: Path) -> st
     import json
     import random
 
-    from houchu.storage.db import open_db
+    from houchu.storage.db import open_db, sqlite_path
     from houchu.storage.sweep_view import recorded_requests
 
     url = args.replay_db or None
-    if url and url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
-        raise ValueError(f"--replay-db: no database at {url[len('sqlite:///') :]}")
+    file = sqlite_path(url) if url else None
+    if file is not None and not file.exists():
+        raise ValueError(f"--replay-db: no database at {file}")
     engine = open_db(url)
     try:
         rows = recorded_requests(engine, args.num_requests)

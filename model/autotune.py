@@ -23,10 +23,10 @@ keyed by the model file, its format, the ISA level, the thread count and torch's
 so a second start only reads it. Measuring stops at a time budget (``TUNE_BUDGET_S``):
 buckets not yet timed then take the last timed bucket's path (each bucket times that
 path first), a bucket cut short chooses among the paths it timed, and a prefill choice
-cut short is not made. A measurement cut short or
-taken on contended cores is cached as provisional: a later start uses it while its cores
-are still busy (a few probe steps tell), and measures again once they are quiet. Steps of more rows than the largest bucket (prefill)
-take the path a one-sequence prefill measured fastest among ``dense``, ``gemv`` and
+cut short is not made. A measurement cut short or taken on contended cores is cached as
+provisional: a later start uses it while its cores are still busy (a few probe steps
+tell), and measures again once they are quiet. Steps of more rows than the largest
+bucket (prefill) take the path a one-sequence prefill measured fastest among ``dense``, ``gemv`` and
 ``gemv-a8`` (``DecodeRoute.prefill``), else the layers' own rules.
 """
 
@@ -296,9 +296,17 @@ def _measure(
             "provisional": provisional,
         }
     )
-    tuned = Tuned(route, times, took, False, contended, pre or None, truncated, provisional)
-    tuned.stored = stored is not False
-    return tuned
+    return Tuned(
+        route,
+        times,
+        took,
+        False,
+        contended,
+        pre or None,
+        truncated,
+        provisional,
+        stored=stored is not False,
+    )
 
 
 def _timed(run: Callable[[], None]) -> float:

@@ -137,6 +137,13 @@ def runs(
     return machine in lv.arch and lv.needs <= features
 
 
+def x86_kernels(name: str) -> bool:
+    """Whether level ``name`` is one of houchu's x86 kernel builds (AVX2 to AVX-512),
+    whose kernels have SIMD forms the NEON levels and ``generic`` lack."""
+    lv = level(name)
+    return lv.kernels and "x86_64" in lv.arch
+
+
 def _cap_level(cap: str) -> Level:
     """``$HOUCHU_CPU_ISA_MAX``'s level.
 

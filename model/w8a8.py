@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from houchu.model import cpu_kernels
+from houchu.model import cpu_isa, cpu_kernels
 from houchu.model.qlinear import Int8Linear
 from houchu.model.quant import quantize_fp8, quantize_rows_int8
 
@@ -134,7 +134,7 @@ class W8A8Linear(Int8Linear):
             and x.device.type == "cpu"
             and x.dtype in _CPU_FUSED
             and cpu_kernels.is_loaded()
-            and not cpu_kernels.active_level().startswith("neon")
+            and cpu_isa.x86_kernels(cpu_kernels.active_level())
         )
 
     def _int8_gemm(self, x: torch.Tensor) -> torch.Tensor:
@@ -206,9 +206,10 @@ def int_mm_pays() -> bool:
     """Whether W8A8's int8 GEMM runs on this CPU (probed once, printed when not): where
     ``torch._int_mm`` is exact (``int_mm_exact``) and, on a ``PROBE_SHAPE`` GEMM, less
     than ``INT_MM_SLOWER`` times the dense matmul that weight-only rows of that size run
-    (in the CPU layers' activation dtype; the fastest of 5 alternated calls each). Measured, not assumed from
-    the CPU's flags: with oneDNN held to AVX2_VNNI on an AVX-512 host, a 128-token W8A8
-    prefill took 720 ms against the weight-only path's 203 ms."""
+    (in the CPU layers' activation dtype; the fastest of 5 alternated calls each).
+    Measured, not assumed from the CPU's flags: with oneDNN held to AVX2_VNNI on an
+    AVX-512 host, a 128-token W8A8 prefill took 720 ms against the weight-only path's
+    203 ms."""
     if not int_mm_exact():
         return False
     from houchu.model.qlinear import quant_act_dtype

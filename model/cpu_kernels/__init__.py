@@ -388,5 +388,4 @@ def int8_int16_acts(dtype: torch.dtype, level: str | None = None) -> bool:
     of ``dtype`` to int16 per 64 inputs and sums in integers (``gemv_a16.h``): at every
     x86 level, for float32 and bfloat16 alike; elsewhere the activations are used as
     they are."""
-    lv = isa.level(level or active_level())
-    return lv.kernels and "x86_64" in lv.arch and dtype in (torch.float32, torch.bfloat16)
+    return isa.x86_kernels(level or active_level()) and dtype in (torch.float32, torch.bfloat16)
