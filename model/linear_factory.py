@@ -48,7 +48,8 @@ def make_linear(
             layer = Int8Linear(w, device)
         layer.float_out = head  # the logits stay float32
         return layer
-    q = w if isinstance(w, Int4Weight) else quantize_int4(w, spec.group_size)
+    method = "mse" if spec.int4_method == "gptq" else spec.int4_method  # GPTQ: gptq.py
+    q = w if isinstance(w, Int4Weight) else quantize_int4(w, spec.group_size, method)
     return Int4Linear(q, device, activations=spec.int4_activations)
 
 

@@ -19,6 +19,7 @@ match it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -100,17 +101,47 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq_local", local, persistent=False)
         self._rope_tables: dict[int, RopeTable] = {}  # per slot, built on first use
         self.to(dev)
+        self._finish(prepack)
+
+    def _finish(self, prepack: bool) -> None:
+        """Count the parameters, clear the weight-bytes memo and, with ``prepack`` on a
+        CPU with oneDNN, switch the dense layers to its packed layout."""
         self._num_params = sum(p.numel() for p in self.parameters()) + sum(
             m.out_features * m.in_features
             for m in self.linears()
             if not isinstance(m, Linear) and not (m is self.lm_head and self.tied)
         )
         self._bytes_at: dict[tuple[int, int], int] = {}  # weight_bytes_at's memo
-        self.prepacked = prepack and dev.type == "cpu" and onednn_available(self.dtype)
+        cpu = self.embed.device.type == "cpu"
+        self.prepacked = prepack and cpu and onednn_available(self.dtype)
         if self.prepacked:
             for m in self.modules():
-                if isinstance(m, Linear):
+                if isinstance(m, Linear) and m.weight is not None:
                     m.prepack_onednn(keep_dense=m is self.lm_head and self.tied)
+
+    def quantize_linears(
+        self, quant: QuantSpec, make: Callable[[str, Linear], LinearBase], prepack: bool
+    ) -> None:
+        """Replace every dense projection but the LM head, as built with
+        ``QuantSpec("none")`` and ``prepack=False``, by ``make(module name, layer)``
+        (e.g. GPTQ's int4 layer), and the LM head by ``quant``'s (int8 under int4, as
+        ``make_linear`` builds it); then finish as the constructor does.
+
+        Raises:
+            RuntimeError: the model was prepacked or is already quantized.
+        """
+        if self.quant.mode != "none" or getattr(self, "prepacked", False):
+            raise RuntimeError("quantize_linears needs a dense model built with prepack=False")
+        for name, m in list(self.named_modules()):
+            if isinstance(m, Linear) and m is not self.lm_head:
+                parent, _, attr = name.rpartition(".")
+                setattr(self.get_submodule(parent), attr, make(name, m))
+        head = self.lm_head.weight
+        assert head is not None
+        dev = self.embed.device
+        self.lm_head = make_linear(head.data, quant, dev, dtype=self.dtype, head=True)
+        self.quant = quant
+        self._finish(prepack)
 
     @classmethod
     def from_tensors(

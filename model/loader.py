@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -9,12 +11,14 @@ import torch
 
 from houchu.model.config import ModelConfig, ModelLoadError, resolve_model_file
 from houchu.model.llama import LlamaModel, Weights
-from houchu.model.quant import QuantSpec
+from houchu.model.quant import Int4Weight, QuantSpec
 from houchu.model.shard import Shard
 
 if TYPE_CHECKING:
     from houchu.model.tp_group import TPGroup
     from houchu.options.runner_options import RunnerOptions
+
+log = logging.getLogger(__name__)
 
 DTYPES = {
     "float32": torch.float32,
@@ -80,7 +84,41 @@ def load_model(
     """
     quant = quant or QuantSpec()
     cfg, tensors = load_tensors(path, dtype, quant.keeps_gguf_q4)
+    if quant.gptq and not any(isinstance(t, Int4Weight) for t in tensors.values()):
+        return load_gptq(path, cfg, tensors, device, prepack, quant)
     return LlamaModel.from_tensors(cfg, tensors, device, prepack, quant)
+
+
+def load_gptq(
+    path: str | Path,
+    cfg: ModelConfig,
+    tensors: Weights,
+    device: torch.device | str,
+    prepack: bool,
+    quant: QuantSpec,
+) -> LlamaModel:
+    """The model built dense, run over the calibration text (``quant.calibration``, read
+    with the model's tokenizer) and its projections turned int4 by GPTQ
+    (``houchu.model.gptq``). Logs the time it took.
+
+    Raises:
+        ValueError: an unreadable or too short calibration text.
+        TokenizerError: the model has no usable tokenizer.
+    """
+    from houchu.model.calibration import calibration_ids
+    from houchu.model.gptq import quantize_model_gptq
+
+    t0 = time.perf_counter()
+    ids = calibration_ids(path, quant.calibration)
+    model = LlamaModel.from_tensors(cfg, tensors, device, False, QuantSpec())
+    layers = quantize_model_gptq(model, ids, quant, prepack)
+    log.info(
+        "GPTQ: %d projections int4 over %d calibration tokens in %.1fs",
+        layers,
+        len(ids),
+        time.perf_counter() - t0,
+    )
+    return model
 
 
 def load_runner_model(
@@ -110,7 +148,13 @@ def load_runner_model(
     building = cpu_kernels.load_in_background() if build else None
     with shared_gguf(), torch.inference_mode():
         mode = resolve_quant_mode(o.quantization, resolve_model_file(path))
-        quant = QuantSpec(mode, o.quant_group_size, o.int4_activations)
+        quant = QuantSpec(
+            mode,
+            o.quant_group_size,
+            o.int4_activations,
+            o.int4_method,
+            o.calibration_text,
+        )
         if tp is None:
             model = load_model(path, dtype, device, prepack, quant)
         else:

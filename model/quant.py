@@ -39,6 +39,9 @@ QUANT_CHOICES = ("auto", *QUANT_MODES)
 INT4_ACTIVATIONS = ("auto", "float", "int8")
 #: how ``quantize_int4`` picks a group's scale and offset
 INT4_METHODS = ("mse", "minmax")
+#: how a float weight becomes int4 (``QuantSpec.int4_method``): ``quantize_int4``'s
+#: methods, or GPTQ over calibration text (``houchu.model.gptq``)
+INT4_WEIGHT_METHODS = (*INT4_METHODS, "gptq")
 
 
 def resolve_quant_mode(mode: str, model_path: str | Path) -> str:
@@ -78,6 +81,13 @@ class QuantSpec:
             (the activations as they are, exact products), "int8" (quantized per group
             to int8, integer dot products: W4A8, as llama.cpp's Q4 x Q8 kernels), or
             "auto" (whichever the startup measurement finds faster, per batch bucket).
+        int4_method: how a float weight becomes int4: "mse" (each group's scale and
+            offset searched to minimise its rounding error), "minmax" (round to the
+            nearest of 16 levels over the group's range) or "gptq" (GPTQ over
+            calibration text, ``houchu.model.gptq``). A GGUF file's Q4 tensors are kept
+            as they are whatever the method.
+        calibration: GPTQ's calibration text file (None: ``houchu.model.calibration``'s
+            default text).
 
     Raises:
         ValueError: unknown mode or group size.
@@ -86,6 +96,8 @@ class QuantSpec:
     mode: str = "none"
     group_size: int = 32
     int4_activations: str = "float"
+    int4_method: str = "mse"
+    calibration: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in QUANT_MODES:
@@ -98,15 +110,26 @@ class QuantSpec:
             raise ValueError(
                 f"int4 activations must be one of {INT4_ACTIVATIONS}, got {self.int4_activations!r}"
             )
+        if self.int4_method not in INT4_WEIGHT_METHODS:
+            raise ValueError(
+                f"int4 method must be one of {INT4_WEIGHT_METHODS}, got {self.int4_method!r}"
+            )
 
     @property
     def keeps_gguf_q4(self) -> bool:
         """Whether GGUF Q4_0/Q4_1 tensors are kept as int4 rather than dequantized."""
         return self.mode == "int4"
 
+    @property
+    def gptq(self) -> bool:
+        """Whether float weights become int4 by GPTQ (over calibration text)."""
+        return self.mode == "int4" and self.int4_method == "gptq"
+
     def label(self) -> str:
-        """Short description, e.g. "int4-g32" or "none"."""
-        return f"int4-g{self.group_size}" if self.mode == "int4" else self.mode
+        """Short description, e.g. "int4-g32", "int4-g32-gptq" or "none"."""
+        if self.mode != "int4":
+            return self.mode
+        return f"int4-g{self.group_size}" + ("-gptq" if self.gptq else "")
 
 
 @dataclass

@@ -45,6 +45,25 @@ def _check_runner(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         isa.choose(args.cpu_isa)
     except ValueError as e:
         parser.error(str(e))
+    _check_gptq(parser, args)
+
+
+def _check_gptq(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--int4-method gptq`` makes int4 weights on one process; ``--calibration-text``
+    is read by it alone (and becomes absolute)."""
+    gptq = args.int4_method == "gptq"
+    if gptq and args.quantization not in ("int4", "auto"):
+        parser.error(
+            f"--int4-method gptq makes int4 weights: not with --quantization {args.quantization}"
+        )
+    if args.calibration_text is not None and not gptq:
+        parser.error("--calibration-text is GPTQ's: add --int4-method gptq")
+    if gptq and args.tensor_parallel_size > 1:
+        parser.error("--int4-method gptq does not combine with --tensor-parallel-size > 1 yet")
+    if args.calibration_text is not None:
+        if not Path(args.calibration_text).is_file():
+            parser.error(f"--calibration-text {args.calibration_text}: no such file")
+        args.calibration_text = str(Path(args.calibration_text).resolve())
 
 
 def _check_batching(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

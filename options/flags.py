@@ -154,6 +154,20 @@ RUNNER = Group(
             "the faster by startup measurement, per batch size (default: %(default)s)",
         ),
         Flag(
+            "int4_method",
+            "how float weights become int4: mse (each group's scale and offset searched "
+            "for the least rounding error), minmax (16 levels over the group's range), "
+            "gptq (GPTQ at load: each layer's rounding error spread over its other "
+            "columns by how its inputs correlate on a calibration text; slower to load, "
+            "closer to the exact path). A GGUF's Q4 tensors are kept as they are "
+            "(default: %(default)s)",
+        ),
+        Flag(
+            "calibration_text",
+            "GPTQ's calibration text (a UTF-8 file; default: Python's own reference "
+            "documentation, pydoc_data)",
+        ),
+        Flag(
             "kv_cache_dtype",
             "KV cache element type (auto: the model dtype; int8/fp8 hold ~2x the tokens)",
         ),

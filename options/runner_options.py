@@ -38,6 +38,12 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
             candidate only where the int4 layers compute in float32, since on bf16 it
             costs the 95% top-1 agreement the quantized paths keep: 0.947 measured, against
             0.965 in float32).
+        int4_method: how float weights become int4: "mse" (each group's scale and
+            offset searched to minimise its rounding error), "minmax" (16 levels over
+            the group's range) or "gptq" (GPTQ over calibration text at load:
+            ``houchu.model.gptq``). A GGUF file's Q4 tensors are kept as they are.
+        calibration_text: GPTQ's calibration text file (UTF-8; None: the default text of
+            ``houchu.model.calibration``).
         kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8".
         attention_backend: see ``houchu.model.attention.make_backend``.
         compile: ``torch.compile`` the decode step at startup: "off", "on", or "auto"
@@ -77,6 +83,8 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     quantization: Literal["auto", "none", "int4", "int8", "w8a8"] = "auto"
     quant_group_size: Literal[32, 64, 128] = 32
     int4_activations: Literal["auto", "float", "int8"] = "auto"
+    int4_method: Literal["mse", "minmax", "gptq"] = "mse"
+    calibration_text: str | None = None
     kv_cache_dtype: Literal["auto", "int8", "fp8"] = "auto"
     attention_backend: Literal["auto", "torch", "cpu", "triton", "flash-attn"] = "auto"
     compile: Literal["auto", "on", "off"] = "auto"

@@ -89,7 +89,10 @@ STRINGS = {
     "actor_host": "127.0.0.2",
     "router_args": "--log-level info",
 }
-COMPANIONS = {"ssd_kv_mb": ["--host-kv-mb", "1"]}
+COMPANIONS = {
+    "ssd_kv_mb": ["--host-kv-mb", "1"],
+    "calibration_text": ["--quantization", "int4", "--int4-method", "gptq"],
+}
 
 
 def a_file(folder: Path, name: str) -> str:
@@ -103,7 +106,7 @@ def non_default(name: str, info: msgspec.structs.FieldInfo, folder: Path) -> tup
     """(argv values after the flag, the value the field must then hold)."""
     default = None if info.default is msgspec.NODEFAULT else info.default
     tp = _plain(info.type)
-    if name in ("model", "draft_model"):
+    if name in ("model", "draft_model", "calibration_text"):
         path = a_file(folder, name)
         return [path], path
     if tp is bool:
