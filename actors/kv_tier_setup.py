@@ -8,6 +8,7 @@ import os
 from houchu.actors.config import ServeConfig
 from houchu.kvcache.host_pool import HostPool
 from houchu.kvcache.page_hash import model_fingerprint
+from houchu.options.runner_options import RunnerOptions
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -18,15 +19,18 @@ def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
 
     A slot holds one page of K and V over all layers at the model dtype:
     ``2 * layers * page_size * kv_heads * head_dim * dtype bytes`` (an MLA model's page
-    of latents: ``layers * page_size * (kv_lora_rank + qk_rope_head_dim) * dtype bytes``).
+    of latents: ``layers * page_size * (kv_lora_rank + qk_rope_head_dim) * dtype bytes``),
+    with the dtype and page size the runner resolves from "auto" on the same device
+    (``houchu.model.runner_choices``: bf16 and 256-token pages for flash-attn on CUDA).
 
     Raises:
         ModelLoadError: the model's configuration cannot be read.
     """
     from houchu.model.config import load_model_config
 
-    r, tiers = config.runner, config.kv_tiers
+    tiers = config.kv_tiers
     m = load_model_config(config.model)
+    r = resolved_runner_options(config.runner, m.mla is not None)
     elem = _DTYPE_BYTES[r.dtype]
     slot_bytes = r.page_size * m.kv_bytes_per_token(elem)
     layout = (
@@ -46,3 +50,16 @@ def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
         kv_fingerprint=fingerprint.hex(),
     )
     return config, pool
+
+
+def resolved_runner_options(runner: RunnerOptions, mla: bool) -> RunnerOptions:
+    """``runner`` with its dtype and page size as the runner will resolve them on the
+    device ``--device`` names here (``resolve_dtype``, ``resolve_attention``)."""
+    import torch
+
+    from houchu.model.device import resolve_device
+    from houchu.model.runner_choices import resolve_attention, resolve_dtype
+
+    device = torch.device(resolve_device(runner.device))
+    r, _ = resolve_dtype(runner, device)
+    return resolve_attention(r, device, mla)[0]

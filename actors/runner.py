@@ -122,6 +122,7 @@ class RunnerActor:
                 launch.host_pool_name, launch.host_pool_pages, launch.host_slot_bytes
             )
             self.runner.attach_host_pool(self.host_pool)
+            print(f"houchu runner: {self.runner.host_kv.describe()}", flush=True)
         self.runner.grammar.warm()  # structured output's tokenizer, in the background
         info = self.info()
         self.telemetry.start()

@@ -127,6 +127,14 @@ KNOWN_LEVERS: tuple[LeverInfo, ...] = (
         "quantization error",
     ),
     _l(
+        "half_precision",
+        "move_less",
+        "16-bit compute (bf16 / fp16)",
+        "Weights, activations and KV in 16 bits instead of float32 (--dtype; auto is bf16 on a GPU): half the bytes read per step and held per token, and the GPU's tensor cores.",
+        "weight and KV bytes not read / stored (vs float32)",
+        "precision (8- or 11-bit mantissa)",
+    ),
+    _l(
         "fused_kernels",
         "move_less",
         "Fused kernels",
@@ -257,6 +265,7 @@ PREFIXES = {
     "kv_tier": "kv_tiers",
     "weight_quant": "weight_quant",
     "kv_quant": "kv_quant",
+    "half_precision": "half_precision",
     "w8a8": "w8a8",
     "speculative_decoding": "speculative_decoding",
 }

@@ -103,6 +103,9 @@ def make_backend(
     "auto": on CUDA, flash-attn when installed and usable (page size a multiple of 256,
     unquantized KV), else Triton when installed, else torch; on the CPU, houchu's C++
     kernels ("cpu") when they build here (``houchu.model.cpu_kernels``), else torch.
+    ``ModelRunner`` decides CUDA's "auto" before (``houchu.model.runner_choices``, which
+    also picks 256-token pages for flash-attn and says why it falls back), so only direct
+    callers reach this branch on CUDA.
 
     Raises:
         ValueError: unknown name, or a combination the backend cannot serve.

@@ -36,6 +36,19 @@ def _installed() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
+@functools.cache
+def flash_attn_importable() -> bool:
+    """Whether ``import flash_attn`` works here (installed, and built for this torch and
+    CUDA: an installed flash-attn built against another torch fails to import)."""
+    if not _installed():
+        return False
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:  # noqa: BLE001 (ImportError, OSError or a CUDA error from its .so)
+        return False
+    return True
+
+
 def flash_attn_usable(page_size: int, kv_dtype: str) -> bool:
     """Whether flash-attn is installed and can serve this pool geometry and KV dtype."""
     return (

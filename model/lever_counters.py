@@ -1,6 +1,6 @@
 """The runner's lever counters (docs/architecture.md, "The lever ledger"): what weight quantization,
-KV quantization and the compiled / graph-captured decode step saved and spent, from
-counters the runner keeps per step (never from estimates it does not measure).
+KV quantization, 16-bit compute and the compiled / graph-captured decode step saved and
+spent, from counters the runner keeps per step (never from estimates it does not measure).
 
 ``LeverCounters.samples()`` returns the amounts accrued since its previous call as
 ``LeverSample``s (engine-wide, ``rid`` None), for the runner actor to emit.
@@ -25,6 +25,9 @@ class StepCost:
         kv_token_bf16_bytes: the same in bfloat16.
         weight_label: e.g. "int4-g32"; "none" (dense): no weight lever is reported.
         kv_label: e.g. "int8"; "auto" (model dtype): no KV lever is reported.
+        half_label: "bf16" or "fp16" when the model computes in 16 bits (``--dtype``;
+            "auto" on CUDA), reported against float32 as "half_precision_<label>"; ""
+            (float32): not reported.
     """
 
     weight_bytes: int
@@ -33,6 +36,7 @@ class StepCost:
     kv_token_bf16_bytes: int
     weight_label: str
     kv_label: str
+    half_label: str = ""
 
 
 class LeverCounters:
@@ -73,6 +77,7 @@ class LeverCounters:
         self.kv_read = 0  # tokens of K/V attended over, summed over sequences
         self.accel_steps = 0  # steps run compiled / graph-replayed
         self.weight_saved = 0  # bytes: bf16 weight bytes minus those actually read
+        self.dense_read = 0  # bytes: 16-bit dense weights read (float32 would read twice)
 
     def record(
         self, kv_written: int, kv_read: int, accelerated: bool, weight_bytes: int | None = None
@@ -83,6 +88,7 @@ class LeverCounters:
         to a dense copy for many rows read more)."""
         read = self.cost.weight_bytes if weight_bytes is None else weight_bytes
         self.weight_saved += self.cost.weight_bf16_bytes - read
+        self.dense_read += read if self.cost.weight_label == "none" else 0
         self.steps += 1
         self.kv_written += kv_written
         self.kv_read += kv_read
@@ -129,6 +135,7 @@ class LeverCounters:
                     t,
                 )
             )
+        out += self._half_samples(t)
         if self.accel is not None and (self.accel_steps or not self._setup_reported):
             gain = 0.0
             if self.eager_step_s is not None and self.accel_step_s is not None:
@@ -137,6 +144,23 @@ class LeverCounters:
             self._setup_reported = True
             out.append(LeverSample(self.accel, "fill", gain, "seconds", spent, "seconds", t))
         self._reset()
+        return out
+
+    def _half_samples(self, t: float) -> list[LeverSample]:
+        """16-bit compute against float32: the dense weight bytes and the KV bytes (an
+        unquantized pool's) not read (move_less), and the KV bytes not stored
+        (occupy_less); at 16 bits each byte read or stored is one float32 would double.
+        Quantized weights and KV count under their own levers instead."""
+        c = self.cost
+        if not c.half_label or not self.steps:
+            return []
+        kv = c.kv_label == "auto"
+        name = f"half_precision_{c.half_label}"
+        moved = self.dense_read + (c.kv_token_bytes * self.kv_read if kv else 0)
+        out = [LeverSample(name, "move_less", float(moved), "bytes", 0.0, "bytes", t)]
+        if kv and self.kv_written:
+            held = float(c.kv_token_bytes * self.kv_written)
+            out.append(LeverSample(name, "occupy_less", held, "bytes", 0.0, "bytes", t))
         return out
 
     def summary(self) -> str:

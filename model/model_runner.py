@@ -46,9 +46,9 @@ from houchu.model.config import ModelConfig
 from houchu.model.deterministic import deterministic_options, pin, pinned_notes
 from houchu.model.device import resolve_device
 from houchu.model.fused_cpu import FusedDecode
+from houchu.model.gpu_memory import cuda_device_facts
 from houchu.model.grammar import GrammarEngine, RequestGrammar
 from houchu.model.jump_forward import JumpForward, drop_stale_samples
-from houchu.model.kv_pool import KVPool
 from houchu.model.kv_transfer import HostKVMirror
 from houchu.model.loader import load_runner_model, parse_dtype
 from houchu.model.mla_lever import MLALever, mla_levers_note
@@ -62,13 +62,14 @@ from houchu.model.plan_state import (
     seq_outputs,
 )
 from houchu.model.prompt_logprobs import rows_wanted, score
+from houchu.model.runner_choices import resolve_attention, resolve_dtype
 from houchu.model.runner_report import (
     decode_paths_text,
     runner_info,
     runner_lever_samples,
     runner_summary,
 )
-from houchu.model.runner_setup import RunnerSetup
+from houchu.model.runner_setup import RunnerSetup, make_kv_pool
 from houchu.model.sampling import RequestState, Sampler
 from houchu.model.structure_levers import structure_notes
 from houchu.model.threads import CpuLoad, ThreadGovernor, step_key
@@ -137,17 +138,24 @@ class ModelRunner:
         if o.threads is not None:
             torch.set_num_threads(o.threads)
         self.cpu_isa = cpu_kernels.select(o.cpu_isa)
-        if o.page_size < 1:
+        if o.page_size is not None and o.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {o.page_size}")
         t0 = time.perf_counter()
+        o, dtype_note = resolve_dtype(o, self.device)  # "auto": bf16 on CUDA, fp32 on CPU
         self.dtype = parse_dtype(o.dtype)
         self.model, quant = load_runner_model(
             model_path, o, self.dtype, self.device, prepack, self.tp
         )
+        o, attn_note = resolve_attention(o, self.device, self.config.mla is not None)
+        self.options = o  # dtype, page size and (on CUDA) attention backend concrete
+        #: what "auto" chose on this device, said on the start-up line
+        self.choices = [c for c in (dtype_note, attn_note) if c]
         self.backend = make_backend(
             o.attention_backend, self.device, page_size=o.page_size, kv_dtype=o.kv_cache_dtype
         )
-        graphs = not o.disable_cuda_graph and self.device.type == "cuda"
+        on_cuda = self.device.type == "cuda"
+        graphs = not o.disable_cuda_graph and on_cuda
+        self.device_facts = cuda_device_facts(self.device) if on_cuda else None  # GPU, memory
         with torch.inference_mode():
             for m in self.model.modules():  # layers built before the kernels were loaded
                 if hasattr(m, "prepare_cpu_gemv"):
@@ -162,15 +170,8 @@ class ModelRunner:
             kv_dtype = o.kv_cache_dtype
             if self.config.mla is not None:  # a pool of latents; what does not apply, said
                 kv_dtype = mla_levers_note(self.config, o, self.backend.name)
-            self.pool = KVPool.for_model(
-                self.config,
-                page_size=o.page_size,
-                dtype=self.dtype,
-                device=self.device,
-                num_pages=o.num_pages,
-                memory_bytes=o.kv_cache_bytes,
-                kv_dtype=kv_dtype,
-                scratch_pages=1 if graphs else 0,
+            self.pool, self.pool_size = make_kv_pool(  # how it was sized: pool_size.source
+                self.config, o, self.dtype, self.device, kv_dtype, int(graphs), self.device_facts
             )
         if o.decode_paths not in ("rules", "auto"):
             raise ValueError(f"decode_paths must be rules or auto, got {o.decode_paths!r}")
@@ -191,7 +192,7 @@ class ModelRunner:
         #: what the model's structure does to the other levers (said at startup)
         structure = (self.model.attention, self.backend.name, not o.disable_fused_layers)
         notes = structure_notes(self.config, *structure, quant.mode)
-        self.notes = tp_notes + pinned_notes(self.deterministic) + notes
+        self.notes = tp_notes + pinned_notes(self.deterministic) + notes + self.pool_size.notes
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
         limit = min(self.config.max_position, self.pool.num_tokens)
         self.max_context = limit if o.max_context is None else min(o.max_context, limit)
@@ -245,14 +246,10 @@ class ModelRunner:
         return self.governor.run(lambda: self._forward(batch), key, n)
 
     def lever_samples(self) -> list[LeverSample]:
-        """What weight and KV quantization and the compiled / graph-captured decode step
-        saved and spent since the previous call (engine-wide ``LeverSample``s, for the
-        runner actor to emit); with MoE layers, also the FLOPs the experts a token did not
-        run saved against the router's ("moe_routed_experts", compute_less); with MLA,
-        the KV bytes, token slots and requests the latent saves ("mla", occupy_less);
-        with sliding windows, the KV bytes attention did not read
-        ("sliding_window_attention", move_less); with structured output, the grammar
-        masks' time ("structured_output_mask")."""
+        """What the runner's levers saved and spent since the previous call
+        (engine-wide ``LeverSample``s, for the runner actor to emit): weight and KV
+        quantization, 16-bit compute, the compiled / graph-captured decode step, MoE
+        routing, MLA, sliding windows, structured output (``runner_lever_samples``)."""
         return runner_lever_samples(self)
 
     def attach_host_pool(self, host: HostPool) -> None:
@@ -274,7 +271,9 @@ class ModelRunner:
             self.mtp.forget()
 
     def close(self) -> None:
-        """Stop the other ranks of a tensor-parallel runner (nothing otherwise)."""
+        """Stop the other ranks of a tensor-parallel runner; unpin the host KV tier."""
+        if self.host_kv is not None:
+            self.host_kv.close()
         if self.tp is not None and self.tp.rank == 0:
             from houchu.model.tp_worker import stop_ranks
 
@@ -383,6 +382,8 @@ class ModelRunner:
                 forced = self.jump.commit(grammars, states, ids, failures)  # jump-forward
                 outputs = seq_outputs(states, samples, forced)
             proposals, draft_s = self.mtp.step(plan, batch, outputs) if self.mtp else ({}, 0.0)
+        if self.host_kv is not None:  # the host slots are read / refilled once it returns
+            self.host_kv.finish()
         # the last token drawn per rid (a placeholder's value; forced tokens come after)
         self.last_sampled = {o.rid: o.token_id for o in outputs if not o.forced}
         return StepResult(

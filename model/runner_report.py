@@ -10,6 +10,7 @@ import torch
 
 from houchu.model.autotune import Tuned
 from houchu.model.config import ModelConfig, num_parameters
+from houchu.model.gpu_memory import DeviceFacts
 from houchu.model.mla_lever import mla_summary
 from houchu.model.moe import MoEMLP, moe_lever_sample
 from houchu.transport.messages import RunnerInfo
@@ -20,25 +21,66 @@ if TYPE_CHECKING:
 
 
 def runner_summary(r: ModelRunner, load_s: float | None = None) -> str:
-    """One line: architecture, parameters, dtype, KV pool geometry and bytes, kernels,
-    threads, the levers' summary and the measured decode paths."""
+    """One line: architecture, parameters, dtype, the device (on CUDA the GPU's name and
+    memory), KV pool geometry and bytes and which option sized it, the attention backend
+    and CUDA graphs, kernels, threads, the levers' summary, the measured decode paths and
+    what "auto" chose on this device."""
     p = r.pool
     took = "" if load_s is None else f" (loaded in {load_s:.1f}s)"
+    static = getattr(r.backend, "supports_static", False)
+    disabled = r.options.disable_cuda_graph
+    graphs = cuda_graph_clause(r.device.type, r.accel.kind, _graph_buckets(r), disabled, static)
     return (
         f"houchu runner: {r.config.architecture} {r.config.name!r}, "
         f"{r.num_params / 1e6:.1f}M params ({_matmul_note(r.config)}), "
-        f"{str(r.dtype).removeprefix('torch.')} on {r.device}, "
+        f"{str(r.dtype).removeprefix('torch.')} on {device_clause(r.device, r.device_facts)}, "
         f"{r.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
         f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
-        f"({p.bytes_per_token} B/token), max context {r.max_context}, "
-        f"attention {r.backend.name}, kernels {r.model.ops.name} "
+        f"({p.bytes_per_token} B/token) sized by {r.pool_size.source}, "
+        f"max context {r.max_context}, attention {r.backend.name}"
+        f"{', ' + graphs if graphs else ''}, kernels {r.model.ops.name} "
         f"(CPU ISA {r.cpu_isa}){_build_note(r)}"
         f"{' with fused decode layers' if r.model.fused and r.model.fused.applies(1) else ''}, "
         f"matmul {'onednn-packed' if r.model.prepacked else 'dense'}, "
         f"{torch.get_num_threads()} threads{took}; {r.levers.summary()}"
         f"{'; decode paths ' + r.decode_paths() if r.tuned else ''}"
         f"{'; ' + mla_summary(p, r.max_context) if r.mla_lever else ''}"
+        f"{''.join('; ' + c for c in r.choices)}"
     )
+
+
+def device_clause(device: torch.device, facts: DeviceFacts | None) -> str:
+    """ "cuda:0 (NVIDIA H200, 139.8 GiB, 120.3 GiB free after the weights)" with a GPU's
+    facts, else the device alone ("cpu")."""
+    return str(device) if facts is None else f"{device} ({facts.describe()})"
+
+
+def cuda_graph_clause(
+    device_type: str,
+    kind: str | None,
+    buckets: tuple[int, ...],
+    disabled: bool,
+    static_backend: bool,
+) -> str:
+    """Whether decode steps replay CUDA graphs, and for which batch buckets: "CUDA graphs
+    for batch 1,2,4"; "no CUDA graphs (REASON)"; "" off CUDA (where graphs do not
+    apply). ``kind``: the decode accelerator's (``DecodeAccelerator.kind``)."""
+    if device_type != "cuda":
+        return ""
+    if kind == "cuda_graph":
+        return f"CUDA graphs for batch {','.join(map(str, buckets))}"
+    if disabled:
+        why = "--disable-cuda-graph"
+    elif not static_backend:
+        why = "the attention backend has no static decode path"
+    else:
+        why = "this model's decode step cannot be captured, see above"
+    return f"no CUDA graphs ({why})"
+
+
+def _graph_buckets(r: ModelRunner) -> tuple[int, ...]:
+    """The batch buckets the CUDA graphs were captured for (the options' otherwise)."""
+    return tuple(getattr(r.accel.impl, "buckets", r.options.decode_batch_sizes))
 
 
 def _matmul_note(c: ModelConfig) -> str:

@@ -13,11 +13,61 @@ import torch
 from houchu.model.accel import DecodeAccelerator
 from houchu.model.attention import AttentionBackend
 from houchu.model.autotune import Tuned, available_paths, tune_model
-from houchu.model.config import resolve_model_file
+from houchu.model.config import ModelConfig, resolve_model_file
 from houchu.model.decisions import DecisionCache, model_key
+from houchu.model.gpu_memory import (
+    DeviceFacts,
+    PoolSize,
+    activation_reserve_bytes,
+    kv_pool_size,
+    page_bytes_of,
+)
 from houchu.model.kv_pool import KVPool
 from houchu.model.lever_counters import LeverCounters, StepCost
 from houchu.model.quant import QuantSpec
+from houchu.options.runner_options import RunnerOptions
+
+
+def make_kv_pool(
+    cfg: ModelConfig,
+    o: RunnerOptions,
+    dtype: torch.dtype,
+    device: torch.device,
+    kv_dtype: str,
+    scratch_pages: int,
+    facts: DeviceFacts | None,
+) -> tuple[KVPool, PoolSize]:
+    """The runner's KV pool, sized by ``--num-pages``, ``--mem-fraction-static`` (on a
+    CUDA GPU: ``facts`` measured after the weights loaded) or ``--kv-cache-mb``
+    (``houchu.model.gpu_memory.kv_pool_size``), and how it was sized. ``o.page_size``
+    must be concrete (``houchu.model.runner_choices.resolve_attention``).
+
+    Raises:
+        ValueError: a budget below one page (``MemFractionError`` for the fraction), an
+            unknown or inapplicable ``kv_dtype``.
+    """
+    assert o.page_size is not None
+    elem = torch.empty((), dtype=dtype).element_size()
+    size = kv_pool_size(
+        num_pages=o.num_pages,
+        kv_cache_mb=o.kv_cache_mb,
+        mem_fraction=o.mem_fraction_static,
+        facts=facts,
+        page_bytes=page_bytes_of(cfg, o.page_size, dtype, kv_dtype),
+        reserve_bytes=activation_reserve_bytes(cfg, elem) if facts is not None else 0,
+        scratch_pages=scratch_pages,
+    )
+    pool = KVPool.for_model(
+        cfg,
+        page_size=o.page_size,
+        dtype=dtype,
+        device=device,
+        num_pages=size.num_pages,
+        memory_bytes=size.memory_bytes,
+        kv_dtype=kv_dtype,
+        scratch_pages=scratch_pages,
+    )
+    return pool, size
 
 
 @dataclass
@@ -73,12 +123,14 @@ class RunnerSetup:
         return accel
 
     def levers(self, accel: DecodeAccelerator, kv_dtype: str) -> LeverCounters:
-        """The lever counters: the weight and KV bytes per step against bf16, and what
-        the accelerator measured (``kv_dtype``: the KV cache's ``--kv-cache-dtype``)."""
+        """The lever counters: the weight and KV bytes per step against bf16, the model
+        dtype (16-bit compute is a lever against float32), and what the accelerator
+        measured (``kv_dtype``: the KV cache's ``--kv-cache-dtype``)."""
         wb, wb16 = self.model.weight_bytes()
         p = self.pool
+        half = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "")
         cost = StepCost(
-            wb, wb16, p.bytes_per_token, p.bf16_bytes_per_token, self.quant.label(), kv_dtype
+            wb, wb16, p.bytes_per_token, p.bf16_bytes_per_token, self.quant.label(), kv_dtype, half
         )
         a = accel
         return LeverCounters(

@@ -67,6 +67,12 @@ def tp_runner_options(o: RunnerOptions) -> tuple[RunnerOptions, list[str]]:
     dev = torch.device(rank_device(o, 0))
     if dev.type == "cuda" and n > torch.cuda.device_count():
         raise TensorParallelError(f"{flag}: only {torch.cuda.device_count()} GPUs")
+    if dev.type == "cuda" and o.mem_fraction_static is not None and o.num_pages is None:
+        # each rank would size its pool from its own GPU's free memory: they could differ
+        raise TensorParallelError(
+            f"{flag}: --mem-fraction-static is not supported yet (the ranks' pools must "
+            "match): size the pool with --kv-cache-mb or --num-pages"
+        )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
     if dev.type == "cpu" and n > cores and not os.environ.get(OVERSUBSCRIBE):

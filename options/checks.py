@@ -37,6 +37,9 @@ def _non_negative(parser: argparse.ArgumentParser, args: argparse.Namespace, *na
 
 def _check_runner(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     _positive(parser, args, "page_size", "num_pages", "kv_cache_mb", "max_context", "threads")
+    f = args.mem_fraction_static
+    if f is not None and not 0 < f <= 1:
+        parser.error(f"--mem-fraction-static must be in (0, 1], got {f}")
     try:
         check_device_name(args.device)
     except DeviceError as e:

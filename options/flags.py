@@ -128,10 +128,27 @@ RUNNER = Group(
             "where the model runs: auto (CUDA when torch sees a GPU, else the CPU), cpu, "
             "cuda or cuda:N",
         ),
-        Flag("dtype", "compute dtype of weights and KV cache"),
-        Flag("page_size", "tokens per KV page"),
-        Flag("num_pages", "KV pool size in pages (overrides --kv-cache-mb)"),
+        Flag(
+            "dtype",
+            "compute dtype of weights and KV cache (auto: bfloat16 on CUDA, float32 on the CPU)",
+        ),
+        Flag(
+            "page_size",
+            "tokens per KV page (default: 16; 256 on CUDA when --attention-backend auto "
+            "picks flash-attn, whose paged KV needs a multiple of 256)",
+        ),
+        Flag(
+            "num_pages",
+            "KV pool size in pages (overrides --mem-fraction-static and --kv-cache-mb)",
+        ),
         Flag("kv_cache_mb", "KV pool size in MiB"),
+        Flag(
+            "mem_fraction_static",
+            "CUDA: fraction of the GPU's memory for the weights and the KV pool; the pool "
+            "gets it less the memory in use after the weights load and an activation "
+            "reserve (overrides --kv-cache-mb; ignored on the CPU, as vLLM's "
+            "--gpu-memory-utilization)",
+        ),
         Flag("max_context", "cap on the context window, in tokens"),
         Flag("threads", "torch threads of the model runner (the most, see below)"),
         Flag(
@@ -173,8 +190,9 @@ RUNNER = Group(
         ),
         Flag(
             "attention_backend",
-            "attention and fused kernels (auto: flash-attn or Triton on CUDA; on the CPU, "
-            "houchu's C++ kernels (cpu), built on first use, else torch)",
+            "attention and fused kernels (auto: on CUDA flash-attn where it imports, with "
+            "256-token pages unless --page-size is set, else Triton; on the CPU, houchu's "
+            "C++ kernels (cpu), built on first use, else torch)",
         ),
         Flag(
             "compile",

@@ -18,11 +18,20 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         device: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu", "cuda" or
             "cuda:N" (``houchu.model.device.resolve_device``).
-        dtype: weight, activation and KV dtype.
-        page_size: tokens per KV page.
-        num_pages: KV pool size in pages (None: sized from ``kv_cache_mb``).
+        dtype: weight, activation and KV dtype; "auto": bfloat16 on CUDA (float16
+            without native bfloat16), float32 on the CPU
+            (``houchu.model.runner_choices.choose_dtype``).
+        page_size: tokens per KV page (None: 16, or 256 on CUDA where the auto attention
+            backend picks flash-attn: ``houchu.model.runner_choices.choose_attention``).
+        num_pages: KV pool size in pages (None: sized from ``mem_fraction_static`` on
+            CUDA, else ``kv_cache_mb``).
         kv_cache_mb: KV pool budget, MiB, fractions allowed (used when ``num_pages`` is
-            None).
+            None, and on CUDA ``mem_fraction_static`` too).
+        mem_fraction_static: on CUDA, the fraction of the GPU's memory the weights and
+            the KV pool may hold together (SGLang's flag; vLLM's
+            ``--gpu-memory-utilization``): the pool gets it less what is in use after
+            the weights load and an activation reserve (``houchu.model.gpu_memory``).
+            In (0, 1]; ignored on the CPU, with a note. None: not used.
         max_context: tokens per request at most; capped by the model's trained context
             and the pool (None: the smaller of those).
         threads: torch intra-op threads, the most (None: torch's default).
@@ -73,10 +82,11 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     device: str = "auto"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    page_size: int = 16
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    page_size: int | None = None
     num_pages: int | None = None
     kv_cache_mb: float = 1024
+    mem_fraction_static: float | None = None
     max_context: int | None = None
     threads: int | None = None
     fixed_threads: bool = False

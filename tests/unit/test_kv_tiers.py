@@ -136,6 +136,11 @@ def test_page_copies_round_trip_through_shared_memory():
         mirror.save([PageCopy(1, 2)])
         mirror.load([PageCopy(3, 2)])
         assert torch.equal(pool.k[:, 3], k1) and torch.equal(pool.v[:, 3], v1)
+        # on the CPU the copies are done when save / load return: no stream, no pinning
+        assert mirror.stream is None and not mirror.pinned
+        mirror.finish()
+        mirror.close()
+        assert mirror.describe() == "host KV tier: 3 slots of 128 B pages"
         with pytest.raises(ValueError):
             mirror.check([PageCopy(0, 3)])
     finally:

@@ -93,6 +93,8 @@ COMPANIONS = {
     "ssd_kv_mb": ["--host-kv-mb", "1"],
     "calibration_text": ["--quantization", "int4", "--int4-method", "gptq"],
 }
+#: Numbers whose default + 3 is out of range.
+NUMBERS = {"mem_fraction_static": 0.5}
 
 
 def a_file(folder: Path, name: str) -> str:
@@ -120,7 +122,7 @@ def non_default(name: str, info: msgspec.structs.FieldInfo, folder: Path) -> tup
     if typing.get_origin(tp) is tuple:
         return ["5,3"], (3, 5)
     if tp in (int, float):
-        value = (default or 0) + 3
+        value = NUMBERS.get(name, (default or 0) + 3)
         return [str(value)], value
     return [STRINGS[name]], STRINGS[name]
 
@@ -226,3 +228,25 @@ def test_deterministic_refusals_come_at_parse_time(tmp_path, capsys, flags, says
     with pytest.raises(SystemExit):
         parse(["--model", a_file(tmp_path, "model"), "--deterministic", *flags])
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("0", "must be in (0, 1], got 0.0"),
+        ("1.5", "must be in (0, 1], got 1.5"),
+        ("-0.2", "must be in (0, 1]"),
+        ("nan", "must be a finite number"),
+    ],
+)
+def test_mem_fraction_static_outside_zero_to_one_is_refused(tmp_path, capsys, value, says):
+    with pytest.raises(SystemExit):
+        parse(["--model", a_file(tmp_path, "model"), "--mem-fraction-static", value])
+    err = capsys.readouterr().err
+    assert "--mem-fraction-static" in err and says in err
+
+
+def test_dtype_and_page_size_default_to_auto(tmp_path):
+    """Resolved on the device by the runner (``houchu.model.runner_choices``)."""
+    r = parse(["--model", a_file(tmp_path, "model")]).runner
+    assert (r.dtype, r.page_size, r.mem_fraction_static) == ("auto", None, None)
