@@ -39,6 +39,10 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported for real after _bootstrap
+    from houchu.bench.gpu_check_run import Context, Step
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = ("install", "machine", "model", "gpu_tests", "serve_bench", "runner_bench", "golden")
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         record = write_json(ctx, steps, started, args, final=True)
         from houchu.bench.gpu_goals import summary_lines
 
-        for line in summary_lines(record["steps"], record["goals"]):
+        for line in summary_lines(record["steps"], record["goals"], ctx.facts, ctx.model):
             ctx.log(line)
         ctx.log(
             f"[gpu_check] log: {ctx.log_path}\n[gpu_check] json: {ctx.outdir / 'gpu_check.json'}"
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(s.status == "failed" for s in steps) else 0
 
 
-def run_step(ctx, step, args: argparse.Namespace) -> None:  # noqa: ANN001
+def run_step(ctx: Context, step: Step, args: argparse.Namespace) -> None:
     """Run step ``step.name`` within what is left of the budget, or skip it."""
     from houchu.bench import gpu_check_steps as steps
     from houchu.bench.gpu_install import install_step
@@ -193,7 +197,9 @@ def run_step(ctx, step, args: argparse.Namespace) -> None:  # noqa: ANN001
         step.results["mode"] = "reduced (dry run, CPU)"
 
 
-def write_json(ctx, steps, started, args, final: bool) -> dict:  # noqa: ANN001
+def write_json(
+    ctx: Context, steps: list[Step], started: dt.datetime, args: argparse.Namespace, final: bool
+) -> dict[str, Any]:
     """Write ``OUTDIR/gpu_check.json`` (see the module docstring); returns the record.
     The goals are evaluated on the serve bench's and the runner benchmark's numbers when
     they ran on a GPU."""

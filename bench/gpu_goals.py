@@ -152,9 +152,35 @@ def evaluate_goals(
     return goals
 
 
-def summary_lines(steps: list[dict[str, Any]], goals: list[dict[str, Any]]) -> list[str]:
-    """The closing summary: one line per step (status, seconds, reason) and per goal."""
-    out = ["", "== houchu gpu_check summary", "steps:"]
+def machine_line(facts: dict[str, Any]) -> str:
+    """The machine in one line: Python, torch and its CUDA, the GPU (name, memory in GiB,
+    compute capability) or "no CUDA GPU", triton and flash_attn."""
+    gpu = (
+        f"{facts.get('gpu')} {facts.get('gpu_memory_gib')} GiB sm {facts.get('capability')}"
+        if facts.get("gpu_count")
+        else "no CUDA GPU"
+    )
+    return (
+        f"python {facts.get('python')}, torch {facts.get('torch')} (CUDA "
+        f"{facts.get('torch_cuda') or 'none'}), {gpu}, triton {facts.get('triton') or 'absent'}, "
+        f"flash_attn {facts.get('flash_attn') or 'absent'}"
+    )
+
+
+def summary_lines(
+    steps: list[dict[str, Any]],
+    goals: list[dict[str, Any]],
+    facts: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
+) -> list[str]:
+    """The closing summary: the machine (``facts``) and the model, one line per step
+    (status, seconds, reason), the serve bench's numbers and one line per goal."""
+    out = ["", "== houchu gpu_check summary"]
+    if facts:
+        out.append(f"machine: {machine_line(facts)}")
+    if model:
+        out.append(f"model: {model.get('kind')} {model.get('path') or ''}".rstrip())
+    out.append("steps:")
     for s in steps:
         why = f"  ({s['reason']})" if s.get("reason") else ""
         out.append(f"  {s['name']:14} {s['status']:8} {s['duration_s']:7.1f} s{why}")

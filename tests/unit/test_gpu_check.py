@@ -161,8 +161,12 @@ def test_goals_on_given_numbers():
     assert [g["status"] for g in partial] == ["not measured", "met", "not measured"]
     cpu = gpu_goals.evaluate_goals(bench, rows, on_gpu=False)
     assert {g["status"] for g in cpu} == {"not measured"}
-    lines = gpu_goals.summary_lines([], goals)
+    facts = {"python": "3.12.3", "torch": "2.11.0", "torch_cuda": "13.0", "gpu_count": 1}
+    facts |= {"gpu": "NVIDIA H200", "gpu_memory_gib": 139.8, "capability": "9.0"}
+    lines = gpu_goals.summary_lines([], goals, facts, {"kind": "stand-in", "path": "/m"})
     assert any(line.strip().startswith("MISSED") and "10,000" in line for line in lines)
+    assert "NVIDIA H200 139.8 GiB sm 9.0" in lines[2] and "flash_attn absent" in lines[2]
+    assert lines[3] == "model: stand-in /m"
 
 
 def test_runner_table_is_read_back(capsys):
