@@ -29,9 +29,9 @@ def run_check(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, 
     return proc, json.loads((out / "gpu_check.json").read_text())
 
 
-def test_dry_run_skips_the_gpu_steps_and_runs_the_others(tmp_path):
+def test_dry_run_skips_the_gpu_steps_and_runs_the_others(tmp_path, real_model_path):
     steps = "install,machine,model,gpu_tests,golden"
-    proc, record = run_check(tmp_path, "--steps", steps)
+    proc, record = run_check(tmp_path, "--steps", steps, "--model", str(real_model_path))
     assert proc.returncode == 0, proc.stdout[-3000:]
     by = {s["name"]: s for s in record["steps"]}
     assert list(by) == list(gpu_check_steps_order())
@@ -42,6 +42,7 @@ def test_dry_run_skips_the_gpu_steps_and_runs_the_others(tmp_path):
     assert by["install"]["results"]["missing"] == []
     assert "torch" in by["install"]["results"]["modules"]
     assert record["machine"]["cuda_available"] is False  # CUDA hidden from the children
+    assert record["model"]["kind"] == "given" and record["model"]["golden"]
     for name in ("gpu_tests", "golden"):  # needs the GPU: collected, then skipped
         assert by[name]["status"] == "skipped"
         assert by[name]["reason"].startswith("dry run: no GPU used")
