@@ -3,7 +3,10 @@ against this machine's measured limits.
 
     python -m houchu.bench.runner_bench [--model PATH] [--formats fp32,bf16,int8,int4,w8a8]
         [--modes eager,compiled] [--batches 1,8,32] [--context 128] [--prefill 512]
-        [--cpu-isa all|LEVEL[,LEVEL...]]
+        [--cpu-isa all|LEVEL[,LEVEL...]] [--device cpu|cuda[:N]]
+
+With ``--device cuda`` it measures the GPU instead (``houchu.bench.runner_bench_gpu``):
+one table, modes eager and graph (CUDA graphs) by default, the limits those of the GPU.
 
 One table per CPU ISA level (``houchu.model.cpu_isa``; default: every level this CPU runs,
 e.g. avx512_bf16, avx512, avx2 and generic on an AVX512-BF16 host), each measured in a
@@ -161,22 +164,28 @@ class Bench:
 
 
 def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:
+    """The rows of one format and mode: decode at each of ``args.batches`` and, eager,
+    one prefill. ``mode``: "eager", "compiled" (``torch.compile``) or, on CUDA, "graph"
+    (CUDA graphs); on CUDA, eager and compiled capture no graphs."""
+    device = getattr(args, "device", "cpu")
+    on_cuda = device.startswith("cuda")
     dtype, quant = FORMATS[fmt]
     if dtype == "act":
-        dtype = str(quant_act_dtype("cpu")).removeprefix("torch.")
+        dtype = str(quant_act_dtype("cuda" if on_cuda else "cpu")).removeprefix("torch.")
     pages = max(args.batches) * (-(-(args.context + WARMUP_STEPS + args.steps + 2) // 16)) + 64
     t0 = time.perf_counter()
     options = RunnerOptions(
-        device="cpu",
+        device=device,
         dtype=dtype,
         quantization=quant,
         page_size=16,
         num_pages=max(pages, -(-args.prefill // 16) + 1),
         threads=args.threads,
         compile="on" if mode == "compiled" else "off",
-        decode_batch_sizes=tuple(args.batches),
+        decode_batch_sizes=tuple(sorted(set(args.batches))),
         decode_paths="rules",
         int4_activations="int8" if fmt in INT8_ACTS else "float",
+        disable_cuda_graph=mode != "graph",
     )
     runner = ModelRunner(args.model, options, quiet=True)
     print(f"  {fmt} {mode}: ready in {time.perf_counter() - t0:.1f}s; {runner.levers.summary()}")
@@ -189,8 +198,12 @@ def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:
         row.fmt, row.mode = fmt, mode
         row.compute = "fp32" if dtype == "float32" else "bf16"
         decode = row.what.startswith("decode")  # the fused layers run decode steps only
+        if on_cuda:  # the attention backend and how decode steps run
+            row.kernels = f"{runner.backend.name} {runner.accel.kind or 'eager'}"
+            continue
         path = "fused" if decode and fused and fused.applies(row.tokens) else runner.model.ops.name
         row.kernels = f"{runner.cpu_isa} {path}"
+    runner.close()
     return rows
 
 
@@ -233,7 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m houchu.bench.runner_bench", description=__doc__)
     p.add_argument("--model", help="a .gguf file or HF folder (default: the fetched model)")
     p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats")
-    p.add_argument("--modes", default="eager,compiled", help="eager and/or compiled")
+    p.add_argument(
+        "--modes",
+        help="eager, compiled and (CUDA) graph (default: eager,compiled on the CPU, "
+        "eager,graph on CUDA)",
+    )
     p.add_argument("--batches", default="1,8,32", help="decode batch sizes")
     p.add_argument("--context", type=int, default=128, help="KV tokens per sequence")
     p.add_argument(
@@ -249,7 +266,19 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated CPU ISA levels, one table each (all: every level this CPU "
         f"runs; levels: {', '.join(cpu_isa.NAMES)})",
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (one table per ISA level) or cuda[:N] (one table, the GPU's limits)",
+    )
     args = p.parse_args(argv)
+    on_cuda = args.device.startswith("cuda")
+    args.modes = args.modes or ("eager,graph" if on_cuda else "eager,compiled")
+    bad_modes = set(args.modes.split(",")) - (
+        {"eager", "compiled", "graph"} if on_cuda else {"eager", "compiled"}
+    )
+    if bad_modes:
+        p.error(f"--modes: unknown or not on {args.device}: {', '.join(sorted(bad_modes))}")
     try:
         args.batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
@@ -261,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if min(args.batches) < 1 or args.context < 1 or args.steps < 1 or args.prefill < 0:
         p.error("--batches, --context and --steps must be positive, --prefill not negative")
+    if on_cuda:
+        from houchu.bench.runner_bench_gpu import run_cuda
+
+        return run_cuda(args, p)
     levels = cpu_isa.usable() if args.cpu_isa == "all" else args.cpu_isa.split(",")
     levels = [cpu_isa.usable()[0] if lv == "auto" else lv for lv in levels]
     for lv in levels:

@@ -1,6 +1,6 @@
 """This machine's limits, measured in the same run as the figures they divide (they
 swing by several times when anything else runs): memory copy bandwidth and the matmul
-peaks of the formats the runner computes in."""
+peaks of the formats the runner computes in, on the CPU or on a CUDA GPU."""
 
 from __future__ import annotations
 
@@ -54,43 +54,66 @@ class Limits:
         )
 
 
-def _best(fn, seconds: float = 1.0, min_reps: int = 3) -> float:  # noqa: ANN001
-    """Fastest single call of ``fn`` (seconds) within about ``seconds`` of trying."""
+def _best(fn, seconds: float = 1.0, min_reps: int = 3, sync=None) -> float:  # noqa: ANN001
+    """Fastest single call of ``fn`` (seconds) within about ``seconds`` of trying;
+    ``sync`` (e.g. ``torch.cuda.synchronize``) is called after each call, inside its
+    time, so that a GPU call is timed to its end, not to its launch."""
+    done = sync or (lambda: None)
     fn()
+    done()
     best, t_end, reps = float("inf"), time.perf_counter() + seconds, 0
     while reps < min_reps or time.perf_counter() < t_end:
         t0 = time.perf_counter()
         fn()
+        done()
         best = min(best, time.perf_counter() - t0)
         reps += 1
     return best
 
 
-def copy_bandwidth(mib: int = 256) -> float:
-    """GB/s of copying a ``mib`` MiB float32 tensor (counting bytes read and written)."""
-    a = torch.ones(mib << 18)
+def _sync_of(device: torch.device):  # noqa: ANN202
+    """What waits for ``device``'s queued work: ``torch.cuda.synchronize`` on CUDA."""
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+
+
+def copy_bandwidth(mib: int = 256, device: str | torch.device = "cpu") -> float:
+    """GB/s of copying a ``mib`` MiB float32 tensor on ``device`` (counting bytes read
+    and written; on a GPU: device memory to device memory)."""
+    dev = torch.device(device)
+    a = torch.ones(mib << 18, device=dev)
     b = torch.empty_like(a)
-    t = _best(lambda: b.copy_(a))
+    t = _best(lambda: b.copy_(a), sync=_sync_of(dev))
     return 2 * a.numel() * 4 / t / 1e9
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 1024) -> float:
-    """FLOP/s of an ``n``-cubed GEMM in ``dtype`` (int8: ``torch._int_mm``)."""
+def matmul_peak(dtype: torch.dtype, n: int = 1024, device: str | torch.device = "cpu") -> float:
+    """FLOP/s of an ``n``-cubed GEMM in ``dtype`` on ``device`` (int8: ``torch._int_mm``,
+    int8 OP/s)."""
+    dev = torch.device(device)
     if dtype == torch.int8:
-        a = torch.randint(-64, 64, (n, n), dtype=torch.int8)
-        b = torch.randint(-64, 64, (n, n), dtype=torch.int8)
-        t = _best(lambda: torch._int_mm(a, b))
+        a = torch.randint(-64, 64, (n, n), dtype=torch.int8, device=dev)
+        b = torch.randint(-64, 64, (n, n), dtype=torch.int8, device=dev)
+        t = _best(lambda: torch._int_mm(a, b), sync=_sync_of(dev))
     else:
-        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-        t = _best(lambda: a @ b)
+        a = torch.randn(n, n, device=dev).to(dtype)
+        b = torch.randn(n, n, device=dev).to(dtype)
+        t = _best(lambda: a @ b, sync=_sync_of(dev))
     return 2 * n**3 / t
 
 
-def measure() -> Limits:
-    """All limits, now."""
+#: GEMM size of the peaks on a GPU: 1024-cubed takes microseconds there, too short to
+#: fill the chip; 8192-cubed runs about 1 ms in bf16 on an H100.
+GPU_MATMUL_N = 8192
+
+
+def measure(device: str | torch.device = "cpu") -> Limits:
+    """All limits of ``device``, now (a GPU's copy bandwidth is device memory to device
+    memory; its fp32 peak is torch's default fp32 matmul, TF32 only if enabled)."""
+    dev = torch.device(device)
+    n = GPU_MATMUL_N if dev.type == "cuda" else 1024
     return Limits(
-        copy_bandwidth(),
-        matmul_peak(torch.float32),
-        matmul_peak(torch.bfloat16),
-        matmul_peak(torch.int8),
+        copy_bandwidth(1024 if dev.type == "cuda" else 256, dev),
+        matmul_peak(torch.float32, n, dev),
+        matmul_peak(torch.bfloat16, n, dev),
+        matmul_peak(torch.int8, n, dev),
     )
