@@ -47,6 +47,7 @@ import torch
 from houchu.bench import runner_limits
 from houchu.model import cpu_isa, cpu_kernels
 from houchu.model.model_runner import ModelRunner
+from houchu.model.moe import MoEMLP
 from houchu.model.qlinear import quant_act_dtype
 from houchu.model.w8a8 import W8A8_MIN_ROWS, int_mm_pays
 from houchu.options.runner_options import RunnerOptions
@@ -95,7 +96,10 @@ class Bench:
         self.ids = min(1000, cfg.vocab_size - 10)  # prompt token ids: 10 .. 10 + ids - 1
         self.model = runner.model
         linears = runner.model.linears()  # the LM head last
-        self.matmul_params = sum(m.out_features * m.in_features for m in linears)
+        # a token runs top_k of a MoE layer's E experts: the others' weights do no FLOPs
+        moes = [m for m in runner.model.modules() if isinstance(m, MoEMLP)]
+        idle = sum((m.num_experts - m.top_k) * m.expert_params for m in moes)
+        self.matmul_params = sum(m.out_features * m.in_features for m in linears) - idle
         self.head_params = linears[-1].out_features * linears[-1].in_features
 
     def _plan(self, **kw) -> StepPlan:  # noqa: ANN003

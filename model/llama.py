@@ -173,31 +173,45 @@ class LlamaModel(nn.Module):
         return self._num_params
 
     def linears(self) -> list[LinearBase]:
-        """Every projection, LM head last."""
+        """Every projection (the routed experts' included), LM head last."""
         return [m for m in self.modules() if isinstance(m, LinearBase)]
+
+    def _moes(self) -> list[MoEMLP]:
+        """The MoE layers (empty for a dense model)."""
+        return [m for m in self.modules() if isinstance(m, MoEMLP)]
+
+    def _dense_path_linears(self) -> list[LinearBase]:
+        """``linears()`` without the routed experts' (which ``MoEMLP`` counts: only the
+        experts a token runs), LM head last."""
+        experts = {id(x) for m in self._moes() for x in m.expert_linears()}
+        return [m for m in self.linears() if id(m) not in experts]
 
     def weight_bytes(self) -> tuple[int, int]:
         """``(bytes, bf16_bytes)``: matmul weight bytes one decode step reads, as stored
         and as they would be in bfloat16 (the lever ledger's baseline); a MoE layer counts
-        the experts one token runs (``MoEMLP.active_params_per_token``), an MLA layer its
-        dense up-projections."""
-        ls = self.linears()
-        dense = sum(m.active_params_per_token() for m in self.modules() if isinstance(m, MoEMLP))
+        its router and the ``top_k`` experts one token runs, as stored (int4 bytes when
+        int4: ``MoEMLP.weight_bytes``), an MLA layer its dense up-projections."""
+        ls = self._dense_path_linears()
+        moe = [m.weight_bytes() for m in self._moes()]
         # MLA's up-projections, kept dense for the absorbed form: [H, dn, r] and [H, dv, r]
-        dense += sum(
+        dense = sum(
             m.w_uk.numel() + m.w_uv.numel() for m in self.modules() if isinstance(m, MLAAttention)
         )
         stored = sum(m.weight_bytes() for m in ls) + dense * self.embed.element_size()
-        return stored, sum(m.bf16_bytes() for m in ls) + 2 * dense
+        bf16 = sum(m.bf16_bytes() for m in ls) + 2 * dense
+        return stored + sum(b[0] for b in moe), bf16 + sum(b[1] for b in moe)
 
     def weight_bytes_at(self, rows: int, head_rows: int) -> int:
         """Matmul weight bytes a step of ``rows`` tokens sampling ``head_rows`` of them
-        reads (layers pick their kernel, and so their weight copy, by row count)."""
+        reads (layers pick their kernel, and so their weight copy, by row count; a MoE
+        layer counts the experts expected to get tokens: ``MoEMLP.weight_bytes_at``)."""
         key = (rows, head_rows)
         if key not in self._bytes_at:
-            *body, head = self.linears()
-            self._bytes_at[key] = sum(m.weight_bytes_at(rows) for m in body) + (
-                head.weight_bytes_at(head_rows)
+            *body, head = self._dense_path_linears()
+            self._bytes_at[key] = (
+                sum(m.weight_bytes_at(rows) for m in body)
+                + sum(m.weight_bytes_at(rows) for m in self._moes())
+                + head.weight_bytes_at(head_rows)
             )
         return self._bytes_at[key]
 

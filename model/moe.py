@@ -4,11 +4,18 @@ its router's softmax probabilities (renormalized over the chosen ``top_k`` where
 config says ``norm_topk_prob``).
 
 Tokens are grouped by expert, not looped over: the (token, expert) pairs are sorted by
-expert, each expert with tokens runs one ``[n, hidden] @ [hidden, 2·I]`` and one
-``[n, I] @ [I, hidden]`` matmul on its contiguous slice, and the weighted outputs are
-added back to their tokens with one ``index_add_``. An expert no token picked costs
-nothing. Numerics follow transformers' ``Qwen3MoeExperts`` (router softmax in float32,
-products in the model dtype).
+expert, each expert with tokens runs one ``[n, hidden] -> [n, 2·I]`` (gate_up) and one
+``[n, I] -> [n, hidden]`` (down) projection on its contiguous slice, and the weighted
+outputs are added back to their tokens with one ``index_add_``. An expert no token picked
+costs nothing. Numerics follow transformers' ``Qwen3MoeExperts`` (router softmax in
+float32, products in the model dtype).
+
+Each expert's two projections are linear layers (``houchu.model.linear.LinearBase``)
+built by the decoder layer's own builder, so ``--quantization int4 / int8 / w8a8``
+quantizes the routed experts (most of a MoE model's weights) as it does every other
+projection, and a GGUF expert stored as Q4_0/Q4_1 stays int4. The router stays dense, as
+in vLLM and llama.cpp: it is small (``[E, hidden]``) and its rounding would move the
+expert choice itself.
 
 DeepSeekMoE (Dai et al. 2024; DeepSeek-AI 2024, "DeepSeek-V2" and "DeepSeek-V3") adds
 to the same grouped experts: shared experts every token runs (``SharedExperts``, one
@@ -21,17 +28,22 @@ Their router runs in float32, as transformers' ``DeepseekV3TopkRouter``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from houchu.model.config import ModelConfig, ModelLoadError
+from houchu.model.config import ModelConfig
+from houchu.model.linear import Linear, LinearBase
 from houchu.transport.telemetry import LeverSample
 
 SiluMul = Callable[[torch.Tensor], torch.Tensor]
+#: builds one projection from the weights to fuse row-wise (``[N_i, K]`` tensors or
+#: ``Int4Weight``s): the decoder layer's ``lin``
+LinearBuilder = Callable[[list[Any]], LinearBase]
 
 
 @dataclass(frozen=True)
@@ -86,9 +98,11 @@ class MoEMLP(nn.Module):
     """Top-k routed SwiGLU experts.
 
     Args:
-        router: ``[E, hidden]`` router (gate) weight.
-        gate_up: ``[E, 2·I, hidden]``: each expert's gate rows, then its up rows.
-        down: ``[E, hidden, I]``.
+        router: ``[E, hidden]`` router (gate) weight, dense (float32 for DeepSeek, else
+            the model dtype).
+        gate_up: ``E`` projections ``[hidden] -> [2·I]``: each expert's gate outputs,
+            then its up outputs (any ``LinearBase``: dense or quantized).
+        down: ``E`` projections ``[I] -> [hidden]``.
         top_k: experts per token.
         norm_topk_prob: renormalize the chosen experts' probabilities to sum to 1.
         routing: how experts are chosen (default: softmax top-k).
@@ -102,8 +116,8 @@ class MoEMLP(nn.Module):
     def __init__(
         self,
         router: torch.Tensor,
-        gate_up: torch.Tensor,
-        down: torch.Tensor,
+        gate_up: Sequence[LinearBase],
+        down: Sequence[LinearBase],
         top_k: int,
         norm_topk_prob: bool,
         routing: Routing | None = None,
@@ -112,10 +126,20 @@ class MoEMLP(nn.Module):
     ) -> None:
         super().__init__()
         e, h = router.shape
-        if gate_up.shape[0] != e or gate_up.shape[2] != h or down.shape[:2] != (e, h):
+        shapes = {
+            (g.out_features, g.in_features, d.out_features, d.in_features)
+            for g, d in zip(gate_up, down, strict=False)
+        }
+        if len(gate_up) != e or len(down) != e or len(shapes) != 1:
+            raise ValueError(
+                f"expert shapes disagree: router {tuple(router.shape)}, {len(gate_up)} "
+                f"gate_up and {len(down)} down projections of shapes {sorted(shapes)}"
+            )
+        ((gu_out, gu_in, d_out, d_in),) = shapes
+        if gu_in != h or d_out != h or gu_out != 2 * d_in:
             raise ValueError(
                 f"expert shapes disagree: router {tuple(router.shape)}, gate_up "
-                f"{tuple(gate_up.shape)}, down {tuple(down.shape)}"
+                f"[{gu_out}, {gu_in}], down [{d_out}, {d_in}]"
             )
         if not 1 <= top_k <= e:
             raise ValueError(f"top_k {top_k} not in [1, {e}]")
@@ -127,9 +151,11 @@ class MoEMLP(nn.Module):
         self.register_buffer("score_bias", score_bias, persistent=False)  # [E] fp32 or None
         self.shared = shared
         self.router = nn.Parameter(router, requires_grad=False)  # [E, hidden]
-        self.gate_up = nn.Parameter(gate_up, requires_grad=False)  # [E, 2I, hidden]
-        self.down = nn.Parameter(down, requires_grad=False)  # [E, hidden, I]
+        self.gate_up = nn.ModuleList(gate_up)  # E x [hidden] -> [2I]
+        self.down = nn.ModuleList(down)  # E x [I] -> [hidden]
         self.num_experts, self.top_k, self.norm_topk_prob = e, top_k, norm_topk_prob
+        #: scalars of one expert's weights: gate, up and down (``3 · I · hidden``)
+        self.expert_params = gu_out * gu_in + d_out * d_in
         #: tokens routed to each expert by the last forward: ``[E]`` int64 (expert load)
         self.last_load = torch.zeros(e, dtype=torch.int64)
         #: tokens routed to each expert since ``take_load``: ``[E]`` int64, or None
@@ -143,26 +169,22 @@ class MoEMLP(nn.Module):
         w: dict[str, Any],
         prefix: str,
         dtype: torch.dtype,
-        linear: Callable[[list[Any]], nn.Module] | None = None,
+        linear: LinearBuilder,
     ) -> MoEMLP:
         """The MoE of the MLP at ``prefix`` from HF's per-expert tensors
         (``experts.{e}.{gate,up,down}_proj.weight``, ``gate.weight`` the router, and
         DeepSeek's ``gate.e_score_correction_bias`` and
-        ``shared_experts.{gate,up,down}_proj.weight``), in ``dtype``; the tensors are
-        consumed from ``w``. ``linear`` builds the shared experts' projections from a
-        list of tensors to fuse (the layer's own builder: they may be quantized).
-
-        Raises:
-            ModelLoadError: an expert's tensor is quantized (experts are kept dense), or
-                shared experts without a ``linear`` builder.
+        ``shared_experts.{gate,up,down}_proj.weight``); the tensors are consumed from
+        ``w``. ``linear`` (the layer's own builder) makes each expert's fused gate_up
+        and its down projection, and the shared experts', from a list of tensors or
+        ``Int4Weight``s to fuse: they are quantized as the model's other projections.
+        The router stays dense: float32 for DeepSeek, else ``dtype``.
         """
         gate_up, down = [], []
         for e in range(cfg.num_experts):
             parts = [w.pop(f"{prefix}.experts.{e}.{n}_proj.weight") for n in ("gate", "up", "down")]
-            if not all(isinstance(t, torch.Tensor) for t in parts):
-                raise ModelLoadError(f"{prefix}.experts.{e}: quantized experts are not supported")
-            gate_up.append(torch.cat(parts[:2]).to(dtype))  # [2I, hidden]
-            down.append(parts[2].to(dtype))  # [hidden, I]
+            gate_up.append(linear(parts[:2]))  # [hidden] -> [2I]
+            down.append(linear(parts[2:]))  # [I] -> [hidden]
         router = w.pop(f"{prefix}.gate.weight")  # [E, hidden]
         routing = Routing.from_config(cfg)
         bias = w.pop(f"{prefix}.gate.e_score_correction_bias", None)  # [E]
@@ -170,21 +192,29 @@ class MoEMLP(nn.Module):
             bias = torch.zeros(cfg.num_experts)
         shared = None
         if cfg.n_shared_experts:
-            if linear is None:
-                raise ModelLoadError(f"{prefix}: shared experts need a projection builder")
             s = f"{prefix}.shared_experts"
             gu = linear([w.pop(f"{s}.gate_proj.weight"), w.pop(f"{s}.up_proj.weight")])
             shared = SharedExperts(gu, linear([w.pop(f"{s}.down_proj.weight")]))
         return cls(
             router.to(torch.float32 if routing.fp32_router else dtype),
-            torch.stack(gate_up),  # [E, 2I, hidden]
-            torch.stack(down),  # [E, hidden, I]
+            gate_up,
+            down,
             cfg.num_experts_per_tok,
             cfg.norm_topk_prob,
             routing,
             None if bias is None else bias.float(),
             shared,
         )
+
+    @classmethod
+    def from_stacked(
+        cls, router: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, **kw: Any
+    ) -> MoEMLP:
+        """A MoE of dense experts from stacked weights: ``router [E, hidden]``,
+        ``gate_up [E, 2·I, hidden]``, ``down [E, hidden, I]`` (each expert a ``Linear``
+        over its slice); ``kw``: the constructor's other arguments (``top_k``,
+        ``norm_topk_prob``, ...)."""
+        return cls(router, [Linear(g) for g in gate_up], [Linear(d) for d in down], **kw)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: ``[T, hidden]`` -> ``(weights [T, top_k] in x's dtype, experts [T, top_k]
@@ -237,7 +267,8 @@ class MoEMLP(nn.Module):
             if n == 0:
                 continue  # an expert no token picked: no work
             seg = xs[start : start + n]  # [n, hidden]
-            ys[start : start + n] = silu_mul(seg @ self.gate_up[e].T) @ self.down[e].T
+            inner = self.gate_up[e].forward_silu_mul(seg, silu_mul)  # [n, I]
+            ys[start : start + n] = self.down[e](inner)
             start += n
         ys = ys * weights.reshape(-1).index_select(0, order).unsqueeze(1)  # [T·k, hidden]
         out = torch.zeros_like(x).index_add_(0, tokens, ys)  # [T, hidden]
@@ -250,8 +281,7 @@ class MoEMLP(nn.Module):
         the ``E - top_k`` experts it skipped (2 FLOPs per weight) against the router's
         ``2 · E · hidden``; then the count restarts."""
         n, self.tokens_since = self.tokens_since, 0
-        per_expert = self.gate_up[0].numel() + self.down[0].numel()
-        skipped = 2.0 * n * (self.num_experts - self.top_k) * per_expert
+        skipped = 2.0 * n * (self.num_experts - self.top_k) * self.expert_params
         return skipped, 2.0 * n * self.router.numel()
 
     def take_load(self) -> list[int]:
@@ -264,8 +294,34 @@ class MoEMLP(nn.Module):
         """Expert weights one token reads: ``top_k`` experts' gate, up and down
         (scalars), plus the router (the shared experts are projections of their own,
         counted with the model's other linear layers)."""
-        per_expert = self.gate_up[0].numel() + self.down[0].numel()
-        return self.top_k * per_expert + self.router.numel()
+        return self.top_k * self.expert_params + self.router.numel()
+
+    def expert_linears(self) -> list[LinearBase]:
+        """The routed experts' projections: ``E`` gate_up, then ``E`` down."""
+        return [*self.gate_up, *self.down]
+
+    def weight_bytes(self) -> tuple[int, int]:
+        """``(bytes, bf16_bytes)`` one token's pass reads, as stored and in bfloat16:
+        ``top_k`` experts (the mean expert's stored bytes: int4 codes and scales when
+        int4) plus the dense router (float32 for DeepSeek)."""
+        e, k = self.num_experts, self.top_k
+        stored = sum(m.weight_bytes() for m in self.expert_linears())
+        bf16 = sum(m.bf16_bytes() for m in self.expert_linears())
+        router = self.router.numel() * self.router.element_size()
+        return round(k * stored / e) + router, round(k * bf16 / e) + 2 * self.router.numel()
+
+    def weight_bytes_at(self, rows: int) -> int:
+        """Weight bytes a pass of ``rows`` tokens reads, expected under uniform routing:
+        ``E · (1 - (1 - k/E)^rows)`` distinct experts (``top_k`` at one row), each on
+        ``rows · k`` divided by that many rows (the weight copy its kernel reads at that
+        row count), plus the router."""
+        e, k = self.num_experts, self.top_k
+        if rows <= 0:
+            return 0
+        hit = e * (1.0 - (1.0 - k / e) ** rows)  # expected experts with tokens
+        per = max(1, math.ceil(rows * k / hit - 1e-6))  # rows each runs (ulps aside)
+        mean = sum(m.weight_bytes_at(per) for m in self.expert_linears()) / e
+        return round(hit * mean) + self.router.numel() * self.router.element_size()
 
 
 def moe_lever_sample(moes: Iterable[MoEMLP], t: float) -> LeverSample | None:

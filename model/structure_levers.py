@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from houchu.model.attention_window import LayerAttention
 from houchu.model.config import ModelConfig
+from houchu.model.moe import Routing
 
 
 def structure_notes(
@@ -31,10 +32,11 @@ def structure_notes(
     """
     out = []
     if quant_mode != "none" and cfg.num_experts:
+        fp32 = Routing.from_config(cfg).fp32_router  # DeepSeek's routers
         out.append(
-            f"--quantization {quant_mode}: the routed experts and routers stay dense (grouped "
-            "matmuls in the model dtype); attention, dense MLPs, shared experts and the LM "
-            "head are quantized"
+            f"--quantization {quant_mode}: the routed experts are quantized (each expert's "
+            "gate_up and down projections, as attention, dense MLPs and shared experts); "
+            f"the routers stay dense ({'float32' if fp32 else 'model dtype'})"
         )
     if quant_mode != "none" and cfg.mla is not None:
         out.append(

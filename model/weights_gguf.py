@@ -269,7 +269,7 @@ def iter_gguf_tensors(
     dtype: torch.dtype = torch.float32,
     keep_q4: bool = False,
     shard: Shard | None = None,
-) -> Iterator[tuple[str, torch.Tensor | Int4Weight]]:
+) -> Iterator[tuple[str, torch.Tensor | Int4Weight | list[Int4Weight]]]:
     """Yield ``(hf_name, tensor)`` for every tensor of an open ``gguf.GGUFReader``.
 
     A Llama file's q and k projections come out un-permuted (see module docstring);
@@ -280,17 +280,26 @@ def iter_gguf_tensors(
     ``TensorParallelError``), the vocabulary rows padded with zero rows.
     Tensors are dense, contiguous, on CPU, in ``dtype`` (``rope_freqs`` stays float32).
     With ``keep_q4``, Q4_0/Q4_1 projection weights come out as ``Int4Weight`` instead
-    (not the embedding, whose rows are looked up densely; not an MLA model's; not a MoE
-    layer's experts or router, which ``model.moe`` keeps dense).
+    (not the embedding, whose rows are looked up densely; not a MoE layer's router,
+    which ``model.moe`` keeps dense; of an MLA model only the routed experts), and a
+    MoE layer's stacked Q4 experts ``[E, out, in]`` as a list of ``E`` ``Int4Weight``s
+    (each expert's blocks converted on their own: lossless, as a 2-D tensor's), which
+    ``unstack_experts`` names one per expert.
     """
     for t in reader.tensors:
         name = gguf_to_hf_name(t.name, cfg.gemma_blocks)
-        # MLA's projections are permuted, experts and routers kept dense: no int4 repacking
-        moe = ".mlp.experts." in name or ".mlp.gate." in name
-        q4 = keep_q4 and cfg.mla is None and not moe
+        experts = ".mlp.experts." in name  # stacked [E, out, in]
+        # MLA's projections are permuted and split (``split_gguf_deepseek``), routers
+        # kept dense: no int4 repacking; routed experts are neither
+        q4 = keep_q4 and ".mlp.gate." not in name and (cfg.mla is None or experts)
+        w: torch.Tensor | Int4Weight | list[Int4Weight]
         if q4 and t.tensor_type.name in Q4_TYPES and ".layers." in name:
             data, shape, _ = tensor_part(t, name, shard)
-            w: torch.Tensor | Int4Weight = gguf_q4_to_int4(data, t.tensor_type.name, shape)
+            if experts:  # data [E, out, in / 32 · block bytes]: one expert's rows each
+                kind = t.tensor_type.name
+                w = [gguf_q4_to_int4(data[e], kind, shape[1:]) for e in range(shape[0])]
+            else:
+                w = gguf_q4_to_int4(data, t.tensor_type.name, shape)
         else:
             w = dequantized_part(t, name, shard, dtype)  # a matrix in dtype, else float32
         world = shard.world if shard is not None else 1  # a rank un-permutes its heads
@@ -362,18 +371,20 @@ def load_gguf(
 
 def unstack_experts(w: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
     """Split llama.cpp's stacked experts (``ffn_{gate,up,down}_exps``, here
-    ``model.layers.N.mlp.experts.{gate,up,down}_proj.weight`` ``[E, out, in]``) into the
-    Hugging Face checkpoint's one ``[out, in]`` tensor per expert
-    (``mlp.experts.{e}.{proj}.weight``). ``w`` is changed in place and returned.
+    ``model.layers.N.mlp.experts.{gate,up,down}_proj.weight``: a ``[E, out, in]`` tensor,
+    or ``E`` ``Int4Weight``s of ``[out, in]`` for a Q4 tensor kept int4) into the Hugging
+    Face checkpoint's one ``[out, in]`` weight per expert (``mlp.experts.{e}.{proj}.weight``).
+    ``w`` is changed in place and returned.
 
     Raises:
         ModelLoadError: a stacked tensor that is not ``[num_experts, out, in]``.
     """
     for name in [n for n in w if ".mlp.experts." in n and n.count(".") == 6]:
         t = w.pop(name)
-        if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[0] != cfg.num_experts:
+        stacked = isinstance(t, torch.Tensor) and t.dim() == 3
+        if not (stacked or isinstance(t, list)) or len(t) != cfg.num_experts:
             raise ModelLoadError(f"{name}: expected [{cfg.num_experts}, out, in] experts")
         head, proj, kind = name.rsplit(".", 2)
         for e in range(cfg.num_experts):
-            w[f"{head}.{e}.{proj}.{kind}"] = t[e].contiguous()
+            w[f"{head}.{e}.{proj}.{kind}"] = t[e].contiguous() if stacked else t[e]
     return w

@@ -91,14 +91,16 @@ def test_gguf_config_equals_the_folders(family):
 def test_gguf_twin_gives_the_same_tokens(family, tmp_path, qtype):
     """Through ``ModelRunner``: an F32 GGUF twin gives the safetensors folder's greedy
     tokens. A Q4_0 twin (the stacked experts quantized too) under ``--quantization
-    auto`` keeps its projections int4 (converted losslessly, as llama.cpp computes on
-    them) and its experts dense (dequantized at load), and gives the tokens of the same
-    file dequantized whole (``--quantization none``): the same rounded weights."""
+    auto`` keeps its projections and routed experts int4 (converted losslessly, as
+    llama.cpp computes on them; the router dense), and gives the tokens of the same
+    file dequantized whole (``--quantization none``): the same rounded weights. Experts
+    48 wide are refused under int4: the file keeps their down projections F32 (not whole
+    blocks of 32), and int4's groups of 32 do not divide them either."""
     from houchu.model.gguf_writers import write_llama_gguf
     from houchu.model.moe import MoEMLP
     from houchu.model.qlinear import Int4Linear
 
-    _, path, gguf_path, _ = family
+    kind, path, gguf_path, _ = family
     ids = prompt(13, 9)
     if qtype == "F32":
         folder, twin = path, gguf_path
@@ -106,14 +108,20 @@ def test_gguf_twin_gives_the_same_tokens(family, tmp_path, qtype):
     else:
         folder = twin = write_llama_gguf(path, tmp_path / "q4.gguf", qtype="Q4_0")
         quant = "auto"
+    opts = exact(num_pages=16, page_size=4, quantization=quant)
+    if qtype == "Q4_0" and load_model_config(twin).moe_intermediate_size % 32:
+        with pytest.raises(ValueError, match="group size 32 does not divide the input width"):
+            ModelRunner(str(twin), opts, quiet=True)
+        return
     want = ModelRunner(str(folder), exact(num_pages=16, page_size=4), quiet=True)
-    runner = ModelRunner(
-        str(twin), exact(num_pages=16, page_size=4, quantization=quant), quiet=True
-    )
+    runner = ModelRunner(str(twin), opts, quiet=True)
     if qtype == "Q4_0":
         assert any(isinstance(m, Int4Linear) for m in runner.model.modules())
         moes = [m for m in runner.model.modules() if isinstance(m, MoEMLP)]
-        assert all(m.gate_up.dtype == m.down.dtype == runner.dtype for m in moes)
+        assert bool(moes) == ("moe" in kind)
+        for m in moes:
+            assert all(type(x) is Int4Linear for x in m.expert_linears())
+            assert m.router.dtype == runner.dtype
     assert runner_greedy_tokens(runner, ids, 6) == runner_greedy_tokens(want, ids, 6)
 
 
@@ -197,16 +205,24 @@ def test_moe_lever_counts_flops_not_computed(family):
     assert not [s for s in runner.lever_samples() if s.lever == "moe_routed_experts"]
 
 
-def test_quantized_moe_says_the_experts_stay_dense(family, capsys):
+def test_quantized_moe_says_the_experts_are_quantized(family, capsys):
     """``--quantization int8`` on a MoE model: the start-up lines say the routed experts
-    and routers stay dense, and they do (a dense family says nothing of experts)."""
+    are quantized and the routers stay dense, and so they are (a dense family says
+    nothing of experts)."""
     from houchu.model.moe import MoEMLP
+    from houchu.model.qlinear import Int8Linear
 
     kind, path, _, _ = family
     runner = ModelRunner(str(path), exact(num_pages=8, page_size=4, quantization="int8"))
     out = capsys.readouterr().out
-    said = "--quantization int8: the routed experts and routers stay dense" in out
+    said = (
+        "--quantization int8: the routed experts are quantized" in out
+        and "the routers stay dense (model dtype)" in out
+    )
     assert said == ("moe" in kind)
-    for m in runner.model.modules():
-        if isinstance(m, MoEMLP):
-            assert m.gate_up.dtype == m.down.dtype == runner.dtype
+    moes = [m for m in runner.model.modules() if isinstance(m, MoEMLP)]
+    assert bool(moes) == ("moe" in kind)
+    for m in moes:
+        assert len(m.gate_up) == len(m.down) == m.num_experts
+        assert all(type(x) is Int8Linear for x in m.expert_linears())
+        assert isinstance(m.router, torch.nn.Parameter) and m.router.dtype == runner.dtype

@@ -7,7 +7,7 @@ import argparse
 
 import torch
 
-from houchu.bench.moe_bench import build, per_expert_loop, per_token_loop, silu_mul
+from houchu.bench.moe_bench import build, check_equal, per_expert_loop, per_token_loop, silu_mul
 
 
 def test_loops_equal_the_grouped_experts():
@@ -19,3 +19,18 @@ def test_loops_equal_the_grouped_experts():
         assert int((moe.last_load == 0).sum()) >= 2  # 3 tokens x top-2 of 8: idle experts
         torch.testing.assert_close(per_expert_loop(moe, x), want)
         torch.testing.assert_close(per_token_loop(moe, x), want)
+
+
+def test_loops_equal_the_grouped_int4_experts():
+    """With int4 experts (as ``--quant int4`` times them) the three forms agree too, and
+    a token's expert bytes are int4's (codes and group headers), not float32's."""
+    args = argparse.Namespace(experts=8, top_k=2, hidden=64, expert_width=32, dtype="float32")
+    moe, dense = build(args, "int4"), build(args)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))  # [T, hidden]
+    with torch.inference_mode():
+        want = moe(x, silu_mul)
+        check_equal(per_expert_loop(moe, x), want, "int4")
+        check_equal(per_token_loop(moe, x), want, "int4")
+        exact = dense(x, silu_mul)  # the same weights unrounded: int4's error, not more
+    assert 0 < float((want - exact).abs().max()) <= 0.2 * float(exact.abs().max())
+    assert moe.weight_bytes()[0] < 0.2 * dense.weight_bytes()[0]
