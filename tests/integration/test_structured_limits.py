@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -335,21 +336,28 @@ def _rule_chain(n: int) -> str:
 
 def test_health_answers_while_grammars_are_checked(server) -> None:
     """Grammars are checked one at a time in a child process, off the gateway's event
-    loop: while three crashing grammars wait their turn (each crash restarts the child),
-    ``/health`` and ``/v1/models`` are answered (found by the issue 20 review: parsed on
-    the loop, four such grammars held every endpoint for 7.8 s)."""
+    loop: while four crashing grammars wait their turn (each crash restarts the child),
+    ``/health`` and ``/v1/models`` keep answering (found by the issue 20 review: parsed on
+    the loop, four such grammars held every endpoint for 7.8 s).
+
+    The probe asks ``/health`` and ``/v1/models`` over and over until the last grammar is
+    refused. Checked on the loop, a probe would wait for a whole check (a quarter of the
+    batch); off it, a probe takes milliseconds however fast this CPU crashes the child."""
     url = f"{server.url}/v1/chat/completions"
     model = _model(server)
 
     async def timed(session, method: str, target: str, body=None) -> tuple[int, float]:
+        """(HTTP status, seconds from asking to the whole answer)."""
+        begun = asyncio.get_running_loop().time()
         async with session.request(method, target, json=body) as r:
             await r.read()
-            return r.status, asyncio.get_running_loop().time()
+            return r.status, asyncio.get_running_loop().time() - begun
 
-    async def run() -> tuple[list[tuple[int, float]], tuple[int, float], ...]:
+    async def run() -> tuple[list[tuple[int, float]], list[tuple[int, float]], float, int]:
         import aiohttp
 
         async with aiohttp.ClientSession() as s:
+            begun = asyncio.get_running_loop().time()
             bad = [
                 asyncio.create_task(
                     timed(
@@ -359,18 +367,24 @@ def test_health_answers_while_grammars_are_checked(server) -> None:
                         {"model": model, "messages": ASK, "guided_grammar": _rule_chain(3100 + i)},
                     )
                 )
-                for i in range(3)
+                for i in range(4)
             ]
-            await asyncio.sleep(0.3)  # the checks have begun
-            health = await timed(s, "GET", f"{server.url}/health")
-            models = await timed(s, "GET", f"{server.url}/v1/models")
-            refused = await asyncio.gather(*bad)
+            probes: list[tuple[int, float]] = []
+            while not all(task.done() for task in bad):
+                probes.append(await timed(s, "GET", f"{server.url}/health"))
+                probes.append(await timed(s, "GET", f"{server.url}/v1/models"))
+            refused = [task.result() for task in bad]
+            batch_s = asyncio.get_running_loop().time() - begun
             plain = {"model": model, "messages": ASK, "max_tokens": 2}
-            served = await timed(s, "POST", url, plain)  # and the server serves on
-            return refused, health, models, served
+            served, _ = await timed(s, "POST", url, plain)  # and the server serves on
+            return refused, probes, batch_s, served
 
-    bad, health, models, served = asyncio.run(run())
-    assert [status for status, _ in bad] == [400, 400, 400]
-    assert health[0] == 200 and models[0] == 200 and served[0] == 200
-    last_refusal = max(done for _, done in bad)
-    assert health[1] < last_refusal and models[1] < last_refusal
+    bad, probes, batch_s, served = asyncio.run(run())
+    assert [status for status, _ in bad] == [400, 400, 400, 400]
+    assert served == 200
+    assert probes and all(status == 200 for status, _ in probes)
+    # On the loop, each probe would wait out a check: a handful of probes, each a quarter
+    # of the batch. The median, not the slowest, so one scheduling hiccup on a busy
+    # machine does not decide.
+    median = statistics.median(seconds for _, seconds in probes)
+    assert len(probes) >= 16 and median < batch_s / 8, (median, batch_s, len(probes))
