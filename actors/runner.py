@@ -29,7 +29,7 @@ import zmq.asyncio
 from houchu.actors.config import ServeConfig
 from houchu.actors.heap import HeapTrimmer
 from houchu.transport.channel import Inbox
-from houchu.transport.failures import internal
+from houchu.transport.failures import internal, unavailable
 from houchu.transport.messages import (
     ActorDown,
     ActorUp,
@@ -107,6 +107,7 @@ class RunnerActor:
         self.step_started: float | None = None  # time.monotonic() of the running step
         self.heap = HeapTrimmer()
         self.trimmer: asyncio.Task[None] | None = None  # _trim_when_idle, from start()
+        self.rank_lost = False  # a tensor-parallel rank is gone: exit after the result
 
     async def start(self) -> str:
         launch = self.config.launch
@@ -178,6 +179,9 @@ class RunnerActor:
         match msg:
             case StepPlan():
                 await self.to_scheduler.send(await self._step(msg))
+                if self.rank_lost:  # its requests are told why; restart every rank
+                    await asyncio.sleep(0.2)  # let the result leave before exiting
+                    os._exit(1)
             case ActorDown(name=name):
                 if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
                     return False
@@ -224,16 +228,23 @@ class RunnerActor:
         try:
             return self.runner.execute(plan)
         except Exception as e:  # a bad plan or a kernel failure fails its requests only
-            traceback.print_exc()
+            traceback.print_exc()  # the whole story, for the log
+            error = internal(f"{type(e).__name__}: {e}")
             if self.runner.tp is not None and self.runner.tp.broken:
-                # a rank is gone: exit, so that the supervisor restarts every rank
-                os._exit(1)
+                # a rank is gone: the step's requests get a plain message (TPRankLost's),
+                # then the runner exits (_handle) so that the supervisor restarts every rank
+                from houchu.model.tp_group import TPRankLost
+
+                lost = str(e) if isinstance(e, TPRankLost) else "a tensor-parallel rank stopped"
+                print(f"houchu runner: {lost}; exiting to restart every rank", flush=True)
+                error = unavailable(f"{lost}; the model runner is restarting, retry")
+                self.rank_lost = True
             return StepResult(
                 step_id=plan.step_id,
                 outputs=[],
                 duration_s=time.perf_counter() - t0,
                 num_tokens=0,
-                error=internal(f"{type(e).__name__}: {e}"),
+                error=error,
             )
 
     async def close(self) -> None:

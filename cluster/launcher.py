@@ -96,6 +96,7 @@ class ClusterLauncher:
             f"http://{local}:{self.ports.router}",
             config.cluster.router_policy,
             local,
+            api_key=config.gateway.api_key,  # smg and the replicas ask for it
         )
         self._stop = asyncio.Event()
 

@@ -29,13 +29,14 @@ PR_SET_PDEATHSIG = 1
 
 def relay_output(index: int, stream: IO[bytes], out: IO[str]) -> None:
     """Copy replica ``index``'s output lines to ``out``, ``houchu:`` written as
-    ``houchu[replica N]:`` (so that ``houchu: serving`` is the router's line only);
+    ``houchu[replica N]:`` (so that ``houchu: serving`` is the router's line only) and an
+    actor's ``houchu NAME:`` (``houchu runner: ...``) as ``houchu[replica N] NAME:``;
     returns at the end of ``stream``."""
-    tag = f"houchu[replica {index}]:"
+    tag = f"houchu[replica {index}]"
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace")
-        if line.startswith("houchu:"):
-            line = tag + line[len("houchu:") :]
+        if line.startswith(("houchu:", "houchu ")):
+            line = tag + line[len("houchu") :]
         out.write(line)
         out.flush()
 

@@ -154,15 +154,20 @@ def start_ranks(model: str | Path, options: RunnerOptions) -> TPGroup:
 
 
 def stop_ranks(group: TPGroup) -> None:
-    """Rank 0: tell the other ranks to exit, wait briefly, then end any left."""
+    """Rank 0: tell the other ranks to exit, wait briefly, then end any left (SIGTERM,
+    then SIGKILL, which also ends a stopped or hung rank)."""
     with contextlib.suppress(Exception):
         if not group.broken:
             group.send_stop()
     for proc in getattr(group, "procs", []):
-        try:
+        for end in (proc.terminate, proc.kill):
+            try:
+                proc.wait(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                end()
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
     group.close()
 
 

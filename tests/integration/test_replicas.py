@@ -295,3 +295,53 @@ async def test_replica_killed_mid_run(cluster: Server):
         raise AssertionError(f"the killed replica is not back in rotation: {snap}")
     assert rep["restarts"] == 1 and rep["pid"] != victim["pid"]
     assert f"replica {victim['index']} died" in cluster.output()
+
+
+def test_an_api_key_guards_router_and_replicas(tmp_path: Path):
+    """``--api-key`` with ``--data-parallel-size 2`` (a tiny model, round robin): the
+    server starts (the launcher asks smg's ``/workers`` with the key), a request without
+    the key gets 401 from smg and one with it an answer from a replica, and the
+    replicas' dashboard has their ``/stats`` (polled with the key)."""
+    from houchu.model.testing import make_tiny_llama, write_tiny_tokenizer
+
+    path = write_tiny_tokenizer(make_tiny_llama(tmp_path / "tiny", seed=3), 128)
+    srv = start_server(
+        path,
+        "--data-parallel-size", "2", "--threads", "2", "--num-pages", "64",
+        "--router-policy", "round_robin", "--api-key", "sekret123", "--disable-telemetry",
+        timeout_s=300,
+    )  # fmt: skip
+    try:
+        asyncio.run(_ask_with_and_without_the_key(srv))
+    finally:
+        stop_server(srv, timeout_s=60)
+
+
+async def _ask_with_and_without_the_key(srv: Server) -> None:
+    auth = {"Authorization": "Bearer sekret123"}
+    body = {"prompt": "abc", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as s:
+        async with s.get(f"{srv.url}/workers") as r:
+            assert r.status == 401
+        async with s.get(f"{srv.url}/workers", headers=auth) as r:
+            workers = (await r.json())["workers"]
+        assert [w["status"] for w in workers] == ["ready", "ready"], workers
+        async with s.get(f"{srv.url}/v1/models", headers=auth) as r:
+            assert r.status == 200, await r.text()
+            body["model"] = (await r.json())["data"][0]["id"]
+        async with s.post(f"{srv.url}/v1/completions", json=body) as r:
+            assert r.status == 401, await r.text()
+        async with s.post(f"{srv.url}/v1/completions", json=body, headers=auth) as r:
+            assert r.status == 200, await r.text()
+            got = await r.json()
+        assert got["usage"]["completion_tokens"] == 3
+        deadline = time.monotonic() + 10  # the launcher polls the replicas twice a second
+        while True:
+            async with s.get(f"{dashboard_url(srv)}/api/replicas") as r:
+                rows = (await r.json())["replicas"]
+            assert all(row["num_finished"] is not None for row in rows), rows
+            if sum(row["num_finished"] for row in rows) == 1 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        assert sum(row["num_finished"] for row in rows) == 1, rows

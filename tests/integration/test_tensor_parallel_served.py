@@ -89,7 +89,8 @@ def test_each_steps_allreduce_reaches_the_dashboard(served):
 
 def test_a_dead_rank_restarts_the_runner(served):
     """Rank 1 killed: the runner exits at its next collective, the supervisor restarts
-    it with fresh ranks, and requests succeed again within a bounded time."""
+    it with fresh ranks, and requests succeed again within a bounded time. The request
+    whose step found the rank gone is told so plainly (no gloo internals)."""
     import psutil
 
     srv, hf = served
@@ -100,26 +101,36 @@ def test_a_dead_rank_restarts_the_runner(served):
     ]
     assert len(ranks) == 1
     ranks[0].kill()
+    gone_by = time.monotonic() + 10  # dead (a zombie until the runner reaps it)
+    while ranks[0].is_running() and ranks[0].status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < gone_by
+        time.sleep(0.05)
     prompt = ids(50, 9)
     deadline = time.monotonic() + 120
+    failures: list[str] = []
     while True:  # the request during the restart may fail cleanly (503), never hang
-        got = asyncio.run(_generate_or_error(srv.ws_url, prompt))
+        got = asyncio.run(_generate_or_error(srv.ws_url, prompt, failures))
         if got is not None:
             break
         assert time.monotonic() < deadline, "no answer within 120 s of the rank's death"
         time.sleep(1)
     check(got, hf, prompt)
     assert "restarting runner" in srv.output()
+    assert "a tensor-parallel rank stopped: its connection closed" in failures[0], failures
+    assert not any("gloo" in f or ".cc:" in f for f in failures), failures
 
 
-async def _generate_or_error(ws_url: str, prompt: list[int]) -> dict | None:
+async def _generate_or_error(ws_url: str, prompt: list[int], failures: list[str]) -> dict | None:
     """The answer, or None when the request failed cleanly: an error frame, or the final
-    frame of a request the engine failed after taking it (``finish_reason: "error"``)."""
+    frame of a request the engine failed after taking it (``finish_reason: "error"``);
+    what the client was told is appended to ``failures``."""
     try:
         got = await asyncio.wait_for(generate(ws_url, prompt), 60)
-    except AssertionError:  # an error frame
+    except AssertionError as e:  # an error frame (in the message)
+        failures.append(str(e))
         return None
     if got["final"]["finish_reason"] == "error":
+        failures.append(str(got["final"]))
         return None
     return got
 

@@ -159,15 +159,46 @@ async def test_dashboard_lists_every_replica_and_the_policy():
     assert snap["replicas"][0]["metrics_url"] == "http://127.0.0.1:8001/metrics"
 
 
-async def test_the_router_is_polled_with_the_api_key():
-    """With an API key, smg asks for it on ``/workers`` as the replicas do on theirs:
-    a poll without it read "0 of N replicas ready" and the launcher gave up."""
+async def _serve_on_two_ports(app) -> tuple[object, int]:  # noqa: ANN001 (web.Application)
+    """``app`` served on 127.0.0.1 at two consecutive free ports P and P + 1: (the
+    runner to clean up, P)."""
+    import socket
+
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    for _ in range(20):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            await web.TCPSite(runner, "127.0.0.1", port + 1).start()
+            return runner, port
+        except OSError:  # taken meanwhile: start again on others
+            await runner.cleanup()
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+    raise RuntimeError("no two consecutive free ports")
+
+
+@pytest.mark.parametrize("key", ["sekrit", None])
+async def test_the_launcher_polls_router_and_replicas_with_the_api_key(key):
+    """With ``--api-key``, smg asks for it on ``/workers`` and the replicas on ``/stats``:
+    the launcher's own status (as ``ClusterLauncher`` builds it) sends it. Polled without
+    it, smg read "0 of N replicas ready" and the launcher gave up at start."""
     import aiohttp
     from aiohttp import web
 
-    def guarded(body: dict) -> web.RequestHandler:
+    from houchu.cluster.launcher import ClusterLauncher
+
+    seen: dict[str, str | None] = {}
+
+    def guarded(path: str, body: dict, public: bool = False) -> web.RequestHandler:
         async def handler(request: web.Request) -> web.Response:
-            if request.headers.get("Authorization") != "Bearer sekrit":
+            seen[path] = request.headers.get("Authorization")
+            if not public and key and seen[path] != f"Bearer {key}":
                 return web.json_response({"error": "unauthorized"}, status=401)
             return web.json_response(body)
 
@@ -175,17 +206,40 @@ async def test_the_router_is_polled_with_the_api_key():
 
     app = web.Application()
     worker = {"url": "http://a:1", "is_healthy": True, "status": "ready", "load": 0}
-    app.router.add_get("/workers", guarded({"workers": [worker]}))
-    app.router.add_get("/health", guarded({"status": "ok"}))
-    app.router.add_get("/stats", guarded({"num_running": 0}))
-    async with TestServer(app) as srv:
-        url = f"http://127.0.0.1:{srv.port}"
-        # replica 0 listens at --port + 1: the test server's port
-        cfg = config("--data-parallel-size", "2", "--port", str(srv.port - 1))
-        reps = [ReplicaProcess(p) for p in plan_replicas(cfg, [0, 1], 0, "/c")][:1]
-        assert reps[0].plan.url == url
-        status = ClusterStatus(reps, url, "cache_aware", "127.0.0.1", api_key="sekrit")
+    app.router.add_get("/workers", guarded("/workers", {"workers": [worker]}))
+    app.router.add_get("/health", guarded("/health", {"status": "ok"}, public=True))
+    app.router.add_get("/stats", guarded("/stats", {"num_running": 3}))
+    # the router's --port P and replica 0's P + 1 are both this app (replica 1: unused)
+    runner, port = await _serve_on_two_ports(app)
+    try:
+        flags = ["--data-parallel-size", "2", "--port", str(port), "--host", "127.0.0.1"]
+        cfg = config(*flags, *(("--api-key", key) if key else ()))
+        launcher = ClusterLauncher(cfg, plans=plan_replicas(cfg, [0, 1], 0, "/c"))
+        assert launcher.status.router_url == f"http://127.0.0.1:{port}"
         async with aiohttp.ClientSession() as session:
-            await status.poll(session)
-    assert status.router == {"http://a:1": {"is_healthy": True, "status": "ready", "load": 0}}
-    assert status.health_of(0) == "ok"
+            await launcher.status.poll(session)
+    finally:
+        await runner.cleanup()
+    bearer = f"Bearer {key}" if key else None
+    assert seen == {"/workers": bearer, "/health": bearer, "/stats": bearer}
+    assert launcher.status.router == {"http://a:1": {k: worker[k] for k in worker if k != "url"}}
+    assert launcher.status.figures[0]["num_running"] == 3  # replica 0's /stats answered
+    assert launcher.status.health_of(0) == "ok"
+
+
+def test_replica_lines_name_their_replica():
+    """The launcher's and the actors' lines of a replica name it; other lines pass as
+    they are."""
+    import io
+
+    from houchu.cluster.replica import relay_output
+
+    lines = b"houchu: serving m\nhouchu runner: llama 'm'\n[rank1]: boom\nhouchuX\n"
+    out = io.StringIO()
+    relay_output(1, io.BytesIO(lines), out)
+    assert out.getvalue().splitlines() == [
+        "houchu[replica 1]: serving m",
+        "houchu[replica 1] runner: llama 'm'",
+        "[rank1]: boom",
+        "houchuX",
+    ]
