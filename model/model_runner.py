@@ -191,7 +191,7 @@ class ModelRunner:
         self.window_ledger = WindowLedger(self.model.attention, per_layer)
         #: what the model's structure does to the other levers (said at startup)
         structure = (self.model.attention, self.backend.name, not o.disable_fused_layers)
-        notes = structure_notes(self.config, *structure, quant.mode)
+        notes = structure_notes(self.config, *structure, quant.mode, quant.int4_method)
         self.notes = tp_notes + pinned_notes(self.deterministic) + notes + self.pool_size.notes
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
         limit = min(self.config.max_position, self.pool.num_tokens)

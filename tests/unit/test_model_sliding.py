@@ -262,3 +262,20 @@ def test_cached_pages_behind_the_window_are_freed_for_a_newcomer(family):
     got |= {rid: toks for rid, (toks, _) in drive(core, runner, overlap=False).items()}
     for rid, ids in (reqs | {"c": c}).items():
         assert got[rid] == hf_greedy(hf, ids, 12), rid
+
+
+def test_int4_by_rounding_on_gemma_is_said_at_startup(family):
+    """Gemma 2/3 lose more to int4 by rounding (top-1 0.93 in
+    test_family_quant_quality.py): ``--quantization int4`` says so at startup and points
+    at GPTQ; ``--int4-method gptq``, int8 and the other families say nothing of it."""
+    from houchu.model.structure_levers import structure_notes
+
+    kind, path, _, _ = family
+    cfg = load_model_config(path)
+
+    def said(quant: str, method: str = "mse") -> bool:
+        notes = structure_notes(cfg, (), "cpu", True, quant, method)
+        return any("--int4-method gptq held" in n for n in notes)
+
+    assert said("int4") == kind.startswith("gemma")
+    assert not said("int4", "gptq") and not said("int8") and not said("none")
