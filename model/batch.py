@@ -69,6 +69,12 @@ class StepBatch:
         """New tokens of sequence ``i``."""
         return self.q_starts[i + 1] - self.q_starts[i]
 
+    def attention_pairs(self) -> int:
+        """(query token, key token) pairs this step's attention scores: ``Σ q_i · kv_i``
+        over its sequences (new tokens times context length, the new ones included; a
+        causal kernel skips about half of a prefill's, an unfused one writes them all)."""
+        return sum(self.q_len(i) * n for i, n in enumerate(self.kv_lens))
+
 
 def build_batch(
     work: Sequence[SeqWork],

@@ -28,6 +28,10 @@ class StepCost:
         half_label: "bf16" or "fp16" when the model computes in 16 bits (``--dtype``;
             "auto" on CUDA), reported against float32 as "half_precision_<label>"; ""
             (float32): not reported.
+        score_pair_bytes: bytes an attention that materialises its scores would write
+            and read again for one (query token, key token) pair, over every layer and
+            query head (float32 scores: 4 bytes written, 4 read); 0 when the backend
+            does not tile attention on chip (then "flash_attention" is not reported).
     """
 
     weight_bytes: int
@@ -37,6 +41,19 @@ class StepCost:
     weight_label: str
     kv_label: str
     half_label: str = ""
+    score_pair_bytes: int = 0
+
+
+#: attention backends whose kernels keep the scores on chip (FlashAttention, Dao et al.
+#: 2022: tiles with an online softmax), so the score matrix never reaches memory
+TILED_BACKENDS = ("flash-attn", "triton")
+
+
+def score_pair_bytes(backend: str, num_layers: int, num_heads: int) -> int:
+    """``StepCost.score_pair_bytes`` for an attention backend (its ``name``): 8 bytes
+    (a float32 score written, then read) per layer and query head on a tiled backend
+    (``TILED_BACKENDS``), else 0."""
+    return 8 * num_layers * num_heads if backend in TILED_BACKENDS else 0
 
 
 class LeverCounters:
@@ -78,14 +95,21 @@ class LeverCounters:
         self.accel_steps = 0  # steps run compiled / graph-replayed
         self.weight_saved = 0  # bytes: bf16 weight bytes minus those actually read
         self.dense_read = 0  # bytes: 16-bit dense weights read (float32 would read twice)
+        self.score_pairs = 0  # (query, key) pairs attended, summed over sequences
 
     def record(
-        self, kv_written: int, kv_read: int, accelerated: bool, weight_bytes: int | None = None
+        self,
+        kv_written: int,
+        kv_read: int,
+        accelerated: bool,
+        weight_bytes: int | None = None,
+        score_pairs: int = 0,
     ) -> None:
         """Count one forward pass: ``kv_written`` tokens stored, ``kv_read`` tokens of
-        KV attended over (summed over sequences), whether it ran accelerated, and the
+        KV attended over (summed over sequences), whether it ran accelerated, the
         matmul weight bytes it read (default: ``cost.weight_bytes``; layers that switch
-        to a dense copy for many rows read more)."""
+        to a dense copy for many rows read more), and the (query token, key token) pairs
+        its attention scored (``StepBatch.attention_pairs``)."""
         read = self.cost.weight_bytes if weight_bytes is None else weight_bytes
         self.weight_saved += self.cost.weight_bf16_bytes - read
         self.dense_read += read if self.cost.weight_label == "none" else 0
@@ -93,6 +117,7 @@ class LeverCounters:
         self.kv_written += kv_written
         self.kv_read += kv_read
         self.accel_steps += int(accelerated)
+        self.score_pairs += score_pairs
 
     def samples(self, now: float | None = None) -> list[LeverSample]:
         """Lever samples for what accrued since the last call (then reset)."""
@@ -136,6 +161,9 @@ class LeverCounters:
                 )
             )
         out += self._half_samples(t)
+        if c.score_pair_bytes and self.score_pairs:
+            saved = float(c.score_pair_bytes * self.score_pairs)
+            out.append(LeverSample("flash_attention", "move_less", saved, "bytes", 0.0, "bytes", t))
         if self.accel is not None and (self.accel_steps or not self._setup_reported):
             gain = 0.0
             if self.eager_step_s is not None and self.accel_step_s is not None:

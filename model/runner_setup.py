@@ -23,7 +23,7 @@ from houchu.model.gpu_memory import (
     page_bytes_of,
 )
 from houchu.model.kv_pool import KVPool
-from houchu.model.lever_counters import LeverCounters, StepCost
+from houchu.model.lever_counters import LeverCounters, StepCost, score_pair_bytes
 from houchu.model.quant import QuantSpec
 from houchu.options.runner_options import RunnerOptions
 
@@ -129,8 +129,17 @@ class RunnerSetup:
         wb, wb16 = self.model.weight_bytes()
         p = self.pool
         half = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "")
+        cfg = getattr(self.model, "full_cfg", self.model.cfg)  # every rank's heads
+        pair = score_pair_bytes(self.backend.name, cfg.num_layers, cfg.num_heads)
         cost = StepCost(
-            wb, wb16, p.bytes_per_token, p.bf16_bytes_per_token, self.quant.label(), kv_dtype, half
+            wb,
+            wb16,
+            p.bytes_per_token,
+            p.bf16_bytes_per_token,
+            self.quant.label(),
+            kv_dtype,
+            half,
+            pair,
         )
         a = accel
         return LeverCounters(

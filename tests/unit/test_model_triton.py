@@ -179,3 +179,27 @@ def test_static_decode_on_triton_backend(tmp_path):
         want = model(step, ref, TorchSDPABackend())
         got = StaticDecode(model, pool, backend, (2,)).forward(step, pool, backend, 2)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_triton_backend_counts_the_scores_it_kept_on_chip(tmp_path):
+    """The ledger's "flash_attention" lever: on the Triton backend each step's
+    (query, key) pairs times 8 bytes per layer and head (a float32 score written and read
+    back by an attention that materialises it); the torch backend reports none."""
+    from houchu.model.model_runner import ModelRunner
+    from houchu.model.testing import make_tiny_llama
+    from tests.runner_options import exact
+    from tests.unit.test_model_quant import generate
+
+    path = make_tiny_llama(tmp_path, seed=2)
+    kw = {"page_size": 4, "num_pages": 24, "device": DEV, "dtype": "float32"}
+    tri = ModelRunner(path, exact(attention_backend="triton", **kw), quiet=True)
+    tri.lever_samples()  # the warm-up's
+    got = generate(tri, 3)  # prompts of each key, then 2 decode steps
+    saved = sum(s.saved for s in tri.lever_samples() if s.lever == "flash_attention")
+    cfg = tri.config
+    # generate's prompts are 7, 3 and 1 tokens: a prefill, then two decode steps each
+    pairs = sum(n * n + (n + 1) + (n + 2) for n in (7, 3, 1))
+    assert got and saved == 8 * cfg.num_layers * cfg.num_heads * pairs
+    torch_ = ModelRunner(path, exact(attention_backend="torch", **kw), quiet=True)
+    generate(torch_, 3)
+    assert not [s for s in torch_.lever_samples() if s.lever == "flash_attention"]
