@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 #: The actors besides the scheduler that read the runner's limits from its ``RunnerInfo``.
 INFO_READERS = ("tokenizer", "gateway")
+#: seconds between checks of the tensor-parallel ranks' processes while idle
+RANK_WATCH_S = 1.0
 
 
 class PromptLengths:
@@ -108,6 +110,7 @@ class RunnerActor:
         self.heap = HeapTrimmer()
         self.trimmer: asyncio.Task[None] | None = None  # _trim_when_idle, from start()
         self.rank_lost = False  # a tensor-parallel rank is gone: exit after the result
+        self.rank_watch: asyncio.Task[None] | None = None  # _watch_ranks, with tp only
 
     async def start(self) -> str:
         launch = self.config.launch
@@ -128,6 +131,8 @@ class RunnerActor:
         info = self.info()
         self.telemetry.start()
         self.trimmer = asyncio.create_task(self._trim_when_idle())
+        if self.runner.tp is not None:
+            self.rank_watch = asyncio.create_task(self._watch_ranks())
         for out in self.to_info.values():
             await out.send(info)
         return (
@@ -174,6 +179,26 @@ class RunnerActor:
             if self.heap.due() and self.step_started is None:
                 await loop.run_in_executor(self.torch, self.heap.trim)
 
+    async def _watch_ranks(self) -> None:
+        """Tensor parallel: check the other ranks' processes every ``RANK_WATCH_S``
+        seconds; one that died while the server was idle restarts the runner at once,
+        so ``/health`` stops answering ready instead of the next request failing."""
+        from houchu.model.tp_worker import dead_rank
+
+        while True:
+            await asyncio.sleep(RANK_WATCH_S)
+            if self.step_started is None and (why := dead_rank(self.runner.tp)):
+                print(f"houchu runner: {why}; exiting to restart every rank", flush=True)
+                self._exit_for_ranks()
+
+    def _exit_for_ranks(self) -> None:
+        """Exit (status 1) after a lost rank, killing the ranks left first (a hung one
+        would outlive this process), so that the supervisor restarts every rank."""
+        from houchu.model.tp_worker import kill_ranks
+
+        kill_ranks(self.runner.tp)
+        os._exit(1)
+
     async def _handle(self, msg: RunnerInbox) -> bool:
         """Act on one message; False on ``Shutdown``."""
         match msg:
@@ -181,7 +206,7 @@ class RunnerActor:
                 await self.to_scheduler.send(await self._step(msg))
                 if self.rank_lost:  # its requests are told why; restart every rank
                     await asyncio.sleep(0.2)  # let the result leave before exiting
-                    os._exit(1)
+                    self._exit_for_ranks()
             case ActorDown(name=name):
                 if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
                     return False
@@ -248,8 +273,9 @@ class RunnerActor:
             )
 
     async def close(self) -> None:
-        if self.trimmer is not None:
-            self.trimmer.cancel()
+        for task in (self.trimmer, self.rank_watch):
+            if task is not None:
+                task.cancel()
         await self.telemetry.close()
         self.inbox.close()
         self.peers.close()

@@ -24,7 +24,7 @@ import torch
 
 from houchu.model.batch import build_batch
 from houchu.model.tensor_parallel import TensorParallelError, check_shardable
-from houchu.model.tp_group import TPGroup, client_store, host_store
+from houchu.model.tp_group import TPGroup, TPRankLost, TPStep, client_store, host_store
 from houchu.options.runner_options import RunnerOptions
 
 #: set (to anything) to run more CPU ranks than cores (they share them; for tests)
@@ -86,6 +86,12 @@ def tp_runner_options(o: RunnerOptions) -> tuple[RunnerOptions, list[str]]:
         f"{threads} threads each, each rank's KV pool (the B/token above) holding 1/{n} "
         "of the KV heads; eager step (no compiled step, fused decode layers or CUDA "
         "graphs), fixed decode paths"
+        + (
+            "; int4 layers take float activations (int8 activations of a shard would "
+            "quantize each rank's slice apart)"
+            if o.int4_activations == "auto"
+            else ""
+        )
     ]
     changed = msgspec.structs.replace(
         o,
@@ -153,6 +159,25 @@ def start_ranks(model: str | Path, options: RunnerOptions) -> TPGroup:
     return group
 
 
+def dead_rank(group: TPGroup) -> str | None:
+    """Rank 0, between steps: a line naming the first rank >= 1 whose process has
+    exited (its rank and exit status), or None while every rank lives."""
+    for rank, proc in enumerate(getattr(group, "procs", []), start=1):
+        if proc.poll() is not None:
+            return f"tensor-parallel rank {rank} exited (status {proc.returncode})"
+    return None
+
+
+def kill_ranks(group: TPGroup) -> None:
+    """Rank 0, about to exit after a rank was lost: SIGKILL every rank >= 1 still
+    running (a stopped or hung one too, which no message would reach) and reap it."""
+    for proc in getattr(group, "procs", []):
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+
 def stop_ranks(group: TPGroup) -> None:
     """Rank 0: tell the other ranks to exit, wait briefly, then end any left (SIGTERM,
     then SIGKILL, which also ends a stopped or hung rank)."""
@@ -181,7 +206,7 @@ def run_rank(spec: WorkerSpec) -> None:
     # ``tp_runner_options`` refuses): the runner takes its device from the group
     runner = ModelRunner(spec.model, spec.options, tp=group, quiet=True)
     with torch.inference_mode():
-        while (step := group.recv_step()) is not None:
+        while (step := _next_step(group)) is not None:
             batch = build_batch(
                 step.plan.work,
                 page_size=runner.pool.page_size,
@@ -193,6 +218,16 @@ def run_rank(spec: WorkerSpec) -> None:
             )
             runner.model(batch, runner.pool, runner.backend)
     group.close()
+
+
+def _next_step(group: TPGroup) -> TPStep | None:
+    """The next step rank 0 broadcast; when rank 0 is gone (``TPRankLost``), one line
+    and exit status 1, not a traceback (rank 0's runner restarts every rank)."""
+    try:
+        return group.recv_step()
+    except TPRankLost as e:
+        print(f"houchu tp rank {group.rank}: {e}; exiting", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def _die_with_parent() -> None:

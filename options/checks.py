@@ -187,6 +187,11 @@ def _check_cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         shlex.split(args.router_args)
     except ValueError as e:
         parser.error(f"--router-args: {e}")
+    from houchu.options.cluster_options import ClusterOptions
+
+    router = args.router_policy != ClusterOptions().router_policy or args.router_args
+    if router and args.data_parallel_size == 1:
+        parser.error("--router-policy and --router-args set the router of --data-parallel-size > 1")
 
 
 def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

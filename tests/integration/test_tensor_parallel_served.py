@@ -88,9 +88,11 @@ def test_each_steps_allreduce_reaches_the_dashboard(served):
 
 
 def test_a_dead_rank_restarts_the_runner(served):
-    """Rank 1 killed: the runner exits at its next collective, the supervisor restarts
-    it with fresh ranks, and requests succeed again within a bounded time. The request
-    whose step found the rank gone is told so plainly (no gloo internals)."""
+    """Rank 1 killed while the server is idle: the runner notices within seconds, with
+    no request to find it (``RunnerActor._watch_ranks``), exits, and the supervisor
+    restarts it with fresh ranks; requests succeed again within a bounded time, and any
+    that met the restart were told so plainly (no gloo internals). A rank lost during a
+    step: tests/unit/test_tp_timeouts.py."""
     import psutil
 
     srv, hf = served
@@ -101,14 +103,14 @@ def test_a_dead_rank_restarts_the_runner(served):
     ]
     assert len(ranks) == 1
     ranks[0].kill()
-    gone_by = time.monotonic() + 10  # dead (a zombie until the runner reaps it)
-    while ranks[0].is_running() and ranks[0].status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < gone_by
-        time.sleep(0.05)
+    noticed_by = time.monotonic() + 20
+    while "tensor-parallel rank 1 exited" not in srv.output():
+        assert time.monotonic() < noticed_by, "the idle runner did not notice the dead rank"
+        time.sleep(0.2)
     prompt = ids(50, 9)
     deadline = time.monotonic() + 120
     failures: list[str] = []
-    while True:  # the request during the restart may fail cleanly (503), never hang
+    while True:  # a request during the restart may fail cleanly (503), never hang
         got = asyncio.run(_generate_or_error(srv.ws_url, prompt, failures))
         if got is not None:
             break
@@ -116,7 +118,6 @@ def test_a_dead_rank_restarts_the_runner(served):
         time.sleep(1)
     check(got, hf, prompt)
     assert "restarting runner" in srv.output()
-    assert "a tensor-parallel rank stopped: its connection closed" in failures[0], failures
     assert not any("gloo" in f or ".cc:" in f for f in failures), failures
 
 

@@ -109,6 +109,18 @@ def test_router_args_must_be_shell_quoting():
         check_serve_args(parser, args)
 
 
+@pytest.mark.parametrize(
+    "argv", [["--router-policy", "round_robin"], ["--router-args", "--log-level info"]]
+)
+def test_router_flags_without_replicas_are_refused(argv, capsys):
+    """The router's flags on a single engine (no router) are an error, not ignored."""
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        check_serve_args(parser, parser.parse_args(["serve", *argv]))
+    assert "set the router of --data-parallel-size > 1" in capsys.readouterr().err
+    check_serve_args(parser, parser.parse_args(["serve", "--data-parallel-size", "2", *argv]))
+
+
 def test_replica_figures_and_router_views():
     row = replica_figures(
         (200, {"status": "ok"}),

@@ -92,6 +92,8 @@ STRINGS = {
 COMPANIONS = {
     "ssd_kv_mb": ["--host-kv-mb", "1"],
     "calibration_text": ["--quantization", "int4", "--int4-method", "gptq"],
+    "router_policy": ["--data-parallel-size", "2"],
+    "router_args": ["--data-parallel-size", "2"],
 }
 #: Numbers whose default + 3 is out of range.
 NUMBERS = {"mem_fraction_static": 0.5}

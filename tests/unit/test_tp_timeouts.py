@@ -120,3 +120,17 @@ def test_a_dead_rank_is_noticed_at_once(tp2):
 def test_gloo_errors_read_plainly(gloo, plain):
     lost = rank_lost(RuntimeError(gloo), 300.0)
     assert str(lost) == f"a tensor-parallel rank stopped: {plain}"
+
+
+def test_a_rank_dead_between_steps_is_named_and_a_hung_one_is_killed(tp2):
+    """``dead_rank`` names a rank whose process exited (the runner actor checks it while
+    idle); ``kill_ranks`` ends a stopped rank, which no message would reach."""
+    from houchu.model.tp_worker import dead_rank, kill_ranks
+
+    runner, rank1 = tp2
+    assert dead_rank(runner.tp) is None
+    os.kill(rank1.pid, signal.SIGSTOP)
+    assert dead_rank(runner.tp) is None  # stopped is not dead
+    kill_ranks(runner.tp)
+    assert rank1.poll() == -signal.SIGKILL
+    assert dead_rank(runner.tp) == "tensor-parallel rank 1 exited (status -9)"
