@@ -28,6 +28,7 @@ import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.actors.heap import HeapTrimmer
+from houchu.actors.startup_errors import StartupFailure
 from houchu.transport.channel import Inbox
 from houchu.transport.failures import internal, unavailable
 from houchu.transport.messages import (
@@ -115,7 +116,12 @@ class RunnerActor:
     async def start(self) -> str:
         launch = self.config.launch
         loop = asyncio.get_running_loop()
-        self.runner = await loop.run_in_executor(self.torch, self._load)
+        from houchu.model.ops import TritonUnusable
+
+        try:
+            self.runner = await loop.run_in_executor(self.torch, self._load)
+        except TritonUnusable as exc:  # --attention-backend triton where it cannot run
+            raise StartupFailure(str(exc)) from exc
         from houchu.model.expert_load import ExpertLoadReader
 
         self.expert_load = ExpertLoadReader(self.runner.model)  # each step's, for its record

@@ -8,13 +8,22 @@ pyproject's requirement refuses while the wheel's version satisfies it; never a
 this interpreter does not run (a cp312 wheel on Python 3.13 is reported, not tried). Each
 is installed with ``--no-deps``: the folder already holds the resolved dependencies.
 Check-only (``--dry-run``): the same plan is reported, nothing is installed.
+
+Where this interpreter's site-packages cannot be written (a venv owned by another user),
+the wheels go to ``WORK/site`` instead (``pip install --target``), and that folder is put
+first on this process's ``sys.path`` and on every child's ``PYTHONPATH``; houchu itself
+is then linked, not installed. A rerun finds ``WORK/site`` and uses it again.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as md
 import json
 import os
+import sys
+import sysconfig
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,6 +164,55 @@ def link_houchu(ctx: Context) -> Path:
     return pkg
 
 
+def site_writable(folder: Path) -> bool:
+    """Whether this process can create files in ``folder`` (tried, not inferred from the
+    mode bits: a non-root user, a read-only mount, a folder that is missing)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def install_target(purelib: Path, work: Path) -> Path | None:
+    """Where the wheels go: None (this interpreter's ``purelib``, the ordinary install)
+    when ``purelib`` can be written, else ``work / "site"`` (for ``pip --target``)."""
+    return None if site_writable(purelib) else work / "site"
+
+
+def use_site(ctx: Context, site: Path) -> None:
+    """Put ``site`` (a ``pip --target`` folder) first on this process's ``sys.path`` and
+    on the children's ``PYTHONPATH`` (once)."""
+    entry = str(site)
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+        importlib.invalidate_caches()
+    old = ctx.env.get("PYTHONPATH")
+    if entry not in (old or "").split(os.pathsep):
+        ctx.env["PYTHONPATH"] = f"{entry}{os.pathsep}{old}" if old else entry
+
+
+def install_wheels(ctx: Context, step: Step, names: list[str], site: Path | None) -> str:
+    """``pip install --no-index --no-deps`` of ``names`` (``NAME==VERSION``) from
+    ``ctx.wheels``: into this interpreter when ``site`` is None, retried into
+    ``ctx.work / "site"`` if that fails; with ``site``, into it (``--target``, which then
+    goes on the paths: ``use_site``). Returns where they went ("venv" or the folder),
+    or "" when pip failed."""
+    assert ctx.wheels is not None
+    cmd = [ctx.python, "-m", "pip", "install", "--no-index", "--no-deps"]
+    cmd += ["--find-links", str(ctx.wheels)]
+    if site is None:
+        if ctx.run([*cmd, *names], 180, step=step).rc == 0:
+            return "venv"
+        site = ctx.work / "site"
+        ctx.log(f"[gpu_check] install into the venv failed; trying --target {site}")
+    site.mkdir(parents=True, exist_ok=True)
+    if ctx.run([*cmd, "--upgrade", "--target", str(site), *names], 180, step=step).rc != 0:
+        return ""
+    use_site(ctx, site)
+    return str(site)
+
+
 def install_step(ctx: Context, step: Step, install: bool) -> None:
     """houchu from this repository (editable, no dependencies, no build isolation, no
     index), then the wheels ``plan_wheels`` picks from ``ctx.wheels``; with ``install``
@@ -162,10 +220,16 @@ def install_step(ctx: Context, step: Step, install: bool) -> None:
     houchu from this repository afterwards (a PYTHONPATH link where the install failed
     or was not made). ``step.results``: ``wheels`` (the plan), ``modules`` (per
     distribution: imports, version, error), ``missing`` (the ones that do not import),
-    ``houchu`` (how it is imported)."""
+    ``houchu`` (how it is imported), ``target`` (where the wheels went: "venv" or the
+    ``--target`` folder, ``install_target``)."""
     pip = [ctx.python, "-m", "pip"]
     reqs = current_requirements(load_pyproject(ctx.repo / "pyproject.toml"))
-    if install and not houchu_resolves_here(ctx, step):
+    site = install_target(Path(sysconfig.get_paths()["purelib"]), ctx.work)
+    if site is not None and site.is_dir():  # a rerun: what the first run installed there
+        use_site(ctx, site)
+    if site is not None and install:
+        step.results["houchu_install"] = "site-packages not writable; linked on PYTHONPATH"
+    elif install and not houchu_resolves_here(ctx, step):
         cmd = [*pip, "install", "--no-deps", "--no-build-isolation", "--no-index", "-e", "."]
         if ctx.run(cmd, 120, step=step).rc != 0:
             step.results["houchu_install"] = "pip install -e failed; linked on PYTHONPATH"
@@ -178,10 +242,9 @@ def install_step(ctx: Context, step: Step, install: bool) -> None:
         "refused": plan.refused,
     }
     if install and plan.install:
-        assert ctx.wheels is not None
         names = [f"{n}=={v}" for n, v, _ in plan.install]
-        cmd = [*pip, "install", "--no-index", "--no-deps", "--find-links", str(ctx.wheels)]
-        if ctx.run([*cmd, *names], 180, step=step).rc != 0:
+        step.results["target"] = install_wheels(ctx, step, names, site)
+        if not step.results["target"]:
             step.fail("pip install from the wheels folder failed")
         check = ctx.run([*pip, "check"], 60, step=step)
         ours = {canonicalize_name(n) for n, _, _ in plan.install}

@@ -27,7 +27,8 @@ weights × tokens + attention 4 × layers × heads × head_dim × KV tokens; a p
 the LM head on its last token only), each as a
 fraction of the limit: bandwidth for GB/s; for FLOP/s, the time the step's ops would take
 at the peak of the format each computes in (fp32; bf16; w8a8's GEMMs from W8A8_MIN_ROWS
-rows at the int8 peak, its attention at the bf16 one) over the measured time, only where
+rows at the int8 peak, its attention at the bf16 one; on a GPU with FP8 tensor cores
+w8a8's GEMMs run FP8, whose peak is not measured: "-") over the measured time, only where
 the level computes that format natively (else "-": a peak measured on emulation is no
 peak). Printed, not asserted.
 """
@@ -40,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -211,15 +213,25 @@ def run_format(fmt: str, mode: str, args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+def cpu_w8a8_gemm() -> str | None:
+    """The format W8A8's GEMMs compute in on this CPU from ``W8A8_MIN_ROWS`` rows: int8
+    where ``int_mm_pays`` (probed once), else None (its rows run weight-only)."""
+    return "int8" if int_mm_pays() else None
+
+
 def print_table(
     rows: list[Row],
     lim: runner_limits.Limits,
     header: bool = True,
     units: frozenset[str] = frozenset({"fp32", "bf16", "int8"}),
+    w8a8_gemm: Callable[[], str | None] = cpu_w8a8_gemm,
 ) -> None:
     """One line per row: speed, bytes and ops per step, and their fractions of ``lim``;
     %peak only where every format the step computes in is in ``units`` (the CPU's native
-    matmul formats, ``cpu_isa.native_units``), else "-"."""
+    matmul formats, ``cpu_isa.native_units``; a GPU's measured peaks), else "-".
+    ``w8a8_gemm`` says what w8a8's GEMMs compute in from ``W8A8_MIN_ROWS`` rows (called
+    only for such a row): the CPU's probe by default; on CUDA "fp8" or "int8"
+    (``runner_bench_gpu``), FP8 having no measured peak here ("-")."""
     head = (
         f"{'format':6} {'mode':8} {'kernels':18} {'step':13} {'tok/s':>9} {'ms/step':>8} {'med ms':>7} "
         f"{'MB/step':>8} {'GB/s':>6} {'%BW':>5} {'GFLOP/s':>8} {'%peak':>6}"
@@ -230,15 +242,18 @@ def print_table(
     for r in rows:
         gbs = r.bytes / r.step_s / 1e9
         fl = r.flops / r.step_s
-        # w8a8's int8 GEMMs run from W8A8_MIN_ROWS where the probe found them paying
-        w8a8_gemm = r.fmt == "w8a8" and r.tokens >= W8A8_MIN_ROWS and int_mm_pays()
-        gemm_fmt = "int8" if w8a8_gemm or r.fmt in INT8_ACTS else r.compute
-        # the step's time at the peaks of the formats its parts compute in: only w8a8's
-        # int8 GEMMs differ from its attention
-        ideal_s = (r.flops - r.attn_flops) / lim.compute_peak(gemm_fmt) + r.attn_flops / (
-            lim.compute_peak(r.compute)
-        )
-        peak = f"{100 * ideal_s / r.step_s:6.1f}" if {gemm_fmt, r.compute} <= units else "     -"
+        # w8a8's quantized GEMMs run from W8A8_MIN_ROWS (on the CPU where the probe found
+        # them paying); below, its rows run weight-only at the activation format
+        gemm = w8a8_gemm() if r.fmt == "w8a8" and r.tokens >= W8A8_MIN_ROWS else None
+        gemm_fmt = gemm or ("int8" if r.fmt in INT8_ACTS else r.compute)
+        peak = "     -"
+        if {gemm_fmt, r.compute} <= units:
+            # the step's time at the peaks of the formats its parts compute in: only
+            # w8a8's quantized GEMMs differ from its attention
+            ideal_s = (r.flops - r.attn_flops) / lim.compute_peak(gemm_fmt) + r.attn_flops / (
+                lim.compute_peak(r.compute)
+            )
+            peak = f"{100 * ideal_s / r.step_s:6.1f}"
         print(
             f"{r.fmt:6} {r.mode:8} {r.kernels:18} {r.what:13} {r.tokens / r.step_s:9.1f} "
             f"{r.step_s * 1e3:8.2f} {(r.med_s or r.step_s) * 1e3:7.2f} {r.bytes / 1e6:8.1f} {gbs:6.2f} "

@@ -20,10 +20,20 @@ import torch
 from houchu.bench import runner_limits
 from houchu.bench.runner_bench import FORMATS, INT8_ACTS, Row, print_table, run_format
 from houchu.model.device import DeviceError, resolve_device
+from houchu.model.w8a8 import W8A8_MIN_ROWS
 
 #: The GPU's native matmul formats for %peak (tensor cores: bf16 and int8; fp32 runs on
 #: the CUDA cores, or TF32 where torch allows it).
 GPU_UNITS = frozenset({"fp32", "bf16", "int8"})
+#: Compute capability from which W8A8 runs FP8 (``houchu.model.w8a8``).
+FP8_CAPABILITY = (9, 0)
+
+
+def cuda_w8a8_gemm(capability: tuple[int, int]) -> str:
+    """The format W8A8's GEMMs compute in from ``W8A8_MIN_ROWS`` rows on a GPU of compute
+    ``capability``: "fp8" (``torch._scaled_mm``) from 9.0, else "int8" (``torch._int_mm``),
+    as ``houchu.model.w8a8.W8A8Linear`` picks; never the CPU's probe."""
+    return "fp8" if capability >= FP8_CAPABILITY else "int8"
 
 
 def run_cuda(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -48,7 +58,8 @@ def run_cuda(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         f"sm_{props.major}{props.minor}, {props.multi_processor_count} SMs "
         f"(torch {torch.__version__}, CUDA {torch.version.cuda})"
     )
-    print(f"houchu runner benchmark: {args.model}")
+    gemm8 = cuda_w8a8_gemm((props.major, props.minor))
+    print(f"houchu runner benchmark: {args.model}; w8a8's GEMMs from {W8A8_MIN_ROWS} rows: {gemm8}")
     before = runner_limits.measure(device)
     print(f"limits (start): {before.line(GPU_UNITS)}")
     print("progress, against the start limits (the final table uses the best of start and end):")
@@ -56,7 +67,7 @@ def run_cuda(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for fmt in args.formats.split(","):
         for mode in args.modes.split(","):
             new = run_format(fmt, mode, args)
-            print_table(new, before, header=False, units=GPU_UNITS)
+            print_table(new, before, header=False, units=GPU_UNITS, w8a8_gemm=lambda: gemm8)
             rows += new
             gc.collect()
             torch.cuda.empty_cache()  # the next runner's KV pool and graphs
@@ -64,12 +75,13 @@ def run_cuda(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"limits (end):   {after.line(GPU_UNITS)}")
     lim = before.best(after)
     print(f"limits used (best of both): {lim.line(GPU_UNITS)}\n")
-    print_table(rows, lim, units=GPU_UNITS)
+    print_table(rows, lim, units=GPU_UNITS, w8a8_gemm=lambda: gemm8)
     print(
         "ms/step: the fastest timed step (tok/s, GB/s, %BW, GFLOP/s and %peak are of it); "
         "med ms: the median step; %BW: bytes moved per step / step time, over the GPU's "
         "device-to-device copy bandwidth; %peak: the time the step's work would take at "
-        "the GEMM peak of its format, over the measured time; mode graph: CUDA graphs "
+        "the GEMM peak of its format, over the measured time ('-' for w8a8's FP8 GEMMs: "
+        "no FP8 peak measured); mode graph: CUDA graphs "
         f"replayed, eager: launched op by op; formats: {', '.join(FORMATS)}"
     )
     return 0

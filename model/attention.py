@@ -101,7 +101,8 @@ def make_backend(
     """The attention backend called ``name``, checked against where it will run.
 
     "auto": on CUDA, flash-attn when installed and usable (page size a multiple of 256,
-    unquantized KV), else Triton when installed, else torch; on the CPU, houchu's C++
+    unquantized KV), else Triton where it runs (``houchu.model.ops.triton_unusable``:
+    installed, and one tiny kernel compiled and launched there), else torch; on the CPU, houchu's C++
     kernels ("cpu") when they build here (``houchu.model.cpu_kernels``), else torch.
     ``ModelRunner`` decides CUDA's "auto" before (``houchu.model.runner_choices``, which
     also picks 256-token pages for flash-attn and says why it falls back), so only direct
@@ -109,18 +110,19 @@ def make_backend(
 
     Raises:
         ValueError: unknown name, or a combination the backend cannot serve.
-        RuntimeError: its library is missing or cannot run on ``device``.
+        RuntimeError: its library is missing or cannot run on ``device`` (Triton:
+            ``houchu.model.ops.TritonUnusable``, one line saying why).
     """
     dev = torch.device(device)
     if name == "auto":
         name = "torch"
         if dev.type == "cuda":
             from houchu.model.attention_flash import flash_attn_usable
-            from houchu.model.ops import triton_available
+            from houchu.model.ops import triton_unusable
 
             if flash_attn_usable(page_size, kv_dtype):
                 name = "flash-attn"
-            elif triton_available():
+            elif triton_unusable(dev) is None:  # installed, and its probe ran here
                 name = "triton"
         elif dev.type == "cpu":
             from houchu.model import cpu_kernels
@@ -135,14 +137,13 @@ def make_backend(
 
         return TorchSDPABackend()
     if name == "triton":
-        from houchu.model.ops import triton_available
+        from houchu.model.ops import TritonUnusable, triton_unusable
 
-        if not triton_available():
-            raise RuntimeError("the triton backend needs the triton package (pip install triton)")
+        why = triton_unusable(dev)
+        if why is not None:
+            raise TritonUnusable(f"--attention-backend triton cannot run on {dev}: {why}")
         from houchu.model.attention_triton import TritonBackend
-        from houchu.model.triton_kernels.ops import triton_usable
 
-        triton_usable(dev)
         return TritonBackend()
     if name == "cpu":
         if dev.type != "cpu":

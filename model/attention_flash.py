@@ -91,9 +91,9 @@ class FlashAttentionBackend(AttentionBackend):
             )
         import flash_attn  # noqa: F401 (fail here, at startup, if it cannot load)
 
-        from houchu.model.ops import triton_available
+        from houchu.model.ops import triton_unusable
 
-        self.ops_name = "triton" if triton_available() else "torch"
+        self.ops_name = "triton" if triton_unusable(device) is None else "torch"
 
     def prepare(
         self, batch: StepBatch, layers: tuple[LayerAttention, ...] = ()

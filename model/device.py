@@ -2,12 +2,18 @@
 
 ``check_device_name`` checks the spelling without torch (the launcher, before anything
 starts); ``resolve_device`` turns "auto" into a device and checks that torch can use a
-CUDA one (the CLI for ``cuda``, before the actors start; ``ModelRunner`` always).
+CUDA one (the CLI for ``cuda``, before the actors start; ``ModelRunner`` always);
+``make_current`` makes a "cuda:N" the thread's current device (``ModelRunner``, on the
+thread that then runs its steps).
 """
 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 #: What ``--device`` accepts.
 DEVICE_NAMES = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -49,3 +55,28 @@ def resolve_device(name: str) -> str:
     if index >= count:
         raise DeviceError(f"--device {name}: torch sees {count} CUDA GPU(s), cuda:0..{count - 1}")
     return name
+
+
+def cuda_index(device: str | torch.device) -> int | None:
+    """The GPU index to make current for ``device``: N for "cuda:N", None for the CPU and
+    for "cuda" without an index (torch's current device, left as it is)."""
+    import torch
+
+    dev = torch.device(device)
+    return dev.index if dev.type == "cuda" else None
+
+
+def make_current(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device``, made this thread's current CUDA device when it
+    names a GPU's index (``cuda_index``): CUDA graph capture, Triton launches and the
+    caching allocator's streams go to the current device, not to the tensors' one.
+
+    Raises:
+        RuntimeError: torch cannot select that GPU.
+    """
+    import torch
+
+    index = cuda_index(device)
+    if index is not None:
+        torch.cuda.set_device(index)
+    return torch.device(device)

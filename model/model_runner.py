@@ -44,7 +44,7 @@ from houchu.model.batch import StepBatch, build_batch
 from houchu.model.catch_up import send_pass, split_passes
 from houchu.model.config import ModelConfig
 from houchu.model.deterministic import deterministic_options, pin, pinned_notes
-from houchu.model.device import resolve_device
+from houchu.model.device import make_current, resolve_device
 from houchu.model.fused_cpu import FusedDecode
 from houchu.model.gpu_memory import cuda_device_facts
 from houchu.model.grammar import GrammarEngine, RequestGrammar
@@ -130,9 +130,9 @@ class ModelRunner:
             self.options = o
             self.tp = tp if tp is not None else start_tp(model_path, o)
         # a rank runs on its group's device (cuda:RANK on CUDA; ``--device`` says "cuda")
-        self.device = (
-            self.tp.device if self.tp is not None else torch.device(resolve_device(o.device))
-        )
+        # and the current CUDA device: graphs are captured and Triton launches there
+        dev = self.tp.device if self.tp is not None else resolve_device(o.device)
+        self.device = make_current(dev)
         if o.deterministic:  # checked, then as the mode runs: houchu.model.deterministic
             o = self.options = deterministic_options(o, self.device)
         if o.threads is not None:

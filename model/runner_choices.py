@@ -7,7 +7,8 @@ device it runs on, decided once at start-up and said on the start-up line.
   flash-attn, whose paged KV needs a multiple of 256 (``FLASH_PAGE_MULTIPLE``).
 - ``--attention-backend auto`` on CUDA: flash-attn where it imports and can serve the
   pool (page size a multiple of 256, fp16/bf16 model and KV); else houchu's Triton
-  kernels where triton is installed, else torch SDPA; each fallback with its reason. On
+  kernels where Triton runs (installed, and one tiny kernel compiled and launched on the
+  device), else torch SDPA; each fallback with its reason. On
   the CPU "auto" stays for ``houchu.model.attention.make_backend`` (the C++ kernels).
 
 The decisions are pure functions of what the device offers (``choose_dtype``,
@@ -18,6 +19,7 @@ slots with the same resolution (``houchu.actors.kv_tier_setup``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -88,10 +90,12 @@ def choose_attention(
     flash: bool = False,
     triton: bool = False,
     mla: bool = False,
+    triton_why: str = "",
 ) -> AttentionChoice:
     """The backend and page size for ``--attention-backend requested`` and ``--page-size
     page_size`` (None: not given) on ``device_type``, given whether flash-attn imports
-    (``flash``), triton is installed (``triton``) and the model is MLA (``mla``).
+    (``flash``), Triton runs there (``triton``; where not, ``triton_why`` says why, and
+    the note says it) and the model is MLA (``mla``).
 
     Raises:
         ValueError: a page size below 1.
@@ -104,47 +108,60 @@ def choose_attention(
     if requested != "auto" or device_type != "cuda":
         return AttentionChoice(requested, page_size or DEFAULT_PAGE_SIZE)
     why = _flash_obstacle(page_size, dtype, kv_dtype, flash, mla)
+    no_triton = f"not triton: {triton_why}" if not triton and triton_why else ""
     if why is None:
-        if page_size is not None:
-            return AttentionChoice("flash-attn", page_size)
-        note = (
-            f"attention flash-attn with --page-size {FLASH_PAGE_MULTIPLE} (its paged KV "
-            f"needs a multiple of {FLASH_PAGE_MULTIPLE}; --page-size overrides)"
-        )
-        return AttentionChoice("flash-attn", FLASH_PAGE_MULTIPLE, note)
+        notes = []
+        if page_size is None:
+            notes.append(
+                f"attention flash-attn with --page-size {FLASH_PAGE_MULTIPLE} (its paged KV "
+                f"needs a multiple of {FLASH_PAGE_MULTIPLE}; --page-size overrides)"
+            )
+        if no_triton:  # flash-attn's glue kernels then run on torch ops
+            notes.append(f"kernels torch, {no_triton}")
+        return AttentionChoice("flash-attn", page_size or FLASH_PAGE_MULTIPLE, "; ".join(notes))
     fallback = "triton" if triton else "torch"
     note = "" if mla else f"attention {fallback}, not flash-attn: {why}"
+    if no_triton and not mla:
+        note = f"attention torch SDPA, not flash-attn: {why}; {no_triton}"
     return AttentionChoice(fallback, page_size or DEFAULT_PAGE_SIZE, note)
 
 
 def resolve_dtype(o: RunnerOptions, device: torch.device) -> tuple[RunnerOptions, str]:
     """``o`` with ``dtype`` concrete for ``device`` (``choose_dtype``), and what "auto"
-    chose ("" when the dtype was given)."""
+    chose, said on every device ("--dtype auto: float32 on cpu"; "" when the dtype was
+    given)."""
     if o.dtype != "auto":
         return o, ""
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
     dtype = choose_dtype("auto", device.type, bf16)
-    note = f"--dtype auto: {dtype} on CUDA" if device.type == "cuda" else ""
+    note = f"--dtype auto: {dtype} on {'CUDA' if device.type == 'cuda' else device.type}"
     return msgspec.structs.replace(o, dtype=dtype), note
 
 
 def resolve_attention(
-    o: RunnerOptions, device: torch.device, mla: bool = False
+    o: RunnerOptions,
+    device: torch.device,
+    mla: bool = False,
+    triton_launch: Callable[[torch.device], None] | None = None,
 ) -> tuple[RunnerOptions, str]:
     """``o`` with ``page_size`` concrete and, on CUDA, ``attention_backend`` too
-    (``choose_attention``, asking whether flash-attn imports and triton is installed),
-    and the choice's note ("" when none). ``o.dtype`` must be concrete
-    (``resolve_dtype``).
+    (``choose_attention``, asking whether flash-attn imports and whether Triton runs on
+    ``device``: ``houchu.model.ops.triton_unusable``, whose probe compiles and launches
+    one tiny kernel there, once per process; ``triton_launch`` replaces that probe), and
+    the choice's note ("" when none). ``o.dtype`` must be concrete (``resolve_dtype``).
 
     Raises:
         ValueError: a page size below 1.
     """
     flash = triton = False
+    triton_why = ""
     if device.type == "cuda" and o.attention_backend == "auto":
         from houchu.model.attention_flash import flash_attn_importable
-        from houchu.model.ops import triton_available
+        from houchu.model.ops import triton_probe_launch, triton_unusable
 
-        flash, triton = flash_attn_importable(), triton_available()
+        flash = flash_attn_importable()
+        triton_why = triton_unusable(device, triton_launch or triton_probe_launch) or ""
+        triton = not triton_why
     c = choose_attention(
         o.attention_backend,
         device.type,
@@ -154,5 +171,6 @@ def resolve_attention(
         flash=flash,
         triton=triton,
         mla=mla,
+        triton_why=triton_why,
     )
     return msgspec.structs.replace(o, attention_backend=c.backend, page_size=c.page_size), c.note

@@ -96,3 +96,28 @@ def test_a_misspelt_device_is_a_usage_error():
     )
     assert out.returncode == 2 and "--device must be auto, cpu, cuda or cuda:N" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_current_cuda_device_follows_an_indexed_device():
+    """A runner on "cuda:N" makes GPU N the current device (CUDA graphs and Triton
+    launch there); the CPU and a bare "cuda" leave torch's current device alone."""
+    from houchu.model.device import cuda_index, make_current
+
+    assert [cuda_index(d) for d in ("cpu", "cuda", "cuda:1", torch.device("cuda:0"))] == [
+        None,
+        None,
+        1,
+        0,
+    ]
+    assert make_current("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():  # the call reaches torch.cuda.set_device
+        with pytest.raises((AttributeError, AssertionError, RuntimeError)):
+            make_current("cuda:0")
+        return
+    before = torch.cuda.current_device()
+    last = torch.cuda.device_count() - 1
+    try:
+        assert make_current(f"cuda:{last}") == torch.device(f"cuda:{last}")
+        assert torch.cuda.current_device() == last
+    finally:
+        torch.cuda.set_device(before)

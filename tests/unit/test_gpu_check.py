@@ -228,3 +228,63 @@ def test_serve_command_per_device(tmp_path):
     ctx.dry_run = True  # a dry run never uses the GPU, even where there is one
     assert not ctx.cuda() and ctx.why_no_gpu().startswith("dry run")
     ctx.close()
+
+
+def test_a_runner_bench_cut_short_keeps_the_formats_it_finished(capsys):
+    """Cut short, the runner benchmark printed progress rows per finished format and
+    mode but no final table: those rows are read back, and the graphs goal is judged on
+    the format measured both ways."""
+    lim = Limits(copy_gbs=3000.0, fp32_flops=50e12, bf16_flops=800e12, int8_ops=1600e12)
+    print("limits (start): copy 3000.0 GB/s")
+    print("progress, against the start limits (the final table uses the best of start and end):")
+    for mode, ms in (("eager", 0.004), ("graph", 0.0015)):
+        print(f"  int4 {mode}: ready in 2.0s; levers")
+        row = Row("int4", mode, "decode b=1", ms, 1, 9e7, 2e8, 1e6, "bf16", "triton eager")
+        print_table([row], lim, header=False, units=gpu_goals_units())
+    print("  bf16 eager: ready in 1.0s; levers")
+    row = Row("bf16", "eager", "decode b=1", 0.002, 1, 9e7, 2e8, 1e6, "bf16", "triton eager")
+    print_table([row], lim, header=False, units=gpu_goals_units())
+    out = capsys.readouterr().out  # killed here, while bf16 graph ran
+    assert gpu_goals.runner_rows(out) == []  # no final table
+    rows = gpu_goals.runner_rows(out, progress=True)
+    assert [(r["fmt"], r["mode"]) for r in rows] == [
+        ("int4", "eager"),
+        ("int4", "graph"),
+        ("bf16", "eager"),
+    ]
+    assert gpu_goals.graphs_vs_eager(rows) == {"int4": (4.0, 1.5)}
+    goals = gpu_goals.evaluate_goals({}, rows, on_gpu=True)
+    assert goals[2]["status"] == "met"
+
+
+def gpu_goals_units() -> frozenset[str]:
+    from houchu.bench.runner_bench_gpu import GPU_UNITS
+
+    return GPU_UNITS
+
+
+def test_a_bench_run_with_failed_requests_fails_its_concurrency():
+    ok = {"completed": 4, "failed": 0, "output_tok_s": 900.0, "tpot_median_ms": 2.0}
+    assert gpu_check_steps.bench_failure(ok, 4) == ""
+    assert gpu_check_steps.bench_failure({**ok, "failed": 1, "completed": 3}, 4) == (
+        "1 of 4 requests failed"
+    )
+    assert gpu_check_steps.bench_failure({**ok, "completed": 3}, 4) == "3 of 4 requests completed"
+    bad64 = {"completed": 120, "failed": 8, "output_tok_s": 12_000.0, "status": "failed"}
+    goals = gpu_goals.evaluate_goals({"1": ok, "64": bad64}, [], on_gpu=True, note="stand-in")
+    assert goals[0]["status"] == "missed" and goals[0]["note"] == "8 requests failed; stand-in"
+    assert goals[1]["status"] == "met" and goals[1]["note"] == "stand-in"
+    steps = [{"name": "serve_bench", "status": "failed", "duration_s": 1.0, "reason": "x"}]
+    steps[0]["results"] = {"bench": {"1": ok, "64": bad64}}
+    lines = gpu_goals.summary_lines(steps, goals)
+    assert any("64 streams" in ln and "(8 requests failed)" in ln for ln in lines)
+    assert not any("  1 streams" in ln and "failed" in ln for ln in lines)
+
+
+def test_the_budget_leaves_a_rerun_in_a_lease():
+    """The whole check ends within 6 minutes (a 15-minute lease holds it, a rerun and
+    the machine starts); no step's cap is above the budget."""
+    from houchu.bench.gpu_check import DEFAULT_TIMEOUT_S, STEP_CAPS
+
+    assert DEFAULT_TIMEOUT_S <= 360 and max(STEP_CAPS.values()) < DEFAULT_TIMEOUT_S
+    assert sum(gpu_check_steps.GPU_STREAMS.values()) <= 200

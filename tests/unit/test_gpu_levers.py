@@ -189,12 +189,65 @@ def test_mla_and_the_cpu_keep_16_token_pages():
 
 def test_resolving_on_the_cpu_keeps_todays_defaults():
     o, note = resolve_dtype(RunnerOptions(), torch.device("cpu"))
-    assert (o.dtype, note) == ("float32", "")
+    assert (o.dtype, note) == ("float32", "--dtype auto: float32 on cpu")
+    assert resolve_dtype(RunnerOptions(dtype="bfloat16"), torch.device("cpu"))[1] == ""
     o, note = resolve_attention(o, torch.device("cpu"))
     assert (o.page_size, o.attention_backend, note) == (16, "auto", "")
     given = RunnerOptions(dtype="bfloat16", page_size=8)
     o, _ = resolve_dtype(given, torch.device("cpu"))
     assert resolve_attention(o, torch.device("cpu"))[0] == given
+
+
+def test_a_triton_probe_that_fails_falls_back_to_sdpa_and_says_why():
+    """--attention-backend auto on CUDA probes Triton (one tiny kernel compiled and
+    launched); where the probe raises, attention runs on torch SDPA and the start-up note
+    says why. Decided without a GPU: the probe is replaced, int8 KV rules flash-attn out."""
+    pytest.importorskip("triton")
+    from houchu.model.ops import triton_unusable
+
+    def broken(device: torch.device) -> None:
+        raise RuntimeError("ptxas fatal:\n  Value 'sm_90a' is not defined")
+
+    o = RunnerOptions(dtype="bfloat16", kv_cache_dtype="int8")
+    got, note = resolve_attention(o, torch.device("cuda"), triton_launch=broken)
+    assert got.attention_backend == "torch"
+    assert note.startswith("attention torch SDPA, not flash-attn: ")
+    assert note.endswith("; not triton: RuntimeError: ptxas fatal: Value 'sm_90a' is not defined")
+    ok, note = resolve_attention(o, torch.device("cuda"), triton_launch=lambda d: None)
+    assert ok.attention_backend == "triton" and "not triton" not in note
+    calls: list[torch.device] = []
+
+    def counted(device: torch.device) -> None:
+        calls.append(device)
+        raise OSError("no libcuda.so")
+
+    for _ in range(3):  # probed once per device and process
+        assert triton_unusable("cuda:1", counted) == "OSError: no libcuda.so"
+    assert calls == [torch.device("cuda:1")]
+    flash = choose_attention(
+        "auto", "cuda", None, dtype="bfloat16", flash=True, triton_why="OSError: no libcuda.so"
+    )
+    assert flash.backend == "flash-attn" and flash.note.endswith(
+        "; kernels torch, not triton: OSError: no libcuda.so"
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_an_explicit_triton_backend_that_cannot_run_is_one_clear_error(monkeypatch):
+    """--attention-backend triton where Triton cannot run: one line saying why (the real
+    probe, failing here on a torch without CUDA), which the runner actor prints as a
+    start-up failure, without a traceback."""
+    pytest.importorskip("triton")
+    from houchu.model.attention import make_backend
+    from houchu.model.ops import TritonUnusable
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # no interpreter: the CPU fails
+    with pytest.raises(TritonUnusable) as err:
+        make_backend("triton", torch.device("cuda"), page_size=16)
+    msg = str(err.value)
+    assert msg.startswith("--attention-backend triton cannot run on cuda: ") and "\n" not in msg
+    with pytest.raises(TritonUnusable, match="need a CUDA device"):
+        make_backend("triton", torch.device("cpu"), page_size=16)
 
 
 def test_the_host_tier_slots_follow_the_dtype_and_page_size_the_runner_resolves(tiny_dir):

@@ -97,3 +97,23 @@ def test_decode_reports_best_and_median_after_warmup(tmp_path, capsys):
     cols = line.split()
     assert float(cols[7]) == pytest.approx(row.step_s * 1e3, abs=0.01)  # ms/step: the best
     assert float(cols[8]) == pytest.approx(row.med_s * 1e3, abs=0.01)  # med ms
+
+
+def test_on_cuda_w8a8_is_rated_as_fp8_without_the_cpu_probe(capsys):
+    """On a GPU w8a8's GEMMs run FP8 from W8A8_MIN_ROWS rows: no FP8 peak is measured, so
+    "-", not a rate against the int8 peak; the CPU's ``int_mm_pays`` is never asked; int8
+    (a GPU without FP8) is rated against the int8 peak."""
+    from houchu.bench.runner_bench_gpu import GPU_UNITS, cuda_w8a8_gemm
+    from houchu.model.w8a8 import int_mm_pays
+
+    assert (cuda_w8a8_gemm((9, 0)), cuda_w8a8_gemm((8, 9))) == ("fp8", "int8")
+    w8a8 = Row("w8a8", "graph", "prefill 512", 4.0, 512, 1e6, 1.2e12, 0.4e12)
+    probed = int_mm_pays.cache_info()
+    print_table([w8a8], LIMITS, header=False, units=GPU_UNITS, w8a8_gemm=lambda: "fp8")
+    assert capsys.readouterr().out.split()[-1] == "-"
+    assert int_mm_pays.cache_info() == probed  # the CPU probe was not called
+    print_table([w8a8], LIMITS, header=False, units=GPU_UNITS, w8a8_gemm=lambda: "int8")
+    assert float(capsys.readouterr().out.split()[-1]) == pytest.approx(50.0, abs=0.05)
+    bf16 = Row("bf16", "graph", "prefill 512", 4.0, 512, 1e6, 1.2e12, 0.4e12)
+    print_table([bf16], LIMITS, header=False, units=GPU_UNITS, w8a8_gemm=lambda: "fp8")
+    assert float(capsys.readouterr().out.split()[-1]) == pytest.approx(75.0, abs=0.05)
