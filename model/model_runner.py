@@ -131,8 +131,7 @@ class ModelRunner:
             self.tp = tp if tp is not None else start_tp(model_path, o)
         # a rank runs on its group's device (cuda:RANK on CUDA; ``--device`` says "cuda")
         # and the current CUDA device: graphs are captured and Triton launches there
-        dev = self.tp.device if self.tp is not None else resolve_device(o.device)
-        self.device = make_current(dev)
+        self.device = make_current(self.tp.device if self.tp else resolve_device(o.device))
         if o.deterministic:  # checked, then as the mode runs: houchu.model.deterministic
             o = self.options = deterministic_options(o, self.device)
         if o.threads is not None:
