@@ -191,7 +191,8 @@ def summary_lines(
     model: dict[str, Any] | None = None,
 ) -> list[str]:
     """The closing summary: the machine (``facts``) and the model, one line per step
-    (status, seconds, reason), the serve bench's numbers and one line per goal."""
+    (status, seconds, reason and its results' ``note``), the serve bench's numbers and
+    one line per goal."""
     out = ["", "== houchu gpu_check summary"]
     if facts:
         out.append(f"machine: {machine_line(facts)}")
@@ -199,7 +200,8 @@ def summary_lines(
         out.append(f"model: {model.get('kind')} {model.get('path') or ''}".rstrip())
     out.append("steps:")
     for s in steps:
-        why = f"  ({s['reason']})" if s.get("reason") else ""
+        said = [t for t in (s.get("reason"), s.get("results", {}).get("note")) if t]
+        why = f"  ({'; '.join(said)})" if said else ""
         out.append(f"  {s['name']:14} {s['status']:8} {s['duration_s']:7.1f} s{why}")
     bench = next((s["results"].get("bench") for s in steps if s["name"] == "serve_bench"), None)
     if bench:

@@ -113,20 +113,24 @@ def assert_chunked_logits_match(r: Runner, hf) -> None:
         torch.testing.assert_close(got, want[pos - 1], atol=ATOL, rtol=0)
 
 
-def runner_greedy_tokens(runner: ModelRunner, ids: list[int], n: int) -> list[int]:
-    """``n`` greedy tokens after ``ids`` through ``runner.execute`` (one sequence, pages
-    0..7: a prefill step, then decode steps)."""
+def runner_greedy_tokens(
+    runner: ModelRunner, ids: list[int], n: int, *, rid: str = "a", first_page: int = 0
+) -> list[int]:
+    """``n`` greedy tokens after ``ids`` through ``runner.execute`` (one sequence ``rid``,
+    pages ``first_page`` .. ``first_page + 7``: a prefill step, then decode steps). A
+    runner keeps each rid registered: call it again on the same runner with another
+    ``rid`` (and other pages)."""
     greedy = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    init = [SeqInit(rid="a", sampling=greedy, prompt_ids=ids)]
-    table = list(range(8))
+    init = [SeqInit(rid=rid, sampling=greedy, prompt_ids=ids)]
+    table = list(range(first_page, first_page + 8))
     got: list[int] = []
-    work = SeqWork(rid="a", token_ids=ids, start_pos=0, page_table=table, sample=True)
+    work = SeqWork(rid=rid, token_ids=ids, start_pos=0, page_table=table, sample=True)
     for step in range(n):
         res = runner.execute(StepPlan(step_id=step, work=[work], init=init if step == 0 else []))
         assert res.error is None, res.error
         got.append(res.outputs[0].token_id)
         pos = len(ids) + step
-        work = SeqWork(rid="a", token_ids=[got[-1]], start_pos=pos, page_table=table, sample=True)
+        work = SeqWork(rid=rid, token_ids=[got[-1]], start_pos=pos, page_table=table, sample=True)
     return got
 
 

@@ -97,6 +97,15 @@ def _quant_flag(extra: tuple[str, ...], exact: bool) -> list[str]:
     return ["--quantization", "none"]
 
 
+def _dtype_flag(extra: tuple[str, ...], exact: bool) -> list[str]:
+    """``--dtype float32`` on the exact path unless ``extra`` names a dtype: the exact
+    path is float32 on every device (``--dtype auto`` is bfloat16 on CUDA, which cannot
+    match transformers' float32 token for token; on the CPU auto is float32 already)."""
+    if not exact or any(a.startswith("--dtype") for a in extra):
+        return []
+    return ["--dtype", "float32"]
+
+
 def start_server(
     model: Path,
     *extra: str,
@@ -111,7 +120,8 @@ def start_server(
     against transformers; compiled vs eager is checked in ``test_compiled_api.py``.
     ``exact=True`` adds ``--quantization none`` (serve's default, auto, keeps a Q4 GGUF's
     weights int4, which agrees with transformers' dequantized weights on top-1 but not
-    bit for bit); the default path is checked in ``test_compiled_api.py``.
+    bit for bit) and ``--dtype float32`` (``_dtype_flag``: on CUDA auto is bfloat16)
+    unless ``extra`` names them; the default path is checked in ``test_compiled_api.py``.
 
     Raises:
         RuntimeError: it exited or did not become ready within ``timeout_s`` seconds.
@@ -125,6 +135,7 @@ def start_server(
             *extra,
             *_compile_flag(extra, compile),
             *_quant_flag(extra, exact),
+            *_dtype_flag(extra, exact),
             *_db_flag(extra),
         ],
         stdout=subprocess.PIPE,

@@ -32,6 +32,9 @@ def test_whole_dry_run(tmp_path, real_model_path):
     }
     for name in ("gpu_tests", "runner_bench", "golden"):
         assert by[name]["reason"].startswith("dry run: no GPU used"), by[name]
+    golden = by["golden"]["results"]  # the real model's golden test, collected
+    assert golden["test"] == "tests/integration/test_golden.py" and "note" not in golden
+    assert golden["tests"]["collected"] > 0
     serve = by["serve_bench"]["results"]
     assert serve["device"] == "cpu" and serve["mode"].startswith("reduced")
     one = serve["bench"]["1"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from houchu.bench import gpu_check_steps, gpu_goals, gpu_install, gpu_wheels
-from houchu.bench.gpu_check_run import Context
+from houchu.bench.gpu_check_run import Context, Step
 from houchu.bench.runner_bench import Row, print_table
 from houchu.bench.runner_limits import Limits
 
@@ -47,12 +47,35 @@ def test_dry_run_skips_the_gpu_steps_and_runs_the_others(tmp_path, real_model_pa
         assert by[name]["status"] == "skipped"
         assert by[name]["reason"].startswith("dry run: no GPU used")
         assert by[name]["results"]["tests"]["collected"] > 0
+    assert by["golden"]["results"]["test"] == gpu_check_steps.GOLDEN_TEST  # the real model's
+    assert "note" not in by["golden"]["results"]
     for name in ("serve_bench", "runner_bench"):
         assert by[name]["status"] == "skipped" and "--steps" in by[name]["reason"]
     assert [g["status"] for g in record["goals"]] == ["not measured"] * 3
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert "--collect-only" in log and "gpu_check summary" in log
     assert "gpu_tests      skipped" in proc.stdout
+
+
+def test_golden_step_on_a_stand_in_runs_the_tiny_trained_golden(tmp_path):
+    """Without the default model's GGUF (a stand-in serves) the golden step runs the
+    tiny trained Llama's golden test instead of skipping, and says so; in a dry run
+    that file is collected only."""
+    ctx = Context(tmp_path, 300, REPO, echo=None)
+    ctx.model = {"path": str(tmp_path / "m.standin.gguf"), "kind": "stand-in", "golden": None}
+    ctx.dry_run = True
+    step = Step("golden")
+    gpu_check_steps.golden_step(ctx, step, 240)
+    ctx.close()
+    assert step.results["test"] == gpu_check_steps.TINY_GOLDEN_TEST
+    note = "the default model cannot travel: golden on a tiny trained Llama"
+    assert step.results["note"] == note
+    assert step.status == "skipped" and step.reason.startswith("dry run: no GPU used"), step
+    assert step.results["tests"]["collected"] >= 5  # 2 x 2 backends and the logprobs one
+    log = ctx.log_path.read_text()
+    assert f"--collect-only {gpu_check_steps.TINY_GOLDEN_TEST}" in log
+    lines = gpu_goals.summary_lines([step.record()], [])
+    assert any(line.strip().startswith("golden") and note in line for line in lines)
 
 
 def gpu_check_steps_order() -> tuple[str, ...]:
