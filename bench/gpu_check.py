@@ -12,7 +12,7 @@ repository root (it makes ``houchu`` importable first): ``python bench/gpu_check
 Steps, in order, each with a timeout of its own within ``--timeout`` (default 360 s, so
 the whole ends inside 6 minutes and a 15-minute device lease holds a rerun; a step that
 would start with under 15 s left is skipped): ``install`` (``houchu.bench.gpu_install``), ``machine``, ``model``,
-``gpu_tests``, ``serve_bench``, ``runner_bench`` and ``golden``
+``gpu_tests``, ``golden``, ``serve_bench`` and ``runner_bench``
 (``houchu.bench.gpu_check_steps``). A failing step is recorded and the next one runs.
 
 Output: ``OUTDIR/gpu_check.log`` (each command and its output) and ``OUTDIR/gpu_check.json``
@@ -45,7 +45,8 @@ if TYPE_CHECKING:  # imported for real after _bootstrap
     from houchu.bench.gpu_check_run import Context, Step
 
 REPO = Path(__file__).resolve().parent.parent
-STEPS = ("install", "machine", "model", "gpu_tests", "serve_bench", "runner_bench", "golden")
+#: Correctness first (the CUDA tests, then the golden check), then the speed goals.
+STEPS = ("install", "machine", "model", "gpu_tests", "golden", "serve_bench", "runner_bench")
 #: Seconds each step may take at most (less when less of ``--timeout`` is left). Their
 #: sum is above the budget: a step rarely uses its whole cap, and the budget bounds all.
 STEP_CAPS = {
