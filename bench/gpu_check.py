@@ -74,7 +74,10 @@ def _bootstrap() -> None:
     import path (its modules are not top-level ones)."""
     if __package__:
         return
-    pkg = Path(tempfile.gettempdir()) / "houchu-gpu-check-pkg"
+    import hashlib
+
+    tag = hashlib.sha256(str(REPO).encode()).hexdigest()[:12]  # one link per checkout
+    pkg = Path(tempfile.gettempdir()) / f"houchu-gpu-check-pkg-{tag}"
     pkg.mkdir(exist_ok=True)
     link = pkg / "houchu"
     if link.is_symlink() and link.resolve() != REPO:
