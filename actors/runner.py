@@ -116,11 +116,13 @@ class RunnerActor:
     async def start(self) -> str:
         launch = self.config.launch
         loop = asyncio.get_running_loop()
+        from houchu.model.calibration import CalibrationError
         from houchu.model.ops import TritonUnusable
+        from houchu.model.quant import QuantShapeError
 
         try:
             self.runner = await loop.run_in_executor(self.torch, self._load)
-        except TritonUnusable as exc:  # --attention-backend triton where it cannot run
+        except (TritonUnusable, QuantShapeError, CalibrationError) as exc:  # said in one line
             raise StartupFailure(str(exc)) from exc
         from houchu.model.expert_load import ExpertLoadReader
 

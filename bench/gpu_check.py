@@ -53,7 +53,7 @@ STEP_CAPS = {
     "install": 60,
     "machine": 30,
     "model": 60,
-    "gpu_tests": 90,
+    "gpu_tests": 150,  # about 60 tests, 40-60 Triton kernels compiled from cold
     "serve_bench": 120,
     "runner_bench": 90,
     "golden": 90,

@@ -26,11 +26,15 @@ DEFAULT_TOKENS = 4096
 DEFAULT_CHARS = 6 * DEFAULT_TOKENS
 
 
+class CalibrationError(ValueError):
+    """The calibration text cannot be read, is empty, or is shorter than 2 tokens."""
+
+
 def calibration_text(path: str | Path | None) -> str:
     """The text at ``path`` (UTF-8), or the default one (module docstring).
 
     Raises:
-        ValueError: the file cannot be read, is not UTF-8 or is empty.
+        CalibrationError: the file cannot be read, is not UTF-8 or is empty.
     """
     if path is None:
         import pydoc_data.topics as topics
@@ -39,9 +43,9 @@ def calibration_text(path: str | Path | None) -> str:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"--calibration-text {path}: {e}") from None
+        raise CalibrationError(f"--calibration-text {path}: {e}") from None
     if not text.strip():
-        raise ValueError(f"--calibration-text {path}: the file is empty")
+        raise CalibrationError(f"--calibration-text {path}: the file is empty")
     return text
 
 
@@ -51,7 +55,7 @@ def calibration_ids(
     """The first ``limit`` token ids of the calibration text, by the model's tokenizer.
 
     Raises:
-        ValueError: an unreadable text (``calibration_text``) or one of fewer than 2
+        CalibrationError: an unreadable text (``calibration_text``) or one of fewer than 2
             tokens.
         TokenizerError: the model has no usable tokenizer.
     """
@@ -59,7 +63,7 @@ def calibration_ids(
 
     ids = load_tokenizer(model_path).encode(calibration_text(text_path))[:limit]
     if len(ids) < 2:
-        raise ValueError("the calibration text is shorter than 2 tokens")
+        raise CalibrationError("the calibration text is shorter than 2 tokens")
     return ids
 
 

@@ -28,6 +28,7 @@ halves int4's mean |Δ log p| against the exact path (docs/benchmarks.md, "GPTQ"
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -135,16 +136,25 @@ def collect_hessians(
     return sums
 
 
+class GPTQResult(NamedTuple):
+    """What ``quantize_model_gptq`` did: ``quantized`` projections by GPTQ, ``rounded``
+    ones rounded as ``quantize_int4`` does (no calibration token reached them: a routed
+    expert the router never picked, say)."""
+
+    quantized: int
+    rounded: int
+
+
 def quantize_model_gptq(
     model: LlamaModel, ids: Sequence[int], quant: QuantSpec, prepack: bool = True
-) -> int:
+) -> GPTQResult:
     """Turn a dense model (built with ``QuantSpec("none")`` and ``prepack=False``) into
     ``quant``'s int4 model, every projection but the LM head by GPTQ over ``ids``
     (``collect_hessians``); a layer no calibration token reached rounds as
     ``quantize_int4`` does.
 
     Returns:
-        how many layers GPTQ quantized.
+        how many projections GPTQ quantized and how many were rounded.
     Raises:
         ValueError: ``quant`` is not int4, or fewer than 2 ids.
     """
@@ -154,14 +164,17 @@ def quantize_model_gptq(
         raise ValueError(f"GPTQ makes int4 weights, not {quant.mode}")
     hessians = collect_hessians(model, ids)
     dev = model.embed.device
+    rounded = 0
 
     def make(name: str, layer: Linear) -> LinearBase:
+        nonlocal rounded
         assert layer.weight is not None
         h = hessians.pop(name, None)
         if h is None:
+            rounded += 1
             return make_linear(layer.weight.data, quant, dev, dtype=model.dtype)
         return make_linear(gptq_int4(layer.weight.data, h, quant.group_size), quant, dev)
 
     count = len(hessians)
     model.quantize_linears(quant, make, prepack)
-    return count
+    return GPTQResult(count, rounded)

@@ -68,6 +68,8 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.quant = quant or QuantSpec()
+        #: lines for the start-up output about how the weights were loaded (GPTQ's)
+        self.load_notes: list[str] = []
         dev = torch.device(device)
         dtype = w["model.embed_tokens.weight"].dtype
         self.ops: TorchOps = TorchOps()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -84,9 +85,17 @@ def load_model(
     """
     quant = quant or QuantSpec()
     cfg, tensors = load_tensors(path, dtype, quant.keeps_gguf_q4)
-    if quant.gptq and not any(isinstance(t, Int4Weight) for t in tensors.values()):
+    stored_q4 = any(isinstance(t, Int4Weight) for t in tensors.values())
+    if quant.gptq and not stored_q4:
         return load_gptq(path, cfg, tensors, device, prepack, quant)
-    return LlamaModel.from_tensors(cfg, tensors, device, prepack, quant)
+    model = LlamaModel.from_tensors(cfg, tensors, device, prepack, quant)
+    if quant.gptq:  # said at start-up (``LlamaModel.load_notes``), and not in the label
+        model.load_notes.append(
+            "--int4-method gptq not applied: the file's Q4_0/Q4_1 projections stay int4 "
+            "as stored (lossless); its other float weights are rounded"
+        )
+        model.quant = dataclasses.replace(quant, int4_method="mse")
+    return model
 
 
 def load_gptq(
@@ -111,13 +120,17 @@ def load_gptq(
     t0 = time.perf_counter()
     ids = calibration_ids(path, quant.calibration)
     model = LlamaModel.from_tensors(cfg, tensors, device, False, QuantSpec())
-    layers = quantize_model_gptq(model, ids, quant, prepack)
-    log.info(
-        "GPTQ: %d projections int4 over %d calibration tokens in %.1fs",
-        layers,
-        len(ids),
-        time.perf_counter() - t0,
+    done = quantize_model_gptq(model, ids, quant, prepack)
+    note = (
+        f"GPTQ: {done.quantized} projections int4 over {len(ids)} calibration tokens in "
+        f"{time.perf_counter() - t0:.1f}s"
     )
+    if done.rounded:
+        note += (
+            f"; {done.rounded} the calibration text never reached (experts never routed to) rounded"
+        )
+    model.load_notes.append(note)
+    log.info(note)
     return model
 
 
@@ -163,4 +176,4 @@ def load_runner_model(
             model = load_sharded(path, tp, dtype, device, prepack, quant)
     if building is not None:
         building.result()  # never raises: make_backend reports why the kernels are out
-    return model, quant
+    return model, model.quant  # GPTQ not applied to stored Q4 weights: not in the label

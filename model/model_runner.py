@@ -188,10 +188,10 @@ class ModelRunner:
         self.levers = setup.levers(self.accel, kv_dtype)
         per_layer = self.pool.bytes_per_token // max(self.config.num_layers, 1)
         self.window_ledger = WindowLedger(self.model.attention, per_layer)
-        #: what the model's structure does to the other levers (said at startup)
         structure = (self.model.attention, self.backend.name, not o.disable_fused_layers)
         notes = structure_notes(self.config, *structure, quant.mode, quant.int4_method)
-        self.notes = tp_notes + pinned_notes(self.deterministic) + notes + self.pool_size.notes
+        self.notes = tp_notes + pinned_notes(self.deterministic) + self.model.load_notes
+        self.notes += notes + self.pool_size.notes  # what the structure and the pool limit
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
         limit = min(self.config.max_position, self.pool.num_tokens)
         self.max_context = limit if o.max_context is None else min(o.max_context, limit)

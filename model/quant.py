@@ -182,14 +182,26 @@ class Int4Weight:
         )
 
 
+class QuantShapeError(ValueError):
+    """A weight's shape does not fit the quantization asked for (an int4 group size that
+    does not divide its input width); the message says what to use instead."""
+
+
 def check_group_size(k: int, group_size: int) -> None:
-    """Raise ``ValueError`` unless ``group_size`` is 32/64/128 and divides ``k``."""
+    """Raise ``QuantShapeError`` unless ``group_size`` is 32/64/128 and divides ``k``."""
     if group_size not in INT4_GROUP_SIZES:
-        raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {group_size}")
+        raise QuantShapeError(
+            f"int4 group size must be one of {INT4_GROUP_SIZES}, got {group_size}"
+        )
     if k % group_size != 0:
-        raise ValueError(
-            f"int4 group size {group_size} does not divide the input width {k}; "
-            f"use a group size that divides it"
+        fits = [g for g in INT4_GROUP_SIZES if k % g == 0]
+        hint = (
+            f"use --quant-group-size {fits[0]}"
+            if fits
+            else f"no int4 group size {INT4_GROUP_SIZES} divides it: use --quantization int8"
+        )
+        raise QuantShapeError(
+            f"int4 group size {group_size} does not divide the input width {k}; {hint}"
         )
 
 

@@ -55,9 +55,12 @@ def _check_gptq(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     """``--int4-method gptq`` makes int4 weights on one process; ``--calibration-text``
     is read by it alone (and becomes absolute)."""
     gptq = args.int4_method == "gptq"
-    if gptq and args.quantization not in ("int4", "auto"):
+    if gptq and args.quantization != "int4":  # auto is int4 only for a Q4 GGUF: no GPTQ
         parser.error(
-            f"--int4-method gptq makes int4 weights: not with --quantization {args.quantization}"
+            "--int4-method gptq makes int4 weights from float ones: add --quantization int4"
+            if args.quantization == "auto"
+            else f"--int4-method gptq makes int4 weights: not with --quantization "
+            f"{args.quantization}"
         )
     if args.calibration_text is not None and not gptq:
         parser.error("--calibration-text is GPTQ's: add --int4-method gptq")
@@ -66,7 +69,22 @@ def _check_gptq(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     if args.calibration_text is not None:
         if not Path(args.calibration_text).is_file():
             parser.error(f"--calibration-text {args.calibration_text}: no such file")
+        if not _has_text(Path(args.calibration_text)):
+            parser.error(f"--calibration-text {args.calibration_text}: the file holds no text")
         args.calibration_text = str(Path(args.calibration_text).resolve())
+
+
+def _has_text(path: Path) -> bool:
+    """Whether ``path`` holds anything but whitespace (read 64 KiB at a time).
+
+    Raises:
+        OSError: it cannot be read.
+    """
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return True
+    return False
 
 
 def _check_batching(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -26,6 +26,7 @@ def test_served_with_gptq_weights(tmp_path):
     )
     try:
         assert "weights int4-g32-gptq" in srv.output()  # the runner's start-up line
+        assert "GPTQ: 8 projections int4 over" in srv.output()  # its note
         r = requests.post(
             f"{srv.url}/v1/completions",
             json={"prompt": "The stock", "max_tokens": 6, "temperature": 0, "ignore_eos": True},

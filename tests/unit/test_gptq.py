@@ -106,7 +106,7 @@ def test_a_model_quantized_by_gptq(tiny):
     exact = load_model(tiny)
     model = load_model(tiny, prepack=False)
     quant = QuantSpec("int4", GS, int4_method="gptq")
-    assert quantize_model_gptq(model, list(range(3, 128)) * 4, quant) == 2 * 4
+    assert quantize_model_gptq(model, list(range(3, 128)) * 4, quant) == (2 * 4, 0)
     body = [m for n, m in model.named_modules() if n.startswith("layers.") and hasattr(m, "kind")]
     assert body and all(isinstance(m, Int4Linear) for m in body)
     assert isinstance(model.lm_head, Int8Linear)
@@ -140,3 +140,42 @@ def test_load_model_reads_the_calibration_text(tiny, tmp_path):
         calibration_text(tmp_path / "missing.txt")
     with pytest.raises(ValueError, match="int4 method"):
         QuantSpec("int4", GS, int4_method="awq")
+
+
+def test_gptq_on_stored_q4_weights_is_said_and_not_labelled(real_model_path):
+    """The default GGUF's projections are Q4_1, kept int4 as stored: ``--int4-method
+    gptq`` does not apply to them, the model says so at start-up and its label is plain
+    int4."""
+    from houchu.model.loader import load_runner_model
+    from tests.runner_options import exact
+
+    opts = exact(quantization="int4", int4_method="gptq")
+    model, quant = load_runner_model(
+        real_model_path, opts, torch.float32, torch.device("cpu"), prepack=False
+    )
+    assert quant.label() == "int4-g32" and model.quant == quant
+    assert any("--int4-method gptq not applied" in n for n in model.load_notes)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--int4-method", "gptq"], "add --quantization int4"),
+        (["--quantization", "int8", "--int4-method", "gptq"], "not with --quantization int8"),
+        (
+            ["--quantization", "int4", "--int4-method", "gptq", "--calibration-text", "EMPTY"],
+            "holds no text",
+        ),
+    ],
+)
+def test_gptq_flags_that_cannot_apply_are_refused(argv, said, tmp_path, capsys):
+    from houchu.cli.main import build_parser
+    from houchu.options.checks import check_serve_args
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text(" \n\t\n")
+    argv = [str(empty) if a == "EMPTY" else a for a in argv]
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        check_serve_args(parser, parser.parse_args(["serve", *argv]))
+    assert said in capsys.readouterr().err

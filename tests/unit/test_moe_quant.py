@@ -165,3 +165,20 @@ def test_tensor_parallel_still_refuses_moe(tiny_moe, mode):
 
     with pytest.raises(TensorParallelError, match="MoE layers are not sharded"):
         check_shardable(load_model_config(tiny_moe), 2, QuantSpec(mode, 32))
+
+
+@pytest.mark.parametrize(
+    ("width", "group", "hint"),
+    [
+        (40, 32, "no int4 group size (32, 64, 128) divides it: use --quantization int8"),
+        (96, 64, "use --quant-group-size 32"),
+    ],
+)
+def test_an_int4_group_that_cannot_fit_says_what_can(width, group, hint):
+    """An expert (or any) width the int4 group does not divide: a ``QuantShapeError``
+    (one line at start-up) naming a group size that fits, or int8 where none does."""
+    from houchu.model.quant import QuantShapeError, check_group_size
+
+    with pytest.raises(QuantShapeError) as e:
+        check_group_size(width, group)
+    assert str(e.value).endswith(hint)
