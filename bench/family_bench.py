@@ -3,15 +3,16 @@ tokens/s at batch 1 and 16 with a context past the sliding window, KV bytes per 
 active parameters per token, and what the windows saved (KV bytes not read, with the
 window against without it).
 
-    python -m houchu.bench.family_bench [--families llama,qwen2,qwen3,qwen3_moe,deepseek_v3,
-        mistral,gemma2,gemma3_text]
+    python -m houchu.bench.family_bench [--families default,llama,qwen2,qwen3,qwen3_moe,
+        deepseek_v2,deepseek_v3,mistral,gemma2,gemma3_text]
         [--context 512] [--window 128] [--steps 12] [--quantization none]
 
 Each family is built by transformers (``from_config``) at the same widths, saved to a
 temporary folder and served by a ``ModelRunner`` (CPU, float32 unless ``--dtype``). The
 batch-16 row decodes 16 sequences of ``--context`` tokens each. "no window" reruns the
 windowed families with their window removed from the config (the same weights), which is
-what reading the whole context costs.
+what reading the whole context costs. "default" is the default model itself
+(SmolLM2-135M-Instruct's GGUF, int4 as ``houchu serve`` runs it).
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ DEEPSEEK = {
 }
 
 
+#: DeepSeek-V2 at the bench's widths: DeepSeek-V3's MLA and experts, V2's routing
+#: (group-limited greedy, softmax scores)
+DEEPSEEK_V2 = DEEPSEEK | {"topk_method": "group_limited_greedy"}
+#: the row of the default model itself (its own size and weights, as served: auto)
+DEFAULT = "default"
+
+
 def family_config(family: str, window: int) -> dict:
     """Config overrides of ``family`` at the bench's widths."""
     extra: dict = {}
@@ -71,6 +79,8 @@ def family_config(family: str, window: int) -> dict:
         extra = MOE
     elif family == "deepseek_v3":
         extra = DEEPSEEK
+    elif family == "deepseek_v2":
+        extra = DEEPSEEK_V2
     elif family == "mistral":
         extra = {"sliding_window": window}
     elif family.startswith("gemma"):
@@ -119,21 +129,37 @@ def decode_rate(runner: ModelRunner, batch: int, context: int, steps: int) -> fl
     return batch * steps / took
 
 
+def model_for(family: str, window: int, tmp: Path, args: argparse.Namespace) -> tuple[str, str]:
+    """(model path, quantization) of one row: ``DEFAULT`` is the default model's GGUF
+    with ``auto`` (int4 for its Q4_1 projections, as ``houchu serve`` runs it); a family
+    is written by transformers at the bench's widths (``window`` 0: the windowed
+    families' window removed, the same weights attending everything)."""
+    if family == DEFAULT:
+        from houchu.cli.fetch import fetch_default_model
+
+        return str(fetch_default_model(quiet=True)), "auto"
+    kw = family_config(family, window)
+    if family in WINDOWED and not window:
+        kw["sliding_window"] = None
+    return str(make_tiny_model(tmp / f"{family}-{window}", family, seed=0, **kw)), args.quantization
+
+
+#: the families run with and without their sliding window
+WINDOWED = ("mistral", "gemma2", "gemma3_text")
+
+
 def bench(args: argparse.Namespace) -> list[dict]:
     """One row per (family, window on/off): the measured and counted numbers."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family in args.families.split(","):
-            windowed = family in ("mistral", "gemma2", "gemma3_text")
+            windowed = family in WINDOWED
             for window in (args.window, 0) if windowed else (0,):
-                kw = family_config(family, window)
-                if windowed and not window:
-                    kw["sliding_window"] = None  # the same weights, attending everything
-                path = make_tiny_model(Path(tmp) / f"{family}-{window}", family, seed=0, **kw)
+                path, quant = model_for(family, window, Path(tmp), args)
                 per_seq = -(-(args.context + args.steps + 1) // 16)
                 opts = RunnerOptions(
                     device="cpu",
-                    quantization=args.quantization,
+                    quantization=quant,
                     dtype=args.dtype,
                     compile="off",
                     decode_paths="rules",
@@ -166,7 +192,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--families",
-        default="llama,qwen2,qwen3,qwen3_moe,deepseek_v3,mistral,gemma2,gemma3_text",
+        default="default,llama,qwen2,qwen3,qwen3_moe,deepseek_v2,deepseek_v3,mistral,gemma2,"
+        "gemma3_text",
     )
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--window", type=int, default=128)
