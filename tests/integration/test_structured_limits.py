@@ -336,12 +336,12 @@ def _rule_chain(n: int) -> str:
 
 def test_health_answers_while_grammars_are_checked(server) -> None:
     """Grammars are checked one at a time in a child process, off the gateway's event
-    loop: while four crashing grammars wait their turn (each crash restarts the child),
+    loop: while six crashing grammars wait their turn (each crash restarts the child),
     ``/health`` and ``/v1/models`` keep answering (found by the issue 20 review: parsed on
     the loop, four such grammars held every endpoint for 7.8 s).
 
     The probe asks ``/health`` and ``/v1/models`` over and over until the last grammar is
-    refused. Checked on the loop, a probe would wait for a whole check (a quarter of the
+    refused. Checked on the loop, a probe would wait for a whole check (a sixth of the
     batch); off it, a probe takes milliseconds however fast this CPU crashes the child."""
     url = f"{server.url}/v1/chat/completions"
     model = _model(server)
@@ -367,7 +367,7 @@ def test_health_answers_while_grammars_are_checked(server) -> None:
                         {"model": model, "messages": ASK, "guided_grammar": _rule_chain(3100 + i)},
                     )
                 )
-                for i in range(4)
+                for i in range(6)
             ]
             probes: list[tuple[int, float]] = []
             while not all(task.done() for task in bad):
@@ -380,11 +380,11 @@ def test_health_answers_while_grammars_are_checked(server) -> None:
             return refused, probes, batch_s, served
 
     bad, probes, batch_s, served = asyncio.run(run())
-    assert [status for status, _ in bad] == [400, 400, 400, 400]
+    assert [status for status, _ in bad] == [400] * 6
     assert served == 200
     assert probes and all(status == 200 for status, _ in probes)
-    # On the loop, each probe would wait out a check: a handful of probes, each a quarter
+    # On the loop, each probe would wait out a check: a handful of probes, each a sixth
     # of the batch. The median, not the slowest, so one scheduling hiccup on a busy
     # machine does not decide.
     median = statistics.median(seconds for _, seconds in probes)
-    assert len(probes) >= 16 and median < batch_s / 8, (median, batch_s, len(probes))
+    assert len(probes) >= 8 and median < batch_s / 8, (median, batch_s, len(probes))
