@@ -296,9 +296,9 @@ class ModelRunner:
         fast = logits is not None and self.mtp is None
         if logits is None:
             logits = self.model(batch, self.pool, self.backend)
-        n, pairs = batch.num_tokens, batch.attention_pairs()
-        read = self.model.weight_bytes_at(n, int(batch.sample_rows.numel()))
-        self.levers.record(n, sum(batch.kv_lens), fast, read, pairs)
+        pairs = batch.attention_pairs() if self.levers.cost.score_pair_bytes else 0
+        read = self.model.weight_bytes_at(batch.num_tokens, int(batch.sample_rows.numel()))
+        self.levers.record(batch.num_tokens, sum(batch.kv_lens), fast, read, pairs)
         if self.mla_lever is not None:
             self.mla_lever.record(batch.num_tokens)
         self.window_ledger.record(batch.start_pos)

@@ -12,23 +12,11 @@ float32 with one rounding at the end.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from houchu.model.ops import TorchOps
-
-
-def triton_usable(device: torch.device | str) -> None:
-    """Raise ``RuntimeError`` unless Triton kernels can run for ``device``: a CUDA device,
-    or any device in interpreter mode (``TRITON_INTERPRET=1``)."""
-    dev = torch.device(device)
-    if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(
-            "Triton kernels need a CUDA device (or TRITON_INTERPRET=1 for the interpreter)"
-        )
 
 
 def _pow2(n: int) -> int:
