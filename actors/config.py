@@ -67,6 +67,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         model: the model's .gguf file or Hugging Face folder, an absolute path (``--model``).
+        chat_template: ``--chat-template``: a known template name, an absolute path to a
+            Jinja file or an inline template, served instead of the model's own (None:
+            the model's, else its family's built-in one; ``houchu.text.chat_templates``).
         runner, batching, speculation, kv_tiers, gateway, telemetry, supervision,
             placement, cluster: the options of each consumer (``houchu.options``).
         timings: fixed waits.
@@ -74,6 +77,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     model: str
+    chat_template: str | None = None
     runner: RunnerOptions = msgspec.field(default_factory=RunnerOptions)
     batching: BatchingOptions = msgspec.field(default_factory=BatchingOptions)
     speculation: SpeculativeOptions = msgspec.field(default_factory=SpeculativeOptions)

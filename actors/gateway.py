@@ -69,7 +69,7 @@ class GatewayActor:
                 api_key=gw.api_key,
             ),
             tool_call_parser=gw.tool_call_parser,
-            tokenizer=GatewayTokenizer(c.model),
+            tokenizer=GatewayTokenizer(c.model, chat_template=c.chat_template),
         )
         # handler_cancellation: a client that goes away while its request is queued or
         # prefilling cancels the handler at once, which aborts the request in the engine.

@@ -88,7 +88,8 @@ class TokenizerActor:
         from houchu.text.tokenizer import load_tokenizer
 
         loop = asyncio.get_running_loop()
-        self.tokenizer = await loop.run_in_executor(None, load_tokenizer, self.config.model)
+        c = self.config
+        self.tokenizer = await loop.run_in_executor(None, load_tokenizer, c.model, c.chat_template)
         # No token is longer than this many characters, so a prompt of C characters has
         # at least C / longest tokens: one that cannot fit is refused before encoding.
         tok = self.tokenizer
@@ -96,7 +97,7 @@ class TokenizerActor:
         self.telemetry.start()
         if tok.chat_template is not None and not tok.template_reads_tools:
             print(NO_TOOLS_NOTE, file=sys.stderr, flush=True)
-        return f"vocabulary {self.tokenizer.vocab_size}"
+        return f"vocabulary {tok.vocab_size}; chat template: {tok.chat_template_source}"
 
     async def run(self) -> None:
         await serve(self.inbox, self._handle, self.name)

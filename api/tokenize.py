@@ -38,14 +38,19 @@ from houchu.transport.failures import UNAVAILABLE
 
 class GatewayTokenizer:
     """The model's tokenizer in the gateway process: given, or loaded from ``path``
-    on first use (in a worker thread, once)."""
+    on first use (in a worker thread, once), with ``chat_template`` (``--chat-template``)
+    as the tokenizer actor loads it."""
 
     def __init__(
-        self, path: str | os.PathLike[str] | None = None, tokenizer: TextTokenizer | None = None
+        self,
+        path: str | os.PathLike[str] | None = None,
+        tokenizer: TextTokenizer | None = None,
+        chat_template: str | None = None,
     ) -> None:
         if (path is None) == (tokenizer is None):
             raise ValueError("give exactly one of path and tokenizer")
         self._path = path
+        self._chat_template = chat_template
         self._tokenizer = tokenizer
         self._lock = asyncio.Lock()
 
@@ -59,7 +64,9 @@ class GatewayTokenizer:
             async with self._lock:
                 if self._tokenizer is None:
                     try:
-                        self._tokenizer = await asyncio.to_thread(load_tokenizer, self._path)
+                        self._tokenizer = await asyncio.to_thread(
+                            load_tokenizer, self._path, self._chat_template
+                        )
                     except (OSError, TokenizerError) as exc:
                         raise ApiError(
                             f"the model's tokenizer cannot be loaded: {exc}",

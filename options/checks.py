@@ -87,6 +87,21 @@ def _has_text(path: Path) -> bool:
     return False
 
 
+def _check_chat_template(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--chat-template``: a known name, a Jinja file (made absolute) or an inline
+    template that compiles; anything else is one line here, before any actor starts."""
+    if args.chat_template is None:
+        return
+    from houchu.text.chat_templates import KNOWN_TEMPLATES, ChatTemplateError, flag_template
+
+    try:
+        _, what = flag_template(args.chat_template)
+    except ChatTemplateError as e:
+        parser.error(str(e))
+    if args.chat_template not in KNOWN_TEMPLATES and what != "inline":
+        args.chat_template = what  # the file's absolute path: the actors read it
+
+
 def _check_batching(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     _positive(parser, args, "max_batch_tokens", "max_running_requests", "max_queued_tokens")
     if args.chunked_prefill_size < 0:
@@ -215,7 +230,9 @@ def _check_cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Validate ``houchu serve``'s arguments, group by group; ``parser.error`` (exit 2
     with a message) on the first bad one. Normalizes ``args.api_key``,
-    ``args.draft_model`` and ``args.speculative`` (see the group checks)."""
+    ``args.draft_model``, ``args.speculative`` and ``args.chat_template`` (see the
+    group checks)."""
+    _check_chat_template(parser, args)
     _check_runner(parser, args)
     _check_batching(parser, args)
     _check_tiers(parser, args)

@@ -22,6 +22,7 @@ from houchu.options.runner_options import RunnerOptions
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.options.supervision_options import SupervisionOptions
 from houchu.options.telemetry_options import TelemetryOptions
+from houchu.text.chat_templates import KNOWN_TEMPLATES
 from houchu.transport.channel import MAX_MESSAGE_BYTES
 
 #: Largest --max-request-mb: a request must fit well inside one actor message.
@@ -76,6 +77,13 @@ MODEL = Group(
         Flag(
             "model",
             "a .gguf file or a Hugging Face model folder (default: fetch SmolLM2-135M-Instruct)",
+        ),
+        Flag(
+            "chat_template",
+            "the chat template to serve instead of the model's own: a known name "
+            f"({', '.join(sorted(KNOWN_TEMPLATES))}), a Jinja file, or an inline Jinja "
+            "template (default: the model's own, else its family's by architecture, as "
+            "llama.cpp picks one)",
         ),
     ),
 )

@@ -3,7 +3,9 @@
 ``load_tokenizer(path)`` accepts a ``.gguf`` file (vocabulary, merges, special ids and the
 chat template come from its metadata, through transformers' GGUF support) or a Hugging Face
 model directory (``tokenizer.json`` / ``tokenizer_config.json`` / ``chat_template.jinja``,
-plus ``generation_config.json`` / ``config.json`` for the end-of-sequence ids).
+plus ``generation_config.json`` / ``config.json`` for the end-of-sequence ids). A model
+without a chat template gets its family's built-in one, and ``load_tokenizer(path,
+chat_template=...)`` (``--chat-template``) replaces any (``houchu.text.chat_templates``).
 
 The hot path (``encode``, ``decode``, ``token_bytes``) runs on the ``tokenizers`` backend
 directly; transformers is used to load the tokenizer and to render the chat template, so a
@@ -59,16 +61,20 @@ class TextTokenizer:
         name: str,
         add_bos: bool,
         eos_token_ids: Sequence[int],
+        chat_template_source: str = "the model's own",
     ) -> None:
         """Wrap a transformers fast tokenizer.
 
         ``add_bos``: whether :meth:`encode` prepends BOS (the model's config says so).
         ``eos_token_ids``: every id that ends generation, the main EOS first.
+        ``chat_template_source``: where the tokenizer's chat template came from, for the
+        start-up line (``houchu.text.chat_templates.TemplateChoice.source``).
         """
         self._hf = hf_tokenizer
         self._backend = hf_tokenizer.backend_tokenizer
         self.name: str = name
         self.add_bos: bool = add_bos
+        self.chat_template_source: str = chat_template_source
         self.bos_token_id: int | None = hf_tokenizer.bos_token_id
         self.eos_token_ids: list[int] = list(dict.fromkeys(eos_token_ids))
         self.vocab_size: int = self._backend.get_vocab_size(with_added_tokens=True)
@@ -169,7 +175,8 @@ class TextTokenizer:
         """Validate ``messages`` and run transformers' template renderer."""
         if self.chat_template is None:
             raise TokenizerError(
-                f"model {self.name!r} has no chat template; use a completion prompt instead"
+                f"model {self.name!r} has no chat template; use a completion prompt instead "
+                "(or start the server with --chat-template NAME|FILE)"
             )
         turns = conversation(messages)
         try:
@@ -230,14 +237,24 @@ class TextTokenizer:
         )
 
 
-def load_tokenizer(model_path: str | os.PathLike[str]) -> TextTokenizer:
+def load_tokenizer(
+    model_path: str | os.PathLike[str], chat_template: str | None = None
+) -> TextTokenizer:
     """Load the tokenizer of a ``.gguf`` file or a Hugging Face model directory.
+
+    ``chat_template``: ``--chat-template``'s value (a known template name, a Jinja file
+    or an inline template) to serve instead of the model's own; without it a model
+    that has none gets its family's (``houchu.text.chat_templates``).
 
     Takes a few seconds (transformers import and vocabulary build); load once per process.
     Raises ``FileNotFoundError`` when the path does not exist and :class:`TokenizerError`
-    when it holds no usable tokenizer.
+    when it holds no usable tokenizer or ``chat_template`` is bad.
     """
-    files = read_tokenizer(Path(model_path))
+    files = read_tokenizer(Path(model_path), chat_template)
     return TextTokenizer(
-        files.hf, name=files.name, add_bos=files.add_bos, eos_token_ids=files.eos_token_ids
+        files.hf,
+        name=files.name,
+        add_bos=files.add_bos,
+        eos_token_ids=files.eos_token_ids,
+        chat_template_source=files.template_source,
     )

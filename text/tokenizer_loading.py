@@ -1,18 +1,22 @@
 """Reading a tokenizer's files: a ``.gguf`` file's metadata or a Hugging Face directory.
 
 :func:`read_tokenizer` builds the transformers fast tokenizer and works out whether the
-model adds BOS and which ids end generation; :func:`houchu.text.tokenizer.load_tokenizer`
-wraps the result in a :class:`~houchu.text.tokenizer.TextTokenizer`.
+model adds BOS, which chat template it is served with (its own, its family's built-in
+one, or ``--chat-template``'s: ``houchu.text.chat_templates``) and which ids end
+generation; :func:`houchu.text.tokenizer.load_tokenizer` wraps the result in a
+:class:`~houchu.text.tokenizer.TextTokenizer`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from houchu.text.chat_templates import MARKER_TOKENS, ChatTemplateError, choose_template
 from houchu.text.tokenizer_cache import load_gguf_tokenizer
 from houchu.text.tokenizer_errors import TokenizerError
 
@@ -37,20 +41,30 @@ class TokenizerFiles:
 
     ``hf``: the transformers fast tokenizer; ``name``: the model's name (file stem or
     directory name); ``add_bos``: whether a completion prompt starts with BOS;
-    ``eos_token_ids``: every id that ends generation, the main EOS first (may repeat).
+    ``eos_token_ids``: every id that ends generation, the main EOS first (may repeat);
+    ``architecture``: GGUF ``general.architecture`` or HF ``model_type`` (None: not
+    stated); ``template_source``: where ``hf.chat_template`` came from, for the
+    start-up line (``houchu.text.chat_templates.TemplateChoice.source``).
     """
 
     hf: Any
     name: str
     add_bos: bool
     eos_token_ids: list[int]
+    architecture: str | None = None
+    template_source: str = "the model's own"
 
 
-def read_tokenizer(path: Path) -> TokenizerFiles:
+def read_tokenizer(path: Path, chat_template: str | None = None) -> TokenizerFiles:
     """Read the tokenizer of the ``.gguf`` file or Hugging Face model directory ``path``.
 
+    ``chat_template``: ``--chat-template``'s value (a known name, a Jinja file or an
+    inline template), which replaces the model's own; without it a model that has no
+    template gets its family's (``houchu.text.chat_templates.choose_template``).
+
     Raises ``FileNotFoundError`` when the path does not exist and :class:`TokenizerError`
-    when it holds no usable (fast, tokenizers-backed) tokenizer.
+    when it holds no usable (fast, tokenizers-backed) tokenizer or ``chat_template`` is
+    bad.
     """
     if not path.exists():
         raise FileNotFoundError(f"no model at {path}")
@@ -68,6 +82,7 @@ def read_tokenizer(path: Path) -> TokenizerFiles:
             add_bos = metadata.get("tokenizer.ggml.model") == "llama"
         declared = [metadata.get(key) for key in _GGUF_EOG_KEYS]
         name = path.stem
+        architecture = gguf_architecture(path)
     else:
         from transformers import AutoTokenizer
 
@@ -84,13 +99,107 @@ def read_tokenizer(path: Path) -> TokenizerFiles:
             value = _read_json(path / config).get("eos_token_id")
             declared.extend(value if isinstance(value, list) else [value])
         name = path.name
+        architecture = hf_model_type(path)
     if not getattr(hf, "is_fast", False) or getattr(hf, "backend_tokenizer", None) is None:
         raise TokenizerError(f"{path}: only fast (tokenizers-backed) tokenizers are supported")
+    source = _set_template(hf, architecture, chat_template)  # before the end-of-turn ids
     eos = [hf.eos_token_id, *declared, *_end_of_turn_ids(hf)]
     eos_ids = [int(i) for i in eos if isinstance(i, int) and not isinstance(i, bool) and i >= 0]
     if not eos_ids:
         log.warning("%s declares no end-of-sequence token; generation stops only by length", path)
-    return TokenizerFiles(hf=hf, name=name, add_bos=bool(add_bos), eos_token_ids=eos_ids)
+    return TokenizerFiles(
+        hf=hf,
+        name=name,
+        add_bos=bool(add_bos),
+        eos_token_ids=eos_ids,
+        architecture=architecture,
+        template_source=source,
+    )
+
+
+def _set_template(hf: Any, architecture: str | None, flag: str | None) -> str:
+    """Give ``hf`` the chat template it is served with (``choose_template``); return
+    where it came from.
+
+    Raises:
+        TokenizerError: a bad ``flag``.
+    """
+    own = hf.chat_template
+    if isinstance(own, dict):  # several named templates: the default one
+        own = own.get("default")
+    backend = hf.backend_tokenizer
+    markers = {t for t in MARKER_TOKENS if backend.token_to_id(t) is not None}
+    try:
+        choice = choose_template(own if isinstance(own, str) else None, architecture, markers, flag)
+    except ChatTemplateError as exc:
+        raise TokenizerError(str(exc)) from None
+    hf.chat_template = choice.template
+    return choice.source
+
+
+def hf_model_type(path: Path) -> str | None:
+    """The ``model_type`` of a Hugging Face folder's ``config.json`` (a multimodal
+    config's text model's where the top level has none), or None."""
+    config = _read_json(path / "config.json")
+    value = config.get("model_type")
+    if not isinstance(value, str):
+        text = config.get("text_config")
+        value = text.get("model_type") if isinstance(text, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+#: Byte sizes of GGUF's scalar value types (``gguf.GGUFValueType``: UINT8 .. FLOAT64).
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def gguf_architecture(path: Path) -> str | None:
+    """A GGUF file's ``general.architecture``, read from its header (the key comes
+    first in files llama.cpp's tools write, so this reads a few hundred bytes and never
+    the vocabulary); None when the file does not say or cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                return None
+            (version,) = struct.unpack("<I", f.read(4))
+            if version < 2:
+                return None
+            _tensors, n_kv = struct.unpack("<QQ", f.read(16))
+            for _ in range(n_kv):
+                key = _gguf_string(f)
+                (kind,) = struct.unpack("<I", f.read(4))
+                if key == "general.architecture" and kind == _GGUF_STRING:
+                    return _gguf_string(f) or None
+                _skip_gguf_value(f, kind)
+    except (OSError, struct.error, UnicodeDecodeError, ValueError):
+        return None
+    return None
+
+
+def _gguf_string(f: Any) -> str:
+    (n,) = struct.unpack("<Q", f.read(8))
+    data = f.read(n)
+    if len(data) != n:
+        raise ValueError("truncated GGUF string")
+    return data.decode("utf-8")
+
+
+def _skip_gguf_value(f: Any, kind: int) -> None:
+    """Move ``f`` past one metadata value of type ``kind``."""
+    if kind in _GGUF_SCALAR_BYTES:
+        f.seek(_GGUF_SCALAR_BYTES[kind], 1)
+    elif kind == _GGUF_STRING:
+        (n,) = struct.unpack("<Q", f.read(8))
+        f.seek(n, 1)
+    elif kind == _GGUF_ARRAY:
+        item, count = struct.unpack("<IQ", f.read(12))
+        if item in _GGUF_SCALAR_BYTES:
+            f.seek(_GGUF_SCALAR_BYTES[item] * count, 1)
+        else:
+            for _ in range(count):
+                _skip_gguf_value(f, item)
+    else:
+        raise ValueError(f"unknown GGUF value type {kind}")
 
 
 def _end_of_turn_ids(hf: Any) -> list[int]:

@@ -80,6 +80,7 @@ def _plain(tp: Any) -> Any:
 
 #: Values for string fields (any string is not a valid one), and extra flags some need.
 STRINGS = {
+    "chat_template": "gemma",
     "host": "127.0.0.2",
     "served_model_name": "flag-name",
     "api_key": "flag-key",
