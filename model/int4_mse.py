@@ -35,7 +35,7 @@ Here the same search runs on whole tensors of groups at once (``fit_int4_groups`
 The format is unchanged (``q`` in 0..15, a float32 scale and offset per group, ``w ≈ q ·
 scale + offset``), so every int4 kernel takes it as before. Only float weights go
 through here: a GGUF file's Q4_0/Q4_1 tensors are converted losslessly
-(``quant.gguf_q4_to_int4``) and kept as they are.
+(``gguf_blocks.gguf_to_int4``) and kept as they are.
 
 Cost: about 8 passes over a group's values per candidate and per refit, in chunks that
 stay in the cache: 3.3-3.8 s of one core's CPU for SmolLM2-135M's 106M projection values

@@ -41,7 +41,7 @@ from houchu.model.moe import MoEMLP
 from houchu.model.ops import TorchOps
 from houchu.model.quant import QuantSpec
 from houchu.model.rope import RopeTable, rope_cos_sin, rope_inv_freq
-from houchu.model.weight_shapes import Weights, check_shapes
+from houchu.model.weight_shapes import HEAD_STORED, Weights, check_shapes
 
 #: positions the RoPE table covers at most (8192 × head_dim × 2 values)
 ROPE_TABLE_MAX = 8192
@@ -87,10 +87,12 @@ class LlamaModel(nn.Module):
         self.embed = frozen_param(w.pop("model.embed_tokens.weight"))  # [V, hidden]
         self.tied = cfg.tie_word_embeddings
         head = self.embed if self.tied else w.pop("lm_head.weight")  # [V, hidden]
+        stored = w.pop(HEAD_STORED, None)  # a GGUF head as stored (Int4Weight), or None
         if self.quant.mode == "none":
             self.lm_head: LinearBase = Linear(head)
         else:
-            self.lm_head = make_linear(head.data, self.quant, dev, dtype=dtype, head=True)
+            hw = stored if stored is not None else head.data
+            self.lm_head = make_linear(hw, self.quant, dev, dtype=dtype, head=True)
         inv = rope_inv_freq(cfg, w.get("rope_freqs"))
         self.register_buffer("inv_freq", inv, persistent=False)  # [D/2] fp32
         #: Gemma 3's local layers' RoPE (their own base, no scaling), or None

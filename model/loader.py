@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from houchu.model.config import ModelConfig, ModelLoadError, resolve_model_file
+from houchu.model.gguf_blocks import STORED_TYPES
 from houchu.model.llama import LlamaModel, Weights
 from houchu.model.quant import Int4Weight, QuantSpec
 from houchu.model.shard import Shard
@@ -47,7 +48,7 @@ def load_tensors(
     path: str | Path, dtype: torch.dtype, keep_q4: bool = False, shard: Shard | None = None
 ) -> tuple[ModelConfig, Weights]:
     """Config and Hugging Face-named CPU tensors of the model at ``path`` (with
-    ``keep_q4``, a GGUF file's Q4_0/Q4_1 projections as lossless ``Int4Weight``; with
+    ``keep_q4``, a GGUF file's projections of ``STORED_TYPES`` as lossless ``Int4Weight``; with
     ``shard``, only that tensor-parallel rank's part of each tensor, read as such).
 
     Raises:
@@ -88,14 +89,38 @@ def load_model(
     stored_q4 = any(isinstance(t, Int4Weight) for t in tensors.values())
     if quant.gptq and not stored_q4:
         return load_gptq(path, cfg, tensors, device, prepack, quant)
+    stored = stored_types(tensors)
     model = LlamaModel.from_tensors(cfg, tensors, device, prepack, quant)
-    if quant.gptq:  # said at start-up (``LlamaModel.load_notes``), and not in the label
+    if stored:  # said at start-up (``LlamaModel.load_notes``)
+        model.load_notes.append(stored_note(stored))
+    if quant.gptq:  # said at start-up, and not in the label
         model.load_notes.append(
-            "--int4-method gptq not applied: the file's Q4_0/Q4_1 projections stay int4 "
-            "as stored (lossless); its other float weights are rounded"
+            "--int4-method gptq not applied: the file's quantized projections stay as "
+            "stored (lossless); its other float weights are rounded"
         )
         model.quant = dataclasses.replace(quant, int4_method="mse")
     return model
+
+
+def stored_types(tensors: Weights) -> dict[str, int]:
+    """How many projection weights of each GGUF type ``tensors`` keep as stored
+    (``Int4Weight``s with a ``kind``; a MoE layer's stacked experts count one each)."""
+    count: dict[str, int] = {}
+    for t in tensors.values():
+        for w in t if isinstance(t, list) else [t]:
+            if isinstance(w, Int4Weight) and w.kind:
+                count[w.kind] = count.get(w.kind, 0) + 1
+    return dict(sorted(count.items()))
+
+
+def stored_note(count: dict[str, int]) -> str:
+    """The start-up line on the weights computed on as stored, e.g. "weights as stored
+    (lossless): Q4_K x27 int4, Q5_0 x81 two int4 planes"."""
+    parts = [
+        f"{k} x{n} " + ("int4" if STORED_TYPES[k] == 4 else "two int4 planes")
+        for k, n in count.items()
+    ]
+    return "weights as stored (lossless): " + ", ".join(parts)
 
 
 def load_gptq(

@@ -57,6 +57,18 @@ INT8_DEQUANT_MIN_ROWS = 64  # same for the int8 weight-only kernel
 #: step's bound. The rounding (2^-9 of a scale) is far below int4's own step (1/15 of a
 #: group's range); the AVX512-BF16 level always had it.
 GEMV_HEADER_DTYPE = torch.bfloat16
+#: ... except for a GGUF K-quant or a weight of two planes (a Q5/Q6/Q8 tensor) as stored:
+#: their scales (a float16 times a 6- or 8-bit integer) need float32 to stay exact, and
+#: a plane of codes up to 15 times 16 × the scale would move a Q8_0 weight by up to half
+#: its own step in bfloat16. Measured on Gemma 3 270M Q4_K_M with float32 activations:
+#: top-1 agreement with the file's dequantized weights 0.985 with bfloat16 headers, 1.0
+#: with these (2 bits a weight more at group 32 for two planes, 1 for Q4_K).
+STORED_HEADER_DTYPE = torch.float32
+#: the stored GGUF types that keep bfloat16 headers (a float16 scale, rounded 2^-9)
+BF16_HEADER_KINDS = ("", "Q4_0", "Q4_1")
+#: group sizes torch's int4 matmuls (CPU and CUDA tinygemm) take; a weight of another
+#: (a GGUF Q6_K tensor's 16) runs on houchu's C++ GEMV or is dequantized
+TORCH_INT4_GROUPS = (32, 64, 128, 256)
 CPU_DENSE_MIN_ROWS = 64  # CPU: rows from which a kept dense prepacked copy beats houchu's GEMV
 
 
@@ -76,12 +88,17 @@ class Int4Linear(LinearBase):
     """Weight-only int4 linear (per-group scales and zero points).
 
     Args:
-        w: the quantized weight (``[N, K]`` codes, ``[N, K/G]`` scale and offset).
+        w: the quantized weight (``[N, K]`` codes, ``[N, K/G]`` scale and offset; a
+            weight of ``P`` planes stores ``[N, P·K]`` codes and ``[N, P·K/G]`` scales
+            and offsets, and the layer multiplies ``[x, ..., x]`` by it: one int4
+            product over ``P·K`` inputs on every kernel).
         device: where the layer runs.
         dequant_min_rows: rows from which the weight is dequantized for a dense matmul
             (when no dense copy is kept).
         dense_min_rows: CPU with oneDNN: rows from which a kept dense prepacked copy is
             used; None: keep no copy.
+        float_out: an LM head's layer: float32 activations and outputs (logits)
+            whatever the hardware's native dtype.
         activations: ``QuantSpec.int4_activations``: on houchu's C++ GEMV, "float"
             multiplies the activations as they are, "int8" quantizes them per group
             first (W4A8: every row count runs there, so no dense copy is kept), "auto"
@@ -97,22 +114,29 @@ class Int4Linear(LinearBase):
         dequant_min_rows: int = INT4_DEQUANT_MIN_ROWS,
         dense_min_rows: int | None = CPU_DENSE_MIN_ROWS,
         activations: str = "auto",
+        float_out: bool = False,
     ) -> None:
         super().__init__()
         dev = torch.device(device)
         self.out_features, self.in_features = w.shape
+        #: the LM head's: float32 activations and logits (never rounded to bfloat16)
+        self.float_out = float_out
         self.group_size, self.dequant_min_rows = w.group_size, dequant_min_rows
+        #: int4 planes side by side along K (``Int4Weight.planes``), and the GGUF type the
+        #: weight is stored as ("" for houchu's own quantization)
+        self.planes, self.stored = w.planes, w.kind
+        self.k_stored = w.q.shape[1]  # planes · K
         self.activations = activations
         if activations == "int8" and dev.type == "cpu":
             dense_min_rows = None
         self.kind = f"int4-g{w.group_size}"
-        act = self.act_dtype = quant_act_dtype(dev.type)
+        act = self.act_dtype = torch.float32 if float_out else quant_act_dtype(dev.type)
         zero = w.offset + 8.0 * w.scale  # [N, K/G]
         sz = torch.stack((w.scale, zero), dim=-1).transpose(0, 1).contiguous()  # [K/G, N, 2]
         self.register_buffer("sz", sz.to(dev, act))
         q = w.q.to(dev)
         if dev.type == "cuda":
-            n, k = w.shape
+            n, k = w.q.shape  # stored: planes · K inputs
             tiles = next((t for t in (8, 4, 2) if k % (16 * t) == 0), None)
             if n % 8 or tiles is None:
                 raise ValueError(f"CUDA int4 kernel needs N % 8 == 0 and K % 32 == 0, got {n}x{k}")
@@ -139,12 +163,11 @@ class Int4Linear(LinearBase):
         if self._cpu_gemv is not None or self.scale.device.type != "cpu":
             return
         if cpu_kernels.is_loaded() and self.group_size % 8 == 0:
-            q = unpack_nibbles(self.nibbles).view(self.out_features, self.in_features)
+            q = unpack_nibbles(self.nibbles).view(self.out_features, self.k_stored)
+            bf16 = self.planes == 1 and self.stored in BF16_HEADER_KINDS
+            header = GEMV_HEADER_DTYPE if bf16 else STORED_HEADER_DTYPE
             self._cpu_gemv = cpu_kernels.ops().int4_pack(
-                q,
-                self.scale.to(GEMV_HEADER_DTYPE),
-                self.offset.to(GEMV_HEADER_DTYPE),
-                self.group_size,
+                q, self.scale.to(header), self.offset.to(header), self.group_size
             )
 
     def weight_bytes(self) -> int:
@@ -158,23 +181,29 @@ class Int4Linear(LinearBase):
         return self.weight_bytes()
 
     def gemv_blob(self, rows: int) -> tuple[torch.Tensor, int] | None:
-        if not _gemv_at(self, rows):
+        # the fused decode layers read x once per weight: a weight of planes is not theirs
+        if self.planes > 1 or not _gemv_at(self, rows):
             return None
         return self._cpu_gemv, self.group_size
 
     def dequantize(self) -> torch.Tensor:
-        """The dense weight ``[N, K]`` in the activation dtype."""
-        n, k, g = self.out_features, self.in_features, self.group_size
-        q = unpack_nibbles(self.nibbles).to(self.act_dtype).view(n, k // g, g)
-        return torch.addcmul(self.offset[..., None], q, self.scale[..., None]).view(n, k)
+        """The dense weight ``[N, K]`` in the activation dtype (planes summed in float32)."""
+        n, kp, g = self.out_features, self.k_stored, self.group_size
+        q = unpack_nibbles(self.nibbles).view(n, kp // g, g)
+        if self.planes == 1:
+            q = q.to(self.act_dtype)
+            return torch.addcmul(self.offset[..., None], q, self.scale[..., None]).view(n, kp)
+        w = torch.addcmul(self.offset.float()[..., None], q.float(), self.scale.float()[..., None])
+        return w.view(n, self.planes, -1).sum(dim=1).to(self.act_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
         xa = x.to(self.act_dtype)
         path = _route(self, x.shape[0])
+        xs = xa.repeat(1, self.planes) if self.planes > 1 else xa  # [M, P·K]: x per plane
         if self._cpu_gemv is not None and int8_acts(self, path):
             y = cpu_kernels.ops().int4_gemv(
-                xa, self._cpu_gemv, self.group_size, self.out_features, True
+                xs, self._cpu_gemv, self.group_size, self.out_features, True
             )
         elif path == "dense" or (path is None and _dense_at(self, x.shape[0])):
             y = packed_matmul(xa, self._dense, self.out_features)
@@ -182,13 +211,15 @@ class Int4Linear(LinearBase):
             y = F.linear(xa, self.dequantize())
         elif self._cpu_gemv is not None and path != "torch":
             y = cpu_kernels.ops().int4_gemv(
-                xa, self._cpu_gemv, self.group_size, self.out_features, False, self.batch_invariant
+                xs, self._cpu_gemv, self.group_size, self.out_features, False, self.batch_invariant
             )
+        elif self.group_size not in TORCH_INT4_GROUPS:  # Q6_K's 16: no torch kernel
+            y = F.linear(xa, self.dequantize())
         elif self.packed.device.type == "cuda":
-            y = torch.ops.aten._weight_int4pack_mm(xa, self.packed, self.group_size, self.sz)
+            y = torch.ops.aten._weight_int4pack_mm(xs, self.packed, self.group_size, self.sz)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                xa, self.packed, self.group_size, self.sz
+                xs, self.packed, self.group_size, self.sz
             )
         return y.to(x.dtype)
 
@@ -303,7 +334,10 @@ def base_path(path: str | None) -> str | None:
 
 def int8_acts(layer: Int4Linear, path: str | None) -> bool:
     """Whether ``layer`` quantizes its activations to int8 on a step the route gives
-    ``path`` (None: no route; then its ``activations`` option decides)."""
+    ``path`` (None: no route; then its ``activations`` option decides). Never an LM
+    head's (``float_out``: its logits keep float32 activations)."""
+    if layer.float_out:
+        return False
     if path is not None:
         return path.endswith("-a8")
     return layer.activations == "int8"

@@ -22,10 +22,10 @@ Formats:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from houchu.model.int4_mse import fit_int4_groups, rtn_int4_groups
@@ -47,9 +47,11 @@ INT4_WEIGHT_METHODS = (*INT4_METHODS, "gptq")
 def resolve_quant_mode(mode: str, model_path: str | Path) -> str:
     """The quantization mode to run ``model_path`` with.
 
-    "auto" keeps a GGUF file's 4-bit projections 4-bit: "int4" when its attention and MLP
-    projections are Q4_0/Q4_1 (converted losslessly, as llama.cpp computes on them), else
-    "none" (dense, the exact path). Any other mode is returned as given.
+    "auto" serves a GGUF file's quantized projections as stored: "int4" when every
+    weight matrix of its blocks has a type houchu computes on as stored
+    (``gguf_blocks.STORED_TYPES``: Q4_0/Q4_1/Q4_K as int4, Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 as
+    two int4 planes, all lossless), else "none" (dense, the exact path). Any other mode
+    is returned as given.
 
     Raises:
         ValueError: ``mode`` is not "auto" or one of ``QUANT_MODES``.
@@ -61,11 +63,16 @@ def resolve_quant_mode(mode: str, model_path: str | Path) -> str:
     p = Path(model_path)
     if not (p.is_file() and p.suffix == ".gguf"):
         return "none"
+    from houchu.model.gguf_blocks import STORED_TYPES
     from houchu.model.gguf_index import open_gguf_index
 
     reader = open_gguf_index(p)
-    proj = [t.tensor_type.name for t in reader.tensors if t.name.endswith("attn_q.weight")]
-    return "int4" if proj and all(t in ("Q4_0", "Q4_1") for t in proj) else "none"
+    kinds = {
+        t.tensor_type.name
+        for t in reader.tensors
+        if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) >= 2
+    }
+    return "int4" if kinds and kinds <= STORED_TYPES.keys() else "none"
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,8 @@ class QuantSpec:
         mode: "none" (dense, the exact path), "int4" / "int8" (weight-only), "w8a8"
             (int8 weights and activations).
         group_size: int4 input features per scale/zero group (32, 64 or 128). A GGUF
-            file's Q4_0/Q4_1 tensors keep their own groups of 32 (converted losslessly).
+            file's stored tensors (``gguf_blocks.STORED_TYPES``) keep their own groups
+            (converted losslessly).
         int4_activations: what int4 layers multiply on houchu's CPU kernels: "float"
             (the activations as they are, exact products), "int8" (quantized per group
             to int8, integer dot products: W4A8, as llama.cpp's Q4 x Q8 kernels), or
@@ -117,7 +125,8 @@ class QuantSpec:
 
     @property
     def keeps_gguf_q4(self) -> bool:
-        """Whether GGUF Q4_0/Q4_1 tensors are kept as int4 rather than dequantized."""
+        """Whether GGUF tensors of ``gguf_blocks.STORED_TYPES`` are kept as stored (int4
+        planes) rather than dequantized."""
         return self.mode == "int4"
 
     @property
@@ -136,49 +145,103 @@ class QuantSpec:
 class Int4Weight:
     """A weight matrix quantized to int4 in groups along the input dimension.
 
+    A weight of wider codes (a GGUF Q5/Q6/Q8 tensor, ``houchu.model.gguf_blocks``) is
+    held as ``planes`` int4 planes side by side along the input dimension: plane ``p``
+    covers stored columns ``[p·K, (p+1)·K)`` and the dense weight is the sum of the
+    planes' dequantized values, so ``x @ w.T == [x, ..., x] @ stored.T``.
+
     Attributes:
-        q: ``[N, K]`` uint8, values 0..15 (one per byte; packed only by the layers).
-        scale: ``[N, K // group_size]`` float32.
-        offset: ``[N, K // group_size]`` float32; ``w ≈ q * scale + offset``.
+        q: ``[N, planes · K]`` uint8, values 0..15 (one per byte; packed only by the layers).
+        scale: ``[N, planes · K // group_size]`` float32.
+        offset: ``[N, planes · K // group_size]`` float32; ``w ≈ q * scale + offset``.
         group_size: input features per group.
+        planes: 1, or 2 for codes of 5 to 8 bits (low nibble, then high nibble).
+        kind: the stored format it came from ("Q4_K", ...; "" for houchu's own
+            quantization), for start-up lines.
     """
 
     q: torch.Tensor
     scale: torch.Tensor
     offset: torch.Tensor
     group_size: int
+    planes: int = 1
+    kind: str = ""
 
     @property
     def shape(self) -> torch.Size:
         """``(N, K)``, like the dense weight."""
-        return self.q.shape
+        n, kp = self.q.shape
+        return torch.Size((n, kp // self.planes))
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense ``[N, K]`` weight in ``dtype`` (computed in float32)."""
-        n, k = self.q.shape
-        g = self.q.view(n, k // self.group_size, self.group_size).float()
-        w = g * self.scale[..., None] + self.offset[..., None]
-        return w.view(n, k).to(dtype)
+        n, kp = self.q.shape
+        g = self.q.view(n, kp // self.group_size, self.group_size).float()
+        w = (g * self.scale[..., None] + self.offset[..., None]).view(n, self.planes, -1)
+        return w.sum(dim=1).to(dtype) if self.planes > 1 else w.view(n, kp).to(dtype)
 
     def permute_rows(self, fn) -> Int4Weight:  # noqa: ANN001 (a row-permuting function)
         """Apply a row permutation ``fn(tensor) -> tensor`` (e.g. ``unpermute_qk``) to the
         codes and the per-row group parameters alike."""
-        return Int4Weight(fn(self.q), fn(self.scale), fn(self.offset), self.group_size)
+        return dataclasses.replace(self, q=fn(self.q), scale=fn(self.scale), offset=fn(self.offset))
+
+    def rows(self, s: slice) -> Int4Weight:
+        """The output rows ``s`` (``[n, K]``)."""
+        return dataclasses.replace(self, q=self.q[s], scale=self.scale[s], offset=self.offset[s])
+
+    def columns(self, a: int, b: int) -> Int4Weight:
+        """The input columns ``[a, b)`` of every plane; ``a`` and ``b`` are multiples of
+        the group size.
+
+        Raises:
+            ValueError: a cut inside a group.
+        """
+        g, k = self.group_size, self.shape[1]
+        if a % g or b % g:
+            raise ValueError(f"int4 columns {a}:{b} cut a group of {g}")
+        q = torch.cat([self.q[:, p * k + a : p * k + b] for p in range(self.planes)], dim=1)
+        sp = [slice((p * k + a) // g, (p * k + b) // g) for p in range(self.planes)]
+        scale = torch.cat([self.scale[:, s] for s in sp], dim=1)
+        offset = torch.cat([self.offset[:, s] for s in sp], dim=1)
+        return dataclasses.replace(self, q=q, scale=scale, offset=offset)
+
+    def with_planes(self, planes: int) -> Int4Weight:
+        """The same weight over ``planes`` planes (>= its own): zero planes appended
+        (codes, scales and offsets 0), so it fuses with wider weights."""
+        if planes == self.planes:
+            return self
+        n, k = self.shape
+        extra = planes - self.planes
+        zq = torch.zeros(n, extra * k, dtype=self.q.dtype)
+        zs = torch.zeros(n, extra * k // self.group_size, dtype=self.scale.dtype)
+        return dataclasses.replace(
+            self,
+            q=torch.cat((self.q, zq), dim=1),
+            scale=torch.cat((self.scale, zs), dim=1),
+            offset=torch.cat((self.offset, zs), dim=1),
+            planes=planes,
+        )
 
     @staticmethod
     def cat(parts: list[Int4Weight]) -> Int4Weight:
-        """Stack several weights' rows (fused q/k/v or gate/up projections).
+        """Stack several weights' rows (fused q/k/v or gate/up projections); a part of
+        fewer planes gets zero planes (``with_planes``).
 
         Raises:
             ValueError: group sizes or input widths differ.
         """
-        if len({p.group_size for p in parts}) != 1 or len({p.q.shape[1] for p in parts}) != 1:
+        if len({p.group_size for p in parts}) != 1 or len({p.shape[1] for p in parts}) != 1:
             raise ValueError("int4 weights fused together need one group size and input width")
+        planes = max(p.planes for p in parts)
+        parts = [p.with_planes(planes) for p in parts]
+        kinds = sorted({p.kind for p in parts})
         return Int4Weight(
             torch.cat([p.q for p in parts]),
             torch.cat([p.scale for p in parts]),
             torch.cat([p.offset for p in parts]),
             parts[0].group_size,
+            planes,
+            "+".join(k for k in kinds if k),
         )
 
 
@@ -282,34 +345,6 @@ def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
 def unpack_nibbles(p: torch.Tensor) -> torch.Tensor:
     """Inverse of ``pack_nibbles``: ``[N, K/2]`` uint8 -> ``[N, K]`` uint8."""
     return torch.stack((p & 0xF, p >> 4), dim=-1).reshape(p.shape[0], -1)
-
-
-def gguf_q4_to_int4(data: np.ndarray, qtype_name: str, shape: tuple[int, int]) -> Int4Weight:
-    """Convert a GGUF Q4_0 / Q4_1 tensor to ``Int4Weight`` without loss.
-
-    Args:
-        data: the tensor's raw bytes, ``uint8`` ``[N, K / 32 * block_bytes]`` (as
-            ``gguf.ReaderTensor.data`` holds them; 18-byte Q4_0 or 20-byte Q4_1 blocks).
-        qtype_name: "Q4_0" or "Q4_1".
-        shape: ``(N, K)`` of the dense weight.
-    Returns:
-        ``Int4Weight`` with group size 32.
-    Raises:
-        ValueError: another type, or bytes that do not match the shape.
-    """
-    n, k = shape
-    header = {"Q4_0": 2, "Q4_1": 4}.get(qtype_name)
-    if header is None:
-        raise ValueError(f"not a Q4_0/Q4_1 tensor: {qtype_name}")
-    block = header + 16
-    raw = np.ascontiguousarray(data, dtype=np.uint8)
-    if raw.size != n * (k // 32) * block or k % 32 != 0:
-        raise ValueError(f"{qtype_name} data of {raw.size} bytes does not fit shape {shape}")
-    b = torch.from_numpy(raw.reshape(n, k // 32, block).copy())  # [N, K/32, block]
-    d, m, q = q4_block_parts(b, header)  # [N, K/32, 1] x2 (m None for Q4_0), [N, K/32, 32]
-    d = d.squeeze(-1)  # [N, K/32]
-    offset = -8.0 * d if m is None else m.squeeze(-1)
-    return Int4Weight(q.reshape(n, k), d, offset, 32)
 
 
 def q4_block_parts(

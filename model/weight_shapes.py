@@ -10,6 +10,9 @@ from houchu.model.quant import Int4Weight
 
 #: a checkpoint's tensors by Hugging Face name (int4 ones already packed)
 Weights = dict[str, "torch.Tensor | Int4Weight"]
+#: a GGUF LM head's weight as stored (``Int4Weight``), beside its dense tensor
+#: (``weights_gguf.iter_gguf_tensors``; ``LlamaModel`` builds the head from it)
+HEAD_STORED = "lm_head.stored"
 
 
 def check_shapes(cfg: ModelConfig, w: Weights) -> None:

@@ -29,11 +29,11 @@ import torch
 
 from houchu.model.config import ModelConfig, ModelLoadError
 from houchu.model.config_gguf import config_from_gguf_reader
+from houchu.model.gguf_blocks import STORED_TYPES, gguf_to_int4
 from houchu.model.gguf_index import open_gguf_index
-from houchu.model.quant import Int4Weight, gguf_q4_to_int4, q4_block_parts
+from houchu.model.quant import Int4Weight, q4_block_parts
 from houchu.model.shard import Shard, TensorParallelError
-
-Q4_TYPES = ("Q4_0", "Q4_1")  # kept as int4 (losslessly) when asked
+from houchu.model.weight_shapes import HEAD_STORED
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -279,13 +279,18 @@ def iter_gguf_tensors(
     before it is dequantized or repacked; a cut inside a quantization block raises
     ``TensorParallelError``), the vocabulary rows padded with zero rows.
     Tensors are dense, contiguous, on CPU, in ``dtype`` (``rope_freqs`` stays float32).
-    With ``keep_q4``, Q4_0/Q4_1 projection weights come out as ``Int4Weight`` instead
+    With ``keep_q4``, projection weights of a type houchu computes on as stored
+    (``gguf_blocks.STORED_TYPES``: Q4_0/Q4_1/Q4_K as one int4 plane, Q5_0/Q5_1/Q5_K/Q6_K/
+    Q8_0 as two) come out as lossless ``Int4Weight``s instead
     (not the embedding, whose rows are looked up densely; not a MoE layer's router,
     which ``model.moe`` keeps dense; of an MLA model only the routed experts), and a
     MoE layer's stacked Q4 experts ``[E, out, in]`` as a list of ``E`` ``Int4Weight``s
-    (each expert's blocks converted on their own: lossless, as a 2-D tensor's), which
-    ``unstack_experts`` names one per expert.
+    (each expert's blocks converted on their own, as a 2-D tensor's), which
+    ``unstack_experts`` names one per expert. The LM head of such a type (``output``,
+    or the embedding when the file has no ``output``) also comes out as stored, under
+    ``HEAD_STORED`` (not with ``shard``).
     """
+    tied = not any(t.name == "output.weight" for t in reader.tensors)
     for t in reader.tensors:
         name = gguf_to_hf_name(t.name, cfg.gemma_blocks)
         experts = ".mlp.experts." in name  # stacked [E, out, in]
@@ -293,13 +298,13 @@ def iter_gguf_tensors(
         # kept dense: no int4 repacking; routed experts are neither
         q4 = keep_q4 and ".mlp.gate." not in name and (cfg.mla is None or experts)
         w: torch.Tensor | Int4Weight | list[Int4Weight]
-        if q4 and t.tensor_type.name in Q4_TYPES and ".layers." in name:
+        if q4 and t.tensor_type.name in STORED_TYPES and ".layers." in name:
             data, shape, _ = tensor_part(t, name, shard)
-            if experts:  # data [E, out, in / 32 · block bytes]: one expert's rows each
-                kind = t.tensor_type.name
-                w = [gguf_q4_to_int4(data[e], kind, shape[1:]) for e in range(shape[0])]
+            kind = t.tensor_type.name
+            if experts:  # data [E, out, in / block · block bytes]: one expert's rows each
+                w = [gguf_to_int4(data[e], kind, shape[1:]) for e in range(shape[0])]
             else:
-                w = gguf_q4_to_int4(data, t.tensor_type.name, shape)
+                w = gguf_to_int4(data, kind, shape)
         else:
             w = dequantized_part(t, name, shard, dtype)  # a matrix in dtype, else float32
         world = shard.world if shard is not None else 1  # a rank un-permutes its heads
@@ -313,6 +318,10 @@ def iter_gguf_tensors(
         if isinstance(w, torch.Tensor):
             w = (w if name == "rope_freqs" else w.to(dtype)).contiguous()
         yield name, w
+        if keep_q4 and shard is None and t.tensor_type.name in STORED_TYPES:
+            head = name == "lm_head.weight" or (name == "model.embed_tokens.weight" and tied)
+            if head:  # the LM head as stored too (the embedding's rows are looked up dense)
+                yield HEAD_STORED, gguf_to_int4(t.data, t.tensor_type.name, torch_shape(t))
 
 
 def _unpermute(w: torch.Tensor | Int4Weight, n_head: int) -> torch.Tensor | Int4Weight:
@@ -348,7 +357,7 @@ def load_gguf(
     Args:
         path: the ``.gguf`` file.
         dtype: dtype of the returned weights (torch.float32 / bfloat16 / float16).
-        keep_q4: keep Q4_0/Q4_1 projection weights as ``Int4Weight`` (lossless).
+        keep_q4: keep projection weights of ``STORED_TYPES`` as ``Int4Weight`` (lossless).
     Returns:
         ``(config, tensors)``: tensors keyed by Hugging Face name, CPU, ``dtype``.
     Raises:

@@ -8,11 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from houchu.model.gguf_blocks import gguf_to_int4
 from houchu.model.kv_pool import KVPool, token_bytes
 from houchu.model.linear_factory import make_linear
 from houchu.model.model_runner import ModelRunner
 from houchu.model.qlinear import Int4Linear, Int8Linear
-from houchu.model.quant import QuantSpec, gguf_q4_to_int4, quantize_int4
+from houchu.model.quant import QuantSpec, quantize_int4
 from houchu.model.testing import make_tiny_llama
 from houchu.model.w8a8 import W8A8_OUTLIER_SHARE, W8A8Linear
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
@@ -31,7 +32,7 @@ def test_gguf_q4_converts_losslessly(qtype):
     w = np.random.default_rng(0).normal(size=(8, 64)).astype(np.float32)
     raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype])
     want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(8, 64)
-    got = gguf_q4_to_int4(raw, qtype, (8, 64))
+    got = gguf_to_int4(raw, qtype, (8, 64))
     assert got.group_size == 32 and int(got.q.max()) <= 15
     assert torch.equal(got.dequantize(), torch.from_numpy(want))
 

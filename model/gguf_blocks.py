@@ -1,0 +1,191 @@
+"""GGUF's quantized block types as houchu's int4 groups, without loss.
+
+Every "legacy" and K-quant block type of ggml stores a weight as ``w = code · scale +
+offset`` over groups of 16 or 32 consecutive input features, with an unsigned integer
+code of 4 to 8 bits (ggml's ``dequantize_row_*`` in ``ggml-quants.c``; the same layouts
+as ``gguf.quants``' ``dequantize_blocks``):
+
+| type | block | group | code bits | scale | offset |
+|---|---|---|---|---|---|
+| Q4_0 | 32 | 32 | 4 | d | -8d |
+| Q4_1 | 32 | 32 | 4 | d | m |
+| Q4_K | 256 | 32 | 4 | d · sc_j (6-bit) | -dmin · m_j (6-bit) |
+| Q5_0 | 32 | 32 | 5 | d | -16d |
+| Q5_1 | 32 | 32 | 5 | d | m |
+| Q5_K | 256 | 32 | 5 | d · sc_j | -dmin · m_j |
+| Q6_K | 256 | 16 | 6 | d · sc_j (int8) | -32 d · sc_j |
+| Q8_0 | 32 | 32 | 8 | d | -128d (code = q + 128) |
+
+The scales and offsets are products of a float16 and a small integer, exact in float32.
+A 4-bit code is an ``Int4Weight`` code as it is. A wider code ``c = lo + 16 · hi`` is
+split into two 4-bit *planes* (``lo = c & 15`` with the group's scale and offset, ``hi =
+c >> 4`` with 16 × the scale and no offset): ``w = lo · s + o + hi · 16s``, so
+``x · w = [x, x] · [lo | hi]``, one int4 product over twice the inputs
+(``Int4Weight.planes``). Every int4 kernel of houchu (C++ GEMV on each ISA level, torch's
+int4 matmuls, CUDA's tinygemm) then computes on the file's own values: 10 bits a weight
+for a 5- or 6-bit type at group 32 (header included) against 32 for the float32 it was
+dequantized to. The IQ types, Q2_K, Q3_K and the ternary types have no such form and are
+dequantized (``weights_gguf.dequantized_part``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from houchu.model.quant import Int4Weight
+
+QK_K = 256  # elements of a K-quant super-block
+
+#: GGUF types computed on as stored (``gguf_to_int4``): their code width in bits. The one
+#: owner of which types houchu keeps; every other type is dequantized at load.
+STORED_TYPES: dict[str, int] = {
+    "Q4_0": 4,
+    "Q4_1": 4,
+    "Q4_K": 4,
+    "Q5_0": 5,
+    "Q5_1": 5,
+    "Q5_K": 5,
+    "Q6_K": 6,
+    "Q8_0": 8,
+}
+#: bytes of one block, and elements in it
+BLOCK_BYTES: dict[str, tuple[int, int]] = {
+    "Q4_0": (18, 32),
+    "Q4_1": (20, 32),
+    "Q4_K": (144, QK_K),
+    "Q5_0": (22, 32),
+    "Q5_1": (24, 32),
+    "Q5_K": (176, QK_K),
+    "Q6_K": (210, QK_K),
+    "Q8_0": (34, 32),
+}
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """``[nb, 2]`` uint8 -> ``[nb, 1]`` float32 (a little-endian float16 each)."""
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+
+
+def _low_high(qs: np.ndarray, width: int) -> np.ndarray:
+    """Nibbles of ``[nb, n, width]`` bytes -> ``[nb, n, 2 * width]``: the low nibbles,
+    then the high ones (ggml's order within a run of ``width`` bytes)."""
+    return np.concatenate((qs & 0x0F, qs >> 4), axis=-1)
+
+
+def _fifth_bit(qh: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1's ``[nb, 4]`` bytes of high bits -> ``[nb, 32]`` bits (element j: bit j
+    of the little-endian uint32)."""
+    return np.unpackbits(np.ascontiguousarray(qh), axis=-1, bitorder="little")
+
+
+def k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's 12 bytes of packed 6-bit scales and minimums -> two ``[nb, 8]`` uint8
+    (ggml's ``get_scale_min_k4``)."""
+    s = scales.reshape(-1, 3, 4)
+    d, m, md = s[:, 0], s[:, 1], s[:, 2]
+    sc = np.concatenate((d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)), axis=-1)
+    mn = np.concatenate((m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)), axis=-1)
+    return sc, mn
+
+
+def block_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Decode GGUF blocks into codes, scales and offsets (module docstring's table).
+
+    Args:
+        raw: ``[nb, block bytes]`` uint8, one block a row.
+        qtype: a key of ``STORED_TYPES``.
+    Returns:
+        ``(codes, scale, offset, group)``: codes ``[nb, block]`` uint8 (unsigned, below
+        ``2 ** STORED_TYPES[qtype]``), scale and offset ``[nb, block / group]`` float32,
+        with ``w = codes · scale + offset`` per group of ``group`` elements.
+    Raises:
+        ValueError: a type not in ``STORED_TYPES`` or rows of the wrong size.
+    """
+    if qtype not in BLOCK_BYTES:
+        raise ValueError(f"GGUF type {qtype} has no stored int4 form")
+    nbytes, _ = BLOCK_BYTES[qtype]
+    if raw.ndim != 2 or raw.shape[1] != nbytes:
+        raise ValueError(f"{qtype} blocks are {nbytes} bytes, got rows of {raw.shape[1:]}")
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    nb = raw.shape[0]
+    if qtype in ("Q4_0", "Q4_1"):
+        h = 2 if qtype == "Q4_0" else 4
+        d = _f16(raw[:, 0:2])
+        codes = _low_high(raw[:, h:], 16)
+        off = -8.0 * d if qtype == "Q4_0" else _f16(raw[:, 2:4])
+        return codes, d, off.astype(np.float32), 32
+    if qtype in ("Q5_0", "Q5_1"):
+        h = 2 if qtype == "Q5_0" else 4
+        d = _f16(raw[:, 0:2])
+        codes = _low_high(raw[:, h + 4 :], 16) | (_fifth_bit(raw[:, h : h + 4]) << 4)
+        off = -16.0 * d if qtype == "Q5_0" else _f16(raw[:, 2:4])
+        return codes, d, off.astype(np.float32), 32
+    if qtype == "Q8_0":
+        d = _f16(raw[:, 0:2])
+        codes = (raw[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        return codes, d, (-128.0 * d).astype(np.float32), 32
+    if qtype in ("Q4_K", "Q5_K"):
+        d, dmin = _f16(raw[:, 0:2]), _f16(raw[:, 2:4])
+        sc, mn = k_scale_min(raw[:, 4:16])
+        if qtype == "Q4_K":
+            codes = _low_high(raw[:, 16:].reshape(nb, 4, 32), 32).reshape(nb, QK_K)
+        else:
+            qh = raw[:, 16:48].reshape(nb, 1, 32)  # bit 2j / 2j + 1: chunk j's halves
+            ql = _low_high(raw[:, 48:].reshape(nb, 4, 32), 32).reshape(nb, 8, 32)
+            bits = (qh >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1  # [nb, 8, 32]
+            codes = (ql | (bits << 4)).reshape(nb, QK_K)
+        scale = d * sc.astype(np.float32)
+        return codes, scale, (-dmin * mn.astype(np.float32)), 32
+    # Q6_K: ql[128], qh[64], scales[16] int8, d
+    ql = raw[:, 0:128].reshape(nb, 2, 64)
+    qh = raw[:, 128:192].reshape(nb, 2, 1, 32)
+    sc = raw[:, 192:208].view(np.int8).astype(np.float32)  # [nb, 16]
+    d = _f16(raw[:, 208:210])
+    low = _low_high(ql.reshape(nb, 2, 2, 32), 32)  # [nb, 2, 2, 64]: ql[0:32] | ql[32:64]
+    # each half of 128: y[l + 32 i] takes the low nibble of ql[l], ql[l + 32], then the
+    # high nibbles, with bits 2i..2i+1 of qh[l]
+    low = low.reshape(nb, 2, 2, 2, 32).transpose(0, 1, 3, 2, 4).reshape(nb, 2, 4, 32)
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
+    codes = (low | (high << 4)).reshape(nb, QK_K)
+    scale = d * sc
+    return codes, scale, -32.0 * scale, 16
+
+
+def gguf_to_int4(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> Int4Weight:
+    """A GGUF tensor of a ``STORED_TYPES`` type as an ``Int4Weight``, without loss.
+
+    Args:
+        data: the tensor's raw bytes, ``uint8`` ``[N, K / block · block bytes]`` (as
+            ``gguf.ReaderTensor.data`` holds them), or any array of the same bytes.
+        qtype: the GGUF type's name.
+        shape: ``(N, K)`` of the dense weight.
+    Returns:
+        ``Int4Weight`` with the type's group size: one plane for a 4-bit type, two planes
+        (``lo`` then ``hi``, module docstring) for a wider one. Its ``dequantize`` equals
+        ``gguf.quants.dequantize`` up to float32 rounding of ``d · q + m``.
+    Raises:
+        ValueError: another type, or bytes that do not fit the shape.
+    """
+    n, k = shape
+    if qtype not in STORED_TYPES:
+        raise ValueError(f"GGUF type {qtype} has no stored int4 form")
+    nbytes, block = BLOCK_BYTES[qtype]
+    raw = np.ascontiguousarray(data, dtype=np.uint8)
+    if k % block or raw.size != n * (k // block) * nbytes:
+        raise ValueError(f"{qtype} data of {raw.size} bytes does not fit shape {shape}")
+    codes, scale, offset, g = block_codes(raw.reshape(-1, nbytes), qtype)
+    c = torch.from_numpy(codes.reshape(n, k))
+    s = torch.from_numpy(np.ascontiguousarray(scale).reshape(n, k // g))
+    o = torch.from_numpy(np.ascontiguousarray(offset).reshape(n, k // g))
+    if STORED_TYPES[qtype] == 4:
+        return Int4Weight(c, s, o, g, kind=qtype)
+    lo, hi = c & 0x0F, c >> 4
+    return Int4Weight(
+        torch.cat((lo, hi), dim=1),
+        torch.cat((s, 16.0 * s), dim=1),
+        torch.cat((o, torch.zeros_like(o)), dim=1),
+        g,
+        planes=2,
+        kind=qtype,
+    )
