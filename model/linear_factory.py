@@ -31,15 +31,16 @@ def make_linear(
         dtype: the model dtype (that of a dense layer made from an ``Int4Weight``).
         head: the LM head, which stays int8 under "int4" (the logits are the most
             error-sensitive matmul; llama.cpp's Q4 files likewise keep it at 6-8 bits),
-            or, a GGUF head kept as stored (``Int4Weight.kind``), that: an ``Int4Linear``
-            with float32 activations and logits.
+            or, a GGUF head kept as stored (``Int4Weight.kind``) of a vocabulary that is
+            a multiple of 16 (torch's int4 packing), that: an ``Int4Linear`` with
+            float32 activations and logits.
     Returns:
         ``Linear`` (mode "none"), ``Int4Linear``, ``Int8Linear`` or ``W8A8Linear``.
     Raises:
         ValueError: a group size that does not divide K.
     """
     mode = spec.mode
-    if head and mode == "int4" and isinstance(w, Int4Weight) and w.kind:
+    if head and mode == "int4" and isinstance(w, Int4Weight) and w.kind and w.shape[0] % 16 == 0:
         # a GGUF head as stored (lossless), float32 logits, no dense copy (prefill
         # needs the last rows' logits only)
         return Int4Linear(w, device, dense_min_rows=None, activations="float", float_out=True)

@@ -40,7 +40,7 @@ from houchu.model.loader import load_tensors
 from houchu.model.quant import Int4Weight, QuantSpec
 from houchu.model.shard import Shard, TensorParallelError
 from houchu.model.tp_group import TPGroup
-from houchu.model.weight_shapes import check_shapes
+from houchu.model.weight_shapes import HEAD_STORED, check_shapes
 from houchu.transport.telemetry import LeverSample
 
 __all__ = ["TensorParallelError", "TPLlamaModel", "check_shardable", "load_sharded"]
@@ -112,7 +112,7 @@ def _rows(t: torch.Tensor | Int4Weight, rank: int, world: int) -> torch.Tensor |
     n = t.shape[0] // world
     s = slice(rank * n, (rank + 1) * n)
     if isinstance(t, Int4Weight):
-        return Int4Weight(t.q[s], t.scale[s], t.offset[s], t.group_size)
+        return t.rows(s)
     return t[s].contiguous()
 
 
@@ -130,10 +130,7 @@ def _cols(t: torch.Tensor | Int4Weight, rank: int, world: int) -> torch.Tensor |
             raise TensorParallelError(
                 f"a Q4 tensor's groups of {g} do not divide its input width per rank ({k})"
             )
-        q, s = slice(rank * k, (rank + 1) * k), slice(rank * k // g, (rank + 1) * k // g)
-        return Int4Weight(
-            t.q[:, q].contiguous(), t.scale[:, s].contiguous(), t.offset[:, s].contiguous(), g
-        )
+        return t.columns(rank * k, (rank + 1) * k)
     return t[:, rank * k : (rank + 1) * k].contiguous()
 
 
@@ -149,6 +146,7 @@ def shard_weights(cfg: ModelConfig, w: Weights, rank: int, world: int) -> Weight
     loaders cut the same shard as they read (``load_tensors(..., shard=)``)."""
     shard = Shard(rank, world)
     vp = padded_vocab(cfg.vocab_size, world)
+    w.pop(HEAD_STORED, None)  # a rank's head is its vocabulary rows of the dense one
     for key in list(w):
         kind = shard.kind(key)
         if kind == "rows":

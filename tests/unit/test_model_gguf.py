@@ -153,8 +153,12 @@ def test_bad_paths(tmp_path):
         load_model_config(bad)
 
 
-@pytest.mark.parametrize("qtype,want", [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "none")])
-def test_auto_quantization_keeps_4bit_gguf_4bit(tiny_dirs, tmp_path, qtype, want):
+@pytest.mark.parametrize(
+    "qtype,want", [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "int4"), ("F16", "none")]
+)
+def test_auto_quantization_serves_gguf_as_stored(tiny_dirs, tmp_path, qtype, want):
+    """auto: a file whose block matrices all have a stored form (Q8_0 as two int4
+    planes) is served as stored; a float file is dense."""
     from houchu.model.quant import resolve_quant_mode
 
     path = write_llama_gguf(tiny_dirs["untied"], tmp_path / f"m-{qtype}.gguf", qtype=qtype)
