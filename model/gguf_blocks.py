@@ -189,3 +189,93 @@ def gguf_to_int4(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> Int4We
         planes=2,
         kind=qtype,
     )
+
+
+def _f16_bytes(v: np.ndarray) -> np.ndarray:
+    """``[nb]`` float -> ``[nb, 2]`` uint8 (little-endian float16)."""
+    return np.ascontiguousarray(v.astype(np.float16)).view(np.uint8).reshape(-1, 2)
+
+
+def _k_fit(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's asymmetric fit of ``[nb, 8, 32]`` values by min/max: codes
+    ``[nb, 8, 32]`` uint8 in ``0..levels``, and the super-block's packed header bytes
+    ``[nb, 16]`` (d, dmin, 12 bytes of 6-bit scales and minimums)."""
+    lo = np.minimum(x.min(axis=-1), 0.0)  # [nb, 8]
+    scale, mins = (x.max(axis=-1) - lo) / levels, -lo
+    d = (scale.max(axis=-1) / 63).astype(np.float16).astype(np.float32)  # [nb]
+    dmin = (mins.max(axis=-1) / 63).astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 63)
+        mn = np.where(dmin[:, None] > 0, np.rint(mins / dmin[:, None]), 0).clip(0, 63)
+        s = (d[:, None] * sc)[..., None]  # [nb, 8, 1]
+        m = (dmin[:, None] * mn)[..., None]
+        codes = np.where(s > 0, np.rint((x + m) / s), 0).clip(0, levels).astype(np.uint8)
+    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
+    packed = np.concatenate(  # the inverse of ``k_scale_min``
+        (
+            (sc[:, :4] & 0x3F) | ((sc[:, 4:] >> 4) << 6),
+            (mn[:, :4] & 0x3F) | ((mn[:, 4:] >> 4) << 6),
+            (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4),
+        ),
+        axis=-1,
+    )
+    return codes, np.concatenate((_f16_bytes(d), _f16_bytes(dmin), packed), axis=-1)
+
+
+def quantize_blocks(x: np.ndarray, qtype: str) -> np.ndarray:
+    """Quantize float weights to GGUF blocks of ``qtype``, as a file would hold them.
+
+    The K-quants (which ``gguf.quants`` cannot quantize) are fitted by min/max per
+    sub-block, then their scales to 6 (Q4_K/Q5_K) or 8 (Q6_K) bits: a plain fit, not
+    llama.cpp's searched one, in ggml's exact block layouts (``block_codes`` reads them
+    back); the other types go through ``gguf.quants.quantize``.
+
+    Args:
+        x: ``[rows, K]`` float32, ``K`` a multiple of the type's block.
+        qtype: a GGUF type name.
+    Returns:
+        ``[rows, K / block · block bytes]`` uint8.
+    Raises:
+        ValueError: ``K`` not a multiple of the block.
+    """
+    import gguf
+
+    if qtype not in ("Q4_K", "Q5_K", "Q6_K"):
+        return gguf.quants.quantize(x, gguf.GGMLQuantizationType[qtype])
+    rows, k = x.shape
+    if k % QK_K:
+        raise ValueError(f"{qtype} needs rows of a multiple of {QK_K} values, got {k}")
+    nb = rows * k // QK_K
+    xb = np.asarray(x, dtype=np.float32).reshape(nb, QK_K)
+    if qtype == "Q4_K":
+        codes, head = _k_fit(xb.reshape(nb, 8, 32), 15)
+        qs = (codes[:, 0::2] | (codes[:, 1::2] << 4)).reshape(nb, 128)
+        return np.concatenate((head, qs), axis=-1).reshape(rows, -1)
+    if qtype == "Q5_K":
+        codes, head = _k_fit(xb.reshape(nb, 8, 32), 31)
+        low = codes & 0x0F
+        qs = (low[:, 0::2] | (low[:, 1::2] << 4)).reshape(nb, 128)
+        bits = (codes >> 4).astype(np.uint8) << np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+        qh = np.bitwise_or.reduce(bits, axis=1)  # [nb, 32]: bit j from sub-block j
+        return np.concatenate((head, qh, qs), axis=-1).reshape(rows, -1)
+    # Q6_K: 16 groups of 16, symmetric codes -32..31, int8 scales times d
+    g = xb.reshape(nb, 16, 16)
+    amax = np.abs(g).max(axis=-1)  # [nb, 16]
+    d = (amax.max(axis=-1) / 32 / 127).astype(np.float16).astype(np.float32)  # [nb]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d[:, None] > 0, np.rint(amax / 32 / d[:, None]), 0).clip(-128, 127)
+        s = (d[:, None] * sc)[..., None]
+        q = np.where(s > 0, np.rint(g / s), 0).clip(-32, 31)
+    c = (q + 32).astype(np.uint8).reshape(nb, 2, 4, 32)  # [half, quarter, l]
+    ql = np.concatenate(
+        (
+            c[:, :, 0] & 0x0F | (c[:, :, 2] & 0x0F) << 4,
+            c[:, :, 1] & 0x0F | (c[:, :, 3] & 0x0F) << 4,
+        ),
+        axis=-1,
+    ).reshape(nb, 128)
+    qh = c[:, :, 0] >> 4 | (c[:, :, 1] >> 4) << 2 | (c[:, :, 2] >> 4) << 4 | (c[:, :, 3] >> 4) << 6
+    scales = sc.astype(np.int8).view(np.uint8)
+    return np.concatenate((ql, qh.reshape(nb, 64), scales, _f16_bytes(d)), axis=-1).reshape(
+        rows, -1
+    )

@@ -55,7 +55,8 @@ def write_llama_gguf(
 ) -> Path:
     """Convert a Hugging Face Llama-family directory to GGUF the way llama.cpp does (a
     Llama's q/k rows permuted, names mapped), quantizing 2-D weights to ``qtype`` (a
-    ``gguf.GGMLQuantizationType`` name: F32, F16, Q8_0, Q4_0, Q4_1 …); norms and biases
+    ``gguf.GGMLQuantizationType`` name: F32, F16, Q8_0, Q4_0, Q4_1, the K-quants Q4_K,
+    Q5_K, Q6_K (``gguf_blocks.quantize_blocks``) …); norms and biases
     stay F32. A Mistral is written as a Llama with ``attention.sliding_window``; Gemma
     2/3 with their norms as 1 + w, the window, soft-caps, one sliding flag per layer
     (``attention.sliding_window_pattern``) and Gemma 3's local RoPE base
@@ -82,6 +83,7 @@ def write_llama_gguf(
     from safetensors.numpy import load_file
 
     from houchu.model.config import load_model_config
+    from houchu.model.gguf_blocks import quantize_blocks
 
     cfg = load_model_config(hf_dir)
     tensors: dict[str, np.ndarray] = {}
@@ -159,7 +161,11 @@ def write_llama_gguf(
                 t = permute_qk(t, cfg.num_kv_heads)
         block = gguf.GGML_QUANT_SIZES[qt][0]  # a row not a whole number of blocks: F32
         if t.ndim >= 2 and qt != gguf.GGMLQuantizationType.F32 and t.shape[-1] % block == 0:
-            w.add_tensor(gname, gguf.quants.quantize(t, qt), raw_dtype=qt)
+            w.add_tensor(
+                gname,
+                quantize_blocks(t.reshape(-1, t.shape[-1]), qtype).reshape(*t.shape[:-1], -1),
+                raw_dtype=qt,
+            )
         else:
             w.add_tensor(gname, t)
     w.write_header_to_file()
