@@ -13,7 +13,7 @@ float32, products in the model dtype).
 Each expert's two projections are linear layers (``houchu.model.linear.LinearBase``)
 built by the decoder layer's own builder, so ``--quantization int4 / int8 / w8a8``
 quantizes the routed experts (most of a MoE model's weights) as it does every other
-projection, and a GGUF expert stored as Q4_0/Q4_1 stays int4. The router stays dense, as
+projection, and a GGUF expert of a stored type (``gguf_blocks.STORED_TYPES``) stays as stored. The router stays dense, as
 in vLLM and llama.cpp: it is small (``[E, hidden]``) and its rounding would move the
 expert choice itself.
 

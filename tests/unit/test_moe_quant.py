@@ -127,20 +127,22 @@ def test_quantized_experts_agree_and_skip_idle_experts(mode, tol):
     assert 0 < err <= tol
 
 
-def test_gguf_q4_experts_stay_int4_losslessly(tmp_path, tiny_moe):
-    """A Q4_0 GGUF's stacked experts come out as one ``Int4Weight`` per expert whose
-    values are exactly the dequantized file's, the router dense; ``--quantization int4``
-    builds the experts from those codes (Int4Linear, groups of 32), the router a dense
-    float32 parameter."""
-    gguf_path = write_llama_gguf(tiny_moe, tmp_path / "q4.gguf", qtype="Q4_0")
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q5_0", "Q8_0"])
+def test_gguf_experts_stay_as_stored(tmp_path, tiny_moe, qtype):
+    """A Q4_0 (Q5_0, Q8_0) GGUF's stacked experts come out as one ``Int4Weight`` per
+    expert (one plane, or two) whose values are exactly the dequantized file's, the
+    router dense; ``--quantization int4`` builds the experts from those codes
+    (Int4Linear, groups of 32), the router a dense float32 parameter."""
+    gguf_path = write_llama_gguf(tiny_moe, tmp_path / "q.gguf", qtype=qtype)
     cfg, q4 = load_gguf(gguf_path, keep_q4=True)
     _, dense = load_gguf(gguf_path)
     name = "model.layers.1.mlp.experts.{}.{}_proj.weight"
     for e in range(cfg.num_experts):
         for proj in ("gate", "up", "down"):
             w = q4[name.format(e, proj)]
-            assert isinstance(w, Int4Weight) and w.group_size == 32
-            assert torch.equal(w.dequantize(torch.float32), dense[name.format(e, proj)])
+            assert isinstance(w, Int4Weight) and w.group_size == 32 and w.kind == qtype
+            got, want = w.dequantize(torch.float32), dense[name.format(e, proj)]
+            torch.testing.assert_close(got, want, rtol=0, atol=2**-22 * float(want.abs().max()))
     assert isinstance(q4["model.layers.1.mlp.gate.weight"], torch.Tensor)
     with torch.inference_mode():
         model = load_model(gguf_path, quant=QuantSpec("int4", 32))
@@ -154,6 +156,7 @@ def test_gguf_q4_experts_stay_int4_losslessly(tmp_path, tiny_moe):
         want = torch.cat([dense[name.format(3, p)] for p in proj])  # [N, K]
         err = (layer.dequantize().float() - want).abs().max()
         assert err <= 2**-7 * want.abs().max()
+        assert layer.planes == (1 if qtype == "Q4_0" else 2)
 
 
 @pytest.mark.parametrize("mode", ["none", "int4"])
