@@ -33,7 +33,7 @@ def make_linear(
             error-sensitive matmul; llama.cpp's Q4 files likewise keep it at 6-8 bits),
             or, a GGUF head kept as stored (``Int4Weight.kind``) of a vocabulary that is
             a multiple of 16 (torch's int4 packing), that: an ``Int4Linear`` with
-            float32 activations and logits.
+            float32 logits.
     Returns:
         ``Linear`` (mode "none"), ``Int4Linear``, ``Int8Linear`` or ``W8A8Linear``.
     Raises:

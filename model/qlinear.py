@@ -62,7 +62,8 @@ GEMV_HEADER_DTYPE = torch.bfloat16
 #: a plane of codes up to 15 times 16 × the scale would move a Q8_0 weight by up to half
 #: its own step in bfloat16. Measured on Gemma 3 270M Q4_K_M with float32 activations:
 #: top-1 agreement with the file's dequantized weights 0.985 with bfloat16 headers, 1.0
-#: with these (2 bits a weight more at group 32 for two planes, 1 for Q4_K).
+#: with these (2 bits a weight more at group 32 for two planes, 1 for Q4_K); with
+#: bfloat16 activations 0.992. The layer keeps its scales and offsets in this dtype too.
 STORED_HEADER_DTYPE = torch.float32
 #: the stored GGUF types that keep bfloat16 headers (a float16 scale, rounded 2^-9)
 BF16_HEADER_KINDS = ("", "Q4_0", "Q4_1")
@@ -97,8 +98,8 @@ class Int4Linear(LinearBase):
             (when no dense copy is kept).
         dense_min_rows: CPU with oneDNN: rows from which a kept dense prepacked copy is
             used; None: keep no copy.
-        float_out: an LM head's layer: float32 activations and outputs (logits)
-            whatever the hardware's native dtype.
+        float_out: an LM head's layer: float32 outputs (logits) from the C++ GEMV
+            whatever the activation dtype.
         activations: ``QuantSpec.int4_activations``: on houchu's C++ GEMV, "float"
             multiplies the activations as they are, "int8" quantizes them per group
             first (W4A8: every row count runs there, so no dense copy is kept), "auto"
@@ -119,7 +120,8 @@ class Int4Linear(LinearBase):
         super().__init__()
         dev = torch.device(device)
         self.out_features, self.in_features = w.shape
-        #: the LM head's: float32 activations and logits (never rounded to bfloat16)
+        #: the LM head's: float32 logits (the C++ GEMV's float32 sums, never rounded to
+        #: bfloat16: near-ties of the top tokens would become exact ties)
         self.float_out = float_out
         self.group_size, self.dequant_min_rows = w.group_size, dequant_min_rows
         #: int4 planes side by side along K (``Int4Weight.planes``), and the GGUF type the
@@ -130,7 +132,7 @@ class Int4Linear(LinearBase):
         if activations == "int8" and dev.type == "cpu":
             dense_min_rows = None
         self.kind = f"int4-g{w.group_size}"
-        act = self.act_dtype = torch.float32 if float_out else quant_act_dtype(dev.type)
+        act = self.act_dtype = quant_act_dtype(dev.type)
         zero = w.offset + 8.0 * w.scale  # [N, K/G]
         sz = torch.stack((w.scale, zero), dim=-1).transpose(0, 1).contiguous()  # [K/G, N, 2]
         self.register_buffer("sz", sz.to(dev, act))
@@ -147,8 +149,16 @@ class Int4Linear(LinearBase):
         self.register_buffer("packed", packed)  # kernel layout, opaque
         # a plain nibble copy for the dequantize-then-matmul path
         self.register_buffer("nibbles", pack_nibbles(q))  # [N, K/2] uint8
-        self.register_buffer("scale", w.scale.to(dev, act))  # [N, K/G]
-        self.register_buffer("offset", w.offset.to(dev, act))  # [N, K/G]
+        #: the GEMV's group headers' dtype (``BF16_HEADER_KINDS``); the scales and offsets
+        #: are kept in it (float32: a stored K-quant's exact values), else in act
+        self.header_dtype = (
+            GEMV_HEADER_DTYPE
+            if self.planes == 1 and self.stored in BF16_HEADER_KINDS
+            else STORED_HEADER_DTYPE
+        )
+        keep = act if self.header_dtype == GEMV_HEADER_DTYPE else STORED_HEADER_DTYPE
+        self.register_buffer("scale", w.scale.to(dev, keep))  # [N, P·K/G]
+        self.register_buffer("offset", w.offset.to(dev, keep))  # [N, P·K/G]
         self._dense = _dense_copy(self.dequantize(), dev, dense_min_rows)  # opaque, not a buffer
         self.dense_min_rows = dense_min_rows if self._dense is not None else None
         self._cpu_gemv: torch.Tensor | None = None  # houchu's C++ GEMV layout (opaque)
@@ -164,8 +174,7 @@ class Int4Linear(LinearBase):
             return
         if cpu_kernels.is_loaded() and self.group_size % 8 == 0:
             q = unpack_nibbles(self.nibbles).view(self.out_features, self.k_stored)
-            bf16 = self.planes == 1 and self.stored in BF16_HEADER_KINDS
-            header = GEMV_HEADER_DTYPE if bf16 else STORED_HEADER_DTYPE
+            header = self.header_dtype
             self._cpu_gemv = cpu_kernels.ops().int4_pack(
                 q, self.scale.to(header), self.offset.to(header), self.group_size
             )
@@ -191,8 +200,9 @@ class Int4Linear(LinearBase):
         n, kp, g = self.out_features, self.k_stored, self.group_size
         q = unpack_nibbles(self.nibbles).view(n, kp // g, g)
         if self.planes == 1:
-            q = q.to(self.act_dtype)
-            return torch.addcmul(self.offset[..., None], q, self.scale[..., None]).view(n, kp)
+            q = q.to(self.scale.dtype)  # act dtype, or float32 for exact headers
+            w1 = torch.addcmul(self.offset[..., None], q, self.scale[..., None]).view(n, kp)
+            return w1.to(self.act_dtype)
         w = torch.addcmul(self.offset.float()[..., None], q.float(), self.scale.float()[..., None])
         return w.view(n, self.planes, -1).sum(dim=1).to(self.act_dtype)
 
@@ -201,6 +211,11 @@ class Int4Linear(LinearBase):
         xa = x.to(self.act_dtype)
         path = _route(self, x.shape[0])
         xs = xa.repeat(1, self.planes) if self.planes > 1 else xa  # [M, P·K]: x per plane
+        if self.float_out and self._cpu_gemv is not None and x.shape[0] < self.dequant_min_rows:
+            # an LM head: float32 logits at every row count the GEMV serves, whatever
+            # the route (the other paths round them to the activation dtype)
+            g, n = self.group_size, self.out_features
+            return cpu_kernels.ops().int4_gemv(xs, self._cpu_gemv, g, n, False, False, True)
         if self._cpu_gemv is not None and int8_acts(self, path):
             y = cpu_kernels.ops().int4_gemv(
                 xs, self._cpu_gemv, self.group_size, self.out_features, True
@@ -211,7 +226,12 @@ class Int4Linear(LinearBase):
             y = F.linear(xa, self.dequantize())
         elif self._cpu_gemv is not None and path != "torch":
             y = cpu_kernels.ops().int4_gemv(
-                xs, self._cpu_gemv, self.group_size, self.out_features, False, self.batch_invariant
+                xs,
+                self._cpu_gemv,
+                self.group_size,
+                self.out_features,
+                False,
+                self.batch_invariant,
             )
         elif self.group_size not in TORCH_INT4_GROUPS:  # Q6_K's 16: no torch kernel
             y = F.linear(xa, self.dequantize())

@@ -20,7 +20,9 @@ def register_fakes(level: str) -> None:
     reg(lib + "paged_decode_attention")(lambda q, *rest: q.new_empty(q.shape))
     reg(lib + "prefill_attention")(lambda q, k, v, start, scale, window=0: q.new_empty(q.shape))
     reg(lib + "int4_gemv")(
-        lambda x, packed, g, n, int8_acts=False, batch_invariant=False: x.new_empty(x.shape[0], n)
+        lambda x, packed, g, n, int8_acts=False, batch_invariant=False, float_out=False: (
+            x.new_empty(x.shape[0], n, dtype=torch.float32 if float_out else x.dtype)
+        )
     )
     reg(lib + "int8_gemv")(
         lambda x, packed, n, float_out=False: x.new_empty(

@@ -8,9 +8,10 @@
 //
 // Operators (torch.ops.houchu_cpu.*):
 //   int4_pack(q, scale, offset, group_size) -> packed     once, at model load
-//   int4_gemv(x, packed, group_size, out_features, int8_acts=False, batch_invariant=False)
-//     -> y (batch_invariant: each row's sums in one order whatever the row count, so a
-//     row's output is bit for bit independent of the other rows; float activations)
+//   int4_gemv(x, packed, group_size, out_features, int8_acts=False, batch_invariant=False,
+//     float_out=False) -> y (batch_invariant: each row's sums in one order whatever the
+//     row count, so a row's output is bit for bit independent of the other rows; float
+//     activations; float_out: float32 y from bfloat16 x, as an LM head's logits want)
 //   int8_pack(q, scale) -> packed                         once, at model load
 //   int8_gemv(x, packed, out_features, float_out=False) -> y (float_out: float32 y
 //     from bfloat16 x, as an LM head's logits want: no rounding to bfloat16)
@@ -133,9 +134,11 @@ at::Tensor int4_pack(const at::Tensor& q, const at::Tensor& scale,
 // group_size: the G given to int4_pack; out_features: N -> [M, N] in x's dtype,
 // y = x @ (q * scale + offset).T with float32 accumulation; int8_acts: x quantized to
 // int8 per group first, integer dot products (W4A8, gemv_a8.h); batch_invariant: the
-// same accumulator chains at every row count (PackedLinear::invariant; not with int8_acts).
+// same accumulator chains at every row count (PackedLinear::invariant; not with int8_acts);
+// float_out: y in float32 whatever x's dtype (the float32 sums, never rounded).
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& blob, int64_t group_size,
-                     int64_t out_features, bool int8_acts, bool batch_invariant) {
+                     int64_t out_features, bool int8_acts, bool batch_invariant,
+                     bool float_out) {
   TORCH_CHECK(blob.scalar_type() == at::kByte, "int4_gemv: packed must be int4_pack's uint8 blob");
   TORCH_CHECK(!(int8_acts && batch_invariant),
               "int4_gemv: batch_invariant takes float activations, not int8_acts");
@@ -143,7 +146,7 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& blob, int64_t group_
   p.invariant = batch_invariant;
   TORCH_CHECK(x.dim() == 2 && x.size(1) == p.kpad, "int4_gemv: x must be [M, K] with K = ",
               p.kpad, ", got ", x.sizes());
-  return gemv_call(x, p, "int4_gemv", int8_acts);
+  return gemv_call(x, p, "int4_gemv", int8_acts, float_out);
 }
 
 // ---- int8 -------------------------------------------------------------------------
@@ -204,7 +207,7 @@ HOUCHU_FRAGMENT(m) {
   m.def("int4_pack(Tensor q, Tensor scale, Tensor offset, int group_size) -> Tensor");
   m.def(
       "int4_gemv(Tensor x, Tensor packed, int group_size, int out_features, bool int8_acts=False, "
-      "bool batch_invariant=False) -> Tensor");
+      "bool batch_invariant=False, bool float_out=False) -> Tensor");
   m.def("int8_pack(Tensor q, Tensor scale) -> Tensor");
   m.def("int8_gemv(Tensor x, Tensor packed, int out_features, bool float_out=False) -> Tensor");
 }
