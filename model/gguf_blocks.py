@@ -15,17 +15,19 @@ as ``gguf.quants``' ``dequantize_blocks``):
 | Q5_K | 256 | 32 | 5 | d · sc_j | -dmin · m_j |
 | Q6_K | 256 | 16 | 6 | d · sc_j (int8) | -32 d · sc_j |
 | Q8_0 | 32 | 32 | 8 | d | -128d (code = q + 128) |
+| Q2_K | 256 | 16 | 2 | d · sc_j (4-bit) | -dmin · m_j (4-bit) |
+| Q3_K | 256 | 16 | 3 | d · sc_j (6-bit, -32..31) | -4 d · sc_j |
 
 The scales and offsets are products of a float16 and a small integer, exact in float32.
-A 4-bit code is an ``Int4Weight`` code as it is. A wider code ``c = lo + 16 · hi`` is
+A code of 2 to 4 bits is an ``Int4Weight`` code as it is. A wider code ``c = lo + 16 · hi`` is
 split into two 4-bit *planes* (``lo = c & 15`` with the group's scale and offset, ``hi =
 c >> 4`` with 16 × the scale and no offset): ``w = lo · s + o + hi · 16s``, so
 ``x · w = [x, x] · [lo | hi]``, one int4 product over twice the inputs
 (``Int4Weight.planes``). Every int4 kernel of houchu (C++ GEMV on each ISA level, torch's
 int4 matmuls, CUDA's tinygemm) then computes on the file's own values: 10 bits a weight
 for a 5- or 6-bit type at group 32 (header included) against 32 for the float32 it was
-dequantized to. The IQ types, Q2_K, Q3_K and the ternary types have no such form and are
-dequantized (``weights_gguf.dequantized_part``).
+dequantized to. The IQ types (codes into a non-uniform grid) and the ternary types have
+no such form and are dequantized (``weights_gguf.dequantized_part``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ STORED_TYPES: dict[str, int] = {
     "Q5_K": 5,
     "Q6_K": 6,
     "Q8_0": 8,
+    "Q2_K": 2,
+    "Q3_K": 3,
 }
 #: bytes of one block, and elements in it
 BLOCK_BYTES: dict[str, tuple[int, int]] = {
@@ -59,6 +63,8 @@ BLOCK_BYTES: dict[str, tuple[int, int]] = {
     "Q5_K": (176, QK_K),
     "Q6_K": (210, QK_K),
     "Q8_0": (34, 32),
+    "Q2_K": (84, QK_K),
+    "Q3_K": (110, QK_K),
 }
 
 
@@ -137,6 +143,26 @@ def block_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np
             codes = (ql | (bits << 4)).reshape(nb, QK_K)
         scale = d * sc.astype(np.float32)
         return codes, scale, (-dmin * mn.astype(np.float32)), 32
+    if qtype == "Q2_K":  # scales[16] (sc | m << 4), qs[64], d, dmin
+        sc, qs = raw[:, 0:16], raw[:, 16:80].reshape(nb, 2, 1, 32)
+        d, dmin = _f16(raw[:, 80:82]), _f16(raw[:, 82:84])
+        shifts = (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
+        codes = ((qs >> shifts) & 3).reshape(nb, QK_K)  # element 128h + 32s + l
+        scale = d * (sc & 0x0F).astype(np.float32)
+        return codes, scale, -dmin * (sc >> 4).astype(np.float32), 16
+    if qtype == "Q3_K":  # hmask[32], qs[64], scales[12] (6-bit, -32), d
+        hm, qs = raw[:, 0:32].reshape(nb, 1, 32), raw[:, 32:96].reshape(nb, 2, 1, 32)
+        packed, d = raw[:, 96:108], _f16(raw[:, 108:110])
+        low = np.concatenate((packed[:, :8] & 0x0F, packed[:, :8] >> 4), axis=-1)  # [nb, 16]
+        high = (
+            packed[:, 8:12].reshape(nb, 1, 4) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 4, 1)
+        ) & 3
+        sc = (low | (high.reshape(nb, 16) << 4)).astype(np.int8) - np.int8(32)
+        shifts = (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
+        ql = ((qs >> shifts) & 3).reshape(nb, QK_K)  # element 128h + 32s + l
+        hbit = ((hm >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1).reshape(nb, QK_K)
+        scale = d * sc.astype(np.float32)  # element 32i + l takes bit i of hmask[l]
+        return ql | (hbit << 2), scale, -4.0 * scale, 16
     # Q6_K: ql[128], qh[64], scales[16] int8, d
     ql = raw[:, 0:128].reshape(nb, 2, 64)
     qh = raw[:, 128:192].reshape(nb, 2, 1, 32)
@@ -161,7 +187,7 @@ def gguf_to_int4(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> Int4We
         qtype: the GGUF type's name.
         shape: ``(N, K)`` of the dense weight.
     Returns:
-        ``Int4Weight`` with the type's group size: one plane for a 4-bit type, two planes
+        ``Int4Weight`` with the type's group size: one plane for a 2- to 4-bit type, two planes
         (``lo`` then ``hi``, module docstring) for a wider one. Its ``dequantize`` equals
         ``gguf.quants.dequantize`` up to float32 rounding of ``d · q + m``.
     Raises:
@@ -178,7 +204,7 @@ def gguf_to_int4(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> Int4We
     c = torch.from_numpy(codes.reshape(n, k))
     s = torch.from_numpy(np.ascontiguousarray(scale).reshape(n, k // g))
     o = torch.from_numpy(np.ascontiguousarray(offset).reshape(n, k // g))
-    if STORED_TYPES[qtype] == 4:
+    if STORED_TYPES[qtype] <= 4:
         return Int4Weight(c, s, o, g, kind=qtype)
     lo, hi = c & 0x0F, c >> 4
     return Int4Weight(
@@ -240,7 +266,7 @@ def quantize_blocks(x: np.ndarray, qtype: str) -> np.ndarray:
     """
     import gguf
 
-    if qtype not in ("Q4_K", "Q5_K", "Q6_K"):
+    if qtype not in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"):
         return gguf.quants.quantize(x, gguf.GGMLQuantizationType[qtype])
     rows, k = x.shape
     if k % QK_K:
@@ -258,6 +284,8 @@ def quantize_blocks(x: np.ndarray, qtype: str) -> np.ndarray:
         bits = (codes >> 4).astype(np.uint8) << np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
         qh = np.bitwise_or.reduce(bits, axis=1)  # [nb, 32]: bit j from sub-block j
         return np.concatenate((head, qh, qs), axis=-1).reshape(rows, -1)
+    if qtype in ("Q2_K", "Q3_K"):
+        return _quantize_low_k(xb.reshape(nb, 16, 16), qtype).reshape(rows, -1)
     # Q6_K: 16 groups of 16, symmetric codes -32..31, int8 scales times d
     g = xb.reshape(nb, 16, 16)
     amax = np.abs(g).max(axis=-1)  # [nb, 16]
@@ -279,3 +307,42 @@ def quantize_blocks(x: np.ndarray, qtype: str) -> np.ndarray:
     return np.concatenate((ql, qh.reshape(nb, 64), scales, _f16_bytes(d)), axis=-1).reshape(
         rows, -1
     )
+
+
+def _pack_2bit(codes: np.ndarray) -> np.ndarray:
+    """``[nb, 256]`` codes (their low 2 bits) -> ``[nb, 64]`` bytes: element 128h + 32s +
+    l in bits 2s..2s+1 of byte 32h + l (Q2_K's and Q3_K's ``qs``)."""
+    c = (codes & 3).reshape(-1, 2, 4, 32) << (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
+    return np.bitwise_or.reduce(c, axis=2).reshape(-1, 64)
+
+
+def _quantize_low_k(g: np.ndarray, qtype: str) -> np.ndarray:
+    """Q2_K (asymmetric, 4-bit scales and minimums) or Q3_K (symmetric, 6-bit signed
+    scales) blocks of ``[nb, 16, 16]`` values, fitted by min/max."""
+    nb = g.shape[0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if qtype == "Q2_K":
+            lo = np.minimum(g.min(axis=-1), 0.0)
+            scale, mins = (g.max(axis=-1) - lo) / 3, -lo  # [nb, 16]
+            d = (scale.max(axis=-1) / 15).astype(np.float16).astype(np.float32)
+            dmin = (mins.max(axis=-1) / 15).astype(np.float16).astype(np.float32)
+            sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 15)
+            mn = np.where(dmin[:, None] > 0, np.rint(mins / dmin[:, None]), 0).clip(0, 15)
+            s, m = (d[:, None] * sc)[..., None], (dmin[:, None] * mn)[..., None]
+            codes = np.where(s > 0, np.rint((g + m) / s), 0).clip(0, 3).astype(np.uint8)
+            head = (sc.astype(np.uint8) | (mn.astype(np.uint8) << 4)).reshape(nb, 16)
+            qs = _pack_2bit(codes.reshape(nb, QK_K))
+            return np.concatenate((head, qs, _f16_bytes(d), _f16_bytes(dmin)), axis=-1)
+        scale = np.abs(g).max(axis=-1) / 4  # codes -4..3
+        d = (scale.max(axis=-1) / 31).astype(np.float16).astype(np.float32)
+        sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(-32, 31)
+        s = (d[:, None] * sc)[..., None]
+        q = np.where(s > 0, np.rint(g / s), 0).clip(-4, 3)
+    codes = (q + 4).astype(np.uint8).reshape(nb, QK_K)
+    hbits = (codes >> 2).reshape(nb, 8, 32) << np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    hmask = np.bitwise_or.reduce(hbits, axis=1)  # [nb, 32]: bit i of element 32i + l
+    u = (sc + 32).astype(np.uint8)  # [nb, 16] 6-bit
+    low = (u[:, :8] & 0x0F) | ((u[:, 8:] & 0x0F) << 4)
+    top = (u >> 4).reshape(nb, 4, 4) << (2 * np.arange(4, dtype=np.uint8)).reshape(1, 4, 1)
+    high = np.bitwise_or.reduce(top, axis=1)  # [nb, 4]: j = 4i + k in bits 2i of byte k
+    return np.concatenate((hmask, _pack_2bit(codes), low, high, _f16_bytes(d)), axis=-1)

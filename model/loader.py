@@ -117,7 +117,7 @@ def stored_note(count: dict[str, int]) -> str:
     """The start-up line on the weights computed on as stored, e.g. "weights as stored
     (lossless): Q4_K x27 int4, Q5_0 x81 two int4 planes"."""
     parts = [
-        f"{k} x{n} " + ("int4" if STORED_TYPES[k] == 4 else "two int4 planes")
+        f"{k} x{n} " + ("int4" if STORED_TYPES[k] <= 4 else "two int4 planes")
         for k, n in count.items()
     ]
     return "weights as stored (lossless): " + ", ".join(parts)

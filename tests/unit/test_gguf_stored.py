@@ -42,14 +42,13 @@ def random_blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     d[::7] = 0.0  # zero scales
     m = (rng.normal(size=nb) * 0.1).astype(np.float32)
     m[::5] = -65000.0  # extreme minimums
-    if qtype == "Q6_K":
-        raw[:, 208:210] = _f16(d)
-    else:
-        raw[:, 0:2] = _f16(d)
+    at = {"Q6_K": 208, "Q2_K": 80, "Q3_K": 108}.get(qtype, 0)  # the float16 d
+    raw[:, at : at + 2] = _f16(d)
     if qtype in ("Q4_1", "Q5_1"):
         raw[:, 2:4] = _f16(m)
-    elif qtype in ("Q4_K", "Q5_K"):
-        raw[:, 2:4] = _f16(np.abs(m) / 1000)  # dmin
+    elif qtype in ("Q4_K", "Q5_K", "Q2_K"):
+        at = 82 if qtype == "Q2_K" else 2
+        raw[:, at : at + 2] = _f16(np.abs(m) / 1000)  # dmin
     return raw.reshape(n, -1)
 
 
@@ -60,7 +59,7 @@ def test_blocks_decode_as_gguf_dequantizes(qtype):
     want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(n, k)
     w = gguf_to_int4(raw, qtype, (n, k))
     assert w.kind == qtype and w.shape == (n, k)
-    assert w.planes == (1 if STORED_TYPES[qtype] == 4 else 2)
+    assert w.planes == (1 if STORED_TYPES[qtype] <= 4 else 2)
     assert int(w.q.max()) <= 15 and w.q.dtype == torch.uint8
     got = w.dequantize().numpy()
     # (d·lo + m) + 16d·hi: float32 sums of exact products in another order than d·q + m
@@ -69,7 +68,7 @@ def test_blocks_decode_as_gguf_dequantizes(qtype):
         gguf_to_int4(raw[:, :-1], qtype, (n, k))
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
 def test_k_quant_writer_round_trips(qtype):
     """``quantize_blocks`` writes ggml's layouts: gguf's own dequantizer reads them back
     close to the input, and ``block_codes`` reads them back exactly."""
@@ -77,7 +76,7 @@ def test_k_quant_writer_round_trips(qtype):
     x[0] = 0.0  # an all-zero row: zero scales
     raw = quantize_blocks(x, qtype)
     ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(4, 512)
-    assert np.abs(ref - x).max() < 0.2 * np.abs(x).max() and not ref[0].any()
+    assert np.abs(ref - x).max() < 0.5 * np.abs(x).max() and not ref[0].any()
     np.testing.assert_array_equal(gguf_to_int4(raw, qtype, (4, 512)).dequantize().numpy(), ref)
 
 
@@ -108,7 +107,7 @@ def test_stored_gemv_matches_dequantized_matmul(cpu_isa, qtype, activations):
         assert err < tol, f"{cpu_isa} {qtype} m={m}: relative error {err:.3g}"
 
 
-@pytest.mark.parametrize("qtype", [t for t in TYPES if t != "Q6_K"])
+@pytest.mark.parametrize("qtype", [t for t in TYPES if t not in ("Q2_K", "Q3_K", "Q6_K")])
 def test_stored_weight_on_torch_int4_kernel(qtype):
     """The route's "torch" path (torch's int4 matmul over [x, x] for two planes)."""
     n, k = 48, 512
