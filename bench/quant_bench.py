@@ -2,14 +2,17 @@
 next-token agreement and mean |Δ log p| on a fixed text, with each variant's load time
 and weight bytes per decode step.
 
-    python -m houchu.bench.quant_bench --model PATH [--variants int8,int4,int4-gptq]
+    python -m houchu.bench.quant_bench --model PATH [--variants auto,int8,int4,int4-gptq]
         [--text tests/data/quality_en.txt] [--tokens 600] [--calibration-text FILE]
         [--json OUT]
 
 The exact path is the checkpoint's weights dequantized (``--quantization none``); each
-variant is loaded as ``houchu serve`` would load it ("int4-gptq": ``--quantization int4
+variant is loaded as ``houchu serve`` would load it ("auto": houchu serve's default, a
+GGUF's tensors as stored where it can, ``houchu.model.gguf_blocks``; each row then says
+which stored types it served; "int4-gptq": ``--quantization int4
 --int4-method gptq``, calibrated on ``--calibration-text`` or the default text, never the
-evaluated one) and fed the text in chunks of 48 tokens (the weight-only kernels' rows).
+evaluated one) and fed the text in chunks of 48 tokens (the weight-only kernels' rows),
+on houchu's C++ CPU kernels where they build (as the server's runner computes).
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from houchu.model.loader import load_model
+from houchu.model import cpu_kernels
+from houchu.model.loader import STORED_NOTE, load_model
 from houchu.model.quality import agreement, text_logprobs
-from houchu.model.quant import QuantSpec
+from houchu.model.quant import QuantSpec, resolve_quant_mode
 from houchu.text.tokenizer import load_tokenizer
 
 DEFAULT_TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "quality_en.txt"
@@ -32,12 +36,14 @@ CHUNK = 48  #: tokens per step
 
 def spec(variant: str, calibration: str | None) -> QuantSpec:
     """The ``QuantSpec`` a variant names ("none", "int8", "w8a8", "int4", "int4-minmax",
-    "int4-gptq").
+    "int4-gptq"; "auto" is resolved per model by ``resolve_quant_mode`` in ``run``).
 
     Raises:
         ValueError: an unknown variant.
     """
     mode, _, method = variant.partition("-")
+    if mode == "auto" and not method:
+        return QuantSpec("none")  # a placeholder: ``run`` resolves it for the model
     if method and mode != "int4":
         raise ValueError(f"unknown variant {variant!r}")
     return QuantSpec(mode, 32, int4_method=method or "mse", calibration=calibration)
@@ -47,9 +53,14 @@ def run(model_path: str, variants: list[str], ids: list[int], calibration: str |
     """Each variant's figures against the exact path (``--quantization none``) on ``ids``.
 
     Returns:
-        ``{"exact": {...}, variant: {"top1", "mean_abs_dlogp", "load_s", "weight_mib"}}``.
+        ``{"exact": {...}, variant: {"top1", "mean_abs_dlogp", "load_s", "weight_mib",
+        "stored"}}`` ("stored": the GGUF types served as stored, e.g. "Q4_K x27 int4, ...").
     """
     out: dict[str, dict] = {}
+    try:  # the server's runner computes on houchu's C++ kernels where they build
+        cpu_kernels.load()
+    except cpu_kernels.CpuKernelsUnavailable as e:
+        print(f"houchu's C++ kernels unavailable ({e}): torch's kernels serve")
     with torch.inference_mode():
         t0 = time.perf_counter()
         exact = load_model(model_path)
@@ -61,7 +72,10 @@ def run(model_path: str, variants: list[str], ids: list[int], calibration: str |
         del exact
         for v in variants:
             t0 = time.perf_counter()
-            model = load_model(model_path, quant=spec(v, calibration))
+            q = spec(v, calibration)
+            if v == "auto":
+                q = QuantSpec(resolve_quant_mode("auto", model_path))
+            model = load_model(model_path, quant=q)
             load_s = time.perf_counter() - t0
             a = agreement(ref, text_logprobs(model, ids, chunk=CHUNK), ids)
             out[v] = {
@@ -69,9 +83,16 @@ def run(model_path: str, variants: list[str], ids: list[int], calibration: str |
                 "mean_abs_dlogp": a.mean_abs_dlogp,
                 "load_s": load_s,
                 "weight_mib": mib(model),
+                "stored": _stored(model),
             }
             del model
     return out
+
+
+def _stored(model) -> str:  # noqa: ANN001 (a LlamaModel)
+    """The start-up note's list of GGUF types served as stored, or "-"."""
+    notes = [n for n in model.load_notes if n.startswith(STORED_NOTE)]
+    return notes[0].removeprefix(STORED_NOTE) if notes else "-"
 
 
 def mib(model) -> float:  # noqa: ANN001 (a LlamaModel)
@@ -82,7 +103,7 @@ def mib(model) -> float:  # noqa: ANN001 (a LlamaModel)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="a GGUF file or Hugging Face folder")
-    ap.add_argument("--variants", default="int8,int4,int4-gptq")
+    ap.add_argument("--variants", default="auto,int8,int4,int4-gptq")
     ap.add_argument("--text", default=str(DEFAULT_TEXT), help="the evaluated text (UTF-8)")
     ap.add_argument("--tokens", type=int, default=600, help="evaluated tokens at most")
     ap.add_argument("--calibration-text", default=None, help="GPTQ's text (default: pydoc_data)")
@@ -99,12 +120,12 @@ def main() -> None:
         f"{e['nats_per_token']:.3f} nats/token, {e['weight_mib']:.1f} MiB/step, "
         f"loaded in {e['load_s']:.1f}s"
     )
-    print(f"{'variant':<12}{'top-1':>8}{'|dlogp|':>10}{'MiB/step':>10}{'load s':>8}")
+    print(f"{'variant':<12}{'top-1':>8}{'|dlogp|':>10}{'MiB/step':>10}{'load s':>8}  stored")
     for v in variants:
         r = res[v]
         print(
             f"{v:<12}{r['top1']:>8.3f}{r['mean_abs_dlogp']:>10.4f}"
-            f"{r['weight_mib']:>10.1f}{r['load_s']:>8.1f}"
+            f"{r['weight_mib']:>10.1f}{r['load_s']:>8.1f}  {r['stored']}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))

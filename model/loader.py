@@ -102,6 +102,10 @@ def load_model(
     return model
 
 
+#: how the start-up line on the weights served as stored begins (``stored_note``)
+STORED_NOTE = "weights as stored (lossless): "
+
+
 def stored_types(tensors: Weights) -> dict[str, int]:
     """How many projection weights of each GGUF type ``tensors`` keep as stored
     (``Int4Weight``s with a ``kind``; a MoE layer's stacked experts count one each)."""
@@ -120,7 +124,7 @@ def stored_note(count: dict[str, int]) -> str:
         f"{k} x{n} " + ("int4" if STORED_TYPES[k] <= 4 else "two int4 planes")
         for k, n in count.items()
     ]
-    return "weights as stored (lossless): " + ", ".join(parts)
+    return STORED_NOTE + ", ".join(parts)
 
 
 def load_gptq(
