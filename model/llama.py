@@ -39,6 +39,7 @@ from houchu.model.linear_factory import make_linear
 from houchu.model.mla import MLAAttention, prepare_mla
 from houchu.model.moe import MoEMLP
 from houchu.model.ops import TorchOps
+from houchu.model.qlinear import Int4Linear
 from houchu.model.quant import QuantSpec
 from houchu.model.rope import RopeTable, rope_cos_sin, rope_inv_freq
 from houchu.model.weight_shapes import HEAD_STORED, Weights, check_shapes
@@ -179,6 +180,12 @@ class LlamaModel(nn.Module):
     def linears(self) -> list[LinearBase]:
         """Every projection (the routed experts' included), LM head last."""
         return [m for m in self.modules() if isinstance(m, LinearBase)]
+
+    @property
+    def rounded_int4(self) -> bool:
+        """Whether some int4 projection was rounded from float weights (False: every one
+        is a GGUF tensor served as stored, or none is int4)."""
+        return any(isinstance(m, Int4Linear) and not m.stored for m in self.linears())
 
     def _moes(self) -> list[MoEMLP]:
         """The MoE layers (empty for a dense model)."""

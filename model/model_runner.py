@@ -189,7 +189,9 @@ class ModelRunner:
         per_layer = self.pool.bytes_per_token // max(self.config.num_layers, 1)
         self.window_ledger = WindowLedger(self.model.attention, per_layer)
         structure = (self.model.attention, self.backend.name, not o.disable_fused_layers)
-        notes = structure_notes(self.config, *structure, quant.mode, quant.int4_method)
+        notes = structure_notes(
+            self.config, *structure, quant.mode, quant.int4_method, self.model.rounded_int4
+        )
         self.notes = tp_notes + pinned_notes(self.deterministic) + self.model.load_notes
         self.notes += notes + self.pool_size.notes  # what the structure and the pool limit
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)

@@ -23,6 +23,7 @@ def structure_notes(
     fused_asked: bool,
     quant_mode: str = "none",
     int4_method: str = "mse",
+    rounded: bool = True,
 ) -> list[str]:
     """One line per lever the model's structure limits.
 
@@ -33,11 +34,18 @@ def structure_notes(
         fused_asked: the fused C++ decode layers were not turned off.
         quant_mode: the weights' ``QuantSpec.mode`` ("none", "int4", "int8", "w8a8").
         int4_method: ``QuantSpec.int4_method`` ("mse", "minmax", "gptq").
+        rounded: some float weight was rounded to int4 (False: every int4 weight is a
+            GGUF tensor served as stored, ``LlamaModel.rounded_int4``).
     Returns:
         Lines for the start-up output (empty for a plain Llama-family model).
     """
     out = []
-    if quant_mode == "int4" and int4_method != "gptq" and cfg.architecture in ROUNDING_LOSES:
+    if (
+        quant_mode == "int4"
+        and rounded
+        and int4_method != "gptq"
+        and cfg.architecture in ROUNDING_LOSES
+    ):
         out.append(
             f"--quantization int4: weights rounded to int4 agree less with the exact path on "
             f"{cfg.architecture} (top-1 0.93 on houchu's quality test, 0.95+ in other "
