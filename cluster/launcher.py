@@ -35,6 +35,7 @@ from houchu.cluster.plan import ClusterPorts, ReplicaPlan, cluster_ports, plan_r
 from houchu.cluster.replica import ReplicaProcess, child_setup
 from houchu.cluster.router import find_smg, router_command
 from houchu.cluster.status import ClusterStatus, make_status_app
+from houchu.paths import cache_dir
 
 #: Seconds between two checks of the processes (and polls of the replicas).
 TICK_S = 0.5
@@ -74,8 +75,6 @@ class ClusterLauncher:
     """
 
     def __init__(self, config: ServeConfig, plans: list[ReplicaPlan] | None = None) -> None:
-        from houchu.cli.fetch import cache_dir
-
         self.config = config
         self.smg = find_smg()
         self.ports: ClusterPorts = cluster_ports(config)

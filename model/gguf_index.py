@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from houchu.paths import cache_dir
+
 INDEX_VERSION = 1
 MAX_INDEXED_ARRAY = 4096  # elements; the tokenizer's vocabulary and merges are longer
 KEEP_INDEXES = 64  # the most recently written indexes kept (files come and go: tests)
@@ -115,8 +117,6 @@ class GgufIndex:
 
 def index_dir() -> Path:
     """Where the indexes are kept: ``$HOUCHU_CACHE/gguf-index``."""
-    from houchu.cli.fetch import cache_dir
-
     return cache_dir() / "gguf-index"
 
 

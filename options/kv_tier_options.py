@@ -17,7 +17,7 @@ class KVTierOptions(msgspec.Struct, frozen=True, kw_only=True):
         host_kv_mb: host-memory tier, MiB (0: off unless ``host_kv_pages``).
         host_kv_pages: host-memory tier in pages (overrides ``host_kv_mb``; 0: by MiB).
         ssd_kv_mb: SSD tier cap, MiB (0: no SSD tier).
-        kv_cache_dir: SSD tier directory ("": ``houchu.cli.fetch.cache_dir()/kv``).
+        kv_cache_dir: SSD tier directory ("": ``houchu.paths.cache_dir()/kv``).
         kv_write_policy: copy a page down when the device evicts it ("write_back") or
             as soon as it is cached ("write_through").
     """

@@ -13,7 +13,7 @@ class TelemetryOptions(msgspec.Struct, frozen=True, kw_only=True):
         disable_telemetry: no recorder: no lifecycle events, step records or lever
             samples are stored.
         db_url: SQLAlchemy URL of the telemetry and benchmark database (None: SQLite at
-            ``houchu.cli.fetch.cache_dir()/houchu.db``).
+            ``houchu.paths.cache_dir()/houchu.db``).
         retention_requests: the newest this many requests are kept (0: all).
         retention_days: telemetry older than this many days is pruned (0: none is).
     """

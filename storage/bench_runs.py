@@ -85,7 +85,7 @@ def save_bench_run(
     db_url: str | None, name: str, settings: dict[str, Any], results: dict[str, Any]
 ) -> int:
     """Store a load-generator run in the database at ``db_url`` (None: the default
-    database, ``houchu.cli.fetch.cache_dir()/houchu.db``); returns the run's id.
+    database, ``houchu.paths.cache_dir()/houchu.db``); returns the run's id.
 
     ``settings`` and ``results`` are JSON objects (dicts of str, numbers, lists, dicts);
     NaN and infinities are stored as null.

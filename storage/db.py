@@ -1,6 +1,6 @@
 """Connecting to the database and migrating its schema.
 
-The default database is SQLite in WAL mode at ``houchu.cli.fetch.cache_dir()/houchu.db``
+The default database is SQLite in WAL mode at ``houchu.paths.cache_dir()/houchu.db``
 (readers never wait for the recorder's writes); ``--db-url`` takes any SQLAlchemy URL
 (``postgresql+psycopg://...``, ``sqlite:////abs/path.db``, ...). The schema is created
 and upgraded by Alembic with the migrations shipped in ``houchu/storage/migrations``.
@@ -18,6 +18,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
 
+from houchu.paths import cache_dir
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 #: Seconds a connection waits for a SQLite write lock before failing.
 SQLITE_BUSY_TIMEOUT_S = 10.0
@@ -28,9 +30,7 @@ class DatabaseUrlError(ValueError):
 
 
 def default_url() -> str:
-    """``sqlite:///CACHE_DIR/houchu.db`` (see ``houchu.cli.fetch.cache_dir``)."""
-    from houchu.cli.fetch import cache_dir
-
+    """``sqlite:///CACHE_DIR/houchu.db`` (see ``houchu.paths.cache_dir``)."""
     return f"sqlite:///{cache_dir() / 'houchu.db'}"
 
 

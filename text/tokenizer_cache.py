@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from houchu.cli.fetch import cache_dir
+from houchu.paths import cache_dir
 from houchu.text.tokenizer_errors import TokenizerError
 
 log = logging.getLogger(__name__)

@@ -44,6 +44,22 @@ import torch
 from houchu.model import cpu_isa as isa
 from houchu.model.cpu_kernels.fakes import register_fakes
 
+# torch.utils.cpp_extension is imported here, by the thread that imports houchu's model
+# code (before any thread of houchu's starts: the runner actor imports it on its main
+# thread), never first on the kernel-build thread (``load_in_background``). It imports
+# setuptools, whose first import in a process runs ``_distutils_hack``'s override: a finder
+# inserted at ``sys.meta_path[0]`` and removed again. The import system iterates that live
+# list (until gh-130094: Python 3.14, backported to 3.13), so an import running meanwhile
+# on another thread skips the finder after the one it was asking (the path finder) and a
+# module that exists is "not found": a runner loading its GGUF while the kernel thread
+# started failed so, with "No module named 'houchu.cli.fetch'"
+# (``tests/unit/test_import_threads.py``).
+try:
+    from torch.utils import cpp_extension
+except ImportError as _e:  # no setuptools: no builds here, torch's kernels serve
+    cpp_extension = None
+    _NO_CPP_EXTENSION = f"torch.utils.cpp_extension does not import ({_e})"
+
 # The sources are compiled as two unity translation units, one per core of a 2-core
 # machine: each unit parses the torch headers once (6 s of g++ per unit), where seven
 # units spent 44 of the build's 82 CPU seconds there; the two units' own code is about
@@ -221,8 +237,8 @@ def _load_once(level: str, verbose: bool) -> float:
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         raise CpuKernelsUnavailable(f"no C++ compiler ({cxx!r} not on PATH)")
-    from torch.utils import cpp_extension
-
+    if cpp_extension is None:
+        raise CpuKernelsUnavailable(_NO_CPP_EXTENSION)
     if not cpp_extension.is_ninja_available():
         raise CpuKernelsUnavailable("ninja is not installed (pip install ninja)")
     here = Path(__file__).parent

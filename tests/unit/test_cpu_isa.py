@@ -20,6 +20,10 @@ CPUINFO = "processor\t: 0\nflags\t\t: {}\n\nprocessor\t: 1\nflags\t\t: {}\n"
 def _no_cap(monkeypatch):
     monkeypatch.delenv("HOUCHU_CPU_ISA_MAX", raising=False)  # the CPU as it is
     monkeypatch.delenv("HOUCHU_CPU_ISA", raising=False)
+    # the process's level as it was: one chosen here, uncapped (``load`` asks for it),
+    # would outlive the test, and a capped run's later tests could not select it back
+    monkeypatch.setattr(cpu_kernels, "_active", cpu_kernels._active)  # noqa: SLF001
+    monkeypatch.setattr(cpu_kernels, "_loaded", cpu_kernels._loaded)  # noqa: SLF001
 
 
 def features(flags: str) -> frozenset[str]:

@@ -8,6 +8,7 @@ import argparse
 import torch
 
 from houchu.bench.moe_bench import build, check_equal, per_expert_loop, per_token_loop, silu_mul
+from houchu.model.qlinear import quant_act_dtype
 
 
 def test_loops_equal_the_grouped_experts():
@@ -33,4 +34,12 @@ def test_loops_equal_the_grouped_int4_experts():
         check_equal(per_token_loop(moe, x), want, "int4")
         exact = dense(x, silu_mul)  # the same weights unrounded: int4's error, not more
     assert 0 < float((want - exact).abs().max()) <= 0.2 * float(exact.abs().max())
-    assert moe.weight_bytes()[0] < 0.2 * dense.weight_bytes()[0]
+    # one token reads top_k experts' weights (gate and up [2I, hidden], down [hidden, I])
+    # and the float32 router: as int4, half a byte a weight and a scale and zero point
+    # per group of 32 in the activation dtype (bfloat16 where the CPU level computes in
+    # it natively, else float32); as float32, 4 bytes a weight
+    weights = args.top_k * 3 * args.expert_width * args.hidden
+    router = args.experts * args.hidden * 4
+    headers = weights // 32 * 2 * quant_act_dtype("cpu").itemsize
+    assert moe.weight_bytes()[0] == weights // 2 + headers + router
+    assert dense.weight_bytes()[0] == 4 * weights + router
