@@ -211,9 +211,10 @@ class Int4Linear(LinearBase):
         xa = x.to(self.act_dtype)
         path = _route(self, x.shape[0])
         xs = xa.repeat(1, self.planes) if self.planes > 1 else xa  # [M, P·K]: x per plane
-        if self.float_out and self._cpu_gemv is not None and x.shape[0] < self.dequant_min_rows:
-            # an LM head: float32 logits at every row count the GEMV serves, whatever
-            # the route (the other paths round them to the activation dtype)
+        if self.float_out and self._cpu_gemv is not None:
+            # an LM head: float32 logits at every row count, whatever the route (the
+            # other paths round them to the activation dtype, and a request's logits
+            # would then depend on how many rows share its step)
             g, n = self.group_size, self.out_features
             return cpu_kernels.ops().int4_gemv(xs, self._cpu_gemv, g, n, False, False, True)
         if self._cpu_gemv is not None and int8_acts(self, path):
