@@ -223,7 +223,7 @@ class DecodeAccelerator:
     def forward(self, batch: StepBatch) -> torch.Tensor | None:
         """``[R, vocab]`` float32 logits if this step ran accelerated, else None (the
         caller runs the model eagerly)."""
-        if self.impl is None:
+        if self.impl is None or batch.prompt_seqs:  # a prompt's rows: the prefill kernel
             return None
         bucket = self.impl.bucket(batch)
         if bucket is None:

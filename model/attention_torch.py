@@ -60,9 +60,12 @@ class TorchSDPABackend(AttentionBackend):
     def _prepare(self, batch: StepBatch, window: int) -> TorchMeta:
         """Indices and masks of attention over each token's last ``window`` positions
         (0: all); only the pages holding them are read."""
-        decode = [i for i in range(batch.num_seqs) if batch.q_len(i) == 1 and not self.one_kernel]
+        # a prompt's tokens (``StepBatch.prompt_seqs``) always attend on the prefill kernel:
+        # the tail of a cached prompt then gets the bits it gets in a whole prefill
+        one = [self.one_kernel or i in batch.prompt_seqs for i in range(batch.num_seqs)]
+        decode = [i for i in range(batch.num_seqs) if batch.q_len(i) == 1 and not one[i]]
         most = 0 if window or self.one_kernel else MAX_EXTEND_AS_DECODE
-        extend = [i for i in range(batch.num_seqs) if _short_extend(batch, i, most)]
+        extend = [i for i in range(batch.num_seqs) if _short_extend(batch, i, most) and not one[i]]
         meta = TorchMeta(all_decode=len(decode) + len(extend) == batch.num_seqs)
         dev = batch.token_ids.device
         if window and any(batch.kv_lens[i] > window for i in decode):  # (no extend)
@@ -78,6 +81,7 @@ class TorchSDPABackend(AttentionBackend):
             if 1 < batch.q_len(i) <= MAX_BATCHED_QUERY
             and batch.start_pos[i] > 0
             and i not in extend
+            and not one[i]
         ]
         if len(multi) > 1 and not self.one_kernel:
             meta.multi = self._multi_query(batch, multi, window)
@@ -85,7 +89,7 @@ class TorchSDPABackend(AttentionBackend):
             multi = []
         for i in range(batch.num_seqs):
             n = batch.q_len(i)
-            if i in multi or i in extend or (n == 1 and not self.one_kernel):
+            if i in multi or i in extend or (n == 1 and not one[i]):
                 continue
             meta.prefill.append(self._prefill_seq(batch, i, window))
         return meta

@@ -15,9 +15,32 @@ The ``-a8`` paths exist where the int4 layers run on houchu's C++ GEMV and
 ``QuantSpec.int4_activations`` is "int8" (then only they are timed) or "auto" in a
 float32 model (``a8_candidate``).
 
+The paths round differently, and not only in the last bits of their sums: int8
+activations quantize each layer's input, torch's int4 kernel and the dense copy round the
+dequantized weights (or their zero points) to the activation dtype, where houchu's GEMV
+multiplies the stored codes exactly. On the default model (avx512_bf16, bfloat16
+activations) a prompt's top-20 log-probs moved by up to 0.14 nats from ``gemv`` to
+``gemv-a8`` and 0.19 from ``gemv`` to ``torch``, while ``fused`` and ``gemv`` gave equal
+bits. Were buckets to take paths of different kinds, a request's tokens would depend on
+how many rows share its steps (alone or beside others, a cold prompt's prefill or a
+cached prompt's short tail). So the kind of kernel (``FAMILIES``: houchu's GEMV with
+float activations, "fused" or "gemv"; the same with int8 activations; torch's; the
+dense copy) is chosen once per model: ``tune`` times every path, keeps the family whose
+fastest path is fastest over the buckets (``choose_family``: the geometric mean of each
+family's best time over the bucket's best, the prefill step counted as one more bucket;
+a tie keeps the earlier family) and routes every bucket and the prefill to that family's
+fastest path. The choice is cached with the route and printed on the start-up line
+("every row count on one kernel family: houchu's GEMV, int8 activations (float 1.31x
+the time, torch 2.40x)"). The paths left in one family, "fused" and "gemv", run the
+same kernels.
+
+Where the thread governor should start (``houchu.model.threads``) is measured too: each
+timed bucket's path at one thread fewer (``thread_priors``).
+
 ``tune`` times one decode step of each available path at every decode bucket (best of a
 few, after a warm-up; a path four times slower than a bucket's best is not timed at the
-larger ones), keeps the fastest per bucket in a ``DecodeRoute`` that the model's
+larger ones), keeps the fastest per bucket (of the family chosen above) in a
+``DecodeRoute`` that the model's
 quantized linears and the fused layers consult, and caches the result (``DecisionCache``,
 keyed by the model file, its format, the ISA level, the thread count and torch's version),
 so a second start only reads it. Measuring stops at a time budget (``TUNE_BUDGET_S``):
@@ -26,12 +49,14 @@ path first), a bucket cut short chooses among the paths it timed, and a prefill 
 cut short is not made. A measurement cut short or taken on contended cores is cached as
 provisional: a later start uses it while its cores are still busy (a few probe steps
 tell), and measures again once they are quiet. Steps of more rows than the largest
-bucket (prefill) take the path a one-sequence prefill measured fastest among ``dense``, ``gemv`` and
-``gemv-a8`` (``DecodeRoute.prefill``), else the layers' own rules.
+bucket (prefill) take the path of that family a one-sequence prefill measured fastest
+among ``dense``, ``gemv`` and ``gemv-a8`` (``DecodeRoute.prefill``), else the layers' own
+rules (the family's own path, ``FAMILY_PATH``, where it timed none).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +80,101 @@ CONTENDED_WAIT = 0.2  # of the threads' wall time spent waiting for a core: abov
 DROP_ABOVE = 4.0  # a path this many times slower than a bucket's best is not timed further
 TUNE_BUDGET_S = 15.0  # wall seconds of measuring (4.5-8.7 s on 2 quiet cores): then it stops
 PROBE_STEPS = 8  # steps that tell whether the cores are still busy, before a provisional
+A8 = "-a8"  # the suffix of the int8-activation paths
+PRIOR_GAIN = 0.03  # a thread fewer starts a bucket where its step measured this much faster
+
+
+#: the kernel families, in the order a tie keeps them: houchu's GEMV (op by op or in the
+#: fused layers: the same kernels and sums) with float activations, the same with int8
+#: activations, torch's packed kernels, the dense copy
+FAMILIES = ("float", "int8", "torch", "dense")
+#: the start-up line's words for each
+FAMILY_TEXT = {
+    "float": "houchu's GEMV, float activations",
+    "int8": "houchu's GEMV, int8 activations",
+    "torch": "torch's packed kernels",
+    "dense": "the dense copy",
+}
+#: the path of a family that steps of a bucket it timed nothing at take
+FAMILY_PATH = {"float": "gemv", "int8": "gemv-a8", "torch": "torch", "dense": "dense"}
+
+
+def path_family(path: str) -> str:
+    """The kernel family of a path ("fused" and "gemv": "float"; the ``-a8`` paths:
+    "int8"; "torch"; "dense")."""
+    if path.endswith(A8):
+        return "int8"
+    return path if path in ("torch", "dense") else "float"
+
+
+def choose_family(
+    times: dict[int, dict[str, float]], prefill_times: dict[str, float] | None = None
+) -> tuple[str | None, dict[str, float]]:
+    """The kernel family every bucket runs (None: one family was timed, nothing to
+    choose) and how many times slower each other family measured: the geometric mean
+    over the buckets (and the prefill step, for the families that have a prefill path)
+    of a family's fastest time over the fastest of all, a family not timed at a bucket
+    counted ``DROP_ABOVE`` times slower there (it dropped out, or was cut short). A tie
+    keeps the first of ``FAMILIES``."""
+    rows = [t for t in times.values() if t]
+    timed = {path_family(p) for t in rows for p in t}
+    if len(timed) < 2:
+        return None, {}
+    score = {}
+    for fam in (f for f in FAMILIES if f in timed):
+        logs = []
+        for t in rows:
+            own = [s for p, s in t.items() if path_family(p) == fam]
+            logs.append(math.log(min(own) / min(t.values()) if own else DROP_ABOVE))
+        if prefill_times and any(path_family(p) == fam for p in prefill_times):
+            own = [s for p, s in prefill_times.items() if path_family(p) == fam]
+            logs.append(math.log(min(own) / min(prefill_times.values())))
+        score[fam] = math.exp(sum(logs) / len(logs))
+    fam = min(score, key=score.get)  # the first of FAMILIES on a tie
+    return fam, {f: score[f] / score[fam] for f in score if f != fam}
+
+
+def _in_family(path: str, fam: str | None, paths: list[str]) -> str:
+    """``path``'s counterpart in ``fam`` ("fused" <-> "fused-a8", "gemv" <-> "gemv-a8",
+    else the family's ``FAMILY_PATH``), for a bucket where no path of ``fam`` was timed."""
+    if fam is None or path_family(path) == fam:
+        return path
+    base = path.removesuffix(A8)
+    want = {"float": base, "int8": base + A8}.get(fam, FAMILY_PATH[fam])
+    return want if want in paths else FAMILY_PATH[fam]
+
+
+def _route_of(
+    buckets: list[int],
+    times: dict[int, dict[str, float]],
+    table: dict[int, str],
+    prefill_times: dict[str, float] | None,
+    paths: list[str],
+) -> tuple[DecodeRoute, str | None, dict[str, float]]:
+    """The route of one kernel family (``choose_family``): each timed bucket takes its
+    family's fastest path; a bucket where it timed none takes the nearest bucket's that
+    did (the smaller first), else ``table``'s path's counterpart; the prefill its
+    family's fastest, else its ``FAMILY_PATH`` (so that steps above the largest bucket
+    run that family too, not the layers' row rules)."""
+    fam, slower = choose_family(times, prefill_times)
+
+    def mine(p: str) -> bool:
+        return fam is None or path_family(p) == fam
+
+    best: dict[int, str] = {}
+    for b in buckets:
+        own = {p: s for p, s in times.get(b, {}).items() if mine(p)}
+        if own:
+            best[b] = min(own, key=own.get)
+    out: dict[int, str] = {}
+    for b in buckets:
+        near = sorted(best, key=lambda x: (x > b, abs(x - b)))
+        out[b] = best[near[0]] if near else _in_family(table[b], fam, paths)
+    pre = {p: s for p, s in (prefill_times or {}).items() if mine(p)}
+    prefill = min(pre, key=pre.get) if pre else None
+    if prefill is None and fam is not None and FAMILY_PATH[fam] in paths:
+        prefill = FAMILY_PATH[fam]
+    return DecodeRoute(dict(sorted(out.items())), prefill), fam, slower
 
 
 def available_paths(model: torch.nn.Module) -> list[str]:
@@ -107,6 +227,27 @@ def model_dtype(model: torch.nn.Module) -> torch.dtype:
     return torch.float32
 
 
+#: ISA levels where houchu's int4 GEMV sums a row in one order at every tile size
+#: (``int4_gemv(batch_invariant=True)``) at no measurable cost (3072x576, 1-16 rows; at
+#: ``avx2`` it costs about 1.4x from 4 rows up): there the float paths' GEMV runs so by
+#: default, and a row's output does not depend on the rows beside it
+FREE_INVARIANT_LEVELS = ("avx512", "avx512_bf16")
+
+
+def invariant_where_free(model: torch.nn.Module) -> bool:
+    """Turn on the int4 GEMV's batch-invariant sums (float activations) at the ISA
+    levels where they cost nothing (``FREE_INVARIANT_LEVELS``); whether it did."""
+    from houchu.model import cpu_kernels
+    from houchu.model.qlinear import Int4Linear
+
+    if not cpu_kernels.is_loaded() or cpu_kernels.active_level() not in FREE_INVARIANT_LEVELS:
+        return False
+    for m in model.modules():
+        if isinstance(m, Int4Linear):
+            m.batch_invariant = True
+    return True
+
+
 def attach(model: torch.nn.Module, route: DecodeRoute | None) -> None:
     """Make ``model``'s quantized linears and fused layers follow ``route``."""
     from houchu.model.qlinear import Int4Linear, Int8Linear
@@ -133,6 +274,12 @@ class Tuned:
         provisional: measured contended or truncated: cached so, and measured again by
             the first later start whose cores are quiet.
         stored: (measured) the cache took it; False where it could not be written.
+        family: the kernel family of every bucket and the prefill (``choose_family``),
+            None where only one was timed.
+        others_slower: each other family's measured time over the chosen one's.
+        fewer_threads: bucket -> seconds of one step of the route's path at one thread
+            fewer than the runner's (where the budget left time): the thread governor's
+            first count per decode bucket (``thread_priors``).
     """
 
     route: DecodeRoute
@@ -144,6 +291,12 @@ class Tuned:
     truncated: bool = False
     provisional: bool = False
     stored: bool = True  # measured: whether the cache took it
+    #: the kernel family every bucket runs (``FAMILIES``; None: no choice)
+    family: str | None = None
+    #: family -> how many times slower it measured than ``family`` (``choose_family``)
+    others_slower: dict[str, float] | None = None
+    #: bucket -> seconds of the route's step at one thread fewer (``thread_priors``)
+    fewer_threads: dict[int, float] | None = None
 
 
 def tune(
@@ -181,7 +334,7 @@ def tune(
         return None
     cached = cache_get()
     if cached and set(cached.get("paths", [])) == set(paths):
-        kept = _from_cache(cached)
+        kept = _from_cache(cached, paths)
         attach(model, kept.route)
         if not kept.provisional:
             return kept
@@ -192,15 +345,25 @@ def tune(
     return _measure(model, paths, buckets, step, cache_put, reps, prefill_step, budget)
 
 
-def _from_cache(entry: dict) -> Tuned:
-    """The ``Tuned`` a cache entry holds."""
+def _from_cache(entry: dict, paths: list[str]) -> Tuned:
+    """The ``Tuned`` a cache entry holds (its route derived again from its times)."""
     times = {int(b): t for b, t in entry["times"].items()}
     table = {int(b): p for b, p in entry.get("table", {}).items()}
-    table |= {b: min(t, key=t.get) for b, t in times.items()}
     pre = entry.get("prefill_times") or None
-    route = DecodeRoute(dict(sorted(table.items())), min(pre, key=pre.get) if pre else None)
+    route, fmt, slower = _route_of(sorted(table), times, table, pre, paths)
     provisional = bool(entry.get("provisional"))
-    return Tuned(route, times, 0.0, True, prefill_times=pre, provisional=provisional)
+    fewer = {int(b): s for b, s in (entry.get("fewer_threads") or {}).items()}
+    return Tuned(
+        route,
+        times,
+        0.0,
+        True,
+        prefill_times=pre,
+        provisional=provisional,
+        family=fmt,
+        others_slower=slower,
+        fewer_threads=fewer or None,
+    )
 
 
 def _cores_busy(step: Callable[[int], None], buckets: tuple[int, ...]) -> bool:
@@ -282,8 +445,10 @@ def _measure(
             attach(model, DecodeRoute({max(buckets): p}, prefill=p))
             pre[p] = min(pre[p], _timed(prefill_step))
     table |= {b: min(t, key=t.get) for b, t in times.items()}
-    route = DecodeRoute(table, min(pre, key=pre.get) if pre else None)
+    route, fmt, slower = _route_of(list(buckets), times, table, pre or None, paths)
+    table = dict(route.table)
     attach(model, route)
+    fewer = _fewer_threads(times, step, over)
     took = time.perf_counter() - t0
     contended = wait_share(waited() - waited0, took, torch.get_num_threads()) > CONTENDED_WAIT
     provisional = contended or truncated  # measured again once a start finds quiet cores
@@ -294,6 +459,7 @@ def _measure(
             "table": {str(b): p for b, p in table.items()},
             "prefill_times": pre,
             "provisional": provisional,
+            "fewer_threads": {str(b): s for b, s in fewer.items()},
         }
     )
     return Tuned(
@@ -306,7 +472,48 @@ def _measure(
         truncated,
         provisional,
         stored=stored is not False,
+        family=fmt,
+        others_slower=slower,
+        fewer_threads=fewer or None,
     )
+
+
+def _fewer_threads(
+    times: dict[int, dict[str, float]], step: Callable[[int], None], over: Callable[[], bool]
+) -> dict[int, float]:
+    """Seconds of one step of each timed bucket on the attached route at one thread fewer
+    than torch's count (after a warm-up), while the budget lasts ({} at one thread)."""
+    n = torch.get_num_threads()
+    got: dict[int, float] = {}
+    if n < 2:
+        return got
+    torch.set_num_threads(n - 1)
+    try:
+        for b in times:
+            if over():
+                break
+            got[b] = _best_of(lambda b=b: step(b), 1)
+    finally:
+        torch.set_num_threads(n)
+    return got
+
+
+def thread_priors(tuned: Tuned | None, threads: int) -> dict[str, dict[str, dict]]:
+    """The thread governor's first count per decode kind (``ThreadGovernor.cached``'s
+    "measured" entries) from a quiet startup measurement: one thread fewer where the
+    route's step measured at least ``PRIOR_GAIN`` faster so, else ``threads``."""
+    from houchu.model.threads import step_key
+
+    if tuned is None or tuned.provisional or not tuned.fewer_threads:
+        return {}
+    out: dict[str, dict[str, dict]] = {}
+    for b, fewer in tuned.fewer_threads.items():
+        best = tuned.times.get(b, {}).get(tuned.route.table.get(b, ""))
+        if best is None:
+            continue
+        n = threads - 1 if fewer < (1 - PRIOR_GAIN) * best else threads
+        out[step_key(b, all_decode=True)] = {"measured": {"threads": n}}
+    return out
 
 
 def _timed(run: Callable[[], None]) -> float:
@@ -362,6 +569,7 @@ def tune_model(
         )
         model(batch, pool, backend)
 
+    invariant_where_free(model)  # before the GEMV is timed
     with torch.inference_mode():
         return tune(
             model,

@@ -39,6 +39,10 @@ class StepBatch:
             ``sample_rows``, rows); those rows come just before the sequence's sample row.
         sample_select: ``[R_sampled]`` int64, the rows of ``sample_rows`` that sample,
             in order (None: all of them, when no prompt rows are scored).
+        prompt_seqs: indices of the sequences whose new tokens are all prompt tokens (a
+            prefill chunk, or the uncached tail of a cached prompt; set by the runner):
+            they attend on the prefill kernel whatever their length, so a prompt's
+            logits and KV are the same bits cold or cached (``attention_torch``).
     """
 
     token_ids: torch.Tensor  # [T] int64
@@ -54,6 +58,7 @@ class StepBatch:
     sample_counts: list[int] = field(default_factory=list)
     prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
     sample_select: torch.Tensor | None = None
+    prompt_seqs: frozenset[int] = frozenset()
 
     @property
     def num_tokens(self) -> int:

@@ -7,7 +7,11 @@ preempted thread (one such step took 0.5 s beside two busy loops on 2 cores, aga
 26 ms at one thread). ``CpuLoad`` reads the kernel's CPU accounting (Linux
 ``/proc/stat`` and ``/proc/self/stat``, in clock ticks) every ``every_s`` seconds and
 keeps what the rest of the machine used over the last window, in cores, so the governor
-tries a thread more only where a core is free. ``waited`` and ``wait_share`` tell how long
+tries a thread more only where a core is free. The runner's ``CpuLoad`` reads them from a
+background thread (``watch``) too, so the window a new kind of step starts from is the
+last quarter second, not the whole idle time since the previous step (which spans the
+server's start-up: the other actors loading made a fresh server's first requests start
+at one thread of two). ``waited`` and ``wait_share`` tell how long
 this process's threads waited for a core: the start-up measurement's test of contention.
 """
 
@@ -15,7 +19,9 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,10 +63,32 @@ class CpuLoad:
         self._last: tuple[float, int, int, int] | None = None  # (time, total, busy, own)
         self.others: float | None = None  # cores, over the last window
         self.cpus = 0  # CPUs the counters cover
+        self._lock = threading.Lock()  # ``tick`` from the watcher and the runner's thread
         self.tick()
+
+    def watch(self) -> threading.Thread:
+        """Tick every ``every_s`` seconds from a daemon thread for the life of the
+        process (about 50 us of reading ``/proc`` each), so that ``others`` always covers
+        the last window, idle periods included; returns the thread."""
+
+        me, every = weakref.ref(self), self.every_s  # the thread ends once its CpuLoad is gone
+
+        def loop() -> None:
+            while (load := me()) is not None:
+                load.tick()
+                del load
+                time.sleep(every)
+
+        t = threading.Thread(target=loop, name="houchu-cpu-load", daemon=True)
+        t.start()
+        return t
 
     def tick(self) -> None:
         """Reads the counters if the window is over, updating ``others``."""
+        with self._lock:
+            self._tick()
+
+    def _tick(self) -> None:
         now = self._clock()
         if self._last is not None and now - self._last[0] < self.every_s:
             return

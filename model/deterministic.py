@@ -1,11 +1,13 @@
 """Batch-invariant ("deterministic") inference on the CPU: ``houchu serve --deterministic``
 (SGLang's ``--enable-deterministic-inference``, vLLM's batch-invariant mode).
 
-Without it a request's logits depend on the other rows of its step: the measured decode
-route (``houchu.model.autotune``) gives batch buckets and prefill different kernels and
-activation dtypes (int8 on the ``-a8`` paths), torch's packed kernels and oneDNN's dense
-matmuls split a row's sums differently at different row counts, and houchu's own int4
-GEMV keeps more accumulator chains per row in a tile of few rows than in one of many.
+Without it a request's logits depend on the other rows of its step in their last bits:
+the measured decode route (``houchu.model.autotune``) gives batch buckets and prefill
+different kernels (of one family: the same activation format and weight rounding),
+torch's packed kernels and oneDNN's dense matmuls split a row's sums differently at
+different row counts, and houchu's own int4 GEMV keeps more accumulator chains per row in
+a tile of few rows than in one of many (except in its batch-invariant form, which the
+measured route uses at the AVX-512 levels).
 So a seeded request can sample different tokens beside other traffic.
 
 The mode pins, as Thinking Machines' "Defeating Nondeterminism in LLM Inference" (2025)

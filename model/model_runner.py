@@ -58,6 +58,7 @@ from houchu.model.plan_state import (
     compile_grammars,
     live_state,
     new_states,
+    prompt_chunk_rids,
     resolve_last_sampled,
     seq_outputs,
 )
@@ -72,7 +73,7 @@ from houchu.model.runner_report import (
 from houchu.model.runner_setup import RunnerSetup, make_kv_pool
 from houchu.model.sampling import RequestState, Sampler
 from houchu.model.structure_levers import structure_notes
-from houchu.model.threads import CpuLoad, ThreadGovernor, step_key
+from houchu.model.threads import step_key
 from houchu.model.tp_group import TPGroup
 from houchu.model.verify import sample_and_verify
 from houchu.options.runner_options import RunnerOptions
@@ -205,11 +206,13 @@ class ModelRunner:
         self.grammars: dict[str, RequestGrammar] = {}
         self.jump = JumpForward(o.jump_forward == "on")  # structured-output jump-forward
         self.last_sampled: dict[str, int] = {}  # rid -> token sampled by the previous call
+        self.prompt_rids: set[str] = set()  # the step's prompt chunks (``prompt_chunk_rids``)
         self.host_kv: HostKVMirror | None = None  # the shared host KV pool, when tiers are on
         self.mtp: MTPDrafter | None = None  # in-runner MTP proposals (spec.mtp.attach_mtp)
         self.num_params = self.model.num_params()
         on_cpu = self.device.type == "cpu" and not o.fixed_threads
-        self.governor = ThreadGovernor(torch.get_num_threads(), load=CpuLoad()) if on_cpu else None
+        self.governor = setup.governor(self.tuned) if on_cpu else None  # cached thread counts
+        self.notes += self.governor.start_notes() if self.governor else []
         mla = isinstance(self.pool, LatentKVPool)
         self.mla_lever = MLALever(self.pool, self.max_context) if mla else None
         if not quiet:
@@ -227,8 +230,9 @@ class ModelRunner:
         return runner_summary(self, load_s)
 
     def _build(self, work: list[SeqWork], prompt_rows: list[int]) -> StepBatch:
-        """The batch of ``work`` (``build_batch`` on this runner's pool and limits)."""
-        return build_batch(
+        """The batch of ``work`` (``build_batch`` on this runner's pool and limits), its
+        prompt chunks marked (``StepBatch.prompt_seqs``: the plan's ``prompt_rids``)."""
+        b = build_batch(
             work,
             page_size=self.pool.page_size,
             num_pages=self.pool.num_pages,
@@ -237,6 +241,8 @@ class ModelRunner:
             device=self.device,
             prompt_rows=prompt_rows,
         )
+        b.prompt_seqs = frozenset(i for i, w in enumerate(work) if w.rid in self.prompt_rids)
+        return b
 
     def _timed_forward(self, batch: StepBatch) -> torch.Tensor:
         """``_forward``, with the thread governor told about the step."""
@@ -336,6 +342,7 @@ class ModelRunner:
             stale = drop_stale_samples(plan, state_of, forced)
             scored = [rows_wanted(w, state_of(w.rid)) for w in plan.work]  # (rows, first pos)
             prompt_rows = [n for n, _ in scored]
+            self.prompt_rids = prompt_chunk_rids(plan, state_of)
             batch = self._build(plan.work, prompt_rows) if plan.work else None
             passes = None  # jump-forward's catch-up tokens beside free requests: two passes
             if batch is not None and self.mtp is None:
@@ -360,6 +367,7 @@ class ModelRunner:
             self.grammars.update(new_grammars)
             outputs = []
             prompt_lps: list[PromptLogprobs] = []
+            forward_s = sample_s = 0.0  # the token path's timings (StepResult)
             if batch is not None:
                 ws = [plan.work[i] for i in batch.sampled]
                 states = [self.states[w.rid] for w in ws]
@@ -367,19 +375,23 @@ class ModelRunner:
                 grammars = [self.grammars.get(w.rid) for w in ws]
                 # the grammar masks are computed while the model runs
                 masking = self.grammar.start(grammars, batch.sample_counts, drafts)
+                t_forward = time.perf_counter()
                 if passes is None:
                     logits = self._timed_forward(batch)  # [R, V] fp32
                 else:  # the same rows; the catch-up tokens in a pass of their own
                     logits = passes.run(batch, self._build, self._timed_forward, self.jump, send)
+                forward_s = time.perf_counter() - t_forward
                 if batch.prompt_spans:
                     spans = [(row, n, scored[i][1]) for i, row, n in batch.prompt_spans]
                     owners = [self.states[plan.work[i].rid] for i, _, _ in batch.prompt_spans]
                     prompt_lps = score(logits, spans, owners)
                     logits = logits.index_select(0, batch.sample_select)  # [R_sampled, V]
                 masks = None if masking is None else masking.wait(logits.shape[1], self.device)
+                t_sample = time.perf_counter()
                 samples = sample_and_verify(
                     self.sampler, logits, batch.sample_counts, states, drafts, masks
                 )  # appends each emitted token to its request's state
+                sample_s = time.perf_counter() - t_sample
                 ids = [[s.token_id for s in ss] for ss in samples]
                 forced = self.jump.commit(grammars, states, ids, failures)  # jump-forward
                 outputs = seq_outputs(states, samples, forced)
@@ -399,4 +411,6 @@ class ModelRunner:
             failures=failures,
             proposals=proposals,
             draft_s=draft_s,
+            forward_s=forward_s,
+            sample_s=sample_s,
         )

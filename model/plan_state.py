@@ -5,11 +5,28 @@ tokens (the grammars' commits, the ``SeqOutput``s)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from houchu.model.grammar import GrammarEngine, RequestGrammar
 from houchu.model.sampling import RequestState, Sample
 from houchu.transport.messages import Failure, SeqInit, SeqOutput, StepPlan
+
+
+def prompt_chunk_rids(plan: StepPlan, state_of: Callable[[str], RequestState]) -> set[str]:
+    """The requests whose work in ``plan`` computes prompt tokens only (a prefill chunk,
+    or the uncached tail of a cached prompt, however short): they attend on the prefill
+    kernel (``StepBatch.prompt_seqs``), so that a prompt's last logits and KV are the
+    same bits whether its first pages were cached or not. Decode tokens, proposals to
+    verify and jump-forward chunks (tokens past the prompt) keep the decode kernels."""
+    return {
+        w.rid
+        for w in plan.work
+        if not w.use_last_sampled
+        and not w.num_draft
+        and w.start_pos + len(w.token_ids) <= len(state_of(w.rid).prompt_ids)
+    }
 
 
 def live_state(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from houchu.model.autotune import Tuned
+from houchu.model.autotune import FAMILY_TEXT, Tuned
 from houchu.model.config import ModelConfig, num_parameters
 from houchu.model.gpu_memory import DeviceFacts
 from houchu.model.mla_lever import mla_summary
@@ -162,4 +162,9 @@ def decode_paths_text(t: Tuned | None) -> str:
             how += "; not cached"
         elif t.provisional:
             how += "; cached as provisional"
-    return f"{t.route.describe(t.times, t.prefill_times)} [{how}]"
+    fam = ""
+    if t.family is not None:  # chosen once for every row count (autotune.choose_family)
+        others = ", ".join(f"{f} {x:.2f}x" for f, x in (t.others_slower or {}).items())
+        fam = f"; every row count on one kernel family: {FAMILY_TEXT[t.family]}"
+        fam += f" ({others} the time)" if others else ""
+    return f"{t.route.describe(t.times, t.prefill_times)}{fam} [{how}]"

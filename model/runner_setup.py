@@ -12,7 +12,7 @@ import torch
 
 from houchu.model.accel import DecodeAccelerator
 from houchu.model.attention import AttentionBackend
-from houchu.model.autotune import Tuned, available_paths, tune_model
+from houchu.model.autotune import Tuned, available_paths, thread_priors, tune_model
 from houchu.model.config import ModelConfig, resolve_model_file
 from houchu.model.decisions import DecisionCache, model_key
 from houchu.model.gpu_memory import (
@@ -25,6 +25,7 @@ from houchu.model.gpu_memory import (
 from houchu.model.kv_pool import KVPool
 from houchu.model.lever_counters import LeverCounters, StepCost, score_pair_bytes
 from houchu.model.quant import QuantSpec
+from houchu.model.threads import CpuLoad, ThreadGovernor
 from houchu.options.runner_options import RunnerOptions
 
 
@@ -104,6 +105,26 @@ class RunnerSetup:
         # the candidate paths in the key: a measurement without a path timed now is stale
         key = self._key(tuple(available_paths(m)))
         return tune_model(m, self.pool, self.backend, self.buckets, DecisionCache(), key)
+
+    def governor(self, tuned: Tuned | None) -> ThreadGovernor:
+        """The CPU thread governor (``houchu.model.threads``) over torch's thread count,
+        starting each kind of step from what an earlier run settled on (the decision
+        cache, kind "threads", keyed by this model, format, ISA level, kernel build,
+        thread budget and route), else from the startup measurement's thread timings
+        (``autotune.thread_priors``), and keeping what it settles on there."""
+        cache = DecisionCache()
+        key = self._key(tuned.route.table if tuned else None, "threads")
+        threads = torch.get_num_threads()
+        cached = thread_priors(tuned, threads)
+        for kind, by_held in (cache.get("threads", key) or {}).items():
+            cached.setdefault(kind, {}).update(
+                {h: e for h, e in by_held.items() if h != "measured"}
+            )
+        load = CpuLoad()
+        load.watch()  # the last quarter second's load, idle periods included
+        return ThreadGovernor(
+            threads, load=load, cached=cached, save=lambda v: cache.put("threads", key, v)
+        )
 
     def accelerator(self, compile: str, cuda_graph: bool, tuned: Tuned | None) -> DecodeAccelerator:
         """The decode accelerator (compiled step / CUDA graphs), set up: measured against

@@ -35,7 +35,20 @@ count since its last trial (``probe_every_s`` is the least wall time in between)
 trial step slower than ``abort_ratio`` times the current median ends the trial at once.
 Measured on 2 AVX2 cores at 16 streams, a one-thread trial of 512-token prefill steps
 (0.64 s at two threads, 1.14 s at one) cost 2.5 s of a 20.5 s run before the budget:
-probes a second apart each ran six such steps.
+probes a second apart each ran six such steps. A losing trial's steps each cost at most
+``abort_ratio - 1`` of a cycle more than the current count's (a slower one ends it), so
+exploring costs a kind at most ``trial_steps * (abort_ratio - 1) / probe_steps`` of its
+time (3 / 40 cycles: 7.5%, under the 10% a request may lose to it; ``EXPLORE_SHARE``).
+
+What each kind settled on is kept between starts (``cached``, ``save``: the decision
+cache, keyed by the model file, the kernel build, the ISA level, the thread budget and
+the route, ``runner_setup``): per kind and per number of cores the other processes
+held when it was judged, the count kept and each direction's wait. A new kind starts
+from the entry for the cores held now, its waits included (a direction that lost many
+times is not tried again at once); without one, from the startup measurement's best
+count (``autotune``: the route's path timed at one thread fewer too), else from all
+threads less one per core held. A server started again therefore serves its first
+requests at the count the last one found best, instead of measuring its way there.
 """
 
 from __future__ import annotations
@@ -55,6 +68,9 @@ from houchu.model.cpu_load import CpuLoad
 T = TypeVar("T")
 
 RECENT = 5  # steps whose median tells a change of the load (``retry_shift``)
+#: the share of a kind's time its trials may cost at most (see the module docstring):
+#: ``ThreadGovernor`` refuses settings that allow more
+EXPLORE_SHARE = 0.1
 
 
 def step_key(num_tokens: int, all_decode: bool) -> str:
@@ -135,7 +151,13 @@ class ThreadGovernor:
         keep: recent samples kept per (kind, thread count).
         load: the other processes' CPU share (``model.cpu_load``): a thread more is tried
             only where a core is free for it; None: always tried.
+        cached: what earlier runs settled on (``save``'s dict): kind -> cores held ->
+            ``{"threads": n, "wait": {"-1": s, "1": s}}``; entries under ``"measured"``
+            (cores held: 0) are the startup measurement's, used where no kind's own is.
+        save: called with ``cached`` (updated) when a kind's count was judged anew.
         set_threads, clock: for tests; torch's and ``time.perf_counter``.
+    Raises:
+        ValueError: trials that could cost more than ``EXPLORE_SHARE`` of a kind's time.
     """
 
     def __init__(
@@ -152,9 +174,18 @@ class ThreadGovernor:
         idle_gap_s: float = 0.05,
         keep: int = 24,
         load: CpuLoad | None = None,
+        cached: dict[str, dict[str, dict]] | None = None,
+        save: Callable[[dict[str, dict[str, dict]]], object] | None = None,
         set_threads: Callable[[int], None] = torch.set_num_threads,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        if trial_steps * (abort_ratio - 1) > EXPLORE_SHARE * probe_steps:
+            raise ValueError(
+                f"trials of {trial_steps} steps at up to {abort_ratio}x every {probe_steps} "
+                f"steps could cost more than {EXPLORE_SHARE:.0%} of a kind's time"
+            )
+        self.cached = cached if cached is not None else {}
+        self._save = save
         self.max_threads = max(1, max_threads)
         self.threads = self.max_threads  # the count the last step ran with
         self.probe_every_s, self.max_wait_s = probe_every_s, max_wait_s
@@ -166,6 +197,24 @@ class ThreadGovernor:
         self.kinds: dict[str, _Kind] = {}
         self._last: _Step | None = None
         self.changes = 0  # kept changes of some kind's thread count
+
+    def start_notes(self) -> list[str]:
+        """What the kinds start from, for the start-up lines, e.g. ["thread counts to
+        start from, as measured before: decode<=1 2, prefill<=512 1 of 2"] ([] when
+        nothing is cached: all threads, less one per core others hold)."""
+        held, parts = self._held(), []
+        for key in sorted(self.cached):
+            got = self._start_entry(key, held)
+            if got is not None:
+                own = str(held) in self.cached[key]  # else the startup measurement's
+                parts.append(f"{key} {self._count(got)}{'' if own else ' (startup measurement)'}")
+        if not parts:
+            return []
+        others = f", other processes holding {held} cores" if held else ""
+        return [
+            f"thread counts to start from, as measured before{others}: "
+            f"{', '.join(parts)} of {self.max_threads}"
+        ]
 
     def chosen(self) -> dict[str, int]:
         """The thread count each step kind runs with now, e.g. ``{"decode<=1": 1}``."""
@@ -181,7 +230,7 @@ class ThreadGovernor:
             self.load.tick()
         kind = self.kinds.get(key)
         if kind is None:
-            kind = self.kinds[key] = _Kind(self._first_count(), now, self.probe_every_s, name=key)
+            kind = self.kinds[key] = self._new_kind(key, now)
         n = self._pick(kind, now)
         if n != self.threads:
             self._set(n)
@@ -191,6 +240,49 @@ class ThreadGovernor:
         cur.end = self._clock()
         self._last = cur
         return out
+
+    def _held(self) -> int:
+        """Cores the other processes hold now (``HELD_CORE`` of one each, by ``load``'s
+        last window; 0 where unknown), at most ``max_threads - 1``."""
+        others = self.load.others if self.load is not None else None
+        if others is None:
+            return 0
+        return min(int(others / HELD_CORE), self.max_threads - 1)
+
+    def _new_kind(self, key: str, now: float) -> _Kind:
+        """A kind's state at its first step: from the cached entry for the cores held now
+        (its count and waits), else ``_first_count``."""
+        got = self._start_entry(key, self._held())
+        if got is None:
+            return _Kind(self._first_count(), now, self.probe_every_s, name=key)
+        kind = _Kind(self._count(got), now, self.probe_every_s, name=key)
+        for d in (-1, +1):
+            wait = got.get("wait", {}).get(str(d))
+            if wait:
+                kind.wait[d] = min(max(float(wait), self.probe_every_s), self.max_wait_s)
+                kind.due[d] = now + kind.wait[d]
+        return kind
+
+    def _start_entry(self, key: str, held: int) -> dict | None:
+        """The cached entry a new kind ``key`` starts from with ``held`` cores held by
+        others: its own judgement, else (quiet cores) the startup measurement's."""
+        by_held = self.cached.get(key, {})
+        got = by_held.get(str(held))
+        return got if got is not None or held else by_held.get("measured")
+
+    def _count(self, entry: dict) -> int:
+        return min(max(1, int(entry["threads"])), self.max_threads)
+
+    def _remember(self, kind: _Kind) -> None:
+        """Keep what ``kind`` settled on for the cores held now, and ``save`` it where it
+        changed."""
+        if self._save is None:
+            return
+        entry = {"threads": kind.threads, "wait": {str(d): w for d, w in kind.wait.items()}}
+        by_held = self.cached.setdefault(kind.name, {})
+        if by_held.get(str(self._held())) != entry:
+            by_held[str(self._held())] = entry
+            self._save(self.cached)
 
     def _first_count(self) -> int:
         """A new step kind's thread count: all of them, less one per core the other
@@ -282,12 +374,14 @@ class ThreadGovernor:
             kind.wait[d] = min(2 * kind.wait[d], self.max_wait_s)
             kind.due[d] = now + kind.wait[d]
             kind.ref_s = base
+            self._remember(kind)
             return
         before, kind.threads, kind.ref_s = kind.threads, trial, None
         new_s = statistics.median(got)
         kind.wait = {-1: self.probe_every_s, +1: self.probe_every_s}
         kind.due = {-1: now + self.probe_every_s, +1: now + self.probe_every_s}
         self.changes += 1
+        self._remember(kind)
         print(
             f"houchu runner: {time.strftime('%H:%M:%S')} {kind.name}: {before} -> {trial} "
             f"threads serve faster now (cycle per token {base * 1e3:.2f} -> "

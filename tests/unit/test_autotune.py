@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from houchu.model.autotune import DecodeRoute, a8_candidate, attach
+from houchu.model.autotune import FAMILY_TEXT, DecodeRoute, a8_candidate, attach, path_family
 from houchu.model.batch import build_batch
 from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_llama
@@ -71,15 +71,28 @@ def test_auto_measures_then_reads_the_cache(tiny, monkeypatch):
     t = r.tuned
     assert set(t.times) == {1, 2, 4}
     a8 = {"fused-a8", "gemv-a8"}  # a float32 model: int8 activations are candidates
-    for b, by_path in t.times.items():  # the fastest measured is the one kept
-        assert t.route.table[b] == min(by_path, key=by_path.get)
+    fam = t.family  # one kernel family for every bucket, printed
+    assert fam in ("float", "int8", "torch")
+
+    def fmt(p: str) -> bool:
+        return path_family(p) == fam
+
+    for b, by_path in t.times.items():  # the fastest measured of that family is kept
+        own = {p: s for p, s in by_path.items() if fmt(p)}
+        assert t.route.table[b] == min(own, key=own.get)
         assert {"fused", "gemv", "torch"} | a8 <= set(by_path) or b > 1
     pre = t.prefill_times  # a prefill-sized step, timed per path, the fastest kept
     assert pre is not None and {"gemv"} | (a8 - {"fused-a8"}) <= set(pre)
-    assert t.route.prefill == min(pre, key=pre.get) == t.route.path_for(1000)
+    own = {p: s for p, s in pre.items() if fmt(p)}
+    want = min(own, key=own.get) if own else {"torch": "torch"}[fam]
+    assert t.route.prefill == want == t.route.path_for(1000)
     assert "decode paths b<=1" in r.summary() and "prefill " in r.summary()
+    assert f"every row count on one kernel family: {FAMILY_TEXT[fam]}" in r.summary()
+    if torch.get_num_threads() > 1:  # the route timed at a thread fewer: the governor's start
+        assert set(t.fewer_threads) == {1, 2, 4}
     again = _runner(tiny, decode_paths="auto", int4_activations="auto")
     assert again.tuned.cached and again.tuned.route == t.route
+    assert again.tuned.fewer_threads == t.fewer_threads
     assert again.tuned.prefill_times == pre
     info = again.info()  # /stats: the startup line's route, prefill times and how
     assert info.cpu_isa and info.decode_paths == again.decode_paths()
@@ -308,3 +321,61 @@ def test_a_burst_of_other_work_at_the_start_does_not_decide_the_route(monkeypatc
     monkeypatch.setattr(autotune, "waited", lambda: 0.0)
     tuned = autotune.tune(torch.nn.Module(), (1, 2), step, reps=3)
     assert tuned.route.table == {1: "fused", 2: "fused"}, tuned.times
+
+
+def test_one_kernel_family_for_every_bucket():
+    """int8 activations faster at one bucket and float at the others: one family is
+    chosen for all of them by the geometric mean of each family's best over the bucket's
+    best (the prefill counted as a bucket where the family has a prefill path), ties keep
+    the earlier family, and a family not timed at a bucket counts as ``DROP_ABOVE`` times
+    slower there. torch's kernels and the dense copy are families of their own."""
+    from houchu.model.autotune import DROP_ABOVE, _route_of, choose_family
+
+    times = {
+        1: {"fused": 2.0, "fused-a8": 1.0, "gemv": 3.0},
+        4: {"fused": 4.0, "fused-a8": 4.4, "gemv-a8": 5.0},
+        16: {"gemv": 8.0, "gemv-a8": 8.4},
+    }
+    fam, slower = choose_family(times)
+    assert fam == "int8" and slower == {"float": pytest.approx((2.0 / 1.1 / 1.05) ** (1 / 3))}
+    paths = ["fused", "gemv", "torch", "dense", "fused-a8", "gemv-a8"]
+    route, fam, _ = _route_of([1, 4, 16, 32], times, {32: "gemv"}, None, paths)
+    assert route.table == {1: "fused-a8", 4: "fused-a8", 16: "gemv-a8", 32: "gemv-a8"}
+    assert route.prefill == "gemv-a8"  # untimed in int8: still int8 above the buckets
+    pre = {"gemv": 9.0, "gemv-a8": 8.0}  # the prefill counts as one more bucket
+    assert _route_of([1, 4, 16], times, {}, pre, paths)[0].prefill == "gemv-a8"
+    times[1]["fused"] = 1.0  # a tie at b=1, float ahead elsewhere: float
+    route, fam, _ = _route_of([1, 4, 16], times, {}, None, paths)
+    assert fam == "float" and route.table == {1: "fused", 4: "fused", 16: "gemv"}
+    assert route.prefill == "gemv"  # not the layers' rules (the dense copy from 64 rows)
+    assert choose_family({1: {"fused": 1.0, "fused-a8": 1.0}})[0] == "float"
+    assert choose_family({1: {"fused": 1.0, "gemv": 2.0}}) == (None, {})  # one family
+    # int8 dropped out after b=1 (over DROP_ABOVE x slower): float, its ratio counted there
+    fam, slower = choose_family({1: {"gemv": 1.0, "gemv-a8": 5.0}, 2: {"gemv": 1.0}})
+    assert fam == "float" and slower["int8"] == pytest.approx((5.0 * DROP_ABOVE) ** 0.5)
+    # torch fastest at the large buckets, the GEMV at the small ones: one of them for all
+    mixed = {
+        1: {"fused": 1.0, "torch": 1.6},
+        8: {"fused": 3.0, "torch": 2.7},
+        32: {"gemv": 9.0, "torch": 8.0},
+    }
+    route, fam, slower = _route_of([1, 8, 32], mixed, {}, {"dense": 1.0, "gemv": 1.3}, paths)
+    assert fam == "float" and set(route.table.values()) <= {"fused", "gemv"}
+    assert route.prefill == "gemv" and set(slower) == {"torch"}
+
+
+def test_the_thread_governor_starts_where_the_startup_measurement_says():
+    """Each bucket's route timed at one thread fewer: a decode kind starts there where it
+    measured ``PRIOR_GAIN`` faster, else at all threads; a provisional measurement (cut
+    short or on busy cores) gives no start."""
+    from houchu.model.autotune import Tuned, thread_priors
+
+    route = DecodeRoute({1: "fused", 8: "gemv"})
+    times = {1: {"fused": 0.010, "gemv": 0.012}, 8: {"gemv": 0.040}}
+    t = Tuned(route, times, 1.0, False, fewer_threads={1: 0.009, 8: 0.070})
+    assert thread_priors(t, 2) == {
+        "decode<=1": {"measured": {"threads": 1}},
+        "decode<=8": {"measured": {"threads": 2}},
+    }
+    t.provisional = True
+    assert thread_priors(t, 2) == {} and thread_priors(None, 2) == {}

@@ -4,9 +4,12 @@ machine's load, never measures idle gaps, and judges each kind on its own."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable
+
+import pytest
 
 from houchu.model.threads import CpuLoad, ThreadGovernor, step_key
 
@@ -266,3 +269,103 @@ def test_cpu_load_unknown_where_the_counters_do_not_read():
     load = CpuLoad(read=lambda: None)
     load.tick()
     assert load.others is None and load.core_free(64)
+
+
+def _machine(cost, **kw: object) -> FakeMachine:
+    """A ``FakeMachine`` whose governor takes ``kw`` (``cached``, ``save``, ``load``)."""
+    m = FakeMachine(cost)
+    m.g = ThreadGovernor(
+        2, probe_every_s=1.0, set_threads=m.set_calls.append, clock=lambda: m.now, **kw
+    )
+    return m
+
+
+def test_the_governor_starts_from_the_cached_measurement(capsys):
+    """A restart serves its first steps at the count the previous run settled on (here
+    one thread of two, on cores where one serves faster), with that run's waits: the
+    direction that lost many times is not tried again for its wait, so no step of the
+    first requests pays for a trial. Without the cache it starts at two threads and
+    takes 40 steps' worth of time to find one."""
+
+    def cost(kind: str, t: int) -> tuple[float, float]:
+        return (0.030, 0.002) if t == 2 else (0.0135, 0.002)
+
+    first = _machine(cost)
+    used = first.run_for(3.0)
+    assert used[0] == 2 and used.index(1) >= 40  # measuring its way there
+    saved: list[dict] = []
+    settled = _machine(cost, save=lambda v: saved.append(json.loads(json.dumps(v))))
+    settled.run_for(60.0)
+    assert settled.g.chosen() == {"decode<=1": 1} and saved
+    cached = saved[-1]
+    assert cached["decode<=1"]["0"]["threads"] == 1 and cached["decode<=1"]["0"]["wait"]["1"] >= 16
+    again = _machine(cost, cached=cached)
+    assert again.g.start_notes() == [
+        "thread counts to start from, as measured before: decode<=1 1 of 2"
+    ]
+    used = again.run_for(15.0)  # 15 s: within the cached wait of the two-thread direction
+    assert set(used) == {1} and again.g.changes == 0
+
+
+def test_a_cached_count_is_for_the_cores_held_when_it_was_judged():
+    """One thread settled on while other processes held a core is not where a quiet
+    start begins (that was the slow first requests of a fresh server): entries are kept
+    per number of cores held, and the startup measurement's ("measured") stands in for
+    a quiet start that has none of its own."""
+    busy = {"decode<=1": {"1": {"threads": 1, "wait": {"-1": 1.0, "1": 32.0}}}}
+    load = FakeLoad()
+    quiet = _machine(lambda kind, t: (0.005, 0.001), cached=busy, load=load)
+    assert quiet.step() == 2 and quiet.g.start_notes() == []
+    load = FakeLoad()
+    load.others = 1.5  # two busy loops' worth on 2 cores: one held (at most threads - 1)
+    held = _machine(lambda kind, t: (0.005, 0.001), cached=busy, load=load)
+    assert held.step() == 1
+    assert held.g.kinds["decode<=1"].wait[+1] == 32.0
+    assert "other processes holding 1 cores" in held.g.start_notes()[0]
+    measured = {"decode<=1": {"measured": {"threads": 1}}, "decode<=8": {"0": {"threads": 2}}}
+    m = _machine(lambda kind, t: (0.005, 0.001), cached=measured)
+    assert m.step() == 1 and m.step(kind="decode<=8", tokens=8) == 2
+    assert m.g.start_notes() == [
+        "thread counts to start from, as measured before: decode<=1 1 (startup measurement), "
+        "decode<=8 2 of 2"
+    ]
+
+
+def test_exploring_never_costs_a_request_more_than_a_tenth():
+    """Trials that always lose, by just under the abort ratio (the costliest kind: a
+    slower step ends the trial at once): every run of 128 steps (a 128-token request)
+    takes at most 10% longer than at the best count alone. Settings that could cost
+    more are refused."""
+    m = _machine(lambda kind, t: (0.010, 0.0005) if t == 2 else (0.0149, 0.0005))
+    starts = []
+    for _ in range(3000):
+        starts.append(m.now)
+        m.step()
+    best = 128 * 0.0105
+    worst = max(starts[i + 128] - starts[i] for i in range(len(starts) - 128))
+    assert worst <= 1.1 * best, worst / best
+    with pytest.raises(ValueError, match="10%"):
+        ThreadGovernor(2, trial_steps=12, probe_steps=40, abort_ratio=1.5)
+
+
+def test_the_load_is_read_in_the_background_until_it_is_gone():
+    """``CpuLoad.watch`` reads the counters every window from a daemon thread (so a new
+    kind of step after an idle spell sees the last window, not the average since the
+    previous step), and stops once its ``CpuLoad`` is gone."""
+    import gc
+    import time
+
+    reads = []
+
+    def read() -> tuple[str, str]:
+        reads.append(time.monotonic())
+        return _proc_stat((100 * len(reads), 0, 0, 0, 0, 0, 0, 0), (0, 0))
+
+    load = CpuLoad(every_s=0.01, read=read)
+    thread = load.watch()
+    time.sleep(0.2)
+    assert len(reads) >= 5 and thread.is_alive()
+    del load
+    gc.collect()
+    thread.join(1.0)
+    assert not thread.is_alive()
