@@ -2,15 +2,19 @@
 (``~/.cache/houchu/cpu_kernels/decisions.json``): the measured decode paths
 (``houchu.model.autotune``) and the compiled-step verdict (``houchu.model.accel``). Each
 entry's key names everything its answer depends on (the model file's path, size and
-modification time, its format, the ISA level, the threads, torch's version), so a
-changed model, CPU level or torch measures anew; a second start reads the answer.
+modification time, its format, the CPU, the ISA level and kernel build, the threads,
+torch's version), so a changed model, CPU, kernel build or thread budget measures anew;
+a second start reads the answer. The thread governor's settled counts are kept here too
+(``houchu.model.threads``).
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
+import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,14 +31,30 @@ FILE_NAME = "decisions.json"
 MAX_ENTRIES = 200  # per kind: one per model, format and CPU level tried on this machine
 
 
+@functools.cache
+def cpu_name() -> str:
+    """The CPU's model name and the CPUs this process may use, e.g. "AMD EPYC x2" (a
+    cache folder shared by machines of one ISA level keeps their answers apart)."""
+    name = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Hardware", "CPU part")):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return f"{name} x{len(usable) if usable else os.cpu_count()}"
+
+
 def model_key(model_path: str | Path, *parts: object) -> str:
-    """A cache key: the model file's resolved path, size and mtime, the active ISA
-    level and its kernel build's key (sources, flags), the measurements' ``VERSION``,
-    torch's thread count and version, the variables that cap torch's ISA
-    (``TORCH_ISA_ENV``), then ``parts``."""
+    """A cache key: the model file's resolved path, size and mtime, the CPU
+    (``cpu_name``), the active ISA level and its kernel build's key (sources, flags),
+    the measurements' ``VERSION``, torch's thread count and version, the variables that
+    cap torch's ISA (``TORCH_ISA_ENV``), then ``parts``."""
     p = Path(model_path).resolve()
     st = p.stat()
-    head = [str(p), st.st_size, int(st.st_mtime)]
+    head = [str(p), st.st_size, int(st.st_mtime), cpu_name()]
     level = cpu_kernels.active_level()
     build = cpu_kernels.current_build_key(level)  # the kernels' sources and flags
     tail = [level, build, VERSION, torch.get_num_threads(), torch.__version__]

@@ -215,8 +215,8 @@ class Int4Linear(LinearBase):
             # an LM head: float32 logits at every row count, whatever the route (the
             # other paths round them to the activation dtype, and a request's logits
             # would then depend on how many rows share its step)
-            g, n = self.group_size, self.out_features
-            return cpu_kernels.ops().int4_gemv(xs, self._cpu_gemv, g, n, False, False, True)
+            g, n, inv = self.group_size, self.out_features, self.batch_invariant
+            return cpu_kernels.ops().int4_gemv(xs, self._cpu_gemv, g, n, False, inv, True)
         if self._cpu_gemv is not None and int8_acts(self, path):
             y = cpu_kernels.ops().int4_gemv(
                 xs, self._cpu_gemv, self.group_size, self.out_features, True

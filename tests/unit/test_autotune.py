@@ -379,3 +379,23 @@ def test_the_thread_governor_starts_where_the_startup_measurement_says():
     }
     t.provisional = True
     assert thread_priors(t, 2) == {} and thread_priors(None, 2) == {}
+
+
+def test_the_runner_keeps_its_thread_counts_in_the_decision_cache(tiny):
+    """What a runner's thread governor settles on is stored under the runner's key and
+    is where the next runner of the same model, build and thread budget starts (and is
+    not where a runner with another thread budget starts)."""
+    r = _runner(tiny)
+    assert r.governor is not None
+    entry = {"threads": 1, "wait": {"-1": 1.0, "1": 16.0}}
+    r.governor.cached["decode<=1"] = {"0": entry}
+    r.governor._save(r.governor.cached)  # noqa: SLF001 (what a judged trial does)
+    again = _runner(tiny)
+    assert again.governor._start_entry("decode<=1", 0) == entry  # noqa: SLF001
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        other = _runner(tiny)
+        assert other.governor._start_entry("decode<=1", 0) is None  # noqa: SLF001
+    finally:
+        torch.set_num_threads(threads)

@@ -43,3 +43,33 @@ def test_turned_off_it_neither_reads_nor_writes(tmp_path: Path, monkeypatch) -> 
     cache = DecisionCache(tmp_path / FILE_NAME)
     cache.put("route", "k", 1)
     assert not (tmp_path / FILE_NAME).exists() and cache.get("route", "k") is None
+
+
+def test_the_key_names_the_cpu_kernel_build_model_and_thread_budget(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A measurement (decode paths, thread counts) is not reused by another CPU, kernel
+    build, model file or thread budget."""
+    import torch
+
+    from houchu.model import cpu_kernels, decisions
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    base = decisions.model_key(model, "int4")
+    monkeypatch.setattr(decisions, "cpu_name", lambda: "Another CPU x64")
+    assert decisions.model_key(model, "int4") != base
+    monkeypatch.undo()
+    monkeypatch.setattr(cpu_kernels, "current_build_key", lambda level=None: "other-build")
+    assert decisions.model_key(model, "int4") != base
+    monkeypatch.undo()
+    other = tmp_path / "n.gguf"
+    other.write_bytes(b"xy")
+    assert decisions.model_key(other, "int4") != base
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert decisions.model_key(model, "int4") != base
+    finally:
+        torch.set_num_threads(threads)
+    assert decisions.model_key(model, "int4") == base
