@@ -196,8 +196,11 @@ def available_paths(model: torch.nn.Module) -> list[str]:
         paths.append("torch")
     if all(m._dense is not None for m in lins):  # noqa: SLF001
         paths.append("dense")
-    if int4 and gemv and a8_candidate({m.activations for m in int4}, model_dtype(model)):
-        if {m.activations for m in int4} == {"int8"}:  # forced: the float paths are not choices
+    # the layers' option; an LM head as stored (float_out) keeps float activations whatever
+    # it is, and does not count (with it, --int4-activations int8 left the float paths in)
+    acts = {m.activations for m in int4 if not m.float_out}
+    if int4 and gemv and a8_candidate(acts, model_dtype(model)):
+        if acts == {"int8"}:  # forced: the float paths are not choices
             paths = []
         paths += ["fused-a8"] if fused else []
         paths.append("gemv-a8")

@@ -89,3 +89,17 @@ def test_prompt_chunks_are_marked_and_decode_rows_are_not(runner: ModelRunner) -
     runner.execute(StepPlan(step_id=1, work=[step]))
     assert runner.prompt_rids == set() and runner.model.fused.steps == before + 1
     runner.execute(StepPlan(step_id=2, work=[], release=["p"]))
+
+
+def test_int8_activations_asked_for_leave_no_float_path(real_model_path: Path) -> None:
+    """``--int4-activations int8`` on the default model, whose LM head is kept as stored
+    with float activations: the route's choices are the int8 paths only (the head's own
+    option made the float paths choices too, and the measured route could ignore the
+    flag)."""
+    from houchu.model.autotune import available_paths
+
+    o = RunnerOptions(
+        device="cpu", compile="off", decode_paths="rules", int4_activations="int8", num_pages=8
+    )
+    r = ModelRunner(str(real_model_path), o, quiet=True)
+    assert available_paths(r.model) == ["fused-a8", "gemv-a8"]
