@@ -248,6 +248,8 @@ def invariant_where_free(model: torch.nn.Module) -> bool:
     for m in model.modules():
         if isinstance(m, Int4Linear):
             m.batch_invariant = True
+    if getattr(model, "fused", None) is not None:  # the fused layers' GEMVs too
+        model.fused.batch_invariant = True
     return True
 
 

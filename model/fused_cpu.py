@@ -41,6 +41,9 @@ class FusedDecode:
         self.model = model
         self._weights: dict[tuple[int, int], _Weights | None] = {}  # (rows, layers) ->
         self.steps = 0  # decode steps that ran fused
+        #: float activations: the int4 GEMVs' batch-invariant sums, as the op-by-op
+        #: layers' ``Int4Linear.batch_invariant`` (``autotune.invariant_where_free``)
+        self.batch_invariant = False
 
     def _layer_weights(self, rows: int, layers: int) -> _Weights | None:
         """The kernel's weight arguments for the first ``layers`` layers when every
@@ -74,6 +77,7 @@ class FusedDecode:
             return None
         # int8 activations in the int4 linears: the route's "fused-a8", else the option
         a8 = path == "fused-a8" if path is not None else model.quant.int4_activations == "int8"
+        flags = {"int8_acts": a8, "batch_invariant": self.batch_invariant and not a8}
         if self._layer_weights(rows, len(model.layers)) is None:
             return None
         eps, scale = model.cfg.rms_norm_eps, 1.0 / math.sqrt(model.cfg.head_dim)
@@ -104,7 +108,7 @@ class FusedDecode:
             )
             blob = self._head(rows, w.act_dtype) if head else None
             if blob is None:
-                x = kernel(*args, **scales, int8_acts=a8)
+                x = kernel(*args, **scales, **flags)
                 return model.head(x) if head else x
             return kernel(
                 *args,
@@ -113,7 +117,7 @@ class FusedDecode:
                 blob[1],
                 model.cfg.vocab_size,
                 **scales,
-                int8_acts=a8,
+                **flags,
             )
 
         return run

@@ -53,6 +53,9 @@ using gemv::PackedLinear;
 //   k_scale, v_scale (optional, together): [L, P, page_size, Hkv] float16, an int8 pool's
 //     per-(token, head) scales (written with the new keys and values);
 //   int8_acts: the int4 linears quantize their inputs to int8 per group (W4A8, gemv_a8.h).
+//   batch_invariant: the int4 linears with float activations (and an int4 head) sum each
+//     row in one order whatever the row count (PackedLinear::invariant, gemv.h), as the
+//     op-by-op GEMV does with int4_gemv(batch_invariant=True).
 // Returns [B, hidden] in T: the residual stream after layer n - 1; with the head, [B,
 // vocab_size] float32 logits instead.
 // Raises c10::Error (RuntimeError) on malformed arguments.
@@ -65,7 +68,8 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::T
                          const std::optional<at::Tensor>& final_norm,
                          const std::optional<at::Tensor>& lm_head, int64_t head_group_size,
                          int64_t vocab_size, const std::optional<at::Tensor>& k_scale,
-                         const std::optional<at::Tensor>& v_scale, bool int8_acts) {
+                         const std::optional<at::Tensor>& v_scale, bool int8_acts,
+                         bool batch_invariant) {
   const char* who = "decode_layers";
   const auto T = x.scalar_type();
   TORCH_CHECK(T == at::kFloat || T == at::kBFloat16, who, ": x must be float32 or bfloat16");
@@ -144,7 +148,10 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::T
                                  out_features[4 * l + 2], who);
     L.down = PackedLinear::of(linears[4 * l + 3], group_sizes[4 * l + 3],
                               out_features[4 * l + 3], who);
-    for (PackedLinear* lin : {&L.qkv, &L.o, &L.gate_up, &L.down}) lin->a8 = int8_acts && lin->int4;
+    for (PackedLinear* lin : {&L.qkv, &L.o, &L.gate_up, &L.down}) {
+      lin->a8 = int8_acts && lin->int4;
+      lin->invariant = batch_invariant && lin->int4 && !lin->a8;
+    }
     const int64_t nq = L.qkv.n;
     TORCH_CHECK(nq % L.D == 0 && nq / L.D > 2 * L.Hkv && (nq / L.D - 2 * L.Hkv) % L.Hkv == 0,
                 who, ": qkv's ", nq, " outputs are not (H + 2 Hkv) * D for Hkv = ", L.Hkv,
@@ -188,6 +195,7 @@ at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::T
     H.on = true;
     H.norm = final_norm->data_ptr();
     H.p = PackedLinear::of(*lm_head, head_group_size, vocab_size, who);
+    H.p.invariant = batch_invariant && H.p.int4;  // float activations
     TORCH_CHECK(H.p.fits(hidden), who, ": lm_head must be a blob of [vocab_size, hidden]");
     logits = at::empty({B, vocab_size}, x.options().dtype(at::kFloat));
     H.logits = logits.data_ptr<float>();
@@ -216,7 +224,8 @@ HOUCHU_FRAGMENT(m) {
       "Tensor[] linears, int[] group_sizes, int[] out_features, ScalarType act_dtype, "
       "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor pages, Tensor lens, float scale, "
       "Tensor? final_norm=None, Tensor? lm_head=None, int head_group_size=0, int vocab_size=0, "
-      "Tensor(c!)? k_scale=None, Tensor(d!)? v_scale=None, bool int8_acts=False) -> Tensor");
+      "Tensor(c!)? k_scale=None, Tensor(d!)? v_scale=None, bool int8_acts=False, "
+      "bool batch_invariant=False) -> Tensor");
 }
 
 HOUCHU_IMPL(m) {

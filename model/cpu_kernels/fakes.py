@@ -68,6 +68,7 @@ def _decode_layers_fake(  # noqa: PLR0913 (the operator's schema)
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     int8_acts: bool = False,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     if lm_head is None:
         return x.new_empty(x.shape)

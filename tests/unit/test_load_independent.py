@@ -103,3 +103,41 @@ def test_int8_activations_asked_for_leave_no_float_path(real_model_path: Path) -
     )
     r = ModelRunner(str(real_model_path), o, quiet=True)
     assert available_paths(r.model) == ["fused-a8", "gemv-a8"]
+
+
+def test_a_decode_row_is_the_same_alone_and_beside_seven_others(runner: ModelRunner) -> None:
+    """The float family at the AVX-512 levels (batch-invariant GEMV sums, the fused
+    layers' included) and the int8 family: a decode row's logits are the same bits in a
+    step of one row and in a step of eight."""
+    from houchu.model.batch import build_batch
+
+    def step(work: list[SeqWork]) -> torch.Tensor:
+        b = build_batch(
+            work,
+            page_size=PAGE,
+            num_pages=runner.pool.num_pages,
+            max_context=runner.max_context,
+            vocab_size=runner.config.vocab_size,
+        )
+        with torch.inference_mode():
+            return runner.model(b, runner.pool, runner.backend).clone()
+
+    def pages(i: int) -> list[int]:
+        return [40 + 2 * i, 41 + 2 * i]
+
+    for fmt, seed in ((f, s) for f in sorted(ROUTES) for s in range(4)):
+        if fmt == "float" and not runner.model.fused.batch_invariant:
+            continue  # avx2 / NEON: the float GEMV's sums follow the tile's rows
+        attach(runner.model, ROUTES[fmt])
+        g = torch.Generator().manual_seed(seed)
+        prompts = [torch.randint(100, 40000, (20 + i,), generator=g).tolist() for i in range(8)]
+        for i, p in enumerate(prompts):
+            step([SeqWork(rid=f"d{i}", token_ids=p, start_pos=0, page_table=pages(i), sample=True)])
+        rows = [
+            SeqWork(rid=f"d{i}", token_ids=[11], start_pos=len(p), page_table=pages(i), sample=True)
+            for i, p in enumerate(prompts)
+        ]
+        before = runner.model.fused.steps
+        alone, beside = step(rows[:1])[0], step(rows)[0]
+        assert runner.model.fused.steps == before + 2  # both on the fused layers
+        assert torch.equal(alone, beside), (fmt, seed, (alone - beside).abs().max().item())
