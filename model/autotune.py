@@ -40,18 +40,18 @@ timed bucket's path at one thread fewer (``thread_priors``).
 ``tune`` times one decode step of each available path at every decode bucket (best of a
 few, after a warm-up; a path four times slower than a bucket's best is not timed at the
 larger ones), keeps the fastest per bucket (of the family chosen above) in a
-``DecodeRoute`` that the model's
-quantized linears and the fused layers consult, and caches the result (``DecisionCache``,
-keyed by the model file, its format, the ISA level, the thread count and torch's version),
-so a second start only reads it. Measuring stops at a time budget (``TUNE_BUDGET_S``):
+``DecodeRoute`` that the model's quantized linears and the fused layers consult, and
+caches the result (``DecisionCache``, keyed by the model file, its format, the CPU, the
+ISA level and kernel build, the thread count and torch's version), so a second start
+only reads it. Measuring stops at a time budget (``TUNE_BUDGET_S``):
 buckets not yet timed then take the last timed bucket's path (each bucket times that
 path first), a bucket cut short chooses among the paths it timed, and a prefill choice
 cut short is not made. A measurement cut short or taken on contended cores is cached as
 provisional: a later start uses it while its cores are still busy (a few probe steps
 tell), and measures again once they are quiet. Steps of more rows than the largest
 bucket (prefill) take the path of that family a one-sequence prefill measured fastest
-among ``dense``, ``gemv`` and ``gemv-a8`` (``DecodeRoute.prefill``), else the layers' own
-rules (the family's own path, ``FAMILY_PATH``, where it timed none).
+among ``dense``, ``gemv`` and ``gemv-a8`` (``DecodeRoute.prefill``), else the family's own
+path (``FAMILY_PATH``), never the layers' row rules.
 """
 
 from __future__ import annotations
@@ -172,8 +172,9 @@ def _route_of(
         out[b] = best[near[0]] if near else _in_family(table[b], fam, paths)
     pre = {p: s for p, s in (prefill_times or {}).items() if mine(p)}
     prefill = min(pre, key=pre.get) if pre else None
-    if prefill is None and fam is not None and FAMILY_PATH[fam] in paths:
-        prefill = FAMILY_PATH[fam]
+    timed = {path_family(p) for p in out.values()}  # one family (chosen, or the only one)
+    if prefill is None and len(timed) == 1 and FAMILY_PATH[min(timed)] in paths:
+        prefill = FAMILY_PATH[min(timed)]
     return DecodeRoute(dict(sorted(out.items())), prefill), fam, slower
 
 

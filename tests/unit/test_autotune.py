@@ -399,3 +399,15 @@ def test_the_runner_keeps_its_thread_counts_in_the_decision_cache(tiny):
         assert other.governor._start_entry("decode<=1", 0) is None  # noqa: SLF001
     finally:
         torch.set_num_threads(threads)
+
+
+def test_steps_above_the_buckets_stay_in_the_family_when_there_was_no_choice():
+    """One family timed (no torch kernel, no dense copy: the float GEMV alone) and no
+    prefill timed: the steps above the largest bucket take its GEMV, not the layers'
+    rules (which dequantize to the activation dtype from 128 rows)."""
+    from houchu.model.autotune import _route_of
+
+    route, fam, _ = _route_of(
+        [1, 8], {1: {"fused": 1.0, "gemv": 2.0}}, {8: "fused"}, None, ["fused", "gemv"]
+    )
+    assert fam is None and route.table == {1: "fused", 8: "fused"} and route.prefill == "gemv"
