@@ -63,14 +63,16 @@ def make_linear(
 def fuse_weights(
     parts: list[torch.Tensor | Int4Weight], dtype: torch.dtype
 ) -> torch.Tensor | Int4Weight:
-    """Stack projection weights row-wise (q/k/v, gate/up). int4 parts with one group size
-    stay int4; a mix is dequantized to dense ``dtype`` first (and requantized, if the
-    spec asks, by ``make_linear``).
+    """Stack projection weights row-wise (q/k/v, gate/up). int4 parts whose group sizes
+    divide one another stay int4 (``Int4Weight.cat``: in the smallest groups, the most
+    planes); a mix with dense parts is dequantized to dense ``dtype`` first (and
+    requantized, if the spec asks, by ``make_linear``).
 
     parts: ``[N_i, K]`` each -> ``[sum N_i, K]``.
     """
     if all(isinstance(p, Int4Weight) for p in parts):
-        if len({p.group_size for p in parts}) == 1:
+        groups = sorted({p.group_size for p in parts})  # type: ignore[union-attr]
+        if all(g % groups[0] == 0 for g in groups):  # regrouped to the smallest, losslessly
             return Int4Weight.cat(parts)  # type: ignore[arg-type]
     dense = [p.dequantize(dtype) if isinstance(p, Int4Weight) else p for p in parts]
     return torch.cat(dense)

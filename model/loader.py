@@ -13,8 +13,10 @@ import torch
 from houchu.model.config import ModelConfig, ModelLoadError, resolve_model_file
 from houchu.model.gguf_blocks import STORED_TYPES
 from houchu.model.llama import LlamaModel, Weights
+from houchu.model.qlinear import Int4Linear
 from houchu.model.quant import Int4Weight, QuantSpec
 from houchu.model.shard import Shard
+from houchu.model.weight_shapes import HEAD_STORED
 
 if TYPE_CHECKING:
     from houchu.model.tp_group import TPGroup
@@ -89,8 +91,11 @@ def load_model(
     stored_q4 = any(isinstance(t, Int4Weight) for t in tensors.values())
     if quant.gptq and not stored_q4:
         return load_gptq(path, cfg, tensors, device, prepack, quant)
-    stored = stored_types(tensors)
+    stored = stored_types({k: t for k, t in tensors.items() if k != HEAD_STORED})
     model = LlamaModel.from_tensors(cfg, tensors, device, prepack, quant)
+    head = model.lm_head
+    if isinstance(head, Int4Linear) and head.stored:  # a head kept as stored (not requantized)
+        stored[head.stored] = stored.get(head.stored, 0) + 1
     if stored:  # said at start-up (``LlamaModel.load_notes``)
         model.load_notes.append(stored_note(stored))
     if quant.gptq:  # said at start-up, and not in the label
@@ -122,7 +127,7 @@ def stored_note(count: dict[str, int]) -> str:
     (lossless): Q4_K x27 int4, Q5_0 x81 two int4 planes"."""
     parts = [
         f"{k} x{n} " + ("int4" if STORED_TYPES[k] <= 4 else "two int4 planes")
-        for k, n in count.items()
+        for k, n in sorted(count.items())
     ]
     return STORED_NOTE + ", ".join(parts)
 

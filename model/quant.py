@@ -222,18 +222,40 @@ class Int4Weight:
             planes=planes,
         )
 
-    @staticmethod
-    def cat(parts: list[Int4Weight]) -> Int4Weight:
-        """Stack several weights' rows (fused q/k/v or gate/up projections); a part of
-        fewer planes gets zero planes (``with_planes``).
+    def regroup(self, group_size: int) -> Int4Weight:
+        """The same weight in groups of ``group_size`` (a divisor of its own): each group's
+        scale and offset repeated over its sub-groups, without loss.
 
         Raises:
-            ValueError: group sizes or input widths differ.
+            ValueError: ``group_size`` does not divide the weight's group size.
         """
-        if len({p.group_size for p in parts}) != 1 or len({p.shape[1] for p in parts}) != 1:
-            raise ValueError("int4 weights fused together need one group size and input width")
+        if group_size == self.group_size:
+            return self
+        if self.group_size % group_size:
+            raise ValueError(f"groups of {group_size} do not divide groups of {self.group_size}")
+        r = self.group_size // group_size
+        return dataclasses.replace(
+            self,
+            scale=self.scale.repeat_interleave(r, dim=1),
+            offset=self.offset.repeat_interleave(r, dim=1),
+            group_size=group_size,
+        )
+
+    @staticmethod
+    def cat(parts: list[Int4Weight]) -> Int4Weight:
+        """Stack several weights' rows (fused q/k/v or gate/up projections), without
+        loss: a part of fewer planes gets zero planes (``with_planes``), and parts of
+        different group sizes take the smallest (``regroup``: a Q4_K's groups of 32 beside
+        a Q6_K's of 16).
+
+        Raises:
+            ValueError: input widths differ, or a group size that does not divide another.
+        """
+        if len({p.shape[1] for p in parts}) != 1:
+            raise ValueError("int4 weights fused together need one input width")
+        group = min(p.group_size for p in parts)
         planes = max(p.planes for p in parts)
-        parts = [p.with_planes(planes) for p in parts]
+        parts = [p.regroup(group).with_planes(planes) for p in parts]
         kinds = sorted({p.kind for p in parts})
         return Int4Weight(
             torch.cat([p.q for p in parts]),

@@ -220,3 +220,28 @@ def test_stored_head_gives_float32_logits_at_every_row_count(cpu_isa):
         torch.testing.assert_close(y, alone[:m], rtol=1e-5, atol=1e-5)
     ref = F.linear(x.to(head.act_dtype).float(), w.dequantize())
     assert (alone - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+def test_fused_parts_of_other_group_sizes_and_planes_stay_as_stored():
+    """q/k as Q4_K (one plane, groups of 32) beside v as Q6_K (two planes, groups of 16),
+    as many Q4_K_M files store them: fused without loss (groups of 16, two planes), the
+    layer kept as stored, never rounded again."""
+    from houchu.model.linear_factory import fuse_weights, make_linear
+    from houchu.model.quant import QuantSpec
+
+    rng = np.random.default_rng(5)
+    parts = [
+        gguf_to_int4(quantize_blocks(rng.normal(size=(n, 256)).astype(np.float32), t), t, (n, 256))
+        for n, t in ((64, "Q4_K"), (32, "Q4_K"), (32, "Q6_K"))
+    ]
+    fused = fuse_weights(parts, torch.float32)
+    assert fused.group_size == 16 and fused.planes == 2 and fused.kind == "Q4_K+Q6_K"
+    want = torch.cat([p.dequantize() for p in parts])
+    torch.testing.assert_close(
+        fused.dequantize(), want, rtol=0, atol=1e-6 * float(want.abs().max())
+    )
+    layer = make_linear(fused, QuantSpec("int4"))
+    assert isinstance(layer, Int4Linear) and layer.stored == "Q4_K+Q6_K"
+    x = torch.randn(2, 256)
+    ref = F.linear(x.to(layer.act_dtype).float(), want)
+    assert (layer(x).float() - ref).abs().max() <= 1e-2 * ref.abs().max()
