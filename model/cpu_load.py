@@ -22,8 +22,12 @@ import resource
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+
+#: windows whose mean ``CpuLoad.recent`` gives (with ``watch``: about a second)
+RECENT_WINDOWS = 4
 
 
 def _ticks(stat: str) -> tuple[int, int, int] | None:
@@ -62,6 +66,7 @@ class CpuLoad:
         self._clock = clock
         self._last: tuple[float, int, int, int] | None = None  # (time, total, busy, own)
         self.others: float | None = None  # cores, over the last window
+        self._recent: deque[float] = deque(maxlen=RECENT_WINDOWS)  # the last windows'
         self.cpus = 0  # CPUs the counters cover
         self._lock = threading.Lock()  # ``tick`` from the watcher and the runner's thread
         self.tick()
@@ -107,7 +112,16 @@ class CpuLoad:
             d_total = (total - self._last[1]) / ncpu  # ticks per CPU over the window
             d_others = (busy - self._last[2]) - (own - self._last[3])
             self.others = max(0.0, d_others / d_total)
+            self._recent.append(self.others)
         self._last = (now, total, busy, own)
+
+    def recent(self) -> float | None:
+        """Cores the other processes kept busy over the last ``RECENT_WINDOWS`` windows
+        (their mean: about a second with ``watch``), or None where unknown."""
+        got = list(self._recent)
+        if self.others is None or not got:
+            return self.others
+        return sum(got) / len(got)
 
     def core_free(self, threads: int) -> bool:
         """Whether a core is free for a thread more beside ``threads`` of this process's

@@ -241,10 +241,22 @@ class ThreadGovernor:
         self._last = cur
         return out
 
+    def _others(self) -> float | None:
+        """Cores the other processes kept busy lately: ``load``'s mean over its last
+        windows (``CpuLoad.recent``) where it keeps them, else its last window's; None
+        where unknown. One quarter-second window swings with the bursts of a busy
+        machine: kinds created a step apart started at different counts (a prefill kind
+        at two threads beside busy processes took 0.7-3.3 s a step, its decode kind at
+        one 11 ms)."""
+        if self.load is None:
+            return None
+        recent = getattr(self.load, "recent", None)
+        return recent() if recent is not None else self.load.others
+
     def _held(self) -> int:
-        """Cores the other processes hold now (``HELD_CORE`` of one each, by ``load``'s
-        last window; 0 where unknown), at most ``max_threads - 1``."""
-        others = self.load.others if self.load is not None else None
+        """Cores the other processes hold now (``HELD_CORE`` of one each, by
+        ``_others``; 0 where unknown), at most ``max_threads - 1``."""
+        others = self._others()
         if others is None:
             return 0
         return min(int(others / HELD_CORE), self.max_threads - 1)
@@ -286,14 +298,14 @@ class ThreadGovernor:
 
     def _first_count(self) -> int:
         """A new step kind's thread count: all of them, less one per core the other
-        processes hold (``HELD_CORE`` of one, by ``load``'s last window), at least one.
+        processes hold (``HELD_CORE`` of one, by ``_others``), at least one.
         A server started beside two busy loops on 2 cores ran its first request's
         decode steps at two threads, 1.3 s per token, until a trial found one thread's
         29 ms 40 steps later."""
-        others = self.load.others if self.load is not None else None
+        others = self._others()
         if others is None:
             return self.max_threads
-        first = max(1, self.max_threads - int(others / HELD_CORE))
+        first = max(1, self.max_threads - self._held())
         if first < self.max_threads:
             print(
                 f"houchu runner: {time.strftime('%H:%M:%S')} a new kind of step starts at "

@@ -369,3 +369,17 @@ def test_the_load_is_read_in_the_background_until_it_is_gone():
     gc.collect()
     thread.join(1.0)
     assert not thread.is_alive()
+
+
+def test_new_kinds_start_by_the_last_second_not_the_last_window():
+    """On a busy machine one quarter-second window can show the other processes idle
+    and the next busy: kinds created a step apart (a request's prefill, then its decode)
+    start by the mean of the last windows, so both at one thread here."""
+    load = CpuLoad(every_s=0.0, read=lambda: None)
+    load.cpus, load.others = 2, 0.2  # the last window: a lull
+    load._recent.extend([1.8, 1.6, 1.5, 0.2])  # noqa: SLF001 (the windows before it)
+    m = _machine(lambda kind, t: (0.005, 0.001), load=load)
+    m.g.load.tick = lambda: None  # the counters as set
+    assert m.step(kind="prefill<=16", tokens=12) == 1
+    assert m.step() == 1
+    assert load.recent() == pytest.approx(1.275)
