@@ -7,6 +7,14 @@ event loop stays responsive during a long step: it keeps sending heartbeats, wit
 seconds the current step has run (``busy_s``). Each executed step is reported to the
 recorder as a ``StepRecord`` (compute time, batch, tokens).
 
+The event loop hands each plan to the worker thread as it arrives, and the worker
+thread sends the step's result to the scheduler itself as soon as the step ends
+(``ThreadOutbox``): between a step's end and the next plan's start the loop is woken
+once, for the plan, not for the result. It collects the steps' records for the recorder
+every ``REPORT_S`` seconds (``_report_steps``). A plan that arrives while a step runs
+(the overlap scheduler sends step N+1's plan while N executes) is queued on the worker
+thread behind that step, which goes from one to the next without waiting for the loop.
+
 Its ``RunnerInfo`` (pool geometry and the limits every request must fit:
 ``houchu.transport.limits``) goes to the scheduler, the tokenizer and the gateway once
 the model is loaded, and again to any of them that is replaced (``ActorDown``). When
@@ -21,15 +29,16 @@ import asyncio
 import os
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, NamedTuple
 
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.actors.heap import HeapTrimmer
 from houchu.actors.startup_errors import StartupFailure
-from houchu.transport.channel import Inbox
+from houchu.transport.channel import Inbox, ThreadOutbox
 from houchu.transport.failures import internal, unavailable
 from houchu.transport.messages import (
     ActorDown,
@@ -41,7 +50,7 @@ from houchu.transport.messages import (
     StepResult,
 )
 from houchu.transport.peers import Peers, serve
-from houchu.transport.telemetry import StepRecord, Telemetry
+from houchu.transport.telemetry import LeverSample, StepRecord, Telemetry
 
 if TYPE_CHECKING:
     from houchu.model.model_runner import ModelRunner
@@ -50,6 +59,8 @@ if TYPE_CHECKING:
 INFO_READERS = ("tokenizer", "gateway")
 #: seconds between checks of the tensor-parallel ranks' processes while idle
 RANK_WATCH_S = 1.0
+#: seconds between two collections of the finished steps' records (``_report_steps``)
+REPORT_S = 0.1
 
 
 class PromptLengths:
@@ -87,6 +98,15 @@ class PromptLengths:
         return StepRecord(plan.step_id, t, duration_s, len(plan.work), prefill, decode, phase)
 
 
+class StepDone(NamedTuple):
+    """What the torch thread hands back for one step: its ``result`` for the scheduler,
+    its ``record`` (None for a step of no work) and ``levers`` for the recorder."""
+
+    result: StepResult
+    record: StepRecord | None
+    levers: list[LeverSample]
+
+
 class RunnerActor:
     """Owns the model; one inbox of ``StepPlan`` messages from the scheduler."""
 
@@ -97,6 +117,9 @@ class RunnerActor:
         self.inbox: Inbox[RunnerInbox] = Inbox(ctx, config.endpoints["runner"], RunnerInbox)
         self.peers = Peers(ctx, config.endpoints)
         self.to_scheduler = self.peers.outbox("scheduler")
+        #: the torch thread's own link to the scheduler, for the steps' results (used
+        #: and reconnected on that thread only)
+        self.results_to = ThreadOutbox(ctx, config.endpoints["scheduler"])
         #: who is told the runner's limits (``RunnerInfo``), by actor name
         self.to_info = {"scheduler": self.to_scheduler}
         self.to_info.update({name: self.peers.outbox(name) for name in INFO_READERS})
@@ -112,6 +135,9 @@ class RunnerActor:
         self.trimmer: asyncio.Task[None] | None = None  # _trim_when_idle, from start()
         self.rank_lost = False  # a tensor-parallel rank is gone: exit after the result
         self.rank_watch: asyncio.Task[None] | None = None  # _watch_ranks, with tp only
+        #: the steps handed to the torch thread, in plan order, not yet reported
+        self.steps: deque[Future[StepDone]] = deque()
+        self.reporter: asyncio.Task[None] | None = None  # _report_steps, from start()
 
     async def start(self) -> str:
         launch = self.config.launch
@@ -139,6 +165,7 @@ class RunnerActor:
         info = self.info()
         self.telemetry.start()
         self.trimmer = asyncio.create_task(self._trim_when_idle())
+        self.reporter = asyncio.create_task(self._report_steps())
         if self.runner.tp is not None:
             self.rank_watch = asyncio.create_task(self._watch_ranks())
         for out in self.to_info.values():
@@ -174,7 +201,15 @@ class RunnerActor:
         return 0.0 if started is None else time.monotonic() - started
 
     async def run(self) -> None:
-        await serve(self.inbox, self._handle, self.name)
+        """Serve the inbox until ``Shutdown``; a failure outside a step's own (which
+        fails only its requests), raised on the torch thread, ends the actor as one in
+        the loop does."""
+        serving = asyncio.create_task(serve(self.inbox, self._handle, self.name))
+        await asyncio.wait({serving, self.reporter}, return_when=asyncio.FIRST_COMPLETED)
+        if self.reporter.done():
+            serving.cancel()
+            self.reporter.result()  # raises what stopped it
+        await serving
 
     async def _trim_when_idle(self) -> None:
         """Return the freed heap to the OS once a busy period is over (``HeapTrimmer``);
@@ -184,7 +219,7 @@ class RunnerActor:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.heap.idle_s / 2)
-            if self.heap.due() and self.step_started is None:
+            if self.heap.due() and self.idle():
                 await loop.run_in_executor(self.torch, self.heap.trim)
 
     async def _watch_ranks(self) -> None:
@@ -195,7 +230,7 @@ class RunnerActor:
 
         while True:
             await asyncio.sleep(RANK_WATCH_S)
-            if self.step_started is None and (why := dead_rank(self.runner.tp)):
+            if self.idle() and (why := dead_rank(self.runner.tp)):
                 print(f"houchu runner: {why}; exiting to restart every rank", flush=True)
                 self._exit_for_ranks()
 
@@ -211,18 +246,17 @@ class RunnerActor:
         """Act on one message; False on ``Shutdown``."""
         match msg:
             case StepPlan():
-                await self.to_scheduler.send(await self._step(msg))
-                if self.rank_lost:  # its requests are told why; restart every rank
-                    await asyncio.sleep(0.2)  # let the result leave before exiting
-                    self._exit_for_ranks()
+                received = time.time()  # the token path's stamp (StepStamps)
+                self.steps.append(self.torch.submit(self._run_step, msg, received, True))
             case ActorDown(name=name):
                 if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
                     return False
                 if name == "scheduler":
-                    # the new scheduler knows none of the old requests: forget them all
+                    # on the torch thread, after every step already taken (whose results
+                    # go to the old process, dropped): the results' link starts afresh,
+                    # and the new scheduler knows none of the old requests: forget them
                     loop = asyncio.get_running_loop()
-                    await loop.run_in_executor(self.torch, self.runner.forget_requests)
-                    self.prompts.clear()
+                    await loop.run_in_executor(self.torch, self._forget_scheduler)
                 if name in self.to_info:  # its replacement learns the limits again
                     await self.to_info[name].send(self.info())
             case ActorUp():
@@ -231,30 +265,77 @@ class RunnerActor:
                 return False
         return True
 
+    def _forget_scheduler(self) -> None:
+        """The scheduler was replaced (on the torch thread): reconnect the results' link
+        and drop every request's state."""
+        self.results_to.reconnect()
+        self.runner.forget_requests()
+        self.prompts.clear()
+
+    def idle(self) -> bool:
+        """No step is running or queued, and every step is reported."""
+        return self.step_started is None and not self.steps
+
     async def _step(self, plan: StepPlan) -> StepResult:
-        """Run ``plan`` on the torch thread; report it to the recorder."""
+        """Run ``plan`` alone on the torch thread and report it to the recorder; its
+        result, not sent (the torch thread sends the result of each plan the loop
+        takes)."""
         loop = asyncio.get_running_loop()
+        done = await loop.run_in_executor(self.torch, self._run_step, plan, time.time(), False)
+        self._report(done)
+        return done.result
+
+    def _run_step(self, plan: StepPlan, received: float, send: bool) -> StepDone:
+        """Run ``plan`` (on the torch thread); with ``send``, send its result to the
+        scheduler at once. Returns the result, with the token path's stamps (when the
+        plan was sent, and taken here at ``received``, wall-clock seconds), the step's
+        record and, once a second, the runner's lever samples."""
         t_wall = time.time()
         t0 = time.perf_counter()
         self.prompts.update(plan)
         self.step_started = time.monotonic()
         try:
-            result = await loop.run_in_executor(self.torch, self._execute, plan)
+            result = self._execute(plan)
         finally:
             self.step_started = None
             self.heap.note_step()
+        elapsed = time.perf_counter() - t0
+        result.plan_sent_at, result.received_at = plan.sent_at, received
+        if send:
+            result.sent_at = time.time()  # the token path's stamp (StepStamps)
+            self.results_to.send(result)
+        record = None
         if plan.work:
-            record = self.prompts.record(plan, t_wall, time.perf_counter() - t0)
+            record = self.prompts.record(plan, t_wall, elapsed)
             record.expert_load = self.expert_load.take()  # [] for a dense model
             if self.runner.tp is not None:  # the step's collectives, rank 0's view
                 record.allreduce_s = result.allreduce_s
-            self.telemetry.step(record)
         self.prompts.release(plan)
+        levers = []
         if time.monotonic() - self.levers_sent_at > 1.0:  # the runner's levers, once a second
             self.levers_sent_at = time.monotonic()
-            for sample in self.runner.lever_samples():
-                self.telemetry.lever(sample)
-        return result
+            levers = self.runner.lever_samples()
+        return StepDone(result, record, levers)
+
+    async def _report_steps(self) -> None:
+        """Every ``REPORT_S`` seconds, hand the finished steps' records and levers to the
+        recorder, in plan order (the torch thread sent their results). Raises what a
+        step raised outside its own failure (which ``_execute`` answers); after a step
+        that lost a tensor-parallel rank, exits (its requests were told why)."""
+        while True:
+            await asyncio.sleep(REPORT_S)
+            while self.steps and self.steps[0].done():
+                self._report(self.steps.popleft().result())
+            if self.rank_lost:  # restart every rank
+                await asyncio.sleep(0.2)  # let the result leave before exiting
+                self._exit_for_ranks()
+
+    def _report(self, done: StepDone) -> None:
+        """Hand a step's record and levers to the recorder's buffer."""
+        if done.record is not None:
+            self.telemetry.step(done.record)
+        for sample in done.levers:
+            self.telemetry.lever(sample)
 
     def _execute(self, plan: StepPlan) -> StepResult:
         t0 = time.perf_counter()
@@ -281,12 +362,13 @@ class RunnerActor:
             )
 
     async def close(self) -> None:
-        for task in (self.trimmer, self.rank_watch):
+        for task in (self.trimmer, self.rank_watch, self.reporter):
             if task is not None:
                 task.cancel()
         await self.telemetry.close()
         self.inbox.close()
         self.peers.close()
+        self.results_to.close()
         self.torch.shutdown(wait=False, cancel_futures=True)
         if self.runner is not None:  # a tensor-parallel runner's other ranks
             self.runner.close()

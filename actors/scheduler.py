@@ -3,7 +3,10 @@
 receive -> (admit | abort | apply result | answer stats) -> if no step is in flight, send
 the next plan; with the overlap scheduler (unless ``--overlap-schedule off``) also
 while one is, when the core allows it, so that applying results and planning run while
-the runner executes (``houchu.scheduler.overlap``). The domain logic lives in
+the runner executes (``houchu.scheduler.overlap``). A step's tokens leave for the
+tokenizer before the next plan is made: on a CPU whose cores all run the step, their
+trip to the client then runs while the runner waits for that plan, not beside the next
+step (``houchu.api.token_path`` measures both). The domain logic lives in
 ``houchu.scheduler``.
 
 Every wait has a bound: lower-tier lookups (``Timings.tier_lookup_timeout_s``), draft
@@ -42,6 +45,7 @@ from houchu.transport.messages import (
     StatsQuery,
     StatsReply,
     StepResult,
+    StepStamps,
     TokenBatch,
     TokenEvent,
     TokenizedRequest,
@@ -166,7 +170,7 @@ class SchedulerActor:
                 t0 = time.time()
                 events = core.apply(msg)
                 if events:
-                    await self.to_tokenizer.send(TokenBatch(events))
+                    await self.to_tokenizer.send(TokenBatch(events, stamps_of(msg, t0)))
                 core.record_work(t0, time.time(), overlapped=core.num_in_flight > 0)
             case StatsQuery(query_id=qid, rid=rid):
                 stats = core.stats()
@@ -233,6 +237,7 @@ class SchedulerActor:
         self.draft.after_plan()
         if plan is not None:
             self.stuck_reported = False
+            plan.sent_at = time.time()  # the token path's stamp (StepStamps)
             await self.to_runner.send(plan)
         self.core.record_work(t0, time.time(), overlapped=ahead)
 
@@ -240,3 +245,21 @@ class SchedulerActor:
         await self.telemetry.close()
         self.inbox.close()
         self.peers.close()
+
+
+def stamps_of(result: StepResult, received: float) -> StepStamps:
+    """The token path's stamps of ``result``'s step (``houchu.transport.token_path``)
+    as its ``TokenBatch`` leaves: ``received`` (wall-clock seconds) is when this actor
+    took the result; ``tokens_sent`` is now (the result applied)."""
+    return StepStamps(
+        step_id=result.step_id,
+        plan_sent=result.plan_sent_at,
+        plan_received=result.received_at,
+        step_started=result.started_at,
+        step_s=result.duration_s,
+        forward_s=result.forward_s,
+        sample_s=result.sample_s,
+        result_sent=result.sent_at,
+        result_received=received,
+        tokens_sent=time.time(),
+    )

@@ -46,6 +46,7 @@ from houchu.transport.messages import (
     RequestFailed,
     RunnerInfo,
     Shutdown,
+    StepStamps,
     TextDelta,
     TokenBatch,
     TokenEvent,
@@ -111,8 +112,10 @@ class TokenizerActor:
                 task = asyncio.create_task(self._on_request(msg))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
-            case TokenBatch(events=events):
-                await self._on_tokens(events)
+            case TokenBatch(events=events, stamps=stamps):
+                if stamps is not None:  # the token path's stamp (StepStamps)
+                    stamps.tokenizer_received = time.time()
+                await self._on_tokens(events, stamps)
             case AbortRequest(rid=rid):
                 self._forget(rid)
                 await self.to_scheduler.send(msg)
@@ -226,7 +229,9 @@ class TokenizerActor:
         self.telemetry.event(rid, "failed", error=failure.message[:500], status=failure.status)
         await self.to_gateway.send(RequestFailed(rid=rid, failure=failure))
 
-    async def _on_tokens(self, events: list[TokenEvent]) -> None:
+    async def _on_tokens(self, events: list[TokenEvent], stamps: StepStamps | None = None) -> None:
+        """Detokenize one step's events and send the text they release; each delta
+        carries the step's ``stamps`` with this actor's ``tokenizer_sent``."""
         for ev in events:
             state = self.requests.get(ev.rid)
             if state is None:
@@ -245,6 +250,8 @@ class TokenizerActor:
                 self._finished(delta)
                 if ev.finish_reason is None:  # a stop string finished it, not the scheduler
                     await self.to_scheduler.send(FinishRequest(ev.rid))
+            if stamps is not None:
+                delta.stamps = msgspec.structs.replace(stamps, tokenizer_sent=time.time())
             await self.to_gateway.send(delta)
 
     def _finished(self, delta: TextDelta) -> None:

@@ -13,8 +13,10 @@ Routes:
   runner is ready (at start-up and while a runner is being replaced: 503
   ``{"status": "starting"}`` with ``Retry-After``; 503 ``"unavailable"`` when the engine
   does not answer).
-- ``GET /stats``: the engine's counters plus the gateway's ``in_flight`` requests; 503
-  when the engine does not answer.
+- ``GET /stats``: the engine's counters plus the gateway's ``in_flight`` requests, and
+  ``token_path``: where each generated token's time went, per component
+  (``houchu.api.token_path``; ``?token_path_since=N`` summarizes only the samples after
+  the one numbered N); 503 when the engine does not answer.
 - ``GET /dashboard`` and ``/dashboard/...``: the live dashboard and its JSON API
   (``views``, ``live``), read from the recorder's database.
 - ``GET /metrics``: Prometheus metrics (``metrics``).
@@ -197,4 +199,11 @@ async def stats(request: web.Request) -> web.Response:
     counters["in_flight"] = admission.in_flight
     counters["max_in_flight"] = admission.limit
     counters["num_refused_overload"] = admission.num_refused
+    token_path = getattr(engine, "token_path", None)  # the EngineClient's (fakes have none)
+    if token_path is not None:
+        try:
+            since = int(request.query.get("token_path_since", "0"))
+        except ValueError:
+            raise ApiError("token_path_since must be an integer", status=400) from None
+        counters["token_path"] = token_path.stats(since)
     return json_response(counters)

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 
 import zmq.asyncio
 
 from houchu.api.observe import RequestObserver
+from houchu.api.token_path import TokenPathStats
 from houchu.transport.channel import Inbox
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.failures import TIMEOUT, Failed, bad_request, unavailable
@@ -45,6 +48,43 @@ from houchu.transport.peers import Peers, serve
 class EngineError(Failed):
     """A request the engine rejected or failed, with its ``Failure`` (``status``: the
     HTTP status to report)."""
+
+
+class Mailbox:
+    """One request's messages as they arrive, for its one consumer: an ``asyncio.Queue``
+    without the task ``asyncio.wait_for`` makes for every timed wait (a delta per
+    generated token waits here)."""
+
+    def __init__(self) -> None:
+        self._items: deque[TextDelta | RequestFailed] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, msg: TextDelta | RequestFailed) -> None:
+        """Add ``msg`` and wake the consumer."""
+        self._items.append(msg)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    async def get(self, timeout_s: float) -> TextDelta | RequestFailed | None:
+        """The next message; None when none came within ``timeout_s`` seconds."""
+        if not self._items:
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(timeout_s, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        return self._items.popleft() if self._items else None
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class EngineClient:
@@ -71,7 +111,7 @@ class EngineClient:
         self._peers = peers or Peers(ctx, endpoints)
         self._to_tokenizer = self._peers.outbox("tokenizer")
         self._to_scheduler = self._peers.outbox("scheduler")
-        self._queues: dict[str, asyncio.Queue[TextDelta | RequestFailed]] = {}
+        self._queues: dict[str, Mailbox] = {}
         self._stats_waiters: dict[int, asyncio.Future[StatsReply]] = {}
         self._query_ids = itertools.count()
         self._timeout_s = request_timeout_s
@@ -80,6 +120,8 @@ class EngineClient:
         self.stopped = asyncio.Event()
         #: the runner's limits, from its latest ``RunnerInfo``
         self.runner_limits = LimitsWatch()
+        #: each generated token's time, per component (``/stats``'s ``token_path``)
+        self.token_path = TokenPathStats()
 
     def start(self) -> None:
         """Start routing inbox messages (call from the running event loop)."""
@@ -98,10 +140,16 @@ class EngineClient:
     async def _dispatch(self, msg: GatewayInbox) -> bool:
         """Route one message; False on ``Shutdown``."""
         match msg:
-            case TextDelta(rid=rid) | RequestFailed(rid=rid):
+            case TextDelta(rid=rid, stamps=stamps):
+                if stamps is not None:  # the token path's stamp (StepStamps)
+                    stamps.gateway_received = time.time()
                 q = self._queues.get(rid)
                 if q is not None:
-                    q.put_nowait(msg)
+                    q.put(msg)
+            case RequestFailed(rid=rid):
+                q = self._queues.get(rid)
+                if q is not None:
+                    q.put(msg)
             case RunnerInfo():
                 self.runner_limits.update(msg)
             case StatsReply(query_id=qid):
@@ -124,7 +172,7 @@ class EngineClient:
         if name == "tokenizer":
             lost = unavailable("the tokenizer stopped and is restarting; retry")
             for rid, q in self._queues.items():
-                q.put_nowait(RequestFailed(rid=rid, failure=lost))
+                q.put(RequestFailed(rid=rid, failure=lost))
         elif name == "scheduler":
             waiters, self._stats_waiters = self._stats_waiters, {}
             for fut in waiters.values():
@@ -150,17 +198,15 @@ class EngineClient:
         """
         if req.rid in self._queues:
             raise EngineError(bad_request(f"request id {req.rid!r} is already in flight"))
-        q: asyncio.Queue[TextDelta | RequestFailed] = asyncio.Queue()
-        self._queues[req.rid] = q
+        q = self._queues[req.rid] = Mailbox()
         finished = False
         outcome = "aborted"
         self._observer.arrived(req, record)
         try:
             await self._to_tokenizer.send(req)
             while True:
-                try:
-                    msg = await asyncio.wait_for(q.get(), self._timeout_s)
-                except asyncio.TimeoutError:
+                msg = await q.get(self._timeout_s)
+                if msg is None:
                     # Quiet for a while: a long queue, or a request the engine lost (sent
                     # as an actor died) or an engine that is gone? Only the latter two
                     # fail it: a scheduler that answers and holds the request is busy.
@@ -191,16 +237,26 @@ class EngineClient:
                     finished = True  # before the yield: a consumer may stop right here
                     outcome = "finished"
                     yield msg
+                    self._written(req.rid, msg)
                     return
                 yield msg
+                self._written(req.rid, msg)  # the consumer wrote it and asks for the next
         except EngineError:
             outcome = "failed"
             raise
         finally:
             self._observer.ended(req.rid, outcome)
+            self.token_path.forget(req.rid)
             self._queues.pop(req.rid, None)
             if not finished:
                 await self.abort(req.rid)
+
+    def _written(self, rid: str, delta: TextDelta) -> None:
+        """The consumer of ``rid``'s deltas came back for the next one: ``delta`` is
+        written to its client (the token path's last stamp)."""
+        if delta.stamps is not None:
+            delta.stamps.written = time.time()
+            self.token_path.written(rid, delta.stamps)
 
     async def abort(self, rid: str) -> None:
         """Abort a request: its pages return to the pool, no more deltas are sent."""

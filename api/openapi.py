@@ -182,7 +182,12 @@ def openapi_document(model_name: str | None = None, max_context: int | None = No
     """The OpenAPI 3.1 document of the HTTP API (a JSON-serializable dict); with the served
     ``model_name`` and context window ``max_context`` (tokens) when given."""
     refs, schemas = schema_components(model_name, max_context)
-    stats = {"type": "object", "additionalProperties": {"type": ["integer", "number", "string"]}}
+    stats = {
+        "type": "object",
+        # token_path: the per-token breakdown (houchu.api.token_path); the rest counters
+        "properties": {"token_path": {"type": "object"}},
+        "additionalProperties": {"type": ["integer", "number", "string"]},
+    }
     info = {"type": "object"}
     paths = {
         "/v1/completions": {

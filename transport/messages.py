@@ -53,6 +53,7 @@ from houchu.transport.step_messages import (  # re-exported
     StepResult,
 )
 from houchu.transport.tier_messages import HostSlotGrant, TierLookupResult, TierStats
+from houchu.transport.token_path import StepStamps
 
 #: the whole wire contract, importable from here (the modules above hold some of it)
 __all__ = [
@@ -70,6 +71,7 @@ __all__ = [
     "SeqOutput",
     "PromptLogprobs",
     "StepResult",
+    "StepStamps",
     "RunnerInfo",
     "ActorReady",
     "ActorFailed",
@@ -190,9 +192,12 @@ class TokenEvent(Struct, kw_only=True, array_like=True):
 
 
 class TokenBatch(Struct, tag=True):
-    """All token events of one step, in one message."""
+    """All token events of one step, in one message. ``stamps``: when the step's tokens
+    were where (``houchu.transport.token_path``); None for events of no step (a
+    refused request, a restart)."""
 
     events: list[TokenEvent]
+    stamps: StepStamps | None = None
 
 
 # ---------------------------------------------------------------- tokenizer -> gateway
@@ -232,6 +237,8 @@ class TextDelta(Struct, tag=True, kw_only=True):
     the output, or the id of the ``stop_token_ids`` token that did; None otherwise.
     The first delta carries ``prompt_text`` (``SamplingParams.echo``: the prompt as text)
     and ``prompt_logprobs`` (``SamplingParams.prompt_logprobs``: every prompt token).
+    ``stamps``: the timings of the step that released this text, the tokenizer's
+    included (``houchu.transport.token_path``); None when no step's batch carried any.
     """
 
     rid: str
@@ -245,6 +252,7 @@ class TextDelta(Struct, tag=True, kw_only=True):
     prompt_text: str | None = None
     prompt_logprobs: list[PromptTokenLogprob] | None = None
     stop_reason: int | str | None = None
+    stamps: StepStamps | None = None
 
 
 class RequestFailed(Struct, tag=True, kw_only=True):

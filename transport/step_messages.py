@@ -65,7 +65,10 @@ class StepPlan(Struct, tag=True, kw_only=True):
     ``init`` registers new requests; ``release`` drops the runner's per-request state of
     finished or aborted requests (their pages are the scheduler's to free). Before the
     forward pass the runner copies ``kv_saves`` (device page -> host slot), then
-    ``kv_loads`` (host slot -> device page).
+    ``kv_loads`` (host slot -> device page). ``sent_at``: wall-clock seconds
+    (``time.time()``) when the scheduler handed it to its outbox (0: unknown), which the
+    runner echoes in its ``StepResult`` for the token path's timings
+    (``houchu.transport.token_path``).
     """
 
     step_id: int
@@ -74,6 +77,7 @@ class StepPlan(Struct, tag=True, kw_only=True):
     release: list[str] = field(default_factory=list)
     kv_saves: list[PageCopy] = field(default_factory=list)
     kv_loads: list[PageCopy] = field(default_factory=list)
+    sent_at: float = 0.0
 
 
 class SeqOutput(Struct, kw_only=True, array_like=True):
@@ -129,7 +133,12 @@ class StepResult(Struct, tag=True, kw_only=True):
     discarded, and the rest of the batch goes on. ``proposals`` (the runner's MTP layer,
     ``SeqWork.num_propose``): rid -> up to ``num_propose`` tokens proposed after the last
     token the step emitted for it, to verify in the next step; ``draft_s``: of
-    ``duration_s``, the seconds spent on them (the MTP passes)."""
+    ``duration_s``, the seconds spent on them (the MTP passes). The token path's
+    timings (``houchu.transport.token_path``): ``forward_s`` and ``sample_s``, of
+    ``duration_s``, the seconds of the model's forward passes and of sampling;
+    ``plan_sent_at``: the plan's ``sent_at``; ``received_at`` and ``sent_at``:
+    wall-clock seconds when the runner's loop took the plan and handed this result to
+    its outbox (0: unknown)."""
 
     step_id: int
     outputs: list[SeqOutput]
@@ -142,6 +151,11 @@ class StepResult(Struct, tag=True, kw_only=True):
     failures: dict[str, Failure] = field(default_factory=dict)
     proposals: dict[str, list[int]] = field(default_factory=dict)
     draft_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+    plan_sent_at: float = 0.0
+    received_at: float = 0.0
+    sent_at: float = 0.0
 
 
 class RunnerInfo(Struct, tag=True, kw_only=True):
