@@ -94,8 +94,9 @@ def test_gguf_twin_gives_the_same_tokens(family, tmp_path, qtype):
     auto`` keeps its projections and routed experts int4 (converted losslessly, as
     llama.cpp computes on them; the router dense), and gives the tokens of the same
     file dequantized whole (``--quantization none``): the same rounded weights. Experts
-    48 wide are refused under int4: the file keeps their down projections F32 (not whole
-    blocks of 32), and int4's groups of 32 do not divide them either."""
+    48 wide: the file keeps their down projections F32 (not whole blocks of 32), so auto
+    serves it dense (the dequantized file's tokens), and ``--quantization int4`` is
+    refused (its groups of 32 do not divide them either)."""
     from houchu.model.gguf_writers import write_llama_gguf
     from houchu.model.moe import MoEMLP
     from houchu.model.qlinear import Int4Linear
@@ -110,8 +111,16 @@ def test_gguf_twin_gives_the_same_tokens(family, tmp_path, qtype):
         quant = "auto"
     opts = exact(num_pages=16, page_size=4, quantization=quant)
     if qtype == "Q4_0" and load_model_config(twin).moe_intermediate_size % 32:
+        # auto serves such a file dense (an F32 block matrix has no stored form);
+        # --quantization int4 would round it onto groups of 32, which do not divide it
         with pytest.raises(ValueError, match="group size 32 does not divide the input width"):
-            ModelRunner(str(twin), opts, quiet=True)
+            ModelRunner(
+                str(twin), exact(num_pages=16, page_size=4, quantization="int4"), quiet=True
+            )
+        runner = ModelRunner(str(twin), opts, quiet=True)
+        assert runner.model.quant.mode == "none"
+        want = ModelRunner(str(folder), exact(num_pages=16, page_size=4), quiet=True)
+        assert runner_greedy_tokens(runner, ids, 6) == runner_greedy_tokens(want, ids, 6)
         return
     want = ModelRunner(str(folder), exact(num_pages=16, page_size=4), quiet=True)
     runner = ModelRunner(str(twin), opts, quiet=True)
