@@ -4,10 +4,10 @@ receive -> (admit | abort | apply result | answer stats) -> if no step is in fli
 the next plan; with the overlap scheduler (unless ``--overlap-schedule off``) also
 while one is, when the core allows it, so that applying results and planning run while
 the runner executes (``houchu.scheduler.overlap``). A step's tokens leave for the
-tokenizer as soon as its result is applied, before the next plan is made (without
-overlap, sending the plan first measured the same time between tokens on 2 cores and
-more than twice the latency to the client: their trip then ran beside the next step;
-``houchu.api.token_path``). The domain logic lives in ``houchu.scheduler``.
+tokenizer before the next plan is made: on a CPU whose cores all run the step, their
+trip to the client then runs while the runner waits for that plan, not beside the next
+step (``houchu.api.token_path`` measures both). The domain logic lives in
+``houchu.scheduler``.
 
 Every wait has a bound: lower-tier lookups (``Timings.tier_lookup_timeout_s``), draft
 proposals (``Timings.draft_timeout_s``), and the step in flight (``--heartbeat-timeout``:
@@ -20,6 +20,7 @@ lookups are dropped; draft — no proposals until ``ActorUp``.
 
 from __future__ import annotations
 
+import os
 import time
 
 import zmq.asyncio
@@ -91,7 +92,7 @@ class SchedulerActor:
             early.append(msg)
         c = self.config
         batch = c.batching
-        self.overlap = resolve_overlap(batch.overlap_schedule)
+        self.overlap = resolve_overlap(batch.overlap_schedule, msg, os.cpu_count() or 1)
         self.telemetry.start()
         tiers = None
         if c.kv_tiers.enabled:

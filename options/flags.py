@@ -268,8 +268,8 @@ BATCHING = Group(
         Flag("disable_radix_cache", "do not reuse the KV of cached prompt prefixes"),
         Flag(
             "overlap_schedule",
-            "plan the next step while one runs, hiding the scheduler's time and its "
-            "hops (auto: on, on a CUDA GPU and on a CPU)",
+            "plan the next step while one runs, hiding the scheduler's time (auto: on a "
+            "CUDA GPU, or on a CPU with 2 or more cores beyond the runner's threads)",
         ),
     ),
 )

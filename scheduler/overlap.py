@@ -1,6 +1,6 @@
 """The overlap scheduler's bookkeeping: what each step in flight holds, and its ledger.
 
-With overlap on (``--overlap-schedule on``, or ``auto``, the default:
+With overlap on (``--overlap-schedule on``, or ``auto`` where it pays:
 ``resolve_overlap``; ``--overlap-schedule off`` turns it off) the scheduler
 actor sends step N+1's plan while step N still runs, so applying N's result and planning
 N+2 happen while the runner executes N+1 (SGLang's "zero-overhead" overlap scheduler;
@@ -39,23 +39,24 @@ from houchu.transport.telemetry import LeverSample
 
 if TYPE_CHECKING:
     from houchu.scheduler.request import Request
+    from houchu.transport.messages import RunnerInfo
 
 #: Seconds between two lever samples (the counters accrue in between).
 EMIT_EVERY_S = 1.0
+#: ``auto`` overlaps on a CPU runner only with this many cores beyond the runner's threads
+#: (for the scheduler, tokenizer and gateway processes to run beside a step).
+SPARE_CORES_FOR_OVERLAP = 2
 
 
-def resolve_overlap(mode: str) -> bool:
+def resolve_overlap(mode: str, info: RunnerInfo, num_cores: int) -> bool:
     """Whether to overlap scheduling with execution.
 
-    ``mode`` "on" / "off" decide; "auto" overlaps, on a CUDA GPU (its CPU thread mostly
-    waits for the device, as in SGLang, where overlap is the default) and on a CPU, even
-    one whose cores all run the step: the next plan then waits at the runner, queued
-    behind the step in flight (``houchu.actors.runner``), so the hops to the scheduler
-    and back and its planning leave the time between two tokens, while the scheduler's
-    CPU time, which the step loses instead, is a fraction of that. Measured on 2 cores
-    (2 runner threads, 8 rounds side by side): 1.17x the decode tokens/s of one stream,
-    1.09x the output tokens/s of 4 and of 16 (docs/benchmarks.md, "Where a token's time
-    goes").
+    ``mode`` "on" / "off" decide; "auto" overlaps when the runner is on a CUDA GPU (its
+    CPU thread mostly waits for the device, as in SGLang, where overlap is the default),
+    or on a CPU runner when ``num_cores`` exceed its threads by at least
+    ``SPARE_CORES_FOR_OVERLAP``. On a CPU whose cores all run the step, planning ahead
+    only takes cores from it: measured on 2 cores with 2 runner threads, overlap gave
+    0.96x the decode tokens/s of one stream and 0.90x of 8 (``houchu.bench.overlap``).
 
     Raises:
         ValueError: another ``mode``.
@@ -64,7 +65,10 @@ def resolve_overlap(mode: str) -> bool:
         return mode == "on"
     if mode != "auto":
         raise ValueError(f"overlap schedule must be auto, on or off, got {mode!r}")
-    return True
+    if info.device_type == "cuda":
+        return True
+    threads = info.num_threads or num_cores
+    return num_cores - threads >= SPARE_CORES_FOR_OVERLAP
 
 
 @dataclass(slots=True)

@@ -361,12 +361,27 @@ def unpaced_samples(led: OverlapLedger) -> list:
     return led.samples()
 
 
-def test_resolve_overlap_auto_is_on() -> None:
-    """``auto`` overlaps on every device (the next plan waits at the runner behind the
-    step in flight, on a CPU whose cores all run the step too); on / off decide."""
+def test_resolve_overlap_auto_on_gpu_or_spare_cores() -> None:
     from houchu.scheduler.overlap import resolve_overlap
+    from houchu.transport.messages import RunnerInfo
 
-    assert resolve_overlap("auto") and resolve_overlap("on")
-    assert not resolve_overlap("off")
+    def info(device: str, threads: int) -> RunnerInfo:
+        return RunnerInfo(
+            num_pages=8,
+            page_size=16,
+            max_context=128,
+            kv_bytes_per_token=64,
+            num_params=1,
+            model_name="m",
+            device_type=device,
+            num_threads=threads,
+        )
+
+    assert resolve_overlap("auto", info("cuda", 16), 16)
+    assert not resolve_overlap("auto", info("cpu", 2), 2)  # every core runs the step
+    assert not resolve_overlap("auto", info("cpu", 7), 8)
+    assert resolve_overlap("auto", info("cpu", 6), 8)
+    assert resolve_overlap("on", info("cpu", 2), 2)
+    assert not resolve_overlap("off", info("cuda", 1), 16)
     with pytest.raises(ValueError, match="auto, on or off"):
-        resolve_overlap("yes")
+        resolve_overlap("yes", info("cpu", 1), 2)
