@@ -56,6 +56,13 @@ class ClientTimes:
             self.tokens += tokens - 1
             self.decode_s += stamps[-1] - stamps[0]
 
+    def merge(self, other: ClientTimes) -> None:
+        """Add ``other``'s timings to these."""
+        self.itl += other.itl
+        self.tpot += other.tpot
+        self.tokens += other.tokens
+        self.decode_s += other.decode_s
+
     def line(self) -> str:
         """Mean and median ITL and TPOT (ms), and decode tokens/s."""
         if not self.itl or not self.tpot:
@@ -160,8 +167,10 @@ def main() -> None:
         times = {v: ClientTimes() for v in urls}
         for r in range(args.rounds):
             for v, url in urls.items():
-                parts[v].append(measure(url, args.num_requests, args.output_len, times[v]))
-                print(f"round {r + 1} [{v or 'defaults'}]: {times[v].line()}", flush=True)
+                this = ClientTimes()
+                parts[v].append(measure(url, args.num_requests, args.output_len, this))
+                times[v].merge(this)
+                print(f"round {r + 1} [{v or 'defaults'}]: {this.line()}", flush=True)
     for v in urls:
         tp = _merge(parts[v])
         print(
@@ -169,7 +178,7 @@ def main() -> None:
             f"{args.num_requests} requests of {args.output_len} tokens, one at a time"
         )
         print(format_table(tp["components"]))
-        print(times[v].line())
+        print(f"all rounds, {times[v].line()}")
 
 
 if __name__ == "__main__":
