@@ -169,6 +169,23 @@ def _resolve(waiter: asyncio.Future[bool], value: bool) -> None:
         waiter.set_result(value)
 
 
+def push_socket(ctx: zmq.Context, address: str) -> zmq.Socket:
+    """A PUSH socket on ``ctx`` (asyncio or plain) connected to the inbox at ``address``:
+    the links' high-water mark, 1 s linger, CURVE where ``address`` is tcp://.
+
+    Raises:
+        security.InsecureTransport: ``address`` is tcp:// and no CURVE keys are registered.
+    """
+    keys = security.keys_for(address)
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, _HWM)
+    sock.setsockopt(zmq.LINGER, 1000)
+    if keys is not None:
+        security.secure_client(sock, keys)
+    sock.connect(address)
+    return sock
+
+
 class Outbox:
     """The sending end towards one peer: a PUSH socket connected to its inbox address.
 
@@ -184,14 +201,7 @@ class Outbox:
         self._encoder = msgspec.msgpack.Encoder()
 
     def _connect(self) -> zmq.asyncio.Socket:
-        keys = security.keys_for(self.address)
-        sock = self._ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, _HWM)
-        sock.setsockopt(zmq.LINGER, 1000)
-        if keys is not None:
-            security.secure_client(sock, keys)
-        sock.connect(self.address)
-        return sock
+        return push_socket(self._ctx, self.address)
 
     def reconnect(self) -> None:
         """The peer's process was replaced: drop what is still queued for the dead one
@@ -231,14 +241,7 @@ class ThreadOutbox:
         self._encoder = msgspec.msgpack.Encoder()
 
     def _connect(self) -> zmq.Socket:
-        keys = security.keys_for(self.address)
-        sock = self._ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, _HWM)
-        sock.setsockopt(zmq.LINGER, 1000)
-        if keys is not None:
-            security.secure_client(sock, keys)
-        sock.connect(self.address)
-        return sock
+        return push_socket(self._ctx, self.address)
 
     def reconnect(self) -> None:
         """As ``Outbox.reconnect``."""
