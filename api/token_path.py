@@ -46,6 +46,8 @@ import statistics
 from collections import deque
 from collections.abc import Iterable
 
+import numpy as np
+
 from houchu.transport.token_path import StepStamps
 
 #: The cycle's components, in the order the table prints them: name -> what it is.
@@ -130,16 +132,6 @@ def breakdown(prev: StepStamps, cur: StepStamps) -> dict[str, float] | None:
     return out
 
 
-def _p(values: list[float], q: float) -> float:
-    """The ``q``-quantile (0..1) of sorted ``values``, linearly interpolated."""
-    if len(values) == 1:
-        return values[0]
-    pos = q * (len(values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
-
-
 def summarize(samples: Iterable[dict[str, float]]) -> dict[str, dict[str, float]]:
     """Per field of ``FIELDS``: ``mean_ms``, ``p50_ms``, ``p90_ms`` (milliseconds) and
     ``share`` (its mean over the mean ITL; 0 without samples) over ``samples`` (each
@@ -150,12 +142,12 @@ def summarize(samples: Iterable[dict[str, float]]) -> dict[str, dict[str, float]
     itl = statistics.fmean(r["itl"] for r in rows)
     out: dict[str, dict[str, float]] = {}
     for name in FIELDS:
-        values = sorted(r[name] * 1e3 for r in rows)
+        values = [r[name] * 1e3 for r in rows]
         mean = statistics.fmean(values)
         out[name] = {
             "mean_ms": mean,
-            "p50_ms": _p(values, 0.5),
-            "p90_ms": _p(values, 0.9),
+            "p50_ms": float(np.percentile(values, 50)),
+            "p90_ms": float(np.percentile(values, 90)),
             "share": mean / (itl * 1e3) if itl > 0 else 0.0,
         }
     return out
