@@ -73,9 +73,9 @@ def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
 
 
-def _low_high(qs: np.ndarray, width: int) -> np.ndarray:
-    """Nibbles of ``[nb, n, width]`` bytes -> ``[nb, n, 2 * width]``: the low nibbles,
-    then the high ones (ggml's order within a run of ``width`` bytes)."""
+def _low_high(qs: np.ndarray) -> np.ndarray:
+    """Nibbles of ``[..., w]`` bytes -> ``[..., 2w]``: the low nibbles, then the high
+    ones (ggml's order within a run of ``w`` bytes)."""
     return np.concatenate((qs & 0x0F, qs >> 4), axis=-1)
 
 
@@ -118,27 +118,27 @@ def block_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np
     if qtype in ("Q4_0", "Q4_1"):
         h = 2 if qtype == "Q4_0" else 4
         d = _f16(raw[:, 0:2])
-        codes = _low_high(raw[:, h:], 16)
+        codes = _low_high(raw[:, h:])
         off = -8.0 * d if qtype == "Q4_0" else _f16(raw[:, 2:4])
         return codes, d, off.astype(np.float32), 32
     if qtype in ("Q5_0", "Q5_1"):
         h = 2 if qtype == "Q5_0" else 4
         d = _f16(raw[:, 0:2])
-        codes = _low_high(raw[:, h + 4 :], 16) | (_fifth_bit(raw[:, h : h + 4]) << 4)
+        codes = _low_high(raw[:, h + 4 :]) | (_fifth_bit(raw[:, h : h + 4]) << 4)
         off = -16.0 * d if qtype == "Q5_0" else _f16(raw[:, 2:4])
         return codes, d, off.astype(np.float32), 32
     if qtype == "Q8_0":
         d = _f16(raw[:, 0:2])
-        codes = (raw[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        codes = raw[:, 2:] ^ np.uint8(0x80)  # int8 q + 128, as uint8
         return codes, d, (-128.0 * d).astype(np.float32), 32
     if qtype in ("Q4_K", "Q5_K"):
         d, dmin = _f16(raw[:, 0:2]), _f16(raw[:, 2:4])
         sc, mn = k_scale_min(raw[:, 4:16])
         if qtype == "Q4_K":
-            codes = _low_high(raw[:, 16:].reshape(nb, 4, 32), 32).reshape(nb, QK_K)
+            codes = _low_high(raw[:, 16:].reshape(nb, 4, 32)).reshape(nb, QK_K)
         else:
             qh = raw[:, 16:48].reshape(nb, 1, 32)  # bit 2j / 2j + 1: chunk j's halves
-            ql = _low_high(raw[:, 48:].reshape(nb, 4, 32), 32).reshape(nb, 8, 32)
+            ql = _low_high(raw[:, 48:].reshape(nb, 4, 32)).reshape(nb, 8, 32)
             bits = (qh >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1  # [nb, 8, 32]
             codes = (ql | (bits << 4)).reshape(nb, QK_K)
         scale = d * sc.astype(np.float32)
@@ -168,7 +168,7 @@ def block_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np
     qh = raw[:, 128:192].reshape(nb, 2, 1, 32)
     sc = raw[:, 192:208].view(np.int8).astype(np.float32)  # [nb, 16]
     d = _f16(raw[:, 208:210])
-    low = _low_high(ql.reshape(nb, 2, 2, 32), 32)  # [nb, 2, 2, 64]: ql[0:32] | ql[32:64]
+    low = _low_high(ql.reshape(nb, 2, 2, 32))  # [nb, 2, 2, 64]: ql[0:32] | ql[32:64]
     # each half of 128: y[l + 32 i] takes the low nibble of ql[l], ql[l + 32], then the
     # high nibbles, with bits 2i..2i+1 of qh[l]
     low = low.reshape(nb, 2, 2, 2, 32).transpose(0, 1, 3, 2, 4).reshape(nb, 2, 4, 32)
