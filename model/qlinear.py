@@ -210,16 +210,17 @@ class Int4Linear(LinearBase):
         """x: ``[M, K]`` -> ``[M, N]``, same dtype as x."""
         xa = x.to(self.act_dtype)
         path = _route(self, x.shape[0])
-        xs = xa.repeat(1, self.planes) if self.planes > 1 else xa  # [M, P·K]: x per plane
         if self.float_out and self._cpu_gemv is not None:
             # an LM head: float32 logits at every row count, whatever the route (the
             # other paths round them to the activation dtype, and a request's logits
             # would then depend on how many rows share its step)
             g, n, inv = self.group_size, self.out_features, self.batch_invariant
-            return cpu_kernels.ops().int4_gemv(xs, self._cpu_gemv, g, n, False, inv, True)
+            return cpu_kernels.ops().int4_gemv(
+                self._per_plane(xa), self._cpu_gemv, g, n, False, inv, True
+            )
         if self._cpu_gemv is not None and int8_acts(self, path):
             y = cpu_kernels.ops().int4_gemv(
-                xs, self._cpu_gemv, self.group_size, self.out_features, True
+                self._per_plane(xa), self._cpu_gemv, self.group_size, self.out_features, True
             )
         elif path == "dense" or (path is None and _dense_at(self, x.shape[0])):
             y = packed_matmul(xa, self._dense, self.out_features)
@@ -227,22 +228,29 @@ class Int4Linear(LinearBase):
             y = F.linear(xa, self.dequantize())
         elif self._cpu_gemv is not None and path != "torch":
             y = cpu_kernels.ops().int4_gemv(
-                xs,
+                self._per_plane(xa),
                 self._cpu_gemv,
                 self.group_size,
                 self.out_features,
                 False,
                 self.batch_invariant,
             )
-        elif self.group_size not in TORCH_INT4_GROUPS:  # Q6_K's 16: no torch kernel
+        elif self.group_size not in TORCH_INT4_GROUPS:  # groups of 16: no torch kernel
             y = F.linear(xa, self.dequantize())
         elif self.packed.device.type == "cuda":
-            y = torch.ops.aten._weight_int4pack_mm(xs, self.packed, self.group_size, self.sz)
+            y = torch.ops.aten._weight_int4pack_mm(
+                self._per_plane(xa), self.packed, self.group_size, self.sz
+            )
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                xs, self.packed, self.group_size, self.sz
+                self._per_plane(xa), self.packed, self.group_size, self.sz
             )
         return y.to(x.dtype)
+
+    def _per_plane(self, xa: torch.Tensor) -> torch.Tensor:
+        """The int4 kernels' input: ``[M, K]`` -> ``[M, P·K]``, x once per plane (the
+        dense paths take ``xa`` itself)."""
+        return xa if self.planes == 1 else xa.repeat(1, self.planes)
 
 
 class Int8Linear(LinearBase):
