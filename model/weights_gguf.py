@@ -290,7 +290,6 @@ def iter_gguf_tensors(
     or the embedding when the file has no ``output``) also comes out as stored, under
     ``HEAD_STORED`` (not with ``shard``).
     """
-    tied = not any(t.name == "output.weight" for t in reader.tensors)
     for t in reader.tensors:
         name = gguf_to_hf_name(t.name, cfg.gemma_blocks)
         experts = ".mlp.experts." in name  # stacked [E, out, in]
@@ -319,7 +318,9 @@ def iter_gguf_tensors(
             w = (w if name == "rope_freqs" else w.to(dtype)).contiguous()
         yield name, w
         if keep_q4 and shard is None and t.tensor_type.name in STORED_TYPES:
-            head = name == "lm_head.weight" or (name == "model.embed_tokens.weight" and tied)
+            head = name == "lm_head.weight" or (
+                name == "model.embed_tokens.weight" and cfg.tie_word_embeddings
+            )
             if head:  # the LM head as stored too (the embedding's rows are looked up dense)
                 yield HEAD_STORED, gguf_to_int4(t.data, t.tensor_type.name, torch_shape(t))
 
