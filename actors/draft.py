@@ -4,8 +4,8 @@ One inbox of ``DraftRequest`` messages from the scheduler; each is answered with
 ``DraftReply`` (proposals, the seconds spent, the draft pool's counters). The proposer is
 chosen by ``--speculative``: "ngram" (prompt lookup, no model), "draft" (a draft model
 given by ``--draft-model``, with its own paged KV); "mtp" proposes in the model runner
-(``houchu.spec.mtp``) and starts no draft actor. The domain logic lives in
-``houchu.spec``. Started by the launcher only for those two. When the scheduler
+(``houchu.speculative.mtp``) and starts no draft actor. The domain logic lives in
+``houchu.speculative``. Started by the launcher only for those two. When the scheduler
 is replaced, every sequence it held here is released (the new one starts from scratch).
 """
 
@@ -18,7 +18,7 @@ import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
 from houchu.options.runner_options import RunnerOptions
-from houchu.spec.proposers import NgramProposer, Proposer, ProtocolError
+from houchu.speculative.proposers import NgramProposer, Proposer, ProtocolError
 from houchu.transport.channel import Inbox
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown
 from houchu.transport.peers import Peers, serve
@@ -52,20 +52,20 @@ def make_proposer(config: ServeConfig) -> tuple[Proposer, str]:
         ModelLoadError: the draft model cannot be loaded.
         houchu.model.device.DeviceError: the device torch cannot use here.
     """
-    spec = config.speculation
-    if spec.speculative == "ngram":
+    speculative = config.speculation
+    if speculative.speculative == "ngram":
         p = NgramProposer()
         return p, f"n-gram prompt lookup (n = {p.max_n} .. {p.min_n})"
-    if spec.speculative != "draft":  # "mtp" proposes in the runner
-        raise ValueError(f"unknown speculative method {spec.speculative!r}")
-    if not spec.draft_model:
+    if speculative.speculative != "draft":  # "mtp" proposes in the runner
+        raise ValueError(f"unknown speculative method {speculative.speculative!r}")
+    if not speculative.draft_model:
         raise ValueError("--speculative draft needs --draft-model PATH")
-    from houchu.model.config import load_model_config
-    from houchu.model.model_runner import ModelRunner
-    from houchu.spec.draft_model import DraftModelProposer
+    from houchu.model.config.core import load_model_config
+    from houchu.runner.model_runner import ModelRunner
+    from houchu.speculative.draft_model import DraftModelProposer
 
     target = load_model_config(config.model)
-    runner = ModelRunner(spec.draft_model, draft_runner_options(config.runner), quiet=True)
+    runner = ModelRunner(speculative.draft_model, draft_runner_options(config.runner), quiet=True)
     p = DraftModelProposer(runner, target.vocab_size)
     used, total = p.pool_usage()
     return p, f"draft model {runner.config.name!r}: {total} pages x {p.page_size} tokens"

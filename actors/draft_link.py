@@ -4,13 +4,13 @@ Before each plan the scheduler asks the draft for proposals and waits for them â
 one request in flight, at most ``draft_timeout_s`` seconds, after which it steps without
 proposals (a late reply is then only read for its pool counters). Requests that left are
 released in the draft as soon as possible. At start-up the link times target passes to
-seed the cost model that decides when speculation pays (``houchu.spec.calibrate``).
+seed the cost model that decides when speculation pays (``houchu.speculative.calibrate``).
 
 While the draft actor is down (``ActorDown`` until ``ActorUp``) the scheduler steps
 without proposals; the replacement starts empty, so every request's mirror is resent.
 
 With ``--speculative mtp`` there is no draft actor: the runner proposes with each step's
-result (``houchu.spec.mtp``) and the link (``RunnerProposals``) only calibrates.
+result (``houchu.speculative.mtp``) and the link (``RunnerProposals``) only calibrates.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from houchu.actors.config import ServeConfig
 from houchu.actors.startup_errors import ShutdownBeforeReady
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
-from houchu.spec.calibrate import best_times, calibration_plans, calibration_sizes
+from houchu.speculative.calibrate import best_times, calibration_plans, calibration_sizes
 from houchu.transport.channel import Inbox, Outbox
 from houchu.transport.messages import Shutdown, StepResult
 from houchu.transport.peers import Peers, receive
@@ -215,10 +215,10 @@ class RunnerProposals(CalibratesTarget, NoDraftLink):
 def make_link(ctx: zmq.asyncio.Context, config: ServeConfig, peers: Peers) -> Draft:
     """The scheduler's link for ``config.speculation``: a draft actor's, the runner's
     proposals (MTP), or none."""
-    spec = config.speculation
-    if spec.uses_draft_actor:
+    speculative = config.speculation
+    if speculative.uses_draft_actor:
         return DraftLink(ctx, config, peers)
-    return RunnerProposals() if spec.proposes_in_runner else NoDraftLink()
+    return RunnerProposals() if speculative.proposes_in_runner else NoDraftLink()
 
 
 #: What the scheduler actor holds: the link, or its stand-in when speculation is off.

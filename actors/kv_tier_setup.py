@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 from houchu.actors.config import ServeConfig
-from houchu.kvcache.host_pool import HostPool
-from houchu.kvcache.page_hash import model_fingerprint
+from houchu.cache_tiers.host_pool import HostPool
+from houchu.cache_tiers.page_hash import model_fingerprint
 from houchu.options.runner_options import RunnerOptions
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -21,12 +21,12 @@ def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
     ``2 * layers * page_size * kv_heads * head_dim * dtype bytes`` (an MLA model's page
     of latents: ``layers * page_size * (kv_lora_rank + qk_rope_head_dim) * dtype bytes``),
     with the dtype and page size the runner resolves from "auto" on the same device
-    (``houchu.model.runner_choices``: bf16 and 256-token pages for flash-attn on CUDA).
+    (``houchu.runner.choices``: bf16 and 256-token pages for flash-attn on CUDA).
 
     Raises:
         ModelLoadError: the model's configuration cannot be read.
     """
-    from houchu.model.config import load_model_config
+    from houchu.model.config.core import load_model_config
 
     tiers = config.kv_tiers
     m = load_model_config(config.model)
@@ -58,7 +58,7 @@ def resolved_runner_options(runner: RunnerOptions, mla: bool) -> RunnerOptions:
     import torch
 
     from houchu.model.device import resolve_device
-    from houchu.model.runner_choices import resolve_attention, resolve_dtype
+    from houchu.runner.choices import resolve_attention, resolve_dtype
 
     device = torch.device(resolve_device(runner.device))
     r, _ = resolve_dtype(runner, device)

@@ -24,9 +24,9 @@ from pathlib import Path
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
-from houchu.kvcache.host_pool import HostPool
-from houchu.kvcache.host_tier import HostTier
-from houchu.kvcache.ssd_tier import SsdTier
+from houchu.cache_tiers.host_pool import HostPool
+from houchu.cache_tiers.host_tier import HostTier
+from houchu.cache_tiers.ssd_tier import SsdTier
 from houchu.paths import cache_dir
 from houchu.transport.channel import Inbox
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown

@@ -1,6 +1,6 @@
 """The model runner actor: receives step plans, runs them on the model, returns tokens.
 
-A thin loop around ``houchu.model.model_runner.ModelRunner``, which owns the weights and the
+A thin loop around ``houchu.runner.model_runner.ModelRunner``, which owns the weights and the
 device KV pool. Steps run one at a time, in the order their plans arrive, on one worker
 thread that does all of this process's torch work (loading, compiling, stepping), so the
 event loop stays responsive during a long step: it keeps sending heartbeats, with the
@@ -53,7 +53,7 @@ from houchu.transport.peers import Peers, serve
 from houchu.transport.telemetry import LeverSample, StepRecord, Telemetry
 
 if TYPE_CHECKING:
-    from houchu.model.model_runner import ModelRunner
+    from houchu.runner.model_runner import ModelRunner
 
 #: The actors besides the scheduler that read the runner's limits from its ``RunnerInfo``.
 INFO_READERS = ("tokenizer", "gateway")
@@ -142,9 +142,9 @@ class RunnerActor:
     async def start(self) -> str:
         launch = self.config.launch
         loop = asyncio.get_running_loop()
-        from houchu.model.calibration import CalibrationError
         from houchu.model.ops import TritonUnusable
-        from houchu.model.quant import QuantShapeError
+        from houchu.model.quant.calibration import CalibrationError
+        from houchu.model.quant.functions import QuantShapeError
 
         try:
             self.runner = await loop.run_in_executor(self.torch, self._load)
@@ -154,7 +154,7 @@ class RunnerActor:
 
         self.expert_load = ExpertLoadReader(self.runner.model)  # each step's, for its record
         if self.config.kv_tiers.enabled:
-            from houchu.kvcache.host_pool import HostPool
+            from houchu.cache_tiers.host_pool import HostPool
 
             self.host_pool = HostPool(
                 launch.host_pool_name, launch.host_pool_pages, launch.host_slot_bytes
@@ -178,16 +178,16 @@ class RunnerActor:
     def _load(self) -> ModelRunner:
         """The model runner of ``config.model`` with the runner options (``--device``
         and the rest of the "model runner" flags); with ``--speculative mtp``, its MTP
-        proposer (``houchu.spec.mtp``; ``MTPUnavailable`` when the checkpoint has none).
+        proposer (``houchu.speculative.mtp``; ``MTPUnavailable`` when the checkpoint has none).
         """
-        from houchu.model.model_runner import ModelRunner
+        from houchu.runner.model_runner import ModelRunner
 
         runner = ModelRunner(self.config.model, self.config.runner)
-        spec = self.config.speculation
-        if spec.proposes_in_runner:
-            from houchu.spec.mtp import attach_mtp
+        speculative = self.config.speculation
+        if speculative.proposes_in_runner:
+            from houchu.speculative.mtp import attach_mtp
 
-            info = attach_mtp(runner, self.config.model, spec.num_speculative_tokens)
+            info = attach_mtp(runner, self.config.model, speculative.num_speculative_tokens)
             print(f"houchu runner: {info}", flush=True)
         return runner
 
@@ -226,7 +226,7 @@ class RunnerActor:
         """Tensor parallel: check the other ranks' processes every ``RANK_WATCH_S``
         seconds; one that died while the server was idle restarts the runner at once,
         so ``/health`` stops answering ready instead of the next request failing."""
-        from houchu.model.tp_worker import dead_rank
+        from houchu.runner.tensor_parallel.worker import dead_rank
 
         while True:
             await asyncio.sleep(RANK_WATCH_S)
@@ -237,7 +237,7 @@ class RunnerActor:
     def _exit_for_ranks(self) -> None:
         """Exit (status 1) after a lost rank, killing the ranks left first (a hung one
         would outlive this process), so that the supervisor restarts every rank."""
-        from houchu.model.tp_worker import kill_ranks
+        from houchu.runner.tensor_parallel.worker import kill_ranks
 
         kill_ranks(self.runner.tp)
         os._exit(1)
@@ -347,7 +347,7 @@ class RunnerActor:
             if self.runner.tp is not None and self.runner.tp.broken:
                 # a rank is gone: the step's requests get a plain message (TPRankLost's),
                 # then the runner exits (_handle) so that the supervisor restarts every rank
-                from houchu.model.tp_group import TPRankLost
+                from houchu.runner.tensor_parallel.group import TPRankLost
 
                 lost = str(e) if isinstance(e, TPRankLost) else "a tensor-parallel rank stopped"
                 print(f"houchu runner: {lost}; exiting to restart every rank", flush=True)

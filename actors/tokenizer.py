@@ -86,7 +86,7 @@ class TokenizerActor:
         self.first_token_t: dict[str, float] = {}  # rid -> wall-clock s of its first token
 
     async def start(self) -> str:
-        from houchu.text.tokenizer import load_tokenizer
+        from houchu.text.tokenizer.core import load_tokenizer
 
         loop = asyncio.get_running_loop()
         c = self.config

@@ -40,13 +40,15 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from houchu.api import metrics, openai_api, openapi, server_info, tokenize, ws_api
+from houchu.api import metrics, openapi, server_info, tokenize
 from houchu.api.auth import make_auth_middleware
 from houchu.api.engine_client import EngineError
 from houchu.api.errors import ApiError, api_error, error_response, json_response
 from houchu.api.limits import GatewayLimits
 from houchu.api.metrics import GatewayMetrics
+from houchu.api.openai import routes as openai_api
 from houchu.api.state import ENGINE_KEY, STATE_KEY, EngineLike, GatewayState
+from houchu.api.ws import routes as ws_api
 from houchu.dashboard import live, views
 from houchu.dashboard.live_data import STORE_KEY
 from houchu.dashboard.store import DashboardStore
@@ -91,7 +93,7 @@ def make_app(
         limits: admission, body size, slow-reader and API-key settings (None: defaults,
             no key).
         tool_call_parser: how replies to ``tool_choice: "auto"`` are parsed
-            (``houchu.text.tool_calls.PARSERS``).
+            (``houchu.text.tool_calls.parse.PARSERS``).
         tokenizer: the model's tokenizer for ``/tokenize`` and ``/detokenize`` (None:
             they answer 503).
     """

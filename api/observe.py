@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from houchu.api.record_params import PRIVATE_KEYS, Value, choice_record, shape_record
+from houchu.api.requests.record_params import PRIVATE_KEYS, Value, choice_record, shape_record
 from houchu.transport.messages import GenerateRequest, TextDelta
 
 if TYPE_CHECKING:  # no import cycle: metrics -> errors -> engine_client -> observe
@@ -25,7 +25,7 @@ PREVIEW_CHARS = 80
 
 def request_params(req: GenerateRequest) -> dict[str, Value]:
     """The request's parameters and shape as its wire request carries them, as flat
-    event data (``houchu.api.record_params``); a choice of a several-choice request
+    event data (``houchu.api.requests.record_params``); a choice of a several-choice request
     also names its ``parent``, ``choice`` index and ``choices`` count."""
     return {**shape_record(req.messages, req.sampling), **choice_record(req)}
 

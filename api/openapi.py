@@ -16,7 +16,14 @@ import msgspec
 from aiohttp import web
 
 from houchu.api.errors import json_response
-from houchu.api.responses import (
+from houchu.api.schema.bodies import (
+    SEED_RANGE,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from houchu.api.schema.responses import (
     ChatCompletion,
     ChatCompletionChunk,
     Completion,
@@ -27,13 +34,6 @@ from houchu.api.responses import (
     Model,
     ModelList,
     TokenizeResponse,
-)
-from houchu.api.schema import (
-    SEED_RANGE,
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
 )
 from houchu.api.state import STATE_KEY
 

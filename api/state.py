@@ -71,7 +71,7 @@ class GatewayState:
         admission: the count of accepted, unfinished requests (``in_flight``).
         engine_ready_once: ``/health`` has seen the engine ready (before that, an engine
             that does not answer is still starting).
-        tool_call_parser: the ``--tool-call-parser`` (``houchu.text.tool_calls``).
+        tool_call_parser: the ``--tool-call-parser`` (``houchu.text.tool_calls.parse``).
     """
 
     model_name: str

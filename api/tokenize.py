@@ -24,15 +24,15 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
-from houchu.api.chat_template import refuse_on_prompt, template_options
 from houchu.api.errors import ApiError, json_response
-from houchu.api.schema import DetokenizeRequest, TokenizeRequest
-from houchu.api.schema_errors import validation_error
+from houchu.api.requests.chat_template import refuse_on_prompt, template_options
+from houchu.api.requests.parse import ParsedRequest, chat_messages, check_model, decode_body
+from houchu.api.requests.tools import refuse_tools_on_prompt, tool_setup
+from houchu.api.schema.bodies import DetokenizeRequest, TokenizeRequest
+from houchu.api.schema.errors import validation_error
 from houchu.api.state import STATE_KEY
-from houchu.api.tools import refuse_tools_on_prompt, tool_setup
-from houchu.api.validation import ParsedRequest, chat_messages, check_model, decode_body
 from houchu.text.fim import fim_prompt
-from houchu.text.tokenizer import TextTokenizer, TokenizerError, load_tokenizer
+from houchu.text.tokenizer.core import TextTokenizer, TokenizerError, load_tokenizer
 from houchu.transport.failures import UNAVAILABLE
 
 

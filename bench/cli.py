@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from houchu.bench.backends import BACKENDS
+from houchu.bench.backends.base import BACKENDS
 from houchu.bench.workloads import WORKLOADS
 
 
@@ -127,7 +127,7 @@ def bench_spec(args: argparse.Namespace, model_name: str | None = None) -> Any:
     Raises:
         ValueError: an option has a bad value.
     """
-    from houchu.bench.backends import GenParams
+    from houchu.bench.backends.base import GenParams
     from houchu.bench.core import BenchSpec
     from houchu.bench.dist import parse_dist
     from houchu.bench.driver import RunConfig
@@ -191,22 +191,22 @@ BENCH_SCHEMA: dict[str, Any] = {
 def structured_fields(kind: str) -> dict[str, Any]:
     """The request fields of ``--structured KIND`` ({} for none)."""
     if kind == "json-schema":
-        spec = {"name": "records", "schema": BENCH_SCHEMA}
-        return {"response_format": {"type": "json_schema", "json_schema": spec}}
+        speculative = {"name": "records", "schema": BENCH_SCHEMA}
+        return {"response_format": {"type": "json_schema", "json_schema": speculative}}
     return {}
 
 
 def make_backend(args: argparse.Namespace, params: Any) -> Any:
     """The target the options name."""
     if args.backend == "houchu-ws":
-        from houchu.bench.backend_ws import HouchuWsBackend
+        from houchu.bench.backends.ws import HouchuWsBackend
 
         return HouchuWsBackend(args.url, params, args.ws_connections)
     if args.backend == "openai":
-        from houchu.bench.backend_openai import OpenAIBackend
+        from houchu.bench.backends.openai import OpenAIBackend
 
         return OpenAIBackend(args.base_url, params, args.api_key, include_usage=not args.no_usage)
-    from houchu.bench.backend_hf import HFBackend
+    from houchu.bench.backends.hf import HFBackend
     from houchu.cli.fetch import fetch_default_model
 
     path = Path(args.hf_model) if args.hf_model else fetch_default_model()
@@ -220,7 +220,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from houchu.bench.report import results_dir, save_json, store, summary_table
 
     try:
-        spec = bench_spec(args, args.model)
+        speculative = bench_spec(args, args.model)
     except ValueError as exc:
         print(f"houchu bench: {exc}", file=sys.stderr)
         return 2
@@ -228,7 +228,9 @@ def run_bench(args: argparse.Namespace) -> int:
     name = args.name or f"{args.backend}-{args.workload}-{stamp}"
     builder = PromptBuilder(load_encoder(args.tokenizer))
     try:
-        record = asyncio.run(benchmark(make_backend(args, spec.params), spec, builder, name))
+        record = asyncio.run(
+            benchmark(make_backend(args, speculative.params), speculative, builder, name)
+        )
     except (ValueError, OSError) as exc:
         print(f"houchu bench: {exc}", file=sys.stderr)
         return 2

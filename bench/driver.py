@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from houchu.bench.backends import Backend
+from houchu.bench.backends.base import Backend
 from houchu.bench.metrics import RequestResult
 from houchu.bench.workloads import Message, Session
 

@@ -11,13 +11,13 @@ repository root (it makes ``houchu`` importable first): ``python bench/gpu_check
 
 Steps, in order, each with a timeout of its own within ``--timeout`` (default 360 s, so
 the whole ends inside 6 minutes and a 15-minute device lease holds a rerun; a step that
-would start with under 15 s left is skipped): ``install`` (``houchu.bench.gpu_install``), ``machine``, ``model``,
+would start with under 15 s left is skipped): ``install`` (``houchu.bench.gpu.install``), ``machine``, ``model``,
 ``gpu_tests``, ``golden``, ``serve_bench`` and ``runner_bench``
-(``houchu.bench.gpu_check_steps``). A failing step is recorded and the next one runs.
+(``houchu.bench.gpu.steps``). A failing step is recorded and the next one runs.
 
 Output: ``OUTDIR/gpu_check.log`` (each command and its output) and ``OUTDIR/gpu_check.json``
 (the machine's facts, the model, each step's status "ok" / "failed" / "skipped" with the
-reason, its seconds, commands and numbers, and the goals: ``houchu.bench.gpu_goals``),
+reason, its seconds, commands and numbers, and the goals: ``houchu.bench.gpu.goals``),
 rewritten after every step. Scratch files (the stand-in model, the bench records) go to
 ``--work`` (default: the system's temporary folder), not OUTDIR.
 
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported for real after _bootstrap
-    from houchu.bench.gpu_check_run import Context, Step
+    from houchu.bench.gpu.run import Context, Step
 
 REPO = Path(__file__).resolve().parent.parent
 #: Correctness first (the CUDA tests, then the golden check), then the speed goals.
@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("outdir", type=Path, help="where gpu_check.log and gpu_check.json go")
     p.add_argument(
-        "--wheels", type=Path, help="the wheels folder (python -m houchu.bench.gpu_wheels)"
+        "--wheels", type=Path, help="the wheels folder (python -m houchu.bench.gpu.wheels)"
     )
     p.add_argument(
         "--model", help="a .gguf or HF folder (default: the default model, or its stand-in)"
@@ -131,7 +131,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the check; returns the exit status."""
     args = parse_args(argv)
-    from houchu.bench.gpu_check_run import Context, Step
+    from houchu.bench.gpu.run import Context, Step
 
     ctx = Context(args.outdir.resolve(), args.timeout, REPO)
     ctx.dry_run = args.dry_run
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             ctx.log(f"[gpu_check] {name}: {step.status} {step.reason}".rstrip())
             write_json(ctx, steps, started, args, final=False)
         record = write_json(ctx, steps, started, args, final=True)
-        from houchu.bench.gpu_goals import summary_lines
+        from houchu.bench.gpu.goals import summary_lines
 
         for line in summary_lines(record["steps"], record["goals"], ctx.facts, ctx.model):
             ctx.log(line)
@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_step(ctx: Context, step: Step, args: argparse.Namespace) -> None:
     """Run step ``step.name`` within what is left of the budget, or skip it."""
-    from houchu.bench import gpu_check_steps as steps
-    from houchu.bench.gpu_install import install_step
+    from houchu.bench.gpu import steps
+    from houchu.bench.gpu.install import install_step
 
     if step.name not in args.steps:
         step.skip("not selected (--steps)")
@@ -210,7 +210,7 @@ def write_json(
     """Write ``OUTDIR/gpu_check.json`` (see the module docstring); returns the record.
     The goals are evaluated on the serve bench's and the runner benchmark's numbers when
     they ran on a GPU."""
-    from houchu.bench.gpu_goals import evaluate_goals
+    from houchu.bench.gpu.goals import evaluate_goals
 
     by_name = {s.name: s for s in steps}
     serve = by_name.get("serve_bench")

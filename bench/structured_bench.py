@@ -84,9 +84,11 @@ def run_once(argv: list[str]) -> dict[str, Any]:
     from houchu.bench.prompts import PromptBuilder, load_encoder
 
     args = build_parser().parse_args(argv)
-    spec = bench_spec(args, args.model)
+    speculative = bench_spec(args, args.model)
     builder = PromptBuilder(load_encoder(args.tokenizer))
-    record = asyncio.run(benchmark(make_backend(args, spec.params), spec, builder, "structured"))
+    record = asyncio.run(
+        benchmark(make_backend(args, speculative.params), speculative, builder, "structured")
+    )
     return record["results"]
 
 
@@ -156,11 +158,11 @@ def runner_steps(
 
 def runner_main(opts: argparse.Namespace) -> None:
     """``--runner``: decode steps with and without a JSON schema, alternating."""
-    from houchu.api.structured import json_schema_grammar
+    from houchu.api.structured.request import json_schema_grammar
     from houchu.bench.cli import BENCH_SCHEMA
     from houchu.cli.fetch import fetch_default_model
-    from houchu.model.model_runner import ModelRunner
     from houchu.options.runner_options import RunnerOptions
+    from houchu.runner.model_runner import ModelRunner
     from houchu.transport.structured import StructuredOutput
 
     model = opts.model or str(fetch_default_model())
@@ -188,9 +190,11 @@ def runner_main(opts: argparse.Namespace) -> None:
         times: dict[str, list[tuple[float, float]]] = {"free": [], "json-schema": []}
         for rep in range(opts.reps):
             for side in times:
-                spec = schema if side == "json-schema" else None
+                speculative = schema if side == "json-schema" else None
                 tag = f"b{b}-{side}-{rep}"
-                times[side] += runner_steps(runner, b, opts.output_len, spec, tag, opts.input_len)
+                times[side] += runner_steps(
+                    runner, b, opts.output_len, speculative, tag, opts.input_len
+                )
         base = statistics.median(w for w, _ in times["free"])
         base_cpu = statistics.median(c for _, c in times["free"])
         for side, ts in times.items():
@@ -219,21 +223,21 @@ def masks_main(opts: argparse.Namespace) -> None:
 
     import torch
 
-    from houchu.api.structured import json_schema_grammar
+    from houchu.api.structured.request import json_schema_grammar
     from houchu.bench.cli import BENCH_SCHEMA
     from houchu.cli.fetch import fetch_default_model
-    from houchu.model.grammar import GrammarEngine, bitmask_to_allowed, bitmask_words
-    from houchu.model.sampling import apply_grammar_masks
+    from houchu.model.grammar.matcher import GrammarEngine, bitmask_to_allowed, bitmask_words
+    from houchu.model.sampling.sampler import apply_grammar_masks
     from houchu.transport.structured import StructuredOutput
 
     if opts.threads:
         torch.set_num_threads(opts.threads)
     v = 49152
     engine = GrammarEngine(opts.model or str(fetch_default_model()), v)
-    spec = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(BENCH_SCHEMA))
-    engine.compile("warm", spec)  # loads the tokenizer
+    speculative = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(BENCH_SCHEMA))
+    engine.compile("warm", speculative)  # loads the tokenizer
     t0 = time.perf_counter()
-    g, rng, fills = engine.compile("m", spec), random.Random(0), []
+    g, rng, fills = engine.compile("m", speculative), random.Random(0), []
     print(f"llguidance compile (tokenizer loaded): {(time.perf_counter() - t0) * 1e3:.2f} ms")
     one = torch.full((1, bitmask_words(v)), -1, dtype=torch.int32)  # [1, W]
     for _ in range(opts.output_len):

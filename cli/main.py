@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from houchu.actors.config import ServeConfig
 from houchu.bench.cli import add_bench_parser, run_bench
-from houchu.bench.levers_cli import add_levers_parser, run_levers
+from houchu.bench.sweep.cli import add_levers_parser, run_levers
 from houchu.cli.fetch import FetchError, fetch_default_model
 from houchu.options.checks import (
     check_device,

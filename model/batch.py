@@ -35,7 +35,7 @@ class StepBatch:
         sample_counts: rows of ``sample_rows`` per sampled sequence (1, or
             ``num_draft + 1``), parallel to ``sampled``; R is their sum.
         prompt_spans: per sequence whose prompt rows are scored
-            (``houchu.model.prompt_logprobs``): (sequence index, first row of them in
+            (``houchu.model.sampling.prompt_logprobs``): (sequence index, first row of them in
             ``sample_rows``, rows); those rows come just before the sequence's sample row.
         sample_select: ``[R_sampled]`` int64, the rows of ``sample_rows`` that sample,
             in order (None: all of them, when no prompt rows are scored).

@@ -8,15 +8,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from houchu.model.attention.mla import MLAAttention
 from houchu.model.block_parts import OffsetRMSNorm, apply_norm, gelu_tanh_mul
-from houchu.model.config import ModelConfig
-from houchu.model.linear import LinearBase
-from houchu.model.linear_factory import fuse_weights, make_linear
-from houchu.model.mla import MLAAttention
+from houchu.model.config.core import ModelConfig
+from houchu.model.linear.dense import LinearBase
+from houchu.model.linear.factory import fuse_weights, make_linear
 from houchu.model.moe import MoEMLP
 from houchu.model.ops import TorchOps
-from houchu.model.quant import Int4Weight, QuantSpec
-from houchu.model.weight_shapes import Weights
+from houchu.model.quant.functions import Int4Weight, QuantSpec
+from houchu.model.weights.shapes import Weights
 
 
 def frozen_param(t: torch.Tensor) -> nn.Parameter:
@@ -52,7 +52,7 @@ class DecoderLayer(nn.Module):
         cfg: ModelConfig,
         w: Weights,
         prefix: str,
-        spec: QuantSpec,
+        speculative: QuantSpec,
         device: torch.device,
         dtype: torch.dtype,
         moe: bool = False,
@@ -83,7 +83,7 @@ class DecoderLayer(nn.Module):
         a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
 
         def lin(parts: list[torch.Tensor | Int4Weight]) -> LinearBase:
-            return make_linear(fuse_weights(parts, dtype), spec, device, dtype=dtype)
+            return make_linear(fuse_weights(parts, dtype), speculative, device, dtype=dtype)
 
         #: multi-head latent attention (DeepSeek) in place of the qkv projection, or None
         self.mla = MLAAttention(cfg, w, a, lin, dtype) if cfg.mla is not None else None

@@ -2,11 +2,11 @@
 variations of the families built from its parts (``ModelConfig.architecture``): Qwen2's
 q/k/v projection bias, Qwen3's per-head QK-norm, Qwen3-MoE's routed experts
 (``houchu.model.moe``) in place of the dense MLP, DeepSeek-V2/V3's multi-head latent
-attention (``houchu.model.mla``, over a pool of latents) with DeepSeekMoE, Mistral's
-sliding windows and Gemma 2/3's blocks (``houchu.model.structure``: local and global
+attention (``houchu.model.attention.mla``, over a pool of latents) with DeepSeekMoE, Mistral's
+sliding windows and Gemma 2/3's blocks (``houchu.model.config.structure``: local and global
 layers, (1 + w) norms around attention and the MLP, GeGLU, a scaled embedding,
 soft-capping, a RoPE base per layer type; parts in ``houchu.model.block_parts`` and
-``houchu.model.attention_window``).
+``houchu.model.attention.window``).
 
 Per block: RMSNorm (Zhang & Sennrich 2019) → attention with RoPE (Su et al. 2021) and
 grouped-query KV heads (Ainslie et al. 2023) → residual → RMSNorm → SwiGLU MLP
@@ -25,24 +25,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from houchu.model.attention import AttentionBackend
-from houchu.model.attention_window import layer_attention
+from houchu.cpu.fused_layers import FusedDecode
+from houchu.model.attention.base import AttentionBackend
+from houchu.model.attention.mla import MLAAttention, prepare_mla
+from houchu.model.attention.window import layer_attention
 from houchu.model.batch import StepBatch
 from houchu.model.block_parts import apply_norm, softcap
-from houchu.model.config import ModelConfig
-from houchu.model.decode_route import DecodeRoute
+from houchu.model.config.core import ModelConfig
 from houchu.model.decoder_layer import DecoderLayer, frozen_param, norm_kind
-from houchu.model.fused_cpu import FusedDecode
-from houchu.model.kv_pool import KVPool
-from houchu.model.linear import Linear, LinearBase, onednn_available
-from houchu.model.linear_factory import make_linear
-from houchu.model.mla import MLAAttention, prepare_mla
+from houchu.model.kv.pool import KVPool
+from houchu.model.linear.dense import Linear, LinearBase, onednn_available
+from houchu.model.linear.factory import make_linear
+from houchu.model.linear.quantized import Int4Linear
 from houchu.model.moe import MoEMLP
 from houchu.model.ops import TorchOps
-from houchu.model.qlinear import Int4Linear
-from houchu.model.quant import QuantSpec
+from houchu.model.quant.functions import QuantSpec
 from houchu.model.rope import RopeTable, rope_cos_sin, rope_inv_freq
-from houchu.model.weight_shapes import HEAD_STORED, Weights, check_shapes
+from houchu.model.weights.shapes import HEAD_STORED, Weights, check_shapes
+from houchu.runner.decode_route import DecodeRoute
 
 #: positions the RoPE table covers at most (8192 × head_dim × 2 values)
 ROPE_TABLE_MAX = 8192
@@ -53,8 +53,8 @@ class LlamaModel(nn.Module):
 
     Build with ``LlamaModel.from_tensors``; run with ``forward(batch, pool, backend)``.
     With ``prepack`` on CPU the dense matmul weights switch to oneDNN's packed layout (see
-    ``houchu.model.linear``); a tied LM head then keeps a packed copy of the embedding.
-    ``quant`` selects quantized layers (``houchu.model.qlinear``); the embedding stays dense.
+    ``houchu.model.linear.dense``); a tied LM head then keeps a packed copy of the embedding.
+    ``quant`` selects quantized layers (``houchu.model.linear.quantized``); the embedding stays dense.
     ``ops`` is the kernel set (``houchu.model.ops``), TorchOps unless the runner swaps it.
     """
 

@@ -10,7 +10,7 @@ outputs are added back to their tokens with one ``index_add_``. An expert no tok
 costs nothing. Numerics follow transformers' ``Qwen3MoeExperts`` (router softmax in
 float32, products in the model dtype).
 
-Each expert's two projections are linear layers (``houchu.model.linear.LinearBase``)
+Each expert's two projections are linear layers (``houchu.model.linear.dense.LinearBase``)
 built by the decoder layer's own builder, so ``--quantization int4 / int8 / w8a8``
 quantizes the routed experts (most of a MoE model's weights) as it does every other
 projection, and a GGUF expert of a stored type (``gguf_blocks.STORED_TYPES``) stays as stored. The router stays dense, as
@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from houchu.model.config import ModelConfig
-from houchu.model.linear import Linear, LinearBase
+from houchu.model.config.core import ModelConfig
+from houchu.model.linear.dense import Linear, LinearBase
 from houchu.transport.telemetry import LeverSample
 
 SiluMul = Callable[[torch.Tensor], torch.Tensor]

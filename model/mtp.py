@@ -33,18 +33,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from houchu.model.attention import AttentionBackend
-from houchu.model.attention_window import layer_attention
+from houchu.model.attention.base import AttentionBackend
+from houchu.model.attention.mla import prepare_mla
+from houchu.model.attention.window import layer_attention
 from houchu.model.batch import StepBatch
 from houchu.model.block_parts import apply_norm
-from houchu.model.config import ModelConfig
+from houchu.model.config.core import ModelConfig
 from houchu.model.decoder_layer import DecoderLayer, RMSNorm
-from houchu.model.kv_pool import KVPool
-from houchu.model.linear import Linear, LinearBase
+from houchu.model.kv.pool import KVPool
+from houchu.model.linear.dense import Linear, LinearBase
 from houchu.model.llama import LlamaModel, attend
-from houchu.model.mla import prepare_mla
-from houchu.model.quant import QuantSpec
-from houchu.model.weights_hf import safetensors_files
+from houchu.model.quant.functions import QuantSpec
+from houchu.model.weights.hf import safetensors_files
 
 Weights = dict[str, torch.Tensor]
 

@@ -2,11 +2,11 @@
 
 ``TorchOps`` is the reference: plain torch ops with Hugging Face's numerics (RMSNorm in
 float32, cast back before the weight multiply; rotate-half RoPE in the model dtype), so
-the exact path matches transformers. ``houchu.model.triton_kernels.ops.TritonOps`` implements the
+the exact path matches transformers. ``houchu.gpu.triton.ops.TritonOps`` implements the
 same interface with fused Triton kernels (one pass over memory per op) for CUDA; on the
-CPU, ``CpuOps`` calls houchu's C++ kernels (``houchu.model.cpu_kernels``: one dispatch per
+CPU, ``CpuOps`` calls houchu's C++ kernels (``houchu.cpu.kernels``: one dispatch per
 op where the reference takes 3-8), and ``torch.compile`` can fuse the torch ops instead
-(``houchu.model.compiled``).
+(``houchu.cpu.compiled``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from houchu.model import cpu_kernels
+from houchu.cpu import kernels as cpu_kernels
 from houchu.model.rope import apply_rope
 
 
@@ -43,7 +43,7 @@ def triton_probe_launch(device: torch.device) -> None:
         Exception: whatever importing Triton, compiling or launching raises;
             RuntimeError when the kernel's values are wrong.
     """
-    from houchu.model.triton_kernels.ops import TritonOps
+    from houchu.gpu.triton.ops import TritonOps
 
     with torch.cuda.device(device):
         x = torch.linspace(-2.0, 2.0, 128, device=device).reshape(2, 64)  # [2, 64] float32
@@ -128,7 +128,7 @@ _CPU_DTYPES = (torch.float32, torch.bfloat16)
 class CpuOps(TorchOps):
     """The same kernels fused in C++ for the CPU (``torch.ops.houchu_cpu``; float32 and
     bfloat16, anything else runs the torch reference). Same numerics as ``TorchOps`` up
-    to float32 summation order in the RMS. Needs ``houchu.model.cpu_kernels.load()``
+    to float32 summation order in the RMS. Needs ``houchu.cpu.kernels.load()``
     first."""
 
     name = "cpu"
@@ -170,7 +170,7 @@ def make_ops(name: str, device: torch.device) -> TorchOps:
         TritonUnusable: "triton" where Triton cannot run (``triton_unusable``: not
             installed, no CUDA device and no interpreter, or its probe failed).
         RuntimeError: "cpu" off the CPU or where the C++ kernels cannot be built
-            (``houchu.model.cpu_kernels.CpuKernelsUnavailable``).
+            (``houchu.cpu.kernels.CpuKernelsUnavailable``).
     """
     if name == "torch":
         return TorchOps()
@@ -183,7 +183,7 @@ def make_ops(name: str, device: torch.device) -> TorchOps:
         why = triton_unusable(device)
         if why is not None:
             raise TritonUnusable(f"Triton kernels cannot run on {device}: {why}")
-        from houchu.model.triton_kernels.ops import TritonOps
+        from houchu.gpu.triton.ops import TritonOps
 
         return TritonOps()
     raise ValueError(f"unknown kernel set {name!r} (torch, cpu or triton)")

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from houchu.model.config import ModelConfig
+from houchu.model.config.core import ModelConfig
 
 
 def rope_inv_freq(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:

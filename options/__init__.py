@@ -9,7 +9,7 @@ each (plus what the launcher fills in) and travels to every actor process as JSO
 ======================================  =====================================  =========
 struct                                  consumer                               attribute
 ======================================  =====================================  =========
-``runner.RunnerOptions``                ``houchu.model.model_runner.ModelRunner``      runner
+``runner.RunnerOptions``                ``houchu.runner.model_runner.ModelRunner``      runner
 ``batching.BatchingOptions``            the scheduler (``SchedulerCore``)      batching
 ``speculation.SpeculativeOptions``      the scheduler's ``SpecScheduler``,     speculation
                                         the draft actor

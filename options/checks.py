@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from houchu.model import cpu_isa as isa
+from houchu.cpu import isa
 from houchu.model.device import DeviceError, check_device_name, resolve_device
 from houchu.options.flags import MAX_REQUEST_MB
 from houchu.options.runner_options import RunnerOptions
@@ -140,12 +140,12 @@ def _check_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 def _check_deterministic(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--deterministic``'s refusals that the flags alone decide (the runner's own
-    ``houchu.model.deterministic.check_options``), before any actor starts."""
+    ``houchu.cpu.deterministic.check_options``), before any actor starts."""
     if not args.deterministic:
         return
     import torch
 
-    from houchu.model.deterministic import DeterministicUnsupported, check_options
+    from houchu.cpu.deterministic import DeterministicUnsupported, check_options
 
     o = RunnerOptions(
         quantization=args.quantization,
@@ -249,9 +249,9 @@ def check_tensor_parallel(runner: RunnerOptions, model: str) -> str | None:
     line (None: it can, or it is 1). Reads the model's configuration only."""
     if runner.tensor_parallel_size == 1:
         return None
-    from houchu.model.config import ModelLoadError
-    from houchu.model.tensor_parallel import TensorParallelError
-    from houchu.model.tp_worker import check_model, tp_runner_options
+    from houchu.model.config.core import ModelLoadError
+    from houchu.runner.tensor_parallel.shards import TensorParallelError
+    from houchu.runner.tensor_parallel.worker import check_model, tp_runner_options
 
     try:
         check_model(model, tp_runner_options(runner)[0])

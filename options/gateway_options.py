@@ -32,7 +32,7 @@ class GatewayOptions(msgspec.Struct, frozen=True, kw_only=True):
         stream_buffer_kb: unsent KiB a stream may leave in its socket buffer for a client
             that does not read before it is aborted.
         tool_call_parser: how a reply to ``tool_choice: "auto"`` is parsed into tool
-            calls (the model family's format, ``houchu.text.tool_calls``).
+            calls (the model family's format, ``houchu.text.tool_calls.parse``).
     """
 
     host: str = "127.0.0.1"

@@ -6,13 +6,13 @@ from typing import Literal
 
 import msgspec
 
-from houchu.model import cpu_isa
+from houchu.cpu import isa as cpu_isa
 
 CpuIsa = Literal[("auto", *cpu_isa.NAMES)]  # type: ignore[valid-type]
 
 
 class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """How ``houchu.model.model_runner.ModelRunner`` loads and runs a model; each field is the
+    """How ``houchu.runner.model_runner.ModelRunner`` loads and runs a model; each field is the
     ``houchu serve`` flag of its name.
 
     Attributes:
@@ -20,9 +20,9 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
             "cuda:N" (``houchu.model.device.resolve_device``).
         dtype: weight, activation and KV dtype; "auto": bfloat16 on CUDA (float16
             without native bfloat16), float32 on the CPU
-            (``houchu.model.runner_choices.choose_dtype``).
+            (``houchu.runner.choices.choose_dtype``).
         page_size: tokens per KV page (None: 16, or 256 on CUDA where the auto attention
-            backend picks flash-attn: ``houchu.model.runner_choices.choose_attention``).
+            backend picks flash-attn: ``houchu.runner.choices.choose_attention``).
         num_pages: KV pool size in pages (None: sized from ``mem_fraction_static`` on
             CUDA, else ``kv_cache_mb``).
         kv_cache_mb: KV pool budget, MiB, fractions allowed (used when ``num_pages`` is
@@ -30,55 +30,55 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
         mem_fraction_static: on CUDA, the fraction of the GPU's memory the weights and
             the KV pool may hold together (SGLang's flag; vLLM's
             ``--gpu-memory-utilization``): the pool gets it less what is in use after
-            the weights load and an activation reserve (``houchu.model.gpu_memory``).
+            the weights load and an activation reserve (``houchu.gpu.memory``).
             In (0, 1]; ignored on the CPU, with a note. None: not used.
         max_context: tokens per request at most; capped by the model's trained context
             and the pool (None: the smaller of those).
         threads: torch intra-op threads, the most (None: torch's default).
         fixed_threads: keep the thread count; by default a CPU runner uses fewer threads
-            while other processes contend for the cores (``houchu.model.threads``).
+            while other processes contend for the cores (``houchu.cpu.threads``).
         quantization: matmul weights: "none", "int4", "int8", "w8a8", or "auto" (int4
             for a GGUF whose projections are Q4_0/Q4_1, else none).
         quant_group_size: int4 input features per scale/zero group.
         int4_activations: what the int4 layers multiply on houchu's CPU kernels:
             "float" (the activations as they are), "int8" (quantized per 16 inputs:
             W4A8, integer dot products), or "auto" (the default: the startup measurement
-            picks per batch bucket and for prefill, ``houchu.model.autotune``; int8 is a
+            picks per batch bucket and for prefill, ``houchu.runner.autotune``; int8 is a
             candidate only where the int4 layers compute in float32, since on bf16 it
             costs the 95% top-1 agreement the quantized paths keep: 0.947 measured, against
             0.965 in float32).
         int4_method: how float weights become int4: "mse" (each group's scale and
             offset searched to minimise its rounding error), "minmax" (16 levels over
             the group's range) or "gptq" (GPTQ over calibration text at load:
-            ``houchu.model.gptq``). A GGUF file's Q4 tensors are kept as they are.
+            ``houchu.model.quant.gptq``). A GGUF file's Q4 tensors are kept as they are.
         calibration_text: GPTQ's calibration text file (UTF-8; None: the default text of
-            ``houchu.model.calibration``).
+            ``houchu.model.quant.calibration``).
         kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8".
-        attention_backend: see ``houchu.model.attention.make_backend``.
+        attention_backend: see ``houchu.model.attention.base.make_backend``.
         compile: ``torch.compile`` the decode step at startup: "off", "on", or "auto"
             (kept only if a warm-up step runs faster compiled).
         decode_batch_sizes: the batch-size buckets compiled / captured, ascending.
         decode_paths: "auto" (on the CPU, time the decode paths per bucket at startup and
-            keep the fastest: ``houchu.model.autotune``) or "rules" (fixed thresholds).
-        cpu_isa: level of houchu's C++ CPU kernels (``houchu.model.cpu_isa``): "auto",
+            keep the fastest: ``houchu.runner.autotune``) or "rules" (fixed thresholds).
+        cpu_isa: level of houchu's C++ CPU kernels (``houchu.cpu.isa``): "auto",
             a level, or "generic" (torch's kernels only).
         disable_fused_layers: with the cpu backend, run decode steps op by op instead
-            of one C++ call for all the layers (``houchu.model.fused_cpu``).
+            of one C++ call for all the layers (``houchu.cpu.fused_layers``).
         disable_cuda_graph: do not capture decode steps as CUDA graphs (CUDA only).
-        deterministic: batch-invariant inference on the CPU (``houchu.model.deterministic``):
+        deterministic: batch-invariant inference on the CPU (``houchu.cpu.deterministic``):
             a request's logits do not depend on the other rows of its step or on their
             count; pins one kernel path and float activations, no compiled step, fixed
             threads.
         tensor_parallel_size: ranks the model is sharded over (``torch.distributed``:
-            gloo on the CPU, NCCL on CUDA; ``houchu.model.tensor_parallel``), each with
+            gloo on the CPU, NCCL on CUDA; ``houchu.runner.tensor_parallel.shards``), each with
             ``threads`` threads (default: the cores split evenly) and its own KV pool of
             ``kv_cache_mb`` holding its share of the KV heads.
         jump_forward: structured output: where a request's grammar allows only one
             continuation, append its tokens without a decode step each and feed them in
-            one forward pass ("on" / "off"; ``houchu.model.jump_forward``). On by default:
+            one forward pass ("on" / "off"; ``houchu.model.grammar.jump_forward``). On by default:
             measured on the default model with ``houchu serve``'s defaults (2-core CPU),
             a JSON-schema request with long fixed keys ran 28 steps in 0.33 s instead of
-            100 in 0.73 s (``houchu.bench.jump_forward_bench``; the chunks as decode rows).
+            100 in 0.73 s (``houchu.bench.model.jump_forward``; the chunks as decode rows).
     """
 
     device: str = "auto"

@@ -12,7 +12,7 @@ METHODS = ("ngram", "draft", "mtp")
 
 
 class SpeculativeOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """Speculative decoding, read by the scheduler (``houchu.spec.scheduling``), the
+    """Speculative decoding, read by the scheduler (``houchu.speculative.scheduling``), the
     launcher and the draft actor; each field is the ``houchu serve`` flag of its name.
 
     Attributes:

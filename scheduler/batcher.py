@@ -18,14 +18,14 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from houchu.kvcache.page_allocator import PageAllocator
+from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.groups import PrefillGroups
 from houchu.scheduler.no_tiers import Tiers
 from houchu.scheduler.prefix_cache import NoPrefixCache, PrefixCache
 from houchu.scheduler.request import Request, Status
 from houchu.scheduler.window_pages import WindowPages
-from houchu.spec.scheduling import add_drafts, free_pages_past
+from houchu.speculative.scheduling import add_drafts, free_pages_past
 from houchu.transport.messages import PageCopy, SeqInit, SeqWork, StepPlan
 
 #: The token id sent in place of a token the scheduler has not seen yet.

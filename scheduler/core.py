@@ -36,8 +36,8 @@ controller are kept); the tokenizer — ``abort_all``; the KV-tier manager —
 
 from __future__ import annotations
 
-from houchu.kvcache.page_allocator import PageAllocator
-from houchu.kvcache.radix_tree import RadixTree
+from houchu.cache_tiers.page_allocator import PageAllocator
+from houchu.cache_tiers.radix_tree import RadixTree
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.admission import Overloaded, Rejected, admit
@@ -78,12 +78,12 @@ class SchedulerCore:
         config: batching limits and switches (``--disable-radix-cache``: no prefix reuse).
         telemetry: where lifecycle events and lever samples go (None: nowhere).
         tiers: the host / SSD KV tiers' client, or None (off; they need the radix cache).
-        spec: speculative decoding settings, or None (off).
+        speculative: speculative decoding settings, or None (off).
         overlap: the actor plans a step while the previous one runs (only reported in
             the stats here; ``can_plan_ahead`` says when that is allowed).
 
     Raises:
-        ValueError: ``spec`` is invalid.
+        ValueError: ``speculative`` is invalid.
     """
 
     def __init__(
@@ -92,7 +92,7 @@ class SchedulerCore:
         config: BatchingOptions,
         telemetry: TelemetrySink | None = None,
         tiers: TierClient | None = None,
-        spec: SpeculativeOptions | None = None,
+        speculative: SpeculativeOptions | None = None,
         overlap: bool = False,
     ) -> None:
         self.runner = runner
@@ -108,7 +108,7 @@ class SchedulerCore:
             self.tiers,
             WindowPages(runner.sliding_window, runner.page_size),
         )
-        self.spec = speculation(spec, runner.max_context, config.max_running_requests)
+        self.spec = speculation(speculative, runner.max_context, config.max_running_requests)
         self.steps = StepTracker()
         self.ledger = SchedulerLedger(runner)
         self.overlap = OverlapLedger(overlap)

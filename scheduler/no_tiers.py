@@ -4,7 +4,7 @@ never check which they hold."""
 
 from __future__ import annotations
 
-from houchu.kvcache.radix_tree import RadixTree
+from houchu.cache_tiers.radix_tree import RadixTree
 from houchu.scheduler.request import Request
 from houchu.scheduler.tiers import TierClient, TierReply
 from houchu.transport.messages import PageCopy

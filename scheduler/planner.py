@@ -26,7 +26,7 @@ class Planner:
         runner: the runner's KV geometry (for the KV tiers' lever samples).
         batcher: the waiting queue and running set.
         steps: the steps in flight.
-        spec: speculation's bookkeeping (``NoSpeculation`` when off).
+        speculative: speculation's bookkeeping (``NoSpeculation`` when off).
         ledger: the scheduler's lever ledger.
         overlap: the overlap scheduler's ledger.
         telemetry: where lifecycle events and lever samples go.
@@ -37,7 +37,7 @@ class Planner:
         runner: RunnerInfo,
         batcher: Batcher,
         steps: StepTracker,
-        spec: Speculation,
+        speculative: Speculation,
         ledger: SchedulerLedger,
         overlap: OverlapLedger,
         telemetry: TelemetrySink,
@@ -45,7 +45,7 @@ class Planner:
         self.runner = runner
         self.batcher = batcher
         self.steps = steps
-        self.spec = spec
+        self.spec = speculative
         self.ledger = ledger
         self.overlap = overlap
         self.telemetry = telemetry

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from houchu.kvcache.page_allocator import PageAllocator
+from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.scheduler.batcher import Batcher
 from houchu.transport.messages import RunnerInfo
 

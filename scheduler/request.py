@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import time
 
-from houchu.spec.state import SpecState
+from houchu.speculative.state import SpecState
 from houchu.transport.messages import PromptLogprobs, SamplingParams
 
 

@@ -1,4 +1,4 @@
-"""The scheduler's speculation part: ``spec.scheduling.SpecScheduler`` when speculative
+"""The scheduler's speculation part: ``speculative.scheduling.SpecScheduler`` when speculative
 decoding is on, ``NoSpeculation`` when it is off (the core never checks which)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.request import Request
-from houchu.spec.scheduling import SpecScheduler
+from houchu.speculative.scheduling import SpecScheduler
 from houchu.transport.messages import SeqWork, StepResult
 from houchu.transport.spec_messages import DraftReply, DraftRequest
 from houchu.transport.telemetry import LeverSample

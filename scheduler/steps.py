@@ -74,7 +74,7 @@ class StepTracker:
     def void_samples(self, req: Request) -> None:
         """``req`` got forced tokens (jump-forward) in the step just applied: a step
         still in flight that samples for it ends behind them, so the runner draws
-        nothing there (``houchu.model.jump_forward.drop_stale_samples``); its share no
+        nothing there (``houchu.model.grammar.jump_forward.drop_stale_samples``); its share no
         longer expects a token."""
         for step in self._steps.values():
             for slot in step.slots:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 
-from houchu.kvcache.page_hash import chain_hashes
-from houchu.kvcache.radix_tree import Node, RadixTree
+from houchu.cache_tiers.page_hash import chain_hashes
+from houchu.cache_tiers.radix_tree import Node, RadixTree
 from houchu.scheduler.request import Request
 from houchu.transport.messages import PageCopy
 from houchu.transport.tier_messages import (

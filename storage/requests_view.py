@@ -65,7 +65,7 @@ def structured_dict(row: RequestRow, levers: list[dict[str, Any]]) -> dict[str, 
     ``grammar``, ``json_object``, ``tool_call``) and mask time ``mask_s`` (seconds: its
     share of each step's mask computation, hidden or waited for; a share of a batched
     fill is estimated from the request's masks timed alone,
-    ``houchu.model.grammar_fill``); None for a free one."""
+    ``houchu.model.grammar.fill``); None for a free one."""
     kind = (row.params or {}).get("grammar")
     if not isinstance(kind, str):
         return None

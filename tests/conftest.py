@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from houchu.cli.fetch import fetch_default_model
-from houchu.model import cpu_isa as isa
-from houchu.model import cpu_kernels
+from houchu.cpu import isa
+from houchu.cpu import kernels as cpu_kernels
 
 
 @pytest.fixture(scope="session")

@@ -13,15 +13,15 @@ import random
 
 import torch
 
-from houchu.model.attention_torch import TorchSDPABackend
+from houchu.model.attention.torch import TorchSDPABackend
 from houchu.model.batch import build_batch
-from houchu.model.gguf_writers import write_llama_gguf
-from houchu.model.kv_pool import KVPool
+from houchu.model.gguf.writers import write_llama_gguf
+from houchu.model.kv.pool import KVPool
 from houchu.model.llama import LlamaModel
-from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_model
+from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.core import SchedulerCore
-from houchu.spec.proposers import Proposer
+from houchu.speculative.proposers import Proposer
 from houchu.text.stop import stop_ids
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan, TokenizedRequest
 from houchu.transport.spec_messages import DraftProposal, DraftReply
@@ -142,7 +142,7 @@ def serve_with_drafts(
     sampling: SamplingParams,
 ) -> dict[str, list[int]]:
     """Queue ``prompts`` and serve them to the end through ``core`` and ``runner``, asking
-    ``proposer`` (``NgramProposer``; None: the runner proposes, ``houchu.spec.mtp``) for
+    ``proposer`` (``NgramProposer``; None: the runner proposes, ``houchu.speculative.mtp``) for
     the drafts the scheduler wants before each plan; returns each request's tokens.
     Fails if work is left after 200 rounds."""
     for rid, p in prompts.items():

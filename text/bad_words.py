@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from houchu.text.tokenizer import TextTokenizer
+from houchu.text.tokenizer.core import TextTokenizer
 
 
 def bad_words_ids(tokenizer: TextTokenizer, words: Sequence[str]) -> list[list[int]]:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from houchu.text.tokenizer_errors import TokenizerError
+from houchu.text.tokenizer.errors import TokenizerError
 from houchu.transport.messages import CHAT_ROLES as WIRE_ROLES
 from houchu.transport.messages import ROLE_ALIASES, ChatMessage
 

@@ -17,7 +17,7 @@ decodes of a window of a few tokens: O(1).
 
 Guarantee: with ``prompt_ids=None``, the concatenation of everything :meth:`add` and
 :meth:`flush` return equals ``tokenizer.decode(all_ids_added)`` (special tokens skipped,
-unknown ids ignored, see :mod:`houchu.text.tokenizer`), and no piece before the flush
+unknown ids ignored, see :mod:`houchu.text.tokenizer.core`), and no piece before the flush
 ends with half a character. With ``prompt_ids``, the text is the continuation of the
 prompt: identical for byte-level BPE, and for SentencePiece it keeps the first generated
 word's leading space, which decoding the generated ids alone would strip.
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from houchu.text.tokenizer import TextTokenizer
+from houchu.text.tokenizer.core import TextTokenizer
 
 #: Prompt tokens kept as decoding context for the first generated tokens (as vLLM).
 CONTEXT_TOKENS = 5

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from houchu.text.tokenizer import TextTokenizer
+from houchu.text.tokenizer.core import TextTokenizer
 
 #: (prefix, suffix, middle) token texts, per model family.
 FIM_SPELLINGS: tuple[tuple[str, str, str], ...] = (

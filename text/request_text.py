@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from houchu.text.detokenizer import IncrementalDetokenizer
 from houchu.text.stop import StopStringMatcher
-from houchu.text.tokenizer import TextTokenizer
+from houchu.text.tokenizer.core import TextTokenizer
 from houchu.transport.messages import (
     PromptTokenLogprob,
     SamplingParams,

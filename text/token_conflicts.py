@@ -1,18 +1,18 @@
 """A request whose fixed token constraints leave no token to sample, refused before any
 work (HTTP 400) rather than sampled from tokens the client ruled out.
 
-The constraints (``houchu.model.logits_processors`` applies them) are vLLM's and
+The constraints (``houchu.model.sampling.logits_processors`` applies them) are vLLM's and
 OpenAI's: ``allowed_token_ids`` (only these), ``logit_bias`` -100 (banned) and 100
 (only the tokens biased by 100), a ``bad_words`` word of one token (banned), and
 ``min_tokens`` (no stop token, EOS or ``stop_token_ids``, before that many tokens).
 Together they may leave nothing: every allowed token banned, the forced tokens outside
 ``allowed_token_ids``, or only stop tokens left while ``min_tokens`` holds them off.
 
-The gateway checks what it knows (``houchu.api.request_parts``: the vocabulary size,
+The gateway checks what it knows (``houchu.api.requests.parts``: the vocabulary size,
 ``allowed_token_ids``, ``logit_bias``); the tokenizer actor, which encodes ``bad_words``
 and knows the EOS ids, checks all of it. A multi-token bad word bans its last token only
 after the rest of it was generated, so its conflicts appear during generation; the
-sampler's rule for those is in ``houchu.model.logits_processors``.
+sampler's rule for those is in ``houchu.model.sampling.logits_processors``.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     ``top_logprobs`` is only meaningful when ``logprobs`` is true (0..20).
     ``structured``: the grammar the output must follow (structured output), or None.
 
-    Logits processors (``houchu.model.logits_processors``), applied before penalties:
+    Logits processors (``houchu.model.sampling.logits_processors``), applied before penalties:
     ``logit_bias`` (token id -> bias in [-100, 100], OpenAI's: added to the logit; -100
     bans the token, 100 selects among the tokens biased by 100 only), ``allowed_token_ids``
     (vLLM: only these may be sampled; None: all), ``bad_words`` (vLLM: strings never

@@ -33,7 +33,7 @@ class SeqWork(Struct, kw_only=True, array_like=True):
     position (true for decode and for the last prefill chunk). ``num_draft``: the last
     ``num_draft`` of ``token_ids`` are speculative proposals to verify (``sample`` must be
     set): the runner scores all of them in this pass and returns one ``SeqOutput`` per
-    accepted proposal plus one for the token after them (``houchu.model.verify``).
+    accepted proposal plus one for the token after them (``houchu.model.sampling.verify``).
     ``use_last_sampled`` (overlap scheduler): ``token_ids`` is ``[-1]``, a placeholder for
     the token the runner sampled for this rid in its previous step, which the scheduler
     has not seen yet; the runner puts that token in its place (an error if that step
@@ -86,7 +86,7 @@ class SeqOutput(Struct, kw_only=True, array_like=True):
     ``top_logprobs``: list of (token_id, logprob), best first. A verified request
     (``SeqWork.num_draft > 0``) has several, in order: the accepted proposals, then the
     target's own token after them. ``forced``: a token the request's grammar allows as
-    the only continuation (structured-output jump-forward, ``houchu.model.jump_forward``),
+    the only continuation (structured-output jump-forward, ``houchu.model.grammar.jump_forward``),
     appended after the sampled ones without a forward pass: its KV is not computed yet
     (the scheduler feeds it in the request's next step) and it has no logprob."""
 
@@ -182,7 +182,7 @@ class RunnerInfo(Struct, tag=True, kw_only=True):
     vocab_size: int = 0
     device_type: str = "cpu"  # "cpu" or "cuda": where the model runs
     num_threads: int = 0  # the runner's CPU compute threads (0: unknown)
-    cpu_isa: str = ""  # ISA level of the CPU kernels (houchu.model.cpu_isa); "" off the CPU
+    cpu_isa: str = ""  # ISA level of the CPU kernels (houchu.cpu.isa); "" off the CPU
     decode_paths: str = ""  # the measured decode path per batch bucket, with its times
     deterministic: str = ""  # what batch-invariant mode pinned ("" when off)
     #: tokens every layer attends at most (a sliding window in all layers: KV older than

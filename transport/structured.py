@@ -2,8 +2,8 @@
 
 The gateway turns the API's forms (``response_format`` json_object / json_schema,
 vLLM's ``structured_outputs`` and ``guided_*``, SGLang's ``regex`` / ``ebnf``, a named
-or required tool call) into one llguidance grammar (``houchu.api.structured``); the
-runner compiles it into a token matcher (``houchu.model.grammar``).
+or required tool call) into one llguidance grammar (``houchu.api.structured.request``); the
+runner compiles it into a token matcher (``houchu.model.grammar.matcher``).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class StepRecord(Struct, array_like=True):
     (list[list[int]], ``[layers][experts]``; ``houchu.model.expert_load``), else empty.
     ``allreduce_s``: for a tensor-parallel runner, the seconds rank 0 spent inside this
     step's collectives (the all-reduces and the logits' all-gather, waiting for the
-    slowest rank included; ``houchu.model.tp_group.TPGroup``), else None.
+    slowest rank included; ``houchu.runner.tensor_parallel.group.TPGroup``), else None.
     """
 
     step_id: int

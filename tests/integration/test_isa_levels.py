@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from houchu.model import cpu_isa, cpu_kernels
-from houchu.model.model_runner import ModelRunner
+from houchu.cpu import isa as cpu_isa
+from houchu.cpu import kernels as cpu_kernels
+from houchu.runner.model_runner import ModelRunner
 from tests.runner_options import exact
 from tests.unit.test_model_quant import generate
 

@@ -85,7 +85,7 @@ def test_greedy_requests_are_the_same_alone_and_beside_seven_others(default_serv
 def test_every_bucket_runs_one_kernel_family(default_server: Server):
     """The measured route's paths (start-up line) are of one kernel family (one int4
     activation format among them), and the line names it where several were timed."""
-    from houchu.model.autotune import FAMILY_TEXT, path_family
+    from houchu.runner.autotune import FAMILY_TEXT, path_family
 
     line = next(ln for ln in default_server.lines if "decode paths " in ln)
     paths = re.findall(r"(?:b<=\d+|prefill) ([a-z0-9-]+)", line.split("decode paths ", 1)[1])

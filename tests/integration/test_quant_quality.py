@@ -8,21 +8,20 @@ weights are the same at every level, so each level computes on the same models).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from houchu.model import cpu_isa as isa
-from houchu.model.loader import load_model
-from houchu.model.quality import agreement, text_logprobs
-from houchu.model.quant import QuantSpec
-from houchu.model.w8a8 import W8A8_MIN_ROWS
-from houchu.text.tokenizer import load_tokenizer
+from houchu.bench.texts import DATA_DIR
+from houchu.cpu import isa
+from houchu.model.linear.w8a8 import W8A8_MIN_ROWS
+from houchu.model.quant.functions import QuantSpec
+from houchu.model.quant.quality import agreement, text_logprobs
+from houchu.model.weights.loader import load_model
+from houchu.text.tokenizer.core import load_tokenizer
 
 pytestmark = pytest.mark.slow
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = DATA_DIR
 TEXTS = ("en", "zh", "code")
 CONFIGS = [  # (weights, model dtype, KV dtype); int4-a8: int4 weights x int8 activations
     ("int4", "bfloat16", "auto"),
@@ -42,7 +41,7 @@ CHUNK_W8A8 = W8A8_MIN_ROWS  # W8A8's int8 GEMM (it runs from W8A8_MIN_ROWS rows)
 MIN_TOP1_EN: dict[str, float] = {}
 
 
-def spec(quant: str) -> QuantSpec:
+def speculative(quant: str) -> QuantSpec:
     """The ``QuantSpec`` of a config's weights ("int4-a8": int4 with int8 activations)."""
     if quant == "int4-a8":
         return QuantSpec("int4", int4_activations="int8")
@@ -62,14 +61,14 @@ def models(real_model_path):
     """Each weight format loaded once (the exact float32 model serves the KV configs),
     with the kernels a CPU server uses (houchu's C++ ones where they build), whatever
     other tests this process ran."""
-    from houchu.model import cpu_kernels
+    from houchu.cpu import kernels as cpu_kernels
 
     cpu_kernels.available()
     out = {("none", "float32"): load_model(real_model_path, torch.float32)}
     for quant, dtype, _ in CONFIGS:
         if (quant, dtype) not in out:
             out[quant, dtype] = load_model(
-                real_model_path, getattr(torch, dtype), quant=spec(quant)
+                real_model_path, getattr(torch, dtype), quant=speculative(quant)
             )
     return out
 

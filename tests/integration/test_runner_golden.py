@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model.model_runner import ModelRunner
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 

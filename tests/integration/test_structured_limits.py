@@ -329,7 +329,7 @@ def test_a_tool_argument_with_special_token_text(server) -> None:
 
 def _rule_chain(n: int) -> str:
     """A Lark chain of ``n`` rules: past some thousands the engine's recursion crashes
-    its process (``houchu.api.grammar_guard``)."""
+    its process (``houchu.api.structured.guard``)."""
     rules = "\n".join(f'r{i}: r{i + 1} | "x"' for i in range(n - 1))
     return f'start: r0\n{rules}\nr{n - 1}: "x"'
 

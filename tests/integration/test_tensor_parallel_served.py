@@ -99,7 +99,7 @@ def test_a_dead_rank_restarts_the_runner(served):
     ranks = [
         p
         for p in psutil.Process(srv.proc.pid).children(recursive=True)
-        if "houchu.model.tp_worker" in " ".join(p.cmdline())
+        if "houchu.runner.tensor_parallel.worker" in " ".join(p.cmdline())
     ]
     assert len(ranks) == 1
     ranks[0].kill()

@@ -3,9 +3,9 @@ loads, and a recorded cell run with the given figures."""
 
 from __future__ import annotations
 
-from houchu.bench.lever_table import Machine
-from houchu.bench.sweep_plan import Load
-from houchu.bench.sweep_records import CellRun
+from houchu.bench.sweep.levers import Machine
+from houchu.bench.sweep.plan import Load
+from houchu.bench.sweep.records import CellRun
 from houchu.options.flags import GROUPS
 
 SERVE_FLAGS = frozenset(f.name for g in GROUPS for f in g.flags)

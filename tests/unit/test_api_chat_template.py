@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from houchu.api.tokenize import GatewayTokenizer
-from houchu.text.tokenizer import load_tokenizer
+from houchu.text.tokenizer.core import load_tokenizer
 from houchu.transport.messages import ChatMessage, GenerateRequest
 
 from .test_api_basics import Api, assert_openai_error, serve

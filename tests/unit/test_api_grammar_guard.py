@@ -1,5 +1,5 @@
 """Grammars that kill the grammar engine's process are refused, and the process that
-asked (the gateway) lives on: ``houchu.api.grammar_guard`` compiles them in a child."""
+asked (the gateway) lives on: ``houchu.api.structured.guard`` compiles them in a child."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from houchu.api.errors import ApiError
-from houchu.api.structured import checked
+from houchu.api.structured.request import checked
 
 #: Found by the issue 20 review: each killed the gateway (SIGSEGV in llguidance 1.9).
 CRASHERS = [
@@ -33,7 +33,7 @@ def test_a_grammar_that_crashes_the_engine_is_a_400(grammar: str) -> None:
 
 
 def test_a_deep_ref_chain_is_a_400() -> None:
-    from houchu.api.structured import json_schema_grammar
+    from houchu.api.structured.request import json_schema_grammar
 
     defs = {f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(3000)}
     defs["a3000"] = {"type": "integer"}
@@ -64,7 +64,7 @@ def test_a_chain_that_overflows_the_runners_stack_is_refused(n: int) -> None:
 
 
 def test_a_ref_chain_that_overflows_the_runners_stack_is_refused() -> None:
-    from houchu.api.structured import json_schema_grammar
+    from houchu.api.structured.request import json_schema_grammar
 
     defs: dict = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(2496)}
     defs["d2496"] = {"type": "integer"}
@@ -86,7 +86,7 @@ def test_a_crashing_grammar_sent_again_is_refused_from_its_verdict() -> None:
     child: about 3 s on 2 busy cores, during which every other check waits)."""
     from llguidance import grammar_from
 
-    from houchu.api import grammar_guard
+    from houchu.api.structured import guard as grammar_guard
 
     crasher = grammar_from("lark", 'start: %json {"const": -9223372036854775808, "x": 1}')
     for _ in range(2):
@@ -107,7 +107,7 @@ def _slow_check(grammar: str) -> tuple[bool, list[str]]:
 def test_a_check_past_its_time_does_not_hold_up_the_next(monkeypatch) -> None:
     """The child still compiling a grammar past ``VALIDATE_TIMEOUT_S`` is ended: the next
     grammar is checked by a fresh child, not queued behind the slow one."""
-    from houchu.api import grammar_guard
+    from houchu.api.structured import guard as grammar_guard
 
     monkeypatch.setattr(grammar_guard, "VALIDATE_TIMEOUT_S", 5.0)
     guard = grammar_guard._Guard(check=_slow_check)
@@ -120,7 +120,7 @@ def test_a_check_past_its_time_does_not_hold_up_the_next(monkeypatch) -> None:
 def test_a_gbnf_grammar_sent_again_is_not_converted_again(monkeypatch) -> None:
     """GBNF's conversion to Lark grows with the square of its rules (seconds for a few
     thousand): a grammar sent again reuses the converted text, and its kept verdict."""
-    from houchu.api import lark_rules
+    from houchu.api.structured import lark_rules
 
     calls: list[str] = []
     real = lark_rules.grammar_from

@@ -5,7 +5,7 @@ value satisfies (``{"not": {}}``), a regex anchor in the middle of a pattern (``
 a grammar with no finite string (``root ::= "a" root``), a schema that is ``false``,
 an integer beyond the 64 bits llguidance reads, a ``const``/``enum`` number it would
 write as another and a bound it cannot compile or would round; the server keeps serving.
-And which rules of a Lark grammar can never finish (``houchu.api.lark_rules``)."""
+And which rules of a Lark grammar can never finish (``houchu.api.structured.lark_rules``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from llguidance.gbnf_to_lark import any_to_lark
 
-from houchu.api.lark_rules import endless_rules
-from houchu.api.structured import json_schema_grammar, no_value_nots
+from houchu.api.structured.lark_rules import endless_rules
+from houchu.api.structured.request import json_schema_grammar, no_value_nots
 
 from .test_api_request_rules import MESSAGES, _chat_error, serve_vocab
 from .test_api_ws import collect

@@ -1,5 +1,5 @@
 """A body or WebSocket frame holding a lone UTF-16 surrogate escape (``"\\ud800x"``) is
-a 400 that says so, and where (``houchu.api.json_text``), not msgspec's "Input data was
+a 400 that says so, and where (``houchu.api.requests.json_text``), not msgspec's "Input data was
 truncated"; a surrogate pair is text like any other."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from houchu.api.errors import ApiError
-from houchu.api.validation import decode_body
+from houchu.api.requests.parse import decode_body
 
 from .test_api_basics import assert_openai_error, serve
 from .test_api_ws import recv

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from houchu.api.errors import ApiError
 from houchu.api.openapi import openapi_document
+from houchu.api.requests.parse import parse_chat, parse_completion
 from houchu.api.tokenize import GatewayTokenizer
-from houchu.api.validation import parse_chat, parse_completion
 
 from .test_api_auth import routes
 from .test_api_basics import MAX_CONTEXT, MODEL, Api, serve

@@ -1,6 +1,6 @@
 """Every value the OpenAI API documents as valid is accepted with OpenAI's meaning, and
 values just outside each documented range are refused with a 400 naming the field (the
-parsers of ``houchu.api.validation``, edge by edge)."""
+parsers of ``houchu.api.requests.parse``, edge by edge)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _cases(ranges, accepted: bool):
 
 
 def _parse(api_name: str, field: str, value: Any):
-    from houchu.api.validation import parse_chat, parse_completion
+    from houchu.api.requests.parse import parse_chat, parse_completion
 
     if api_name == "completions":
         body = {"prompt": "hi", field: value}
@@ -125,7 +125,7 @@ def test_a_repetition_penalty_at_or_below_zero_says_it_must_be_above_zero() -> N
 )
 def test_the_dashboards_params_name_the_grammar_kind(extra: dict, kind: str | None) -> None:
     from houchu.api.observe import request_params
-    from houchu.api.validation import parse_chat
+    from houchu.api.requests.parse import parse_chat
 
     body = {"messages": [{"role": "user", "content": "hi"}], **extra}
     req = parse_chat(body, model_name=MODEL, max_context=MAX_CONTEXT).to_generate("r")
@@ -150,7 +150,7 @@ def test_token_id_prompts_outside_the_vocabulary_are_refused(prompt: list) -> No
     """A token-id prompt names tokens of the vocabulary (ids below 50 here): outside it,
     a 400 naming ``prompt``, over HTTP completions and the WebSocket API alike."""
     from houchu.api.errors import ApiError
-    from houchu.api.validation import parse_completion, parse_ws_generate
+    from houchu.api.requests.parse import parse_completion, parse_ws_generate
 
     for parse in (parse_completion, parse_ws_generate):
         with pytest.raises(ApiError) as e:

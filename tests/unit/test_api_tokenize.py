@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from houchu.api.requests.tools import NO_PARAMETERS
 from houchu.api.tokenize import GatewayTokenizer
-from houchu.api.tools import NO_PARAMETERS
 from houchu.text.fim import fim_tokens
-from houchu.text.tokenizer import TextTokenizer, load_tokenizer
+from houchu.text.tokenizer.core import TextTokenizer, load_tokenizer
 from houchu.transport.messages import ChatMessage
 
 from .test_api_basics import MAX_CONTEXT, MODEL, Api, assert_openai_error, serve

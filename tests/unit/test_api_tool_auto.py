@@ -1,7 +1,7 @@
 """``tool_choice: "auto"`` over HTTP (the official ``openai`` client) and the WebSocket
 API, for every ``--tool-call-parser``: a call the model writes to a function the request
 did not offer stays content, whole and streamed, and ``finish_reason`` is "tool_calls"
-only when the reply holds a call (``houchu.text.tool_calls``)."""
+only when the reply holds a call (``houchu.text.tool_calls.parse``)."""
 
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from houchu.api.validation import parse_chat, parse_ws_generate
+from houchu.api.requests.parse import parse_chat, parse_ws_generate
 from houchu.text.request_text import RequestText
 from houchu.text.stop import stop_ids
-from houchu.text.tokenizer import TextTokenizer, load_tokenizer
+from houchu.text.tokenizer.core import TextTokenizer, load_tokenizer
 from houchu.transport.messages import SamplingParams, TokenEvent
 
 from .test_api_basics import MODEL, serve

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from houchu.api.validation import DEFAULT_CHAT_MAX_TOKENS
+from houchu.api.requests.parse import DEFAULT_CHAT_MAX_TOKENS
 from houchu.transport.messages import ChatMessage, SamplingParams
 
 from .test_api_basics import MAX_CONTEXT, MODEL, Api, assert_openai_error, serve

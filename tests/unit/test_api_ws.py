@@ -291,7 +291,7 @@ async def test_a_slow_parse_holds_up_no_other_frame(api: Api, monkeypatch) -> No
     a review: the receive loop waited for the parse, and an abort took 10 s)."""
     import threading
 
-    import houchu.api.ws_api as ws_api
+    import houchu.api.ws.routes as ws_api
 
     release = threading.Event()
     real = ws_api.parse_ws_generate

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from houchu.api.schema import ChatCompletionRequest, CompletionRequest, WsGenerateRequest
+from houchu.api.schema.bodies import ChatCompletionRequest, CompletionRequest, WsGenerateRequest
 
 from .test_api_basics import Api, FakeEngine, serve
 from .test_api_ws import collect

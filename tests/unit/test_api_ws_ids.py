@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from houchu.api import ws_api
-from houchu.api.ws_ids import MAX_ID_CHARS, MAX_SCAN_STEPS, answer_id, id_in_text
+from houchu.api.ws import routes as ws_api
+from houchu.api.ws.ids import MAX_ID_CHARS, MAX_SCAN_STEPS, answer_id, id_in_text
 
 from .test_api_basics import serve
 from .test_api_ws import collect, recv

@@ -1,4 +1,4 @@
-"""Decode paths chosen by measurement (``houchu.model.autotune``): every path a route names
+"""Decode paths chosen by measurement (``houchu.runner.autotune``): every path a route names
 really runs and gives the same greedy tokens, the choice is the fastest measured, and a
 second start reads it from the cache instead of measuring."""
 
@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from houchu.model.autotune import FAMILY_TEXT, DecodeRoute, a8_candidate, attach, path_family
 from houchu.model.batch import build_batch
-from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_llama
+from houchu.runner.autotune import FAMILY_TEXT, DecodeRoute, a8_candidate, attach, path_family
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 
@@ -62,7 +62,7 @@ def _decode_logits(r: ModelRunner) -> torch.Tensor:
 
 
 def test_auto_measures_then_reads_the_cache(tiny, monkeypatch):
-    import houchu.model.autotune as autotune
+    import houchu.runner.autotune as autotune
 
     monkeypatch.setattr(autotune, "CONTENDED_WAIT", float("inf"))  # however busy this machine is
     monkeypatch.setattr(autotune, "TUNE_BUDGET_S", float("inf"))  # and however slow
@@ -119,7 +119,7 @@ def test_every_path_runs_and_agrees(tiny, path):
 
 
 def test_int4_activations_option_sets_the_choices(tiny):
-    from houchu.model.autotune import available_paths
+    from houchu.runner.autotune import available_paths
 
     auto = available_paths(_runner(tiny, int4_activations="auto").model)
     assert {"fused", "gemv"} <= set(auto)
@@ -166,7 +166,7 @@ def test_route_lookup():
 def test_a_measurement_under_contention_is_provisional(tiny, monkeypatch):
     """Measured on busy cores: cached as provisional. A later start on busy cores uses it
     (its probe steps wait), the first start on quiet cores measures again and keeps that."""
-    import houchu.model.autotune as autotune
+    import houchu.runner.autotune as autotune
 
     calls = iter(range(0, 10**9, 1000))
     monkeypatch.setattr(autotune, "waited", lambda: float(next(calls)))  # 1000 s waited
@@ -188,7 +188,7 @@ def test_a_measurement_under_contention_is_provisional(tiny, monkeypatch):
 def test_a_measurement_the_cache_did_not_take_says_so(tiny, tmp_path, monkeypatch):
     """An unwritable decision cache: the start-up line says "not cached", never "cached
     as provisional" (found by a review)."""
-    import houchu.model.autotune as autotune
+    import houchu.runner.autotune as autotune
 
     blocker = tmp_path / "afile"
     blocker.write_text("")
@@ -203,7 +203,7 @@ def test_a_measurement_the_cache_did_not_take_says_so(tiny, tmp_path, monkeypatc
 def test_measuring_stops_at_its_time_budget(monkeypatch):
     """Past the budget no bucket is timed: the ones left take the last timed bucket's
     path, the answer is cached as provisional, and a cached copy routes the same."""
-    import houchu.model.autotune as autotune
+    import houchu.runner.autotune as autotune
 
     current: dict[str, str] = {}
     stored: list[dict] = []
@@ -240,7 +240,7 @@ def test_the_budget_is_overrun_by_one_path_at_most(monkeypatch):
     path's warm-up and timed step past it, each bucket timed the last winner first."""
     import types
 
-    import houchu.model.autotune as autotune
+    import houchu.runner.autotune as autotune
 
     clock = [0.0]
     current: dict[str, str] = {}
@@ -277,8 +277,8 @@ def test_waiting_for_a_core_is_seen_when_other_processes_hold_them():
     it is runnable, and ``waited`` sees it (run_delay, not CPU share)."""
     import multiprocessing
 
-    from houchu.model.autotune import CONTENDED_WAIT
-    from houchu.model.cpu_load import wait_share, waited
+    from houchu.cpu.load import wait_share, waited
+    from houchu.runner.autotune import CONTENDED_WAIT
 
     mask = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(mask)})  # this thread on one core
@@ -303,7 +303,7 @@ def test_a_burst_of_other_work_at_the_start_does_not_decide_the_route(monkeypatc
     """The steps timed first run while the other actors start: a path whose first steps
     all fell in such a burst would lose to a slower one. Later rounds time every pair
     again, so the burst spoils one step of each, not the choice."""
-    import houchu.model.autotune as autotune
+    import houchu.runner.autotune as autotune
 
     current: dict[str, str] = {}
     calls = iter(range(10**6))
@@ -329,7 +329,7 @@ def test_one_kernel_family_for_every_bucket():
     best (the prefill counted as a bucket where the family has a prefill path), ties keep
     the earlier family, and a family not timed at a bucket counts as ``DROP_ABOVE`` times
     slower there. torch's kernels and the dense copy are families of their own."""
-    from houchu.model.autotune import DROP_ABOVE, _route_of, choose_family
+    from houchu.runner.autotune import DROP_ABOVE, _route_of, choose_family
 
     times = {
         1: {"fused": 2.0, "fused-a8": 1.0, "gemv": 3.0},
@@ -368,7 +368,7 @@ def test_the_thread_governor_starts_where_the_startup_measurement_says():
     """Each bucket's route timed at one thread fewer: a decode kind starts there where it
     measured ``PRIOR_GAIN`` faster, else at all threads; a provisional measurement (cut
     short or on busy cores) gives no start."""
-    from houchu.model.autotune import Tuned, thread_priors
+    from houchu.runner.autotune import Tuned, thread_priors
 
     route = DecodeRoute({1: "fused", 8: "gemv"})
     times = {1: {"fused": 0.010, "gemv": 0.012}, 8: {"gemv": 0.040}}
@@ -405,7 +405,7 @@ def test_steps_above_the_buckets_stay_in_the_family_when_there_was_no_choice():
     """One family timed (no torch kernel, no dense copy: the float GEMV alone) and no
     prefill timed: the steps above the largest bucket take its GEMV, not the layers'
     rules (which dequantize to the activation dtype from 128 rows)."""
-    from houchu.model.autotune import _route_of
+    from houchu.runner.autotune import _route_of
 
     route, fam, _ = _route_of(
         [1, 8], {1: {"fused": 1.0, "gemv": 2.0}}, {8: "fused"}, None, ["fused", "gemv"]

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from houchu.bench.backend_hf import HFBackend
-from houchu.bench.backends import GenParams
+from houchu.bench.backends.base import GenParams
+from houchu.bench.backends.hf import HFBackend
 from houchu.bench.driver import RunConfig, run_sessions
 from houchu.bench.workloads import RequestSpec, Session
 from houchu.model.testing import make_tiny_llama

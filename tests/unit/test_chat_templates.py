@@ -18,8 +18,8 @@ from houchu.text.chat_templates import (
     family_template,
     flag_template,
 )
-from houchu.text.tokenizer import TokenizerError, load_tokenizer
-from houchu.text.tokenizer_loading import gguf_architecture, hf_model_type
+from houchu.text.tokenizer.core import TokenizerError, load_tokenizer
+from houchu.text.tokenizer.loading import gguf_architecture, hf_model_type
 from houchu.transport.messages import ChatMessage
 
 # ------------------------------------------------------------------ llama.cpp's formats

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model import cpu_kernels
+from houchu.cpu import kernels as cpu_kernels
 from tests.unit.test_cpu_gemv import int4_weight
 from tests.unit.test_cpu_gemv_a8 import a8_reference
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model import cpu_kernels
+from houchu.cpu import kernels as cpu_kernels
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 

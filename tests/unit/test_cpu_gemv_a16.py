@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model import cpu_isa, cpu_kernels
+from houchu.cpu import isa as cpu_isa
+from houchu.cpu import kernels as cpu_kernels
 from tests.unit.test_cpu_gemv import a16_activations, int8_weight
 from tests.unit.test_cpu_gemv_a8_levels import _loaded
 

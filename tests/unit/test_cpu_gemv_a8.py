@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model import cpu_kernels
+from houchu.cpu import kernels as cpu_kernels
 from tests.unit.test_cpu_gemv import INT4_SHAPES, int4_weight
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model import cpu_isa, cpu_kernels
+from houchu.cpu import isa as cpu_isa
+from houchu.cpu import kernels as cpu_kernels
 from tests.unit.test_cpu_gemv import int4_weight
 
 X86_LEVELS = [lv.name for lv in cpu_isa.LEVELS if lv.kernels and "x86_64" in lv.arch]

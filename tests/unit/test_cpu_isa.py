@@ -1,4 +1,4 @@
-"""ISA levels of the C++ CPU kernels (``houchu.model.cpu_isa``, ``houchu.model.cpu_kernels``):
+"""ISA levels of the C++ CPU kernels (``houchu.cpu.isa``, ``houchu.cpu.kernels``):
 detection from the CPU's flags, the forced level, and a kernel cache keyed by level that
 never hands a CPU a build it cannot run."""
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from houchu.model import cpu_isa, cpu_kernels
+from houchu.cpu import isa as cpu_isa
+from houchu.cpu import kernels as cpu_kernels
 
 V3 = "fpu sse2 avx avx2 fma f16c bmi1 bmi2 abm movbe"
 AVX512 = V3 + " avx512f avx512bw avx512vl avx512dq avx512cd"

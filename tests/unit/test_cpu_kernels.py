@@ -1,4 +1,4 @@
-"""houchu's C++ CPU kernels (``houchu.model.cpu_kernels``) against the torch reference:
+"""houchu's C++ CPU kernels (``houchu.cpu.kernels``) against the torch reference:
 fused RMSNorm (+ residual), RoPE on strided views, SiLU·mul (the vector paths at widths
 that are multiples of the level's lanes, the portable ones elsewhere), paged decode
 attention over plain and int8 pools (the AVX-512 or AVX2 group kernel at D = 64 and 128,
@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model import cpu_kernels
-from houchu.model.attention import make_backend
-from houchu.model.attention_meta import PrefillSeq, TorchMeta
-from houchu.model.attention_torch import TorchSDPABackend
-from houchu.model.kv_pool import KVPool
+from houchu.cpu import kernels as cpu_kernels
+from houchu.model.attention.base import make_backend
+from houchu.model.attention.metadata import PrefillSeq, TorchMeta
+from houchu.model.attention.torch import TorchSDPABackend
+from houchu.model.kv.pool import KVPool
 from houchu.model.ops import CpuOps, TorchOps
 from houchu.model.rope import rope_cos_sin
-from houchu.model.sampling import argmax_rows
+from houchu.model.sampling.sampler import argmax_rows
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 
@@ -191,8 +191,8 @@ def test_prefill_attention_rejects_bad_input():
 @pytest.mark.parametrize("kv", ["auto", "int8"])
 def test_runner_with_cpu_backend_matches_torch(tmp_path, kv):
     """End to end: fused ops and paged decode vs the torch backend, greedy tokens."""
-    from houchu.model.model_runner import ModelRunner
     from houchu.model.testing import make_tiny_llama
+    from houchu.runner.model_runner import ModelRunner
     from tests.runner_options import exact
     from tests.unit.test_model_quant import generate
 
@@ -224,8 +224,8 @@ def test_w8a8_fused_matches_torch_path(monkeypatch, dtype, m, k, n, outliers):
     """W8A8's C++ quantization and epilogue vs its torch path (one output rounding apart;
     a few large activations make outliers), and the epilogue's fused SiLU·mul against the
     separate op (bit-equal)."""
-    from houchu.model import w8a8
-    from houchu.model.w8a8 import W8A8Linear
+    from houchu.model.linear import w8a8
+    from houchu.model.linear.w8a8 import W8A8Linear
 
     # the int8 GEMM wherever it is exact, whatever the speed probe said on this machine
     monkeypatch.setattr(w8a8, "int_mm_pays", w8a8.int_mm_exact)
@@ -298,7 +298,7 @@ def test_the_epilogue_gives_the_same_bits_at_every_level(dtype):
     """W8A8's epilogue (the AVX-512 and AVX2 tiles, the portable loop for the columns
     past the last tile and where no tile exists) gives the same bits at every level this
     CPU runs: one fma per outlier product, in the same order."""
-    from houchu.model import cpu_isa as isa
+    from houchu.cpu import isa
     from tests.conftest import KERNEL_LEVELS
 
     g = torch.Generator().manual_seed(3)
@@ -327,9 +327,9 @@ def test_the_epilogue_gives_the_same_bits_at_every_level(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_quantization_equals_the_torch_reference(dtype):
     """W8A8's C++ row quantization (AVX-512 and AVX2 loops, the portable tail) gives
-    ``houchu.model.quant.quantize_rows_int8``'s bits on the rows with the outlier
+    ``houchu.model.quant.functions.quantize_rows_int8``'s bits on the rows with the outlier
     columns set to 0, and the outliers as they are, at every level."""
-    from houchu.model.quant import quantize_rows_int8
+    from houchu.model.quant.functions import quantize_rows_int8
 
     g = torch.Generator().manual_seed(11)
     x = (torch.randn(9, 100, generator=g) * 3).to(dtype)  # 100: whole vectors and a tail

@@ -21,9 +21,9 @@ import importlib.util
 import pytest
 import torch
 
-from houchu.model.model_runner import ModelRunner
-from houchu.model.quality import text_logprobs
+from houchu.model.quant.quality import text_logprobs
 from houchu.model.testing import train_tiny_model
+from houchu.runner.model_runner import ModelRunner
 from tests.family_helpers import (
     ATOL,
     assert_scheduled_waves_equal_hf,

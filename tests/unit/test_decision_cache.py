@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from houchu.model.decisions import FILE_NAME, DecisionCache
+from houchu.runner.decisions import FILE_NAME, DecisionCache
 
 
 def test_a_folder_in_the_environment_holds_the_file(tmp_path: Path, monkeypatch) -> None:
@@ -52,7 +52,8 @@ def test_the_key_names_the_cpu_kernel_build_model_and_thread_budget(
     build, model file or thread budget."""
     import torch
 
-    from houchu.model import cpu_kernels, decisions
+    from houchu.cpu import kernels as cpu_kernels
+    from houchu.runner import decisions
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"x")

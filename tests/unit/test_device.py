@@ -14,10 +14,10 @@ from houchu.actors.config import Launch
 from houchu.actors.runner import RunnerActor
 from houchu.cli.main import build_parser
 from houchu.model.device import DeviceError, resolve_device
-from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_llama
 from houchu.options.checks import check_serve_args
 from houchu.options.parser import config_from_args
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.endpoints import Endpoints
 from tests.runner_options import exact
 
@@ -35,9 +35,9 @@ def test_device_flag_reaches_the_model_runner(tmp_path, monkeypatch, device):
     config = config_from_args(args)
     config = config.with_launch(endpoints=Endpoints.inproc(f"device-{device}"))
     built = []
-    import houchu.model.model_runner
+    import houchu.runner.model_runner
 
-    monkeypatch.setattr(houchu.model.model_runner, "ModelRunner", lambda *a: built.append(a))
+    monkeypatch.setattr(houchu.runner.model_runner, "ModelRunner", lambda *a: built.append(a))
     ctx = zmq.asyncio.Context()
     try:
         RunnerActor(ctx, config)._load()

@@ -12,8 +12,8 @@ import pytest
 from houchu.api.app import make_app
 from houchu.dashboard.store import DashboardStore
 from houchu.model.expert_load import ExpertLoadReader
-from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_model
+from houchu.runner.model_runner import ModelRunner
 from houchu.storage.db import open_db
 from houchu.storage.expert_load_view import expert_load, imbalance, step_imbalance
 from houchu.storage.live_view import step_series

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from houchu.model.model_runner import ModelRunner
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.speculation_options import SpeculativeOptions
+from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.core import SchedulerCore
-from houchu.spec.proposers import NgramProposer
+from houchu.speculative.proposers import NgramProposer
 from houchu.transport.messages import SamplingParams, TokenizedRequest
 from tests.family_helpers import hf_greedy, prompt, serve_with_drafts, tiny_family
 from tests.runner_options import exact
@@ -64,8 +64,10 @@ def test_speculative_ngram_equals_transformers(family):
     if kind.startswith("deepseek"):
         pytest.skip("DeepSeek's speculation: test_model_deepseek.py")
     runner = ModelRunner(str(path), exact(num_pages=96, page_size=4), quiet=True)
-    spec = SpeculativeOptions(speculative="ngram", num_speculative_tokens=3)
-    core = SchedulerCore(runner.info(), BatchingOptions(max_batch_tokens=48), spec=spec)
+    speculative = SpeculativeOptions(speculative="ngram", num_speculative_tokens=3)
+    core = SchedulerCore(
+        runner.info(), BatchingOptions(max_batch_tokens=48), speculative=speculative
+    )
     core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, 3)
     greedy = SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True)
     # every id of the vocabulary once: whatever the model decodes, its last token was

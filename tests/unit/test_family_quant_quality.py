@@ -14,7 +14,7 @@ What the trained models learnt: 3.07-3.47 bits per byte on the evaluated text (u
 level and a little more), memorizing some of the small training text (Gemma most).
 
 int4 rounds these float weights with ``quantize_int4``'s default "mse" method (each
-group's scale and offset searched to minimise its squared error, ``houchu.model.int4_mse``:
+group's scale and offset searched to minimise its squared error, ``houchu.model.quant.int4_mse``:
 6.9-7.0% relative weight error in groups of 32 where min/max gave 7.8%). Measured over
 these models and the same families drawn with five other seeds (seed + 100, ..., + 500):
 mean top-1 +0.005 against min/max (31 of 54 draws better, 23 worse), mean |Δ log p| 10%
@@ -56,7 +56,7 @@ int4 0.988 / 0.0324 -> 0.983 / 0.0320; DeepSeek-V3 int8 0.997 / 0.0096 -> 0.998 
 W8A8 1.000 / 0.0068 -> 1.000 / 0.0068, int4 0.985 / 0.0239 -> 0.988 / 0.0242 (top-1 /
 mean |Δ log p|).
 
-int4 by GPTQ (``houchu.model.gptq``: act order, static groups, calibrated on the
+int4 by GPTQ (``houchu.model.quant.gptq``: act order, static groups, calibrated on the
 training text, never the evaluated one; the "int4-gptq" cases) holds the issue's 0.95 in
 every family, Gemma and Qwen3-MoE included: 0.965-1.000 at the test's seeds (Gemma 2
 0.965, Gemma 3 0.967, Qwen3-MoE 0.975) and at least 0.953 over two other seeds (+100,
@@ -92,23 +92,24 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from houchu.model.gptq import quantize_model_gptq
-from houchu.model.loader import load_model
-from houchu.model.quality import Agreement, agreement, text_logprobs
-from houchu.model.quant import QuantSpec
+from houchu.bench.texts import DATA_DIR
+from houchu.model.linear.w8a8 import W8A8_MIN_ROWS
+from houchu.model.quant.functions import QuantSpec
+from houchu.model.quant.gptq import quantize_model_gptq
+from houchu.model.quant.quality import Agreement, agreement, text_logprobs
 from houchu.model.testing import train_tiny_model
-from houchu.model.w8a8 import W8A8_MIN_ROWS
+from houchu.model.weights.loader import load_model
 from tests.unit.test_model_deepseek import FAMILIES as DEEPSEEK
 from tests.unit.test_model_deepseek import MLA
 from tests.unit.test_model_families import FAMILIES as QWEN
 from tests.unit.test_model_sliding import FAMILIES as SLIDING
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = DATA_DIR
 EVAL = 600  #: evaluated bytes: the first 600 ASCII bytes of quality_en.txt
 
 
 def ascii_ids(name: str) -> list[int]:
-    """``tests/data/{name}``'s ASCII bytes below 128, as token ids."""
+    """``bench/data/{name}``'s ASCII bytes below 128, as token ids."""
     return [b for b in (DATA / name).read_text().encode("ascii", "ignore") if b < 128]
 
 

@@ -1,4 +1,4 @@
-"""The fused decode layers (``houchu.model.fused_cpu``, ``decode_layers.cpp``) against the
+"""The fused decode layers (``houchu.cpu.fused_layers``, ``decode_layers.cpp``) against the
 per-op path it replaces: bit-equal logits and KV, where it applies and where it does not."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model import cpu_kernels
+from houchu.cpu import kernels as cpu_kernels
 from houchu.model.batch import build_batch
-from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_llama
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 

@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from houchu.model.weights_gguf import dequantize_data
+from houchu.model.weights.gguf import dequantize_data
 
 TYPES = [
     gguf.GGMLQuantizationType.Q4_0,

@@ -8,7 +8,7 @@ import os
 import gguf
 import numpy as np
 
-from houchu.model.gguf_file import open_gguf, shared_gguf
+from houchu.model.gguf.file import open_gguf, shared_gguf
 
 
 def _write(path) -> None:

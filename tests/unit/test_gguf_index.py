@@ -10,8 +10,8 @@ import gguf
 import numpy as np
 import pytest
 
-from houchu.model import gguf_index
-from houchu.model.gguf_index import GgufIndex, index_dir, open_gguf_index
+from houchu.model.gguf import index as gguf_index
+from houchu.model.gguf.index import GgufIndex, index_dir, open_gguf_index
 from tests.unit.test_gguf_file import _write
 
 

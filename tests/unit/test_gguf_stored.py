@@ -1,4 +1,4 @@
-"""GGUF tensors computed on as stored (``houchu.model.gguf_blocks``): every stored type's
+"""GGUF tensors computed on as stored (``houchu.model.gguf.blocks``): every stored type's
 blocks decode to exactly what ``gguf.quants.dequantize`` gives (random blocks with zero
 scales and extreme minimums included); an ``Int4Linear`` of each type multiplies like
 the dequantized weight on every ISA level of houchu's C++ GEMV this CPU runs (float and
@@ -14,12 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from houchu.model.gguf_blocks import BLOCK_BYTES, STORED_TYPES, gguf_to_int4, quantize_blocks
-from houchu.model.gguf_writers import write_llama_gguf
-from houchu.model.model_runner import ModelRunner
-from houchu.model.qlinear import BF16_HEADER_KINDS, Int4Linear
-from houchu.model.quality import agreement, text_logprobs
+from houchu.model.gguf.blocks import BLOCK_BYTES, STORED_TYPES, gguf_to_int4, quantize_blocks
+from houchu.model.gguf.writers import write_llama_gguf
+from houchu.model.linear.quantized import BF16_HEADER_KINDS, Int4Linear
+from houchu.model.quant.quality import agreement, text_logprobs
 from houchu.model.testing import make_tiny_llama
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 
@@ -226,8 +226,8 @@ def test_fused_parts_of_other_group_sizes_and_planes_stay_as_stored():
     """q/k as Q4_K (one plane, groups of 32) beside v as Q6_K (two planes, groups of 16),
     as many Q4_K_M files store them: fused without loss (groups of 16, two planes), the
     layer kept as stored, never rounded again."""
-    from houchu.model.linear_factory import fuse_weights, make_linear
-    from houchu.model.quant import QuantSpec
+    from houchu.model.linear.factory import fuse_weights, make_linear
+    from houchu.model.quant.functions import QuantSpec
 
     rng = np.random.default_rng(5)
     parts = [

@@ -1,4 +1,4 @@
-"""GPTQ int4 weights (``houchu.model.gptq``): the algorithm against plain rounding on
+"""GPTQ int4 weights (``houchu.model.quant.gptq``): the algorithm against plain rounding on
 correlated inputs, its exact reduction to rounding when the inputs are uncorrelated, the
 calibration Hessians, and a model quantized through ``load_model`` and the serve flags.
 Agreement with the exact path on the trained families: test_family_quant_quality.py."""
@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model.calibration import calibration_ids, calibration_text
-from houchu.model.gptq import collect_hessians, gptq_int4, quantize_model_gptq
-from houchu.model.linear import Linear
-from houchu.model.loader import load_model
-from houchu.model.qlinear import Int4Linear, Int8Linear
-from houchu.model.quant import QuantSpec, quantize_int4
+from houchu.model.linear.dense import Linear
+from houchu.model.linear.quantized import Int4Linear, Int8Linear
+from houchu.model.quant.calibration import calibration_ids, calibration_text
+from houchu.model.quant.functions import QuantSpec, quantize_int4
+from houchu.model.quant.gptq import collect_hessians, gptq_int4, quantize_model_gptq
 from houchu.model.testing import make_tiny_model, write_tiny_tokenizer
+from houchu.model.weights.loader import load_model
 
 GS = 32
 
@@ -146,7 +146,7 @@ def test_gptq_on_stored_q4_weights_is_said_and_not_labelled(real_model_path):
     """The default GGUF's projections are Q4_1, kept int4 as stored: ``--int4-method
     gptq`` does not apply to them, the model says so at start-up and its label is plain
     int4."""
-    from houchu.model.loader import load_runner_model
+    from houchu.model.weights.loader import load_runner_model
     from tests.runner_options import exact
 
     opts = exact(quantization="int4", int4_method="gptq")

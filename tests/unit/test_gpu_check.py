@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from houchu.bench import gpu_check_steps, gpu_goals, gpu_install, gpu_wheels
-from houchu.bench.gpu_check_run import Context, Step
-from houchu.bench.runner_bench import Row, print_table
-from houchu.bench.runner_limits import Limits
+from houchu.bench.gpu import goals as gpu_goals
+from houchu.bench.gpu import install as gpu_install
+from houchu.bench.gpu import steps as gpu_check_steps
+from houchu.bench.gpu import wheels as gpu_wheels
+from houchu.bench.gpu.run import Context, Step
+from houchu.bench.model.limits import Limits
+from houchu.bench.model.runner import Row, print_table
 
 REPO = Path(gpu_wheels.__file__).resolve().parent.parent
 
@@ -233,7 +236,7 @@ def test_a_command_past_its_timeout_is_killed(tmp_path):
 def test_runner_bench_on_cuda_without_a_gpu_is_one_line():
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
-    cmd = [sys.executable, "-m", "houchu.bench.runner_bench", "--device", "cuda", "--model", "x"]
+    cmd = [sys.executable, "-m", "houchu.bench.model.runner", "--device", "cuda", "--model", "x"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "torch sees no CUDA GPU" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -281,7 +284,7 @@ def test_a_runner_bench_cut_short_keeps_the_formats_it_finished(capsys):
 
 
 def gpu_goals_units() -> frozenset[str]:
-    from houchu.bench.runner_bench_gpu import GPU_UNITS
+    from houchu.bench.model.runner_gpu import GPU_UNITS
 
     return GPU_UNITS
 

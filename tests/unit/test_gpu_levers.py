@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from houchu.dashboard.lever_catalog import canonical, lever_info
-from houchu.model.config import ModelConfig
-from houchu.model.gpu_memory import (
+from houchu.gpu.memory import (
     RESERVE_FIXED_BYTES,
     DeviceFacts,
     GiB,
@@ -21,18 +20,19 @@ from houchu.model.gpu_memory import (
     kv_pool_size,
     page_bytes_of,
 )
-from houchu.model.kv_pool import KVPool
-from houchu.model.lever_counters import LeverCounters, StepCost
-from houchu.model.model_runner import ModelRunner
-from houchu.model.runner_choices import (
+from houchu.model.config.core import ModelConfig
+from houchu.model.kv.pool import KVPool
+from houchu.model.testing import make_tiny_llama
+from houchu.options.runner_options import RunnerOptions
+from houchu.runner.choices import (
     choose_attention,
     choose_dtype,
     resolve_attention,
     resolve_dtype,
 )
-from houchu.model.runner_report import cuda_graph_clause, device_clause
-from houchu.model.testing import make_tiny_llama
-from houchu.options.runner_options import RunnerOptions
+from houchu.runner.lever_counters import LeverCounters, StepCost
+from houchu.runner.model_runner import ModelRunner
+from houchu.runner.report import cuda_graph_clause, device_clause
 from tests.runner_options import exact
 
 CFG = ModelConfig(
@@ -238,7 +238,7 @@ def test_an_explicit_triton_backend_that_cannot_run_is_one_clear_error(monkeypat
     probe, failing here on a torch without CUDA), which the runner actor prints as a
     start-up failure, without a traceback."""
     pytest.importorskip("triton")
-    from houchu.model.attention import make_backend
+    from houchu.model.attention.base import make_backend
     from houchu.model.ops import TritonUnusable
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # no interpreter: the CPU fails

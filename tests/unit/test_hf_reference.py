@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import tests.hf_reference as ref
-from houchu.model.gguf_writers import write_llama_gguf
+from houchu.model.gguf.writers import write_llama_gguf
 from houchu.model.testing import make_tiny_llama, write_tiny_tokenizer
 
 

@@ -11,7 +11,7 @@ install's finder (last) still finds ``houchu`` and its direct subpackages, but n
 below them, which is then "not found". A runner loading a GGUF on one thread while its C++
 kernels loaded on another (``cpu_kernels.load_in_background``, whose thread imported
 ``cpp_extension`` first) failed so with ``ModuleNotFoundError: No module named
-'houchu.cli.fetch'``, imported lazily by ``model/gguf_index.py``."""
+'houchu.cli.fetch'``, imported lazily by ``model/gguf/index.py``."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ REPO = Path(houchu.__file__).resolve().parent
 # thread that made it. Insertions are harmless (a finder asked twice, none skipped).
 CHILD = r"""
 import json, sys, threading
-from houchu.model.gguf_writers import write_llama_gguf
-from houchu.model.model_runner import ModelRunner
+from houchu.model.gguf.writers import write_llama_gguf
+from houchu.runner.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_llama
 from tests.runner_options import exact
 
@@ -111,11 +111,11 @@ BELOW_CLI = (
     "actors",
     "api",
     "dashboard",
-    "kvcache",
+    "cache_tiers",
     "model",
     "options",
     "scheduler",
-    "spec",
+    "speculative",
     "storage",
     "text",
     "transport",

@@ -1,4 +1,4 @@
-"""int4's error-minimising quantizer (``houchu.model.int4_mse``, ``quantize_int4``'s
+"""int4's error-minimising quantizer (``houchu.model.quant.int4_mse``, ``quantize_int4``'s
 default "mse"): never a larger squared error than min/max RTN in any group, clearly a
 smaller one overall, nearest-level codes for its grid, and exact or sane on the edge
 cases (constant and all-zero groups, one outlier, bfloat16 / float16 weights)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model.int4_mse import CANDIDATES, CHUNK_VALUES, fit_int4_groups
-from houchu.model.quant import Int4Weight, quantize_int4
+from houchu.model.quant.functions import Int4Weight, quantize_int4
+from houchu.model.quant.int4_mse import CANDIDATES, CHUNK_VALUES, fit_int4_groups
 
 
 def group_errors(q: Int4Weight, w: torch.Tensor) -> torch.Tensor:

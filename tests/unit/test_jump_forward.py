@@ -1,4 +1,4 @@
-"""Structured-output jump-forward (``houchu.model.jump_forward``) on a tiny random Llama
+"""Structured-output jump-forward (``houchu.model.grammar.jump_forward``) on a tiny random Llama
 with the default model's tokenizer, driven by the real scheduler core: the tokens the
 grammar forces come back after the sampled one and are fed in one chunk, step by step
 and with the overlap scheduler alike; the JSON stays valid for its schema; fewer steps
@@ -13,10 +13,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from houchu.api.structured import json_schema_grammar
-from houchu.model.model_runner import ModelRunner
+from houchu.api.structured.request import json_schema_grammar
+from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.core import SchedulerCore
-from houchu.text.tokenizer import TextTokenizer
+from houchu.text.tokenizer.core import TextTokenizer
 from houchu.transport.messages import SamplingParams, StepPlan, TokenizedRequest
 from houchu.transport.structured import StructuredOutput
 from tests.runner_options import exact

@@ -1,5 +1,5 @@
 """A constrained request's jump-forward leaves the free requests beside it as they are
-(``houchu.model.catch_up``), on the default model's int4 weights and a decode route
+(``houchu.model.grammar.catch_up``), on the default model's int4 weights and a decode route
 pinned so that a step of more than 8 rows takes another path (torch's int4 kernel on
 float activations: other floats).
 
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from houchu.api.structured import json_schema_grammar
-from houchu.model.autotune import DecodeRoute, attach
-from houchu.model.model_runner import ModelRunner
+from houchu.api.structured.request import json_schema_grammar
 from houchu.options.runner_options import RunnerOptions
+from houchu.runner.autotune import DecodeRoute, attach
+from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.core import SchedulerCore
-from houchu.text.tokenizer import TextTokenizer, load_tokenizer
+from houchu.text.tokenizer.core import TextTokenizer, load_tokenizer
 from houchu.transport.messages import SamplingParams, StepPlan, StepResult, TokenizedRequest
 from houchu.transport.structured import StructuredOutput
 from tests.runner_options import exact
@@ -84,8 +84,8 @@ def _serve(path: Path, tok: TextTokenizer, constrained: bool, overlap: bool):
 
     def join(core: SchedulerCore, n: int) -> None:
         if constrained and n == 2:  # the free requests decode by now
-            spec = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(SCHEMA))
-            sp = SamplingParams(temperature=1.0, seed=4, max_tokens=60, structured=spec)
+            speculative = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(SCHEMA))
+            sp = SamplingParams(temperature=1.0, seed=4, max_tokens=60, structured=speculative)
             ids = tok.encode("JSON:")
             core.add(TokenizedRequest(rid="d", prompt_ids=ids, sampling=sp, stop_ids=[EOS]))
 
@@ -114,11 +114,11 @@ def test_tensor_parallel_ranks_run_both_passes(model_dir: Path) -> None:
     """A tensor-parallel runner's other ranks run each pass of a split step too (rank 0
     sends them one by one): its output is the single-rank runner's."""
     tok = load_tokenizer(model_dir)
-    spec = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(SCHEMA))
+    speculative = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(SCHEMA))
     free = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     reqs = {
         "free": (tok.encode("Once upon a time"), free),
-        "json": (tok.encode("JSON:"), SamplingParams(temperature=0.0, structured=spec)),
+        "json": (tok.encode("JSON:"), SamplingParams(temperature=0.0, structured=speculative)),
     }
     one = ModelRunner(str(model_dir), exact(page_size=16, num_pages=64, threads=1), quiet=True)
     want = run(one, reqs, 30)

@@ -9,14 +9,14 @@ import time
 import pytest
 import torch
 
-from houchu.kvcache.host_pool import HostPool
-from houchu.kvcache.host_tier import HostTier
-from houchu.kvcache.page_allocator import PageAllocator
-from houchu.kvcache.page_hash import chain_hashes, page_hash
-from houchu.kvcache.radix_tree import RadixTree
-from houchu.kvcache.ssd_tier import SsdTier
-from houchu.model.kv_pool import KVPool
-from houchu.model.kv_transfer import HostKVMirror
+from houchu.cache_tiers.host_pool import HostPool
+from houchu.cache_tiers.host_tier import HostTier
+from houchu.cache_tiers.page_allocator import PageAllocator
+from houchu.cache_tiers.page_hash import chain_hashes, page_hash
+from houchu.cache_tiers.radix_tree import RadixTree
+from houchu.cache_tiers.ssd_tier import SsdTier
+from houchu.model.kv.pool import KVPool
+from houchu.model.kv.transfer import HostKVMirror
 from houchu.scheduler.tiers import TierClient
 from houchu.transport.messages import PageCopy
 from houchu.transport.tier_messages import HostSlotGrant, TierLookupResult, TierRelease, TierStore

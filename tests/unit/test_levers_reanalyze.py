@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from houchu.bench.sweep_reanalyze import reanalyze
-from houchu.bench.sweep_records import ServerFacts, SweepResult
-from houchu.bench.sweep_report import save_record
+from houchu.bench.sweep.reanalyze import reanalyze
+from houchu.bench.sweep.records import ServerFacts, SweepResult
+from houchu.bench.sweep.report import save_record
 
 from .levers_helpers import SERVE_FLAGS
 from .test_levers_resume import _args, _one_go, _plan, _session
@@ -37,7 +37,7 @@ def test_reanalyze_answers_at_another_target_load(tmp_path):
 def test_the_recommended_command_is_copied_whole():
     """The command is broken into lines with a backslash at each break (found by a
     review: rich wrapped it between a flag and its value), each flag with its value."""
-    from houchu.bench.sweep_report import shell_lines
+    from houchu.bench.sweep.report import shell_lines
 
     args = ["houchu", "serve", "--model", "/a b/m.gguf", "--quantization", "int4"]
     args += ["--disable-radix-cache", *(["--kv-cache-mb", "256"] * 6), "--compile", "off"]
@@ -84,8 +84,8 @@ def test_replay_db_refuses_a_missing_file_and_says_when_it_holds_fewer(tmp_path,
 
     from sqlalchemy.orm import Session
 
-    from houchu.bench.levers_cli import _replay_from_db
     from houchu.bench.prompts import PromptBuilder
+    from houchu.bench.sweep.cli import _replay_from_db
     from houchu.storage.db import open_db
     from houchu.storage.models import RequestRow
 

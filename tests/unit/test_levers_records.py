@@ -6,18 +6,18 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from houchu.bench.lever_table import lever
-from houchu.bench.runner_limits import Limits
-from houchu.bench.sweep_answers import analyze
-from houchu.bench.sweep_plan import Load, build_plan
-from houchu.bench.sweep_records import (
+from houchu.bench.model.limits import Limits
+from houchu.bench.sweep.answers import analyze
+from houchu.bench.sweep.levers import lever
+from houchu.bench.sweep.plan import Load, build_plan
+from houchu.bench.sweep.records import (
     CellRun,
     ServerFacts,
     StepTotals,
     parse_runner_line,
     summary_line,
 )
-from houchu.bench.sweep_roofline import binding
+from houchu.bench.sweep.roofline import binding
 
 from .levers_helpers import CPU, SERVE_FLAGS, run
 
@@ -135,8 +135,8 @@ def test_answers_from_recorded_runs():
 
 
 def test_a_levers_ledger_counts_its_reported_variants_only():
-    from houchu.bench.sweep_analysis import CellSummary
-    from houchu.bench.sweep_answers import lever_ledger
+    from houchu.bench.sweep.analysis import CellSummary
+    from houchu.bench.sweep.answers import lever_ledger
 
     cell = CellSummary(
         "int4",
@@ -157,7 +157,7 @@ def test_a_levers_ledger_counts_its_reported_variants_only():
 
 
 def test_amounts_in_physical_units():
-    from houchu.bench.sweep_report import amount
+    from houchu.bench.sweep.report import amount
 
     assert amount(3 * 2**30, "bytes") == "3 GiB"
     assert amount(1.5e12, "flops") == "1.5T FLOP"
@@ -168,7 +168,7 @@ def test_amounts_in_physical_units():
 def _report_renders(plan, answers, runs) -> None:
     from rich.console import Console
 
-    from houchu.bench.sweep_report import print_report
+    from houchu.bench.sweep.report import print_report
 
     record = {
         "settings": {
@@ -198,7 +198,7 @@ def _report_renders(plan, answers, runs) -> None:
 def test_a_stored_record_is_answered_again_the_same():
     from dataclasses import asdict
 
-    from houchu.bench.sweep_reanalyze import reanalyze, record_limits
+    from houchu.bench.sweep.reanalyze import reanalyze, record_limits
 
     loads = [Load("concurrency", x) for x in (1, 4)]
     plan = build_plan(["radix-cache", "int4"], "all", loads, 1, CPU)
@@ -256,7 +256,7 @@ def test_a_required_levers_gain_is_over_the_config_it_requires():
 
 
 def test_a_gain_over_cells_whose_repeats_spread_is_marked_noisy():
-    from houchu.bench.sweep_report import lever_table
+    from houchu.bench.sweep.report import lever_table
 
     plan = build_plan(["int4", "radix-cache"], "none", [Load("concurrency", 4)], 2, CPU)
     runs = [run("baseline", 4, 100.0, 0), run("baseline", 4, 200.0, 1)]  # 67% spread

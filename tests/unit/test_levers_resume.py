@@ -16,23 +16,23 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from houchu.bench.sweep_answers import analyze
-from houchu.bench.sweep_checkpoint import (
+from houchu.bench.sweep.answers import analyze
+from houchu.bench.sweep.checkpoint import (
     SweepInterrupted,
     check_resumable,
     interrupt_on_signals,
     resume_command,
 )
-from houchu.bench.sweep_plan import Config, Load, build_plan
-from houchu.bench.sweep_reanalyze import reanalyze
-from houchu.bench.sweep_records import ServerFacts, SweepResult
-from houchu.bench.sweep_report import (
+from houchu.bench.sweep.plan import Config, Load, build_plan
+from houchu.bench.sweep.reanalyze import reanalyze
+from houchu.bench.sweep.records import ServerFacts, SweepResult
+from houchu.bench.sweep.report import (
     missing_text,
     print_report,
     recommendation_text,
     save_record,
 )
-from houchu.bench.sweep_schedule import (
+from houchu.bench.sweep.schedule import (
     STARTUP_ALLOWANCE_S,
     ServerEta,
     ServerJob,
@@ -42,7 +42,7 @@ from houchu.bench.sweep_schedule import (
     server_jobs,
     sweep_state,
 )
-from houchu.model.cpu_isa import cpu_model
+from houchu.cpu.isa import cpu_model
 
 from .levers_helpers import CPU, SERVE_FLAGS, run
 
@@ -233,12 +233,12 @@ def _args(tmp_path: Path, *extra: str):
 
 
 def _session(args, plan):
-    from houchu.bench.levers_cli import OBJECTIVES, _spec
-    from houchu.bench.sweep_session import start_session
+    from houchu.bench.sweep.cli import OBJECTIVES, _spec
+    from houchu.bench.sweep.session import start_session
 
-    spec = _spec(args)
+    speculative = _spec(args)
     model = Path(args.model)
-    return start_session(args, plan, spec, model, [], OBJECTIVES[args.objective])
+    return start_session(args, plan, speculative, model, [], OBJECTIVES[args.objective])
 
 
 def test_a_partial_record_resumes_to_the_union_analyzed_as_one_sweep(tmp_path, capsys):
@@ -307,8 +307,8 @@ def test_a_record_of_another_plan_or_machine_is_refused(tmp_path):
 
 
 def test_dry_run_prints_the_plan_and_estimate(tmp_path, capsys):
-    from houchu.bench.levers_cli import OBJECTIVES, _spec
-    from houchu.bench.sweep_session import dry_run
+    from houchu.bench.sweep.cli import OBJECTIVES, _spec
+    from houchu.bench.sweep.session import dry_run
 
     args = _args(tmp_path, "--serve-args", "--compile off", "--dry-run")
     plan = _plan()

@@ -8,15 +8,15 @@ import math
 
 import pytest
 
-from houchu.bench.lever_table import LEVERS, Machine, can_pair, lever
-from houchu.bench.sweep_analysis import (
+from houchu.bench.sweep.analysis import (
     break_even,
     compose,
     gain,
     recommend,
     summarize_cells,
 )
-from houchu.bench.sweep_plan import Config, Load, build_plan, merge_flags, parse_loads
+from houchu.bench.sweep.levers import LEVERS, Machine, can_pair, lever
+from houchu.bench.sweep.plan import Config, Load, build_plan, merge_flags, parse_loads
 
 from .levers_helpers import CPU, LOADS, SERVE_FLAGS, run
 
@@ -85,22 +85,22 @@ def test_not_applicable_levers_are_listed_with_the_reason():
     smollm = "--tensor-parallel-size 2: 'x' has attention heads (9), KV heads (3) not divisible"
     cpu = Machine("cpu", frozenset({"avx2", "fma"}), SERVE_FLAGS, tp_refusal=smollm)
     plan = build_plan(
-        ["w8a8", "cuda-graph", "spec-draft", "tensor-parallel", "moe"], "all", LOADS, 1, cpu
+        ["w8a8", "cuda-graph", "speculative-draft", "tensor-parallel", "moe"], "all", LOADS, 1, cpu
     )
     assert plan.levers == []
     na = plan.not_applicable
     assert "int8 dot products" in na["w8a8"]
     assert "CUDA" in na["cuda-graph"]
-    assert "draft model" in na["spec-draft"]
+    assert "draft model" in na["speculative-draft"]
     assert "not divisible" in na["tensor-parallel"]
     assert build_plan(["tensor-parallel"], "none", LOADS, 1, CPU).levers[0].name == (
         "tensor-parallel"
     )  # a model whose heads divide by 2
     assert "structure" in na["moe"]
     vnni = Machine("cpu", frozenset({"avx512_vnni"}), SERVE_FLAGS, draft_model="/d.gguf")
-    plan = build_plan(["w8a8", "spec-draft"], "none", LOADS, 1, vnni)
-    assert [lv.name for lv in plan.levers] == ["w8a8", "spec-draft"]
-    assert plan.flags(Config(frozenset({"spec-draft"}))) == [
+    plan = build_plan(["w8a8", "speculative-draft"], "none", LOADS, 1, vnni)
+    assert [lv.name for lv in plan.levers] == ["w8a8", "speculative-draft"]
+    assert plan.flags(Config(frozenset({"speculative-draft"}))) == [
         "--quantization",
         "none",
         "--draft-model",
@@ -243,7 +243,7 @@ def test_data_parallel_is_listed_as_not_measured_by_the_sweep():
 def test_serve_args_may_not_set_a_swept_levers_flag():
     """``--serve-args`` setting a lever's own flag would turn it on or off behind the
     sweep's back: refused in one line naming both (found by a review)."""
-    from houchu.bench.levers_cli import check_serve_args
+    from houchu.bench.sweep.cli import check_serve_args
 
     plan = build_plan(["radix-cache", "int4"], "none", LOADS, 1, CPU)
     with pytest.raises(ValueError, match="--disable-radix-cache: the lever radix-cache"):

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from houchu.model.autotune import DecodeRoute, attach, invariant_where_free
-from houchu.model.model_runner import ModelRunner
 from houchu.options.runner_options import RunnerOptions
+from houchu.runner.autotune import DecodeRoute, attach, invariant_where_free
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, StepPlan
 from houchu.transport.step_messages import SeqWork
 
@@ -96,7 +96,7 @@ def test_int8_activations_asked_for_leave_no_float_path(real_model_path: Path) -
     with float activations: the route's choices are the int8 paths only (the head's own
     option made the float paths choices too, and the measured route could ignore the
     flag)."""
-    from houchu.model.autotune import available_paths
+    from houchu.runner.autotune import available_paths
 
     o = RunnerOptions(
         device="cpu", compile="off", decode_paths="rules", int4_activations="int8", num_pages=8

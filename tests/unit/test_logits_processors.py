@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model.logits_processors import LogitsProcessors, apply_processors
-from houchu.model.sampling import RequestState, Sampler
+from houchu.model.sampling.logits_processors import LogitsProcessors, apply_processors
+from houchu.model.sampling.sampler import RequestState, Sampler
 from houchu.transport.messages import SamplingParams
 
 V = 50

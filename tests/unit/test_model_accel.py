@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model.attention_torch import TorchSDPABackend
+from houchu.gpu.cuda_graph import StaticDecode
+from houchu.model.attention.torch import TorchSDPABackend
 from houchu.model.batch import build_batch
-from houchu.model.cuda_graph import StaticDecode
-from houchu.model.kv_pool import KVPool
-from houchu.model.loader import load_model
-from houchu.model.model_runner import ModelRunner
+from houchu.model.kv.pool import KVPool
 from houchu.model.testing import make_tiny_llama
+from houchu.model.weights.loader import load_model
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SeqWork
 from tests.runner_options import exact
 from tests.unit.test_model_quant import generate
@@ -45,7 +45,7 @@ def test_compile_policy_checked(tiny_dir):
 def test_compile_failure_under_auto_decodes_eagerly(tiny_dir, monkeypatch, capsys):
     """No working C++ compiler (or any Inductor error): "auto" serves eagerly and says
     why; "on" raises."""
-    from houchu.model.compiled import CompiledDecode
+    from houchu.cpu.compiled import CompiledDecode
 
     def broken(self, buckets=None):
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
@@ -99,7 +99,7 @@ def test_static_decode_matches_eager(tiny_dir, kv):
 def test_a_known_slower_compile_is_not_measured_again(tiny_dir, monkeypatch, tmp_path):
     """compile "auto": a verdict "not faster" is cached, and the next start skips the
     compilation and says so."""
-    import houchu.model.accel as accel
+    import houchu.runner.accel as accel
 
     monkeypatch.setenv("HOUCHU_DECISION_CACHE", str(tmp_path / "decisions.json"))
     monkeypatch.setattr(accel, "KEEP_BELOW", 0.0)  # compiled is never faster enough

@@ -17,9 +17,9 @@ import importlib.util
 import pytest
 import torch
 
-from houchu.model.model_runner import ModelRunner
+from houchu.model.linear.w8a8 import W8A8_MIN_ROWS, W8A8Linear
 from houchu.model.testing import make_tiny_llama
-from houchu.model.w8a8 import W8A8_MIN_ROWS, W8A8Linear
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 from tests.unit.test_model_quant import GREEDY, generate
@@ -159,9 +159,9 @@ def test_host_tier_copies_are_pinned_and_ordered_on_their_own_stream():
     import os
     import warnings
 
-    from houchu.kvcache.host_pool import HostPool
-    from houchu.model.kv_pool import KVPool
-    from houchu.model.kv_transfer import HostKVMirror
+    from houchu.cache_tiers.host_pool import HostPool
+    from houchu.model.kv.pool import KVPool
+    from houchu.model.kv.transfer import HostKVMirror
     from houchu.transport.messages import PageCopy
 
     geometry = {"num_layers": 4, "page_size": 16, "num_kv_heads": 2, "head_dim": 64}
@@ -262,10 +262,10 @@ def test_w8a8_prefill_agrees_with_the_exact_path(tmp_path, monkeypatch):
     (bfloat16) keeps ``W8A8_TOP1`` top-1 agreement with the exact path (float32, no
     quantization, on the GPU) and its mean |Δ log p| under ``W8A8_DLOGP``; every W8A8
     layer ran ``torch._scaled_mm`` on every chunk."""
-    from houchu.model.loader import load_model
-    from houchu.model.quality import agreement, text_logprobs
-    from houchu.model.quant import QuantSpec
+    from houchu.model.quant.functions import QuantSpec
+    from houchu.model.quant.quality import agreement, text_logprobs
     from houchu.model.testing import train_tiny_model
+    from houchu.model.weights.loader import load_model
     from tests.unit.test_family_quant_quality import EN, EVAL, TRAIN
 
     fp8_layer(torch.randn(16, 16))  # skips without FP8

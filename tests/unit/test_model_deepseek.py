@@ -10,16 +10,16 @@ import dataclasses
 import pytest
 import torch
 
-from houchu.model.config import load_model_config, num_parameters
-from houchu.model.gguf_writers import write_deepseek_gguf
-from houchu.model.kv_pool import KVPool
-from houchu.model.loader import load_model
-from houchu.model.mla_pool import LatentKVPool, full_mha_bytes_per_token
-from houchu.model.model_runner import ModelRunner
-from houchu.model.quality import agreement, text_logprobs
-from houchu.model.quant import QuantSpec
+from houchu.model.config.core import load_model_config, num_parameters
+from houchu.model.gguf.writers import write_deepseek_gguf
+from houchu.model.kv.mla_pool import LatentKVPool, full_mha_bytes_per_token
+from houchu.model.kv.pool import KVPool
+from houchu.model.quant.functions import QuantSpec
+from houchu.model.quant.quality import agreement, text_logprobs
 from houchu.model.testing import TINY_MLA, make_tiny_model
+from houchu.model.weights.loader import load_model
 from houchu.options.batching_options import BatchingOptions
+from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.core import SchedulerCore
 from houchu.transport.messages import SamplingParams
 from tests.family_helpers import (
@@ -258,7 +258,7 @@ def test_quantized_mla_says_what_stays_dense(family):
     """``--quantization int4`` on MLA + DeepSeekMoE: the start-up notes say that
     ``kv_b_proj`` and the float32 routers stay dense and the routed experts are
     quantized."""
-    from houchu.model.structure_levers import structure_notes
+    from houchu.runner.structure_levers import structure_notes
 
     _, path, _ = family
     cfg = load_model_config(path)
@@ -303,8 +303,8 @@ def test_latent_pages_round_trip_through_the_host_tier(family):
     of latents (``ModelConfig.kv_bytes_per_token``)."""
     import os
 
-    from houchu.kvcache.host_pool import HostPool
-    from houchu.model.kv_transfer import HostKVMirror
+    from houchu.cache_tiers.host_pool import HostPool
+    from houchu.model.kv.transfer import HostKVMirror
     from houchu.transport.messages import PageCopy
 
     _, path, _ = family
@@ -329,14 +329,16 @@ def test_speculative_ngram_keeps_greedy_output(family):
     """n-gram speculation on an MLA model: proposals verified in one pass (the absorbed
     multi-query path over cached latents) keep transformers' greedy tokens."""
     from houchu.options.speculation_options import SpeculativeOptions
-    from houchu.spec.proposers import NgramProposer
+    from houchu.speculative.proposers import NgramProposer
 
     _, path, hf = family
     if "-" in path.name:
         pytest.skip("the V2 and V3 models cover verification; the variants change no part of it")
     runner = ModelRunner(str(path), exact(num_pages=64, page_size=4), quiet=True)
-    spec = SpeculativeOptions(speculative="ngram", num_speculative_tokens=3)
-    core = SchedulerCore(runner.info(), BatchingOptions(max_batch_tokens=48), spec=spec)
+    speculative = SpeculativeOptions(speculative="ngram", num_speculative_tokens=3)
+    core = SchedulerCore(
+        runner.info(), BatchingOptions(max_batch_tokens=48), speculative=speculative
+    )
     core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, 3)
     greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     prompts = {"rep": [5, 6, 7, 8, 9] * 4, "mix": prompt(51, 9)}

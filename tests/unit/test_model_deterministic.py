@@ -1,5 +1,5 @@
 """Batch-invariant inference (``houchu serve --deterministic``,
-``houchu.model.deterministic``) at the runner level, on the default model: a prompt's
+``houchu.cpu.deterministic``) at the runner level, on the default model: a prompt's
 logits are bit for bit the same alone and in steps of 2..17 sequences beside other
 prompts and decode rows of other lengths, at any place, and from an extend over its
 cached pages; on the default int4 path, int8 weights and the exact float32 path."""
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from houchu.cpu.deterministic import DeterministicUnsupported, check_options
 from houchu.model.batch import build_batch
-from houchu.model.deterministic import DeterministicUnsupported, check_options
-from houchu.model.model_runner import ModelRunner
 from houchu.options.runner_options import RunnerOptions
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.step_messages import SeqWork
 
 PAGE = 16

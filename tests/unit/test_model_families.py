@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 import torch
 
-from houchu.model.config import load_model_config, num_parameters
-from houchu.model.loader import load_model
-from houchu.model.model_runner import ModelRunner
+from houchu.model.config.core import load_model_config, num_parameters
+from houchu.model.weights.loader import load_model
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.family_helpers import (
     Runner,
@@ -97,9 +97,9 @@ def test_gguf_twin_gives_the_same_tokens(family, tmp_path, qtype):
     48 wide: the file keeps their down projections F32 (not whole blocks of 32), so auto
     serves it dense (the dequantized file's tokens), and ``--quantization int4`` is
     refused (its groups of 32 do not divide them either)."""
-    from houchu.model.gguf_writers import write_llama_gguf
+    from houchu.model.gguf.writers import write_llama_gguf
+    from houchu.model.linear.quantized import Int4Linear
     from houchu.model.moe import MoEMLP
-    from houchu.model.qlinear import Int4Linear
 
     kind, path, gguf_path, _ = family
     ids = prompt(13, 9)
@@ -218,8 +218,8 @@ def test_quantized_moe_says_the_experts_are_quantized(family, capsys):
     """``--quantization int8`` on a MoE model: the start-up lines say the routed experts
     are quantized and the routers stay dense, and so they are (a dense family says
     nothing of experts)."""
+    from houchu.model.linear.quantized import Int8Linear
     from houchu.model.moe import MoEMLP
-    from houchu.model.qlinear import Int8Linear
 
     kind, path, _, _ = family
     runner = ModelRunner(str(path), exact(num_pages=8, page_size=4, quantization="int8"))

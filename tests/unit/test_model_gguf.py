@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from houchu.model.config import ModelLoadError, load_model_config
-from houchu.model.gguf_writers import permute_qk, write_llama_gguf
-from houchu.model.loader import load_model
-from houchu.model.model_runner import ModelRunner
+from houchu.model.config.core import ModelLoadError, load_model_config
+from houchu.model.gguf.writers import permute_qk, write_llama_gguf
 from houchu.model.testing import make_tiny_llama
-from houchu.model.weights_gguf import dequantize_tensor, load_gguf, unpermute_qk
-from houchu.model.weights_hf import load_hf
+from houchu.model.weights.gguf import dequantize_tensor, load_gguf, unpermute_qk
+from houchu.model.weights.hf import load_hf
+from houchu.model.weights.loader import load_model
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 
@@ -159,7 +159,7 @@ def test_bad_paths(tmp_path):
 def test_auto_quantization_serves_gguf_as_stored(tiny_dirs, tmp_path, qtype, want):
     """auto: a file whose block matrices all have a stored form (Q8_0 as two int4
     planes) is served as stored; a float file is dense."""
-    from houchu.model.quant import resolve_quant_mode
+    from houchu.model.quant.functions import resolve_quant_mode
 
     path = write_llama_gguf(tiny_dirs["untied"], tmp_path / f"m-{qtype}.gguf", qtype=qtype)
     assert resolve_quant_mode("auto", path) == want

@@ -1,4 +1,4 @@
-"""Each constrained request's share of a step's mask time (``houchu.model.grammar_fill``):
+"""Each constrained request's share of a step's mask time (``houchu.model.grammar.fill``):
 a row filled alone is timed; a batched row (one ``LLExecutor`` call for several rows)
 gets the call's time in proportion to its request's masks timed alone, one row of the
 batch leaving it every ``SOLO_EVERY`` steps to be timed; so two requests of different
@@ -13,9 +13,9 @@ import llguidance
 import pytest
 import torch
 
-from houchu.api.structured import json_schema_grammar, regex_grammar
-from houchu.model.grammar import GrammarEngine, RequestGrammar, _fill_all, bitmask_words
-from houchu.model.grammar_fill import SOLO_EVERY, MaskRow, fill_rows, share_batched
+from houchu.api.structured.request import json_schema_grammar, regex_grammar
+from houchu.model.grammar.fill import SOLO_EVERY, MaskRow, fill_rows, share_batched
+from houchu.model.grammar.matcher import GrammarEngine, RequestGrammar, _fill_all, bitmask_words
 from houchu.transport.structured import StructuredOutput
 
 VOCAB = 49152

@@ -1,5 +1,5 @@
 """Text a grammar forces that is also a special token's text (``<|im_end|>``) comes
-out as ordinary tokens, as any other text does (``houchu.model.grammar_tokenizer``):
+out as ordinary tokens, as any other text does (``houchu.model.grammar.tokenizer``):
 before, llguidance tokenized it into the special token and the request failed with
 a misleading "too complex" 400."""
 
@@ -13,12 +13,12 @@ import llguidance
 import msgspec
 import pytest
 
-from houchu.api.schema import ChatCompletionRequest
-from houchu.api.structured import choice_grammar, json_schema_grammar
-from houchu.api.tools import tool_setup
-from houchu.model.grammar_tokenizer import GrammarTokenizer
-from houchu.model.model_runner import ModelRunner
-from houchu.text.tokenizer import TextTokenizer
+from houchu.api.requests.tools import tool_setup
+from houchu.api.schema.bodies import ChatCompletionRequest
+from houchu.api.structured.request import choice_grammar, json_schema_grammar
+from houchu.model.grammar.tokenizer import GrammarTokenizer
+from houchu.runner.model_runner import ModelRunner
+from houchu.text.tokenizer.core import TextTokenizer
 from houchu.transport.messages import SamplingParams
 from houchu.transport.structured import StructuredOutput
 
@@ -74,8 +74,8 @@ def test_forced_special_token_text_comes_out_as_text(
 ) -> None:
     """The output is the grammar's text, in ordinary tokens, then EOS; with logprobs
     (no jump-forward: the forced tokens are sampled one by one) too."""
-    spec = StructuredOutput(kind=kind, grammar=build(), param="guided_choice")  # type: ignore[arg-type]
-    sp = SamplingParams(temperature=1.0, seed=3, structured=spec, logprobs=not jump_forward)
+    speculative = StructuredOutput(kind=kind, grammar=build(), param="guided_choice")  # type: ignore[arg-type]
+    sp = SamplingParams(temperature=1.0, seed=3, structured=speculative, logprobs=not jump_forward)
     out = run(runner, {"a": (tok.encode("Say it:"), sp)}, 40)["a"]
     assert out[-1] == 2 and not any(tok.is_special(t) for t in out[:-1]), out
     assert tok.decode(out[:-1]) == text

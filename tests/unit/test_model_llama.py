@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model.config import load_model_config, num_parameters
-from houchu.model.loader import load_model
+from houchu.model.config.core import load_model_config, num_parameters
 from houchu.model.testing import make_tiny_llama
+from houchu.model.weights.loader import load_model
 from tests.family_helpers import ATOL, Runner, hf_logits, prompt
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_llama
 from houchu.options.batching_options import BatchingOptions
+from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.batcher import PLACEHOLDER_TOKEN
 from houchu.scheduler.core import SchedulerCore
 from houchu.text import stop as text_stop

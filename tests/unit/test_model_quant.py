@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from houchu.model.gguf_blocks import gguf_to_int4
-from houchu.model.kv_pool import KVPool, token_bytes
-from houchu.model.linear_factory import make_linear
-from houchu.model.model_runner import ModelRunner
-from houchu.model.qlinear import Int4Linear, Int8Linear
-from houchu.model.quant import QuantSpec, quantize_int4
+from houchu.model.gguf.blocks import gguf_to_int4
+from houchu.model.kv.pool import KVPool, token_bytes
+from houchu.model.linear.factory import make_linear
+from houchu.model.linear.quantized import Int4Linear, Int8Linear
+from houchu.model.linear.w8a8 import W8A8_OUTLIER_SHARE, W8A8Linear
+from houchu.model.quant.functions import QuantSpec, quantize_int4
 from houchu.model.testing import make_tiny_llama
-from houchu.model.w8a8 import W8A8_OUTLIER_SHARE, W8A8Linear
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 
@@ -70,8 +70,8 @@ def test_w8a8_runs_outlier_features_in_float(monkeypatch):
     """Two features 100x larger than the rest (as LLM activations have): with per-token
     int8 alone they set every row's scale and the ordinary features lose their precision;
     with the LLM.int8() decomposition the error is that of the int8 weights alone."""
-    from houchu.model import w8a8
-    from houchu.model.w8a8 import int_mm_exact
+    from houchu.model.linear import w8a8
+    from houchu.model.linear.w8a8 import int_mm_exact
 
     if not int_mm_exact():
         pytest.skip("torch._int_mm saturates on this CPU: W8A8 runs weight-only here")
@@ -136,7 +136,7 @@ def test_make_linear_and_byte_counts():
 
 @pytest.mark.parametrize("kv", ["int8", "fp8"])
 def test_quantized_pool_roundtrip_and_capacity(tiny_dir, kv):
-    from houchu.model.config import load_model_config
+    from houchu.model.config.core import load_model_config
 
     cfg = load_model_config(tiny_dir)
     plain = KVPool.for_model(cfg, page_size=4, dtype=torch.bfloat16, memory_bytes=1 << 16)
@@ -211,7 +211,7 @@ def test_w8a8_runs_weight_only_where_int_mm_saturates(monkeypatch):
     """Where ``torch._int_mm`` is not exact (a CPU without int8 dot products) or slow
     (``int_mm_pays``), W8A8's rows run its int8 weights weight-only: the int8 layer's
     numbers, never the GEMM's."""
-    import houchu.model.w8a8 as w8a8
+    import houchu.model.linear.w8a8 as w8a8
 
     g = torch.Generator().manual_seed(9)
     w = torch.randn(48, 128, generator=g) * 0.05
@@ -224,7 +224,7 @@ def test_w8a8_runs_weight_only_where_int_mm_saturates(monkeypatch):
 def test_the_int8_gemm_runs_only_where_the_probe_finds_it_pays(monkeypatch, capsys):
     """``int_mm_pays``: an inexact ``torch._int_mm`` never runs; an exact one runs unless
     it was ``INT_MM_SLOWER`` times slower than the dense matmul (printed once)."""
-    import houchu.model.w8a8 as w8a8
+    import houchu.model.linear.w8a8 as w8a8
 
     probe = w8a8.int_mm_pays.__wrapped__  # uncached
     monkeypatch.setattr(w8a8, "int_mm_exact", lambda: False)
@@ -240,7 +240,7 @@ def test_the_int8_gemm_runs_only_where_the_probe_finds_it_pays(monkeypatch, caps
 def test_w8a8_takes_torchs_ops_where_its_epilogue_has_no_simd_tiles(monkeypatch):
     """At the NEON levels W8A8's C++ epilogue is the portable loop: the int8 GEMM's float
     work runs on torch's vectorized ops there, never a scalar hot path."""
-    from houchu.model import cpu_kernels
+    from houchu.cpu import kernels as cpu_kernels
 
     layer = W8A8Linear(torch.randn(48, 128) * 0.05)
     x = torch.randn(80, 128)

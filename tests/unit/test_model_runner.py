@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model.config import num_parameters
-from houchu.model.model_runner import ModelRunner
+from houchu.model.config.core import num_parameters
 from houchu.model.testing import make_tiny_llama
+from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import (
     RunnerInfo,
     SamplingParams,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from houchu.model.sampling import (
+from houchu.model.sampling.sampler import (
     RequestState,
     Sampler,
     apply_min_p,

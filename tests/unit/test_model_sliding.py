@@ -8,17 +8,16 @@ the window released; quantized top-1 agreement."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from houchu.model.config import load_model_config, num_parameters
-from houchu.model.loader import load_model
-from houchu.model.model_runner import ModelRunner
-from houchu.model.quality import agreement, text_logprobs
-from houchu.model.quant import QuantSpec
+from houchu.bench.texts import QUALITY_EN
+from houchu.model.config.core import load_model_config, num_parameters
+from houchu.model.quant.functions import QuantSpec
+from houchu.model.quant.quality import agreement, text_logprobs
+from houchu.model.weights.loader import load_model
 from houchu.options.batching_options import BatchingOptions
+from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.core import SchedulerCore
 from houchu.transport.messages import SamplingParams, TokenizedRequest
 from tests.family_helpers import (
@@ -51,7 +50,7 @@ FAMILIES = {
     },
 }
 TIED = {"gemma3_text"}
-TEXT = (Path(__file__).parents[1] / "data" / "quality_en.txt").read_text()
+TEXT = QUALITY_EN.read_text()
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -268,7 +267,7 @@ def test_int4_by_rounding_on_gemma_is_said_at_startup(family):
     """Gemma 2/3 lose more to int4 by rounding (top-1 0.93 in
     test_family_quant_quality.py): ``--quantization int4`` says so at startup and points
     at GPTQ; ``--int4-method gptq``, int8 and the other families say nothing of it."""
-    from houchu.model.structure_levers import structure_notes
+    from houchu.runner.structure_levers import structure_notes
 
     kind, path, _, _ = family
     cfg = load_model_config(path)

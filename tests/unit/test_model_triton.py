@@ -14,13 +14,13 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from houchu.model.attention_meta import TorchMeta  # noqa: E402
-from houchu.model.attention_torch import TorchSDPABackend  # noqa: E402
-from houchu.model.kv_pool import KVPool, dequantize_kv  # noqa: E402
+from houchu.gpu.triton.ops import TritonOps, store_kv  # noqa: E402
+from houchu.gpu.triton.paged_attention import paged_decode  # noqa: E402
+from houchu.model.attention.metadata import TorchMeta  # noqa: E402
+from houchu.model.attention.torch import TorchSDPABackend  # noqa: E402
+from houchu.model.kv.pool import KVPool, dequantize_kv  # noqa: E402
 from houchu.model.ops import TorchOps  # noqa: E402
 from houchu.model.rope import rope_cos_sin  # noqa: E402
-from houchu.model.triton_kernels.ops import TritonOps, store_kv  # noqa: E402
-from houchu.model.triton_kernels.paged_attention import paged_decode  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV == "cuda" else [])
@@ -133,7 +133,7 @@ def test_paged_decode_matches_sdpa(kv_dtype, ps, h, hkv, lens):
 
 def test_dequantize_kv_inverse():
     x = torch.randn(3, 2, 8)
-    from houchu.model.kv_pool import quantize_kv
+    from houchu.model.kv.pool import quantize_kv
 
     q, s = quantize_kv(x, torch.int8)
     assert q.dtype == torch.int8 and s.dtype == torch.float16
@@ -145,8 +145,8 @@ def test_runner_with_triton_backend_matches_torch(tmp_path, kv):
     """End to end: Triton store, paged decode and fused ops vs the torch backend, both
     float32 (on CUDA ``--dtype auto`` is bfloat16, where the two kernels' different
     rounding may flip a near-tie and part the greedy tokens for good)."""
-    from houchu.model.model_runner import ModelRunner
     from houchu.model.testing import make_tiny_llama
+    from houchu.runner.model_runner import ModelRunner
     from tests.runner_options import exact
     from tests.unit.test_model_quant import generate
 
@@ -160,11 +160,11 @@ def test_runner_with_triton_backend_matches_torch(tmp_path, kv):
 
 
 def test_static_decode_on_triton_backend(tmp_path):
-    from houchu.model.attention_triton import TritonBackend
+    from houchu.gpu.cuda_graph import StaticDecode
+    from houchu.gpu.triton_attention import TritonBackend
     from houchu.model.batch import build_batch
-    from houchu.model.cuda_graph import StaticDecode
-    from houchu.model.loader import load_model
     from houchu.model.testing import make_tiny_llama
+    from houchu.model.weights.loader import load_model
     from houchu.transport.messages import SeqWork
 
     model = load_model(make_tiny_llama(tmp_path, seed=4), device=DEV)
@@ -188,8 +188,8 @@ def test_the_triton_backend_counts_the_scores_it_kept_on_chip(tmp_path):
     """The ledger's "flash_attention" lever: on the Triton backend each step's
     (query, key) pairs times 8 bytes per layer and head (a float32 score written and read
     back by an attention that materialises it); the torch backend reports none."""
-    from houchu.model.model_runner import ModelRunner
     from houchu.model.testing import make_tiny_llama
+    from houchu.runner.model_runner import ModelRunner
     from tests.runner_options import exact
     from tests.unit.test_model_quant import generate
 

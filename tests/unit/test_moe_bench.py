@@ -1,4 +1,4 @@
-"""The MoE benchmark's reference forms (``houchu.bench.moe_bench``): the per-expert and
+"""The MoE benchmark's reference forms (``houchu.bench.model.moe``): the per-expert and
 per-token loops compute what houchu's grouped experts do, with idle experts."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import argparse
 
 import torch
 
-from houchu.bench.moe_bench import build, check_equal, per_expert_loop, per_token_loop, silu_mul
-from houchu.model.qlinear import quant_act_dtype
+from houchu.bench.model.moe import build, check_equal, per_expert_loop, per_token_loop, silu_mul
+from houchu.model.linear.quantized import quant_act_dtype
 
 
 def test_loops_equal_the_grouped_experts():

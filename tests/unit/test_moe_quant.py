@@ -9,17 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.bench.moe_bench import silu_mul
-from houchu.model.gguf_writers import write_llama_gguf
-from houchu.model.linear import Linear
-from houchu.model.linear_factory import make_linear
-from houchu.model.loader import load_model
+from houchu.bench.model.moe import silu_mul
+from houchu.model.gguf.writers import write_llama_gguf
+from houchu.model.linear.dense import Linear
+from houchu.model.linear.factory import make_linear
+from houchu.model.linear.quantized import Int4Linear, Int8Linear
+from houchu.model.linear.w8a8 import W8A8Linear
 from houchu.model.moe import MoEMLP
-from houchu.model.qlinear import Int4Linear, Int8Linear
-from houchu.model.quant import Int4Weight, QuantSpec
+from houchu.model.quant.functions import Int4Weight, QuantSpec
 from houchu.model.testing import make_tiny_model
-from houchu.model.w8a8 import W8A8Linear
-from houchu.model.weights_gguf import load_gguf
+from houchu.model.weights.gguf import load_gguf
+from houchu.model.weights.loader import load_model
 
 #: 8 experts of 32 (a width int4's groups of 32 divide), top-2, layer 0 dense
 MOE = {
@@ -89,10 +89,10 @@ def stacked_moe(e: int = 8, k: int = 2, h: int = 64, i: int = 32, seed: int = 0)
 
 def quantized_twin(moe: MoEMLP, mode: str) -> MoEMLP:
     """``moe`` with each expert's weights rebuilt by ``make_linear`` under ``mode``."""
-    spec = QuantSpec(mode, 32)
+    speculative = QuantSpec(mode, 32)
 
     def q(layer: Linear) -> torch.nn.Module:
-        return make_linear(layer.weight.data, spec)
+        return make_linear(layer.weight.data, speculative)
 
     return MoEMLP(
         moe.router.data, [q(x) for x in moe.gate_up], [q(x) for x in moe.down], moe.top_k, True
@@ -163,8 +163,8 @@ def test_gguf_experts_stay_as_stored(tmp_path, tiny_moe, qtype):
 def test_tensor_parallel_still_refuses_moe(tiny_moe, mode):
     """Quantized experts do not make MoE layers shardable: ``--tensor-parallel-size 2``
     is refused at start-up, in one line."""
-    from houchu.model.config import load_model_config
-    from houchu.model.tensor_parallel import TensorParallelError, check_shardable
+    from houchu.model.config.core import load_model_config
+    from houchu.runner.tensor_parallel.shards import TensorParallelError, check_shardable
 
     with pytest.raises(TensorParallelError, match="MoE layers are not sharded"):
         check_shardable(load_model_config(tiny_moe), 2, QuantSpec(mode, 32))
@@ -180,7 +180,7 @@ def test_tensor_parallel_still_refuses_moe(tiny_moe, mode):
 def test_an_int4_group_that_cannot_fit_says_what_can(width, group, hint):
     """An expert (or any) width the int4 group does not divide: a ``QuantShapeError``
     (one line at start-up) naming a group size that fits, or int8 where none does."""
-    from houchu.model.quant import QuantShapeError, check_group_size
+    from houchu.model.quant.functions import QuantShapeError, check_group_size
 
     with pytest.raises(QuantShapeError) as e:
         check_group_size(width, group)

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import torch
 
-from houchu.model import cpu_isa, cpu_kernels
+from houchu.cpu import isa as cpu_isa
+from houchu.cpu import kernels as cpu_kernels
 
 CXX = "aarch64-linux-gnu-g++"
 QEMU = "qemu-aarch64"

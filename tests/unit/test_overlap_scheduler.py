@@ -36,7 +36,7 @@ from tests.unit.test_scheduler import EOS, check_page_tables
 PS = 4
 
 
-def make_core(num_pages=64, radix=False, spec=None, **batch) -> SchedulerCore:
+def make_core(num_pages=64, radix=False, speculative=None, **batch) -> SchedulerCore:
     info = RunnerInfo(
         num_pages=num_pages,
         page_size=PS,
@@ -46,7 +46,7 @@ def make_core(num_pages=64, radix=False, spec=None, **batch) -> SchedulerCore:
         model_name="tiny",
     )
     options = BatchingOptions(**batch, disable_radix_cache=not radix)
-    return SchedulerCore(info, options, spec=spec, overlap=True)
+    return SchedulerCore(info, options, speculative=speculative, overlap=True)
 
 
 def add(core: SchedulerCore, rid: str, prompt: list[int], max_tokens: int) -> None:
@@ -66,7 +66,7 @@ class FakeRunner:
     ``eos_at``: rid -> output index at which EOS is sampled. ``forced``: rid -> {output
     index: n}: after sampling that output, n tokens are forced (jump-forward), returned
     with ``forced`` set; a work item that then ends behind the request's tokens draws
-    nothing (``houchu.model.jump_forward.drop_stale_samples``).
+    nothing (``houchu.model.grammar.jump_forward.drop_stale_samples``).
     """
 
     def __init__(
@@ -316,7 +316,7 @@ def test_random_runs_with_aborts_keep_pages_exact():
 
 def test_no_plan_ahead_of_a_verify_step_or_while_speculation_may_propose():
     core = make_core(
-        spec=SpeculativeOptions(
+        speculative=SpeculativeOptions(
             speculative="ngram", num_speculative_tokens=2, speculative_max_batch=1
         )
     )

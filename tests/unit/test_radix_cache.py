@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from houchu.kvcache.page_allocator import PageAllocator
-from houchu.kvcache.radix_tree import HOLLOW, RadixTree
+from houchu.cache_tiers.page_allocator import PageAllocator
+from houchu.cache_tiers.radix_tree import HOLLOW, RadixTree
 from tests.unit.test_scheduler import check_page_tables, make_core, req, run_step
 
 PS = 4

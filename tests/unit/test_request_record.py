@@ -1,4 +1,4 @@
-"""What the dashboard's request view records of a request (``houchu.api.record_params``):
+"""What the dashboard's request view records of a request (``houchu.api.requests.record_params``):
 every parameter a client set, over HTTP (completions, chat) and the WebSocket API in
 front of the fake engine, each choice of an ``n`` / ``best_of`` request linked to its
 parent, tool names only where prompt previews are kept, the stored rows' ``choice`` as

@@ -1,4 +1,4 @@
-"""The model-runner benchmark's accounting (``houchu.bench.runner_bench``): the ops a
+"""The model-runner benchmark's accounting (``houchu.bench.model.runner``): the ops a
 prefill counts (the LM head on its last token only) and %peak against the peak of the
 format each part of a step computes in."""
 
@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from houchu.bench import runner_bench
-from houchu.bench.runner_bench import Bench, Row, print_table
-from houchu.bench.runner_limits import Limits
-from houchu.model.model_runner import ModelRunner
+from houchu.bench.model import runner as runner_bench
+from houchu.bench.model.limits import Limits
+from houchu.bench.model.runner import Bench, Row, print_table
+from houchu.model.linear.w8a8 import int_mm_pays
 from houchu.model.testing import make_tiny_llama
-from houchu.model.w8a8 import int_mm_pays
+from houchu.runner.model_runner import ModelRunner
 from tests.runner_options import exact
 
 LIMITS = Limits(copy_gbs=40.0, fp32_flops=200e9, bf16_flops=400e9, int8_ops=800e9)
@@ -72,7 +72,7 @@ def test_peak_only_against_units_the_cpu_has(capsys):
 
 
 def test_native_units_follow_the_level():
-    from houchu.model import cpu_isa
+    from houchu.cpu import isa as cpu_isa
 
     avx512 = frozenset(
         "avx avx2 fma f16c bmi1 bmi2 abm movbe avx512f avx512bw avx512vl avx512dq "
@@ -115,8 +115,8 @@ def test_on_cuda_w8a8_is_rated_as_fp8_without_the_cpu_probe(capsys):
     """On a GPU w8a8's GEMMs run FP8 from W8A8_MIN_ROWS rows: no FP8 peak is measured, so
     "-", not a rate against the int8 peak; the CPU's ``int_mm_pays`` is never asked; int8
     (a GPU without FP8) is rated against the int8 peak."""
-    from houchu.bench.runner_bench_gpu import GPU_UNITS, cuda_w8a8_gemm
-    from houchu.model.w8a8 import int_mm_pays
+    from houchu.bench.model.runner_gpu import GPU_UNITS, cuda_w8a8_gemm
+    from houchu.model.linear.w8a8 import int_mm_pays
 
     assert (cuda_w8a8_gemm((9, 0)), cuda_w8a8_gemm((8, 9))) == ("fp8", "int8")
     w8a8 = Row("w8a8", "graph", "prefill 512", 4.0, 512, 1e6, 1.2e12, 0.4e12)

@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from houchu.model.sampling import RequestState, Sampler
+from houchu.model.sampling.sampler import RequestState, Sampler
 from houchu.transport.messages import SamplingParams
 
 V = 64

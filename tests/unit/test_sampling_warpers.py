@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model import sampling_warpers as sw
-from houchu.model.sampling_warpers import _top_p_drop_sorted, apply_top_p, draw_rows
+from houchu.model.sampling import warpers as sw
+from houchu.model.sampling.warpers import _top_p_drop_sorted, apply_top_p, draw_rows
 
 V = 49152
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from houchu.kvcache.page_allocator import OutOfPages, PageAllocator
+from houchu.cache_tiers.page_allocator import OutOfPages, PageAllocator
 from houchu.options.batching_options import BatchingOptions
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.transport.failures import bad_request, internal

@@ -22,7 +22,7 @@ import pytest
 
 from houchu.actors.config import Launch, ServeConfig, Timings
 from houchu.cli.main import build_parser
-from houchu.model import cpu_isa as isa
+from houchu.cpu import isa
 from houchu.options.checks import check_serve_args
 from houchu.options.parser import config_from_args
 
@@ -252,6 +252,6 @@ def test_mem_fraction_static_outside_zero_to_one_is_refused(tmp_path, capsys, va
 
 
 def test_dtype_and_page_size_default_to_auto(tmp_path):
-    """Resolved on the device by the runner (``houchu.model.runner_choices``)."""
+    """Resolved on the device by the runner (``houchu.runner.choices``)."""
     r = parse(["--model", a_file(tmp_path, "model")]).runner
     assert (r.dtype, r.page_size, r.mem_fraction_static) == ("auto", None, None)

@@ -11,17 +11,17 @@ from houchu.actors.draft import DraftActor, make_proposer
 from houchu.model.testing import make_tiny_llama
 from houchu.options.runner_options import RunnerOptions
 from houchu.options.speculation_options import SpeculativeOptions
-from houchu.spec.draft_model import DraftModelProposer
+from houchu.speculative.draft_model import DraftModelProposer
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.spec_messages import DraftRequest, DraftSeq
 
 
-def config(tmp_path, runner: RunnerOptions | None = None, **spec) -> ServeConfig:
+def config(tmp_path, runner: RunnerOptions | None = None, **speculative) -> ServeConfig:
     return ServeConfig(
         model=str(tmp_path),
         runner=runner or RunnerOptions(),
-        speculation=SpeculativeOptions(**spec),
-        launch=Launch(endpoints=Endpoints.inproc("spec-test")),
+        speculation=SpeculativeOptions(**speculative),
+        launch=Launch(endpoints=Endpoints.inproc("speculative-test")),
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from houchu.spec.adaptive import Acceptance, CostCurve, SpecController, expected_tokens
+from houchu.speculative.adaptive import Acceptance, CostCurve, SpecController, expected_tokens
 
 
 def test_expected_tokens():

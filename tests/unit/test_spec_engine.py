@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_llama
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.speculation_options import SpeculativeOptions
+from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.core import SchedulerCore
-from houchu.spec.draft_model import DraftModelProposer
-from houchu.spec.proposers import NgramProposer
+from houchu.speculative.draft_model import DraftModelProposer
+from houchu.speculative.proposers import NgramProposer
 from houchu.text.stop import stop_ids
 from houchu.transport.messages import SamplingParams, TokenizedRequest
 from houchu.transport.spec_messages import DraftProposal, DraftReply, DraftSeq
@@ -46,14 +46,14 @@ def new_runner(path, num_pages: int = 64) -> ModelRunner:
 def serve(target, proposer, num_pages: int = 64, max_tokens: int = 24):
     """Run every prompt to completion, all in one batch; returns (tokens, core)."""
     runner = new_runner(target, num_pages)
-    spec = (
+    speculative = (
         SpeculativeOptions(speculative="draft", num_speculative_tokens=4)
         if proposer is not None
         else None
     )
     batch = BatchingOptions(max_batch_tokens=48, chunked_prefill_size=16, max_running_requests=8)
-    core = SchedulerCore(runner.info(), batch, spec=spec)
-    if spec is not None:  # always the most proposals: the costs of a tiny model are noise
+    core = SchedulerCore(runner.info(), batch, speculative=speculative)
+    if speculative is not None:  # always the most proposals: the costs of a tiny model are noise
         core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, 4)
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     for rid, p in PROMPTS.items():

@@ -1,6 +1,6 @@
 """MTP speculation (``--speculative mtp``): a tiny random DeepSeek-V3 with one
 next-token-prediction module written into its safetensors (``add_mtp_layer``: transformers
-writes none), proposing inside the model runner (``houchu.spec.mtp.MTPDrafter``, from the
+writes none), proposing inside the model runner (``houchu.speculative.mtp.MTPDrafter``, from the
 runner's own final hidden states) and verified by the target through the scheduler."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import torch
 from houchu.actors.config import ServeConfig
 from houchu.actors.launcher import active_actors
 from houchu.model.llama import LlamaModel
-from houchu.model.model_runner import ModelRunner
 from houchu.model.mtp import MTPUnavailable, load_mtp_tensors, mtp_layer_index
 from houchu.model.testing import add_mtp_layer, make_mtp_exact, make_tiny_llama, make_tiny_model
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.speculation_options import SpeculativeOptions
+from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.core import SchedulerCore
 from houchu.scheduler.telemetry_sink import NullTelemetry
-from houchu.spec.mtp import attach_mtp
+from houchu.speculative.mtp import attach_mtp
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from houchu.transport.telemetry import LeverSample
 from tests.family_helpers import prompt, serve_with_drafts
@@ -68,10 +68,10 @@ def speculate(path, prompts: dict[str, list[int]], k: int = 3):
     per step), prefill chunked by 4: (tokens per request, the scheduler's speculation
     stats, the runner, the scheduler's lever samples)."""
     runner = mtp_runner(path, k)
-    spec = SpeculativeOptions(speculative="mtp", num_speculative_tokens=k)
+    speculative = SpeculativeOptions(speculative="mtp", num_speculative_tokens=k)
     levers = Levers()
     batching = BatchingOptions(max_batch_tokens=48, chunked_prefill_size=4)
-    core = SchedulerCore(runner.info(), batching, telemetry=levers, spec=spec)
+    core = SchedulerCore(runner.info(), batching, telemetry=levers, speculative=speculative)
     core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, k)
     out = serve_with_drafts(core, runner, None, prompts, GREEDY)
     return out, core.stats(), runner, levers.samples
@@ -182,8 +182,8 @@ def test_mtp_runs_in_the_runner_without_a_second_target(mtp_model):
     """No draft actor is started for "mtp" (it is for "ngram"), and the runner's MTP
     proposer holds no model of its own: it runs the runner's model, and the weights it
     adds are no more than the checkpoint's MTP module (one block and a head)."""
-    spec = SpeculativeOptions(speculative="mtp")
-    assert "draft" not in active_actors(ServeConfig(model=str(mtp_model), speculation=spec))
+    speculative = SpeculativeOptions(speculative="mtp")
+    assert "draft" not in active_actors(ServeConfig(model=str(mtp_model), speculation=speculative))
     ngram = SpeculativeOptions(speculative="ngram")
     assert "draft" in active_actors(ServeConfig(model=str(mtp_model), speculation=ngram))
     runner = mtp_runner(mtp_model)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from houchu.spec.ngram import NgramIndex
-from houchu.spec.proposers import NgramProposer, ProtocolError
+from houchu.speculative.ngram import NgramIndex
+from houchu.speculative.proposers import NgramProposer, ProtocolError
 from houchu.transport.spec_messages import DraftSeq
 
 

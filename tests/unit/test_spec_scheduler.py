@@ -3,7 +3,7 @@ accepted tokens, page rollback, stops inside a run, aborts, the draft sync proto
 
 The fake runner is an exact greedy target whose output is fixed in advance: it accepts
 the longest prefix of the proposals that matches the truth, then emits the next true
-token — what ``houchu.model.verify`` does with a real model.
+token — what ``houchu.model.sampling.verify`` does with a real model.
 """
 
 from __future__ import annotations
@@ -50,9 +50,12 @@ def make_core(num_pages=32, radix=False, k=4, telemetry=None, **batch) -> Schedu
         num_params=1,
         model_name="tiny",
     )
-    spec = SpeculativeOptions(speculative="ngram", num_speculative_tokens=k)
+    speculative = SpeculativeOptions(speculative="ngram", num_speculative_tokens=k)
     return SchedulerCore(
-        info, BatchingOptions(**batch, disable_radix_cache=not radix), telemetry, spec=spec
+        info,
+        BatchingOptions(**batch, disable_radix_cache=not radix),
+        telemetry,
+        speculative=speculative,
     )
 
 
@@ -276,9 +279,9 @@ def test_lever_samples_when_a_request_leaves():
     add(core, "a", n_prompt=6, max_tokens=8)
     while core.batcher.get("a") is not None:
         step(core, wrong_after(2))
-    spec = [s for s in rec.levers if s.lever == "speculative_decoding"]
-    saved = next(s for s in spec if s.spent_unit == "seconds")
-    rejected = next(s for s in spec if s.spent_unit == "tokens")
+    speculative = [s for s in rec.levers if s.lever == "speculative_decoding"]
+    saved = next(s for s in speculative if s.spent_unit == "seconds")
+    rejected = next(s for s in speculative if s.spent_unit == "tokens")
     assert (
         saved.verb == "break_serial" and saved.rid == "a" and saved.saved_unit == "forward_passes"
     )

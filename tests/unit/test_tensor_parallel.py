@@ -9,17 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model.config import load_model_config
-from houchu.model.model_runner import ModelRunner
-from houchu.model.quant import QuantSpec
-from houchu.model.tensor_parallel import (
+from houchu.model.config.core import load_model_config
+from houchu.model.quant.functions import QuantSpec
+from houchu.model.testing import make_tiny_llama, make_tiny_model
+from houchu.runner.model_runner import ModelRunner
+from houchu.runner.tensor_parallel.shards import (
     TensorParallelError,
     check_shardable,
     padded_vocab,
     shard_weights,
 )
-from houchu.model.testing import make_tiny_llama, make_tiny_model
-from houchu.model.tp_worker import tp_runner_options
+from houchu.runner.tensor_parallel.worker import tp_runner_options
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 
@@ -176,7 +176,7 @@ def test_tp2_equals_tp1(family_dir, family, quant):
 def test_tp2_equals_tp1_from_gguf(tiny_dir, tmp_path, qtype, quant):
     """Each rank reads its shard of a GGUF file (views cut before dequantizing or
     repacking; q/k rows un-permuted per rank's heads): tp 2 gives tp 1's tokens."""
-    from houchu.model.gguf_writers import write_llama_gguf
+    from houchu.model.gguf.writers import write_llama_gguf
 
     path = str(write_llama_gguf(tiny_dir, tmp_path / f"m-{qtype}.gguf", qtype=qtype))
     ref = _run(ModelRunner(path, _opts(1, quantization=quant), quiet=True))
@@ -190,7 +190,7 @@ def test_tp2_equals_tp1_from_gguf(tiny_dir, tmp_path, qtype, quant):
 
 
 def test_shard_weights_split_heads_and_vocab(tiny_dir):
-    from houchu.model.loader import load_tensors
+    from houchu.model.weights.loader import load_tensors
 
     cfg, w = load_tensors(tiny_dir, torch.float32)
     q = w["model.layers.0.self_attn.q_proj.weight"].clone()  # [H·D, hidden]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from houchu.text.detokenizer import IncrementalDetokenizer
-from houchu.text.tokenizer import TextTokenizer, load_tokenizer
+from houchu.text.tokenizer.core import TextTokenizer, load_tokenizer
 from houchu.transport.messages import ChatMessage
 
 TEXTS = [

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from houchu.text.detokenizer import IncrementalDetokenizer
-from houchu.text.tokenizer import TextTokenizer, load_tokenizer
+from houchu.text.tokenizer.core import TextTokenizer, load_tokenizer
 
 EXAMPLES = 300
 

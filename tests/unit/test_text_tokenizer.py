@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from houchu.text.tokenizer import TextTokenizer, TokenizerError, load_tokenizer, reads_variable
+from houchu.text.tokenizer.core import TextTokenizer, TokenizerError, load_tokenizer, reads_variable
 from houchu.transport.messages import ChatMessage
 
 TEXTS = [

@@ -9,10 +9,10 @@ import msgspec
 import pytest
 from llguidance import LLMatcher, LLTokenizer
 
-from houchu.api.openai_format import ChatFormatter, Tally
-from houchu.api.schema import ChatCompletionRequest
-from houchu.api.tools import ToolSetup, tool_setup
-from houchu.text.tool_calls import (
+from houchu.api.openai.format import ChatFormatter, Tally
+from houchu.api.requests.tools import ToolSetup, tool_setup
+from houchu.api.schema.bodies import ChatCompletionRequest
+from houchu.text.tool_calls.parse import (
     FirstCallParser,
     ForcedCallParser,
     RequiredCallsParser,

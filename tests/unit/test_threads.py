@@ -1,4 +1,4 @@
-"""The CPU runner's thread governor (``houchu.model.threads``): per step kind it keeps the
+"""The CPU runner's thread governor (``houchu.cpu.threads``): per step kind it keeps the
 thread count whose measured cycle time per token is lowest, follows a change of the
 machine's load, never measures idle gaps, and judges each kind on its own."""
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from houchu.model.threads import CpuLoad, ThreadGovernor, step_key
+from houchu.cpu.threads import CpuLoad, ThreadGovernor, step_key
 
 
 class FakeMachine:

@@ -5,18 +5,17 @@ quality it buys is measured in test_family_quant_quality.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from houchu.model.gguf_writers import write_llama_gguf
-from houchu.model.loader import load_model
-from houchu.model.quality import text_logprobs
+from houchu.bench.texts import QUALITY_EN
+from houchu.model.gguf.writers import write_llama_gguf
+from houchu.model.quant.quality import text_logprobs
 from houchu.model.testing import make_tiny_model, train_tiny_model
+from houchu.model.weights.loader import load_model
 
-TEXT = (Path(__file__).parents[1] / "data" / "quality_en.txt").read_text()
+TEXT = QUALITY_EN.read_text()
 IDS = [b for b in TEXT.encode("ascii", "ignore") if b < 128]
 SHORT = {"steps": 3, "seq_len": 32}  # a few cheap steps: enough to change the weights
 

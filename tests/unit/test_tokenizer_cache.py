@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from houchu.text import tokenizer_cache
-from houchu.text.tokenizer import TextTokenizer, load_tokenizer
+from houchu.text.tokenizer.core import TextTokenizer, load_tokenizer
+from houchu.text.tokenizer import cache as tokenizer_cache
 from houchu.transport.messages import ChatMessage
 
 TEXTS = [
@@ -150,7 +150,7 @@ def test_a_cached_load_keeps_the_metadata_and_never_imports_torch(shared_cache):
     assert meta["tokenizer.ggml.model"] == "gpt2" and "tokenizer.ggml.eos_token_id" in meta
     assert len(json.dumps(meta)) < 4096  # scalars only: no vocabulary, merges or types
     code = (
-        "import sys; from pathlib import Path; from houchu.text.tokenizer import load_tokenizer; "
+        "import sys; from pathlib import Path; from houchu.text.tokenizer.core import load_tokenizer; "
         f"t = load_tokenizer(Path({str(gguf)!r})); "
         "print(t.add_bos, t.eos_token_ids, 'torch' in sys.modules)"
     )

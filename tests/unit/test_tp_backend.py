@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from houchu.model.tp_group import backend_for
+from houchu.runner.tensor_parallel.group import backend_for
 
 
 def test_backend_follows_the_device():

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from houchu.model.gguf_writers import write_llama_gguf
-from houchu.model.loader import load_tensors
-from houchu.model.quant import Int4Weight
-from houchu.model.shard import Shard, TensorParallelError
-from houchu.model.tensor_parallel import shard_weights
+from houchu.model.gguf.writers import write_llama_gguf
+from houchu.model.quant.functions import Int4Weight
 from houchu.model.testing import make_tiny_llama
+from houchu.model.weights.loader import load_tensors
+from houchu.model.weights.shard import Shard, TensorParallelError
+from houchu.runner.tensor_parallel.shards import shard_weights
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +112,8 @@ def test_a_gguf_cut_inside_a_block_is_refused(tmp_path):
 def test_a_matrix_dequantized_in_chunks_equals_it_whole(tiny_dir, tmp_path, monkeypatch, qtype):
     """Chunks of 3 rows and a ragged last one, cast into bfloat16 (each rank's vocabulary
     rows padded): the same values as dequantizing the whole tensor, then casting."""
-    from houchu.model import weights_gguf
-    from houchu.model.gguf_index import open_gguf_index
+    from houchu.model.gguf.index import open_gguf_index
+    from houchu.model.weights import gguf as weights_gguf
 
     path = write_llama_gguf(tiny_dir, tmp_path / f"m-{qtype}.gguf", qtype=qtype)
     monkeypatch.setattr(weights_gguf, "CHUNK_ELEMENTS", 3 * 192 + 1)
@@ -140,8 +140,8 @@ def test_a_matrix_dequantized_in_chunks_equals_it_whole(tiny_dir, tmp_path, monk
 _READ_ONE = """
 import sys
 from pathlib import Path
-from houchu.model.gguf_file import open_gguf
-from houchu.model.weights_gguf import dequantized_part
+from houchu.model.gguf.file import open_gguf
+from houchu.model.weights.gguf import dequantized_part
 
 def kib(key):
     line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key))

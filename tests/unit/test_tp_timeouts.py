@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from houchu.model.model_runner import ModelRunner
 from houchu.model.testing import make_tiny_llama
-from houchu.model.tp_group import TIMEOUT_ENV, TPRankLost, rank_lost
+from houchu.runner.model_runner import ModelRunner
+from houchu.runner.tensor_parallel.group import TIMEOUT_ENV, TPRankLost, rank_lost
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
 
@@ -125,7 +125,7 @@ def test_gloo_errors_read_plainly(gloo, plain):
 def test_a_rank_dead_between_steps_is_named_and_a_hung_one_is_killed(tp2):
     """``dead_rank`` names a rank whose process exited (the runner actor checks it while
     idle); ``kill_ranks`` ends a stopped rank, which no message would reach."""
-    from houchu.model.tp_worker import dead_rank, kill_ranks
+    from houchu.runner.tensor_parallel.worker import dead_rank, kill_ranks
 
     runner, rank1 = tp2
     assert dead_rank(runner.tp) is None

@@ -1,4 +1,4 @@
-// Checks of houchu's NEON kernels (model/cpu_kernels, the neon and neon_dotprod levels)
+// Checks of houchu's NEON kernels (cpu/kernels, the neon and neon_dotprod levels)
 // against scalar references on random inputs. Cross-compiled for aarch64 and run under
 // qemu-aarch64 by tests/unit/test_neon_kernels.py, which also builds it natively at the
 // avx2 level to hold the AVX2 kernels to the same references; exits 1 after printing
@@ -7,10 +7,10 @@
 // bit for bit; elsewhere (attention, RMSNorm, SiLU, exp) they must agree to float32
 // rounding. The AVX2 build's int8 GEMV takes int16 activations (gemv_a16.h): its
 // reference replays that quantization and its integer sums.
-#include "model/cpu_kernels/argmax.h"
-#include "model/cpu_kernels/attention.h"
-#include "model/cpu_kernels/gemv.h"
-#include "model/cpu_kernels/norm_rope.h"
+#include "cpu/kernels/argmax.h"
+#include "cpu/kernels/attention.h"
+#include "cpu/kernels/gemv.h"
+#include "cpu/kernels/norm_rope.h"
 
 #include <cmath>
 #include <cstdio>

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API: its routes, response shapes, logprobs bodies and several choices per request."""

@@ -1,0 +1,1 @@
+"""The streaming WebSocket API: its route, error-frame ids and requests in flight."""

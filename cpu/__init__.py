@@ -1,0 +1,1 @@
+"""The CPU device: houchu's C++ kernels and what is specific to running on CPU cores (ISA levels, thread counts, fused decode layers, the C++ attention backend, ``torch.compile``, batch-invariant sums)."""
