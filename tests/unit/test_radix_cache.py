@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.cache_tiers.radix_tree import HOLLOW, RadixTree
+from houchu.scheduler.admission import Rejected
 from tests.unit.test_scheduler import check_page_tables, make_core, req, run_step
 
 PS = 4
@@ -138,7 +139,7 @@ def test_invariants_under_random_operations(ops, radix):
                     )
                 )
                 finals[rid] = 0
-            except Exception:
+            except Rejected:  # does not fit the pool or the queue: refused, never queued
                 pass
         elif op == "step" and core.has_work:
             plan = core.next_plan()
