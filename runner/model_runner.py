@@ -45,13 +45,14 @@ from houchu.gpu.memory import cuda_device_facts
 from houchu.model.attention.base import make_backend
 from houchu.model.attention.window import WindowLedger
 from houchu.model.batch import StepBatch, build_batch
-from houchu.model.config.core import ModelConfig
+from houchu.model.config.core import ModelConfig, num_parameters
 from houchu.model.device import make_current, resolve_device
 from houchu.model.grammar.catch_up import send_pass, split_passes
 from houchu.model.grammar.jump_forward import JumpForward, drop_stale_samples
 from houchu.model.grammar.matcher import GrammarEngine, RequestGrammar
 from houchu.model.kv.mla_pool import LatentKVPool
 from houchu.model.kv.transfer import HostKVMirror
+from houchu.model.moe import MoEMLP, moe_lever_sample
 from houchu.model.ops import make_ops
 from houchu.model.sampling.prompt_logprobs import rows_wanted, score
 from houchu.model.sampling.sampler import RequestState, Sampler
@@ -59,7 +60,7 @@ from houchu.model.sampling.verify import sample_and_verify
 from houchu.model.weights.loader import load_runner_model, parse_dtype
 from houchu.options.runner_options import RunnerOptions
 from houchu.runner.choices import resolve_attention, resolve_dtype
-from houchu.runner.mla_lever import MLALever, mla_levers_note
+from houchu.runner.mla_lever import MLALever, mla_levers_note, mla_summary
 from houchu.runner.plan_state import (
     compile_grammars,
     live_state,
@@ -69,10 +70,10 @@ from houchu.runner.plan_state import (
     seq_outputs,
 )
 from houchu.runner.report import (
+    cuda_graph_clause,
     decode_paths_text,
-    runner_info,
-    runner_lever_samples,
-    runner_summary,
+    device_clause,
+    matmul_note,
 )
 from houchu.runner.setup import RunnerSetup, make_kv_pool
 from houchu.runner.structure_levers import structure_notes
@@ -226,8 +227,39 @@ class ModelRunner:
         return self.model.cfg
 
     def summary(self, load_s: float | None = None) -> str:
-        """One line: architecture, parameters, dtype, KV pool geometry and bytes."""
-        return runner_summary(self, load_s)
+        """The start-up line: architecture, parameters, dtype, the device (on CUDA the
+        GPU's name and memory), KV pool geometry and bytes and which option sized it, the
+        attention backend and CUDA graphs, kernels, threads, the levers' summary, the
+        measured decode paths and what "auto" chose on this device. ``load_s``: seconds
+        the load took (None: not said)."""
+        p = self.pool
+        took = "" if load_s is None else f" (loaded in {load_s:.1f}s)"
+        static = getattr(self.backend, "supports_static", False)
+        disabled = self.options.disable_cuda_graph
+        # the batch buckets the CUDA graphs were captured for (the options' otherwise)
+        buckets = tuple(getattr(self.accel.impl, "buckets", self.options.decode_batch_sizes))
+        graphs = cuda_graph_clause(self.device.type, self.accel.kind, buckets, disabled, static)
+        build_s = getattr(self.backend, "build_s", 0.0)
+        built = f" (C++ kernels built in {build_s:.0f}s)" if build_s >= 1.0 else ""
+        fused = self.model.fused is not None and self.model.fused.applies(1)
+        return (
+            f"houchu runner: {self.config.architecture} {self.config.name!r}, "
+            f"{self.num_params / 1e6:.1f}M params ({matmul_note(self.config)}), "
+            f"{str(self.dtype).removeprefix('torch.')} on "
+            f"{device_clause(self.device, self.device_facts)}, "
+            f"{self.config.num_layers} layers, KV pool {p.num_pages} pages x {p.page_size} = "
+            f"{p.num_tokens} tokens, {p.num_bytes / 2**20:.1f} MiB "
+            f"({p.bytes_per_token} B/token) sized by {self.pool_size.source}, "
+            f"max context {self.max_context}, attention {self.backend.name}"
+            f"{', ' + graphs if graphs else ''}, kernels {self.model.ops.name} "
+            f"(CPU ISA {self.cpu_isa}){built}"
+            f"{' with fused decode layers' if fused else ''}, "
+            f"matmul {'onednn-packed' if self.model.prepacked else 'dense'}, "
+            f"{torch.get_num_threads()} threads{took}; {self.levers.summary()}"
+            f"{'; decode paths ' + self.decode_paths() if self.tuned else ''}"
+            f"{'; ' + mla_summary(p, self.max_context) if self.mla_lever else ''}"
+            f"{''.join('; ' + c for c in self.choices)}"
+        )
 
     def _build(self, work: list[SeqWork], prompt_rows: list[int]) -> StepBatch:
         """The batch of ``work`` (``build_batch`` on this runner's pool and limits), its
@@ -256,8 +288,27 @@ class ModelRunner:
         """What the runner's levers saved and spent since the previous call
         (engine-wide ``LeverSample``s, for the runner actor to emit): weight and KV
         quantization, 16-bit compute, the compiled / graph-captured decode step, MoE
-        routing, MLA, sliding windows, structured output (``runner_lever_samples``)."""
-        return runner_lever_samples(self)
+        routing, MLA, sliding windows, structured output, tensor parallel."""
+        out = [*self.levers.samples(), *self.grammar.samples(), *self.jump.samples()]
+        now = time.time()
+        if self.tp is not None:
+            from houchu.runner.tensor_parallel.shards import tp_lever_sample
+
+            out.append(tp_lever_sample(self.tp, self.model.weight_bytes()[0], now))
+        moes = (m for m in self.model.modules() if isinstance(m, MoEMLP))
+        moe = moe_lever_sample(moes, now)
+        if self.mla_lever is not None:
+            out += self.mla_lever.samples(now)
+        if moe is not None:
+            out.append(moe)
+        skipped = self.window_ledger.take()
+        if skipped:
+            out.append(
+                LeverSample(
+                    "sliding_window_attention", "move_less", skipped, "bytes", 0.0, "bytes", now
+                )
+            )
+        return out
 
     def attach_host_pool(self, host: HostPool) -> None:
         """Map the shared host KV pool so plans can save pages to it and load them back.
@@ -290,7 +341,25 @@ class ModelRunner:
     def info(self) -> RunnerInfo:
         """What the scheduler needs to know about this runner, and the limits every
         request must fit (``houchu.transport.limits``)."""
-        return runner_info(self)
+        c = self.config if self.tp is None else self.model.full_cfg
+        ranks = 1 if self.tp is None else self.tp.world  # each holds 1/ranks of the KV
+        return RunnerInfo(
+            num_pages=self.pool.num_pages,
+            page_size=self.pool.page_size,
+            max_context=self.max_context,
+            kv_bytes_per_token=self.pool.bytes_per_token * ranks,
+            num_params=self.num_params,
+            model_name=self.config.name,
+            num_nonembed_params=num_parameters(c).non_embedding,
+            attn_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
+            vocab_size=c.vocab_size,
+            device_type=self.device.type,
+            num_threads=torch.get_num_threads(),
+            cpu_isa=self.cpu_isa if self.device.type == "cpu" else "",
+            decode_paths=decode_paths_text(self.tuned),
+            deterministic=self.deterministic,
+            sliding_window=c.sliding_window if c.every_layer_windowed else 0,
+        )
 
     def decode_paths(self) -> str:
         """The measured decode path per bucket and the times measured ("" when not
