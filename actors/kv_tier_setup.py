@@ -10,29 +10,31 @@ from houchu.cache_tiers.host_pool import HostPool
 from houchu.cache_tiers.page_hash import model_fingerprint
 from houchu.options.runner_options import RunnerOptions
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
 
 def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
     """Create the host pool and return the config with its name, pages, slot size and the
     model fingerprint filled in (``config.launch``).
 
-    A slot holds one page of K and V over all layers at the model dtype:
-    ``2 * layers * page_size * kv_heads * head_dim * dtype bytes`` (an MLA model's page
-    of latents: ``layers * page_size * (kv_lora_rank + qk_rope_head_dim) * dtype bytes``),
-    with the dtype and page size the runner resolves from "auto" on the same device
-    (``houchu.runner.choices``: bf16 and 256-token pages for flash-attn on CUDA).
+    A slot holds one device page exactly: ``houchu.model.kv.page_pool.kv_page_bytes``
+    (bytes; K and V over all layers at ``--kv-cache-dtype``, its float16 scales included
+    when quantized; an MLA model's page of latents in the model dtype), with the dtype and
+    page size the runner resolves from "auto" on the same device (``houchu.runner.choices``:
+    bf16 and 256-token pages for flash-attn on CUDA). ``--host-kv-mb`` buys as many slots
+    as it holds such pages.
 
     Raises:
         ModelLoadError: the model's configuration cannot be read.
     """
+    import torch
+
     from houchu.model.config.core import load_model_config
+    from houchu.model.kv.page_pool import kv_page_bytes
 
     tiers = config.kv_tiers
     m = load_model_config(config.model)
     r = resolved_runner_options(config.runner, m.mla is not None)
-    elem = _DTYPE_BYTES[r.dtype]
-    slot_bytes = r.page_size * m.kv_bytes_per_token(elem)
+    dtype = getattr(torch, r.dtype)  # resolved: "float32", "bfloat16" or "float16"
+    slot_bytes = kv_page_bytes(m, r.page_size, dtype, r.kv_cache_dtype)
     layout = (
         f"llama L{m.num_layers} kv{m.num_kv_heads} d{m.head_dim} ps{r.page_size} "
         f"{r.dtype} kv:{r.kv_cache_dtype}"

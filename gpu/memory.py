@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 import torch
 
 from houchu.model.config.core import ModelConfig
-from houchu.model.kv.pool import token_bytes
 
 GiB = 2**30
 #: Fixed part of the reserve (bytes): the CUDA graphs' private pools, cuBLAS and
@@ -140,14 +139,6 @@ def fraction_pool_pages(
             "--mem-fraction-static, or size the pool with --num-pages"
         )
     return pages
-
-
-def page_bytes_of(cfg: ModelConfig, page_size: int, dtype: torch.dtype, kv_dtype: str) -> int:
-    """Bytes of one KV page over all layers (scales included), as the pool
-    ``KVPool.for_model`` builds for ``cfg`` stores it (an MLA model's latents)."""
-    if cfg.mla is not None:
-        return page_size * cfg.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
-    return page_size * token_bytes(cfg, dtype, kv_dtype)
 
 
 @dataclass

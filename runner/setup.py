@@ -16,10 +16,10 @@ from houchu.gpu.memory import (
     PoolSize,
     activation_reserve_bytes,
     kv_pool_size,
-    page_bytes_of,
 )
 from houchu.model.attention.base import AttentionBackend
 from houchu.model.config.core import ModelConfig, resolve_model_file
+from houchu.model.kv.page_pool import kv_page_bytes
 from houchu.model.kv.pool import KVPool
 from houchu.model.quant.functions import QuantSpec
 from houchu.options.runner_options import RunnerOptions
@@ -54,7 +54,7 @@ def make_kv_pool(
         kv_cache_mb=o.kv_cache_mb,
         mem_fraction=o.mem_fraction_static,
         facts=facts,
-        page_bytes=page_bytes_of(cfg, o.page_size, dtype, kv_dtype),
+        page_bytes=kv_page_bytes(cfg, o.page_size, dtype, kv_dtype),
         reserve_bytes=activation_reserve_bytes(cfg, elem) if facts is not None else 0,
         scratch_pages=scratch_pages,
     )

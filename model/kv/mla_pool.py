@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from houchu.model.config.core import MLAConfig, ModelConfig
-from houchu.model.kv.page_pool import PagePool, pages_in_budget
+from houchu.model.kv.page_pool import PagePool, kv_page_bytes, pages_in_budget
 
 
 class LatentKVPool(PagePool):
@@ -77,9 +77,8 @@ class LatentKVPool(PagePool):
         Raises:
             ValueError: the budget holds not even one page.
         """
-        per_page = page_size * cfg.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
         if num_pages is None:
-            num_pages = pages_in_budget(memory_bytes, per_page)
+            num_pages = pages_in_budget(memory_bytes, kv_page_bytes(cfg, page_size, dtype))
         return cls(
             cfg,
             num_pages=num_pages,

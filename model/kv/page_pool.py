@@ -5,6 +5,10 @@ Paged KV (Kwon et al. 2023, "PagedAttention"): a pool is cut into ``num_pages`` 
 graph-captured step write to (the scheduler never sees those). ``KVPool``
 (``houchu.model.kv.pool``) stores K and V in its pages, ``LatentKVPool``
 (``houchu.model.kv.mla_pool``) an MLA model's latents.
+
+``kv_page_bytes`` is the one owner of what a page costs: the pools size themselves with it,
+the runner sizes its pool from GPU memory with it (``houchu.gpu.memory``) and the launcher
+sizes the host tier's slots with it (``houchu.actors.kv_tier_setup``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,72 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import torch
+
+from houchu.model.config.core import ModelConfig
+
+#: ``--kv-cache-dtype`` values: the model dtype, int8 or float8_e4m3fn with float16 scales.
+KV_DTYPES = ("auto", "int8", "fp8")
+#: Bytes of one quantization scale (float16, one per token, layer, KV head, K and V each).
+_SCALE_BYTES = 2
+
+
+def kv_storage_dtype(kv_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The element dtype of the pool for ``--kv-cache-dtype`` ("auto" = model dtype).
+
+    Raises:
+        ValueError: unknown name.
+    """
+    if kv_dtype == "auto":
+        return model_dtype
+    if kv_dtype == "int8":
+        return torch.int8
+    if kv_dtype == "fp8":
+        return torch.float8_e4m3fn
+    raise ValueError(f"KV cache dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+
+
+def kv_token_bytes(cfg: ModelConfig, dtype: torch.dtype, kv_dtype: str = "auto") -> int:
+    """Bytes one token's KV takes in the device pool, all layers (bytes).
+
+    K plus V (``ModelConfig.kv_bytes_per_token``) at the storage dtype of ``kv_dtype``
+    (``kv_storage_dtype``), plus one float16 scale per layer, KV head, K and V when that
+    dtype is quantized (int8 / fp8). An MLA model (``cfg.mla``) stores its latents
+    ``[c, k_pe]`` in the model dtype ``dtype`` whatever ``kv_dtype`` says (the runner
+    notes at start-up that ``--kv-cache-dtype`` does not apply to it).
+
+    Raises:
+        ValueError: unknown ``kv_dtype``.
+    """
+    if cfg.mla is not None:
+        return cfg.kv_bytes_per_token(_element_size(dtype))
+    store = kv_storage_dtype(kv_dtype, dtype)
+    per_token = cfg.kv_bytes_per_token(_element_size(store))
+    if store != dtype:
+        per_token += 2 * cfg.num_layers * cfg.num_kv_heads * _SCALE_BYTES
+    return per_token
+
+
+def kv_page_bytes(
+    cfg: ModelConfig, page_size: int, dtype: torch.dtype, kv_dtype: str = "auto"
+) -> int:
+    """Bytes of one KV page over all layers (bytes, scales included): ``page_size`` tokens
+    (token slots) of ``kv_token_bytes``. A page of the device pool, a host-tier slot and an
+    SSD-tier page all hold exactly this many bytes.
+
+    Args:
+        cfg: the model's configuration.
+        page_size: tokens per page.
+        dtype: the model dtype (what the runner resolved "auto" to on its device).
+        kv_dtype: ``--kv-cache-dtype`` ("auto", "int8", "fp8").
+    Raises:
+        ValueError: unknown ``kv_dtype``.
+    """
+    return page_size * kv_token_bytes(cfg, dtype, kv_dtype)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    """Bytes of one element of ``dtype``."""
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def pages_in_budget(memory_bytes: int, per_page: int) -> int:

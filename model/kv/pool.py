@@ -20,26 +20,10 @@ from __future__ import annotations
 import torch
 
 from houchu.model.config.core import ModelConfig
-from houchu.model.kv.page_pool import PagePool, pages_in_budget
+from houchu.model.kv.page_pool import PagePool, kv_page_bytes, kv_storage_dtype, pages_in_budget
 
-KV_DTYPES = ("auto", "int8", "fp8")
 _QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
 _SCALE_MIN = 2.0**-14  # smallest normal float16: scales never underflow
-
-
-def kv_storage_dtype(kv_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The element dtype of the pool for ``--kv-cache-dtype`` ("auto" = model dtype).
-
-    Raises:
-        ValueError: unknown name.
-    """
-    if kv_dtype == "auto":
-        return model_dtype
-    if kv_dtype == "int8":
-        return torch.int8
-    if kv_dtype == "fp8":
-        return torch.float8_e4m3fn
-    raise ValueError(f"KV cache dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
 
 
 def quantize_kv(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,9 +133,10 @@ class KVPool(PagePool):
                 memory_bytes=memory_bytes,
                 scratch_pages=scratch_pages,
             )
-        per_page = page_size * token_bytes(cfg, dtype, kv_dtype)
         if num_pages is None:
-            num_pages = pages_in_budget(memory_bytes, per_page)
+            num_pages = pages_in_budget(
+                memory_bytes, kv_page_bytes(cfg, page_size, dtype, kv_dtype)
+            )
         return cls(
             num_layers=cfg.num_layers,
             num_pages=num_pages,
@@ -244,15 +229,3 @@ class KVPool(PagePool):
         k, v = self._read(layer, page_tables.reshape(-1))
         shape = (b, n * self.page_size, self.num_kv_heads, self.head_dim)
         return k.view(shape), v.view(shape)
-
-
-def token_bytes(cfg: ModelConfig, dtype: torch.dtype, kv_dtype: str = "auto") -> int:
-    """Bytes of K + V per token, all layers, for a pool of ``kv_dtype`` (scales included).
-
-    Raises:
-        ValueError: unknown ``kv_dtype``.
-    """
-    store = kv_storage_dtype(kv_dtype, dtype)
-    per_head = cfg.head_dim * torch.empty((), dtype=store).element_size()
-    per_head += 2 if store != dtype else 0
-    return 2 * cfg.num_layers * cfg.num_kv_heads * per_head

@@ -18,9 +18,9 @@ from houchu.gpu.memory import (
     fraction_pool_bytes,
     fraction_pool_pages,
     kv_pool_size,
-    page_bytes_of,
 )
 from houchu.model.config.core import ModelConfig
+from houchu.model.kv.page_pool import kv_page_bytes
 from houchu.model.kv.pool import KVPool
 from houchu.model.testing import make_tiny_llama
 from houchu.options.runner_options import RunnerOptions
@@ -104,7 +104,7 @@ def test_the_reserve_grows_with_the_model_and_holds_the_fixed_part():
 @pytest.mark.parametrize(("dtype", "kv"), [(torch.float32, "auto"), (torch.bfloat16, "int8")])
 def test_page_bytes_are_the_pools(dtype, kv):
     pool = KVPool.for_model(CFG, page_size=16, dtype=dtype, num_pages=3, kv_dtype=kv)
-    assert page_bytes_of(CFG, 16, dtype, kv) == 16 * pool.bytes_per_token
+    assert kv_page_bytes(CFG, 16, dtype, kv) == 16 * pool.bytes_per_token
 
 
 # ---- which option sizes the pool
@@ -250,21 +250,25 @@ def test_an_explicit_triton_backend_that_cannot_run_is_one_clear_error(monkeypat
         make_backend("triton", torch.device("cpu"), page_size=16)
 
 
-def test_the_host_tier_slots_follow_the_dtype_and_page_size_the_runner_resolves(tiny_dir):
+@pytest.mark.parametrize("kv", ["auto", "int8", "fp8"])
+def test_the_host_tier_slots_follow_the_dtype_and_page_size_the_runner_resolves(tiny_dir, kv):
     """The launcher sizes the host slots before the runner starts: from "auto" it must
-    reach the runner's dtype and page size (here the CPU's: float32, 16 tokens)."""
+    reach the runner's dtype and page size (here the CPU's: float32, 16 tokens), and its
+    ``--kv-cache-dtype``: a quantized page (int8 / fp8 plus float16 scales) fills a slot,
+    so ``--host-kv-mb`` buys as many slots as it holds such pages."""
     from houchu.actors.config import ServeConfig
     from houchu.actors.kv_tier_setup import prepare_kv_tiers
     from houchu.options.kv_tier_options import KVTierOptions
 
-    runner = RunnerOptions(device="cpu", quantization="none", compile="off")
+    runner = RunnerOptions(device="cpu", quantization="none", compile="off", kv_cache_dtype=kv)
     config = ServeConfig(model=str(tiny_dir), runner=runner, kv_tiers=KVTierOptions(host_kv_mb=1))
     config, host = prepare_kv_tiers(config)
     try:
-        r = ModelRunner(str(tiny_dir), exact(kv_cache_mb=0.25), quiet=True)
+        r = ModelRunner(str(tiny_dir), exact(kv_cache_mb=0.25, kv_cache_dtype=kv), quiet=True)
         r.attach_host_pool(host)
         assert r.host_kv.page_bytes == config.launch.host_slot_bytes  # a page fills a slot
         assert r.pool.page_size * r.pool.bytes_per_token == host.slot_bytes
+        assert host.num_slots == 2**20 // host.slot_bytes  # all that --host-kv-mb 1 pays for
         r.close()
         r.host_kv = None
     finally:

@@ -300,10 +300,12 @@ def test_gguf_twin_gives_the_same_tokens(family, tmp_path):
 def test_latent_pages_round_trip_through_the_host_tier(family):
     """A page of latents saved to the shared host pool and loaded back into another page
     (the KV tiers copy ``page_tensors()``); the launcher sizes a host slot as one page
-    of latents (``ModelConfig.kv_bytes_per_token``)."""
+    of latents (``kv_page_bytes``, which ``--kv-cache-dtype`` does not change: the runner
+    stores latents in the model dtype whatever it says)."""
     import os
 
     from houchu.cache_tiers.host_pool import HostPool
+    from houchu.model.kv.page_pool import kv_page_bytes
     from houchu.model.kv.transfer import HostKVMirror
     from houchu.transport.messages import PageCopy
 
@@ -311,7 +313,8 @@ def test_latent_pages_round_trip_through_the_host_tier(family):
     cfg = load_model_config(path)
     pool = KVPool.for_model(cfg, page_size=4, dtype=torch.float32, num_pages=4)
     pool.kv.copy_(torch.randn_like(pool.kv))
-    slot = 4 * cfg.kv_bytes_per_token(4)
+    slot = kv_page_bytes(cfg, 4, torch.float32, "int8")
+    assert slot == 4 * cfg.kv_bytes_per_token(4) == 4 * pool.bytes_per_token
     host = HostPool(f"houchu-test-mla-{os.getpid()}", 2, slot, create=True)
     try:
         mirror = HostKVMirror(pool, host)

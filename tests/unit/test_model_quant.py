@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from houchu.model.gguf.blocks import gguf_to_int4
-from houchu.model.kv.pool import KVPool, token_bytes
+from houchu.model.kv.page_pool import kv_token_bytes
+from houchu.model.kv.pool import KVPool
 from houchu.model.linear.factory import make_linear
 from houchu.model.linear.quantized import Int4Linear, Int8Linear
 from houchu.model.linear.w8a8 import W8A8_OUTLIER_SHARE, W8A8Linear
@@ -143,7 +144,7 @@ def test_quantized_pool_roundtrip_and_capacity(tiny_dir, kv):
     quant = KVPool.for_model(
         cfg, page_size=4, dtype=torch.bfloat16, memory_bytes=1 << 16, kv_dtype=kv
     )
-    assert quant.bytes_per_token == token_bytes(cfg, torch.bfloat16, kv) < plain.bytes_per_token
+    assert quant.bytes_per_token == kv_token_bytes(cfg, torch.bfloat16, kv) < plain.bytes_per_token
     assert quant.num_tokens >= 1.7 * plain.num_tokens  # (D + 2) bytes vs 2 D per head
     k = torch.randn(6, cfg.num_kv_heads, cfg.head_dim).bfloat16()
     quant.write(1, torch.arange(6), k, -k)
