@@ -32,14 +32,18 @@ class HostPool:
             # Before Python 3.13, attaching registers the block with this process's
             # resource tracker, which would unlink it when this process exits — and an
             # actor may exit (or be restarted) long before the launcher. Only the
-            # creator (the launcher) owns and unlinks it.
-            resource_tracker.unregister(self.shm._name, "shared_memory")  # noqa: SLF001
+            # creator (the launcher) owns and unlinks it. The tracker knows the block by
+            # its POSIX name, which is the public name behind a leading slash.
+            resource_tracker.unregister("/" + self.shm.name, "shared_memory")
 
     def slot(self, i: int) -> memoryview:
         """The bytes of slot ``i`` (a writable view into shared memory)."""
         if not 0 <= i < self.num_slots:
             raise ValueError(f"host slot {i} outside 0..{self.num_slots - 1}")
-        return self.shm.buf[i * self.slot_bytes : (i + 1) * self.slot_bytes]
+        buf = self.shm.buf
+        if buf is None:
+            raise ValueError("the host pool is closed")
+        return buf[i * self.slot_bytes : (i + 1) * self.slot_bytes]
 
     def close(self) -> None:
         """Unmap (and, for the creator, remove) the block. Views still exported (e.g. a

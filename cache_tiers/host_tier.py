@@ -94,7 +94,7 @@ class HostTier:
     def victims(self, n: int) -> list[tuple[bytes, int]]:
         """Up to ``n`` (hash, slot) of the least recently used unpinned stored slots,
         removed from the index (the caller spills them to SSD, then calls ``give_back``)."""
-        out = []
+        out: list[tuple[bytes, int]] = []
         for h, slot in self.by_hash.items():
             if len(out) == n:
                 break

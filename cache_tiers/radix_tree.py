@@ -56,7 +56,7 @@ class Node:
         self.key = key
         self.page = page  # HOLLOW: its KV was freed (a page behind every window)
         self.parent = parent
-        self.depth = parent.depth + 1 if parent is not None else 0
+        self.depth: int = parent.depth + 1 if parent is not None else 0
         self.children: dict[PageKey, Node] = {}
         self.last_access = 0
         self.hash = h  # chained page hash (page_hash.py), when the tree has a fingerprint
@@ -178,6 +178,7 @@ class RadixTree:
         freed = 0
         while heap and freed < num_pages:
             _, _, _, node = heapq.heappop(heap)
+            assert node.parent is not None  # the root is never queued
             if node.page == HOLLOW or node.parent.children.get(node.key) is not node:
                 continue  # hollowed or removed since it was queued
             if self.on_evict is not None:
@@ -199,10 +200,12 @@ class RadixTree:
         """Take the leaf ``node`` out, and the hollow ancestors it leaves childless;
         returns the first ancestor kept."""
         parent = node.parent
+        assert parent is not None  # the root is never removed
         del parent.children[node.key]
         node.page = HOLLOW
         while parent is not self.root and parent.is_leaf and parent.page == HOLLOW:
             node, parent = parent, parent.parent
+            assert parent is not None  # node is below the root
             del parent.children[node.key]
         return parent
 

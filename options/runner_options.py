@@ -8,7 +8,8 @@ import msgspec
 
 from houchu.cpu import isa as cpu_isa
 
-CpuIsa = Literal[("auto", *cpu_isa.NAMES)]  # type: ignore[valid-type]
+_CPU_ISA_CHOICES = ("auto", *cpu_isa.NAMES)
+CpuIsa = Literal[_CPU_ISA_CHOICES]  # type: ignore[valid-type]  # built from the level table
 
 
 class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,7 +55,7 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
         calibration_text: GPTQ's calibration text file (UTF-8; None: the default text of
             ``houchu.model.quant.calibration``).
         kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8".
-        attention_backend: see ``houchu.model.attention.base.make_backend``.
+        attention_backend: see ``houchu.runner.backends.make_backend``.
         compile: ``torch.compile`` the decode step at startup: "off", "on", or "auto"
             (kept only if a warm-up step runs faster compiled).
         decode_batch_sizes: the batch-size buckets compiled / captured, ascending.

@@ -291,7 +291,8 @@ def check_template(text: str, what: str) -> None:
     try:
         _compile_jinja_template(text)
     except jinja2.TemplateError as exc:
-        line = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+        lineno = getattr(exc, "lineno", None)  # a TemplateSyntaxError's
+        line = f" (line {lineno})" if lineno else ""
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ChatTemplateError(f"{what}: not a valid Jinja template{line}: {message}") from None
 

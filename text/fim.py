@@ -40,9 +40,9 @@ def fim_tokens(tok: TextTokenizer) -> FimTokens | None:
     """The fill-in-the-middle tokens of ``tok``'s vocabulary, or None when it has none."""
     vocab = tok.hf_tokenizer.get_vocab()
     for spelling in FIM_SPELLINGS:
-        ids = [vocab.get(s) for s in spelling]
-        if all(isinstance(i, int) for i in ids):
-            return FimTokens(*ids)  # type: ignore[arg-type]
+        ids = [i for i in (vocab.get(s) for s in spelling) if isinstance(i, int)]
+        if len(ids) == len(spelling):
+            return FimTokens(*ids)
     return None
 
 

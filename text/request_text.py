@@ -166,15 +166,17 @@ class RequestText:
             lps = []
             for pos, tid in enumerate(self.prompt_ids):
                 j = pos - plp.start if plp is not None else -1
-                scored = plp is not None and 0 <= j < len(plp.logprobs)
+                scored = plp if plp is not None and 0 <= j < len(plp.logprobs) else None
                 lps.append(
                     PromptTokenLogprob(
                         token=tok.token_text(tid),
                         token_id=tid,
-                        logprob=plp.logprobs[j] if scored else None,
-                        rank=plp.ranks[j] if scored else None,
+                        logprob=scored.logprobs[j] if scored is not None else None,
+                        rank=scored.ranks[j] if scored is not None else None,
                         bytes_=list(tok.token_bytes(tid)),
-                        top=[(tok.token_text(t), t, lp) for t, lp in plp.top[j]] if scored else [],
+                        top=[(tok.token_text(t), t, lp) for t, lp in scored.top[j]]
+                        if scored is not None
+                        else [],
                     )
                 )
         return self.echo_text, lps

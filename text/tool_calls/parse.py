@@ -119,7 +119,8 @@ class MarkerParser(ToolCallParser):
         obj = _loads(body)
         items = obj if self.array and isinstance(obj, list) else [obj]
         calls = [_call(o, known=self.known) for o in items]
-        return None if not calls or any(c is None for c in calls) else calls  # type: ignore[misc]
+        found = [c for c in calls if c is not None]
+        return found if calls and len(found) == len(calls) else None
 
     def stream(self) -> ToolCallStream:
         return MarkerStream(self)
@@ -196,7 +197,8 @@ class RequiredCallsParser(ToolCallParser):
         body = text.lstrip()
         if not body.startswith("["):
             return []
-        decoder, pos, calls = json.JSONDecoder(), 1, []
+        decoder, pos = json.JSONDecoder(), 1
+        calls: list[ToolCall | None] = []
         while True:
             while pos < len(body) and body[pos] in " \t\r\n,":
                 pos += 1

@@ -45,7 +45,8 @@ class BufferedStream(ToolCallStream):
 
     def __init__(self, parser: ToolCallParser) -> None:
         super().__init__()
-        self.parser, self.held, self.holding = parser, "", None
+        self.parser, self.held = parser, ""
+        self.holding: bool | None = None  # None: not known yet
 
     def feed(self, text: str) -> StreamDelta:
         if self.holding is False:
