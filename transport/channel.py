@@ -29,6 +29,7 @@ import zmq.asyncio
 from houchu.transport import security
 
 T = TypeVar("T")
+S = TypeVar("S", bound=zmq.Socket)
 
 _HWM = 0  # unbounded queues: nothing accepted is dropped silently
 #: Largest frame an inbox accepts, bytes (far above any real message: the gateway's
@@ -75,7 +76,7 @@ class Inbox(Generic[T]):
         self._decoder = msgspec.msgpack.Decoder(accepts)
         # the same socket without pyzmq's asyncio layer: received from without blocking,
         # its file descriptor watched by the event loop (``_watch``)
-        self._raw = zmq.Socket.shadow(self._sock.underlying)
+        self._raw: zmq.Socket[bytes] = zmq.Socket.shadow(self._sock.underlying)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: list[asyncio.Future[bool]] = []
 
@@ -103,7 +104,7 @@ class Inbox(Generic[T]):
         call again for the same signal); wake the waiters if a frame is queued."""
         if self._raw.closed:
             return
-        if self._raw.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if _has_frame(self._raw):
             waiters, self._waiters = self._waiters, []
             for w in waiters:
                 if not w.done():
@@ -111,7 +112,7 @@ class Inbox(Generic[T]):
 
     def _queued(self) -> bool:
         """A frame is queued now."""
-        return bool(self._raw.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        return _has_frame(self._raw)
 
     async def _wait(self, timeout_s: float | None) -> bool:
         """Until a frame is queued (True) or ``timeout_s`` seconds passed (False)."""
@@ -169,7 +170,14 @@ def _resolve(waiter: asyncio.Future[bool], value: bool) -> None:
         waiter.set_result(value)
 
 
-def push_socket(ctx: zmq.Context, address: str) -> zmq.Socket:
+def _has_frame(sock: zmq.Socket[bytes]) -> bool:
+    """A frame is queued on ``sock`` to read now (its ``EVENTS``, an int option, has
+    ``POLLIN``; pyzmq types every option as int or bytes)."""
+    events = sock.getsockopt(zmq.EVENTS)
+    return isinstance(events, int) and bool(events & zmq.POLLIN)
+
+
+def push_socket(ctx: zmq.Context[S], address: str) -> S:
     """A PUSH socket on ``ctx`` (asyncio or plain) connected to the inbox at ``address``:
     the links' high-water mark, 1 s linger, CURVE where ``address`` is tcp://.
 
@@ -197,7 +205,7 @@ class Outbox:
         self.address = address
         self._ctx = ctx
         self._sock = self._connect()
-        self._raw = zmq.Socket.shadow(self._sock.underlying)
+        self._raw: zmq.Socket[bytes] = zmq.Socket.shadow(self._sock.underlying)
         self._encoder = msgspec.msgpack.Encoder()
 
     def _connect(self) -> zmq.asyncio.Socket:
@@ -236,7 +244,7 @@ class ThreadOutbox:
 
     def __init__(self, ctx: zmq.asyncio.Context, address: str) -> None:
         self.address = address
-        self._ctx = zmq.Context.shadow(ctx.underlying)
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(ctx.underlying)
         self._sock = self._connect()
         self._encoder = msgspec.msgpack.Encoder()
 

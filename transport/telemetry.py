@@ -130,10 +130,11 @@ class Telemetry:
         self.num_dropped = 0
         self._task: asyncio.Task[None] | None = None
 
-    def _connect(self) -> zmq.Socket:
+    def _connect(self) -> zmq.Socket[bytes]:
         # A plain (non-asyncio) socket on the same context: a NOBLOCK send either
         # queues at once or raises zmq.Again, never awaits.
-        sock = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH)
+        assert self.address is not None  # only enabled telemetry connects
+        sock: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH)
         sock.setsockopt(zmq.SNDHWM, 1000)  # the recorder is behind: drop, don't block
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.address)
@@ -178,8 +179,8 @@ class Telemetry:
 
     def flush(self) -> None:
         """Send what is buffered now; drops the batch (counted) if the recorder is behind."""
-        if not self.enabled or (self._size == 0 and self._batch.num_dropped == 0):
-            return
+        if self._sock is None or (self._size == 0 and self._batch.num_dropped == 0):
+            return  # disabled (no socket), or nothing to send
         batch, self._batch, self._size = self._batch, TelemetryBatch(actor=self.actor), 0
         try:
             self._sock.send(self._encoder.encode(batch), flags=zmq.NOBLOCK)
