@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import inspect as pyinspect
 import sys
+import textwrap
 from pathlib import Path
 
 import msgspec
@@ -191,12 +192,16 @@ def _doc(cls: type) -> str:
     return " ".join(pyinspect.cleandoc(own).split()).replace("``", "`")
 
 
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, width=92, break_long_words=False, break_on_hyphens=False)
+
+
 def render() -> str:
     """The whole of ``docs/api-parameters.md``, from the request types as they are now."""
     lines = [_HEADER.format(cmd=REGENERATE)]
     seen: list[type] = []
     for title, cls in BODIES:
-        lines += [f"## {title}", "", f"`{cls.__name__}`. {_doc(cls)}", ""]
+        lines += [f"## {title}", "", _wrap(f"`{cls.__name__}`. {_doc(cls)}"), ""]
         lines += [*_table(_own_fields(cls), seen), ""]
     lines += ["## Objects inside the bodies", ""]
     done: set[type] = set()
@@ -205,7 +210,7 @@ def render() -> str:
         done.add(cls)
         info = mi.type_info(cls)
         assert isinstance(info, mi.StructType)
-        lines += [f"### {cls.__name__}", "", _doc(cls), ""]
+        lines += [f"### {cls.__name__}", "", _wrap(_doc(cls)), ""]
         lines += [*_table(list(info.fields), seen), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
