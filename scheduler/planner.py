@@ -105,7 +105,9 @@ class Planner:
             )
             return
         if req.cached_tokens:
-            tier = max(req.tier_pages, key=req.tier_pages.get) if req.tier_pages else "device"
+            tier = (
+                max(req.tier_pages, key=req.tier_pages.__getitem__) if req.tier_pages else "device"
+            )
             self.telemetry.event(
                 req.rid, "prefix_matched", cached_tokens=req.cached_tokens, tier=tier
             )

@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from houchu.speculative.state import SpecState
 from houchu.transport.messages import PromptLogprobs, SamplingParams
+
+if TYPE_CHECKING:
+    from houchu.cache_tiers.radix_tree import Node
 
 
 class Status(enum.Enum):
@@ -72,7 +76,7 @@ class Request:
         self.page_table: list[int] = []
         self.num_computed = 0
         self.num_tree_pages = 0  # leading pages of page_table indexed by the radix tree
-        self.tree_node = None  # radix tree node of the last indexed page
+        self.tree_node: Node | None = None  # radix tree node of the last indexed page
         # leading pages of page_table released as outside every sliding window
         # (placeholders now: never read, never freed again; scheduler.window_pages)
         self.num_dead_pages = 0

@@ -232,6 +232,9 @@ def _event(req: Request, outs: list[SeqOutput], reason: str | None) -> TokenEven
     )
     req.prompt_logprobs = None  # sent
     if outs and outs[0].logprob is not None:
-        ev.logprobs = [o.logprob for o in outs]
-        ev.top_logprobs = [o.top_logprobs or [] for o in outs]
+        # every token of a request that asked has one (jump-forward is off for it)
+        logprobs = [o.logprob for o in outs if o.logprob is not None]
+        if len(logprobs) == len(outs):
+            ev.logprobs = logprobs
+            ev.top_logprobs = [o.top_logprobs or [] for o in outs]
     return ev
