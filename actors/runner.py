@@ -43,6 +43,7 @@ from houchu.transport.failures import internal, unavailable
 from houchu.transport.messages import (
     ActorDown,
     ActorUp,
+    Phase,
     RunnerInbox,
     RunnerInfo,
     Shutdown,
@@ -63,39 +64,18 @@ RANK_WATCH_S = 1.0
 REPORT_S = 0.1
 
 
-class PromptLengths:
-    """Prompt length of each registered request, to tell prefill work from decode."""
-
-    def __init__(self) -> None:
-        self._len: dict[str, int] = {}
-
-    def update(self, plan: StepPlan) -> None:
-        """Register the plan's new requests (call before the step runs)."""
-        for init in plan.init:
-            self._len[init.rid] = len(init.prompt_ids)
-
-    def clear(self) -> None:
-        """Forget every request (the scheduler that sent them is gone)."""
-        self._len.clear()
-
-    def release(self, plan: StepPlan) -> None:
-        """Forget the requests the plan releases (call after the step ran)."""
-        for rid in plan.release:
-            self._len.pop(rid, None)
-
-    def record(self, plan: StepPlan, t: float, duration_s: float) -> StepRecord:
-        """The step record of ``plan``: one new token at or past the prompt is decode, and
-        so is a token with proposals to verify; anything else (prompt chunks,
-        recomputation after preemption) is prefill."""
-        prefill = decode = 0
-        for w in plan.work:
-            n = len(w.token_ids)
-            if w.num_draft or (n == 1 and w.start_pos >= self._len.get(w.rid, 0)):
-                decode += n  # a decode token, or one with proposals to verify
-            else:
-                prefill += n
-        phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
-        return StepRecord(plan.step_id, t, duration_s, len(plan.work), prefill, decode, phase)
+def step_record(plan: StepPlan, t: float, duration_s: float) -> StepRecord:
+    """The step record of ``plan`` (started at ``t``, wall-clock seconds; ``duration_s``
+    seconds long): its tokens counted by the phase the scheduler gave each work item
+    (``SeqWork.phase``), and the step's phase, "prefill", "decode" or "mixed"."""
+    prefill = decode = 0
+    for w in plan.work:
+        if w.phase is Phase.DECODE:
+            decode += len(w.token_ids)
+        else:
+            prefill += len(w.token_ids)
+    phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
+    return StepRecord(plan.step_id, t, duration_s, len(plan.work), prefill, decode, phase)
 
 
 class StepDone(NamedTuple):
@@ -126,7 +106,6 @@ class RunnerActor:
         self.runner = None
         address = config.recorder_address()
         self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
-        self.prompts = PromptLengths()
         self.levers_sent_at = 0.0
         # all torch work on one thread: thread-local torch state stays consistent
         self.torch = ThreadPoolExecutor(1, thread_name_prefix="houchu-runner")
@@ -270,7 +249,6 @@ class RunnerActor:
         and drop every request's state."""
         self.results_to.reconnect()
         self.runner.forget_requests()
-        self.prompts.clear()
 
     def idle(self) -> bool:
         """No step is running or queued, and every step is reported."""
@@ -292,7 +270,6 @@ class RunnerActor:
         record and, once a second, the runner's lever samples."""
         t_wall = time.time()
         t0 = time.perf_counter()
-        self.prompts.update(plan)
         self.step_started = time.monotonic()
         try:
             result = self._execute(plan)
@@ -306,11 +283,10 @@ class RunnerActor:
             self.results_to.send(result)
         record = None
         if plan.work:
-            record = self.prompts.record(plan, t_wall, elapsed)
+            record = step_record(plan, t_wall, elapsed)
             record.expert_load = self.expert_load.take()  # [] for a dense model
             if self.runner.tp is not None:  # the step's collectives, rank 0's view
                 record.allreduce_s = result.allreduce_s
-        self.prompts.release(plan)
         levers = []
         if time.monotonic() - self.levers_sent_at > 1.0:  # the runner's levers, once a second
             self.levers_sent_at = time.monotonic()

@@ -9,8 +9,9 @@ invalid plan raises ``ValueError`` and changes nothing):
    scheduler's to free);
 2. ``init``: register new requests (sampling params, prompt ids for penalties, seeded
    generator); a rid already registered is an error;
-3. ``work``: for each ``SeqWork``, write the K/V of ``token_ids`` at positions
-   ``start_pos .. start_pos + n - 1`` into ``page_table``'s pages, attend causally over
+3. ``work``: for each ``SeqWork``, take its page table (whole, or the runner's own grown
+   by ``new_pages``: ``houchu.runner.page_tables``), write the K/V of ``token_ids`` at
+   positions ``start_pos .. start_pos + n - 1`` into its pages, attend causally over
    positions ``0 .. start_pos + n - 1``, and when ``sample`` is set draw the next token
    and append it to the request's generated history. Recomputing a preempted request's
    tokens appends nothing, so its penalty counts stay right. A work item with
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from msgspec import structs
 
 from houchu.cache_tiers.host_pool import HostPool
 from houchu.cpu import kernels as cpu_kernels
@@ -61,6 +63,7 @@ from houchu.model.weights.loader import load_runner_model, parse_dtype
 from houchu.options.runner_options import RunnerOptions
 from houchu.runner.choices import resolve_attention, resolve_dtype
 from houchu.runner.mla_lever import MLALever, mla_levers_note, mla_summary
+from houchu.runner.page_tables import PageTables
 from houchu.runner.plan_state import (
     compile_grammars,
     live_state,
@@ -202,6 +205,7 @@ class ModelRunner:
         if self.max_context < 1:
             raise ValueError(f"max_context must be >= 1, got {o.max_context}")
         self.states: dict[str, RequestState] = {}
+        self.page_tables = PageTables()  # each request's, between steps
         #: structured output: the grammar of each constrained request (rid -> matcher)
         self.grammar = GrammarEngine(model_path, self.config.vocab_size)
         self.grammars: dict[str, RequestGrammar] = {}
@@ -322,8 +326,10 @@ class ModelRunner:
         self.host_kv = HostKVMirror(self.pool, host)
 
     def forget_requests(self) -> None:
-        """Drop every request's sampling state and grammar (their scheduler is gone)."""
+        """Drop every request's sampling state, page table and grammar (their scheduler is
+        gone)."""
         self.states.clear()
+        self.page_tables.clear()
         self.grammars.clear()
         if self.mtp is not None:
             self.mtp.forget()
@@ -405,6 +411,8 @@ class ModelRunner:
             # ---- validate everything before touching state
             resolve_last_sampled(plan, previous)
             new = new_states(plan, self.states, self.config.vocab_size, self.device)
+            work, tables = self.page_tables.resolve(plan.work, plan.release)
+            plan = structs.replace(plan, work=work)  # whole page tables from here on
             new_grammars, failures = compile_grammars(self.grammar, plan.init)
             state_of = partial(live_state, states=self.states, new=new)
             forced = self.jump.take_forced_rids()  # the overlap step planned before them
@@ -432,6 +440,7 @@ class ModelRunner:
             for rid in plan.release:
                 self.states.pop(rid, None)
                 self.grammars.pop(rid, None)
+            self.page_tables.commit(tables, plan.release)
             self.states.update(new)
             self.grammars.update(new_grammars)
             outputs = []

@@ -26,7 +26,7 @@ from houchu.scheduler.prefix_cache import NoPrefixCache, PrefixCache
 from houchu.scheduler.request import Request, Status
 from houchu.scheduler.window_pages import WindowPages
 from houchu.speculative.scheduling import add_drafts, free_pages_past
-from houchu.transport.messages import PageCopy, SeqInit, SeqWork, StepPlan
+from houchu.transport.messages import PageCopy, Phase, SeqInit, SeqWork, StepPlan
 
 #: The token id sent in place of a token the scheduler has not seen yet.
 PLACEHOLDER_TOKEN = -1
@@ -109,7 +109,7 @@ class Batcher:
         req.status = Status.FINISHED
         if req.is_registered:
             self.pending_release.append(req.rid)
-            req.is_registered = False
+            req.unregister()
 
     @property
     def has_work(self) -> bool:
@@ -217,6 +217,9 @@ class Batcher:
             raise RuntimeError(f"request {req.rid!r}: {n} tokens planned after a pending one")
         ids = [PLACEHOLDER_TOKEN] if placeholder else req.all_ids()[start : start + n]
         sample = start + n == req.plan_tokens
+        # one new token at or past the prompt is decode; prompt chunks and recomputation
+        # (after a preemption, or of jump-forward's forced tokens) are prefill
+        decode = n == 1 and start >= req.num_prompt
         return SeqWork(
             rid=req.rid,
             token_ids=ids,
@@ -224,6 +227,7 @@ class Batcher:
             page_table=list(req.page_table),
             sample=sample,
             use_last_sampled=placeholder,
+            phase=Phase.DECODE if decode else Phase.PREFILL,
         )
 
     def _reserve(self, req: Request, num_tokens: int, *, preempt: bool) -> bool:

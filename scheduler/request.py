@@ -27,7 +27,7 @@ import time
 from typing import TYPE_CHECKING
 
 from houchu.speculative.state import SpecState
-from houchu.transport.messages import PromptLogprobs, SamplingParams
+from houchu.transport.messages import PromptLogprobs, SamplingParams, SeqWork
 
 if TYPE_CHECKING:
     from houchu.cache_tiers.radix_tree import Node
@@ -92,6 +92,7 @@ class Request:
         self.num_preemptions = 0
         self.recomputing = False  # resumed after a preemption; no token sampled since
         self.is_registered = False  # runner holds its sampling state
+        self.runner_pages: list[int] | None = None  # its page table as the runner holds it
         self.is_aborted = False
         self.finish_reason: str | None = None
         self.spec = SpecState()  # speculative decoding: proposals, counters
@@ -117,6 +118,25 @@ class Request:
 
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    def strip_known_pages(self, w: SeqWork) -> None:
+        """Send the runner only the pages it lacks: ``w`` (this request's work, built with
+        its whole ``page_table``) keeps the whole table when the runner's copy is not a
+        prefix of it (the first work, after a preemption, or after pages were taken
+        back), else carries only the pages appended since (``SeqWork.new_pages``). The
+        runner applies plans in the order they are sent (``houchu.runner.page_tables``).
+        """
+        table, held = self.page_table, self.runner_pages
+        if held is not None and len(held) <= len(table) and table[: len(held)] == held:
+            w.new_pages = table[len(held) :]
+            w.page_table = None
+        self.runner_pages = list(table)
+
+    def unregister(self) -> None:
+        """The runner forgets this request (released, or its runner is gone): its sampling
+        state and page table are sent again if it runs again."""
+        self.is_registered = False
+        self.runner_pages = None
 
     # ---------------------------------------------------------- planning view (overlap)
 

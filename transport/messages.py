@@ -44,6 +44,7 @@ from houchu.transport.request_fields import (  # re-exported
 )
 from houchu.transport.step_messages import (  # re-exported
     PageCopy,
+    Phase,
     PromptLogprobs,
     RunnerInfo,
     SeqInit,
@@ -66,6 +67,7 @@ __all__ = [
     "ROLE_ALIASES",
     "SeqInit",
     "SeqWork",
+    "Phase",
     "PageCopy",
     "StepPlan",
     "SeqOutput",

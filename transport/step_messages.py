@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 from msgspec import Struct, field
 
 from houchu.transport.request_fields import Failure, SamplingParams
@@ -23,33 +25,50 @@ class SeqInit(Struct, kw_only=True):
     stop_ids: list[int] = field(default_factory=list)
 
 
+class Phase(IntEnum):
+    """What a work item computes: prompt or recomputed tokens (``PREFILL``), or one new
+    token, possibly with proposals to verify (``DECODE``). The scheduler sets it; the
+    runner reports its steps by it (``StepRecord``)."""
+
+    PREFILL = 0
+    DECODE = 1
+
+
 class SeqWork(Struct, kw_only=True, array_like=True):
     """One request's slice of a step.
 
     ``token_ids``: list[int] of length n_new, the tokens whose KV this step computes, at
-    positions ``start_pos .. start_pos + n_new - 1``. ``page_table``: list[int], the page
-    indices holding positions ``0 .. start_pos + n_new - 1`` (page ``i`` holds positions
-    ``i*page_size .. (i+1)*page_size - 1``). ``sample``: draw a token after the last
-    position (true for decode and for the last prefill chunk). ``num_draft``: the last
-    ``num_draft`` of ``token_ids`` are speculative proposals to verify (``sample`` must be
-    set): the runner scores all of them in this pass and returns one ``SeqOutput`` per
-    accepted proposal plus one for the token after them (``houchu.model.sampling.verify``).
-    ``use_last_sampled`` (overlap scheduler): ``token_ids`` is ``[-1]``, a placeholder for
-    the token the runner sampled for this rid in its previous step, which the scheduler
-    has not seen yet; the runner puts that token in its place (an error if that step
-    sampled nothing for the rid). ``num_propose`` (``--speculative mtp``): up to this many
-    proposals for the tokens after the one this step samples, made by the runner's MTP
-    layer and returned in ``StepResult.proposals`` (0: none; ignored without one).
+    positions ``start_pos .. start_pos + n_new - 1``. The request's page table (page
+    indices holding positions ``0 .. start_pos + n_new - 1``; page ``i`` holds positions
+    ``i*page_size .. (i+1)*page_size - 1``) is kept by the runner between steps and
+    travels only as far as the runner lacks it (vLLM v1's ``new_block_ids``):
+    ``page_table`` (list[int]) replaces the runner's table whole — a request's first
+    work, after a preemption, or after pages were taken back; None: the runner's table
+    for ``rid`` grows by ``new_pages`` (list[int], often empty). ``sample``: draw a token
+    after the last position (true for decode and for the last prefill chunk).
+    ``num_draft``: the last ``num_draft`` of ``token_ids`` are speculative proposals to
+    verify (``sample`` must be set): the runner scores all of them in this pass and
+    returns one ``SeqOutput`` per accepted proposal plus one for the token after them
+    (``houchu.model.sampling.verify``). ``use_last_sampled`` (overlap scheduler):
+    ``token_ids`` is ``[-1]``, a placeholder for the token the runner sampled for this
+    rid in its previous step, which the scheduler has not seen yet; the runner puts that
+    token in its place (an error if that step sampled nothing for the rid).
+    ``num_propose`` (``--speculative mtp``): up to this many proposals for the tokens
+    after the one this step samples, made by the runner's MTP layer and returned in
+    ``StepResult.proposals`` (0: none; ignored without one). ``phase``: prefill or decode
+    (``Phase``).
     """
 
     rid: str
     token_ids: list[int]
     start_pos: int
-    page_table: list[int]
+    page_table: list[int] | None = None
     sample: bool
     num_draft: int = 0
     use_last_sampled: bool = False
     num_propose: int = 0
+    new_pages: list[int] = field(default_factory=list)
+    phase: Phase = Phase.PREFILL
 
 
 class PageCopy(Struct, array_like=True):

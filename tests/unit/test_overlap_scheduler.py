@@ -19,6 +19,7 @@ import pytest
 
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.speculation_options import SpeculativeOptions
+from houchu.runner.page_tables import PageTables
 from houchu.scheduler.batcher import PLACEHOLDER_TOKEN
 from houchu.scheduler.core import SchedulerCore
 from houchu.scheduler.overlap import OverlapLedger
@@ -78,6 +79,7 @@ class FakeRunner:
         self.seqs: dict[str, list[int]] = {}  # rid -> prompt + sampled tokens
         self.prompt_len: dict[str, int] = {}
         self.last: dict[str, int] = {}  # tokens sampled by the previous step
+        self.tables = PageTables()  # page tables between steps, as the runner keeps them
 
     def token(self, rid: str, index: int) -> int:
         if self.eos_at.get(rid) == index:
@@ -92,8 +94,10 @@ class FakeRunner:
             assert si.rid not in self.seqs, "registered twice"
             self.seqs[si.rid] = list(si.prompt_ids)
             self.prompt_len[si.rid] = len(si.prompt_ids)
+        work, tables = self.tables.resolve(plan.work, plan.release)
+        self.tables.commit(tables, plan.release)
         outputs = []
-        for w in plan.work:
+        for w in work:
             seq = self.seqs[w.rid]
             ids = list(w.token_ids)
             if w.use_last_sampled:

@@ -8,14 +8,20 @@ token — what ``houchu.model.sampling.verify`` does with a real model.
 
 from __future__ import annotations
 
+import weakref
+
+from msgspec import structs
+
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.speculation_options import SpeculativeOptions
+from houchu.runner.page_tables import PageTables
 from houchu.scheduler.core import SchedulerCore
 from houchu.text.stop import stop_ids
 from houchu.transport.messages import (
     RunnerInfo,
     SamplingParams,
     SeqOutput,
+    StepPlan,
     StepResult,
     TokenizedRequest,
 )
@@ -76,6 +82,19 @@ def truth(i: int) -> int:
     return 100 + i
 
 
+#: each core's page tables as its runner holds them (plans carry only new pages)
+_RUNNER_TABLES: weakref.WeakKeyDictionary[SchedulerCore, PageTables] = weakref.WeakKeyDictionary()
+
+
+def runner_view(core: SchedulerCore, plan: StepPlan | None) -> StepPlan:
+    """``plan`` as the runner runs it: every work item with its whole page table."""
+    assert plan is not None
+    tables = _RUNNER_TABLES.setdefault(core, PageTables())
+    work, updates = tables.resolve(plan.work, plan.release)
+    tables.commit(updates, plan.release)
+    return structs.replace(plan, work=work)
+
+
 def step(core, proposals=None, truth_of=None):
     """One step: ask for proposals (``proposals(req, k) -> ids``), plan, run the fake
     exact target. Returns (draft request, plan, events)."""
@@ -87,7 +106,7 @@ def step(core, proposals=None, truth_of=None):
             for s in dr.seqs
         ]
         core.attach_drafts(DraftReply(query_id=dr.query_id, proposals=props), 0.01)
-    plan = core.next_plan()
+    plan = runner_view(core, core.next_plan())
     outs = []
     for w in plan.work:
         if not w.sample:
