@@ -35,7 +35,7 @@ from houchu.text.stop import stop_ids
 from houchu.text.token_conflicts import no_token_left
 from houchu.transport.channel import Inbox
 from houchu.transport.failures import bad_request, internal, unavailable
-from houchu.transport.limits import LimitsWatch
+from houchu.transport.limits import LimitsWatch, tokens_left
 from houchu.transport.messages import (
     AbortRequest,
     ActorDown,
@@ -176,7 +176,7 @@ class TokenizerActor:
         if failure is not None:
             await self._fail(req.rid, failure)
             return
-        room = limits.max_context - len(ids)  # < 1: the scheduler's check refuses it
+        room = tokens_left(limits.max_context, len(ids))  # < 1: the scheduler's check refuses it
         if s.max_tokens_is_default and 1 <= room < s.max_tokens:
             s = msgspec.structs.replace(s, max_tokens=room)
         if s.bad_words:

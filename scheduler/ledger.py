@@ -128,8 +128,7 @@ class SchedulerLedger:
         chunked prefill."""
         r = self.runner
         now = time.time()
-        max_len = min(req.num_prompt + req.sampling.max_tokens, r.max_context)
-        reserved_max = max_len * r.kv_bytes_per_token
+        reserved_max = req.max_length(r.max_context) * r.kv_bytes_per_token
         out = [
             LeverSample(
                 lever="paged_kv",

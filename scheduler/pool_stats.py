@@ -20,7 +20,7 @@ def pool_stats(
     bpt = runner.kv_bytes_per_token
     held = sum(len(r.page_table) - r.num_dead_pages for r in running)
     reserved = held * runner.page_size * bpt
-    max_len = sum(min(r.num_prompt + r.sampling.max_tokens, runner.max_context) for r in running)
+    max_len = sum(r.max_length(runner.max_context) for r in running)
     return {
         "model": runner.model_name,
         "num_running": len(batcher.running),

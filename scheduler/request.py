@@ -27,6 +27,7 @@ import time
 from typing import TYPE_CHECKING
 
 from houchu.speculative.state import SpecState
+from houchu.transport.limits import tokens_left
 from houchu.transport.messages import PromptLogprobs, SamplingParams, SeqWork
 
 if TYPE_CHECKING:
@@ -171,16 +172,25 @@ class Request:
             len(self.output_ids) + self.num_pending >= self.sampling.max_tokens
         )
 
+    def tokens_left(self, max_context: int) -> int:
+        """Tokens it may still generate (0 or less: none): before ``max_tokens`` or the
+        context window of ``max_context`` tokens (``houchu.transport.limits.tokens_left``)."""
+        n = len(self.output_ids)
+        return tokens_left(max_context, self.num_tokens, self.sampling.max_tokens, n)
+
+    def max_length(self, max_context: int) -> int:
+        """Tokens it holds at its longest: prompt + ``max_tokens``, capped by the context
+        window of ``max_context`` tokens."""
+        return self.num_tokens + self.tokens_left(max_context)
+
     def check_finished(self, max_context: int) -> str | None:
         """The finish reason after the latest token, or None to keep going.
 
         "stop": the last token is EOS or a stop token id; "length": ``max_tokens``
-        generated or the context window is full.
+        generated or the context window is full (no token left).
         """
         if self.output_ids and self.output_ids[-1] in self.stop_ids:
             return "stop"
-        if len(self.output_ids) >= self.sampling.max_tokens:
-            return "length"
-        if self.num_tokens >= max_context:
+        if self.tokens_left(max_context) <= 0:
             return "length"
         return None

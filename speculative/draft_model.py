@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.speculative.proposers import check_starts, reserve_pages
+from houchu.transport.limits import tokens_left
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from houchu.transport.spec_messages import DraftSeq
 
@@ -119,7 +120,8 @@ class DraftModelProposer:
             seq.sync(s.start, s.token_ids)
             seq.last_used = now
             self._trim_pages(seq)
-            k = min(s.k, self.max_context - len(seq.tokens) + 1)  # d_k's position is not written
+            # d_j's KV is written at len(seq.tokens) + j - 1, inside the window; d_k's is not
+            k = min(s.k, 1 + tokens_left(self.max_context, len(seq.tokens)))
             out[s.rid] = []
             if k > 0 and seq.tokens and self._reserve(seq, len(seq.tokens) + k - 1, now):
                 active.append(seq)

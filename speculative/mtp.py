@@ -41,6 +41,7 @@ import torch
 from houchu.model.batch import StepBatch, build_batch
 from houchu.model.kv.pool import KVPool
 from houchu.model.mtp import MTPLayer, load_mtp_layer
+from houchu.transport.limits import tokens_left
 from houchu.transport.messages import SeqOutput, SeqWork, StepPlan
 
 if TYPE_CHECKING:
@@ -143,7 +144,9 @@ class MTPDrafter:
             rows.append(sw)
             prev.append(h_rows)
             if sw.sample:
-                want[w.rid] = min(w.num_propose, self.max_context - _last(sw))
+                # d_1 from the last row, then one chained row per further proposal at
+                # positions _last + 1, _last + 2, ...: each inside the window
+                want[w.rid] = min(w.num_propose, 1 + tokens_left(self.max_context, _last(sw) + 1))
         if not rows:
             return {}
         out: dict[str, list[int]] = {rid: [] for rid in want}

@@ -260,9 +260,10 @@ class SpecScheduler:
 
 
 def _cap(req: Request, max_context: int) -> int:
-    """The most proposals ``req`` may verify now: none may pass ``max_tokens`` or the
-    context window."""
-    return min(req.sampling.max_tokens - len(req.output_ids) - 1, max_context - req.num_tokens)
+    """The most proposals ``req`` may verify now: a verify step of ``k`` proposals emits
+    up to ``k + 1`` tokens (those accepted and one sampled after them), and none may pass
+    ``max_tokens`` or the context window (``Request.tokens_left``)."""
+    return req.tokens_left(max_context) - 1
 
 
 def free_pages_past(req: Request, allocator: PageAllocator, num_tokens: int) -> int:

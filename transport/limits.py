@@ -12,6 +12,10 @@ check here, which every actor asks with what it knows of the request:
 - KV pool (``num_pages * page_size``): one request must fit in the whole pool.
 
 A check returns the ``Failure`` the client gets, or None when the request fits.
+
+``tokens_left`` is the one definition of how many tokens a request may still take (the
+scheduler's ``Request.tokens_left`` is it for a request's state; the proposers bound
+their proposals with it).
 """
 
 from __future__ import annotations
@@ -23,6 +27,28 @@ from msgspec import Struct
 
 from houchu.transport.failures import CONTEXT_LENGTH_EXCEEDED, bad_request
 from houchu.transport.messages import Failure, RunnerInfo
+
+
+def tokens_left(
+    max_context: int, num_tokens: int, max_tokens: int | None = None, generated: int = 0
+) -> int:
+    """Tokens a request may still take (tokens; 0 or less: none).
+
+    A request holds ``num_tokens`` tokens (prompt plus the ``generated`` ones). It never
+    passes the context window, ``max_context`` tokens in all, nor ``max_tokens`` generated
+    tokens (None: the window alone bounds it). So ``num_tokens + tokens_left(...)`` is
+    the longest it gets: ``min(prompt + max_tokens, max_context)``.
+
+    Args:
+        max_context: the context window (tokens, prompt + completion).
+        num_tokens: tokens it holds now (prompt + generated).
+        max_tokens: completion tokens it may generate in all, or None.
+        generated: completion tokens it has generated (counted in ``num_tokens``).
+    """
+    left = max_context - num_tokens
+    if max_tokens is not None:
+        left = min(left, max_tokens - generated)
+    return left
 
 
 class RunnerLimits(Struct, frozen=True, kw_only=True):
@@ -89,7 +115,7 @@ class RunnerLimits(Struct, frozen=True, kw_only=True):
         """Whether the request could never fit in the whole KV pool (HTTP 400), else None.
 
         It needs its prompt and ``max_tokens`` (at most ``max_context``) in pages."""
-        need = min(prompt_tokens + max_tokens, self.max_context)
+        need = prompt_tokens + tokens_left(self.max_context, prompt_tokens, max_tokens)
         if self.kv_tokens and need > self.kv_tokens:
             return bad_request(
                 f"request needs {need} tokens of KV cache but the whole pool holds {self.kv_tokens}"

@@ -88,3 +88,26 @@ def test_a_stop_string_finishes_the_request_it_does_not_abort_it() -> None:
     stats = core.stats()
     assert (stats["num_finished"], stats["num_aborted"]) == (1, 1)
     assert core.allocator.num_free == core.allocator.num_pages
+
+
+def test_tokens_left_is_the_one_count_of_what_a_request_may_still_take() -> None:
+    from houchu.scheduler.request import Request
+    from houchu.speculative.scheduling import _cap
+    from houchu.transport.limits import tokens_left
+
+    assert tokens_left(100, 40) == 60  # the window alone
+    assert tokens_left(100, 45, max_tokens=20, generated=5) == 15  # max_tokens binds
+    assert tokens_left(100, 95, max_tokens=20, generated=5) == 5  # the window binds
+    near = Request("a", list(range(90)), SamplingParams(max_tokens=20), [])
+    assert near.tokens_left(100) == 10 and near.max_length(100) == 100
+    assert _cap(near, 100) == 9  # a verify step emits one token more than it verifies
+    near.output_ids += [1] * 9
+    assert near.tokens_left(100) == 1 and near.check_finished(100) is None
+    near.output_ids.append(1)
+    assert near.tokens_left(100) == 0 and near.check_finished(100) == "length"
+    short = Request("b", [1] * 10, SamplingParams(max_tokens=3), [])
+    assert short.tokens_left(100) == 3 and short.max_length(100) == 13
+    assert _cap(short, 100) == 2
+    short.output_ids += [1] * 3
+    assert short.check_finished(100) == "length" and short.max_length(100) == 13
+    assert "needs 100 tokens" in LIMITS.kv_failure(30, 200).message  # capped by the window
