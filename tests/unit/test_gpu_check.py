@@ -20,7 +20,7 @@ from houchu.bench.gpu.run import Context, Step
 from houchu.bench.model.limits import Limits
 from houchu.bench.model.runner import Row, print_table
 
-REPO = Path(gpu_wheels.__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the repository
 
 
 def run_check(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
