@@ -21,6 +21,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgspec
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
@@ -31,6 +32,7 @@ from houchu.paths import cache_dir
 from houchu.transport.channel import Inbox
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown
 from houchu.transport.peers import Peers, receive
+from houchu.transport.stats import TierManagerStats
 from houchu.transport.tier_messages import (
     HostSlotGrant,
     TierLookup,
@@ -194,19 +196,21 @@ class KVTierActor:
             if h not in self.ssd:
                 await self._write_ssd(h, slot)
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> TierManagerStats:
+        """The tiers' counters for the scheduler's ``/stats`` (pages, bytes, seconds)."""
         host, ssd = self.host, self.ssd
-        out: dict[str, float | int] = {
-            "host_pages_total": host.num_slots,
-            "host_pages_stored": host.num_stored_now,
-            "host_pages_pinned": len(host.pins),
-            "host_hits": self.host_hits,
-            "host_lookup_misses": self.host_misses,
-            "host_evictions": host.num_evictions,
-            "tier_load_s": self.load_s,
-        }
+        out = TierManagerStats(
+            host_pages_total=host.num_slots,
+            host_pages_stored=host.num_stored_now,
+            host_pages_pinned=len(host.pins),
+            host_hits=self.host_hits,
+            host_lookup_misses=self.host_misses,
+            host_evictions=host.num_evictions,
+            tier_load_s=self.load_s,
+        )
         if ssd is not None:
-            out.update(
+            out = msgspec.structs.replace(
+                out,
                 ssd_pages_stored=len(ssd.index),
                 ssd_bytes=ssd.num_bytes,
                 ssd_capacity_bytes=ssd.capacity_bytes,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import time
 
+import msgspec
 import zmq.asyncio
 
 from houchu.actors.config import ServeConfig
@@ -173,12 +174,13 @@ class SchedulerActor:
                     await self.to_tokenizer.send(TokenBatch(events, stamps_of(msg, t0)))
                 core.record_work(t0, time.time(), overlapped=core.num_in_flight > 0)
             case StatsQuery(query_id=qid, rid=rid):
-                stats = core.stats()
-                if rid is not None:
-                    stats["request_known"] = int(core.knows(rid))
-                stats["step_in_flight"] = core.num_in_flight
-                stats["runner_ready"] = int(self.runner_ready)
-                stats["telemetry_dropped"] = self.telemetry.num_dropped
+                stats = msgspec.structs.replace(
+                    core.engine_stats(),
+                    request_known=None if rid is None else int(core.knows(rid)),
+                    step_in_flight=core.num_in_flight,
+                    runner_ready=int(self.runner_ready),
+                    telemetry_dropped=self.telemetry.num_dropped,
+                )
                 await self.to_gateway.send(StatsReply(query_id=qid, stats=stats))
             case HostSlotGrant() | TierLookupResult() | TierStats():
                 core.on_tier_reply(msg)

@@ -280,4 +280,4 @@ class EngineClient:
         except asyncio.TimeoutError:
             self._stats_waiters.pop(qid, None)
             raise EngineError(unavailable("scheduler did not answer", code=TIMEOUT)) from None
-        return reply.stats
+        return reply.stats.flat()

@@ -66,6 +66,7 @@ from houchu.transport.messages import (
     TokenizedRequest,
 )
 from houchu.transport.spec_messages import DraftReply, DraftRequest
+from houchu.transport.stats import EngineStats
 
 __all__ = ["Overloaded", "Rejected", "SchedulerCore"]
 
@@ -354,19 +355,24 @@ class SchedulerCore:
 
     # ------------------------------------------------------------------ stats
 
+    def engine_stats(self) -> EngineStats:
+        """Counters for the stats endpoint, one typed part each (pages are KV pages of
+        ``page_size`` tokens; ``houchu.transport.stats``)."""
+        return EngineStats(
+            pool=pool_stats(self.runner, self.batcher, self.allocator),
+            counters=self.counters.stats(),
+            prefix=self.prefix.stats(),
+            window=self.batcher.window.stats(),
+            steps=self.steps.stats(),
+            ledger=self.ledger.stats(),
+            overlap=self.overlap.stats(),
+            tiers=self.tiers.stats(),
+            spec=self.spec.stats(),
+        )
+
     def stats(self) -> dict[str, float | int | str]:
-        """Counters for the stats endpoint (pages are KV pages of ``page_size`` tokens)."""
-        return {
-            **pool_stats(self.runner, self.batcher, self.allocator),
-            **self.counters.stats(),
-            **self.prefix.stats(),
-            **self.batcher.window.stats(),
-            **self.steps.stats(),
-            **self.ledger.stats(),
-            **self.overlap.stats(),
-            **self.tiers.stats(),
-            **self.spec.stats(),
-        }
+        """``engine_stats`` as ``/stats`` serves it: one flat JSON object."""
+        return self.engine_stats().flat()
 
 
 def _pool_geometry(r: RunnerInfo) -> tuple[int, ...]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from houchu.transport.stats import CounterStats
+
 
 @dataclass
 class SchedulerCounters:
@@ -37,21 +39,21 @@ class SchedulerCounters:
     jump_forward_tokens: int = 0
     started: float = field(default_factory=time.time)
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> CounterStats:
         """The totals under their stats names; ``busy_fraction`` is busy seconds per
         second since start; ``tp_allreduce_share`` the collectives' share of them."""
         up = max(time.time() - self.started, 1e-9)
-        return {
-            "num_refused_queue_full": self.refused,
-            "num_steps": self.steps,
-            "num_prompt_tokens": self.prompt_tokens,
-            "num_generated_tokens": self.generated_tokens,
-            "jump_forward_tokens": self.jump_forward_tokens,
-            "num_finished": self.finished,
-            "num_aborted": self.aborted,
-            "num_failed": self.failed,
-            "busy_fraction": self.busy_s / up,
-            "tp_allreduce_s": self.allreduce_s,
-            "tp_allreduce_s_per_step": self.allreduce_s / max(self.steps, 1),
-            "tp_allreduce_share": self.allreduce_s / self.busy_s if self.busy_s else 0.0,
-        }
+        return CounterStats(
+            num_refused_queue_full=self.refused,
+            num_steps=self.steps,
+            num_prompt_tokens=self.prompt_tokens,
+            num_generated_tokens=self.generated_tokens,
+            jump_forward_tokens=self.jump_forward_tokens,
+            num_finished=self.finished,
+            num_aborted=self.aborted,
+            num_failed=self.failed,
+            busy_fraction=self.busy_s / up,
+            tp_allreduce_s=self.allreduce_s,
+            tp_allreduce_s_per_step=self.allreduce_s / max(self.steps, 1),
+            tp_allreduce_share=self.allreduce_s / self.busy_s if self.busy_s else 0.0,
+        )

@@ -24,6 +24,7 @@ from collections import deque
 
 from houchu.scheduler.request import Request
 from houchu.transport.messages import RunnerInfo
+from houchu.transport.stats import LedgerStats
 from houchu.transport.telemetry import LeverSample
 
 
@@ -178,19 +179,19 @@ class SchedulerLedger:
         cutoff = time.time() - window_s
         return max((g for t, g in self.recent_max_itl if t >= cutoff), default=0.0)
 
-    def stats(self) -> dict[str, float | int]:
-        return {
-            "prefix_tokens_reused": self.prefix_tokens_reused,
-            "prefix_tokens_queried": self.prompt_tokens_admitted,
-            "prefix_hit_rate": self.prefix_tokens_reused / max(self.prompt_tokens_admitted, 1),
-            "prefix_flops_saved": self.prefix_flops_saved,
-            "pages_shared": self.pages_shared,
-            "parallel_sampling_tokens_shared": self.parallel_tokens_shared,
-            "forward_passes": self.forward_passes,
-            "tokens_per_forward": self.tokens_computed / max(self.forward_passes, 1),
-            "requests_per_forward": self.requests_stepped / max(self.forward_passes, 1),
-            "chunked_prefill_tokens": self.chunked_tokens,
-            "chunked_prefill_extra_steps": self.extra_chunk_steps,
-            "max_itl_s": self.max_itl_s,
-            "max_itl_60s": self.window_max_itl(),
-        }
+    def stats(self) -> LedgerStats:
+        return LedgerStats(
+            prefix_tokens_reused=self.prefix_tokens_reused,
+            prefix_tokens_queried=self.prompt_tokens_admitted,
+            prefix_hit_rate=self.prefix_tokens_reused / max(self.prompt_tokens_admitted, 1),
+            prefix_flops_saved=self.prefix_flops_saved,
+            pages_shared=self.pages_shared,
+            parallel_sampling_tokens_shared=self.parallel_tokens_shared,
+            forward_passes=self.forward_passes,
+            tokens_per_forward=self.tokens_computed / max(self.forward_passes, 1),
+            requests_per_forward=self.requests_stepped / max(self.forward_passes, 1),
+            chunked_prefill_tokens=self.chunked_tokens,
+            chunked_prefill_extra_steps=self.extra_chunk_steps,
+            max_itl_s=self.max_itl_s,
+            max_itl_60s=self.window_max_itl(),
+        )

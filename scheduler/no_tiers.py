@@ -8,6 +8,7 @@ from houchu.cache_tiers.radix_tree import RadixTree
 from houchu.scheduler.request import Request
 from houchu.scheduler.tiers import TierClient, TierReply
 from houchu.transport.messages import PageCopy
+from houchu.transport.stats import KVTierStats
 
 
 class NoTiers:
@@ -70,9 +71,9 @@ class NoTiers:
         """No messages ([])."""
         return []
 
-    def stats(self) -> dict[str, float | int]:
-        """No counters ({})."""
-        return {}
+    def stats(self) -> KVTierStats | None:
+        """No counters (None)."""
+        return None
 
 
 #: What the scheduler holds: the tier manager's client, or its stand-in when off.

@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from houchu.transport.stats import OverlapStats
 from houchu.transport.telemetry import LeverSample
 
 if TYPE_CHECKING:
@@ -171,13 +172,13 @@ class OverlapLedger:
         self._unsent_hidden, self._unsent_discarded = 0.0, 0
         return [sample]
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> OverlapStats:
         """Counters for ``/stats`` (seconds and tokens since start)."""
-        return {
-            "overlap_schedule": int(self.enabled),
-            "overlap_hidden_s": self.hidden_s,
-            "overlap_scheduler_s": self.work_s,
-            "overlap_hidden_fraction": self.hidden_s / self.work_s if self.work_s else 0.0,
-            "overlap_discarded_tokens": self.discarded_tokens,
-            "overlap_steps_ahead": self.steps_ahead,
-        }
+        return OverlapStats(
+            overlap_schedule=int(self.enabled),
+            overlap_hidden_s=self.hidden_s,
+            overlap_scheduler_s=self.work_s,
+            overlap_hidden_fraction=self.hidden_s / self.work_s if self.work_s else 0.0,
+            overlap_discarded_tokens=self.discarded_tokens,
+            overlap_steps_ahead=self.steps_ahead,
+        )

@@ -12,6 +12,7 @@ from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.cache_tiers.radix_tree import RadixTree
 from houchu.scheduler.no_tiers import Tiers
 from houchu.scheduler.request import Request
+from houchu.transport.stats import PrefixStats
 
 
 class PrefixCache:
@@ -73,14 +74,14 @@ class PrefixCache:
         """An empty cache over a new pool (the runner was replaced)."""
         return PrefixCache(allocator, tiers, self.window)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> PrefixStats:
         """Pages cached and evicted since start; ``radix_cache``: 1."""
-        return {
-            "num_pages_cached": self.tree.num_pages,
-            "num_pages_evicted": self.tree.num_evicted,
-            "num_pages_hollowed": self.tree.num_hollowed,
-            "radix_cache": 1,
-        }
+        return PrefixStats(
+            num_pages_cached=self.tree.num_pages,
+            num_pages_evicted=self.tree.num_evicted,
+            num_pages_hollowed=self.tree.num_hollowed,
+            radix_cache=1,
+        )
 
 
 class NoPrefixCache:
@@ -104,9 +105,9 @@ class NoPrefixCache:
         """Still off: itself."""
         return self
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> PrefixStats:
         """No pages cached or evicted; ``radix_cache``: 0."""
-        return {"num_pages_cached": 0, "num_pages_evicted": 0, "radix_cache": 0}
+        return PrefixStats(num_pages_cached=0, num_pages_evicted=0, radix_cache=0)
 
 
 def prefix_cache(

@@ -10,6 +10,7 @@ from houchu.scheduler.request import Request
 from houchu.speculative.scheduling import SpecScheduler
 from houchu.transport.messages import SeqWork, StepResult
 from houchu.transport.spec_messages import DraftReply, DraftRequest
+from houchu.transport.stats import SpecStats
 from houchu.transport.telemetry import LeverSample
 
 
@@ -63,9 +64,9 @@ class NoSpeculation:
         """Speculation never keeps a step from being planned ahead (False)."""
         return False
 
-    def stats(self) -> dict[str, float | int | str]:
-        """``{"speculative": "off"}``."""
-        return {"speculative": "off"}
+    def stats(self) -> SpecStats:
+        """``speculative`` "off", nothing else."""
+        return SpecStats(speculative="off")
 
 
 #: What the core holds: the real bookkeeping, or its stand-in when speculation is off.

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from houchu.scheduler.overlap import Slot
 from houchu.scheduler.request import Request
 from houchu.transport.messages import StepResult
+from houchu.transport.stats import StepStats
 
 #: Seconds of landed steps that ``round_trip_ms`` averages over.
 ROUND_TRIP_WINDOW_S = 10.0
@@ -104,11 +105,11 @@ class StepTracker:
         """Seconds the oldest step in flight has been at the runner (0: none in flight)."""
         return time.perf_counter() - self._at_runner_since if self._steps else 0.0
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> StepStats:
         """``round_trip_ms``: mean round trip of the steps landed in the last
         ``ROUND_TRIP_WINDOW_S`` seconds (absent when none landed)."""
         cutoff = time.time() - ROUND_TRIP_WINDOW_S
         recent = [s for t, s in self._round_trips if t >= cutoff]
         if not recent:
-            return {}
-        return {"round_trip_ms": 1000.0 * sum(recent) / len(recent)}
+            return StepStats()
+        return StepStats(round_trip_ms=1000.0 * sum(recent) / len(recent))

@@ -17,6 +17,7 @@ from houchu.cache_tiers.page_hash import chain_hashes
 from houchu.cache_tiers.radix_tree import Node, RadixTree
 from houchu.scheduler.request import Request
 from houchu.transport.messages import PageCopy
+from houchu.transport.stats import KVTierStats, TierManagerStats
 from houchu.transport.tier_messages import (
     HostSlotGrant,
     TierLookup,
@@ -63,7 +64,7 @@ class TierClient:
         self.loads_in_flight: dict[int, list[int]] = {}  # step -> host slots to release
         self.lookups: dict[str, Lookup] = {}
         self.outbox: list = []  # messages for the tier manager
-        self.tier_stats: dict[str, float | int] = {}
+        self.tier_stats: TierManagerStats | None = None  # the manager's, as last sent
         self.pages_loaded = {"host": 0, "ssd": 0}
         self.pages_saved = 0
         self.pages_dropped = 0  # evicted with no host slot to write back into
@@ -243,7 +244,7 @@ class TierClient:
         self.saves_in_flight.clear()
         self.loads_in_flight.clear()
         self.outbox = []
-        self.tier_stats = {}
+        self.tier_stats = None
         for rid, lookup in self.lookups.items():
             lookup.result = TierLookupResult(rid, [], [])
 
@@ -252,16 +253,16 @@ class TierClient:
         out, self.outbox = self.outbox, []
         return out
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> KVTierStats:
         """The tier manager's counters and the scheduler's (tokens and pages)."""
         ps = self.page_size
-        return {
-            **self.tier_stats,
-            "tier_tokens_loaded_host": self.pages_loaded["host"] * ps,
-            "tier_tokens_loaded_ssd": self.pages_loaded["ssd"] * ps,
-            "tier_pages_saved": self.pages_saved,
-            "tier_pages_dropped": self.pages_dropped,
-            "tier_lookups": self.num_lookups,
-            "tier_lookup_timeouts": self.num_timeouts,
-            "host_slots_granted": len(self.stash),
-        }
+        return KVTierStats(
+            manager=self.tier_stats,
+            tier_tokens_loaded_host=self.pages_loaded["host"] * ps,
+            tier_tokens_loaded_ssd=self.pages_loaded["ssd"] * ps,
+            tier_pages_saved=self.pages_saved,
+            tier_pages_dropped=self.pages_dropped,
+            tier_lookups=self.num_lookups,
+            tier_lookup_timeouts=self.num_timeouts,
+            host_slots_granted=len(self.stash),
+        )

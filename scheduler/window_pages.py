@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.scheduler.request import Request
+from houchu.transport.stats import WindowStats
 
 
 class WindowPages:
@@ -54,11 +55,11 @@ class WindowPages:
         req.num_dead_pages = dead
         return len(pages)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> WindowStats:
         """``sliding_window``, pages released, freed, and left to the radix cache."""
-        return {
-            "sliding_window": self.window,
-            "window_pages_released": self.pages_released,
-            "window_pages_freed": self.pages_freed,
-            "window_pages_cached": self.pages_released - self.pages_freed,
-        }
+        return WindowStats(
+            sliding_window=self.window,
+            window_pages_released=self.pages_released,
+            window_pages_freed=self.pages_freed,
+            window_pages_cached=self.pages_released - self.pages_freed,
+        )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+from houchu.transport.stats import SpecTotalsStats
 from houchu.transport.telemetry import LeverSample
 
 LEVER, VERB = "speculative_decoding", "break_serial"
@@ -77,14 +78,15 @@ class SpecCounters:
             ),
         ]
 
-    def stats(self, prefix: str = "spec_") -> dict[str, float | int]:
-        return {
-            f"{prefix}verify_steps": self.num_verify_steps,
-            f"{prefix}proposed_tokens": self.num_proposed,
-            f"{prefix}accepted_tokens": self.num_accepted,
-            f"{prefix}rejected_tokens": self.num_rejected,
-            f"{prefix}acceptance_rate": self.num_accepted / max(self.num_proposed, 1),
-            f"{prefix}mean_acceptance_length": self.mean_acceptance_length,
-            f"{prefix}forward_passes_saved": self.forward_passes_saved,
-            f"{prefix}draft_s": self.draft_s,
-        }
+    def stats(self) -> SpecTotalsStats:
+        """The totals for ``/stats`` (tokens, steps, seconds)."""
+        return SpecTotalsStats(
+            spec_verify_steps=self.num_verify_steps,
+            spec_proposed_tokens=self.num_proposed,
+            spec_accepted_tokens=self.num_accepted,
+            spec_rejected_tokens=self.num_rejected,
+            spec_acceptance_rate=self.num_accepted / max(self.num_proposed, 1),
+            spec_mean_acceptance_length=self.mean_acceptance_length,
+            spec_forward_passes_saved=self.forward_passes_saved,
+            spec_draft_s=self.draft_s,
+        )

@@ -27,6 +27,7 @@ from houchu.speculative.adaptive import PRIOR_WEIGHT, SpecController
 from houchu.speculative.ledger import LEVER, SpecCounters
 from houchu.transport.messages import SeqWork, StepResult
 from houchu.transport.spec_messages import DraftReply, DraftRequest, DraftSeq
+from houchu.transport.stats import SpecStats
 from houchu.transport.telemetry import LeverSample
 
 if TYPE_CHECKING:
@@ -240,23 +241,23 @@ class SpecScheduler:
         (then it must not be planned ahead: proposals need every token known)."""
         return 0 < num_decoding <= self.controller.cutoff
 
-    def stats(self) -> dict[str, float | int | str]:
+    def stats(self) -> SpecStats:
         """Speculation's counters for the stats endpoint."""
         c = self.controller
-        return {
-            "speculative": self.config.speculative,
-            "spec_max_tokens": self.config.num_speculative_tokens,
-            "spec_break_even_batch": c.break_even,
-            "spec_max_batch": c.cutoff,
-            "spec_acceptance_estimate": c.global_acceptance(),
-            "spec_draft_calls": self.num_draft_calls,
-            "spec_last_batch": self.last_batch,
-            "spec_last_requests_speculating": self.last_num_asked,
-            "draft_num_seqs": self.draft_pool["num_seqs"],
-            "draft_pages_used": self.draft_pool["pages_used"],
-            "draft_pages_total": self.draft_pool["pages_total"],
-            **self.totals.stats(),
-        }
+        return SpecStats(
+            speculative=self.config.speculative,
+            spec_max_tokens=self.config.num_speculative_tokens,
+            spec_break_even_batch=c.break_even,
+            spec_max_batch=c.cutoff,
+            spec_acceptance_estimate=c.global_acceptance(),
+            spec_draft_calls=self.num_draft_calls,
+            spec_last_batch=self.last_batch,
+            spec_last_requests_speculating=self.last_num_asked,
+            draft_num_seqs=self.draft_pool["num_seqs"],
+            draft_pages_used=self.draft_pool["pages_used"],
+            draft_pages_total=self.draft_pool["pages_total"],
+            totals=self.totals.stats(),
+        )
 
 
 def _cap(req: Request, max_context: int) -> int:

@@ -42,6 +42,7 @@ from houchu.transport.request_fields import (  # re-exported
     SamplingParams,
     ToolCallMessage,
 )
+from houchu.transport.stats import EngineStats
 from houchu.transport.step_messages import (  # re-exported
     PageCopy,
     Phase,
@@ -277,10 +278,10 @@ class StatsQuery(Struct, tag=True):
 
 
 class StatsReply(Struct, tag=True, kw_only=True):
-    """Scheduler counters. Pages are KV pages of ``page_size`` tokens."""
+    """Scheduler counters (``/stats``: ``EngineStats.flat``)."""
 
     query_id: int
-    stats: dict[str, float | int | str]
+    stats: EngineStats
 
 
 GatewayInbox = TextDelta | RequestFailed | StatsReply | RunnerInfo | Shutdown | ActorDown | ActorUp

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from msgspec import Struct, field
 
+from houchu.transport.stats import TierManagerStats
+
 
 class HostSlotGrant(Struct, tag=True):
     """Free host slots the scheduler may fill (each used once, then stored)."""
@@ -57,4 +59,4 @@ class TierRelease(Struct, tag=True):
 class TierStats(Struct, tag=True):
     """The tier manager's counters (hits, misses, evictions, bytes moved per tier)."""
 
-    stats: dict[str, float | int]
+    stats: TierManagerStats

@@ -22,6 +22,7 @@ from houchu.transport.messages import (
     TextDelta,
     TokenizerInbox,
 )
+from houchu.transport.stats import EngineStats, PoolStats
 
 _names = itertools.count()
 
@@ -50,7 +51,7 @@ async def _engine(known: bool, finish_after_s: float | None):
         while True:
             q = await sched_in.recv()
             queries.append(q.rid)
-            stats = {"num_running": 1, "request_known": int(known)}
+            stats = EngineStats(pool=PoolStats(num_running=1), request_known=int(known))
             await to_gateway.send(StatsReply(query_id=q.query_id, stats=stats))
 
     tasks = [asyncio.create_task(tokenizer()), asyncio.create_task(scheduler())]

@@ -346,8 +346,8 @@ def test_ledger_counts_only_work_inside_the_runners_step():
     assert led.on_executed(10.2, 1.0) == pytest.approx(0.3)  # the step ran 10.2 .. 11.2
     assert led.on_executed(0.0, 1.0) == 0.0  # unknown start: nothing claimed
     s = led.stats()
-    assert s["overlap_hidden_s"] == pytest.approx(0.3) and s["overlap_schedule"] == 1
-    assert s["overlap_scheduler_s"] == pytest.approx(0.7)
+    assert s.overlap_hidden_s == pytest.approx(0.3) and s.overlap_schedule == 1
+    assert s.overlap_scheduler_s == pytest.approx(0.7)
     led.on_discarded(2)
     (sample,) = unpaced_samples(led)
     assert (sample.lever, sample.verb, sample.saved_unit, sample.spent_unit) == (
