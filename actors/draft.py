@@ -16,8 +16,8 @@ import traceback
 
 import zmq.asyncio
 
-from houchu.actors.config import ServeConfig
 from houchu.options.runner_options import RunnerOptions
+from houchu.options.serve_config import ServeConfig
 from houchu.speculative.proposers import NgramProposer, Proposer, ProtocolError
 from houchu.transport.channel import Inbox
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown
@@ -60,7 +60,7 @@ def make_proposer(config: ServeConfig) -> tuple[Proposer, str]:
         raise ValueError(f"unknown speculative method {speculative.speculative!r}")
     if not speculative.draft_model:
         raise ValueError("--speculative draft needs --draft-model PATH")
-    from houchu.model.config.core import load_model_config
+    from houchu.model.config.load import load_model_config
     from houchu.runner.model_runner import ModelRunner
     from houchu.speculative.draft_model import DraftModelProposer
 

@@ -19,11 +19,11 @@ import time
 
 import zmq.asyncio
 
-from houchu.actors.config import ServeConfig
-from houchu.actors.startup_errors import ShutdownBeforeReady
+from houchu.options.serve_config import ServeConfig
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.scheduler.core import SchedulerCore
 from houchu.speculative.calibrate import best_times, calibration_plans, calibration_sizes
+from houchu.startup_errors import ShutdownBeforeReady
 from houchu.transport.channel import Inbox, Outbox
 from houchu.transport.messages import Shutdown, StepResult
 from houchu.transport.peers import Peers, receive

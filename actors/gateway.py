@@ -14,12 +14,12 @@ from pathlib import Path
 import zmq.asyncio
 from aiohttp import web
 
-from houchu.actors.config import ServeConfig
-from houchu.actors.startup_errors import StartupFailure
 from houchu.api.engine_client import EngineClient
 from houchu.api.metrics import GatewayMetrics
 from houchu.api.observe import RequestObserver
 from houchu.dashboard.store import DashboardStore
+from houchu.options.serve_config import ServeConfig
+from houchu.startup_errors import StartupFailure
 from houchu.transport.peers import Peers
 from houchu.transport.telemetry import Telemetry
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 
-from houchu.actors.config import ServeConfig
 from houchu.cache_tiers.host_pool import HostPool
 from houchu.cache_tiers.page_hash import model_fingerprint
 from houchu.options.runner_options import RunnerOptions
+from houchu.options.serve_config import ServeConfig
 
 
 def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
@@ -27,7 +27,7 @@ def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
     """
     import torch
 
-    from houchu.model.config.core import load_model_config
+    from houchu.model.config.load import load_model_config
     from houchu.model.kv.page_pool import kv_page_bytes
 
     tiers = config.kv_tiers

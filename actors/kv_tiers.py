@@ -24,10 +24,10 @@ from pathlib import Path
 import msgspec
 import zmq.asyncio
 
-from houchu.actors.config import ServeConfig
 from houchu.cache_tiers.host_pool import HostPool
 from houchu.cache_tiers.host_tier import HostTier
 from houchu.cache_tiers.ssd_tier import SsdTier
+from houchu.options.serve_config import ServeConfig
 from houchu.paths import cache_dir
 from houchu.transport.channel import Inbox
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown

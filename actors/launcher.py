@@ -21,11 +21,11 @@ import time
 
 import zmq.asyncio
 
-from houchu.actors.config import ServeConfig
 from houchu.actors.kv_tier_setup import prepare_kv_tiers
 from houchu.actors.placement import PlacementError, check_port_free, place_actors
 from houchu.actors.run_dirs import make_run_dir, sweep_stale
 from houchu.actors.supervisor import Supervisor, SupervisorStop
+from houchu.options.serve_config import ServeConfig
 from houchu.transport.channel import BadMessage, Inbox
 from houchu.transport.messages import ActorFailed, ActorReady, LauncherInbox
 from houchu.transport.peers import dropped, receive

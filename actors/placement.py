@@ -18,7 +18,7 @@ import socket
 import stat
 from pathlib import Path
 
-from houchu.actors.config import ServeConfig
+from houchu.options.serve_config import ServeConfig
 from houchu.transport.endpoints import ACTORS, Endpoints
 from houchu.transport.security import CurveKeys
 

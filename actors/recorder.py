@@ -13,7 +13,7 @@ import time
 
 import zmq.asyncio
 
-from houchu.actors.config import ServeConfig
+from houchu.options.serve_config import ServeConfig
 from houchu.storage.retention import Retention
 from houchu.storage.writer import TelemetryWriter
 from houchu.transport.channel import Inbox

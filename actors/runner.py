@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import zmq.asyncio
 
-from houchu.actors.config import ServeConfig
 from houchu.actors.heap import HeapTrimmer
-from houchu.actors.startup_errors import StartupFailure
+from houchu.options.serve_config import ServeConfig
+from houchu.startup_errors import StartupFailure
 from houchu.transport.channel import Inbox, ThreadOutbox
 from houchu.transport.failures import internal, unavailable
 from houchu.transport.messages import (
@@ -121,7 +121,7 @@ class RunnerActor:
     async def start(self) -> str:
         launch = self.config.launch
         loop = asyncio.get_running_loop()
-        from houchu.model.ops import TritonUnusable
+        from houchu.gpu.triton.probe import TritonUnusable
         from houchu.model.quant.calibration import CalibrationError
         from houchu.model.quant.functions import QuantShapeError
 
@@ -205,7 +205,7 @@ class RunnerActor:
         """Tensor parallel: check the other ranks' processes every ``RANK_WATCH_S``
         seconds; one that died while the server was idle restarts the runner at once,
         so ``/health`` stops answering ready instead of the next request failing."""
-        from houchu.runner.tensor_parallel.worker import dead_rank
+        from houchu.runner.tensor_parallel.ranks import dead_rank
 
         while True:
             await asyncio.sleep(RANK_WATCH_S)
@@ -216,7 +216,7 @@ class RunnerActor:
     def _exit_for_ranks(self) -> None:
         """Exit (status 1) after a lost rank, killing the ranks left first (a hung one
         would outlive this process), so that the supervisor restarts every rank."""
-        from houchu.runner.tensor_parallel.worker import kill_ranks
+        from houchu.runner.tensor_parallel.ranks import kill_ranks
 
         kill_ranks(self.runner.tp)
         os._exit(1)

@@ -23,8 +23,8 @@ from typing import Protocol
 
 import zmq.asyncio
 
-from houchu.actors.config import ServeConfig
-from houchu.actors.startup_errors import ShutdownBeforeReady, StartupFailure
+from houchu.options.serve_config import ServeConfig
+from houchu.startup_errors import ShutdownBeforeReady, StartupFailure
 from houchu.transport.channel import Outbox
 from houchu.transport.messages import ActorFailed, ActorReady, Heartbeat
 

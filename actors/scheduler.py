@@ -26,12 +26,12 @@ import time
 import msgspec
 import zmq.asyncio
 
-from houchu.actors.config import ServeConfig
 from houchu.actors.draft_link import Draft, make_link, spec_config
-from houchu.actors.startup_errors import ShutdownBeforeReady
+from houchu.options.serve_config import ServeConfig
 from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.scheduler.overlap import resolve_overlap
 from houchu.scheduler.tiers import TierClient
+from houchu.startup_errors import ShutdownBeforeReady
 from houchu.transport.channel import Inbox
 from houchu.transport.failures import unavailable
 from houchu.transport.messages import (

@@ -71,7 +71,7 @@ from dataclasses import dataclass
 
 import zmq.asyncio
 
-from houchu.actors.config import ServeConfig
+from houchu.options.serve_config import ServeConfig
 from houchu.transport.channel import Outbox
 from houchu.transport.messages import (
     ActorDown,

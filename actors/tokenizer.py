@@ -28,7 +28,7 @@ import time
 import msgspec
 import zmq.asyncio
 
-from houchu.actors.config import ServeConfig
+from houchu.options.serve_config import ServeConfig
 from houchu.text.bad_words import bad_words_ids
 from houchu.text.request_text import RequestText
 from houchu.text.stop import stop_ids

@@ -39,18 +39,19 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from houchu.api import metrics, openapi, server_info, tokenize
+from houchu.api import openapi, server_info, tokenize
 from houchu.api.auth import make_auth_middleware
-from houchu.api.engine_client import EngineError
+from houchu.api.engine_client import STATS_TIMEOUT_S, EngineError
 from houchu.api.errors import ApiError, api_error, error_response, json_response
 from houchu.api.limits import GatewayLimits
-from houchu.api.metrics import GatewayMetrics
+from houchu.api.metrics import METRICS_KEY, GatewayMetrics
 from houchu.api.openai import routes as openai_api
 from houchu.api.state import ENGINE_KEY, STATE_KEY, EngineLike, GatewayState
 from houchu.api.ws import routes as ws_api
 from houchu.dashboard import live, views
-from houchu.dashboard.live_data import STORE_KEY
+from houchu.dashboard.live_data import STORE_KEY, engine_stats
 from houchu.dashboard.store import DashboardStore
 from houchu.transport.failures import Failed
 from houchu.transport.limits import LimitsWatch, RunnerLimits
@@ -59,8 +60,6 @@ __all__ = ["ENGINE_KEY", "STATE_KEY", "EngineLike", "GatewayLimits", "GatewaySta
 
 log = logging.getLogger(__name__)
 
-#: Longest wait for the engine's counters before ``/stats`` answers 503.
-STATS_TIMEOUT_S = 10.0
 HEALTH_TIMEOUT_S = 2.0  # /health answers 503 when the engine takes longer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -127,7 +126,7 @@ def make_app(
         app[STORE_KEY] = store
     views.add_routes(app)
     live.add_routes(app)
-    metrics.add_routes(app, gateway_metrics)
+    add_metrics_route(app, gateway_metrics)
     openapi.add_routes(app)
     server_info.add_routes(app)
     return app
@@ -209,3 +208,29 @@ async def stats(request: web.Request) -> web.Response:
             raise ApiError("token_path_since must be an integer", status=400) from None
         counters["token_path"] = token_path.stats(since)
     return json_response(counters)
+
+
+def add_metrics_route(app: web.Application, metrics: GatewayMetrics | None = None) -> None:
+    """Register ``GET /metrics`` with ``metrics`` (a fresh set when None)."""
+    app[METRICS_KEY] = metrics or GatewayMetrics()
+    app.router.add_get("/metrics", metrics_endpoint)
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    """``GET /metrics``: Prometheus text format. Engine and database numbers are read
+    now; a source that does not answer is left out (``houchu_engine_up`` says so)."""
+    app = request.app
+    metrics = app[METRICS_KEY]
+    store = app.get(STORE_KEY)
+    ledger = counters = None
+    if store is not None:
+        try:
+            ledger, counters = await asyncio.gather(store.ledger(None), store.counters())
+        except ApiError as e:  # the database cannot answer: export the rest
+            log.info("metrics without the database: %s", e.message)
+    stats, _ = await engine_stats(app)
+    state = app.get(STATE_KEY)
+    served = state.model_name if state is not None else None
+    metrics.snapshot.update(stats, ledger, counters, served)
+    body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -44,6 +44,10 @@ from houchu.transport.messages import (
 )
 from houchu.transport.peers import Peers, serve
 
+#: Longest wait for the scheduler's counters (``EngineClient.stats``; ``/stats`` and
+#: ``/server_info`` answer 503 past it).
+STATS_TIMEOUT_S = 5.0
+
 
 class EngineError(Failed):
     """A request the engine rejected or failed, with its ``Failure`` (``status``: the
@@ -263,7 +267,7 @@ class EngineClient:
         await self._to_tokenizer.send(AbortRequest(rid))
 
     async def stats(
-        self, timeout_s: float = 5.0, rid: str | None = None
+        self, timeout_s: float = STATS_TIMEOUT_S, rid: str | None = None
     ) -> dict[str, float | int | str]:
         """The scheduler's counters (free pages, running requests, ...); with ``rid``,
         also ``request_known`` (1 when the scheduler holds that request, else 0).

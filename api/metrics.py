@@ -9,11 +9,13 @@ Three sources, one registry per application (never the global one):
   requests, KV pages;
 - the database (``ledger_totals``, ``counters``), read at each scrape: what each lever
   saved and spent, and telemetry records dropped.
+
+The route itself (``houchu.api.app.metrics_endpoint``) sits with the application, above
+the dashboard whose store and engine reads it takes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -21,18 +23,13 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from houchu.api.errors import ApiError
-from houchu.api.state import STATE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -265,31 +262,3 @@ class ScrapeSnapshot(Collector):
 
 
 METRICS_KEY: web.AppKey[GatewayMetrics] = web.AppKey("houchu_metrics", GatewayMetrics)
-
-
-def add_routes(app: web.Application, metrics: GatewayMetrics | None = None) -> None:
-    """Register ``GET /metrics`` with ``metrics`` (a fresh set when None)."""
-    app[METRICS_KEY] = metrics or GatewayMetrics()
-    app.router.add_get("/metrics", metrics_endpoint)
-
-
-async def metrics_endpoint(request: web.Request) -> web.Response:
-    """``GET /metrics``: Prometheus text format. Engine and database numbers are read
-    now; a source that does not answer is left out (``houchu_engine_up`` says so)."""
-    from houchu.dashboard.live_data import STORE_KEY, engine_stats
-
-    app = request.app
-    metrics = app[METRICS_KEY]
-    store = app.get(STORE_KEY)
-    ledger = counters = None
-    if store is not None:
-        try:
-            ledger, counters = await asyncio.gather(store.ledger(None), store.counters())
-        except ApiError as e:  # the database cannot answer: export the rest
-            log.info("metrics without the database: %s", e.message)
-    stats, _ = await engine_stats(app)
-    state = app.get(STATE_KEY)
-    served = state.model_name if state is not None else None
-    metrics.snapshot.update(stats, ledger, counters, served)
-    body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

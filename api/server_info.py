@@ -11,12 +11,9 @@ from importlib import metadata
 
 from aiohttp import web
 
-from houchu.api.engine_client import EngineError
+from houchu.api.engine_client import STATS_TIMEOUT_S, EngineError
 from houchu.api.errors import ApiError, json_response
 from houchu.api.state import ENGINE_KEY, INFO_WAIT_S, STATE_KEY
-
-#: seconds /server_info waits for the engine's counters
-STATS_TIMEOUT_S = 5.0
 
 
 def houchu_version() -> str:

@@ -207,7 +207,7 @@ def make_backend(args: argparse.Namespace, params: Any) -> Any:
 
         return OpenAIBackend(args.base_url, params, args.api_key, include_usage=not args.no_usage)
     from houchu.bench.backends.hf import HFBackend
-    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.fetch import fetch_default_model
 
     path = Path(args.hf_model) if args.hf_model else fetch_default_model()
     return HFBackend(path, params, args.hf_max_batch, args.threads)

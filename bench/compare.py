@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
-    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.fetch import fetch_default_model
 
     model = (args.model or fetch_default_model()).resolve()
     parallel = args.parallel or speculative.run.concurrency or 16

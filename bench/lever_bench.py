@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path)
     ap.add_argument("--requests", type=int, default=32)
     args = ap.parse_args()
-    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.fetch import fetch_default_model
 
     model = args.model or fetch_default_model()
     rows = []

@@ -55,7 +55,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.tokens < 2 or args.concurrency < 1 or args.rounds < 1:
         ap.error("--tokens must be >= 2, --concurrency and --rounds >= 1")
-    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.fetch import fetch_default_model
 
     model = args.model or fetch_default_model()
     flags = shlex.split(args.serve_flags)

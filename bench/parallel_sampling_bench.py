@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path)
     ap.add_argument("--n", type=int, default=8)
     args = ap.parse_args()
-    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.fetch import fetch_default_model
 
     model = args.model or fetch_default_model()
     rows = []

@@ -104,7 +104,7 @@ def load_encoder(speculative: str | None) -> Encoder | None:
     """
     if speculative is not None and speculative.lower() == "none":
         return None
-    from houchu.cli.fetch import default_model_path
+    from houchu.model.fetch import default_model_path
 
     path = Path(speculative) if speculative else default_model_path()
     if speculative is None and not path.exists():

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from houchu.bench.servers import running_server
-from houchu.cli.fetch import fetch_default_model
+from houchu.model.fetch import fetch_default_model
 
 SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dp=2 cache_aware", ("--data-parallel-size", "2", "--router-policy", "cache_aware")),

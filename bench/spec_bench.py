@@ -139,7 +139,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="rounds per measurement (median)")
     ap.add_argument("--server-flags", default="", help="extra `houchu serve` flags (use =)")
     args = ap.parse_args()
-    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.fetch import fetch_default_model
 
     model = args.model or fetch_default_model()
     draft = str(args.draft_model or model)

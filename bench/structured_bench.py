@@ -38,13 +38,11 @@ import itertools
 import statistics
 from typing import Any
 
-from houchu.cli.main import build_parser
-
 #: Step ids of ``--runner``'s plans.
 _STEP = itertools.count(1)
 
 #: The metrics printed per side: (results key, label, higher is better).
-METRICS = (
+STRUCTURED_METRICS = (
     ("output_throughput", "output tokens/s", True),
     ("median_tpot_ms", "median TPOT (ms)", False),
     ("median_ttft_ms", "median TTFT (ms)", False),
@@ -79,11 +77,13 @@ def bench_args(opts: argparse.Namespace, concurrency: int, structured: str) -> l
 
 def run_once(argv: list[str]) -> dict[str, Any]:
     """One ``houchu bench`` run in this process; its ``results``."""
-    from houchu.bench.cli import bench_spec, make_backend
+    from houchu.bench.cli import add_bench_parser, bench_spec, make_backend
     from houchu.bench.core import benchmark
     from houchu.bench.prompts import PromptBuilder, load_encoder
 
-    args = build_parser().parse_args(argv)
+    parser = argparse.ArgumentParser(prog="houchu")  # the houchu command's bench parser
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
     speculative = bench_spec(args, args.model)
     builder = PromptBuilder(load_encoder(args.tokenizer))
     record = asyncio.run(
@@ -97,7 +97,7 @@ def table(runs: dict[tuple[int, str], list[dict[str, Any]]], levels: list[int]) 
     lines = [f"{'metric':<22}{'conc':>6}{'without':>12}{'with':>12}{'with/without':>14}"]
     lines.append("-" * len(lines[0]))
     for c in levels:
-        for key, label, _ in METRICS:
+        for key, label, _ in STRUCTURED_METRICS:
             a = statistics.median(r[key] for r in runs[(c, "none")])
             b = statistics.median(r[key] for r in runs[(c, "json-schema")])
             ratio = f"{b / a:.3f}" if a else "-"
@@ -160,7 +160,7 @@ def runner_main(opts: argparse.Namespace) -> None:
     """``--runner``: decode steps with and without a JSON schema, alternating."""
     from houchu.api.structured.request import json_schema_grammar
     from houchu.bench.cli import BENCH_SCHEMA
-    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.fetch import fetch_default_model
     from houchu.options.runner_options import RunnerOptions
     from houchu.runner.model_runner import ModelRunner
     from houchu.transport.structured import StructuredOutput
@@ -225,7 +225,7 @@ def masks_main(opts: argparse.Namespace) -> None:
 
     from houchu.api.structured.request import json_schema_grammar
     from houchu.bench.cli import BENCH_SCHEMA
-    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.fetch import fetch_default_model
     from houchu.model.grammar.matcher import GrammarEngine, bitmask_to_allowed, bitmask_words
     from houchu.model.sampling.sampler import apply_grammar_masks
     from houchu.transport.structured import StructuredOutput

@@ -72,7 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path)
     args = ap.parse_args()
-    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.fetch import fetch_default_model
 
     model = args.model or fetch_default_model()
     with tempfile.TemporaryDirectory(prefix="houchu-kvbench-") as d:

@@ -35,7 +35,7 @@ import aiohttp
 from houchu.api.token_path import format_table
 
 #: The prompt of every measured request (a chat turn; its length does not matter here).
-PROMPT = "Write a long story about a lighthouse keeper and the ships she watched."
+STORY_PROMPT = "Write a long story about a lighthouse keeper and the ships she watched."
 
 
 @dataclass
@@ -81,7 +81,7 @@ async def stream_one(url: str, tokens: int, times: ClientTimes | None) -> None:
     frame that carries tokens is timed into ``times`` (None: not timed)."""
     msg = {
         "id": "t",
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": STORY_PROMPT}],
         "max_tokens": tokens,
         "temperature": 0,
         "ignore_eos": True,
@@ -155,7 +155,7 @@ def main() -> None:
             urls = {"(running server)": args.url}
         else:
             from houchu.bench.servers import running_server
-            from houchu.cli.fetch import fetch_default_model
+            from houchu.model.fetch import fetch_default_model
 
             model = args.model or fetch_default_model()
             urls = {

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 MAGIC = b"HOUCHUKV"
-VERSION = 1
+SSD_FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sI16s16sQ16s")
 
 
@@ -81,7 +81,7 @@ class SsdTier:
             return False
         header = _HEADER.pack(
             MAGIC,
-            VERSION,
+            SSD_FORMAT_VERSION,
             h,
             self.fingerprint,
             len(payload),
@@ -122,7 +122,7 @@ class SsdTier:
         magic, version, fh, fp, n, checksum = _HEADER.unpack(header)
         ok = (
             magic == MAGIC
-            and version == VERSION
+            and version == SSD_FORMAT_VERSION
             and fh == h
             and fp == self.fingerprint
             and n == len(payload)

@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from houchu.actors.config import ServeConfig
 from houchu.bench.cli import add_bench_parser, run_bench
 from houchu.bench.sweep.cli import add_levers_parser, run_levers
-from houchu.cli.fetch import FetchError, fetch_default_model
+from houchu.model.fetch import FetchError, fetch_default_model
 from houchu.options.checks import (
     check_device,
     check_mtp,
@@ -20,6 +19,7 @@ from houchu.options.checks import (
     check_tensor_parallel,
 )
 from houchu.options.parser import add_serve_parser, config_from_args
+from houchu.options.serve_config import ServeConfig
 
 
 def _version() -> str:

@@ -29,16 +29,16 @@ import time
 import aiohttp
 from aiohttp import web
 
-from houchu.actors.config import ServeConfig
 from houchu.actors.supervisor import RestartBudget, describe_exit
 from houchu.cluster.plan import ClusterPorts, ReplicaPlan, cluster_ports, plan_replicas
 from houchu.cluster.replica import ReplicaProcess, child_setup
 from houchu.cluster.router import find_smg, router_command
 from houchu.cluster.status import ClusterStatus, make_status_app
+from houchu.options.serve_config import ServeConfig
 from houchu.paths import cache_dir
 
 #: Seconds between two checks of the processes (and polls of the replicas).
-TICK_S = 0.5
+WATCH_TICK_S = 0.5
 #: Seconds the router may take to list every replica as ready at start.
 ROUTER_READY_TIMEOUT_S = 60.0
 #: Seconds the router may take to stop (it lets requests in flight finish first).
@@ -129,7 +129,7 @@ class ClusterLauncher:
                 raise ClusterError("replicas not ready in time")
             await self.status.poll(session)
             self._note_ready()
-            await asyncio.sleep(TICK_S)
+            await asyncio.sleep(WATCH_TICK_S)
 
     async def _wait_router(self, session: aiohttp.ClientSession) -> None:
         deadline = time.monotonic() + ROUTER_READY_TIMEOUT_S
@@ -144,7 +144,7 @@ class ClusterLauncher:
                 return
             if time.monotonic() > deadline or self._stop.is_set():
                 raise ClusterError(f"smg lists {len(ready)} of {n} replicas ready")
-            await asyncio.sleep(TICK_S)
+            await asyncio.sleep(WATCH_TICK_S)
 
     def _note_ready(self) -> None:
         """Replicas that answer /health with 200 are ready."""
@@ -228,7 +228,7 @@ class ClusterLauncher:
                     self._note_ready()
                     self.status.router_state = "ready" if self.router else "down"
                     try:
-                        await asyncio.wait_for(self._stop.wait(), TICK_S)
+                        await asyncio.wait_for(self._stop.wait(), WATCH_TICK_S)
                     except asyncio.TimeoutError:
                         pass
                 _say("shutting down")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from houchu.actors.config import ServeConfig
+from houchu.options.serve_config import ServeConfig
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from houchu.actors.config import ServeConfig
 from houchu.cluster.plan import ReplicaPlan
+from houchu.options.serve_config import ServeConfig
 
 #: prctl option: the signal a process gets when its parent dies (linux/prctl.h)
 PR_SET_PDEATHSIG = 1

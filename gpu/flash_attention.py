@@ -91,7 +91,7 @@ class FlashAttentionBackend(AttentionBackend):
             )
         import flash_attn  # noqa: F401 (fail here, at startup, if it cannot load)
 
-        from houchu.model.ops import triton_unusable
+        from houchu.gpu.triton.probe import triton_unusable
 
         self.ops_name = "triton" if triton_unusable(device) is None else "torch"
 

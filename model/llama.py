@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from houchu.cpu.fused_layers import FusedDecode
 from houchu.model.attention.base import AttentionBackend
 from houchu.model.attention.mla import MLAAttention, prepare_mla
 from houchu.model.attention.window import layer_attention
@@ -34,6 +34,7 @@ from houchu.model.block_parts import apply_norm, softcap
 from houchu.model.config.core import ModelConfig
 from houchu.model.decoder_layer import DecoderLayer, frozen_param, norm_kind
 from houchu.model.kv.pool import KVPool
+from houchu.model.linear.decode_route import DecodeRoute
 from houchu.model.linear.dense import Linear, LinearBase, onednn_available
 from houchu.model.linear.factory import make_linear
 from houchu.model.linear.quantized import Int4Linear
@@ -42,7 +43,18 @@ from houchu.model.ops import TorchOps
 from houchu.model.quant.functions import QuantSpec
 from houchu.model.rope import RopeTable, rope_cos_sin, rope_inv_freq
 from houchu.model.weights.shapes import HEAD_STORED, Weights, check_shapes
-from houchu.runner.decode_route import DecodeRoute
+
+
+class FusedLayers(Protocol):
+    """Decode layers fused into one call, which the runner may give the model
+    (``houchu.cpu.fused_layers.FusedDecode``: the C++ kernels of the CPU)."""
+
+    def bind(
+        self, batch: StepBatch, pool: KVPool, meta: object
+    ) -> Callable[..., torch.Tensor] | None:
+        """This step's ``fn(layers, x, cos, sin, head=False)``, or None where the fused
+        kernel does not apply (see ``FusedDecode.bind``)."""
+
 
 #: positions the RoPE table covers at most (8192 × head_dim × 2 values)
 ROPE_TABLE_MAX = 8192
@@ -74,7 +86,7 @@ class LlamaModel(nn.Module):
         dev = torch.device(device)
         dtype = w["model.embed_tokens.weight"].dtype
         self.ops: TorchOps = TorchOps()
-        self.fused: FusedDecode | None = None  # fused decode layers, set by the runner
+        self.fused: FusedLayers | None = None  # fused decode layers, set by the runner
         self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
         self.layers = nn.ModuleList(
             DecoderLayer(

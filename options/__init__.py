@@ -3,7 +3,7 @@
 Each struct here is what one part of the engine takes, and each of its fields is the
 ``houchu serve`` flag of the same name (``--page-size`` sets ``page_size``); the flag
 table is ``houchu.options.flags``, the argument parser built from it
-``houchu.options.parser``. The root, ``houchu.actors.config.ServeConfig``, holds one of
+``houchu.options.parser``. The root, ``houchu.options.serve_config.ServeConfig``, holds one of
 each (plus what the launcher fills in) and travels to every actor process as JSON.
 
 ======================================  =====================================  =========

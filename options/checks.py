@@ -140,12 +140,12 @@ def _check_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 def _check_deterministic(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--deterministic``'s refusals that the flags alone decide (the runner's own
-    ``houchu.cpu.deterministic.check_options``), before any actor starts."""
+    ``houchu.runner.deterministic.check_options``), before any actor starts."""
     if not args.deterministic:
         return
     import torch
 
-    from houchu.cpu.deterministic import DeterministicUnsupported, check_options
+    from houchu.runner.deterministic import DeterministicUnsupported, check_options
 
     o = RunnerOptions(
         quantization=args.quantization,
@@ -250,8 +250,8 @@ def check_tensor_parallel(runner: RunnerOptions, model: str) -> str | None:
     if runner.tensor_parallel_size == 1:
         return None
     from houchu.model.config.core import ModelLoadError
+    from houchu.runner.tensor_parallel.ranks import check_model, tp_runner_options
     from houchu.runner.tensor_parallel.shards import TensorParallelError
-    from houchu.runner.tensor_parallel.worker import check_model, tp_runner_options
 
     try:
         check_model(model, tp_runner_options(runner)[0])

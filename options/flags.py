@@ -1,6 +1,6 @@
 """The flag table of ``houchu serve``: every flag, the field it sets, its help.
 
-One ``Group`` per struct of the configuration tree (``houchu.actors.config.ServeConfig``),
+One ``Group`` per struct of the configuration tree (``houchu.options.serve_config.ServeConfig``),
 in the order ``houchu serve --help`` lists them; one ``Flag`` per field. A flag is named
 like its field (``--page-size`` sets ``page_size``), and its type, choices (a
 ``Literal``) and default come from the field (``houchu.options.parser`` builds the
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from houchu.actors.config import ServeConfig
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.cluster_options import ClusterOptions
 from houchu.options.gateway_options import GatewayOptions
 from houchu.options.kv_tier_options import KVTierOptions
 from houchu.options.placement_options import PlacementOptions
 from houchu.options.runner_options import RunnerOptions
+from houchu.options.serve_config import ServeConfig
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.options.supervision_options import SupervisionOptions
 from houchu.options.telemetry_options import TelemetryOptions

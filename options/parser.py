@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from houchu.actors.config import ServeConfig
 from houchu.options.flags import GROUPS, Flag, Group
+from houchu.options.serve_config import ServeConfig
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):

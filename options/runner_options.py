@@ -66,7 +66,7 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
         disable_fused_layers: with the cpu backend, run decode steps op by op instead
             of one C++ call for all the layers (``houchu.cpu.fused_layers``).
         disable_cuda_graph: do not capture decode steps as CUDA graphs (CUDA only).
-        deterministic: batch-invariant inference on the CPU (``houchu.cpu.deterministic``):
+        deterministic: batch-invariant inference on the CPU (``houchu.runner.deterministic``):
             a request's logits do not depend on the other rows of its step or on their
             count; pins one kernel path and float activations, no compiled step, fixed
             threads.

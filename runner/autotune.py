@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from houchu.cpu.load import wait_share, waited
-from houchu.runner.decode_route import DecodeRoute
+from houchu.model.linear.decode_route import DecodeRoute
 
 if TYPE_CHECKING:
     from houchu.model.attention.base import AttentionBackend

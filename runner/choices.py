@@ -9,7 +9,7 @@ device it runs on, decided once at start-up and said on the start-up line.
   pool (page size a multiple of 256, fp16/bf16 model and KV); else houchu's Triton
   kernels where Triton runs (installed, and one tiny kernel compiled and launched on the
   device), else torch SDPA; each fallback with its reason. On
-  the CPU "auto" stays for ``houchu.model.attention.base.make_backend`` (the C++ kernels).
+  the CPU "auto" stays for ``houchu.runner.backends.make_backend`` (the C++ kernels).
 
 The decisions are pure functions of what the device offers (``choose_dtype``,
 ``choose_attention``), tested on the CPU; ``resolve_dtype`` and ``resolve_attention``
@@ -25,12 +25,11 @@ from dataclasses import dataclass
 import msgspec
 import torch
 
+from houchu.gpu.flash_attention import FLASH_PAGE_MULTIPLE
 from houchu.options.runner_options import RunnerOptions
 
 #: Tokens per KV page when ``--page-size`` is not given and flash-attn is not chosen.
 DEFAULT_PAGE_SIZE = 16
-#: flash-attn's paged KV: ``page_block_size`` must be a multiple of this.
-FLASH_PAGE_MULTIPLE = 256
 HALF_DTYPES = ("bfloat16", "float16")
 
 
@@ -146,7 +145,7 @@ def resolve_attention(
 ) -> tuple[RunnerOptions, str]:
     """``o`` with ``page_size`` concrete and, on CUDA, ``attention_backend`` too
     (``choose_attention``, asking whether flash-attn imports and whether Triton runs on
-    ``device``: ``houchu.model.ops.triton_unusable``, whose probe compiles and launches
+    ``device``: ``houchu.gpu.triton.probe.triton_unusable``, whose probe compiles and launches
     one tiny kernel there, once per process; ``triton_launch`` replaces that probe), and
     the choice's note ("" when none). ``o.dtype`` must be concrete (``resolve_dtype``).
 
@@ -157,7 +156,7 @@ def resolve_attention(
     triton_why = ""
     if device.type == "cuda" and o.attention_backend == "auto":
         from houchu.gpu.flash_attention import flash_attn_importable
-        from houchu.model.ops import triton_probe_launch, triton_unusable
+        from houchu.gpu.triton.probe import triton_probe_launch, triton_unusable
 
         flash = flash_attn_importable()
         triton_why = triton_unusable(device, triton_launch or triton_probe_launch) or ""

@@ -23,7 +23,7 @@ import torch
 
 from houchu.cpu import kernels as cpu_kernels
 
-VERSION = 5  # of the measurements' code: a change that alters answers bumps it
+DECISIONS_VERSION = 5  # of the measurements' code: a change that alters answers bumps it
 # the variables that hold torch's own CPU kernels (ATen, oneDNN, MKL) to an ISA level: the
 # dense and torch paths' times depend on them
 TORCH_ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
@@ -50,14 +50,14 @@ def cpu_name() -> str:
 def model_key(model_path: str | Path, *parts: object) -> str:
     """A cache key: the model file's resolved path, size and mtime, the CPU
     (``cpu_name``), the active ISA level and its kernel build's key (sources, flags),
-    the measurements' ``VERSION``, torch's thread count and version, the variables that
+    the measurements' ``DECISIONS_VERSION``, torch's thread count and version, the variables that
     cap torch's ISA (``TORCH_ISA_ENV``), then ``parts``."""
     p = Path(model_path).resolve()
     st = p.stat()
     head = [str(p), st.st_size, int(st.st_mtime), cpu_name()]
     level = cpu_kernels.active_level()
     build = cpu_kernels.current_build_key(level)  # the kernels' sources and flags
-    tail = [level, build, VERSION, torch.get_num_threads(), torch.__version__]
+    tail = [level, build, DECISIONS_VERSION, torch.get_num_threads(), torch.__version__]
     tail += [os.environ.get(v, "") for v in TORCH_ISA_ENV]  # torch's own kernels' level
     return "|".join(str(x) for x in (*head, *tail, *parts))
 

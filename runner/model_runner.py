@@ -33,35 +33,35 @@ from __future__ import annotations
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from msgspec import structs
 
 from houchu.cache_tiers.host_pool import HostPool
 from houchu.cpu import kernels as cpu_kernels
-from houchu.cpu.deterministic import deterministic_options, pin, pinned_notes
 from houchu.cpu.fused_layers import FusedDecode
 from houchu.cpu.threads import step_key
 from houchu.gpu.memory import cuda_device_facts
-from houchu.model.attention.base import make_backend
 from houchu.model.attention.window import WindowLedger
 from houchu.model.batch import StepBatch, build_batch
 from houchu.model.config.core import ModelConfig, num_parameters
 from houchu.model.device import make_current, resolve_device
-from houchu.model.grammar.catch_up import send_pass, split_passes
+from houchu.model.grammar.catch_up import split_passes
 from houchu.model.grammar.jump_forward import JumpForward, drop_stale_samples
 from houchu.model.grammar.matcher import GrammarEngine, RequestGrammar
 from houchu.model.kv.mla_pool import LatentKVPool
 from houchu.model.kv.transfer import HostKVMirror
 from houchu.model.moe import MoEMLP, moe_lever_sample
-from houchu.model.ops import make_ops
 from houchu.model.sampling.prompt_logprobs import rows_wanted, score
 from houchu.model.sampling.sampler import RequestState, Sampler
 from houchu.model.sampling.verify import sample_and_verify
-from houchu.model.weights.loader import load_runner_model, parse_dtype
+from houchu.model.weights.loader import parse_dtype
 from houchu.options.runner_options import RunnerOptions
+from houchu.runner.backends import make_backend, make_ops
 from houchu.runner.choices import resolve_attention, resolve_dtype
+from houchu.runner.deterministic import deterministic_options, pin, pinned_notes
+from houchu.runner.load import load_runner_model
 from houchu.runner.mla_lever import MLALever, mla_levers_note, mla_summary
 from houchu.runner.page_tables import PageTables
 from houchu.runner.plan_state import (
@@ -80,13 +80,33 @@ from houchu.runner.report import (
 )
 from houchu.runner.setup import RunnerSetup, make_kv_pool
 from houchu.runner.structure_levers import structure_notes
-from houchu.runner.tensor_parallel.group import TPGroup
-from houchu.transport.messages import PromptLogprobs, RunnerInfo, StepPlan, StepResult
+from houchu.runner.tensor_parallel.group import TPGroup, send_pass
+from houchu.transport.messages import (
+    PromptLogprobs,
+    RunnerInfo,
+    SeqOutput,
+    StepPlan,
+    StepResult,
+)
 from houchu.transport.step_messages import SeqWork
 from houchu.transport.telemetry import LeverSample
 
-if TYPE_CHECKING:
-    from houchu.speculative.mtp import MTPDrafter
+
+class InRunnerProposer(Protocol):
+    """Proposals made inside the runner, beside the target's pass (the checkpoint's MTP
+    layer: ``houchu.speculative.mtp.MTPDrafter``, which ``attach_mtp`` sets as
+    ``ModelRunner.mtp``)."""
+
+    def target_logits(self, batch: StepBatch) -> torch.Tensor:
+        """The target's pass over ``batch``: logits ``[R, vocab]`` of its sampled rows."""
+
+    def forget(self) -> None:
+        """Drop every request's pending state (their scheduler is gone)."""
+
+    def step(
+        self, plan: StepPlan, batch: StepBatch | None, outputs: list[SeqOutput]
+    ) -> tuple[dict[str, list[int]], float]:
+        """After the target's pass: each request's proposals and the seconds spent."""
 
 
 class ModelRunner:
@@ -129,7 +149,7 @@ class ModelRunner:
         self.tp: TPGroup | None = None  # tensor parallel: this process's rank
         tp_notes: list[str] = []
         if o.tensor_parallel_size > 1:
-            from houchu.runner.tensor_parallel.worker import start_tp, tp_runner_options
+            from houchu.runner.tensor_parallel.ranks import start_tp, tp_runner_options
 
             o, tp_notes = tp_runner_options(o)
             self.options = o
@@ -137,7 +157,7 @@ class ModelRunner:
         # a rank runs on its group's device (cuda:RANK on CUDA; ``--device`` says "cuda")
         # and the current CUDA device: graphs are captured and Triton launches there
         self.device = make_current(self.tp.device if self.tp else resolve_device(o.device))
-        if o.deterministic:  # checked, then as the mode runs: houchu.cpu.deterministic
+        if o.deterministic:  # checked, then as the mode runs: houchu.runner.deterministic
             o = self.options = deterministic_options(o, self.device)
         if o.threads is not None:
             torch.set_num_threads(o.threads)
@@ -213,7 +233,9 @@ class ModelRunner:
         self.last_sampled: dict[str, int] = {}  # rid -> token sampled by the previous call
         self.prompt_rids: set[str] = set()  # the step's prompt chunks (``prompt_chunk_rids``)
         self.host_kv: HostKVMirror | None = None  # the shared host KV pool, when tiers are on
-        self.mtp: MTPDrafter | None = None  # in-runner MTP proposals (speculative.mtp.attach_mtp)
+        self.mtp: InRunnerProposer | None = (
+            None  # in-runner MTP proposals (speculative.mtp.attach_mtp)
+        )
         self.num_params = self.model.num_params()
         on_cpu = self.device.type == "cpu" and not o.fixed_threads
         self.governor = setup.governor(self.tuned) if on_cpu else None  # cached thread counts
@@ -339,7 +361,7 @@ class ModelRunner:
         if self.host_kv is not None:
             self.host_kv.close()
         if self.tp is not None and self.tp.rank == 0:
-            from houchu.runner.tensor_parallel.worker import stop_ranks
+            from houchu.runner.tensor_parallel.ranks import stop_ranks
 
             stop_ranks(self.tp)
             self.tp = None

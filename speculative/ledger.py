@@ -17,7 +17,7 @@ import time
 from houchu.transport.stats import SpecTotalsStats
 from houchu.transport.telemetry import LeverSample
 
-LEVER, VERB = "speculative_decoding", "break_serial"
+SPEC_LEVER, SPEC_VERB = "speculative_decoding", "break_serial"
 
 
 class SpecCounters:
@@ -54,7 +54,7 @@ class SpecCounters:
         return self.num_emitted / max(self.num_verify_steps, 1)
 
     def samples(
-        self, rid: str | None, now: float | None = None, lever: str = LEVER
+        self, rid: str | None, now: float | None = None, lever: str = SPEC_LEVER
     ) -> list[LeverSample]:
         """The ledger samples of these counters: passes saved against draft seconds, and
         (saving nothing more) the rejected proposals, under ``lever`` ("mtp" where the
@@ -65,7 +65,7 @@ class SpecCounters:
         return [
             LeverSample(
                 lever,
-                VERB,
+                SPEC_VERB,
                 float(self.forward_passes_saved),
                 "forward_passes",
                 self.draft_s,
@@ -74,7 +74,7 @@ class SpecCounters:
                 rid,
             ),
             LeverSample(
-                lever, VERB, 0.0, "forward_passes", float(self.num_rejected), "tokens", t, rid
+                lever, SPEC_VERB, 0.0, "forward_passes", float(self.num_rejected), "tokens", t, rid
             ),
         ]
 

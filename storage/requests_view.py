@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from houchu.storage.models import EventRow, LeverRow, RequestRow
 from houchu.storage.timeline import build_timeline, timeline_dict
+from houchu.transport.telemetry import MASK_LEVER
 
 #: Most requests one timeline query returns.
 MAX_LIMIT = 500
@@ -54,10 +55,6 @@ def choice_dict(params: dict[str, Any]) -> dict[str, Any] | None:
         return None
     of = params.get("choices")
     return {"parent": parent, "index": params.get("choice"), "of": of, "n": params.get("n", of)}
-
-
-#: The runner's lever whose per-request samples are the request's mask time.
-MASK_LEVER = "structured_output_mask"
 
 
 def structured_dict(row: RequestRow, levers: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from houchu.cli.fetch import fetch_default_model
 from houchu.cpu import isa
 from houchu.cpu import kernels as cpu_kernels
+from houchu.model.fetch import fetch_default_model
 
 
 @pytest.fixture(scope="session")

@@ -12,13 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from houchu.text.tokenizer.errors import TokenizerError
-from houchu.transport.messages import CHAT_ROLES as WIRE_ROLES
-from houchu.transport.messages import ROLE_ALIASES, ChatMessage
+from houchu.transport.messages import CHAT_ROLES, ROLE_ALIASES, ChatMessage
 
-#: Roles a chat message may have: the wire's (what the gateway sends) and "tool", which a
-#: chat template may render for a caller of this library. ``ROLE_ALIASES`` (``developer``,
-#: OpenAI's newer name for system) are rendered as the role they stand for.
-CHAT_ROLES = frozenset({*WIRE_ROLES, "tool"})
+# Roles a chat message may have: the wire's (``CHAT_ROLES``, "tool" among them).
+# ``ROLE_ALIASES`` (``developer``, OpenAI's newer name for system) are rendered as the
+# role they stand for.
 
 
 def conversation(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -33,7 +31,7 @@ def conversation(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     for index, message in enumerate(messages):
         role = ROLE_ALIASES.get(message.role, message.role)
         if role not in CHAT_ROLES:
-            allowed = ", ".join(sorted(CHAT_ROLES | ROLE_ALIASES.keys()))
+            allowed = ", ".join(sorted({*CHAT_ROLES, *ROLE_ALIASES}))
             raise TokenizerError(
                 f"messages[{index}].role is {message.role!r}; expected one of {allowed}"
             )

@@ -65,6 +65,10 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     include_stop_str_in_output: bool = False
 
 
+#: The most ``top_logprobs`` a request may ask for (the gateway's schema bound, which the
+#: runner's sampler checks again).
+MAX_TOP_LOGPROBS = 20
+
 #: The roles a chat turn may have on the wire ("tool": a tool's result).
 ChatRole = Literal["system", "user", "assistant", "tool"]
 CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)

@@ -69,6 +69,12 @@ class StepRecord(Struct, array_like=True):
     allreduce_s: float | None = None
 
 
+#: The lever of structured output's grammar masks, made beside the forward pass (the
+#: runner's ``houchu.model.grammar.matcher``), read back per request
+#: (``houchu.storage.requests_view``).
+MASK_LEVER = "structured_output_mask"
+
+
 class LeverSample(Struct, array_like=True):
     """What one lever saved and what it spent, in physical units, at time ``t``.
 

@@ -42,6 +42,7 @@ from houchu.api.schema.structured import (
 )
 from houchu.api.schema.tools import ToolCallIn, ToolChoice, Tools
 from houchu.transport.messages import CHAT_ROLES, ROLE_ALIASES
+from houchu.transport.request_fields import MAX_TOP_LOGPROBS
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 #: The OpenAI chat API defaults to "until the context is full"; 512 bounds a forgotten
@@ -50,7 +51,6 @@ DEFAULT_CHAT_MAX_TOKENS = 512
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 1024  # per stop string: each is searched in every new piece of text
 MAX_COMPLETION_LOGPROBS = 5
-MAX_TOP_LOGPROBS = 20
 MAX_TOKEN_ID = 2**31 - 1
 MAX_CHOICES = 128  # the most choices per request (``n``, ``best_of``), OpenAI's bound
 #: ``logit_bias`` values: OpenAI's range (the ends ban or force the token).

@@ -95,7 +95,7 @@ def model_step(ctx: Context, step: Step, given: str | None) -> None:
     ``kind`` ("given", "default", "stand-in" or "none"), ``golden`` (the default model's
     GGUF, which the golden test needs, or None) and ``note``."""
     from houchu.bench.gpu import model as gpu_model
-    from houchu.cli.fetch import DEFAULT_MODEL_FILE, default_model_path
+    from houchu.model.fetch import DEFAULT_MODEL_FILE, default_model_path
 
     default = default_model_path()
     if given:

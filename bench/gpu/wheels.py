@@ -34,7 +34,8 @@ except ImportError:  # pragma: no cover
         parse_wheel_filename,
     )
 
-REPO = Path(__file__).resolve().parent.parent
+#: the repository's pyproject.toml (this file is bench/gpu/wheels.py)
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 #: Wheel platforms asked for (x86-64 glibc): pip matches each tag exactly.
 PLATFORMS = (
     "manylinux2014_x86_64",
@@ -101,7 +102,7 @@ def load_pyproject(path: Path | None = None) -> dict:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
-    return tomllib.loads((path or REPO / "pyproject.toml").read_text())
+    return tomllib.loads((path or PYPROJECT).read_text())
 
 
 def target_environment(python_version: str) -> dict[str, str]:
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not args.no_skeleton:
         from houchu.bench.gpu.model import write_skeleton
-        from houchu.cli.fetch import fetch_default_model
+        from houchu.model.fetch import fetch_default_model
 
         meta = write_skeleton(fetch_default_model(quiet=True), args.dir)
         print(f"houchu gpu_wheels: the default model's skeleton: {meta}")

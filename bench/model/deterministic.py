@@ -1,5 +1,5 @@
 """What ``houchu serve --deterministic`` (batch-invariant inference,
-``houchu.cpu.deterministic``) costs on this CPU: decode ms per step at two batch sizes
+``houchu.runner.deterministic``) costs on this CPU: decode ms per step at two batch sizes
 and prefill tokens per second, default vs deterministic, on the default int4 path and
 the exact float32 path (``--quantization none``).
 
@@ -29,7 +29,7 @@ from houchu.bench.model.runner import Bench
 from houchu.options.runner_options import RunnerOptions
 from houchu.runner.model_runner import ModelRunner
 
-PATHS = {"int4": "auto", "exact": "none"}  # path name: --quantization
+QUANTIZATION_OF_PATH = {"int4": "auto", "exact": "none"}  # path name: --quantization
 FLAGS = re.compile(r"\b(avx2|avx512[a-z_0-9]*|fma|avx_vnni|amx[a-z_]*|asimd[a-z]*)\b")
 
 
@@ -71,7 +71,7 @@ def measure(model: str, quant: str, det: bool, args: argparse.Namespace) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.fetch import fetch_default_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="GGUF or HF folder (default: SmolLM2-135M)")
@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
     paths = args.paths.split(",")
-    if unknown := [x for x in paths if x not in PATHS]:
-        p.error(f"--paths: unknown {unknown}; choose from {list(PATHS)}")
+    if unknown := [x for x in paths if x not in QUANTIZATION_OF_PATH]:
+        p.error(f"--paths: unknown {unknown}; choose from {list(QUANTIZATION_OF_PATH)}")
     model = args.model or str(fetch_default_model(quiet=True))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     header = " | ".join(f"decode {c} ms" for c in cols) + " | prefill tok/s"
     lines = [f"| path | mode | {header} |", "|---|---|" + "---|" * (len(cols) + 1)]
     for path in paths:
-        res = {det: measure(model, PATHS[path], det, args) for det in (False, True)}
+        res = {det: measure(model, QUANTIZATION_OF_PATH[path], det, args) for det in (False, True)}
         for det in (False, True):
             r, base = res[det], res[False]
             cells = [f"{r[c] * 1e3:.1f}" for c in cols]

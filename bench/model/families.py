@@ -135,7 +135,7 @@ def model_for(family: str, window: int, tmp: Path, args: argparse.Namespace) -> 
     is written by transformers at the bench's widths (``window`` 0: the windowed
     families' window removed, the same weights attending everything)."""
     if family == DEFAULT:
-        from houchu.cli.fetch import fetch_default_model
+        from houchu.model.fetch import fetch_default_model
 
         return str(fetch_default_model(quiet=True)), "auto"
     kw = family_config(family, window)

@@ -52,7 +52,9 @@ SCHEMA: dict[str, Any] = {
     ],
     "additionalProperties": False,
 }
-PROMPT = "Write the order of Ada Lovelace, 3 books for 42 euros, to 12 St James's Square, London."
+ORDER_PROMPT = (
+    "Write the order of Ada Lovelace, 3 books for 42 euros, to 12 St James's Square, London."
+)
 
 
 async def _stats(session: aiohttp.ClientSession, base: str) -> dict[str, Any]:
@@ -64,7 +66,7 @@ async def one_request(base: str, max_tokens: int) -> dict[str, float]:
     """One greedy constrained request: its steps, wall seconds, completion tokens,
     forced tokens, and 1.0 when the reply validates against ``SCHEMA``."""
     body = {
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": ORDER_PROMPT}],
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "response_format": {
@@ -104,7 +106,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 1 or args.max_tokens < 1:
         ap.error("--rounds and --max-tokens must be >= 1")
-    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.fetch import fetch_default_model
 
     model = args.model or fetch_default_model()
     flags = shlex.split(args.serve_flags)

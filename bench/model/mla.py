@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
+from houchu.bench.model.runner import GREEDY
 from houchu.model.config.core import num_parameters
 from houchu.model.kv.mla_pool import LatentKVPool, full_mha_bytes_per_token
 from houchu.model.testing import make_tiny_model
 from houchu.options.runner_options import RunnerOptions
 from houchu.runner.model_runner import ModelRunner
-from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+from houchu.transport.messages import SeqInit, SeqWork, StepPlan
 
 #: DeepSeek-V2-Lite's attention and expert widths (hidden 2048, 16 heads, kv_lora_rank
 #: 512, RoPE 64, nope 128, v 128), with 16 routed experts instead of 64
@@ -52,7 +53,6 @@ LITE = {
     "first_k_dense_replace": 1,
     "max_position_embeddings": 4096,
 }
-GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 
 
 def decode_step_s(runner: ModelRunner, batch: int, context: int, steps: int) -> float:

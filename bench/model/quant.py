@@ -26,12 +26,12 @@ import torch
 
 from houchu.bench.texts import QUALITY_EN
 from houchu.cpu import kernels as cpu_kernels
-from houchu.model.quant.functions import QuantSpec, resolve_quant_mode
+from houchu.model.quant.functions import QuantSpec
+from houchu.model.quant.mode import resolve_quant_mode
 from houchu.model.quant.quality import agreement, text_logprobs
 from houchu.model.weights.loader import STORED_NOTE, load_model
 from houchu.text.tokenizer.core import load_tokenizer
 
-DEFAULT_TEXT = QUALITY_EN
 CHUNK = 48  #: tokens per step
 
 
@@ -105,7 +105,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="a GGUF file or Hugging Face folder")
     ap.add_argument("--variants", default="auto,int8,int4,int4-gptq")
-    ap.add_argument("--text", default=str(DEFAULT_TEXT), help="the evaluated text (UTF-8)")
+    ap.add_argument("--text", default=str(QUALITY_EN), help="the evaluated text (UTF-8)")
     ap.add_argument("--tokens", type=int, default=600, help="evaluated tokens at most")
     ap.add_argument("--calibration-text", default=None, help="GPTQ's text (default: pydoc_data)")
     ap.add_argument("--json", default=None, help="also write the figures here")

@@ -5,7 +5,7 @@ against this machine's measured limits.
         [--modes eager,compiled] [--batches 1,8,32] [--context 128] [--prefill 512]
         [--cpu-isa all|LEVEL[,LEVEL...]] [--device cpu|cuda[:N]]
 
-With ``--device cuda`` it measures the GPU instead (``houchu.bench.model.runner_gpu``):
+With ``--device cuda`` it measures the GPU instead (``run_cuda``):
 one table, modes eager and graph (CUDA graphs) by default, the limits those of the GPU.
 
 One table per CPU ISA level (``houchu.cpu.isa``; default: every level this CPU runs,
@@ -36,6 +36,7 @@ peak). Printed, not asserted.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import subprocess
@@ -49,6 +50,7 @@ import torch
 from houchu.bench.model import limits as runner_limits
 from houchu.cpu import isa as cpu_isa
 from houchu.cpu import kernels as cpu_kernels
+from houchu.model.device import DeviceError, resolve_device
 from houchu.model.linear.quantized import quant_act_dtype
 from houchu.model.linear.w8a8 import W8A8_MIN_ROWS, int_mm_pays
 from houchu.model.moe import MoEMLP
@@ -262,6 +264,71 @@ def print_table(
         )
 
 
+#: The GPU's native matmul formats for %peak (tensor cores: bf16 and int8; fp32 runs on
+#: the CUDA cores, or TF32 where torch allows it).
+GPU_UNITS = frozenset({"fp32", "bf16", "int8"})
+#: Compute capability from which W8A8 runs FP8 (``houchu.model.linear.w8a8``).
+FP8_CAPABILITY = (9, 0)
+
+
+def cuda_w8a8_gemm(capability: tuple[int, int]) -> str:
+    """The format W8A8's GEMMs compute in from ``W8A8_MIN_ROWS`` rows on a GPU of compute
+    ``capability``: "fp8" (``torch._scaled_mm``) from 9.0, else "int8" (``torch._int_mm``),
+    as ``houchu.model.linear.w8a8.W8A8Linear`` picks; never the CPU's probe."""
+    return "fp8" if capability >= FP8_CAPABILITY else "int8"
+
+
+def run_cuda(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Every format and mode of ``args`` on ``args.device`` (a CUDA device), one table.
+
+    Returns:
+        0 (the exit status); a device torch cannot use, or a CPU-only format, is a usage
+        error through ``parser.error``.
+    """
+    try:
+        device = resolve_device(args.device)
+    except DeviceError as exc:
+        parser.error(str(exc))
+    cpu_only = sorted(set(args.formats.split(",")) & INT8_ACTS)
+    if cpu_only:
+        parser.error(f"format(s) {', '.join(cpu_only)} run on houchu's CPU kernels only")
+    args.device = device
+    torch.cuda.set_device(torch.device(device))
+    props = torch.cuda.get_device_properties(torch.device(device))
+    print(
+        f"\n== {device}: {props.name}, {props.total_memory / 2**30:.1f} GiB, "
+        f"sm_{props.major}{props.minor}, {props.multi_processor_count} SMs "
+        f"(torch {torch.__version__}, CUDA {torch.version.cuda})"
+    )
+    gemm8 = cuda_w8a8_gemm((props.major, props.minor))
+    print(f"houchu runner benchmark: {args.model}; w8a8's GEMMs from {W8A8_MIN_ROWS} rows: {gemm8}")
+    before = runner_limits.measure(device)
+    print(f"limits (start): {before.line(GPU_UNITS)}")
+    print("progress, against the start limits (the final table uses the best of start and end):")
+    rows: list[Row] = []
+    for fmt in args.formats.split(","):
+        for mode in args.modes.split(","):
+            new = run_format(fmt, mode, args)
+            print_table(new, before, header=False, units=GPU_UNITS, w8a8_gemm=lambda: gemm8)
+            rows += new
+            gc.collect()
+            torch.cuda.empty_cache()  # the next runner's KV pool and graphs
+    after = runner_limits.measure(device)
+    print(f"limits (end):   {after.line(GPU_UNITS)}")
+    lim = before.best(after)
+    print(f"limits used (best of both): {lim.line(GPU_UNITS)}\n")
+    print_table(rows, lim, units=GPU_UNITS, w8a8_gemm=lambda: gemm8)
+    print(
+        "ms/step: the fastest timed step (tok/s, GB/s, %BW, GFLOP/s and %peak are of it); "
+        "med ms: the median step; %BW: bytes moved per step / step time, over the GPU's "
+        "device-to-device copy bandwidth; %peak: the time the step's work would take at "
+        "the GEMM peak of its format, over the measured time ('-' for w8a8's FP8 GEMMs: "
+        "no FP8 peak measured); mode graph: CUDA graphs "
+        f"replayed, eager: launched op by op; formats: {', '.join(FORMATS)}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m houchu.bench.model.runner", description=__doc__)
     p.add_argument("--model", help="a .gguf file or HF folder (default: the fetched model)")
@@ -311,8 +378,6 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.batches) < 1 or args.context < 1 or args.steps < 1 or args.prefill < 0:
         p.error("--batches, --context and --steps must be positive, --prefill not negative")
     if on_cuda:
-        from houchu.bench.model.runner_gpu import run_cuda
-
         return run_cuda(args, p)
     levels = cpu_isa.usable() if args.cpu_isa == "all" else args.cpu_isa.split(",")
     levels = [cpu_isa.usable()[0] if lv == "auto" else lv for lv in levels]
@@ -323,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--cpu-isa {lv}: {cpu_isa.why_not(cpu_isa.level(lv))}")
     levels = list(dict.fromkeys(levels))  # each level once
     if args.model is None:
-        from houchu.cli.fetch import fetch_default_model
+        from houchu.model.fetch import fetch_default_model
 
         args.model = str(fetch_default_model(quiet=True))
     if os.environ.get(_CHILD):

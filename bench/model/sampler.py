@@ -25,8 +25,8 @@ import time
 import torch
 
 from houchu.bench.texts import QUALITY_EN
-from houchu.cli.fetch import fetch_default_model
 from houchu.cpu import isa as cpu_isa
+from houchu.model.fetch import fetch_default_model
 from houchu.model.quant.quality import text_logprobs
 from houchu.model.sampling.warpers import _top_p_drop_sorted, apply_top_p, draw_rows
 from houchu.model.weights.loader import load_model

@@ -37,7 +37,7 @@ SHAPE = {
     "num_key_value_heads": 4,
     "max_position_embeddings": 2048,
 }
-GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4096)
+GREEDY_4096 = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4096)
 
 
 class Steps:
@@ -66,7 +66,7 @@ class Steps:
         self.n += 1
         rid, ids = f"r{self.n}", [(7 * i + self.n) % 1000 + 3 for i in range(prompt_len)]
         pages = self._pages(prompt_len + extra)
-        init = SeqInit(rid=rid, sampling=GREEDY, prompt_ids=ids)
+        init = SeqInit(rid=rid, sampling=GREEDY_4096, prompt_ids=ids)
         w = SeqWork(rid=rid, token_ids=ids, start_pos=0, page_table=pages, sample=True)
         self.last = self.run(StepPlan(step_id=self.step_id, init=[init], work=[w]))
         return rid, pages, self.last.outputs[0].token_id

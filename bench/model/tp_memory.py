@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--kv-cache-mb", type=float, default=16, help="each rank's KV pool")
     args = ap.parse_args()
     if args.model is None:
-        from houchu.cli.fetch import default_model_path
+        from houchu.model.fetch import default_model_path
 
         args.model = str(default_model_path())
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,7 +26,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from houchu.bench.sweep.records import METRICS, CellRun
+from houchu.bench.sweep.records import CELL_METRICS, CellRun
 
 #: Metrics a gain can be taken on; True where higher is better.
 HIGHER_IS_BETTER = {"output_throughput": True, "median_ttft_ms": False, "median_tpot_ms": False}
@@ -68,7 +68,7 @@ def summarize_cells(runs: list[CellRun]) -> dict[tuple[str, float], CellSummary]
         groups.setdefault((r.config, r.load), []).append(r)
     out = {}
     for key, rs in groups.items():
-        metrics = {m: _median(r.metrics.get(m) for r in rs) for m in METRICS}
+        metrics = {m: _median(r.metrics.get(m) for r in rs) for m in CELL_METRICS}
         tput = [v for r in rs if (v := r.metrics.get("output_throughput"))]
         med = statistics.median(tput) if tput else 0.0
         spread = (max(tput) - min(tput)) / med if len(tput) > 1 and med > 0 else 0.0

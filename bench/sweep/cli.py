@@ -147,8 +147,8 @@ def _tp_refusal(model: Path, serve_args: list[str]) -> str | None:
     """Why ``--tensor-parallel-size 2`` cannot serve ``model`` with ``serve_args``' other
     flags (the runner's start-up check), or None."""
     from houchu.options.runner_options import RunnerOptions
+    from houchu.runner.tensor_parallel.ranks import check_model
     from houchu.runner.tensor_parallel.shards import TensorParallelError
-    from houchu.runner.tensor_parallel.worker import check_model
 
     quant = "auto"
     if "--quantization" in serve_args:
@@ -327,9 +327,10 @@ def _parse_as_serve(serve_args: list[str]) -> None:
     import contextlib
     import io
 
-    from houchu.cli.main import build_parsers
+    from houchu.options.parser import add_serve_parser
 
-    parser, _ = build_parsers()
+    parser = argparse.ArgumentParser(prog="houchu")
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
@@ -381,7 +382,7 @@ def _model_path(args: argparse.Namespace) -> Path:
     Raises:
         ValueError: no file or folder at ``--model``.
     """
-    from houchu.cli.fetch import fetch_default_model
+    from houchu.model.fetch import fetch_default_model
 
     model = Path(args.model) if args.model else fetch_default_model(quiet=True)
     if not model.exists():

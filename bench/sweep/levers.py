@@ -32,7 +32,7 @@ class Machine:
         draft_model: the draft model given to ``houchu levers``, if any.
         tp_refusal: why ``--tensor-parallel-size 2`` cannot serve the swept model here
             (its heads or MLP width not divisible by 2, MoE or MLA: the runner's own
-            check, ``houchu.runner.tensor_parallel.worker.check_model``), or None when it can.
+            check, ``houchu.runner.tensor_parallel.ranks.check_model``), or None when it can.
         structured: the workload's requests carry a grammar (``--structured``).
     """
 

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from houchu.bench.texts import QUALITY_EN
 
-#: The default text: the English quality text of houchu's tests.
-DEFAULT_TEXT = QUALITY_EN
 #: Tokens of the text compared (the start of it).
 MAX_TOKENS = 512
 
@@ -27,7 +25,7 @@ def measure_quality(
         model_path: the model served.
         cases: ``{lever: (weights, kv_dtype)}`` (``houchu.bench.sweep.levers.Lever.lossy``).
         dtype: the model dtype the servers ran (``float32``, ``bfloat16``).
-        text_path: the text (default :data:`DEFAULT_TEXT`).
+        text_path: the text (default :data:`houchu.bench.texts.QUALITY_EN`).
 
     Returns:
         ``{lever: {"top1", "mean_abs_dlogp", "positions"}}``, or ``{lever: {"error":
@@ -35,7 +33,7 @@ def measure_quality(
     """
     if not cases:
         return {}
-    path = text_path or DEFAULT_TEXT
+    path = text_path or QUALITY_EN
     if not path.exists():
         return {k: {"error": f"no quality text at {path} (--quality-text)"} for k in cases}
     import torch

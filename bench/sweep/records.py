@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 #: Metrics kept from a run's summary (milliseconds, per second).
-METRICS = (
+CELL_METRICS = (
     "median_ttft_ms",
     "median_tpot_ms",
     "p90_ttft_ms",
@@ -56,7 +56,7 @@ class CellRun:
         config: the configuration's name (``baseline``, ``int4``, ``int4+int8-kv``).
         load: the load level's value (concurrency, or requests per second).
         repeat: 0, 1, ...
-        metrics: :data:`METRICS` of the run (None where not measured).
+        metrics: :data:`CELL_METRICS` of the run (None where not measured).
         ledger: ``{ledger lever: {"saved UNIT" | "spent UNIT": amount}}`` over the run.
         steps: its forward steps.
         preemptions: requests preempted during the run.

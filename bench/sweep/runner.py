@@ -38,7 +38,7 @@ from houchu.bench.prompts import PromptBuilder
 from houchu.bench.servers import ManagedServer, ServerError, houchu_serve
 from houchu.bench.sweep.plan import Load, SweepPlan
 from houchu.bench.sweep.records import (
-    METRICS,
+    CELL_METRICS,
     CellRun,
     ServerFacts,
     StepTotals,
@@ -244,7 +244,7 @@ class SweepRunner:
         await self._flush(url, params)
         t1 = time.time()
         pre1 = int(_get_json(stats_url).get("num_preemptions", 0))
-        metrics = {m: record["results"].get(m) for m in METRICS}
+        metrics = {m: record["results"].get(m) for m in CELL_METRICS}
         self.progress("cell", f"{name}: {metrics['output_throughput'] or 0:.1f} tok/s")
         return CellRun(config.name, load.value, repeat, metrics), t0, t1, pre1 - pre0
 

@@ -1,6 +1,6 @@
 """Attention backends: causal attention of each sequence's new queries over its paged KV.
 
-A backend is chosen once at startup (``make_backend``). Per step, the model calls
+A backend is chosen once at startup (``houchu.runner.backends.make_backend``). Per step, the model calls
 ``prepare(batch)`` once (indices and masks shared by every layer), then per layer
 ``forward``, which stores the new K/V in the pool and attends. Grouped-query attention
 (GQA, Ainslie et al. 2023): query head h reads KV head h // (H / Hkv), as in Hugging
@@ -9,7 +9,6 @@ Face's ``repeat_kv``. Scaled dot-product attention: Vaswani et al. 2017.
 
 from __future__ import annotations
 
-import sys
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -23,7 +22,7 @@ from houchu.model.kv.pool import KVPool
 class AttentionBackend(ABC):
     """Interface of an attention implementation over the paged KV pool.
 
-    ``ops_name`` names the kernel set (``houchu.model.ops.make_ops``) the model uses with
+    ``ops_name`` names the kernel set (``houchu.runner.backends.make_ops``) the model uses with
     this backend; ``supports_static`` says whether it implements ``decode_static`` (a
     decode step whose every shape is fixed, for CUDA-graph capture).
     """
@@ -89,70 +88,3 @@ class AttentionBackend(ABC):
             NotImplementedError: the backend has no static path.
         """
         raise NotImplementedError(f"{self.name} has no static decode path")
-
-
-def make_backend(
-    name: str = "auto",
-    device: torch.device | str = "cpu",
-    *,
-    page_size: int = 16,
-    kv_dtype: str = "auto",
-) -> AttentionBackend:
-    """The attention backend called ``name``, checked against where it will run.
-
-    "auto": on CUDA, flash-attn when installed and usable (page size a multiple of 256,
-    unquantized KV), else Triton where it runs (``houchu.model.ops.triton_unusable``:
-    installed, and one tiny kernel compiled and launched there), else torch; on the CPU, houchu's C++
-    kernels ("cpu") when they build here (``houchu.cpu.kernels``), else torch.
-    ``ModelRunner`` decides CUDA's "auto" before (``houchu.runner.choices``, which
-    also picks 256-token pages for flash-attn and says why it falls back), so only direct
-    callers reach this branch on CUDA.
-
-    Raises:
-        ValueError: unknown name, or a combination the backend cannot serve.
-        RuntimeError: its library is missing or cannot run on ``device`` (Triton:
-            ``houchu.model.ops.TritonUnusable``, one line saying why).
-    """
-    dev = torch.device(device)
-    if name == "auto":
-        name = "torch"
-        if dev.type == "cuda":
-            from houchu.gpu.flash_attention import flash_attn_usable
-            from houchu.model.ops import triton_unusable
-
-            if flash_attn_usable(page_size, kv_dtype):
-                name = "flash-attn"
-            elif triton_unusable(dev) is None:  # installed, and its probe ran here
-                name = "triton"
-        elif dev.type == "cpu":
-            from houchu.cpu import kernels as cpu_kernels
-
-            why = cpu_kernels.unavailable_reason()
-            if why is None:
-                name = "cpu"
-            else:
-                print(f"houchu: {why}; attention runs on the torch backend", file=sys.stderr)
-    if name in ("torch-sdpa", "torch"):
-        from houchu.model.attention.torch import TorchSDPABackend
-
-        return TorchSDPABackend()
-    if name == "triton":
-        from houchu.model.ops import TritonUnusable, triton_unusable
-
-        why = triton_unusable(dev)
-        if why is not None:
-            raise TritonUnusable(f"--attention-backend triton cannot run on {dev}: {why}")
-        from houchu.gpu.triton_attention import TritonBackend
-
-        return TritonBackend()
-    if name == "cpu":
-        if dev.type != "cpu":
-            raise ValueError(f"the cpu attention backend runs on the CPU, not {dev}")
-        from houchu.cpu.attention import CpuBackend
-
-        return CpuBackend()
-    if name == "flash-attn":
-        from houchu.gpu.flash_attention import FlashAttentionBackend
-
-        return FlashAttentionBackend(dev, page_size, kv_dtype)
-    raise ValueError(f"unknown attention backend {name!r} (auto, torch, cpu, triton, flash-attn)")

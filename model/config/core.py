@@ -307,34 +307,6 @@ def _mla_params(m: MLAConfig, h: int, heads: int) -> tuple[int, int]:
     return q + kv_a + kv_b + o, norms + m.kv_lora_rank
 
 
-def load_model_config(path: str | Path) -> ModelConfig:
-    """Read a model's configuration.
-
-    Args:
-        path: a ``.gguf`` file, or a Hugging Face model directory holding ``config.json``.
-    Returns:
-        The ``ModelConfig``.
-    Raises:
-        ModelLoadError: the path does not exist, the metadata is incomplete, or the
-            architecture is not one of ``ARCHITECTURES``.
-    """
-    from houchu.model.config.gguf import config_from_gguf
-    from houchu.model.config.hf import config_from_hf
-
-    p = Path(path)
-    if p.is_file() and p.suffix == ".gguf":
-        return config_from_gguf(p)
-    if p.is_dir() and (p / "config.json").is_file():
-        return config_from_hf(p)
-    if p.is_dir():
-        ggufs = sorted(p.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return config_from_gguf(ggufs[0])
-    raise ModelLoadError(
-        f"{path}: expected a .gguf file or a Hugging Face directory with config.json"
-    )
-
-
 def resolve_model_file(path: str | Path) -> Path:
     """The file or directory ``load_model_config`` actually reads (a directory holding
     exactly one ``.gguf`` and no ``config.json`` resolves to that file)."""

@@ -82,7 +82,7 @@ def write_llama_gguf(
     import numpy as np
     from safetensors.numpy import load_file
 
-    from houchu.model.config.core import load_model_config
+    from houchu.model.config.load import load_model_config
     from houchu.model.gguf.blocks import quantize_blocks
 
     cfg = load_model_config(hf_dir)
@@ -206,7 +206,7 @@ def write_deepseek_gguf(hf_dir: str | Path, out: str | Path) -> Path:
     import numpy as np
     from safetensors.numpy import load_file
 
-    from houchu.model.config.core import load_model_config
+    from houchu.model.config.load import load_model_config
 
     cfg = load_model_config(hf_dir)
     m = cfg.mla

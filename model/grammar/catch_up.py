@@ -40,8 +40,7 @@ import torch
 from houchu.model.batch import StepBatch
 from houchu.model.grammar.jump_forward import JumpForward
 from houchu.model.sampling.sampler import RequestState
-from houchu.runner.tensor_parallel.group import TPGroup, TPStep
-from houchu.transport.messages import SeqWork, StepPlan
+from houchu.transport.messages import SeqWork
 
 
 @dataclass
@@ -89,7 +88,7 @@ class Passes:
             forward: a batch -> its ``[R, V]`` float32 logits.
             jump: the runner's jump-forward (its ledger).
             send: (work, prompt rows) -> sent to a tensor-parallel runner's other ranks
-                (``send_pass``; the first pass's was sent with the step's validation).
+                (``houchu.runner.tensor_parallel.group.send_pass``; the first pass's was sent with the step's validation).
         """
         batches = [build(work, rows) for work, rows in self.parts()]
         logits = [forward(batches[0])]  # [R1, V]
@@ -101,14 +100,6 @@ class Passes:
         src = _sources(whole, batches[0], batches[1] if len(batches) > 1 else None, self.moved)
         joined = torch.cat(logits) if len(logits) > 1 else logits[0]  # [R1 + R2, V]
         return joined.index_select(0, torch.tensor(src, device=joined.device))
-
-
-def send_pass(tp: TPGroup | None, plan: StepPlan, work: list[SeqWork], rows: list[int]) -> None:
-    """Send one pass of ``plan`` (its ``work`` and prompt rows per item) to the other
-    ranks of a tensor-parallel runner (``tp``; nothing when None), which run it in turn
-    with rank 0: each pass is sent just before rank 0 runs it."""
-    if tp is not None:
-        tp.send_step(TPStep(plan=msgspec.structs.replace(plan, work=work), prompt_rows=rows))
 
 
 def split_passes(

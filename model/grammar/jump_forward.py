@@ -53,7 +53,7 @@ from houchu.transport.messages import Failure, StepPlan
 from houchu.transport.telemetry import LeverSample
 
 #: The ledger's name of the lever, and its verb.
-LEVER, VERB = "jump_forward", "break_serial"
+JUMP_FORWARD_LEVER, JUMP_FORWARD_VERB = "jump_forward", "break_serial"
 
 
 def drop_stale_samples(
@@ -177,7 +177,9 @@ class JumpForward:
         and the seconds it cost."""
         t = time.time() if now is None else now
         out = [
-            LeverSample(LEVER, VERB, n, "forward_passes", s, "seconds", t, rid)
+            LeverSample(
+                JUMP_FORWARD_LEVER, JUMP_FORWARD_VERB, n, "forward_passes", s, "seconds", t, rid
+            )
             for rid, (n, s) in self._per_request.items()
         ]
         self._per_request = {}

@@ -54,15 +54,13 @@ from houchu.model.grammar.tokenizer import GrammarTokenizer, TokenizerUnavailabl
 from houchu.transport.failures import bad_request, internal
 from houchu.transport.messages import Failure
 from houchu.transport.structured import StructuredOutput
-from houchu.transport.telemetry import LeverSample
+from houchu.transport.telemetry import MASK_LEVER, LeverSample
 
 if TYPE_CHECKING:
     import llguidance
 
 log = logging.getLogger(__name__)
 
-#: The ledger's name for the mask computation hidden behind the forward pass.
-LEVER = "structured_output_mask"
 _BITS = torch.arange(32, dtype=torch.int32)  # [32]
 
 
@@ -335,12 +333,12 @@ class GrammarEngine:
             return []
         t = time.time() if now is None else now
         out = [
-            LeverSample(LEVER, "fill", hidden, "seconds", waited, "seconds", t, rid or None)
+            LeverSample(MASK_LEVER, "fill", hidden, "seconds", waited, "seconds", t, rid or None)
             for rid, (hidden, waited) in self._per_request.items()
         ]
         if not out:  # steps counted without their rows: one engine-wide sample
             hidden = max(0.0, self.mask_s - self.waited_s)
-            out = [LeverSample(LEVER, "fill", hidden, "seconds", self.waited_s, "seconds", t)]
+            out = [LeverSample(MASK_LEVER, "fill", hidden, "seconds", self.waited_s, "seconds", t)]
         self.mask_s = self.waited_s = 0.0
         self.steps = 0
         self._per_request = {}

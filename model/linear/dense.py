@@ -116,7 +116,7 @@ class Linear(LinearBase):
         self._packed: torch.Tensor | None = None  # oneDNN blocked layout, opaque
         self._element_size = weight.element_size()
         self.kind = str(weight.dtype).removeprefix("torch.")
-        #: batch-invariant mode (``houchu.cpu.deterministic``): rows per matmul call,
+        #: batch-invariant mode (``houchu.runner.deterministic``): rows per matmul call,
         #: the last call zero-padded, so a row's sums do not depend on the row count
         self.row_tile: int | None = None
 

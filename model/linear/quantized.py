@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from houchu.cpu import isa as cpu_isa
 from houchu.cpu import kernels as cpu_kernels
+from houchu.model.linear.decode_route import DecodeRoute
 from houchu.model.linear.dense import LinearBase, onednn_available, packed_matmul
 from houchu.model.quant.functions import (
     Int4Weight,
@@ -47,7 +48,6 @@ from houchu.model.quant.functions import (
     quantize_int8,
     unpack_nibbles,
 )
-from houchu.runner.decode_route import DecodeRoute
 
 INT4_DEQUANT_MIN_ROWS = 128  # rows from which int4 dequantize-then-matmul is faster
 INT8_DEQUANT_MIN_ROWS = 64  # same for the int8 weight-only kernel
@@ -164,7 +164,7 @@ class Int4Linear(LinearBase):
         self.dense_min_rows = dense_min_rows if self._dense is not None else None
         self._cpu_gemv: torch.Tensor | None = None  # houchu's C++ GEMV layout (opaque)
         self.route: DecodeRoute | None = None  # measured decode paths (gpu.autotune)
-        #: batch-invariant GEMV sums (``houchu.cpu.deterministic``)
+        #: batch-invariant GEMV sums (``houchu.runner.deterministic``)
         self.batch_invariant = False
         self.prepare_cpu_gemv()
 

@@ -37,6 +37,7 @@ from houchu.cpu import kernels as cpu_kernels
 from houchu.model.sampling.logits_processors import LogitsProcessors, apply_processors
 from houchu.model.sampling.warpers import apply_min_p, apply_top_k, apply_top_p, draw_rows
 from houchu.transport.messages import SamplingParams
+from houchu.transport.request_fields import MAX_TOP_LOGPROBS
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy
 #: Smallest repetition penalty applied (a smaller one would overflow float32 logits).
@@ -46,7 +47,6 @@ MIN_REPETITION_PENALTY = 1e-20
 #: overflow negative ones to -inf; at 1e20 a seen token's positive logit is already about
 #: 0 and a negative one pushed far down, as any larger penalty would leave them.
 MAX_REPETITION_PENALTY = 1e20
-MAX_TOP_LOGPROBS = 20
 
 
 class RequestState:

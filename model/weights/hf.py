@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from houchu.model.config.core import ModelConfig, ModelLoadError, load_model_config
+from houchu.model.config.core import ModelConfig, ModelLoadError
+from houchu.model.config.load import load_model_config
 from houchu.model.weights.shard import Shard
 
 

@@ -29,7 +29,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from houchu.transport.messages import StepPlan
+from houchu.transport.messages import SeqWork, StepPlan
 
 #: seconds a rank waits for the others to join, and for a collective to complete
 TIMEOUT_S = 300.0
@@ -235,3 +235,11 @@ def client_store(port: int, world: int) -> dist.TCPStore:
     """A rank >= 1's connection to rank 0's rendezvous on ``port``."""
     timeout = timedelta(seconds=TIMEOUT_S)
     return dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
+
+
+def send_pass(tp: TPGroup | None, plan: StepPlan, work: list[SeqWork], rows: list[int]) -> None:
+    """Send one pass of ``plan`` (its ``work`` and prompt rows per item) to the other
+    ranks of a tensor-parallel runner (``tp``; nothing when None), which run it in turn
+    with rank 0: each pass is sent just before rank 0 runs it."""
+    if tp is not None:
+        tp.send_step(TPStep(plan=msgspec.structs.replace(plan, work=work), prompt_rows=rows))

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from houchu.model.config.core import ModelConfig, load_model_config, num_parameters
+from houchu.model.config.core import ModelConfig, num_parameters
+from houchu.model.config.load import load_model_config
 from houchu.model.llama import LlamaModel, Weights
 from houchu.model.quant.functions import Int4Weight, QuantSpec
 from houchu.model.weights.loader import load_tensors

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from houchu.actors.config import ServeConfig
 from houchu.cli.main import build_parser
 from houchu.cluster.plan import (
     ClusterPlanError,
@@ -20,6 +19,7 @@ from houchu.cluster.router import router_command
 from houchu.cluster.status import ClusterStatus, make_status_app, replica_figures, router_views
 from houchu.options.checks import check_serve_args
 from houchu.options.parser import config_from_args
+from houchu.options.serve_config import ServeConfig
 
 
 def config(*argv: str) -> ServeConfig:

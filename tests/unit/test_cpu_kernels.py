@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from houchu.cpu import kernels as cpu_kernels
-from houchu.model.attention.base import make_backend
 from houchu.model.attention.metadata import PrefillSeq, TorchMeta
 from houchu.model.attention.torch import TorchSDPABackend
 from houchu.model.kv.pool import KVPool
 from houchu.model.ops import CpuOps, TorchOps
 from houchu.model.rope import rope_cos_sin
 from houchu.model.sampling.sampler import argmax_rows
+from houchu.runner.backends import make_backend
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from houchu.model.attention.base import make_backend
 from houchu.model.attention.metadata import LayeredMeta
 from houchu.model.attention.torch import TorchSDPABackend
 from houchu.model.attention.window import LayerAttention
 from houchu.model.batch import build_batch
+from houchu.runner.backends import make_backend
 from houchu.transport.messages import SeqWork
 from tests.unit.test_cpu_kernels import make_pool
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 import zmq.asyncio
 
-from houchu.actors.config import Launch
 from houchu.actors.runner import RunnerActor
 from houchu.cli.main import build_parser
 from houchu.model.device import DeviceError, resolve_device
 from houchu.model.testing import make_tiny_llama
 from houchu.options.checks import check_serve_args
 from houchu.options.parser import config_from_args
+from houchu.options.serve_config import Launch
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.endpoints import Endpoints
 from tests.runner_options import exact

@@ -203,7 +203,7 @@ def test_a_triton_probe_that_fails_falls_back_to_sdpa_and_says_why():
     launched); where the probe raises, attention runs on torch SDPA and the start-up note
     says why. Decided without a GPU: the probe is replaced, int8 KV rules flash-attn out."""
     pytest.importorskip("triton")
-    from houchu.model.ops import triton_unusable
+    from houchu.gpu.triton.probe import triton_unusable
 
     def broken(device: torch.device) -> None:
         raise RuntimeError("ptxas fatal:\n  Value 'sm_90a' is not defined")
@@ -238,8 +238,8 @@ def test_an_explicit_triton_backend_that_cannot_run_is_one_clear_error(monkeypat
     probe, failing here on a torch without CUDA), which the runner actor prints as a
     start-up failure, without a traceback."""
     pytest.importorskip("triton")
-    from houchu.model.attention.base import make_backend
-    from houchu.model.ops import TritonUnusable
+    from houchu.gpu.triton.probe import TritonUnusable
+    from houchu.runner.backends import make_backend
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # no interpreter: the CPU fails
     with pytest.raises(TritonUnusable) as err:
@@ -256,9 +256,9 @@ def test_the_host_tier_slots_follow_the_dtype_and_page_size_the_runner_resolves(
     reach the runner's dtype and page size (here the CPU's: float32, 16 tokens), and its
     ``--kv-cache-dtype``: a quantized page (int8 / fp8 plus float16 scales) fills a slot,
     so ``--host-kv-mb`` buys as many slots as it holds such pages."""
-    from houchu.actors.config import ServeConfig
     from houchu.actors.kv_tier_setup import prepare_kv_tiers
     from houchu.options.kv_tier_options import KVTierOptions
+    from houchu.options.serve_config import ServeConfig
 
     runner = RunnerOptions(device="cpu", quantization="none", compile="off", kv_cache_dtype=kv)
     config = ServeConfig(model=str(tiny_dir), runner=runner, kv_tiers=KVTierOptions(host_kv_mb=1))

@@ -10,7 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from houchu.model.config.core import load_model_config, num_parameters
+from houchu.model.config.core import num_parameters
+from houchu.model.config.load import load_model_config
 from houchu.model.gguf.writers import write_deepseek_gguf
 from houchu.model.kv.mla_pool import LatentKVPool, full_mha_bytes_per_token
 from houchu.model.kv.pool import KVPool

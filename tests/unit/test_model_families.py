@@ -10,7 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from houchu.model.config.core import load_model_config, num_parameters
+from houchu.model.config.core import num_parameters
+from houchu.model.config.load import load_model_config
 from houchu.model.weights.loader import load_model
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan

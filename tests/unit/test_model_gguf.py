@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from houchu.model.config.core import ModelLoadError, load_model_config
+from houchu.model.config.core import ModelLoadError
+from houchu.model.config.load import load_model_config
 from houchu.model.gguf.writers import permute_qk, write_llama_gguf
 from houchu.model.testing import make_tiny_llama
 from houchu.model.weights.gguf import dequantize_tensor, load_gguf, unpermute_qk
@@ -159,7 +160,7 @@ def test_bad_paths(tmp_path):
 def test_auto_quantization_serves_gguf_as_stored(tiny_dirs, tmp_path, qtype, want):
     """auto: a file whose block matrices all have a stored form (Q8_0 as two int4
     planes) is served as stored; a float file is dense."""
-    from houchu.model.quant.functions import resolve_quant_mode
+    from houchu.model.quant.mode import resolve_quant_mode
 
     path = write_llama_gguf(tiny_dirs["untied"], tmp_path / f"m-{qtype}.gguf", qtype=qtype)
     assert resolve_quant_mode("auto", path) == want

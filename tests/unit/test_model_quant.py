@@ -137,7 +137,7 @@ def test_make_linear_and_byte_counts():
 
 @pytest.mark.parametrize("kv", ["int8", "fp8"])
 def test_quantized_pool_roundtrip_and_capacity(tiny_dir, kv):
-    from houchu.model.config.core import load_model_config
+    from houchu.model.config.load import load_model_config
 
     cfg = load_model_config(tiny_dir)
     plain = KVPool.for_model(cfg, page_size=4, dtype=torch.bfloat16, memory_bytes=1 << 16)

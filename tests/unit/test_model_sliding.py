@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from houchu.bench.texts import QUALITY_EN
-from houchu.model.config.core import load_model_config, num_parameters
+from houchu.model.config.core import num_parameters
+from houchu.model.config.load import load_model_config
 from houchu.model.quant.functions import QuantSpec
 from houchu.model.quant.quality import agreement, text_logprobs
 from houchu.model.weights.loader import load_model

@@ -163,7 +163,7 @@ def test_gguf_experts_stay_as_stored(tmp_path, tiny_moe, qtype):
 def test_tensor_parallel_still_refuses_moe(tiny_moe, mode):
     """Quantized experts do not make MoE layers shardable: ``--tensor-parallel-size 2``
     is refused at start-up, in one line."""
-    from houchu.model.config.core import load_model_config
+    from houchu.model.config.load import load_model_config
     from houchu.runner.tensor_parallel.shards import TensorParallelError, check_shardable
 
     with pytest.raises(TensorParallelError, match="MoE layers are not sharded"):

@@ -115,7 +115,7 @@ def test_on_cuda_w8a8_is_rated_as_fp8_without_the_cpu_probe(capsys):
     """On a GPU w8a8's GEMMs run FP8 from W8A8_MIN_ROWS rows: no FP8 peak is measured, so
     "-", not a rate against the int8 peak; the CPU's ``int_mm_pays`` is never asked; int8
     (a GPU without FP8) is rated against the int8 peak."""
-    from houchu.bench.model.runner_gpu import GPU_UNITS, cuda_w8a8_gemm
+    from houchu.bench.model.runner import GPU_UNITS, cuda_w8a8_gemm
     from houchu.model.linear.w8a8 import int_mm_pays
 
     assert (cuda_w8a8_gemm((9, 0)), cuda_w8a8_gemm((8, 9))) == ("fp8", "int8")

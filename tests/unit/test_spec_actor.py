@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import zmq.asyncio
 
-from houchu.actors.config import Launch, ServeConfig
 from houchu.actors.draft import DraftActor, make_proposer
 from houchu.model.testing import make_tiny_llama
 from houchu.options.runner_options import RunnerOptions
+from houchu.options.serve_config import Launch, ServeConfig
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.speculative.draft_model import DraftModelProposer
 from houchu.transport.endpoints import Endpoints

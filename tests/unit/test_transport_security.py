@@ -15,9 +15,9 @@ import zmq.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from houchu.actors.config import Launch, ServeConfig
 from houchu.actors.placement import PlacementError, free_ports, place_actors
 from houchu.options.placement_options import PlacementOptions
+from houchu.options.serve_config import Launch, ServeConfig
 from houchu.transport.channel import BadMessage, Inbox, Outbox
 from houchu.transport.endpoints import ACTORS, Endpoints
 from houchu.transport.messages import AbortRequest, SchedulerInbox

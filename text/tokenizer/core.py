@@ -27,11 +27,11 @@ import jinja2
 import jinja2.meta
 import jinja2.sandbox
 
-from houchu.text.chat_turns import CHAT_ROLES, conversation
+from houchu.text.chat_turns import conversation
 from houchu.text.token_bytes import decoder_kind, vocabulary_bytes
 from houchu.text.tokenizer.errors import TokenizerError
 from houchu.text.tokenizer.loading import read_tokenizer
-from houchu.transport.messages import ChatMessage
+from houchu.transport.messages import CHAT_ROLES, ChatMessage
 
 __all__ = ["CHAT_ROLES", "TextTokenizer", "TokenizerError", "load_tokenizer", "reads_variable"]
 

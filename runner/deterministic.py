@@ -33,11 +33,11 @@ from __future__ import annotations
 import msgspec
 import torch
 
-from houchu.actors.startup_errors import StartupFailure
 from houchu.model.linear.dense import Linear, LinearBase
 from houchu.model.linear.quantized import Int4Linear, Int8Linear
 from houchu.options.runner_options import RunnerOptions
 from houchu.runner.autotune import DecodeRoute, attach
+from houchu.startup_errors import StartupFailure
 
 #: Rows per dense matmul call in the mode: a decode step of one row computes this many
 #: (zeros past the first; SmolLM2-135M's exact path measured 1.13x the default's step
