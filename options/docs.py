@@ -25,9 +25,9 @@ import msgspec
 from houchu.options.flags import GROUPS, Flag, Group
 
 #: The page this module writes, in a source checkout (the repository root is the package).
-DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "options.md"
+OPTIONS_DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "options.md"
 #: How to regenerate the page: the drift test's message.
-REGENERATE = "python -m houchu.options.docs"
+OPTIONS_REGENERATE = "python -m houchu.options.docs"
 
 _HEADER = """\
 # `houchu serve` options
@@ -107,7 +107,7 @@ def _group_section(group: Group) -> list[str]:
 
 def render() -> str:
     """The whole of ``docs/options.md``, from the flag table as it is now."""
-    lines = [_HEADER.format(cmd=REGENERATE)]
+    lines = [_HEADER.format(cmd=OPTIONS_REGENERATE)]
     for group in GROUPS:
         lines += _group_section(group)
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -115,15 +115,15 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Write the page (or, with ``--check``, compare it); the exit status."""
-    p = argparse.ArgumentParser(prog=REGENERATE, description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=OPTIONS_REGENERATE, description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="only compare; exit 1 on drift")
-    p.add_argument("--output", type=Path, default=DOC_PATH, help="the page to write")
+    p.add_argument("--output", type=Path, default=OPTIONS_DOC_PATH, help="the page to write")
     args = p.parse_args(argv)
     text = render()
     if args.check:
         same = args.output.exists() and args.output.read_text(encoding="utf-8") == text
         if not same:
-            print(f"{args.output} is out of date: run {REGENERATE}", file=sys.stderr)
+            print(f"{args.output} is out of date: run {OPTIONS_REGENERATE}", file=sys.stderr)
         return 0 if same else 1
     args.output.write_text(text, encoding="utf-8")
     return 0

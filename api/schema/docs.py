@@ -38,9 +38,9 @@ from houchu.api.schema.bodies import (
 from houchu.api.schema.refusals import UNSUPPORTED
 
 #: The page this module writes, in a source checkout (the repository root is the package).
-DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "api-parameters.md"
+API_PARAMETERS_DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "api-parameters.md"
 #: How to regenerate the page: the drift test's message.
-REGENERATE = "python -m houchu.api.schema.docs"
+API_PARAMETERS_REGENERATE = "python -m houchu.api.schema.docs"
 
 #: (title, body type) in the order of the page; each lists the fields its type adds.
 BODIES: tuple[tuple[str, type[msgspec.Struct]], ...] = (
@@ -198,7 +198,7 @@ def _wrap(text: str) -> str:
 
 def render() -> str:
     """The whole of ``docs/api-parameters.md``, from the request types as they are now."""
-    lines = [_HEADER.format(cmd=REGENERATE)]
+    lines = [_HEADER.format(cmd=API_PARAMETERS_REGENERATE)]
     seen: list[type] = []
     for title, cls in BODIES:
         lines += [f"## {title}", "", _wrap(f"`{cls.__name__}`. {_doc(cls)}"), ""]
@@ -217,15 +217,15 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Write the page (or, with ``--check``, compare it); the exit status."""
-    p = argparse.ArgumentParser(prog=REGENERATE, description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=API_PARAMETERS_REGENERATE, description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="only compare; exit 1 on drift")
-    p.add_argument("--output", type=Path, default=DOC_PATH, help="the page to write")
+    p.add_argument("--output", type=Path, default=API_PARAMETERS_DOC_PATH, help="the page to write")
     args = p.parse_args(argv)
     text = render()
     if args.check:
         same = args.output.exists() and args.output.read_text(encoding="utf-8") == text
         if not same:
-            print(f"{args.output} is out of date: run {REGENERATE}", file=sys.stderr)
+            print(f"{args.output} is out of date: run {API_PARAMETERS_REGENERATE}", file=sys.stderr)
         return 0 if same else 1
     args.output.write_text(text, encoding="utf-8")
     return 0

@@ -11,10 +11,10 @@ from houchu.api.schema import docs
 
 
 def test_api_parameters_page_matches_the_request_schema() -> None:
-    committed = docs.DOC_PATH.read_text(encoding="utf-8")
+    committed = docs.API_PARAMETERS_DOC_PATH.read_text(encoding="utf-8")
     assert committed == docs.render(), (
-        f"{docs.DOC_PATH} is out of date with api/schema/bodies.py: "
-        f"run `.venv/bin/{docs.REGENERATE}` and commit the page"
+        f"{docs.API_PARAMETERS_DOC_PATH} is out of date with api/schema/bodies.py: "
+        f"run `.venv/bin/{docs.API_PARAMETERS_REGENERATE}` and commit the page"
     )
 
 

@@ -8,10 +8,10 @@ from houchu.options import docs
 
 
 def test_options_page_matches_the_flag_table() -> None:
-    committed = docs.DOC_PATH.read_text(encoding="utf-8")
+    committed = docs.OPTIONS_DOC_PATH.read_text(encoding="utf-8")
     assert committed == docs.render(), (
-        f"{docs.DOC_PATH} is out of date with options/flags.py: "
-        f"run `.venv/bin/{docs.REGENERATE}` and commit the page"
+        f"{docs.OPTIONS_DOC_PATH} is out of date with options/flags.py: "
+        f"run `.venv/bin/{docs.OPTIONS_REGENERATE}` and commit the page"
     )
 
 
