@@ -119,14 +119,16 @@ def load_modules() -> dict[str, Module]:
                 for alias in node.names:
                     sub = f"{base}.{alias.name}"
                     targets.append(sub if sub in modules else base)
+            resolved = []
             for target in targets:
                 if target != PACKAGE and not target.startswith(PACKAGE + "."):
                     continue
                 # the most specific module that exists (``import houchu.x.y`` names x.y)
                 while target not in modules and "." in target:
                     target = target.rsplit(".", 1)[0]
-                if target != module.name:
-                    module.imports.append((target, node.lineno, type_checking))
+                if target != module.name and target not in resolved:
+                    resolved.append(target)  # ``from m import a, b``: one import of m
+            module.imports.extend((t, node.lineno, type_checking) for t in resolved)
     return modules
 
 
