@@ -19,9 +19,8 @@ import zmq.asyncio
 from houchu.options.runner_options import RunnerOptions
 from houchu.options.serve_config import ServeConfig
 from houchu.speculative.proposers import NgramProposer, Proposer, ProtocolError
-from houchu.transport.channel import Inbox
-from houchu.transport.messages import ActorDown, ActorUp, Shutdown
-from houchu.transport.peers import Peers, serve
+from houchu.transport.actor_base import ActorBase
+from houchu.transport.messages import ActorDown, ActorUp
 from houchu.transport.spec_messages import DraftInbox, DraftProposal, DraftReply, DraftRequest
 
 
@@ -71,16 +70,14 @@ def make_proposer(config: ServeConfig) -> tuple[Proposer, str]:
     return p, f"draft model {runner.config.name!r}: {total} pages x {p.page_size} tokens"
 
 
-class DraftActor:
+class DraftActor(ActorBase[DraftInbox]):
     """Answers the scheduler's requests for proposals."""
 
     name = "draft"
 
     def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
+        super().__init__(ctx, config.endpoints, DraftInbox | ActorDown | ActorUp)
         self.config = config
-        ep = config.endpoints
-        self.inbox: Inbox[DraftInbox] = Inbox(ctx, ep["draft"], DraftInbox | ActorDown | ActorUp)
-        self.peers = Peers(ctx, ep)
         self.to_scheduler = self.peers.outbox("scheduler")
         self.proposer: Proposer | None = None
 
@@ -88,24 +85,13 @@ class DraftActor:
         self.proposer, info = make_proposer(self.config)
         return info
 
-    async def run(self) -> None:
-        await serve(self.inbox, self._handle, self.name)
+    async def handle(self, msg: DraftInbox) -> None:
+        if isinstance(msg, DraftRequest):
+            await self.to_scheduler.send(self.answer(msg))
 
-    async def _handle(self, msg: DraftInbox | ActorDown | ActorUp) -> bool:
-        """Act on one message; False on ``Shutdown``."""
-        match msg:
-            case DraftRequest():
-                await self.to_scheduler.send(self.answer(msg))
-            case ActorDown(name=name):
-                if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
-                    return False
-                if name == "scheduler":
-                    self.proposer.release(list(self.proposer.seqs))
-            case ActorUp():
-                pass
-            case Shutdown():
-                return False
-        return True
+    async def on_peer_down(self, name: str) -> None:
+        if name == "scheduler":  # the new one starts from scratch
+            self.proposer.release(list(self.proposer.seqs))
 
     def answer(self, req: DraftRequest) -> DraftReply:
         """Release, then propose; a failure becomes the reply's ``error`` (no proposals)."""
@@ -131,7 +117,3 @@ class DraftActor:
             pages_total=total,
             error=error,
         )
-
-    async def close(self) -> None:
-        self.inbox.close()
-        self.peers.close()

@@ -29,9 +29,8 @@ from houchu.cache_tiers.host_tier import HostTier
 from houchu.cache_tiers.ssd_tier import SsdTier
 from houchu.options.serve_config import ServeConfig
 from houchu.paths import cache_dir
-from houchu.transport.channel import Inbox
+from houchu.transport.actor_base import ActorBase
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown
-from houchu.transport.peers import Peers, receive
 from houchu.transport.stats import TierManagerStats
 from houchu.transport.tier_messages import (
     HostSlotGrant,
@@ -44,17 +43,18 @@ from houchu.transport.tier_messages import (
 
 KVTierInbox = TierStore | TierLookup | TierRelease | Shutdown | ActorDown | ActorUp
 
+#: seconds between two ``TierStats`` sent unasked to the scheduler
+TIER_STATS_S = 1.0
 
-class KVTierActor:
+
+class KVTierActor(ActorBase[KVTierInbox]):
     """Host and SSD KV tiers behind the scheduler's radix cache."""
 
     name = "kv_tiers"
 
     def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
+        super().__init__(ctx, config.endpoints, KVTierInbox)
         self.config = config
-        ep = config.endpoints
-        self.inbox: Inbox[KVTierInbox] = Inbox(ctx, ep["kv_tiers"], KVTierInbox)
-        self.peers = Peers(ctx, ep)
         self.to_scheduler = self.peers.outbox("scheduler")
         # Slots kept granted to the scheduler: one eviction burst can write back this many
         # pages; the rest of the host tier serves lookups and SSD loads.
@@ -67,6 +67,7 @@ class KVTierActor:
         self.host_misses = 0
         self.load_s = 0.0
         self.spill_bytes = 0
+        self.stats_sent_at = 0.0  # time.monotonic() of the last TierStats sent unasked
 
     async def start(self) -> str:
         c, launch = self.config.kv_tiers, self.config.launch
@@ -80,20 +81,22 @@ class KVTierActor:
         pages = f"{launch.host_pool_pages} pages x {launch.host_slot_bytes} B"
         return f"host {pages}{ssd}, {c.kv_write_policy}"
 
-    async def run(self) -> None:
-        last_stats = 0.0
-        while True:
-            msg = await receive(self.inbox, self.name, timeout_s=1.0)
-            if msg is not None:
-                if not await self._handle(msg):
-                    await self._flush_to_ssd()
-                    return
-            if time.monotonic() - last_stats > 1.0:
-                last_stats = time.monotonic()
-                await self.to_scheduler.send(TierStats(self.stats()))
+    def wake_in(self) -> float:
+        """The scheduler gets fresh counters at least every ``TIER_STATS_S`` seconds."""
+        return TIER_STATS_S
 
-    async def _handle(self, msg: KVTierInbox) -> bool:
-        """Act on one message; False on ``Shutdown``."""
+    async def on_quiet(self) -> None:
+        await self._send_stats_if_due()
+
+    async def after_messages(self) -> None:
+        await self._send_stats_if_due()
+
+    async def _send_stats_if_due(self) -> None:
+        if time.monotonic() - self.stats_sent_at > TIER_STATS_S:
+            self.stats_sent_at = time.monotonic()
+            await self.to_scheduler.send(TierStats(self.stats()))
+
+    async def handle(self, msg: KVTierInbox) -> None:
         match msg:
             case TierStore(entries=entries, unused=unused):
                 await self._store(entries, unused)
@@ -103,16 +106,13 @@ class KVTierActor:
                 await self.to_scheduler.send(TierStats(self.stats()))
             case TierRelease(slots=slots):
                 self.host.release(slots)
-            case ActorDown(name=name):
-                if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
-                    return False
-                if name == "scheduler":
-                    await self._on_scheduler_replaced()
-            case ActorUp():
-                pass
-            case Shutdown():
-                return False
-        return True
+
+    async def on_peer_down(self, name: str) -> None:
+        if name == "scheduler":
+            await self._on_scheduler_replaced()
+
+    async def on_shutdown(self) -> None:
+        await self._flush_to_ssd()
 
     async def _on_scheduler_replaced(self) -> None:
         """Take back what the dead scheduler held (granted slots, pinned lookups) and
@@ -223,8 +223,6 @@ class KVTierActor:
             )
         return out
 
-    async def close(self) -> None:
-        self.inbox.close()
-        self.peers.close()
+    async def on_close(self) -> None:
         if self.pool is not None:
             self.pool.close()

@@ -16,9 +16,9 @@ import zmq.asyncio
 from houchu.options.serve_config import ServeConfig
 from houchu.storage.retention import Retention
 from houchu.storage.writer import TelemetryWriter
-from houchu.transport.channel import Inbox
+from houchu.transport.actor_base import ActorBase
 from houchu.transport.messages import ActorDown, ActorUp, Shutdown
-from houchu.transport.peers import receive, serve
+from houchu.transport.peers import receive
 from houchu.transport.telemetry import TelemetryBatch
 
 RecorderInbox = TelemetryBatch | Shutdown | ActorDown | ActorUp  # peers' restarts: no news here
@@ -42,7 +42,7 @@ def retention_of(config: ServeConfig) -> Retention:
     )
 
 
-class RecorderActor:
+class RecorderActor(ActorBase[RecorderInbox]):
     """Owns the database writer; one inbox of telemetry batches from every actor.
 
     Args:
@@ -56,8 +56,8 @@ class RecorderActor:
     def __init__(
         self, ctx: zmq.asyncio.Context, config: ServeConfig, max_pending: int = 200_000
     ) -> None:
+        super().__init__(ctx, config.endpoints, RecorderInbox)
         self.config = config
-        self.inbox: Inbox[RecorderInbox] = Inbox(ctx, config.endpoints["recorder"], RecorderInbox)
         self.max_pending = max_pending
         self.writer: TelemetryWriter | None = None
 
@@ -78,17 +78,14 @@ class RecorderActor:
         self.writer.start()
         return f"database {redact(url)} (schema {head_revision()})"
 
-    async def run(self) -> None:
-        await serve(self.inbox, self._handle, self.name)
-
-    async def _handle(self, msg: RecorderInbox) -> bool:
-        """Queue a batch for the writer; False on ``Shutdown`` (after the final flushes)."""
-        if isinstance(msg, Shutdown):
-            await self._drain(DRAIN_S)
-            return False
+    async def handle(self, msg: RecorderInbox) -> None:
+        """Queue a batch for the writer."""
         if isinstance(msg, TelemetryBatch):
             self.writer.submit(msg)
-        return True  # a peer's restart: no news here
+
+    async def on_shutdown(self) -> None:
+        """Take the final flushes of the other actors, stopping too."""
+        await self._drain(DRAIN_S)
 
     async def _drain(self, seconds: float) -> None:
         """Take what arrives in the next ``seconds`` (final flushes of stopping actors)."""
@@ -100,9 +97,8 @@ class RecorderActor:
             if isinstance(msg, TelemetryBatch):
                 self.writer.submit(msg)
 
-    async def close(self) -> None:
-        """Write what is queued (up to 10 s), stop the writer, close the inbox."""
+    async def on_close(self) -> None:
+        """Write what is queued (up to 10 s), stop the writer."""
         if self.writer is not None:
             await asyncio.to_thread(self.writer.close, 10.0)
             self.writer.engine.dispose()
-        self.inbox.close()

@@ -38,20 +38,11 @@ import zmq.asyncio
 from houchu.actors.heap import HeapTrimmer
 from houchu.options.serve_config import ServeConfig
 from houchu.startup_errors import StartupFailure
-from houchu.transport.channel import Inbox, ThreadOutbox
+from houchu.transport.actor_base import ActorBase
+from houchu.transport.channel import ThreadOutbox
 from houchu.transport.failures import internal, unavailable
-from houchu.transport.messages import (
-    ActorDown,
-    ActorUp,
-    Phase,
-    RunnerInbox,
-    RunnerInfo,
-    Shutdown,
-    StepPlan,
-    StepResult,
-)
-from houchu.transport.peers import Peers, serve
-from houchu.transport.telemetry import LeverSample, StepRecord, Telemetry
+from houchu.transport.messages import Phase, RunnerInbox, RunnerInfo, StepPlan, StepResult
+from houchu.transport.telemetry import LeverSample, StepRecord
 
 if TYPE_CHECKING:
     from houchu.runner.model_runner import ModelRunner
@@ -87,15 +78,14 @@ class StepDone(NamedTuple):
     levers: list[LeverSample]
 
 
-class RunnerActor:
+class RunnerActor(ActorBase[RunnerInbox]):
     """Owns the model; one inbox of ``StepPlan`` messages from the scheduler."""
 
     name = "runner"
 
     def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
+        super().__init__(ctx, config.endpoints, RunnerInbox)
         self.config = config
-        self.inbox: Inbox[RunnerInbox] = Inbox(ctx, config.endpoints["runner"], RunnerInbox)
-        self.peers = Peers(ctx, config.endpoints)
         self.to_scheduler = self.peers.outbox("scheduler")
         #: the torch thread's own link to the scheduler, for the steps' results (used
         #: and reconnected on that thread only)
@@ -104,19 +94,15 @@ class RunnerActor:
         self.to_info = {"scheduler": self.to_scheduler}
         self.to_info.update({name: self.peers.outbox(name) for name in INFO_READERS})
         self.runner = None
-        address = config.recorder_address()
-        self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
+        self.telemetry = self.telemetry_to(config.recorder_address())
         self.levers_sent_at = 0.0
         # all torch work on one thread: thread-local torch state stays consistent
         self.torch = ThreadPoolExecutor(1, thread_name_prefix="houchu-runner")
         self.step_started: float | None = None  # time.monotonic() of the running step
         self.heap = HeapTrimmer()
-        self.trimmer: asyncio.Task[None] | None = None  # _trim_when_idle, from start()
         self.rank_lost = False  # a tensor-parallel rank is gone: exit after the result
-        self.rank_watch: asyncio.Task[None] | None = None  # _watch_ranks, with tp only
         #: the steps handed to the torch thread, in plan order, not yet reported
         self.steps: deque[Future[StepDone]] = deque()
-        self.reporter: asyncio.Task[None] | None = None  # _report_steps, from start()
 
     async def start(self) -> str:
         launch = self.config.launch
@@ -143,10 +129,12 @@ class RunnerActor:
         self.runner.grammar.warm()  # structured output's tokenizer, in the background
         info = self.info()
         self.telemetry.start()
-        self.trimmer = asyncio.create_task(self._trim_when_idle())
-        self.reporter = asyncio.create_task(self._report_steps())
+        self.spawn(self._trim_when_idle())
+        # a failure outside a step's own (which fails only its requests), raised on the
+        # torch thread, ends the actor as one in the loop does
+        self.spawn(self._report_steps(), vital=True)
         if self.runner.tp is not None:
-            self.rank_watch = asyncio.create_task(self._watch_ranks())
+            self.spawn(self._watch_ranks())
         for out in self.to_info.values():
             await out.send(info)
         return (
@@ -179,17 +167,6 @@ class RunnerActor:
         started = self.step_started
         return 0.0 if started is None else time.monotonic() - started
 
-    async def run(self) -> None:
-        """Serve the inbox until ``Shutdown``; a failure outside a step's own (which
-        fails only its requests), raised on the torch thread, ends the actor as one in
-        the loop does."""
-        serving = asyncio.create_task(serve(self.inbox, self._handle, self.name))
-        await asyncio.wait({serving, self.reporter}, return_when=asyncio.FIRST_COMPLETED)
-        if self.reporter.done():
-            serving.cancel()
-            self.reporter.result()  # raises what stopped it
-        await serving
-
     async def _trim_when_idle(self) -> None:
         """Return the freed heap to the OS once a busy period is over (``HeapTrimmer``);
         on the torch thread, so it never runs beside a step."""
@@ -221,28 +198,20 @@ class RunnerActor:
         kill_ranks(self.runner.tp)
         os._exit(1)
 
-    async def _handle(self, msg: RunnerInbox) -> bool:
-        """Act on one message; False on ``Shutdown``."""
-        match msg:
-            case StepPlan():
-                received = time.time()  # the token path's stamp (StepStamps)
-                self.steps.append(self.torch.submit(self._run_step, msg, received, True))
-            case ActorDown(name=name):
-                if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
-                    return False
-                if name == "scheduler":
-                    # on the torch thread, after every step already taken (whose results
-                    # go to the old process, dropped): the results' link starts afresh,
-                    # and the new scheduler knows none of the old requests: forget them
-                    loop = asyncio.get_running_loop()
-                    await loop.run_in_executor(self.torch, self._forget_scheduler)
-                if name in self.to_info:  # its replacement learns the limits again
-                    await self.to_info[name].send(self.info())
-            case ActorUp():
-                pass
-            case Shutdown():
-                return False
-        return True
+    async def handle(self, msg: RunnerInbox) -> None:
+        if isinstance(msg, StepPlan):
+            received = time.time()  # the token path's stamp (StepStamps)
+            self.steps.append(self.torch.submit(self._run_step, msg, received, True))
+
+    async def on_peer_down(self, name: str) -> None:
+        if name == "scheduler":
+            # on the torch thread, after every step already taken (whose results go to
+            # the old process, dropped): the results' link starts afresh, and the new
+            # scheduler knows none of the old requests: forget them
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self.torch, self._forget_scheduler)
+        if name in self.to_info:  # its replacement learns the limits again
+            await self.to_info[name].send(self.info())
 
     def _forget_scheduler(self) -> None:
         """The scheduler was replaced (on the torch thread): reconnect the results' link
@@ -322,7 +291,7 @@ class RunnerActor:
             error = internal(f"{type(e).__name__}: {e}")
             if self.runner.tp is not None and self.runner.tp.broken:
                 # a rank is gone: the step's requests get a plain message (TPRankLost's),
-                # then the runner exits (_handle) so that the supervisor restarts every rank
+                # then the runner exits (_report_steps) so that the supervisor restarts every rank
                 from houchu.runner.tensor_parallel.group import TPRankLost
 
                 lost = str(e) if isinstance(e, TPRankLost) else "a tensor-parallel rank stopped"
@@ -337,13 +306,7 @@ class RunnerActor:
                 error=error,
             )
 
-    async def close(self) -> None:
-        for task in (self.trimmer, self.rank_watch, self.reporter):
-            if task is not None:
-                task.cancel()
-        await self.telemetry.close()
-        self.inbox.close()
-        self.peers.close()
+    async def on_close(self) -> None:
         self.results_to.close()
         self.torch.shutdown(wait=False, cancel_futures=True)
         if self.runner is not None:  # a tensor-parallel runner's other ranks

@@ -1,9 +1,12 @@
 """What every actor process shares: start-up, the ready report, the heartbeat, the parent
 watchdog.
 
-An actor is a class with ``async start()`` (load what it needs, then report ready) and
-``async run()`` (its receive loop; returns on ``Shutdown``); it may have ``busy_s()``, the
-seconds its current blocking unit of work has run (reported with each heartbeat).
+An actor is a class with ``async start()`` (load what it needs, then report ready),
+``async run()`` (its receive loop; returns on ``Shutdown``) and ``async close()`` (called
+here in a ``finally``, whatever happened); every actor but the gateway (whose loop is its
+engine client's) gets ``run`` and ``close`` from ``houchu.transport.actor_base.ActorBase``.
+It may have ``busy_s()``, the seconds its current blocking unit of work has run (reported
+with each heartbeat).
 
 Each actor process is started by the launcher as ``python -m houchu.actors.runtime NAME``
 with the serving configuration as JSON on stdin (``main``); no pickle is involved. After

@@ -32,13 +32,11 @@ from houchu.scheduler.core import Rejected, SchedulerCore
 from houchu.scheduler.overlap import resolve_overlap
 from houchu.scheduler.tiers import TierClient
 from houchu.startup_errors import ShutdownBeforeReady
-from houchu.transport.channel import Inbox
+from houchu.transport.actor_base import ActorBase
 from houchu.transport.failures import unavailable
 from houchu.transport.messages import (
     AbortRequest,
-    ActorDown,
     ActorStuck,
-    ActorUp,
     FinishRequest,
     RunnerInfo,
     SchedulerInbox,
@@ -51,30 +49,27 @@ from houchu.transport.messages import (
     TokenEvent,
     TokenizedRequest,
 )
-from houchu.transport.peers import Peers, drain, receive
+from houchu.transport.peers import receive
 from houchu.transport.spec_messages import DraftReply
-from houchu.transport.telemetry import Telemetry
 from houchu.transport.tier_messages import HostSlotGrant, TierLookupResult, TierStats
 
 
-class SchedulerActor:
+class SchedulerActor(ActorBase[SchedulerInbox | DraftReply]):
     """Continuous batching between the tokenizer and the model runner."""
 
     name = "scheduler"
+    drain_queued = True  # this message, then whatever else is queued, then plan
 
     def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
+        super().__init__(ctx, config.endpoints, SchedulerInbox | DraftReply)
         self.config = config
-        ep = config.endpoints
-        self.inbox: Inbox[SchedulerInbox] = Inbox(ctx, ep["scheduler"], SchedulerInbox | DraftReply)
-        self.peers = Peers(ctx, ep)
         self.to_runner = self.peers.outbox("runner")
         self.to_tokenizer = self.peers.outbox("tokenizer")
         self.to_gateway = self.peers.outbox("gateway")
         self.to_tiers = self.peers.outbox("kv_tiers")
         self.to_launcher = self.peers.outbox("launcher")
         self.core: SchedulerCore | None = None
-        address = config.recorder_address()
-        self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
+        self.telemetry = self.telemetry_to(config.recorder_address())
         self.runner_ready = False  # a runner's RunnerInfo came since its last restart
         self.overlap = False  # plan a step while one runs (resolved at start)
         self.stuck_reported = False  # the step in flight was reported stuck
@@ -106,23 +101,11 @@ class SchedulerActor:
             self.core, self.to_runner, self.inbox, early, c.supervision.heartbeat_timeout
         )
         for m in early:
-            if not await self._handle(m):
+            if not await self.dispatch(m):
                 raise RuntimeError("shut down while starting")
         return f"{msg.num_pages} pages, batch budget {batch.max_batch_tokens} tokens"
 
-    async def run(self) -> None:
-        while True:
-            wait = self._wake_in()
-            if wait is not None and not await self.inbox.poll(wait):
-                await self._on_quiet()
-                continue
-            msg = await receive(self.inbox, self.name)
-            # this message, then whatever else is queued, then plan
-            if not await self._handle(msg) or not await drain(self.inbox, self._handle, self.name):
-                return
-            await self._maybe_step()
-
-    def _wake_in(self) -> float | None:
+    def wake_in(self) -> float | None:
         """Seconds until something waited for times out (None: nothing is waited for)."""
         waits = []
         if self.core.is_looking_up():
@@ -137,7 +120,7 @@ class SchedulerActor:
             waits.append(max(left, 0.0))
         return min(waits) if waits else None
 
-    async def _on_quiet(self) -> None:
+    async def on_quiet(self) -> None:
         """Nothing arrived in time: give up on late proposals, report a stuck runner."""
         if self.draft.is_waiting and self.draft.time_left() <= 0:
             self.draft.on_timeout(self.core)
@@ -149,8 +132,7 @@ class SchedulerActor:
                 await self.to_launcher.send(ActorStuck(name="runner", reason=reason))
         await self._maybe_step()
 
-    async def _handle(self, msg: SchedulerInbox) -> bool:
-        """Act on one message; False on ``Shutdown``."""
+    async def handle(self, msg: SchedulerInbox | DraftReply) -> None:
         core = self.core
         match msg:
             case TokenizedRequest():
@@ -167,7 +149,7 @@ class SchedulerActor:
                 core.finish(rid)
             case StepResult(step_id=step_id):
                 if not core.is_in_flight(step_id):
-                    return True  # from a runner that was replaced: stale
+                    return  # from a runner that was replaced: stale
                 t0 = time.time()
                 events = core.apply(msg)
                 if events:
@@ -192,17 +174,12 @@ class SchedulerActor:
                     if events:
                         await self.to_tokenizer.send(TokenBatch(events))
                     self.runner_ready = True
-            case ActorDown(name=name):
-                if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
-                    return False
-                await self._on_peer_down(name)
-            case ActorUp(name="draft"):
-                self.draft.on_up()
-            case Shutdown():
-                return False
-        return True
 
-    async def _on_peer_down(self, name: str) -> None:
+    async def on_peer_up(self, name: str) -> None:
+        if name == "draft":
+            self.draft.on_up()
+
+    async def on_peer_down(self, name: str) -> None:
         core = self.core
         if name == "runner":  # its KV is gone: fail everything, start over on a new pool
             events = core.fail_all(unavailable("the model runner stopped and is restarting; retry"))
@@ -217,6 +194,9 @@ class SchedulerActor:
             core.reset_tiers()
         elif name == "draft":
             self.draft.on_down(core)
+
+    async def after_messages(self) -> None:
+        await self._maybe_step()
 
     async def _maybe_step(self) -> None:
         draft, core = self.draft, self.core
@@ -242,11 +222,6 @@ class SchedulerActor:
             plan.sent_at = time.time()  # the token path's stamp (StepStamps)
             await self.to_runner.send(plan)
         self.core.record_work(t0, time.time(), overlapped=ahead)
-
-    async def close(self) -> None:
-        await self.telemetry.close()
-        self.inbox.close()
-        self.peers.close()
 
 
 def stamps_of(result: StepResult, received: float) -> StepStamps:

@@ -33,19 +33,16 @@ from houchu.text.bad_words import bad_words_ids
 from houchu.text.request_text import RequestText
 from houchu.text.stop import stop_ids
 from houchu.text.token_conflicts import no_token_left
-from houchu.transport.channel import Inbox
+from houchu.transport.actor_base import ActorBase
 from houchu.transport.failures import bad_request, internal, unavailable
 from houchu.transport.limits import LimitsWatch, tokens_left
 from houchu.transport.messages import (
     AbortRequest,
-    ActorDown,
-    ActorUp,
     Failure,
     FinishRequest,
     GenerateRequest,
     RequestFailed,
     RunnerInfo,
-    Shutdown,
     StepStamps,
     TextDelta,
     TokenBatch,
@@ -53,8 +50,6 @@ from houchu.transport.messages import (
     TokenizedRequest,
     TokenizerInbox,
 )
-from houchu.transport.peers import Peers, serve
-from houchu.transport.telemetry import Telemetry
 
 #: Printed at start-up for a chat template that never shows the model the tools.
 NO_TOOLS_NOTE = (
@@ -63,16 +58,14 @@ NO_TOOLS_NOTE = (
 )
 
 
-class TokenizerActor:
+class TokenizerActor(ActorBase[TokenizerInbox]):
     """Text <-> tokens for every request."""
 
     name = "tokenizer"
 
     def __init__(self, ctx: zmq.asyncio.Context, config: ServeConfig) -> None:
+        super().__init__(ctx, config.endpoints, TokenizerInbox)
         self.config = config
-        ep = config.endpoints
-        self.inbox: Inbox[TokenizerInbox] = Inbox(ctx, ep["tokenizer"], TokenizerInbox)
-        self.peers = Peers(ctx, ep)
         self.to_scheduler = self.peers.outbox("scheduler")
         self.to_gateway = self.peers.outbox("gateway")
         self.requests: dict[str, RequestText] = {}
@@ -81,8 +74,7 @@ class TokenizerActor:
         self.tokenizer = None
         self.limits = LimitsWatch()  # the runner's, from its RunnerInfo
         self.max_token_chars = 1  # characters of the longest token
-        address = config.recorder_address()
-        self.telemetry = self.peers.track("recorder", Telemetry(ctx, address, self.name))
+        self.telemetry = self.telemetry_to(config.recorder_address())
         self.first_token_t: dict[str, float] = {}  # rid -> wall-clock s of its first token
 
     async def start(self) -> str:
@@ -100,11 +92,7 @@ class TokenizerActor:
             print(NO_TOOLS_NOTE, file=sys.stderr, flush=True)
         return f"vocabulary {tok.vocab_size}; chat template: {tok.chat_template_source}"
 
-    async def run(self) -> None:
-        await serve(self.inbox, self._handle, self.name)
-
-    async def _handle(self, msg: TokenizerInbox) -> bool:
-        """Act on one message; False on ``Shutdown``."""
+    async def handle(self, msg: TokenizerInbox) -> None:
         match msg:
             case GenerateRequest():
                 # a task: other requests' tokens keep flowing while a prompt encodes
@@ -121,23 +109,17 @@ class TokenizerActor:
                 await self.to_scheduler.send(msg)
             case RunnerInfo():
                 self.limits.update(msg)
-            case ActorDown(name=name):
-                if not await self.peers.replaced(name, self.inbox, self._handle, self.name):
-                    return False
-                if name == "gateway":  # its clients are gone: abort everything
-                    for rid in [*self.requests, *self.encoding]:
-                        self._forget(rid)
-                        await self.to_scheduler.send(AbortRequest(rid))
-                elif name == "scheduler":  # what it held is lost: fail those requests
-                    lost = unavailable("the scheduler stopped and is restarting; retry")
-                    for rid in list(self.requests):
-                        del self.requests[rid]
-                        await self._fail(rid, lost)
-            case ActorUp():
-                pass
-            case Shutdown():
-                return False
-        return True
+
+    async def on_peer_down(self, name: str) -> None:
+        if name == "gateway":  # its clients are gone: abort everything
+            for rid in [*self.requests, *self.encoding]:
+                self._forget(rid)
+                await self.to_scheduler.send(AbortRequest(rid))
+        elif name == "scheduler":  # what it held is lost: fail those requests
+            lost = unavailable("the scheduler stopped and is restarting; retry")
+            for rid in list(self.requests):
+                del self.requests[rid]
+                await self._fail(rid, lost)
 
     def _forget(self, rid: str) -> None:
         """Drop ``rid`` (aborted): no more text for it, its encoding is not forwarded."""
@@ -264,8 +246,3 @@ class TokenizerActor:
             cached_tokens=delta.cached_tokens,
             first_token_t=self.first_token_t.pop(delta.rid, 0.0),
         )
-
-    async def close(self) -> None:
-        await self.telemetry.close()
-        self.inbox.close()
-        self.peers.close()

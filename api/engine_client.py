@@ -25,24 +25,21 @@ import zmq.asyncio
 
 from houchu.api.observe import RequestObserver
 from houchu.api.token_path import TokenPathStats
-from houchu.transport.channel import Inbox
+from houchu.transport.actor_base import ActorBase
 from houchu.transport.endpoints import Endpoints
 from houchu.transport.failures import TIMEOUT, Failed, bad_request, unavailable
 from houchu.transport.limits import LimitsWatch
 from houchu.transport.messages import (
     AbortRequest,
-    ActorDown,
-    ActorUp,
     GatewayInbox,
     GenerateRequest,
     RequestFailed,
     RunnerInfo,
-    Shutdown,
     StatsQuery,
     StatsReply,
     TextDelta,
 )
-from houchu.transport.peers import Peers, serve
+from houchu.transport.peers import Peers
 
 #: Longest wait for the scheduler's counters (``EngineClient.stats``; ``/stats`` and
 #: ``/server_info`` answer 503 past it).
@@ -91,8 +88,9 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-class EngineClient:
-    """Async client of the engine actors, used by the HTTP and WebSocket handlers.
+class EngineClient(ActorBase[GatewayInbox]):
+    """Async client of the engine actors, used by the HTTP and WebSocket handlers; the
+    gateway's inbox and its receive loop (``start``).
 
     Args:
         ctx: the process's asyncio ZeroMQ context.
@@ -103,6 +101,8 @@ class EngineClient:
         peers: the gateway's links to the other actors (None: made here).
     """
 
+    name = "gateway"  # its inbox, and its name in the log
+
     def __init__(
         self,
         ctx: zmq.asyncio.Context,
@@ -111,16 +111,14 @@ class EngineClient:
         observer: RequestObserver | None = None,
         peers: Peers | None = None,
     ) -> None:
-        self._inbox: Inbox[GatewayInbox] = Inbox(ctx, endpoints["gateway"], GatewayInbox)
-        self._peers = peers or Peers(ctx, endpoints)
-        self._to_tokenizer = self._peers.outbox("tokenizer")
-        self._to_scheduler = self._peers.outbox("scheduler")
+        super().__init__(ctx, endpoints, GatewayInbox, peers)
+        self._to_tokenizer = self.peers.outbox("tokenizer")
+        self._to_scheduler = self.peers.outbox("scheduler")
         self._queues: dict[str, Mailbox] = {}
         self._stats_waiters: dict[int, asyncio.Future[StatsReply]] = {}
         self._query_ids = itertools.count()
         self._timeout_s = request_timeout_s
         self._observer = observer or RequestObserver()
-        self._task: asyncio.Task[None] | None = None
         self.stopped = asyncio.Event()
         #: the runner's limits, from its latest ``RunnerInfo``
         self.runner_limits = LimitsWatch()
@@ -128,21 +126,16 @@ class EngineClient:
         self.token_path = TokenPathStats()
 
     def start(self) -> None:
-        """Start routing inbox messages (call from the running event loop)."""
-        self._task = asyncio.create_task(self._route())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        self._inbox.close()
-        self._peers.close()
+        """Start routing inbox messages (call from the running event loop); ``stopped``
+        is set when a ``Shutdown`` ends it."""
+        self.spawn(self._route())
 
     async def _route(self) -> None:
-        await serve(self._inbox, self._dispatch, "gateway")
+        await self.run()
         self.stopped.set()
 
-    async def _dispatch(self, msg: GatewayInbox) -> bool:
-        """Route one message; False on ``Shutdown``."""
+    async def handle(self, msg: GatewayInbox) -> None:
+        """Route one message to the request or stats query it answers."""
         match msg:
             case TextDelta(rid=rid, stamps=stamps):
                 if stamps is not None:  # the token path's stamp (StepStamps)
@@ -160,17 +153,8 @@ class EngineClient:
                 fut = self._stats_waiters.pop(qid, None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
-            case ActorDown(name=name):
-                if not await self._peers.replaced(name, self._inbox, self._dispatch, "gateway"):
-                    return False
-                self._on_down(name)
-            case ActorUp():
-                pass
-            case Shutdown():
-                return False
-        return True
 
-    def _on_down(self, name: str) -> None:
+    async def on_peer_down(self, name: str) -> None:
         """Fail what the dead actor ``name`` held: every request if it was the tokenizer,
         pending stats queries if it was the scheduler."""
         if name == "tokenizer":

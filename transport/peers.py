@@ -12,8 +12,10 @@ dead process's last messages were sent before the launcher noticed the death, so
 applied before the actor drops what it held for that peer, never after
 (``Peers.replaced`` does both).
 
-Every actor's receive loop is ``serve`` (or ``receive`` where the loop also waits on a
-timer): an undecodable frame is logged once, the same way everywhere, and skipped.
+Every actor's receive loop is ``houchu.transport.actor_base.ActorBase``'s, which calls
+``Peers.replaced`` on ``ActorDown``; ``receive`` (a message, or None after a timeout) serves
+the waits outside it (start-up, the launcher). An undecodable frame is logged
+(``dropped``), the same way everywhere, and skipped.
 """
 
 from __future__ import annotations
@@ -127,13 +129,6 @@ async def receive(
             return await inbox.recv()
         except BadMessage as e:
             dropped(owner, e, log)
-
-
-async def serve(inbox: Inbox[Any], handle: Callable[[Any], Awaitable[bool]], owner: str) -> None:
-    """An actor's receive loop: ``handle`` every message of ``inbox`` (undecodable ones
-    are logged and skipped) until it returns False (a ``Shutdown``)."""
-    while await handle(await receive(inbox, owner)):
-        pass
 
 
 async def drain(inbox: Inbox[Any], handle: Callable[[Any], Awaitable[bool]], owner: str) -> bool:
