@@ -10,10 +10,6 @@ files there imports ``cache_dir`` from here at module top, never from the comman
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from houchu.env import cache_dir
 
-
-def cache_dir() -> Path:
-    """houchu's cache directory: ``$HOUCHU_CACHE`` or ``~/.cache/houchu``."""
-    return Path(os.environ.get("HOUCHU_CACHE", Path.home() / ".cache" / "houchu"))
+__all__ = ["cache_dir"]

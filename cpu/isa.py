@@ -32,6 +32,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from houchu import env as env_vars
+
 
 @dataclass(frozen=True)
 class Level:
@@ -129,7 +131,7 @@ def runs(
     CPUs or a test of the AVX2 machines' suite wants)."""
     if not lv.kernels:
         return True
-    cap = os.environ.get("HOUCHU_CPU_ISA_MAX") if capped else None
+    cap = env_vars.cpu_isa_max() if capped else None
     if cap and NAMES.index(lv.name) < NAMES.index(_cap_level(cap).name):
         return False
     machine = machine if machine is not None else platform.machine()
@@ -169,7 +171,7 @@ def usable(features: frozenset[str] | None = None, machine: str | None = None) -
 
 def why_not(lv: Level, features: frozenset[str] | None = None) -> str:
     """Why this CPU cannot run ``lv`` (for skip reasons and errors)."""
-    cap = os.environ.get("HOUCHU_CPU_ISA_MAX")
+    cap = env_vars.cpu_isa_max()
     if cap and NAMES.index(lv.name) < NAMES.index(_cap_level(cap).name):
         return f"{lv.name} is above HOUCHU_CPU_ISA_MAX={cap}"
     if platform.machine() not in lv.arch:
@@ -187,8 +189,8 @@ def choose(requested: str | None = None) -> str:
     """
     name = requested if requested not in (None, "auto") else None
     source = "--cpu-isa"
-    if name is None and os.environ.get("HOUCHU_CPU_ISA"):
-        name, source = os.environ["HOUCHU_CPU_ISA"], "HOUCHU_CPU_ISA"
+    if name is None and env_vars.cpu_isa():
+        name, source = env_vars.cpu_isa(), env_vars.CPU_ISA
     if name is None or name == "auto":
         return usable()[0]
     try:

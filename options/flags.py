@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from houchu import env as env_vars
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.cluster_options import ClusterOptions
 from houchu.options.gateway_options import GatewayOptions
@@ -100,7 +101,7 @@ GATEWAY = Group(
             "api_key",
             "require 'Authorization: Bearer KEY' on the API routes "
             "(default: $HOUCHU_API_KEY; prefer the variable: arguments are visible to ps)",
-            env="HOUCHU_API_KEY",
+            env=env_vars.API_KEY,
         ),
         Flag("request_timeout", "seconds without progress before a request fails"),
         Flag(

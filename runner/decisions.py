@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from houchu import env as env_vars
 from houchu.cpu import kernels as cpu_kernels
 
 DECISIONS_VERSION = 5  # of the measurements' code: a change that alters answers bumps it
@@ -75,12 +76,12 @@ class DecisionCache:
     """
 
     def __init__(self, path: Path | None = None) -> None:
-        env = os.environ.get("HOUCHU_DECISION_CACHE")
-        self.path = path or (Path(env) if env else cpu_kernels.cache_dir() / FILE_NAME)
-        folder = bool(env) and path is None and env.endswith(("/", os.sep))  # "dir/": one
+        given = env_vars.decision_cache()
+        self.path = path or (Path(given) if given else cpu_kernels.cache_dir() / FILE_NAME)
+        folder = bool(given) and path is None and given.endswith(("/", os.sep))  # "dir/"
         if folder or self.path.is_dir():  # a folder given: the file in it
             self.path = self.path / FILE_NAME
-        self.enabled = os.environ.get("HOUCHU_NO_DECISION_CACHE") != "1"
+        self.enabled = env_vars.decision_cache_enabled()
 
     def get(self, kind: str, key: str) -> Any | None:
         """The stored answer of ``kind`` for ``key``, or None."""

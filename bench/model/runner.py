@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
+from houchu import env as env_vars
 from houchu.bench.model import limits as runner_limits
 from houchu.cpu import isa as cpu_isa
 from houchu.cpu import kernels as cpu_kernels
@@ -67,7 +68,6 @@ FORMATS = {  # name: (model dtype, quantization); "act": the linear layers' acti
     "w4a8": ("act", "int4"),  # int4 weights x int8 activations (--int4-activations int8)
 }
 INT8_ACTS = {"w4a8"}  # formats whose int4 layers quantize their activations to int8
-_CHILD = "HOUCHU_RUNNER_BENCH_LEVEL"  # set in the per-level child processes
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 WARMUP_STEPS = 4  # untimed decode steps before the timed ones
 
@@ -391,11 +391,17 @@ def main(argv: list[str] | None = None) -> int:
         from houchu.model.fetch import fetch_default_model
 
         args.model = str(fetch_default_model(quiet=True))
-    if os.environ.get(_CHILD):
-        return run_level(os.environ[_CHILD], args)
+    level = env_vars.runner_bench_level()  # set in the per-level child processes
+    if level:
+        return run_level(level, args)
     status = 0
     for lv in levels:  # each level in a fresh process: torch reads its ISA caps at load
-        env = {**os.environ, **cpu_isa.torch_env_for(lv), _CHILD: lv, "HOUCHU_CPU_ISA": lv}
+        env = {
+            **os.environ,
+            **cpu_isa.torch_env_for(lv),
+            env_vars.RUNNER_BENCH_LEVEL: lv,
+            env_vars.CPU_ISA: lv,
+        }
         cmd = [sys.executable, "-m", "houchu.bench.model.runner", *(argv or sys.argv[1:])]
         status |= subprocess.run([*cmd, "--model", args.model], env=env, check=False).returncode
     return status

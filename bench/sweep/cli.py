@@ -31,7 +31,6 @@ same and measures only the missing cells.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import shutil
 import sys
@@ -39,6 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from houchu import env as env_vars
 from houchu.bench.cli import add_workload_args
 from houchu.bench.sweep.levers import LEVERS
 
@@ -294,7 +294,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     try:
         return _prepare_and_sweep(args, plan, serve_args, workdir, argv)
     finally:
-        if not os.environ.get("HOUCHU_LEVERS_KEEP_DB"):
+        if not env_vars.levers_keep_db():
             shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from houchu import env as env_vars
 from houchu.bench.backends.ws import HouchuWsBackend
 from houchu.bench.core import WARMUP_SEED_OFFSET, BenchSpec, benchmark
 from houchu.bench.driver import RunConfig, run_sessions
@@ -216,7 +216,7 @@ class SweepRunner:
         self._read_db(db_url, windows)
         self.facts.setdefault(config.name, facts)
         self.runs += [w[0] for w in windows]
-        if db.exists() and not os.environ.get("HOUCHU_LEVERS_KEEP_DB"):
+        if db.exists() and not env_vars.levers_keep_db():
             for suffix in ("", "-wal", "-shm", ".migrate-lock"):
                 Path(f"{db}{suffix}").unlink(missing_ok=True)
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from houchu import env as env_vars
 from houchu.cpu import isa
 from houchu.cpu.kernels.fakes import register_fakes
 
@@ -103,8 +104,7 @@ class CpuKernelsUnavailable(RuntimeError):
 def cache_dir() -> Path:
     """Where built kernels are kept (``$HOUCHU_KERNEL_CACHE`` or
     ``~/.cache/houchu/cpu_kernels``)."""
-    env = os.environ.get("HOUCHU_KERNEL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "houchu" / "cpu_kernels"
+    return env_vars.kernel_cache() or Path.home() / ".cache" / "houchu" / "cpu_kernels"
 
 
 def build_key(level: str, sources: list[Path]) -> str:

@@ -20,7 +20,6 @@ the log).
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from datetime import timedelta
@@ -29,12 +28,13 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from houchu import env as env_vars
 from houchu.transport.messages import SeqWork, StepPlan
 
 #: seconds a rank waits for the others to join, and for a collective to complete
 TIMEOUT_S = 300.0
-#: set to a number of seconds to replace ``TIMEOUT_S`` for the collectives (tests)
-TIMEOUT_ENV = "HOUCHU_TP_TIMEOUT_S"
+#: the variable that replaces ``TIMEOUT_S`` for the collectives (tests set it)
+TIMEOUT_ENV = env_vars.TP_TIMEOUT_S
 #: seconds a rank >= 1 waits for the next step plan (ten years: an idle server is fine)
 IDLE_TIMEOUT_S = 10 * 365 * 86400.0
 
@@ -42,8 +42,8 @@ IDLE_TIMEOUT_S = 10 * 365 * 86400.0
 def collective_timeout_s() -> float:
     """Seconds a collective may take: ``$HOUCHU_TP_TIMEOUT_S`` when set, else
     ``TIMEOUT_S`` (read at each call: every rank reads its own environment)."""
-    value = os.environ.get(TIMEOUT_ENV)
-    return float(value) if value else TIMEOUT_S
+    value = env_vars.tp_timeout_s()
+    return value if value is not None else TIMEOUT_S
 
 
 class TPRankLost(RuntimeError):

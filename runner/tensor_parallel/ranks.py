@@ -18,12 +18,12 @@ from pathlib import Path
 import msgspec
 import torch
 
+from houchu import env as env_vars
 from houchu.options.runner_options import RunnerOptions
 from houchu.runner.tensor_parallel.group import TPGroup, host_store
 from houchu.runner.tensor_parallel.shards import TensorParallelError, check_shardable
 
 #: set (to anything) to run more CPU ranks than cores (they share them; for tests)
-OVERSUBSCRIBE = "HOUCHU_TP_OVERSUBSCRIBE"
 
 
 class WorkerSpec(msgspec.Struct, kw_only=True):
@@ -70,9 +70,9 @@ def tp_runner_options(o: RunnerOptions) -> tuple[RunnerOptions, list[str]]:
         )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
-    if dev.type == "cpu" and n > cores and not os.environ.get(OVERSUBSCRIBE):
+    if dev.type == "cpu" and n > cores and not env_vars.tp_oversubscribe():
         raise TensorParallelError(
-            f"{flag}: more ranks than the {cores} CPU cores here ({OVERSUBSCRIBE}=1 runs "
+            f"{flag}: more ranks than the {cores} CPU cores here ({env_vars.TP_OVERSUBSCRIBE}=1 runs "
             "them anyway, slowly)"
         )
     threads = o.threads if o.threads is not None else max(1, cores // n)
