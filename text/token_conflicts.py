@@ -21,9 +21,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from houchu.transport.failures import bad_request
 from houchu.transport.messages import Failure
+from houchu.transport.request_fields import MAX_LOGIT_BIAS
 
-#: A ``logit_bias`` of this magnitude bans (negative) or forces (positive) the token.
-BIAS_LIMIT = 100.0
+#: A ``logit_bias`` of this magnitude bans (negative) or forces (positive) the token: the
+#: top of the wire's ``logit_bias`` values.
+BIAS_LIMIT = MAX_LOGIT_BIAS
 
 
 def no_token_left(

@@ -1,13 +1,47 @@
 """The request's own fields on the wire: its sampling parameters, its chat turns, and
-why it failed (``Failure``). Re-exported by ``houchu.transport.messages``."""
+why it failed (``Failure``). Re-exported by ``houchu.transport.messages``.
+
+The sampling parameters' bounds are declared once, here, as msgspec constraints
+(``Temperature``, ``TopP``, ...): a ``GenerateRequest`` or ``StepPlan`` decoded by any
+actor is checked as it decodes, the request bodies of ``houchu.api.schema.bodies`` are
+built from the same types, and a ``SamplingParams`` built in-process (the runner's
+tests, benches, proposers) is checked by ``sampling_problem``, which decodes it again.
+"""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+import sys
+from typing import Annotated, Literal, get_args
 
-from msgspec import Struct, field
+import msgspec
+from msgspec import Meta, Struct, field
 
 from houchu.transport.structured import StructuredOutput
+
+#: The most ``top_logprobs`` (and ``prompt_logprobs``) a request may ask for.
+MAX_TOP_LOGPROBS = 20
+#: ``logit_bias`` values: OpenAI's range (the ends ban or force the token).
+MAX_LOGIT_BIAS = 100.0
+#: Largest token id on the wire (the vocabulary's own top is checked where it is known).
+MAX_TOKEN_ID = 2**31 - 1
+
+TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
+#: 0: greedy (the HTTP API also caps it at 2.0, OpenAI's top).
+Temperature = Annotated[float, Meta(ge=0.0)]
+#: Nucleus mass, 1: off (the HTTP API also takes 0, sent as ``top_k`` 1).
+TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+#: ``min_p``: a fraction of the top token's probability, 0: off.
+Unit = Annotated[float, Meta(ge=0.0, le=1.0)]
+#: vLLM's: any finite value above 0 (1: off); only infinity is above the top.
+RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=sys.float_info.max)]
+#: Frequency and presence penalties (OpenAI's range).
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+LogitBiasValue = Annotated[float, Meta(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
+MinTokens = Annotated[int, Meta(ge=0)]
+MaxTokens = Annotated[int, Meta(ge=0)]
+#: A token id sequence that is never empty (``allowed_token_ids``, a bad word's ids).
+TokenIds = Annotated[list[TokenId], Meta(min_length=1)]
 
 
 class SamplingParams(Struct, frozen=True, kw_only=True):
@@ -39,35 +73,46 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     it (by default it is cut).
     """
 
-    temperature: float = 1.0
+    temperature: Temperature = 1.0
     top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    top_p: TopP = 1.0
+    min_p: Unit = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
     seed: int | None = None
-    max_tokens: int = 16
+    max_tokens: MaxTokens = 16
     max_tokens_is_default: bool = False
     stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
+    stop_token_ids: list[TokenId] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: bool = False
-    top_logprobs: int = 0
+    top_logprobs: TopLogprobs = 0
     structured: StructuredOutput | None = None
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    allowed_token_ids: list[int] | None = None
+    logit_bias: dict[TokenId, LogitBiasValue] = field(default_factory=dict)
+    allowed_token_ids: TokenIds | None = None
     bad_words: list[str] = field(default_factory=list)
-    bad_words_ids: list[list[int]] = field(default_factory=list)
-    min_tokens: int = 0
-    prompt_logprobs: int | None = None
+    bad_words_ids: list[TokenIds] = field(default_factory=list)
+    min_tokens: MinTokens = 0
+    prompt_logprobs: TopLogprobs | None = None
     echo: bool = False
     include_stop_str_in_output: bool = False
 
 
-#: The most ``top_logprobs`` a request may ask for (the gateway's schema bound, which the
-#: runner's sampler checks again).
-MAX_TOP_LOGPROBS = 20
+def sampling_problem(params: SamplingParams) -> str | None:
+    """What is out of bounds in ``params`` (None: nothing), checked as decoding checks
+    it: for parameters built in-process, which msgspec does not check (the first bound
+    broken, e.g. "top_p = 2.0: expected `float` <= 1.0")."""
+    try:
+        msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=SamplingParams)
+    except msgspec.ValidationError as e:
+        text, _, at = str(e).partition(" - at `$.")
+        name = at.rstrip("`")
+        plain = name.isidentifier()  # not an item: ``logit_bias[...]``, ``stop[0]``
+        shown = f"{name} = {getattr(params, name)!r}: " if plain else f"{name}: " if name else ""
+        return f"{shown}{text[:1].lower()}{text[1:]}"
+    return None
+
 
 #: The roles a chat turn may have on the wire ("tool": a tool's result).
 ChatRole = Literal["system", "user", "assistant", "tool"]

@@ -2,9 +2,9 @@
 allowed range (OpenAI's: keys are token ids, written as strings of digits; values are
 -100..100), rather than the schema's generic wording.
 
-The request type (``houchu.api.schema.bodies.LogitBias``) states the same bounds for the
-OpenAPI document; this check runs on the raw body first, so its messages are the ones a
-client sees.
+The request type (``houchu.api.schema.bodies.LogitBias``, its values the wire's
+``LogitBiasValue``) states the same bounds for the OpenAPI document; this check runs on
+the raw body first, so its messages are the ones a client sees.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from houchu.api.errors import ApiError
-from houchu.api.schema.bodies import MAX_LOGIT_BIAS
+from houchu.transport.request_fields import MAX_LOGIT_BIAS
 
 #: A token id as ``logit_bias`` keys write it (the schema's pattern).
 TOKEN_ID_KEY = re.compile(r"[0-9]{1,10}")

@@ -9,6 +9,13 @@ not know (``metadata``, ...) are ignored; known OpenAI features
 it does not implement are fields marked ``unsupported``: they are refused unless absent
 or at their neutral value (``n: 1``, ``tools: []``, ...).
 
+The sampling parameters' bounds are the wire's (``houchu.transport.request_fields``:
+``Temperature``, ``Unit``, ``Penalty``, ...), declared once there: a body is checked
+against them as it decodes, and so is the ``SamplingParams`` built from it wherever it is
+decoded again. Where the OpenAI API's contract differs, the type here says how:
+``temperature`` has OpenAI's top of 2.0, ``top_p`` admits 0 (sent as ``top_k`` 1) and
+``top_k`` admits -1 (off).
+
 What a field's type cannot say is checked by the validator (and added to the generated
 schema where JSON Schema can say it): the served model's name, ``max_tokens`` at most
 the context window, the seed's unsigned 64-bit top, a batch of one prompt
@@ -20,7 +27,6 @@ and the rules across fields (``stream_options`` needs ``stream``, ``top_logprobs
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
@@ -42,7 +48,17 @@ from houchu.api.schema.structured import (
 )
 from houchu.api.schema.tools import ToolCallIn, ToolChoice, Tools
 from houchu.transport.messages import CHAT_ROLES, ROLE_ALIASES
-from houchu.transport.request_fields import MAX_TOP_LOGPROBS
+from houchu.transport.request_fields import (
+    LogitBiasValue,
+    MinTokens,
+    Penalty,
+    RepetitionPenalty,
+    TokenId,
+    TokenIds,
+    TopLogprobs,
+    Unit,
+)
+from houchu.transport.request_fields import Temperature as WireTemperature
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 #: The OpenAI chat API defaults to "until the context is full"; 512 bounds a forgotten
@@ -51,10 +67,7 @@ DEFAULT_CHAT_MAX_TOKENS = 512
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 1024  # per stop string: each is searched in every new piece of text
 MAX_COMPLETION_LOGPROBS = 5
-MAX_TOKEN_ID = 2**31 - 1
 MAX_CHOICES = 128  # the most choices per request (``n``, ``best_of``), OpenAI's bound
-#: ``logit_bias`` values: OpenAI's range (the ends ban or force the token).
-MAX_LOGIT_BIAS = 100.0
 #: Largest ``top_k`` (any value above the vocabulary size keeps every token).
 MAX_TOP_K = 2**31 - 1
 #: int64 or uint64; msgspec's bounds hold int64 only, so the validator checks the top.
@@ -65,30 +78,23 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 PATTERN_WORDS = "pattern_words"
 
 
-TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
 PositiveInt = Annotated[int, Meta(ge=1)]
-Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+#: The wire's temperature under OpenAI's top.
+Temperature = Annotated[WireTemperature, Meta(le=2.0)]
 TopP = Annotated[float, Meta(ge=0.0, le=1.0, description="0: only the most likely token")]
 TopK = Annotated[int, Meta(ge=-1, le=MAX_TOP_K, description="-1 or 0: off")]
-Unit = Annotated[float, Meta(ge=0.0, le=1.0)]
-Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 ChoiceCount = Annotated[int, Meta(ge=1, le=MAX_CHOICES)]
 LogitBias = Annotated[
-    dict[
-        Annotated[str, Meta(pattern=r"^[0-9]{1,10}$")], Annotated[float, Meta(ge=-100.0, le=100.0)]
-    ],
+    dict[Annotated[str, Meta(pattern=r"^[0-9]{1,10}$")], LogitBiasValue],
     Meta(
         description="token id (a string of digits) -> bias added to its logit; "
         "-100 bans the token, 100 selects it exclusively"
     ),
 ]
 BadWord = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
-#: vLLM's: any finite value above 0 (1: off); only infinity is above the top.
-RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=sys.float_info.max)]
 Seed = Annotated[int, Meta(ge=SEED_RANGE[0])]  # the top: see SEED_RANGE
 StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
 Stop = StopString | Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)]
-TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 #: One prompt: text, or token ids (a batch of one, ``["text"]`` or ``[[ids]]``, is
 #: unwrapped by the validator first: msgspec types cannot hold two array types).
 Prompt = Annotated[str, Meta(min_length=1)] | Annotated[list[TokenId], Meta(min_length=1)]
@@ -192,14 +198,14 @@ class SamplingFields(VllmUnserved, kw_only=True, omit_defaults=True, forbid_unkn
         None
     )
     logit_bias: LogitBias | None = None
-    allowed_token_ids: (
-        Annotated[list[TokenId], Meta(min_length=1, description="only these may be sampled")] | None
-    ) = None
+    allowed_token_ids: Annotated[TokenIds, Meta(description="only these may be sampled")] | None = (
+        None
+    )
     bad_words: Annotated[list[BadWord], Meta(description="words never generated (vLLM)")] | None = (
         None
     )
     min_tokens: (
-        Annotated[int, Meta(ge=0, description="no stop before this many tokens (vLLM)")] | None
+        Annotated[MinTokens, Meta(description="no stop before this many tokens (vLLM)")] | None
     ) = None
     prompt_logprobs: (
         Annotated[

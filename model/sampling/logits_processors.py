@@ -131,8 +131,11 @@ class LogitsProcessors:
 
 
 def check_params(params: SamplingParams, vocab_size: int) -> None:
-    """Raise ``ValueError`` for processor parameters outside their domains (the gateway
-    refuses them with a 400 first; this guards the runner)."""
+    """Raise ``ValueError`` for token ids outside this model's vocabulary (the gateway
+    refuses them with a 400 first; this guards the runner). The bounds that do not
+    depend on the model (bias values, empty lists, ``min_tokens``) are the wire's types
+    (``houchu.transport.request_fields``), checked when the parameters decode or by the
+    sampler's ``sampling_problem``."""
 
     def bad_id(t: int) -> bool:
         return not 0 <= t < vocab_size
@@ -140,17 +143,10 @@ def check_params(params: SamplingParams, vocab_size: int) -> None:
     problems = []
     if any(bad_id(t) for t in params.logit_bias):
         problems.append(f"logit_bias token id out of range 0..{vocab_size - 1}")
-    if any(not -BIAS_LIMIT <= b <= BIAS_LIMIT for b in params.logit_bias.values()):
-        problems.append("logit_bias value outside [-100, 100]")
-    if params.allowed_token_ids is not None:
-        if not params.allowed_token_ids:
-            problems.append("allowed_token_ids is empty")
-        elif any(bad_id(t) for t in params.allowed_token_ids):
-            problems.append(f"allowed_token_ids token id out of range 0..{vocab_size - 1}")
-    if any(not w or any(bad_id(t) for t in w) for w in params.bad_words_ids):
-        problems.append("bad word empty or with a token id out of range")
-    if params.min_tokens < 0:
-        problems.append(f"min_tokens {params.min_tokens} < 0")
+    if params.allowed_token_ids is not None and any(map(bad_id, params.allowed_token_ids)):
+        problems.append(f"allowed_token_ids token id out of range 0..{vocab_size - 1}")
+    if any(bad_id(t) for w in params.bad_words_ids for t in w):
+        problems.append("bad word with a token id out of range")
     if problems:
         raise ValueError(f"invalid logits processors: {', '.join(problems)}")
 

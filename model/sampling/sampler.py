@@ -37,7 +37,7 @@ from houchu.cpu import kernels as cpu_kernels
 from houchu.model.sampling.logits_processors import LogitsProcessors, apply_processors
 from houchu.model.sampling.warpers import apply_min_p, apply_top_k, apply_top_p, draw_rows
 from houchu.transport.messages import SamplingParams
-from houchu.transport.request_fields import MAX_TOP_LOGPROBS
+from houchu.transport.request_fields import sampling_problem
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy
 #: Smallest repetition penalty applied (a smaller one would overflow float32 logits).
@@ -144,20 +144,12 @@ def draw_seed(seed: int, position: int) -> int:
 
 
 def validate_params(p: SamplingParams, rid: str = "?") -> None:
-    """Raise ``ValueError`` for parameters outside their domains."""
-    problems = []
-    if not p.temperature >= 0.0:
-        problems.append(f"temperature {p.temperature} < 0")
-    if not 0.0 < p.top_p <= 1.0:
-        problems.append(f"top_p {p.top_p} not in (0, 1]")
-    if not 0.0 <= p.min_p <= 1.0:
-        problems.append(f"min_p {p.min_p} not in [0, 1]")
-    if not p.repetition_penalty > 0.0:
-        problems.append(f"repetition_penalty {p.repetition_penalty} <= 0")
-    if not 0 <= p.top_logprobs <= MAX_TOP_LOGPROBS:
-        problems.append(f"top_logprobs {p.top_logprobs} not in 0..{MAX_TOP_LOGPROBS}")
-    if problems:
-        raise ValueError(f"request {rid!r}: invalid sampling parameters: {', '.join(problems)}")
+    """Raise ``ValueError`` for parameters outside their domains: the bounds of the
+    wire's types (``houchu.transport.request_fields.sampling_problem``), checked again
+    here for parameters built in-process rather than decoded."""
+    problem = sampling_problem(p)
+    if problem is not None:
+        raise ValueError(f"request {rid!r}: invalid sampling parameters: {problem}")
 
 
 @dataclass
