@@ -38,6 +38,7 @@ from torch import nn
 
 from houchu.model.config.core import ModelConfig
 from houchu.model.linear.dense import Linear, LinearBase
+from houchu.transport.levers import Lever, Unit, Verb
 from houchu.transport.telemetry import LeverSample
 
 SiluMul = Callable[[torch.Tensor], torch.Tensor]
@@ -332,4 +333,6 @@ def moe_lever_sample(moes: Iterable[MoEMLP], t: float) -> LeverSample | None:
     saved, spent = sum(c[0] for c in counts), sum(c[1] for c in counts)
     if not saved:
         return None
-    return LeverSample("moe_routed_experts", "compute_less", saved, "flops", spent, "flops", t)
+    return LeverSample(
+        Lever.MOE_ROUTED_EXPERTS, Verb.COMPUTE_LESS, saved, Unit.FLOPS, spent, Unit.FLOPS, t
+    )

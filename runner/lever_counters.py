@@ -11,6 +11,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from houchu.transport.levers import (
+    ACCEL_LEVERS,
+    HALF_PRECISION_LEVERS,
+    KV_QUANT_LEVERS,
+    WEIGHT_QUANT_LEVERS,
+    Lever,
+    Unit,
+    Verb,
+)
 from houchu.transport.telemetry import LeverSample
 
 
@@ -126,51 +135,40 @@ class LeverCounters:
         if c.weight_label != "none" and self.steps:
             out.append(
                 LeverSample(
-                    f"weight_quant_{c.weight_label}",
-                    "move_less",
+                    WEIGHT_QUANT_LEVERS[c.weight_label.split("-")[0]],
+                    Verb.MOVE_LESS,
                     float(self.weight_saved),
-                    "bytes",
+                    Unit.BYTES,
                     0.0,
-                    "bytes",
+                    Unit.NONE,  # dequantization work: not measured (transport.levers)
                     t,
                 )
             )
         if c.kv_label != "auto" and (self.kv_written or self.kv_read):
             per = c.kv_token_bf16_bytes - c.kv_token_bytes
             err = self.kv_rel_error or 0.0
+            kvq, rms = KV_QUANT_LEVERS[c.kv_label], Unit.RELATIVE_RMS_ERROR
             out.append(
-                LeverSample(
-                    f"kv_quant_{c.kv_label}",
-                    "move_less",
-                    float(per * self.kv_read),
-                    "bytes",
-                    err,
-                    "relative_rms_error",
-                    t,
-                )
+                LeverSample(kvq, Verb.MOVE_LESS, float(per * self.kv_read), Unit.BYTES, err, rms, t)
             )
             out.append(
                 LeverSample(
-                    f"kv_quant_{c.kv_label}",
-                    "occupy_less",
-                    float(per * self.kv_written),
-                    "bytes",
-                    err,
-                    "relative_rms_error",
-                    t,
+                    kvq, Verb.OCCUPY_LESS, float(per * self.kv_written), Unit.BYTES, err, rms, t
                 )
             )
         out += self._half_samples(t)
         if c.score_pair_bytes and self.score_pairs:
             saved = float(c.score_pair_bytes * self.score_pairs)
-            out.append(LeverSample("flash_attention", "move_less", saved, "bytes", 0.0, "bytes", t))
+            flash = Lever.FLASH_ATTENTION  # spends no work in serving: Unit.NONE
+            out.append(LeverSample(flash, Verb.MOVE_LESS, saved, Unit.BYTES, 0.0, Unit.NONE, t))
         if self.accel is not None and (self.accel_steps or not self._setup_reported):
             gain = 0.0
             if self.eager_step_s is not None and self.accel_step_s is not None:
                 gain = max(0.0, self.eager_step_s - self.accel_step_s) * self.accel_steps
             spent = 0.0 if self._setup_reported else self.accel_setup_s
             self._setup_reported = True
-            out.append(LeverSample(self.accel, "fill", gain, "seconds", spent, "seconds", t))
+            accel, sec = ACCEL_LEVERS[self.accel], Unit.SECONDS
+            out.append(LeverSample(accel, Verb.FILL, gain, sec, spent, sec, t))
         self._reset()
         return out
 
@@ -183,12 +181,13 @@ class LeverCounters:
         if not c.half_label or not self.steps:
             return []
         kv = c.kv_label == "auto"
-        name = f"half_precision_{c.half_label}"
+        name, b, none = HALF_PRECISION_LEVERS[c.half_label], Unit.BYTES, Unit.NONE
         moved = self.dense_read + (c.kv_token_bytes * self.kv_read if kv else 0)
-        out = [LeverSample(name, "move_less", float(moved), "bytes", 0.0, "bytes", t)]
+        # what it spends (precision) is not measured per step: Unit.NONE
+        out = [LeverSample(name, Verb.MOVE_LESS, float(moved), b, 0.0, none, t)]
         if kv and self.kv_written:
             held = float(c.kv_token_bytes * self.kv_written)
-            out.append(LeverSample(name, "occupy_less", held, "bytes", 0.0, "bytes", t))
+            out.append(LeverSample(name, Verb.OCCUPY_LESS, held, b, 0.0, none, t))
         return out
 
     def summary(self) -> str:

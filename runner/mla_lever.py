@@ -10,7 +10,10 @@ from typing import Any
 
 from houchu.model.config.core import ModelConfig
 from houchu.model.kv.mla_pool import LatentKVPool
+from houchu.transport.levers import Lever, Unit, Verb
 from houchu.transport.telemetry import LeverSample
+
+_O = Verb.OCCUPY_LESS
 
 
 def mla_summary(pool: LatentKVPool, max_context: int) -> str:
@@ -31,8 +34,9 @@ class MLALever:
     once, the extra token slots the pool holds ("tokens" saved) and the extra requests
     of ``max_context`` tokens it holds at once ("requests" saved: the concurrency the
     latent buys); then per call, the KV bytes not stored for the tokens written since
-    the previous call ("bytes" saved). Nothing is spent: the latent is the model's own
-    structure (the absorbed decode's extra query work is in its step time).
+    the previous call ("bytes" saved). The spent amount is not measured (``Unit.NONE``):
+    the latent is the model's own structure, and the absorbed decode's extra query work
+    is inside its step time.
 
     Args:
         pool: the latent pool.
@@ -56,12 +60,12 @@ class MLALever:
             full_tokens = p.num_bytes // p.full_kv_bytes
             extra = float(p.num_tokens - full_tokens)
             more = float(p.num_tokens // self.max_context - full_tokens // self.max_context)
-            out.append(LeverSample("mla", "occupy_less", extra, "tokens", 0.0, "tokens", t))
-            out.append(LeverSample("mla", "occupy_less", more, "requests", 0.0, "requests", t))
+            out.append(LeverSample(Lever.MLA, _O, extra, Unit.TOKENS, 0.0, Unit.NONE, t))
+            out.append(LeverSample(Lever.MLA, _O, more, Unit.REQUESTS, 0.0, Unit.NONE, t))
         if self.tokens_written:
             per = p.full_kv_bytes - p.bytes_per_token
             saved = float(per * self.tokens_written)
-            out.append(LeverSample("mla", "occupy_less", saved, "bytes", 0.0, "bytes", t))
+            out.append(LeverSample(Lever.MLA, _O, saved, Unit.BYTES, 0.0, Unit.NONE, t))
         self.tokens_written = 0
         return out
 

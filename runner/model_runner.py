@@ -81,6 +81,7 @@ from houchu.runner.report import (
 from houchu.runner.setup import RunnerSetup, make_kv_pool
 from houchu.runner.structure_levers import structure_notes
 from houchu.runner.tensor_parallel.group import TPGroup, send_pass
+from houchu.transport.levers import Lever, Unit, Verb
 from houchu.transport.messages import (
     PromptLogprobs,
     RunnerInfo,
@@ -331,7 +332,13 @@ class ModelRunner:
         if skipped:
             out.append(
                 LeverSample(
-                    "sliding_window_attention", "move_less", skipped, "bytes", 0.0, "bytes", now
+                    Lever.SLIDING_WINDOW_ATTENTION,
+                    Verb.MOVE_LESS,
+                    skipped,
+                    Unit.BYTES,
+                    0.0,
+                    Unit.NONE,
+                    now,
                 )
             )
         return out

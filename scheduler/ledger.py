@@ -7,7 +7,7 @@ Levers and their units (docs/architecture.md, "The lever ledger"):
 | radix_prefix_cache | skip | prefill tokens not computed; their FLOPs | KV pages held by the tree |
 | parallel_sampling | skip | prefill tokens a choice of ``n > 1`` took from another's (and FLOPs) | prompt tokens it computed itself |
 | paged_kv | occupy_less | KV bytes not reserved vs. max-length reservation | page-table entries |
-| continuous_batching | fill | forward passes shared (requests per step - 1) | seconds queued |
+| continuous_batching | fill | forward passes shared (requests per step - 1) | queueing delay (not measured) |
 | chunked_prefill | fill | prefill tokens moved out of one long step | extra steps |
 | sliding_window_pages | occupy_less | KV bytes of pages released outside every window | pages released (re-read never) |
 
@@ -23,6 +23,7 @@ import time
 from collections import deque
 
 from houchu.scheduler.request import Request
+from houchu.transport.levers import Lever, Unit, Verb
 from houchu.transport.messages import RunnerInfo
 from houchu.transport.stats import LedgerStats
 from houchu.transport.telemetry import LeverSample
@@ -74,25 +75,32 @@ class SchedulerLedger:
         if req.shares_prefill:
             self.parallel_tokens_shared += req.cached_tokens
             rest = float(req.num_prompt - req.cached_tokens)
+            par, tok = Lever.PARALLEL_SAMPLING, Unit.TOKENS
             return [
-                LeverSample(
-                    "parallel_sampling", "skip", float(req.cached_tokens), "tokens", rest,
-                    "tokens", now, req.rid,
-                ),
-                LeverSample("parallel_sampling", "skip", flops, "flops", 0.0, "tokens", now, req.rid),
-            ]  # fmt: skip
+                LeverSample(par, Verb.SKIP, float(req.cached_tokens), tok, rest, tok, now, req.rid),
+                LeverSample(par, Verb.SKIP, flops, Unit.FLOPS, 0.0, tok, now, req.rid),
+            ]
         return [
             LeverSample(
-                lever="radix_prefix_cache",
-                verb="skip",
+                lever=Lever.RADIX_PREFIX_CACHE,
+                verb=Verb.SKIP,
                 saved=float(req.cached_tokens),
-                saved_unit="tokens",
+                saved_unit=Unit.TOKENS,
                 spent=float(pages),
-                spent_unit="pages",
+                spent_unit=Unit.PAGES,
                 t=now,
                 rid=req.rid,
             ),
-            LeverSample("radix_prefix_cache", "skip", flops, "flops", 0.0, "pages", now, req.rid),
+            LeverSample(
+                Lever.RADIX_PREFIX_CACHE,
+                Verb.SKIP,
+                flops,
+                Unit.FLOPS,
+                0.0,
+                Unit.PAGES,
+                now,
+                req.rid,
+            ),
         ]
 
     def on_step(self, batch: list[Request], num_tokens: int, now: float) -> list[LeverSample]:
@@ -105,12 +113,12 @@ class SchedulerLedger:
             return []
         return [
             LeverSample(
-                lever="continuous_batching",
-                verb="fill",
+                lever=Lever.CONTINUOUS_BATCHING,
+                verb=Verb.FILL,
                 saved=float(len(batch) - 1),
-                saved_unit="forward_passes",
+                saved_unit=Unit.FORWARD_PASSES,
                 spent=0.0,
-                spent_unit="seconds",
+                spent_unit=Unit.NONE,  # queueing delay: not measured as a lever
                 t=now,
             )
         ]
@@ -132,12 +140,12 @@ class SchedulerLedger:
         reserved_max = req.max_length(r.max_context) * r.kv_bytes_per_token
         out = [
             LeverSample(
-                lever="paged_kv",
-                verb="occupy_less",
+                lever=Lever.PAGED_KV,
+                verb=Verb.OCCUPY_LESS,
                 saved=float(max(reserved_max - kv_bytes_held, 0)),
-                saved_unit="bytes",
+                saved_unit=Unit.BYTES,
                 spent=float(kv_bytes_held // max(r.page_size * r.kv_bytes_per_token, 1)),
-                spent_unit="page_table_entries",
+                spent_unit=Unit.PAGE_TABLE_ENTRIES,
                 t=now,
                 rid=req.rid,
             )
@@ -146,12 +154,12 @@ class SchedulerLedger:
             pages = req.window_pages_released
             out.append(
                 LeverSample(
-                    lever="sliding_window_pages",
-                    verb="occupy_less",
+                    lever=Lever.SLIDING_WINDOW_PAGES,
+                    verb=Verb.OCCUPY_LESS,
                     saved=float(pages * r.page_size * r.kv_bytes_per_token),
-                    saved_unit="bytes",
+                    saved_unit=Unit.BYTES,
                     spent=float(pages),
-                    spent_unit="pages",
+                    spent_unit=Unit.PAGES,
                     t=now,
                     rid=req.rid,
                 )
@@ -162,12 +170,12 @@ class SchedulerLedger:
             self.extra_chunk_steps += req.num_chunks - 1
             out.append(
                 LeverSample(
-                    lever="chunked_prefill",
-                    verb="fill",
+                    lever=Lever.CHUNKED_PREFILL,
+                    verb=Verb.FILL,
                     saved=float(chunked),
-                    saved_unit="tokens",
+                    saved_unit=Unit.TOKENS,
                     spent=float(req.num_chunks - 1),
-                    spent_unit="steps",
+                    spent_unit=Unit.STEPS,
                     t=now,
                     rid=req.rid,
                 )

@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from houchu.transport.levers import Lever, Unit, Verb
 from houchu.transport.stats import OverlapStats
 from houchu.transport.telemetry import LeverSample
 
@@ -161,12 +162,12 @@ class OverlapLedger:
             return []
         self._sent_at = time.monotonic()
         sample = LeverSample(
-            "overlap_scheduler",
-            "fill",
+            Lever.OVERLAP_SCHEDULER,
+            Verb.FILL,
             self._unsent_hidden,
-            "seconds",
+            Unit.SECONDS,
             float(self._unsent_discarded),
-            "tokens",
+            Unit.TOKENS,
             time.time() if now is None else now,
         )
         self._unsent_hidden, self._unsent_discarded = 0.0, 0

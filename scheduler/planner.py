@@ -12,6 +12,7 @@ from houchu.scheduler.request import Request
 from houchu.scheduler.speculation import Speculation
 from houchu.scheduler.steps import StepTracker
 from houchu.scheduler.telemetry_sink import TelemetrySink
+from houchu.transport.levers import TIER_LEVERS, Unit, Verb
 from houchu.transport.messages import RunnerInfo, StepPlan
 from houchu.transport.telemetry import LeverSample
 
@@ -117,12 +118,12 @@ class Planner:
             page_bytes = self.runner.page_size * self.runner.kv_bytes_per_token
             self.telemetry.lever(
                 LeverSample(
-                    lever=f"kv_tier_{tier}",
-                    verb="skip",
+                    lever=TIER_LEVERS[tier],
+                    verb=Verb.SKIP,
                     saved=float(pages * self.runner.page_size),
-                    saved_unit="tokens",
+                    saved_unit=Unit.TOKENS,
                     spent=float(pages * page_bytes),
-                    spent_unit="bytes",
+                    spent_unit=Unit.BYTES,
                     t=time.time(),
                     rid=req.rid,
                 )

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import time
 
+from houchu.transport.levers import Lever, Unit, Verb
 from houchu.transport.stats import SpecTotalsStats
 from houchu.transport.telemetry import LeverSample
 
-SPEC_LEVER, SPEC_VERB = "speculative_decoding", "break_serial"
+SPEC_LEVER, SPEC_VERB = Lever.SPECULATIVE_DECODING, Verb.BREAK_SERIAL
 
 
 class SpecCounters:
@@ -54,7 +55,7 @@ class SpecCounters:
         return self.num_emitted / max(self.num_verify_steps, 1)
 
     def samples(
-        self, rid: str | None, now: float | None = None, lever: str = SPEC_LEVER
+        self, rid: str | None, now: float | None = None, lever: Lever = SPEC_LEVER
     ) -> list[LeverSample]:
         """The ledger samples of these counters: passes saved against draft seconds, and
         (saving nothing more) the rejected proposals, under ``lever`` ("mtp" where the
@@ -67,14 +68,21 @@ class SpecCounters:
                 lever,
                 SPEC_VERB,
                 float(self.forward_passes_saved),
-                "forward_passes",
+                Unit.FORWARD_PASSES,
                 self.draft_s,
-                "seconds",
+                Unit.SECONDS,
                 t,
                 rid,
             ),
             LeverSample(
-                lever, SPEC_VERB, 0.0, "forward_passes", float(self.num_rejected), "tokens", t, rid
+                lever,
+                SPEC_VERB,
+                0.0,
+                Unit.FORWARD_PASSES,
+                float(self.num_rejected),
+                Unit.TOKENS,
+                t,
+                rid,
             ),
         ]
 

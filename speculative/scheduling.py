@@ -25,6 +25,7 @@ from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.speculative.adaptive import PRIOR_WEIGHT, SpecController
 from houchu.speculative.ledger import SPEC_LEVER, SpecCounters
+from houchu.transport.levers import Lever
 from houchu.transport.messages import SeqWork, StepResult
 from houchu.transport.spec_messages import DraftReply, DraftRequest, DraftSeq
 from houchu.transport.stats import SpecStats
@@ -55,7 +56,7 @@ class SpecScheduler:
         )
         self.totals = SpecCounters()
         #: the ledger's lever: MTP's own row where the checkpoint's MTP layer proposes
-        self.lever = "mtp" if config.speculative == "mtp" else SPEC_LEVER
+        self.lever = Lever.MTP if config.speculative == "mtp" else SPEC_LEVER
         #: the proposals come from the runner, with each step's result (MTP)
         self.in_runner = config.proposes_in_runner
         self.pending_release: list[str] = []

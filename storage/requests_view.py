@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from houchu.storage.models import EventRow, LeverRow, RequestRow
 from houchu.storage.timeline import build_timeline, timeline_dict
-from houchu.transport.telemetry import MASK_LEVER
+from houchu.transport.levers import Lever
 
 #: Most requests one timeline query returns.
 MAX_LIMIT = 500
@@ -66,7 +66,9 @@ def structured_dict(row: RequestRow, levers: list[dict[str, Any]]) -> dict[str, 
     kind = (row.params or {}).get("grammar")
     if not isinstance(kind, str):
         return None
-    mask_s = sum(s["saved"] + s["spent"] for s in levers if s["lever"] == MASK_LEVER)
+    mask_s = sum(
+        s["saved"] + s["spent"] for s in levers if s["lever"] == Lever.STRUCTURED_OUTPUT_MASK
+    )
     return {"kind": kind, "mask_s": mask_s}
 
 

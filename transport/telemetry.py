@@ -18,6 +18,8 @@ import zmq
 import zmq.asyncio
 from msgspec import Struct, field
 
+from houchu.transport.levers import Lever, Unit, Verb, check_sample_names
+
 # Lifecycle event kinds, in the order a request meets them.
 EVENT_KINDS = (
     "arrived",  # gateway accepted the request
@@ -69,29 +71,29 @@ class StepRecord(Struct, array_like=True):
     allreduce_s: float | None = None
 
 
-#: The lever of structured output's grammar masks, made beside the forward pass (the
-#: runner's ``houchu.model.grammar.matcher``), read back per request
-#: (``houchu.storage.requests_view``).
-MASK_LEVER = "structured_output_mask"
-
-
 class LeverSample(Struct, array_like=True):
     """What one lever saved and what it spent, in physical units, at time ``t``.
 
-    ``lever``: e.g. "radix_prefix_cache"; ``verb``: one of skip, compute_less, move_less,
-    occupy_less, fill, break_serial (docs/architecture.md); ``saved`` in ``saved_unit`` (tokens,
-    flops, bytes, forward_passes, seconds), ``spent`` in ``spent_unit``; ``rid`` when the
-    sample belongs to one request, else None (an engine-wide sample).
+    ``lever``: a catalog lever (``houchu.transport.levers.Lever``); ``verb``: one of the
+    verbs the catalog gives it; ``saved`` in ``saved_unit``, ``spent`` in ``spent_unit``
+    (``Unit.NONE`` where no counter measures the cost); ``rid`` when the sample belongs to
+    one request, else None (an engine-wide sample). Names given as strings become the
+    enums; an unknown lever or verb, or a verb the lever does not report under, raises
+    ``ValueError`` (``msgspec.ValidationError`` at decode).
     """
 
-    lever: str
-    verb: str
+    lever: Lever
+    verb: Verb
     saved: float
-    saved_unit: str
+    saved_unit: Unit
     spent: float
-    spent_unit: str
+    spent_unit: Unit
     t: float
     rid: str | None = None
+
+    def __post_init__(self) -> None:
+        self.lever, self.verb = check_sample_names(self.lever, self.verb)
+        self.saved_unit, self.spent_unit = Unit(self.saved_unit), Unit(self.spent_unit)
 
 
 class TelemetryBatch(Struct, tag=True, kw_only=True):

@@ -49,11 +49,12 @@ from collections.abc import Callable, Sequence
 
 from houchu.model.grammar.matcher import RequestGrammar
 from houchu.model.sampling.sampler import RequestState
+from houchu.transport.levers import Lever, Unit, Verb
 from houchu.transport.messages import Failure, StepPlan
 from houchu.transport.telemetry import LeverSample
 
 #: The ledger's name of the lever, and its verb.
-JUMP_FORWARD_LEVER, JUMP_FORWARD_VERB = "jump_forward", "break_serial"
+JUMP_FORWARD_LEVER, JUMP_FORWARD_VERB = Lever.JUMP_FORWARD, Verb.BREAK_SERIAL
 
 
 def drop_stale_samples(
@@ -178,7 +179,14 @@ class JumpForward:
         t = time.time() if now is None else now
         out = [
             LeverSample(
-                JUMP_FORWARD_LEVER, JUMP_FORWARD_VERB, n, "forward_passes", s, "seconds", t, rid
+                JUMP_FORWARD_LEVER,
+                JUMP_FORWARD_VERB,
+                n,
+                Unit.FORWARD_PASSES,
+                s,
+                Unit.SECONDS,
+                t,
+                rid,
             )
             for rid, (n, s) in self._per_request.items()
         ]

@@ -52,9 +52,10 @@ from houchu.model.grammar.errors import first_line, matcher_failure
 from houchu.model.grammar.fill import MaskRow, SoloTiming, constrained_rows, fill_rows
 from houchu.model.grammar.tokenizer import GrammarTokenizer, TokenizerUnavailable
 from houchu.transport.failures import bad_request, internal
+from houchu.transport.levers import Lever, Unit, Verb
 from houchu.transport.messages import Failure
 from houchu.transport.structured import StructuredOutput
-from houchu.transport.telemetry import MASK_LEVER, LeverSample
+from houchu.transport.telemetry import LeverSample
 
 if TYPE_CHECKING:
     import llguidance
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _BITS = torch.arange(32, dtype=torch.int32)  # [32]
+#: the ledger's lever of grammar masks made beside the forward pass, and its unit
+_MASK, _S = Lever.STRUCTURED_OUTPUT_MASK, Unit.SECONDS
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -333,12 +336,12 @@ class GrammarEngine:
             return []
         t = time.time() if now is None else now
         out = [
-            LeverSample(MASK_LEVER, "fill", hidden, "seconds", waited, "seconds", t, rid or None)
+            LeverSample(_MASK, Verb.FILL, hidden, _S, waited, _S, t, rid or None)
             for rid, (hidden, waited) in self._per_request.items()
         ]
         if not out:  # steps counted without their rows: one engine-wide sample
             hidden = max(0.0, self.mask_s - self.waited_s)
-            out = [LeverSample(MASK_LEVER, "fill", hidden, "seconds", self.waited_s, "seconds", t)]
+            out = [LeverSample(_MASK, Verb.FILL, hidden, _S, self.waited_s, _S, t)]
         self.mask_s = self.waited_s = 0.0
         self.steps = 0
         self._per_request = {}

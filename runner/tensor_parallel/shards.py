@@ -42,6 +42,7 @@ from houchu.model.weights.loader import load_tensors
 from houchu.model.weights.shapes import HEAD_STORED, check_shapes
 from houchu.model.weights.shard import Shard, TensorParallelError
 from houchu.runner.tensor_parallel.group import TPGroup
+from houchu.transport.levers import Lever, Unit, Verb
 from houchu.transport.telemetry import LeverSample
 
 __all__ = ["TensorParallelError", "TPLlamaModel", "check_shardable", "load_sharded"]
@@ -258,4 +259,6 @@ def tp_lever_sample(group: TPGroup, rank_weight_bytes: int, now: float) -> Lever
     all-gather, waiting for the slowest rank included)."""
     steps, spent = group.take_ledger()
     saved = float(steps * (group.world - 1) * rank_weight_bytes)
-    return LeverSample("tensor_parallel", "fill", saved, "bytes", spent, "seconds", now)
+    return LeverSample(
+        Lever.TENSOR_PARALLEL, Verb.FILL, saved, Unit.BYTES, spent, Unit.SECONDS, now
+    )
