@@ -26,7 +26,7 @@ from houchu.bench.sweep.analysis import (
 from houchu.bench.sweep.plan import DEFAULTS, Config, SweepPlan
 from houchu.bench.sweep.records import CellRun, ServerFacts
 from houchu.bench.sweep.roofline import binding, compute_format
-from houchu.dashboard.lever_catalog import canonical
+from houchu.storage.lever_names import current_lever
 
 EFFECTS = (
     ("throughput", "output_throughput"),
@@ -51,13 +51,14 @@ def _binding_of(
 
 
 def lever_ledger(cell: CellSummary | None, names: tuple[str, ...]) -> dict[str, float]:
-    """The amounts a cell's ledger holds for ledger levers ``names`` (a reported variant
-    name counts for its canonical lever), summed per ``saved UNIT`` / ``spent UNIT``."""
+    """The amounts a cell's ledger holds for catalog levers ``names`` (a name an older
+    record holds counts under the catalog's, ``storage.lever_names.current_lever``),
+    summed per ``saved UNIT`` / ``spent UNIT``."""
     out: dict[str, float] = {}
     if cell is None:
         return out
     for reported, amounts in cell.ledger.items():
-        if canonical(reported) in names or reported in names:
+        if current_lever(reported) in names:
             for k, v in amounts.items():
                 out[k] = out.get(k, 0.0) + v
     return out

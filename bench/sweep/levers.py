@@ -1,9 +1,9 @@
 """The levers ``houchu levers`` can switch: one entry per lever, easy to extend.
 
 Each :class:`Lever` says how ``houchu serve`` turns it on and off (its flags), which
-ledger counters report what it saved (the ``lever`` names of ``LeverSample``s, matched
-by :func:`houchu.dashboard.lever_catalog.canonical`), its verb (and so the bottleneck it
-targets, from ``lever_catalog.VERBS``), whether it is lossy (then the weight format and
+ledger counters report what it saved (catalog levers, ``houchu.transport.levers.Lever``:
+the ``lever`` of its ``LeverSample``s), its verb (and so the bottleneck it targets, from
+``transport.levers.VERBS``), whether it is lossy (then the weight format and
 KV dtype whose accuracy is measured against the exact path), and when it cannot apply on
 this machine (:class:`Machine`), with the reason. A lever whose flag this build of
 ``houchu serve`` does not know is not applicable either, with that reason, so entries
@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from houchu.dashboard.lever_catalog import VERBS
+from houchu.transport.levers import VERBS
+from houchu.transport.levers import Lever as LedgerLever
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,10 @@ class Lever:
     Attributes:
         name: its name on the command line (``radix-cache``).
         title: a few words for tables.
-        verb: one of ``lever_catalog.VERB_IDS``; gives the bottleneck it targets.
+        verb: one of the catalog's verbs (``transport.levers.Verb``); gives the bottleneck it targets.
         on: ``houchu serve`` flags that turn it on (``{draft_model}`` is replaced).
         off: flags that turn it off (the baseline of a sweep has every lever off).
-        ledger: ledger lever names (canonical, ``lever_catalog``) its savings report as.
+        ledger: the catalog levers its savings report as.
         lossy: ``(weights, kv_dtype)`` whose top-1 agreement and Δlogprob against the
             exact path are measured (``houchu.model.quant.quality``); None for exact levers.
         why_not: the reason it cannot apply on a machine, or None when it can.
@@ -68,7 +69,7 @@ class Lever:
     verb: str
     on: tuple[str, ...]
     off: tuple[str, ...]
-    ledger: tuple[str, ...]
+    ledger: tuple[LedgerLever, ...]
     lossy: tuple[str, str] | None = None
     why_not: Callable[[Machine], str | None] = field(default=lambda m: None)
     requires: tuple[str, ...] = ()
@@ -76,7 +77,7 @@ class Lever:
     @property
     def bottleneck(self) -> str:
         """The bottleneck its verb targets (compute, memory bandwidth, ...)."""
-        return next(v[3] for v in VERBS if v[0] == self.verb)
+        return next(v.bottleneck for v in VERBS if v.verb == self.verb)
 
     def flags(self, state: bool, machine: Machine) -> tuple[str, ...]:
         """Its flags when on (``state``) or off, with ``{draft_model}`` filled in."""
@@ -132,7 +133,7 @@ LEVERS: tuple[Lever, ...] = (
         "skip",
         (),
         ("--disable-radix-cache",),
-        ("radix_prefix_cache",),
+        (LedgerLever.RADIX_PREFIX_CACHE,),
     ),
     Lever(
         "kv-tiers",
@@ -140,7 +141,7 @@ LEVERS: tuple[Lever, ...] = (
         "skip",
         ("--host-kv-mb", "512"),
         ("--host-kv-mb", "0"),
-        ("kv_tiers",),
+        (LedgerLever.KV_TIER_HOST, LedgerLever.KV_TIER_SSD),
         requires=("radix-cache",),
     ),
     Lever(
@@ -149,7 +150,7 @@ LEVERS: tuple[Lever, ...] = (
         "fill",
         ("--chunked-prefill-size", "512", "--max-batch-tokens", "512"),
         ("--chunked-prefill-size", "0", "--max-batch-tokens", "4096"),
-        ("chunked_prefill",),
+        (LedgerLever.CHUNKED_PREFILL,),
     ),
     Lever(
         "int4",
@@ -157,7 +158,7 @@ LEVERS: tuple[Lever, ...] = (
         "move_less",
         ("--quantization", "int4"),
         ("--quantization", "none"),
-        ("weight_quant",),
+        (LedgerLever.WEIGHT_QUANT_INT4,),
         lossy=("int4", "auto"),
     ),
     Lever(
@@ -166,7 +167,7 @@ LEVERS: tuple[Lever, ...] = (
         "move_less",
         ("--quantization", "int8"),
         ("--quantization", "none"),
-        ("weight_quant",),
+        (LedgerLever.WEIGHT_QUANT_INT8,),
         lossy=("int8", "auto"),
     ),
     Lever(
@@ -175,7 +176,7 @@ LEVERS: tuple[Lever, ...] = (
         "compute_less",
         ("--quantization", "w8a8"),
         ("--quantization", "none"),
-        ("weight_quant", "w8a8"),
+        (LedgerLever.WEIGHT_QUANT_W8A8,),
         lossy=("w8a8", "auto"),
         why_not=_int8_dot,
     ),
@@ -185,7 +186,7 @@ LEVERS: tuple[Lever, ...] = (
         "move_less",
         ("--kv-cache-dtype", "int8"),
         ("--kv-cache-dtype", "auto"),
-        ("kv_quant",),
+        (LedgerLever.KV_QUANT_INT8,),
         lossy=("none", "int8"),
     ),
     Lever(
@@ -194,7 +195,7 @@ LEVERS: tuple[Lever, ...] = (
         "move_less",
         ("--kv-cache-dtype", "fp8"),
         ("--kv-cache-dtype", "auto"),
-        ("kv_quant",),
+        (LedgerLever.KV_QUANT_FP8,),
         lossy=("none", "fp8"),
     ),
     Lever(
@@ -203,7 +204,7 @@ LEVERS: tuple[Lever, ...] = (
         "move_less",
         (),
         ("--disable-fused-layers",),
-        ("fused_kernels",),
+        (LedgerLever.FUSED_KERNELS,),
     ),
     Lever(
         "compile",
@@ -211,7 +212,7 @@ LEVERS: tuple[Lever, ...] = (
         "fill",
         ("--compile", "on"),
         ("--compile", "off"),
-        ("compiled_step",),
+        (LedgerLever.COMPILED_DECODE,),
     ),
     Lever(
         "cuda-graph",
@@ -219,7 +220,7 @@ LEVERS: tuple[Lever, ...] = (
         "fill",
         (),
         ("--disable-cuda-graph",),
-        ("compiled_step",),
+        (LedgerLever.CUDA_GRAPH,),
         why_not=_cuda_only,
     ),
     Lever(
@@ -228,7 +229,7 @@ LEVERS: tuple[Lever, ...] = (
         "fill",
         ("--overlap-schedule", "on"),
         ("--overlap-schedule", "off"),
-        ("overlap_scheduler",),
+        (LedgerLever.OVERLAP_SCHEDULER,),
     ),
     Lever(
         "speculative-ngram",
@@ -236,7 +237,7 @@ LEVERS: tuple[Lever, ...] = (
         "break_serial",
         ("--speculative", "ngram"),
         (),
-        ("speculative_decoding",),
+        (LedgerLever.SPECULATIVE_DECODING,),
     ),
     Lever(
         "speculative-draft",
@@ -244,7 +245,7 @@ LEVERS: tuple[Lever, ...] = (
         "break_serial",
         ("--draft-model", "{draft_model}"),
         (),
-        ("speculative_decoding",),
+        (LedgerLever.SPECULATIVE_DECODING,),
         why_not=_draft,
     ),
     Lever(
@@ -253,7 +254,7 @@ LEVERS: tuple[Lever, ...] = (
         "fill",
         ("--data-parallel-size", "2"),
         ("--data-parallel-size", "1"),
-        ("data_parallel",),
+        (),  # no ledger lever: replicas are measured by replicas_bench
         why_not=lambda m: (
             "the sweep drives one engine's WebSocket API and reads its /stats and database; "
             "with --data-parallel-size 2 the port is smg's HTTP router: measured by "
@@ -266,18 +267,28 @@ LEVERS: tuple[Lever, ...] = (
         "fill",
         ("--tensor-parallel-size", "2"),
         ("--tensor-parallel-size", "1"),
-        ("tensor_parallel",),
+        (LedgerLever.TENSOR_PARALLEL,),
         why_not=_tp2,
     ),
-    Lever("moe", "MoE routed experts", "compute_less", (), (), ("moe",), why_not=_structure("MoE")),
-    Lever("mla", "MLA latent KV", "occupy_less", (), (), ("gqa",), why_not=_structure("MLA")),
+    Lever(
+        "moe",
+        "MoE routed experts",
+        "compute_less",
+        (),
+        (),
+        (LedgerLever.MOE_ROUTED_EXPERTS,),
+        why_not=_structure("MoE"),
+    ),
+    Lever(
+        "mla", "MLA latent KV", "occupy_less", (), (), (LedgerLever.MLA,), why_not=_structure("MLA")
+    ),
     Lever(
         "sliding-window",
         "sliding-window attention",
         "compute_less",
         (),
         (),
-        ("sliding_window_attention",),
+        (LedgerLever.SLIDING_WINDOW_ATTENTION, LedgerLever.SLIDING_WINDOW_PAGES),
         why_not=_structure("a sliding attention window"),
     ),
     Lever(
@@ -286,7 +297,7 @@ LEVERS: tuple[Lever, ...] = (
         "break_serial",
         ("--jump-forward", "on"),
         ("--jump-forward", "off"),
-        ("jump_forward",),
+        (LedgerLever.JUMP_FORWARD,),
         why_not=lambda m: (
             None
             if m.structured

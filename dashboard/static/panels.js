@@ -183,7 +183,15 @@ const Ledger = (() => {
       H.el("div", { class: "lever-line", text: l.line }),
       H.el("div", { class: "lever-amounts" },
         H.el("div", { class: "saved" }, H.el("span", { class: "tag", text: "saved" }), H.el("span", { class: "amt", text: l.active ? amounts(l.saved, l.headline) : l.saves || "–" })),
-        H.el("div", { class: "spent" }, H.el("span", { class: "tag", text: "spent" }), H.el("span", { class: "amt", text: l.active ? amounts(l.spent, l.headline) : l.spends || "–" }))));
+        H.el("div", { class: "spent" }, H.el("span", { class: "tag", text: "spent" }), H.el("span", { class: "amt", text: spentText(l) }))),
+      l.spends ? H.el("div", { class: "lever-cost", text: `costs: ${l.spends}` }) : null);
+  }
+
+  /** A lever's spent amounts; "not measured" where the catalog says no counter measures
+   * its cost (never a 0 in some unit). */
+  function spentText(l) {
+    if (!l.spent_measured) return "not measured";
+    return l.active ? amounts(l.spent, l.headline) : "–";
   }
 
   /** Render the ledger (verbs, each with its levers). */
