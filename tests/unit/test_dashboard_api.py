@@ -13,9 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from houchu.api.app import make_app
 from houchu.api.metrics import GatewayMetrics
 from houchu.api.observe import RequestObserver
-from houchu.dashboard.lever_catalog import KNOWN_LEVERS, VERB_IDS, ledger_by_verb
+from houchu.dashboard.lever_catalog import VERB_IDS, ledger_by_verb
 from houchu.dashboard.store import DashboardStore
 from houchu.storage.db import open_db
+from houchu.transport.levers import CATALOG
 from houchu.transport.messages import GenerateRequest, SamplingParams, TextDelta
 from tests.unit.dashboard_data import fill
 from tests.unit.test_api_basics import FakeEngine
@@ -96,21 +97,25 @@ async def test_ledger_groups_by_verb(client):
 
 
 def test_every_design_lever_has_a_line():
-    names = {info.lever for info in KNOWN_LEVERS}
+    names = {lv.value for lv in CATALOG}
     for lever in (
         "radix_prefix_cache",
-        "kv_tiers",
+        "kv_tier_host",
+        "kv_tier_ssd",
         "paged_kv",
-        "weight_quant",
-        "kv_quant",
+        "weight_quant_int4",
+        "weight_quant_int8",
+        "kv_quant_int8",
+        "kv_quant_fp8",
         "continuous_batching",
         "chunked_prefill",
-        "compiled_step",
+        "compiled_decode",
+        "cuda_graph",
         "overlap_scheduler",
         "speculative_decoding",
     ):
         assert lever in names
-    assert all(info.line and info.verb in VERB_IDS for info in KNOWN_LEVERS)
+    assert all(s.line and s.spends and s.verb in VERB_IDS for s in CATALOG.values())
 
 
 def test_kv_tiers_from_engine_counters():
@@ -129,7 +134,7 @@ def _row(lever: str, verb: str, saved: float, unit: str = "tokens") -> dict:
     return {"lever": lever, "verb": verb, "saved_unit": unit, "spent_unit": "", "saved": saved}
 
 
-def test_lever_variants_get_a_row_each_with_the_known_description():
+def test_lever_variants_get_a_row_each_with_their_catalog_description():
     rows = [_row("kv_tier_host", "skip", 32.0), _row("kv_tier_ssd", "skip", 16.0)]
     rows += [_row("compiled_decode", "fill", 0.5, "seconds")]
     rows += [_row("kv_quant_int8", "occupy_less", 1e6, "bytes")]
@@ -137,12 +142,14 @@ def test_lever_variants_get_a_row_each_with_the_known_description():
         r |= {"spent": 0.0, "saved_max": r["saved"], "spent_max": 0.0, "samples": 1, "last_t": 1.0}
     verbs = {v["verb"]: {lv["lever"]: lv for lv in v["levers"]} for v in ledger_by_verb(rows)}
     skip = verbs["skip"]
-    assert "kv_tiers" not in skip  # no idle placeholder beside its variants
-    assert skip["kv_tier_host"]["title"] == skip["kv_tier_ssd"]["title"] == "KV tiers (host / SSD)"
+    assert (skip["kv_tier_host"]["title"], skip["kv_tier_ssd"]["title"]) == (
+        "KV tier: host memory",
+        "KV tier: SSD",
+    )
     assert skip["kv_tier_ssd"]["saved"]["tokens"]["sum"] == 16.0
-    assert verbs["fill"]["compiled_decode"]["active"] and "compiled_step" not in verbs["fill"]
-    assert verbs["occupy_less"]["kv_quant_int8"]["title"] == "KV-cache int8 / fp8"
-    assert not verbs["move_less"]["kv_quant"]["active"]  # other verb: placeholder stays
+    assert verbs["fill"]["compiled_decode"]["active"] and not verbs["fill"]["cuda_graph"]["active"]
+    assert verbs["occupy_less"]["kv_quant_int8"]["title"] == "KV-cache int8"
+    assert not verbs["move_less"]["kv_quant_int8"]["active"]  # other verb: listed, idle
 
 
 def test_unknown_levers_and_verbs_are_shown():

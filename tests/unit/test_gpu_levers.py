@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.dashboard.lever_catalog import canonical, lever_info
+from houchu.dashboard.lever_catalog import lever_words
 from houchu.gpu.memory import (
     RESERVE_FIXED_BYTES,
     DeviceFacts,
@@ -335,5 +335,5 @@ def test_16_bit_compute_leaves_quantized_weights_and_kv_to_their_levers():
 
 
 def test_the_dashboard_knows_the_16_bit_lever():
-    assert canonical("half_precision_bf16") == "half_precision"
-    assert lever_info("half_precision_fp16", "move_less").title.startswith("16-bit compute")
+    assert lever_words("half_precision_bf16")["title"] == "16-bit compute (bf16)"
+    assert lever_words("half_precision_fp16")["title"].startswith("16-bit compute")
