@@ -19,7 +19,18 @@ import enum
 from dataclasses import dataclass
 
 
-class Verb(enum.StrEnum):
+class _Names(str, enum.Enum):
+    """A string enum (``enum.StrEnum`` from Python 3.11): members are their values, in
+    ``str()`` and f-strings too."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return self.value.__format__(spec)
+
+
+class Verb(_Names):
     """The six verbs (docs/architecture.md), cheapest first."""
 
     SKIP = "skip"
@@ -65,7 +76,7 @@ VERBS: tuple[VerbInfo, ...] = (
 )
 
 
-class Unit(enum.StrEnum):
+class Unit(_Names):
     """Physical units of a lever's saved and spent amounts. ``NONE`` (""): no amount (a
     cost no counter measures)."""
 
@@ -82,7 +93,7 @@ class Unit(enum.StrEnum):
     NONE = ""
 
 
-class Lever(enum.StrEnum):
+class Lever(_Names):
     """Every lever name a ``LeverSample`` may carry (the strings on the wire and in the
     database)."""
 
