@@ -98,10 +98,8 @@ def make_app(
     """
     if (max_context is None) == (runner is None):
         raise ValueError("give exactly one of max_context and runner")
-    if max_context is not None:
-        if max_context < 1:
-            raise ValueError(f"max_context must be positive, got {max_context}")
-        runner = LimitsWatch(RunnerLimits(max_context=max_context))
+    if max_context is not None:  # at least 1 (RunnerLimits.fixed: a ValueError)
+        runner = LimitsWatch(RunnerLimits.fixed(max_context))
     limits = limits or GatewayLimits()
     middlewares = [error_middleware]
     if limits.api_key is not None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
 
 
 class BatchingOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -24,9 +25,9 @@ class BatchingOptions(msgspec.Struct, frozen=True, kw_only=True):
             (``houchu.scheduler.overlap.resolve_overlap``).
     """
 
-    max_batch_tokens: int = 512
-    chunked_prefill_size: int = 512
-    max_running_requests: int = 64
-    max_queued_tokens: int = 262_144
+    max_batch_tokens: Annotated[int, Meta(ge=1)] = 512
+    chunked_prefill_size: Annotated[int, Meta(ge=0)] = 512
+    max_running_requests: Annotated[int, Meta(ge=1)] = 64
+    max_queued_tokens: Annotated[int, Meta(ge=1)] = 262_144
     disable_radix_cache: bool = False
     overlap_schedule: Literal["auto", "on", "off"] = "auto"

@@ -3,6 +3,10 @@
 ``check_serve_args`` calls ``parser.error`` (exit status 2 with a message) on the first
 bad value; ``check_device`` is the one check that asks torch, run before the actors
 start. The messages name the flags.
+
+A flag's own bounds are its field's msgspec constraints (``houchu.options.bounds``),
+checked first by converting each group's values to its struct; the checks here are the
+rest: one flag against another, files that must exist, what this machine runs.
 """
 
 from __future__ import annotations
@@ -14,32 +18,25 @@ from pathlib import Path
 
 from houchu.cpu import isa
 from houchu.model.device import DeviceError, check_device_name, resolve_device
-from houchu.options.flags import MAX_REQUEST_MB
+from houchu.options.bounds import bound_error
+from houchu.options.flags import GROUPS
+from houchu.options.parser import group_values
 from houchu.options.runner_options import RunnerOptions
 
 
-def _flag(name: str) -> str:
-    return f"--{name.replace('_', '-')}"
-
-
-def _positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
-    for n in names:
-        v = getattr(args, n)
-        if v is not None and v <= 0:
-            parser.error(f"{_flag(n)} must be positive, got {v}")
-
-
-def _non_negative(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
-    for n in names:
-        if getattr(args, n) < 0:
-            parser.error(f"{_flag(n)} must be >= 0")
+def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Each flag's value within its field's bounds (``houchu.options.bounds``)."""
+    for group in GROUPS:
+        if group.attr is None:  # --model, --chat-template: no bounds
+            continue
+        bad = bound_error(group.struct, group_values(group, args))
+        if bad is not None:
+            field, rule = bad
+            flag = next((f.name for f in group.flags if f.field == field), "")
+            parser.error(f"{flag} {rule}" if flag else rule)
 
 
 def _check_runner(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    _positive(parser, args, "page_size", "num_pages", "kv_cache_mb", "max_context", "threads")
-    f = args.mem_fraction_static
-    if f is not None and not 0 < f <= 1:
-        parser.error(f"--mem-fraction-static must be in (0, 1], got {f}")
     try:
         check_device_name(args.device)
     except DeviceError as e:
@@ -102,14 +99,7 @@ def _check_chat_template(parser: argparse.ArgumentParser, args: argparse.Namespa
         args.chat_template = what  # the file's absolute path: the actors read it
 
 
-def _check_batching(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    _positive(parser, args, "max_batch_tokens", "max_running_requests", "max_queued_tokens")
-    if args.chunked_prefill_size < 0:
-        parser.error("--chunked-prefill-size must be >= 0")
-
-
 def _check_tiers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    _non_negative(parser, args, "host_kv_mb", "host_kv_pages", "ssd_kv_mb")
     if args.ssd_kv_mb and not (args.host_kv_mb or args.host_kv_pages):
         parser.error("--ssd-kv-mb needs a host tier (--host-kv-mb or --host-kv-pages)")
     if (args.host_kv_mb or args.host_kv_pages) and args.disable_radix_cache:
@@ -127,10 +117,6 @@ def _check_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         args.draft_model = str(Path(args.draft_model).resolve())
     if args.speculative == "draft" and args.draft_model is None:
         parser.error("--speculative draft needs --draft-model PATH")
-    if args.num_speculative_tokens < 1:
-        parser.error("--num-speculative-tokens must be >= 1")
-    if args.speculative_max_batch is not None and args.speculative_max_batch < 0:
-        parser.error("--speculative-max-batch must be >= 0")
     if args.speculative is not None and args.deterministic:
         parser.error(
             "--deterministic does not combine with --speculative (verification runs other "
@@ -166,12 +152,6 @@ def _check_deterministic(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 def _check_gateway(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Also: ``--api-key`` loses surrounding blanks."""
-    _positive(parser, args, "port", "max_queued_requests", "max_request_mb", "stream_buffer_kb")
-    _positive(parser, args, "request_timeout")
-    if not 0 < args.port <= 65535:
-        parser.error(f"--port must be in 1..65535, got {args.port}")
-    if args.max_request_mb > MAX_REQUEST_MB:
-        parser.error(f"--max-request-mb must be at most {MAX_REQUEST_MB}")
     if args.api_key is not None and not args.api_key.strip():
         parser.error("--api-key must not be empty")
     args.api_key = args.api_key.strip() if args.api_key else None
@@ -183,8 +163,6 @@ def _check_gateway(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 
 def _check_telemetry(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.retention_requests < 0 or not args.retention_days >= 0:
-        parser.error("--retention-requests and --retention-days must be >= 0 (0 keeps all)")
     if args.db_url is not None:
         from houchu.storage.db import DatabaseUrlError, parse_url
 
@@ -197,21 +175,8 @@ def _check_telemetry(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error(f"--db-url: {args.db_url!r}: {e}")
 
 
-def _check_supervision(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for name in ("heartbeat_timeout", "restart_window"):
-        v = getattr(args, name)
-        if not 0 < v < float("inf"):
-            parser.error(f"{_flag(name)} must be a positive number, got {v}")
-    if args.max_restarts < 0:
-        parser.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
-
-
 def _check_cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.data_parallel_size < 1:
-        parser.error(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     tp = args.tensor_parallel_size
-    if tp < 1:
-        parser.error(f"--tensor-parallel-size must be >= 1, got {tp}")
     if tp > 1 and args.data_parallel_size > 1:
         parser.error("--tensor-parallel-size > 1 does not combine with --data-parallel-size yet")
     if tp > 1 and (args.host_kv_mb or args.host_kv_pages):
@@ -232,15 +197,14 @@ def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     with a message) on the first bad one. Normalizes ``args.api_key``,
     ``args.draft_model``, ``args.speculative`` and ``args.chat_template`` (see the
     group checks)."""
+    _check_bounds(parser, args)
     _check_chat_template(parser, args)
     _check_runner(parser, args)
-    _check_batching(parser, args)
     _check_tiers(parser, args)
     _check_spec(parser, args)
     _check_deterministic(parser, args)
     _check_gateway(parser, args)
     _check_telemetry(parser, args)
-    _check_supervision(parser, args)
     _check_cluster(parser, args)
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
 
 #: The load-balancing policies of SGLang's Model Gateway (``smg launch --policy``).
 RouterPolicy = Literal[
@@ -34,6 +35,6 @@ class ClusterOptions(msgspec.Struct, frozen=True, kw_only=True):
             over houchu's own choices of the same flags).
     """
 
-    data_parallel_size: int = 1
+    data_parallel_size: Annotated[int, Meta(ge=1)] = 1
     router_policy: RouterPolicy = "cache_aware"
     router_args: str = ""

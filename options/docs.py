@@ -4,8 +4,8 @@ table (``houchu.options.flags``) and the structs whose fields the flags set.
     python -m houchu.options.docs            # rewrite docs/options.md
     python -m houchu.options.docs --check    # exit 1 if docs/options.md is out of date
 
-A flag's type, choices and default come from its field, as ``houchu.options.parser``
-builds the argument parser; the default shown is the field's, never an environment
+A flag's type, bounds (``houchu.options.bounds``), choices and default come from its
+field, as ``houchu.options.parser`` builds the argument parser; the default shown is the field's, never an environment
 variable's (``--api-key`` reads ``$HOUCHU_API_KEY`` when the parser is built).
 ``tests/unit/test_options_doc.py`` fails when the committed page differs from
 ``render()``.
@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from houchu.options.bounds import field_bounds
 from houchu.options.flags import GROUPS, Flag, Group
 
 #: The page this module writes, in a source checkout (the repository root is the package).
@@ -37,17 +38,21 @@ _HEADER = """\
 
 Every flag sets the field of its name in the configuration tree (`--page-size` sets
 `page_size` of `BatchingOptions`). `houchu serve --help` prints the same list. Where a
-default is empty the option is off or decided at start-up (the help says how).
+default is empty the option is off or decided at start-up (the help says how). A value
+outside the bounds under "takes" is refused at start-up, with a line naming the flag.
 """
 
 
 def _without_none(tp: Any) -> tuple[Any, bool]:
     """(``X``, True) for ``X | None``; (``tp``, False) otherwise."""
+    optional = False
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(args) == 1:
-            return args[0], True
-    return tp, False
+            tp, optional = args[0], True
+    if typing.get_origin(tp) is typing.Annotated:  # bounds: ``field_bounds``
+        tp = tp.__origin__
+    return tp, optional
 
 
 def _default(info: msgspec.structs.FieldInfo) -> Any:
@@ -59,16 +64,16 @@ def _default(info: msgspec.structs.FieldInfo) -> Any:
     return None
 
 
-def _value_type(tp: Any) -> str:
-    """What a flag takes, in words: ``int``, ``auto | cpu | cuda``, ``list of int``."""
+def _value_type(tp: Any, bounds: str | None = None) -> str:
+    """What a flag takes, in words: ``int``, ``int >= 1``, ``float in (0, 1]``,
+    ``auto | cpu | cuda``, ``comma-separated ints``."""
     tp, _ = _without_none(tp)
     if tp is bool:
         return "switch"
     if typing.get_origin(tp) is Literal:
         return " \\| ".join(f"`{c}`" for c in typing.get_args(tp))
-    if typing.get_origin(tp) is tuple:
-        return "comma-separated ints"
-    return getattr(tp, "__name__", str(tp))
+    name = "comma-separated ints" if typing.get_origin(tp) is tuple else tp.__name__
+    return f"{name}, {bounds}" if bounds else name
 
 
 def _default_text(info: msgspec.structs.FieldInfo) -> str:
@@ -86,13 +91,14 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _flag_row(flag: Flag, info: msgspec.structs.FieldInfo) -> str:
+def _flag_row(flag: Flag, info: msgspec.structs.FieldInfo, struct: type[msgspec.Struct]) -> str:
     names = ", ".join(f"`{n}`" for n in (flag.name, *flag.aliases))
     default = _default(info)
     shown = ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
     help_text = flag.help.replace("%(default)s", shown).replace("%%", "%")
     help_text += f" (environment: `{flag.env}`)" if flag.env else ""
-    cells = (names, _value_type(info.type), _default_text(info), _cell(help_text))
+    takes = _value_type(info.type, field_bounds(struct, info.name))
+    cells = (names, takes, _default_text(info), _cell(help_text))
     return "| " + " | ".join(cells) + " |"
 
 
@@ -101,7 +107,7 @@ def _group_section(group: Group) -> list[str]:
     where = "`ServeConfig`" if group.attr is None else f"`{group.struct.__name__}`"
     lines = [f"## {group.title}", "", f"Fields of {where}.", ""]
     lines += ["| flag | takes | default | what it does |", "|---|---|---|---|"]
-    lines += [_flag_row(flag, fields[flag.field]) for flag in group.flags]
+    lines += [_flag_row(flag, fields[flag.field], group.struct) for flag in group.flags]
     return [*lines, ""]
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from houchu import env as env_vars
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.cluster_options import ClusterOptions
-from houchu.options.gateway_options import GatewayOptions
+from houchu.options.gateway_options import MAX_REQUEST_MB, GatewayOptions
 from houchu.options.kv_tier_options import KVTierOptions
 from houchu.options.placement_options import PlacementOptions
 from houchu.options.runner_options import RunnerOptions
@@ -24,10 +24,6 @@ from houchu.options.speculation_options import SpeculativeOptions
 from houchu.options.supervision_options import SupervisionOptions
 from houchu.options.telemetry_options import TelemetryOptions
 from houchu.text.chat_templates import KNOWN_TEMPLATES
-from houchu.transport.channel import MAX_MESSAGE_BYTES
-
-#: Largest --max-request-mb: a request must fit well inside one actor message.
-MAX_REQUEST_MB = MAX_MESSAGE_BYTES // 4 // 2**20
 
 
 @dataclass(frozen=True)
@@ -234,7 +230,7 @@ RUNNER = Group(
             "batch-invariant inference (CPU): a request's logits, and so a seeded request's "
             "tokens, do not depend on what else is batched with it; pins houchu's C++ GEMV "
             "with float activations for every step, dense matmuls in fixed row tiles, no "
-            "compile, fixed threads (costs speed: see the README)",
+            "compile, fixed threads (costs speed: see docs/determinism.md)",
             aliases=("--enable-deterministic-inference",),
         ),
         Flag(

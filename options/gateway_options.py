@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
+
+from houchu.transport.channel import MAX_MESSAGE_BYTES
 
 #: Accepted, unfinished requests the gateway holds (queued or running).
 DEFAULT_MAX_QUEUED_REQUESTS = 512
@@ -12,6 +15,8 @@ DEFAULT_MAX_QUEUED_REQUESTS = 512
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 #: Bytes a stream may leave unread in its socket's send buffer before it is aborted.
 DEFAULT_STREAM_BUFFER_BYTES = 1024 * 1024
+#: Largest --max-request-mb: a request must fit well inside one actor message.
+MAX_REQUEST_MB = MAX_MESSAGE_BYTES // 4 // 2**20
 
 
 class GatewayOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -36,13 +41,15 @@ class GatewayOptions(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: Annotated[int, Meta(ge=1, le=65535)] = 8000
     served_model_name: str | None = None
     api_key: str | None = None
-    request_timeout: float = 300.0
-    max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
-    max_request_mb: float = DEFAULT_MAX_REQUEST_BYTES / 2**20
-    stream_buffer_kb: int = DEFAULT_STREAM_BUFFER_BYTES >> 10
+    request_timeout: Annotated[float, Meta(gt=0)] = 300.0
+    max_queued_requests: Annotated[int, Meta(ge=1)] = DEFAULT_MAX_QUEUED_REQUESTS
+    max_request_mb: Annotated[float, Meta(gt=0, le=MAX_REQUEST_MB)] = (
+        DEFAULT_MAX_REQUEST_BYTES / 2**20
+    )
+    stream_buffer_kb: Annotated[int, Meta(ge=1)] = DEFAULT_STREAM_BUFFER_BYTES >> 10
     tool_call_parser: Literal["hermes", "mistral", "llama3_json"] = "hermes"
 
     @property

@@ -3,9 +3,10 @@ serve``'s flags."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
 
 
 class KVTierOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -22,9 +23,9 @@ class KVTierOptions(msgspec.Struct, frozen=True, kw_only=True):
             as soon as it is cached ("write_through").
     """
 
-    host_kv_mb: int = 0
-    host_kv_pages: int = 0
-    ssd_kv_mb: int = 0
+    host_kv_mb: Annotated[int, Meta(ge=0)] = 0
+    host_kv_pages: Annotated[int, Meta(ge=0)] = 0
+    ssd_kv_mb: Annotated[int, Meta(ge=0)] = 0
     kv_cache_dir: str = ""
     kv_write_policy: Literal["write_back", "write_through"] = "write_back"
 

@@ -4,7 +4,8 @@ built from its parsed arguments.
 Each flag's type, choices and default come from the field it sets
 (``houchu.options.flags``): a ``bool`` that defaults to False is a switch, a ``Literal``
 gives the choices, ``tuple[int, ...]`` is a comma-separated list, a ``float`` is a finite number,
-``X | None`` takes an ``X``.
+``X | None`` takes an ``X``. A field's bounds (``Annotated[int, Meta(ge=1)]``) are checked
+when the parsed values are converted to the structs (``houchu.options.bounds``).
 """
 
 from __future__ import annotations
@@ -35,18 +36,15 @@ class _DefaultsFormatter(argparse.HelpFormatter):
 
 
 def batch_sizes(text: str) -> tuple[int, ...]:
-    """ "1,2,4" as ascending distinct positive ints.
+    """ "1,2,4" as ascending distinct ints (their bounds are the field's).
 
     Raises:
-        argparse.ArgumentTypeError: not a list of positive integers.
+        argparse.ArgumentTypeError: not a list of integers.
     """
     try:
-        sizes = sorted({int(s) for s in text.split(",") if s.strip()})
+        return tuple(sorted({int(s) for s in text.split(",") if s.strip()}))
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise argparse.ArgumentTypeError(f"must be positive integers, got {text!r}")
-    return tuple(sizes)
 
 
 def finite_float(text: str) -> float:
@@ -65,9 +63,11 @@ def finite_float(text: str) -> float:
 
 
 def _without_none(tp: Any) -> Any:
-    """``X`` of ``X | None`` (``tp`` itself otherwise)."""
+    """``X`` of ``X | None`` and of ``Annotated[X, Meta(...)]`` (``tp`` itself otherwise)."""
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) is typing.Annotated:
+        tp = tp.__origin__
     return tp
 
 
@@ -118,14 +118,25 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     return p
 
 
+def group_values(group: Group, args: argparse.Namespace) -> dict[str, Any]:
+    """The values of ``group``'s flags in parsed arguments, by field."""
+    return {f.field: getattr(args, f.field) for f in group.flags}
+
+
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """The configuration of parsed, checked arguments (``houchu.options.checks``): each
-    flag's value goes to the field it names. ``args.model`` must be the model's path."""
+    flag's value goes to the field it names, converted by msgspec, so that each field's
+    bounds hold. ``args.model`` must be the model's path.
+
+    Raises:
+        msgspec.ValidationError: a value out of its field's bounds (``check_serve_args``
+            refuses it first, naming the flag).
+    """
     parts: dict[str, Any] = {}
     for group in GROUPS:
-        values = {f.field: getattr(args, f.field) for f in group.flags}
+        values = group_values(group, args)
         if group.attr is None:
             parts.update(values)
         else:
-            parts[group.attr] = group.struct(**values)
+            parts[group.attr] = msgspec.convert(values, group.struct)
     return ServeConfig(**parts)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
 
 from houchu.cpu import isa as cpu_isa
+from houchu.options.bounds import Positive, checked
 
 _CPU_ISA_CHOICES = ("auto", *cpu_isa.NAMES)
 CpuIsa = Literal[_CPU_ISA_CHOICES]  # type: ignore[valid-type]  # built from the level table
@@ -84,12 +86,12 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    page_size: int | None = None
-    num_pages: int | None = None
-    kv_cache_mb: float = 1024
-    mem_fraction_static: float | None = None
-    max_context: int | None = None
-    threads: int | None = None
+    page_size: Positive | None = None
+    num_pages: Positive | None = None
+    kv_cache_mb: Annotated[float, Meta(gt=0)] = 1024
+    mem_fraction_static: Annotated[float, Meta(gt=0, le=1)] | None = None
+    max_context: Positive | None = None
+    threads: Positive | None = None
     fixed_threads: bool = False
     quantization: Literal["auto", "none", "int4", "int8", "w8a8"] = "auto"
     quant_group_size: Literal[32, 64, 128] = 32
@@ -99,14 +101,24 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     kv_cache_dtype: Literal["auto", "int8", "fp8"] = "auto"
     attention_backend: Literal["auto", "torch", "cpu", "triton", "flash-attn"] = "auto"
     compile: Literal["auto", "on", "off"] = "auto"
-    decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    decode_batch_sizes: Annotated[tuple[Positive, ...], Meta(min_length=1)] = (1, 2, 4, 8, 16, 32)
     decode_paths: Literal["auto", "rules"] = "auto"
     cpu_isa: CpuIsa = "auto"
     disable_fused_layers: bool = False
     disable_cuda_graph: bool = False
     deterministic: bool = False
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: Positive = 1
     jump_forward: Literal["on", "off"] = "on"
+
+    def checked(self) -> RunnerOptions:
+        """These options with their fields' bounds checked (``houchu.options.bounds``):
+        what the model runner does once with the options it is given, which a caller may
+        have built in Python (decoded or converted ones are checked already).
+
+        Raises:
+            msgspec.ValidationError: (a ``ValueError``) a field out of its bounds.
+        """
+        return checked(self)
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -3,9 +3,12 @@ flags."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
+
+from houchu.options.bounds import checked
 
 #: The ways to propose tokens (``speculative``).
 METHODS = ("ngram", "draft", "mtp")
@@ -28,8 +31,8 @@ class SpeculativeOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     speculative: Literal["ngram", "draft", "mtp"] | None = None
     draft_model: str | None = None
-    num_speculative_tokens: int = 4
-    speculative_max_batch: int | None = None
+    num_speculative_tokens: Annotated[int, Meta(ge=1)] = 4
+    speculative_max_batch: Annotated[int, Meta(ge=0)] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -49,16 +52,10 @@ class SpeculativeOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     def validate(self) -> None:
         """Raises:
-        ValueError: speculation is off or unknown, or a size is not positive."""
+        ValueError: speculation is off or unknown, or a field out of its bounds (the
+            fields' own, ``houchu.options.bounds.checked``)."""
         if self.speculative not in METHODS:
             raise ValueError(
                 f"speculative method must be one of {METHODS}, got {self.speculative!r}"
             )
-        if self.num_speculative_tokens < 1:
-            raise ValueError(
-                f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
-            )
-        if self.speculative_max_batch is not None and self.speculative_max_batch < 0:
-            raise ValueError(
-                f"speculative_max_batch must be >= 0, got {self.speculative_max_batch}"
-            )
+        checked(self)

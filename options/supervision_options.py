@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+from msgspec import Meta
 
 
 class SupervisionOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -18,6 +21,6 @@ class SupervisionOptions(msgspec.Struct, frozen=True, kw_only=True):
         restart_window: seconds of ``max_restarts``.
     """
 
-    heartbeat_timeout: float = 120.0
-    max_restarts: int = 5
-    restart_window: float = 60.0
+    heartbeat_timeout: Annotated[float, Meta(gt=0)] = 120.0
+    max_restarts: Annotated[int, Meta(ge=0)] = 5
+    restart_window: Annotated[float, Meta(gt=0)] = 60.0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+from msgspec import Meta
 
 
 class TelemetryOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -20,8 +23,8 @@ class TelemetryOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     disable_telemetry: bool = False
     db_url: str | None = None
-    retention_requests: int = 10_000
-    retention_days: float = 7.0
+    retention_requests: Annotated[int, Meta(ge=0)] = 10_000
+    retention_days: Annotated[float, Meta(ge=0)] = 7.0
 
     @property
     def enabled(self) -> bool:

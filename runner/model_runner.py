@@ -129,9 +129,10 @@ class ModelRunner:
     Raises:
         houchu.model.device.DeviceError: a device torch cannot use here.
         ModelLoadError: the model cannot be loaded.
-        ValueError: bad dtype, page size, quantization, KV dtype, backend or CPU ISA level, or a KV
-            budget below one page; ``TensorParallelError``: a model or option that
-            cannot run at ``options.tensor_parallel_size``.
+        ValueError: an option outside its bounds or choices (``RunnerOptions.checked``, a
+            ``msgspec.ValidationError`` naming the field), a CPU ISA level this CPU does
+            not run, or a KV budget below one page; ``TensorParallelError``: a model or
+            option that cannot run at ``options.tensor_parallel_size``.
         RuntimeError: a backend that cannot run here (flash-attn or Triton missing).
     """
 
@@ -146,7 +147,9 @@ class ModelRunner:
         quiet: bool = False,
         tp: TPGroup | None = None,
     ) -> None:
-        o = self.options = options if options is not None else RunnerOptions()
+        # the one check of the options' bounds: they may have been built in Python
+        # (tests, benches) rather than decoded; from here on they are trusted
+        o = self.options = (options if options is not None else RunnerOptions()).checked()
         self.tp: TPGroup | None = None  # tensor parallel: this process's rank
         tp_notes: list[str] = []
         if o.tensor_parallel_size > 1:
@@ -163,8 +166,6 @@ class ModelRunner:
         if o.threads is not None:
             torch.set_num_threads(o.threads)
         self.cpu_isa = cpu_kernels.select(o.cpu_isa)
-        if o.page_size is not None and o.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {o.page_size}")
         t0 = time.perf_counter()
         o, dtype_note = resolve_dtype(o, self.device)  # "auto": bf16 on CUDA, fp32 on CPU
         self.dtype = parse_dtype(o.dtype)
@@ -198,8 +199,6 @@ class ModelRunner:
             self.pool, self.pool_size = make_kv_pool(  # how it was sized: pool_size.source
                 self.config, o, self.dtype, self.device, kv_dtype, int(graphs), self.device_facts
             )
-        if o.decode_paths not in ("rules", "auto"):
-            raise ValueError(f"decode_paths must be rules or auto, got {o.decode_paths!r}")
         buckets = tuple(o.decode_batch_sizes)
         self.deterministic = pin(self.model, buckets, self.backend) if o.deterministic else ""
         setup = RunnerSetup(
@@ -223,8 +222,6 @@ class ModelRunner:
         self.sampler = Sampler(self.device, seed=seed, logprobs_mode=logprobs_mode)
         limit = min(self.config.max_position, self.pool.num_tokens)
         self.max_context = limit if o.max_context is None else min(o.max_context, limit)
-        if self.max_context < 1:
-            raise ValueError(f"max_context must be >= 1, got {o.max_context}")
         self.states: dict[str, RequestState] = {}
         self.page_tables = PageTables()  # each request's, between steps
         #: structured output: the grammar of each constrained request (rid -> matcher)

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Annotated
 
-from msgspec import Struct
+import msgspec
+from msgspec import Meta, Struct
 
 from houchu.transport.failures import CONTEXT_LENGTH_EXCEEDED, bad_request
 from houchu.transport.messages import Failure, RunnerInfo
@@ -55,14 +57,24 @@ class RunnerLimits(Struct, frozen=True, kw_only=True):
     """What one request may ask of the runner.
 
     Attributes:
-        max_context: tokens per request, prompt + completion (>= 1).
+        max_context: tokens per request, prompt + completion (>= 1: checked by ``fixed``;
+            a runner's own announcement always is).
         vocab_size: token ids are in ``[0, vocab_size)``; 0: not checked.
         kv_tokens: tokens the whole KV pool holds; 0: not checked.
     """
 
-    max_context: int
+    max_context: Annotated[int, Meta(ge=1)]
     vocab_size: int = 0
     kv_tokens: int = 0
+
+    @classmethod
+    def fixed(cls, max_context: int) -> RunnerLimits:
+        """Limits of a fixed context window alone (a gateway without a runner: tests).
+
+        Raises:
+            msgspec.ValidationError: (a ``ValueError``) ``max_context`` below 1.
+        """
+        return msgspec.convert({"max_context": max_context}, cls)
 
     @classmethod
     def of(cls, info: RunnerInfo) -> RunnerLimits:

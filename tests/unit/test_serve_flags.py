@@ -75,6 +75,8 @@ def read(config: ServeConfig, attr: str | None, name: str) -> Any:
 def _plain(tp: Any) -> Any:
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) is typing.Annotated:  # a field's bounds
+        tp = tp.__origin__
     return tp
 
 
