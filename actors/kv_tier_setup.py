@@ -27,20 +27,22 @@ def prepare_kv_tiers(config: ServeConfig) -> tuple[ServeConfig, HostPool]:
     """
     import torch
 
+    from houchu.model.config.core import mla_of
     from houchu.model.config.load import load_model_config
     from houchu.model.kv.page_pool import kv_page_bytes
 
     tiers = config.kv_tiers
     m = load_model_config(config.model)
-    r = resolved_runner_options(config.runner, m.mla is not None)
+    r = resolved_runner_options(config.runner, m.is_mla)
     dtype = getattr(torch, r.dtype)  # resolved: "float32", "bfloat16" or "float16"
     slot_bytes = kv_page_bytes(m, r.page_size, dtype, r.kv_cache_dtype)
     layout = (
         f"llama L{m.num_layers} kv{m.num_kv_heads} d{m.head_dim} ps{r.page_size} "
         f"{r.dtype} kv:{r.kv_cache_dtype}"
     )
-    if m.mla is not None:  # a page of latents: [c, k_pe] per token and layer
-        layout += f" mla{m.mla.kv_lora_rank}+{m.mla.qk_rope_head_dim}"
+    if m.is_mla:  # a page of latents: [c, k_pe] per token and layer
+        mla = mla_of(m)
+        layout += f" mla{mla.kv_lora_rank}+{mla.qk_rope_head_dim}"
     fingerprint = model_fingerprint(config.model, layout)
     name = f"houchu-kv-{os.getpid()}"
     pages = tiers.host_kv_pages or max(tiers.host_kv_bytes // slot_bytes, 1)

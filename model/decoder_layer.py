@@ -86,7 +86,7 @@ class DecoderLayer(nn.Module):
             return make_linear(fuse_weights(parts, dtype), speculative, device, dtype=dtype)
 
         #: multi-head latent attention (DeepSeek) in place of the qkv projection, or None
-        self.mla = MLAAttention(cfg, w, a, lin, dtype) if cfg.mla is not None else None
+        self.mla = MLAAttention(cfg, w, a, lin, dtype) if cfg.is_mla else None
         self.qkv: LinearBase | None = None
         if self.mla is None:
             self.qkv = lin([w.pop(f"{a}.{n}_proj.weight") for n in "qkv"])

@@ -292,10 +292,10 @@ class LlamaModel(nn.Module):
         """
         max_pos = max(batch.kv_lens, default=0) - 1
         x, cos, sin = self.embed_and_rope(batch.token_ids, batch.positions, max_pos)
-        if self.cfg.mla is None:
-            meta = backend.prepare(batch, self.attention)
-        else:
+        if self.cfg.is_mla:
             meta = prepare_mla(batch)
+        else:
+            meta = backend.prepare(batch, self.attention)
         last, ops = len(self.layers) - 1, self.ops
         first = 0  # layers [0, first) ran fused
         fused = self.fused.bind(batch, pool, meta) if self.fused is not None else None
@@ -327,11 +327,7 @@ class LlamaModel(nn.Module):
         into ``forward``'s logits."""
         max_pos = max(batch.kv_lens, default=0) - 1
         x, cos, sin = self.embed_and_rope(batch.token_ids, batch.positions, max_pos)
-        meta = (
-            prepare_mla(batch)
-            if self.cfg.mla is not None
-            else backend.prepare(batch, self.attention)
-        )
+        meta = prepare_mla(batch) if self.cfg.is_mla else backend.prepare(batch, self.attention)
         for i, layer in enumerate(self.layers):
             o = attend(layer, i, x, cos, sin, pool, batch, backend, meta, self.ops)
             x = layer.post(x, o, self.ops)  # [T, hidden]

@@ -71,7 +71,7 @@ class Routing:
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> Routing:
         """The routing ``cfg`` names (``topk_method``, groups, scaling factor)."""
-        deepseek = cfg.mla is not None or cfg.topk_method != "greedy"
+        deepseek = cfg.is_mla or cfg.topk_method != "greedy"
         return cls(
             cfg.topk_method, cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor, deepseek
         )

@@ -26,7 +26,6 @@ target's hidden state for the next position (vLLM's reuse of one MTP layer for k
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -38,7 +37,8 @@ from houchu.model.attention.mla import prepare_mla
 from houchu.model.attention.window import layer_attention
 from houchu.model.batch import StepBatch
 from houchu.model.block_parts import apply_norm
-from houchu.model.config.core import ModelConfig
+from houchu.model.config.core import ModelConfig, ModelLoadError
+from houchu.model.config.hf import config_from_hf
 from houchu.model.decoder_layer import DecoderLayer, RMSNorm
 from houchu.model.kv.pool import KVPool
 from houchu.model.linear.dense import Linear, LinearBase
@@ -57,10 +57,10 @@ def mtp_layer_index(path: str | Path) -> int:
     """The layer index of the checkpoint's first MTP module (``num_hidden_layers``).
 
     Raises:
-        MTPUnavailable: a GGUF file, a folder whose config declares no
-            ``num_nextn_predict_layers``, or one whose safetensors lack the module's
-            weights (``model.layers.{N}.eh_proj.weight``; transformers' ``from_config``
-            and ``save_pretrained`` drop them, for instance).
+        MTPUnavailable: a GGUF file, a folder whose config houchu cannot read or that
+            declares no ``num_nextn_predict_layers`` (``ModelConfig.has_mtp``), or one
+            whose safetensors lack the module's weights (``model.layers.{N}.eh_proj.weight``;
+            transformers' ``from_config`` and ``save_pretrained`` drop them, for instance).
     """
     p = Path(path)
     if not p.is_dir():
@@ -68,10 +68,12 @@ def mtp_layer_index(path: str | Path) -> int:
             f"{path}: --speculative mtp needs a Hugging Face folder (safetensors) whose "
             "checkpoint has next-token-prediction layers"
         )
-    raw = json.loads((p / "config.json").read_text())
-    declared = int(raw.get("num_nextn_predict_layers") or 0)
-    n = int(raw.get("num_hidden_layers", 0))
-    if declared < 1:
+    try:
+        cfg = config_from_hf(p)
+    except ModelLoadError as e:
+        raise MTPUnavailable(str(e)) from e
+    declared, n = cfg.mtp_layers, cfg.num_layers
+    if not cfg.has_mtp:
         raise MTPUnavailable(
             f"{path}: the checkpoint has no MTP layers (config.json declares no "
             "num_nextn_predict_layers); use --speculative ngram or draft instead"
@@ -175,8 +177,7 @@ class MTPLayer(nn.Module):
         e = F.embedding(batch.token_ids, table)  # [T, hidden]
         both = torch.cat([apply_norm(self.enorm, e, ops), apply_norm(self.hnorm, hidden, ops)], -1)
         x = self.eh_proj(both)  # [T, hidden]
-        mla = self.cfg.mla is not None
-        meta = prepare_mla(batch) if mla else backend.prepare(batch, self.attention)
+        meta = prepare_mla(batch) if self.cfg.is_mla else backend.prepare(batch, self.attention)
         o = attend(self.block, 0, x, cos, sin, pool, batch, backend, meta, ops)
         x = self.block.post(x, o, ops, batch.sample_rows)  # [R, hidden]
         g = apply_norm(self.head_norm, x, ops)  # [R, hidden]

@@ -112,7 +112,7 @@ class DecodeAccelerator:
                 flush=True,
             )
             compile = "off"
-        if model.cfg.mla is not None and (compile != "off" or (cuda_graph and dev.type == "cuda")):
+        if model.cfg.is_mla and (compile != "off" or (cuda_graph and dev.type == "cuda")):
             # MLA layers attend inside the model (model.mla), not through layer.pre/post
             print(
                 "houchu runner: MLA models decode eagerly (no compiled step, no CUDA graphs)",
@@ -123,7 +123,7 @@ class DecodeAccelerator:
         # the static decode path attends plainly (no window, scale or soft-cap)
         plain = all(s.is_plain for s in model.attention)
         static = getattr(backend, "supports_static", False)
-        if dev.type == "cuda" and cuda_graph and static and model.cfg.moe_layers:
+        if dev.type == "cuda" and cuda_graph and static and model.cfg.is_moe:
             print(
                 "houchu runner: CUDA graphs are off for MoE models: a step's shapes depend on "
                 "its routing (tokens per expert)",

@@ -50,7 +50,6 @@ from houchu.model.device import make_current, resolve_device
 from houchu.model.grammar.catch_up import split_passes
 from houchu.model.grammar.jump_forward import JumpForward, drop_stale_samples
 from houchu.model.grammar.matcher import GrammarEngine, RequestGrammar
-from houchu.model.kv.mla_pool import LatentKVPool
 from houchu.model.kv.transfer import HostKVMirror
 from houchu.model.moe import MoEMLP, moe_lever_sample
 from houchu.model.sampling.prompt_logprobs import rows_wanted, score
@@ -172,7 +171,7 @@ class ModelRunner:
         self.model, quant = load_runner_model(
             model_path, o, self.dtype, self.device, prepack, self.tp
         )
-        o, attn_note = resolve_attention(o, self.device, self.config.mla is not None)
+        o, attn_note = resolve_attention(o, self.device, self.config.is_mla)
         self.options = o  # dtype, page size and (on CUDA) attention backend concrete
         #: what "auto" chose on this device, said on the start-up line
         self.choices = [c for c in (dtype_note, attn_note) if c]
@@ -194,7 +193,7 @@ class ModelRunner:
             ):
                 self.model.fused = FusedDecode(self.model)
             kv_dtype = o.kv_cache_dtype
-            if self.config.mla is not None:  # a pool of latents; what does not apply, said
+            if self.config.is_mla:  # a pool of latents; what does not apply, said
                 kv_dtype = mla_levers_note(self.config, o, self.backend.name)
             self.pool, self.pool_size = make_kv_pool(  # how it was sized: pool_size.source
                 self.config, o, self.dtype, self.device, kv_dtype, int(graphs), self.device_facts
@@ -238,8 +237,8 @@ class ModelRunner:
         on_cpu = self.device.type == "cpu" and not o.fixed_threads
         self.governor = setup.governor(self.tuned) if on_cpu else None  # cached thread counts
         self.notes += self.governor.start_notes() if self.governor else []
-        mla = isinstance(self.pool, LatentKVPool)
-        self.mla_lever = MLALever(self.pool, self.max_context) if mla else None
+        # an MLA model's pool is a LatentKVPool (``KVPool.for_model``)
+        self.mla_lever = MLALever(self.pool, self.max_context) if self.config.is_mla else None
         if not quiet:
             print(self.summary(time.perf_counter() - t0), flush=True)
             for note in self.notes:

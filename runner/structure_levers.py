@@ -51,14 +51,14 @@ def structure_notes(
             f"{cfg.architecture} (top-1 0.93 on houchu's quality test, 0.95+ in other "
             "families); --int4-method gptq held 0.965, or use --quantization int8"
         )
-    if quant_mode != "none" and cfg.num_experts:
+    if quant_mode != "none" and cfg.is_moe:
         fp32 = Routing.from_config(cfg).fp32_router  # DeepSeek's routers
         out.append(
             f"--quantization {quant_mode}: the routed experts are quantized (each expert's "
             "gate_up and down projections, as attention, dense MLPs and shared experts); "
             f"the routers stay dense ({'float32' if fp32 else 'model dtype'})"
         )
-    if quant_mode != "none" and cfg.mla is not None:
+    if quant_mode != "none" and cfg.is_mla:
         out.append(
             f"--quantization {quant_mode}: MLA's kv_b_proj stays dense (its key and value "
             "up-projections are absorbed per head)"

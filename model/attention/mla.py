@@ -39,8 +39,8 @@ from torch import nn
 from houchu.model.attention.metadata import TorchMeta
 from houchu.model.attention.torch import TorchSDPABackend
 from houchu.model.batch import StepBatch
-from houchu.model.config.core import ModelConfig, ModelLoadError
-from houchu.model.kv.mla_pool import LatentKVPool, mla_of
+from houchu.model.config.core import ModelConfig, ModelLoadError, mla_of
+from houchu.model.kv.mla_pool import LatentKVPool
 from houchu.model.ops import TorchOps
 from houchu.model.rope import apply_rope, yarn_attention_factor, yarn_mscale
 

@@ -122,6 +122,15 @@ class ModelConfig:
         hidden_act: the gated MLP's activation, "silu" (SwiGLU) or "gelu_tanh" (GeGLU).
         rope_local_theta: the RoPE base of the sliding-window layers (0: ``rope_theta``
             for all; Gemma 3).
+        mtp_layers: next-token-prediction (MTP) modules the Hugging Face config declares
+            (``num_nextn_predict_layers``, DeepSeek-V3; 0 for a GGUF file, whose MTP
+            tensors houchu does not read).
+
+    The questions other code asks about the model's structure have one answer each here
+    (never ``cfg.mla is not None`` or ``cfg.num_experts`` at the call site): ``is_mla``,
+    ``is_moe``, ``has_sliding_window``, ``every_layer_windowed``, ``has_mtp``,
+    ``plain_llama_layers`` (and ``tie_word_embeddings``, a field); ``mla_of`` gives the
+    MLA widths of a model that ``is_mla``.
 
     Raises:
         ModelLoadError: num_heads not a multiple of num_kv_heads, odd head_dim, or an
@@ -175,6 +184,7 @@ class ModelConfig:
     gemma_blocks: bool = False
     hidden_act: str = "silu"
     rope_local_theta: float = 0.0
+    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads != 0:
@@ -198,15 +208,51 @@ class ModelConfig:
             raise ModelLoadError(f"bad sliding window {self.sliding_window}")
 
     @property
+    def is_mla(self) -> bool:
+        """Attention is multi-head latent attention (DeepSeek-V2/V3, ``mla`` set) in every
+        layer: the KV pool stores each token's latent and RoPE key
+        (``houchu.model.kv.mla_pool.LatentKVPool``), not K and V per head."""
+        return self.mla is not None
+
+    @property
+    def is_moe(self) -> bool:
+        """Some layer's MLP is a mixture of routed experts (``moe_layers`` not empty;
+        the other layers are dense). A config naming experts (``num_experts``) whose layers
+        are all dense (e.g. ``first_k_dense_replace`` >= the layer count) is not MoE: no
+        expert weight is loaded."""
+        return bool(self.moe_layers)
+
+    @property
+    def has_sliding_window(self) -> bool:
+        """Some layer attends only a sliding window (Mistral: all; Gemma 2/3: the local
+        layers between global ones): ``layer_window`` is not 0 for at least one layer.
+        Attention reads less; whether KV pages may be released is ``every_layer_windowed``."""
+        return bool(self.sliding_window) and bool(self.sliding_layers)
+
+    @property
+    def every_layer_windowed(self) -> bool:
+        """Every layer has a sliding window (Mistral; not Gemma, whose global layers
+        read the whole context): KV older than the window is never read again, so its
+        pages may be released."""
+        return bool(self.sliding_window) and len(self.sliding_layers) == self.num_layers
+
+    @property
+    def has_mtp(self) -> bool:
+        """The Hugging Face config declares MTP modules (``mtp_layers`` > 0). Their
+        weights may still be missing from the safetensors:
+        ``houchu.model.mtp.mtp_layer_index`` checks those before ``--speculative mtp``."""
+        return self.mtp_layers > 0
+
+    @property
     def plain_llama_layers(self) -> bool:
-        """Whether every block is a plain Llama block (no projection bias, no QK-norm):
-        what the fused C++ decode layers compute."""
+        """Whether every block is a plain Llama block (no projection bias, no QK-norm,
+        no MoE, no MLA, no Gemma block, SwiGLU): what the fused C++ decode layers compute."""
         return not (
             self.attention_bias
             or self.qk_norm
             or self.o_proj_bias
-            or self.moe_layers
-            or self.mla
+            or self.is_moe
+            or self.is_mla
             or self.gemma_blocks
             or self.hidden_act != "silu"
         )
@@ -215,17 +261,23 @@ class ModelConfig:
         """Tokens layer ``layer`` attends (its own included); 0: all of them."""
         return self.sliding_window if layer in self.sliding_layers else 0
 
-    @property
-    def every_layer_windowed(self) -> bool:
-        """Every layer has a sliding window: KV older than the window is never read again."""
-        return bool(self.sliding_window) and len(self.sliding_layers) == self.num_layers
-
     def kv_bytes_per_token(self, element_size: int) -> int:
         """Bytes of K plus V for one token over all layers, at ``element_size`` bytes each
         (with MLA: the latent and the RoPE key, ``MLAConfig.latent_dim`` per layer)."""
-        if self.mla is not None:
-            return self.num_layers * self.mla.latent_dim * element_size
+        if self.is_mla:
+            return self.num_layers * mla_of(self).latent_dim * element_size
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+
+
+def mla_of(cfg: ModelConfig) -> MLAConfig:
+    """The MLA widths of a model that ``is_mla`` (``cfg.mla``).
+
+    Raises:
+        ValueError: the model does not use MLA.
+    """
+    if cfg.mla is None:
+        raise ValueError(f"{cfg.name}: not an MLA model")
+    return cfg.mla
 
 
 #: The families houchu runs: HF ``model_type`` / GGUF ``general.architecture`` values.
@@ -273,8 +325,8 @@ def num_parameters(cfg: ModelConfig) -> ParamCount:
     h, d = cfg.hidden_size, cfg.head_dim
     attn = h * cfg.num_heads * d * 2 + h * cfg.num_kv_heads * d * 2  # q, o, k, v
     attn_norms = 0  # MLA's q_a and kv_a RMSNorm weights
-    if cfg.mla is not None:
-        attn, attn_norms = _mla_params(cfg.mla, h, cfg.num_heads)
+    if cfg.is_mla:
+        attn, attn_norms = _mla_params(mla_of(cfg), h, cfg.num_heads)
     dense_mlp = 3 * h * cfg.intermediate_size
     expert = 3 * h * cfg.moe_intermediate_size
     shared = cfg.n_shared_experts * expert  # DeepSeekMoE's always-active experts

@@ -92,6 +92,7 @@ def config_from_hf(path: Path) -> ModelConfig:
             moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0) if experts else 0,
             norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
             moe_layers=moe_layers,
+            mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
         )
         base = ModelConfig(**(fields | structure))
         if family.startswith("deepseek"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from houchu.model.config.core import MLAConfig, ModelConfig
+from houchu.model.config.core import ModelConfig, mla_of
 from houchu.model.kv.page_pool import PagePool, kv_page_bytes, pages_in_budget
 
 
@@ -128,10 +128,3 @@ def full_mha_bytes_per_token(cfg: ModelConfig, element_size: int) -> int:
     ``qk_head_dim`` key and ``v_head_dim`` value stored, as without the latent)."""
     m = mla_of(cfg)
     return cfg.num_layers * cfg.num_heads * (m.qk_head_dim + m.v_head_dim) * element_size
-
-
-def mla_of(cfg: ModelConfig) -> MLAConfig:
-    """``cfg.mla``; raises ValueError for a model without MLA."""
-    if cfg.mla is None:
-        raise ValueError(f"{cfg.name}: not an MLA model")
-    return cfg.mla

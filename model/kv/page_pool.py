@@ -52,7 +52,7 @@ def kv_token_bytes(cfg: ModelConfig, dtype: torch.dtype, kv_dtype: str = "auto")
     Raises:
         ValueError: unknown ``kv_dtype``.
     """
-    if cfg.mla is not None:
+    if cfg.is_mla:
         return cfg.kv_bytes_per_token(_element_size(dtype))
     store = kv_storage_dtype(kv_dtype, dtype)
     per_token = cfg.kv_bytes_per_token(_element_size(store))

@@ -119,7 +119,7 @@ class KVPool(PagePool):
             ValueError: the budget holds not even one page, an unknown ``kv_dtype``, or a
                 quantized ``kv_dtype`` for an MLA model.
         """
-        if cfg.mla is not None:
+        if cfg.is_mla:
             from houchu.model.kv.mla_pool import LatentKVPool
 
             if kv_dtype != "auto":

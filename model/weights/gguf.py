@@ -295,7 +295,7 @@ def iter_gguf_tensors(
         experts = ".mlp.experts." in name  # stacked [E, out, in]
         # MLA's projections are permuted and split (``split_gguf_deepseek``), routers
         # kept dense: no int4 repacking; routed experts are neither
-        q4 = keep_q4 and ".mlp.gate." not in name and (cfg.mla is None or experts)
+        q4 = keep_q4 and ".mlp.gate." not in name and (not cfg.is_mla or experts)
         w: torch.Tensor | Int4Weight | list[Int4Weight]
         if q4 and t.tensor_type.name in STORED_TYPES and ".layers." in name:
             data, shape, _ = tensor_part(t, name, shard)
@@ -370,9 +370,9 @@ def load_gguf(
         raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
     cfg = config_from_gguf_reader(reader, path)
     tensors = dict(iter_gguf_tensors(reader, cfg, dtype, keep_q4))
-    if cfg.num_experts:
+    if cfg.is_moe:
         unstack_experts(tensors, cfg)
-    if cfg.mla is not None:  # deepseek2: back to the Hugging Face checkpoint's layout
+    if cfg.is_mla:  # deepseek2: back to the Hugging Face checkpoint's layout
         from houchu.model.config.deepseek import split_gguf_deepseek
 
         tensors = split_gguf_deepseek(tensors, cfg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from houchu.model.config.core import ModelConfig, ModelLoadError
+from houchu.model.config.core import ModelConfig, ModelLoadError, mla_of
 from houchu.model.quant.functions import Int4Weight
 
 #: a checkpoint's tensors by Hugging Face name (int4 ones already packed)
@@ -32,7 +32,7 @@ def check_shapes(cfg: ModelConfig, w: Weights) -> None:
             f"{p}.input_layernorm.weight": (h,),
             f"{p}.post_attention_layernorm.weight": (h,),
         }
-        if cfg.mla is None:
+        if not cfg.is_mla:
             want |= {
                 f"{p}.self_attn.q_proj.weight": (cfg.num_heads * d, h),
                 f"{p}.self_attn.k_proj.weight": (cfg.num_kv_heads * d, h),
@@ -40,7 +40,7 @@ def check_shapes(cfg: ModelConfig, w: Weights) -> None:
                 f"{p}.self_attn.o_proj.weight": (h, cfg.num_heads * d),
             }
         else:  # MLA's own projections are checked by MLAAttention
-            want[f"{p}.self_attn.o_proj.weight"] = (h, cfg.num_heads * cfg.mla.v_head_dim)
+            want[f"{p}.self_attn.o_proj.weight"] = (h, cfg.num_heads * mla_of(cfg).v_head_dim)
         if n in cfg.moe_layers:
             mi = cfg.moe_intermediate_size
             want[f"{p}.mlp.gate.weight"] = (cfg.num_experts, h)

@@ -56,9 +56,9 @@ def check_shardable(cfg: ModelConfig, world: int, quant: QuantSpec) -> None:
     each row-parallel shard's input width.
     """
     flag = f"--tensor-parallel-size {world}"
-    if cfg.mla is not None:
+    if cfg.is_mla:
         raise TensorParallelError(f"{flag}: multi-head latent attention (MLA) is not sharded")
-    if cfg.moe_layers:
+    if cfg.is_moe:
         raise TensorParallelError(f"{flag}: MoE layers are not sharded (use tp 1)")
     bad = [
         f"{what} ({n})"

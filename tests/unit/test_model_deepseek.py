@@ -288,6 +288,7 @@ def test_gguf_twin_gives_the_same_tokens(family, tmp_path):
     gguf_path = write_deepseek_gguf(path, tmp_path / "model.gguf")
     cfg = load_model_config(gguf_path)
     other = ["name", "source", "bos_token_id", "eos_token_ids", "rope_original_max_position"]
+    other.append("mtp_layers")  # the MTP modules config.json declares; GGUF holds none
     floats = ["rms_norm_eps", "rope_mscale", "rope_mscale_all_dim"]  # stored as float32
     if hf_cfg.rope_type == "yarn":
         other.remove("rope_original_max_position")
