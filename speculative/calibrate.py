@@ -9,7 +9,7 @@ in several rounds; the fastest warm timing of each is kept.
 
 from __future__ import annotations
 
-from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
+from houchu.transport.messages import Phase, SamplingParams, SeqInit, SeqWork, StepPlan
 
 CALIBRATION_RID = "__houchu_spec_calibration__"
 
@@ -37,6 +37,7 @@ def calibration_plans(sizes: list[int], pages: list[int], repeats: int = 3) -> l
                 page_table=pages,
                 sample=True,
                 num_draft=t - 1,
+                phase=Phase.DECODE,  # a verify pass of t - 1 proposals
             )
             plans.append(StepPlan(step_id=step, work=[work]))
             step -= 1
