@@ -68,31 +68,32 @@ def structure_notes(
             f"fused decode layers off: they compute plain Llama blocks only, and "
             f"{cfg.architecture}'s blocks differ (they run op by op)"
         )
-    windows = sorted({s.window for s in layers if s.window})
-    if windows and fused_asked and backend == "cpu" and cfg.plain_llama_layers:
+    windowed = cfg.has_sliding_window  # some layer; each windowed layer's: cfg.sliding_window
+    if windowed and fused_asked and backend == "cpu" and cfg.plain_llama_layers:
         out.append(
-            f"fused decode layers run only while every sequence fits in the {windows[0]}-token "
-            "window (they attend the whole context); longer ones decode op by op"
+            f"fused decode layers run only while every sequence fits in the "
+            f"{cfg.sliding_window}-token window (they attend the whole context); longer ones "
+            "decode op by op"
         )
-    if windows and backend == "cpu":
+    if windowed and backend == "cpu":
         out.append(
             "sliding windows: the C++ decode and prefill attention kernels read only each "
             "layer's window"
         )
-    if windows and backend == "triton":
+    if windowed and backend == "triton":
         out.append("sliding windows: windowed layers decode on torch SDPA (no Triton window)")
     if any(s.softcap for s in layers) and backend in ("cpu", "triton"):
         out.append(
             "attention soft-capping runs on torch ops (houchu's attention kernels do not soft-cap)"
         )
-    if windows and not cfg.every_layer_windowed:
+    if windowed and not cfg.every_layer_windowed:
         out.append(
             f"sliding-window page release off: {cfg.num_layers - len(cfg.sliding_layers)} "
             "global layers read the whole context (only the reads shrink)"
         )
-    elif windows:
+    elif windowed:
         out.append(
             f"sliding-window page release on: pages before each request's "
-            f"{windows[0]}-token window are released"
+            f"{cfg.sliding_window}-token window are released"
         )
     return out
