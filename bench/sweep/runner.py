@@ -63,7 +63,7 @@ class SweepInputs:
     Attributes:
         model: the model file or folder.
         serve_args: ``houchu serve`` arguments given by the user, before the levers'.
-        speculative: the workload, request settings and warm-up (its arrival is replaced per
+        spec: the workload, request settings and warm-up (its arrival is replaced per
             load level).
         builder: the prompt builder.
         workdir: where each server's database goes.
@@ -74,7 +74,7 @@ class SweepInputs:
 
     model: Path
     serve_args: list[str]
-    speculative: BenchSpec
+    spec: BenchSpec
     builder: PromptBuilder
     workdir: Path
     fresh_per_load: bool = False
