@@ -51,20 +51,20 @@ def make_proposer(config: ServeConfig) -> tuple[Proposer, str]:
         ModelLoadError: the draft model cannot be loaded.
         houchu.model.device.DeviceError: the device torch cannot use here.
     """
-    speculative = config.speculation
-    if speculative.speculative == "ngram":
+    spec = config.speculation
+    if spec.speculative == "ngram":
         p = NgramProposer()
         return p, f"n-gram prompt lookup (n = {p.max_n} .. {p.min_n})"
-    if speculative.speculative != "draft":  # "mtp" proposes in the runner
-        raise ValueError(f"unknown speculative method {speculative.speculative!r}")
-    if not speculative.draft_model:
+    if spec.speculative != "draft":  # "mtp" proposes in the runner
+        raise ValueError(f"unknown speculative method {spec.speculative!r}")
+    if not spec.draft_model:
         raise ValueError("--speculative draft needs --draft-model PATH")
     from houchu.model.config.load import load_model_config
     from houchu.runner.model_runner import ModelRunner
     from houchu.speculative.draft_model import DraftModelProposer
 
     target = load_model_config(config.model)
-    runner = ModelRunner(speculative.draft_model, draft_runner_options(config.runner), quiet=True)
+    runner = ModelRunner(spec.draft_model, draft_runner_options(config.runner), quiet=True)
     p = DraftModelProposer(runner, target.vocab_size)
     used, total = p.pool_usage()
     return p, f"draft model {runner.config.name!r}: {total} pages x {p.page_size} tokens"

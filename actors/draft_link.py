@@ -215,10 +215,10 @@ class RunnerProposals(CalibratesTarget, NoDraftLink):
 def make_link(ctx: zmq.asyncio.Context, config: ServeConfig, peers: Peers) -> Draft:
     """The scheduler's link for ``config.speculation``: a draft actor's, the runner's
     proposals (MTP), or none."""
-    speculative = config.speculation
-    if speculative.uses_draft_actor:
+    spec = config.speculation
+    if spec.uses_draft_actor:
         return DraftLink(ctx, config, peers)
-    return RunnerProposals() if speculative.proposes_in_runner else NoDraftLink()
+    return RunnerProposals() if spec.proposes_in_runner else NoDraftLink()
 
 
 #: What the scheduler actor holds: the link, or its stand-in when speculation is off.

@@ -150,11 +150,11 @@ class RunnerActor(ActorBase[RunnerInbox]):
         from houchu.runner.model_runner import ModelRunner
 
         runner = ModelRunner(self.config.model, self.config.runner)
-        speculative = self.config.speculation
-        if speculative.proposes_in_runner:
+        spec = self.config.speculation
+        if spec.proposes_in_runner:
             from houchu.speculative.mtp import attach_mtp
 
-            info = attach_mtp(runner, self.config.model, speculative.num_speculative_tokens)
+            info = attach_mtp(runner, self.config.model, spec.num_speculative_tokens)
             print(f"houchu runner: {info}", flush=True)
         return runner
 

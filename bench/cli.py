@@ -191,8 +191,8 @@ BENCH_SCHEMA: dict[str, Any] = {
 def structured_fields(kind: str) -> dict[str, Any]:
     """The request fields of ``--structured KIND`` ({} for none)."""
     if kind == "json-schema":
-        speculative = {"name": "records", "schema": BENCH_SCHEMA}
-        return {"response_format": {"type": "json_schema", "json_schema": speculative}}
+        spec = {"name": "records", "schema": BENCH_SCHEMA}
+        return {"response_format": {"type": "json_schema", "json_schema": spec}}
     return {}
 
 
@@ -220,7 +220,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from houchu.bench.report import results_dir, save_json, store, summary_table
 
     try:
-        speculative = bench_spec(args, args.model)
+        spec = bench_spec(args, args.model)
     except ValueError as exc:
         print(f"houchu bench: {exc}", file=sys.stderr)
         return 2
@@ -228,9 +228,7 @@ def run_bench(args: argparse.Namespace) -> int:
     name = args.name or f"{args.backend}-{args.workload}-{stamp}"
     builder = PromptBuilder(load_encoder(args.tokenizer))
     try:
-        record = asyncio.run(
-            benchmark(make_backend(args, speculative.params), speculative, builder, name)
-        )
+        record = asyncio.run(benchmark(make_backend(args, spec.params), spec, builder, name))
     except (ValueError, OSError) as exc:
         print(f"houchu bench: {exc}", file=sys.stderr)
         return 2

@@ -94,7 +94,7 @@ def _num(v: Any) -> str:
 
 async def _measure(
     target: str,
-    speculative: BenchSpec,
+    spec: BenchSpec,
     args: argparse.Namespace,
     settings: ServerSettings,
     builder: PromptBuilder,
@@ -103,10 +103,8 @@ async def _measure(
     if target == "hf":
         from houchu.bench.backends.hf import HFBackend
 
-        backend: Any = HFBackend(
-            settings.model, speculative.params, settings.parallel, settings.threads
-        )
-        return await benchmark(backend, speculative, builder, name)
+        backend: Any = HFBackend(settings.model, spec.params, settings.parallel, settings.threads)
+        return await benchmark(backend, spec, builder, name)
     if target == "houchu":
         server = houchu_server(settings, args.houchu_arg)
     else:
@@ -116,12 +114,12 @@ async def _measure(
         if target == "houchu":
             from houchu.bench.backends.ws import HouchuWsBackend
 
-            backend = HouchuWsBackend(f"ws://127.0.0.1:{server.port}/ws", speculative.params)
+            backend = HouchuWsBackend(f"ws://127.0.0.1:{server.port}/ws", spec.params)
         else:
             from houchu.bench.backends.openai import OpenAIBackend
 
-            backend = OpenAIBackend(f"http://127.0.0.1:{server.port}/v1", speculative.params)
-        record = await benchmark(backend, speculative, builder, name)
+            backend = OpenAIBackend(f"http://127.0.0.1:{server.port}/v1", spec.params)
+        record = await benchmark(backend, spec, builder, name)
         record["settings"]["server_command"] = server.cmd
         if server.kept:  # houchu's runner: its kernels and the decode route it measured
             record["settings"]["runner_startup"] = server.kept
@@ -184,14 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compare: unknown targets {bad}; choose from {', '.join(TARGETS)}", file=sys.stderr)
         return 2
     try:
-        speculative = bench_spec(args)
+        spec = bench_spec(args)
     except ValueError as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
     from houchu.model.fetch import fetch_default_model
 
     model = (args.model or fetch_default_model()).resolve()
-    parallel = args.parallel or speculative.run.concurrency or 16
+    parallel = args.parallel or spec.run.concurrency or 16
     settings = ServerSettings(model, args.threads, args.ctx_size, parallel)
     builder = PromptBuilder(load_encoder(str(model)))
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -199,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)  # so that the servers are stopped below
     try:
         for target in targets:
-            record = _run_target(target, speculative, args, settings, builder, stamp)
+            record = _run_target(target, spec, args, settings, builder, stamp)
             if record is not None:
                 records[target] = record
     finally:
@@ -207,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         return 1
     print()
-    print(f"workload {args.workload}: {json.dumps(speculative.workload.settings())}")
+    print(f"workload {args.workload}: {json.dumps(spec.workload.settings())}")
     print(
         f"threads {settings.threads}, context {settings.ctx_size}/request, "
         f"{parallel} in parallel, model {model.name}"
@@ -225,7 +223,7 @@ def _terminate(signum: int, frame: Any) -> None:
 
 def _run_target(
     target: str,
-    speculative: BenchSpec,
+    spec: BenchSpec,
     args: argparse.Namespace,
     settings: ServerSettings,
     builder: PromptBuilder,
@@ -233,9 +231,9 @@ def _run_target(
 ) -> dict[str, Any] | None:
     """Measure one target and store its record; None when its server did not start."""
     name = f"compare-{args.workload}-{target}-{stamp}"
-    print(f"== {target}: {args.workload}, {speculative.workload.num_requests} requests", flush=True)
+    print(f"== {target}: {args.workload}, {spec.workload.num_requests} requests", flush=True)
     try:
-        record = asyncio.run(_measure(target, speculative, args, settings, builder, name))
+        record = asyncio.run(_measure(target, spec, args, settings, builder, name))
     except ServerError as exc:
         print(f"compare: {target} skipped: {exc}", file=sys.stderr)
         return None

@@ -49,48 +49,40 @@ class BenchSpec:
 
 
 async def benchmark(
-    backend: Backend, speculative: BenchSpec, builder: PromptBuilder, name: str
+    backend: Backend, spec: BenchSpec, builder: PromptBuilder, name: str
 ) -> dict[str, Any]:
-    """Run ``speculative`` against ``backend`` (started and closed here).
+    """Run ``spec`` against ``backend`` (started and closed here).
 
     Returns:
         ``{"name", "date", "settings", "results", "by_tag", "requests"}``: ``results``
         holds the metrics of :func:`houchu.bench.metrics.summarize` plus ``not_sent``;
         ``by_tag`` the same per request class; ``requests`` one record per request.
     """
-    sessions = build_sessions(speculative.workload, builder, speculative.run.seed)
-    warm_cfg = WorkloadConfig(
-        **{**speculative.workload.__dict__, "num_requests": max(1, speculative.warmup)}
-    )
+    sessions = build_sessions(spec.workload, builder, spec.run.seed)
+    warm_cfg = WorkloadConfig(**{**spec.workload.__dict__, "num_requests": max(1, spec.warmup)})
     warm = (
-        build_sessions(warm_cfg, builder, speculative.run.seed + WARMUP_SEED_OFFSET)
-        if speculative.warmup
-        else []
+        build_sessions(warm_cfg, builder, spec.run.seed + WARMUP_SEED_OFFSET) if spec.warmup else []
     )
     await backend.start()
     try:
         if warm:
-            conc = min(speculative.warmup, speculative.run.concurrency or speculative.warmup)
+            conc = min(spec.warmup, spec.run.concurrency or spec.warmup)
             await run_sessions(backend, warm, RunConfig(concurrency=conc, progress=False))
-        outcome = await run_sessions(backend, sessions, speculative.run, desc=name)
+        outcome = await run_sessions(backend, sessions, spec.run, desc=name)
     finally:
         await backend.close()
-    results = summarize(outcome.results, outcome.duration_s, speculative.slo_ms, outcome.incomplete)
+    results = summarize(outcome.results, outcome.duration_s, spec.slo_ms, outcome.incomplete)
     results["not_sent"] = outcome.not_sent
     tags = sorted({r.tag for r in outcome.results})
     by_tag = {}
     if len(tags) > 1:
         for tag in tags:
             sub = [r for r in outcome.results if r.tag == tag]
-            by_tag[tag] = summarize(sub, outcome.duration_s, speculative.slo_ms)
+            by_tag[tag] = summarize(sub, outcome.duration_s, spec.slo_ms)
     return {
         "name": name,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "settings": {
-            **speculative.settings(),
-            **backend.info(),
-            "prompt_tokens_exact": builder.exact,
-        },
+        "settings": {**spec.settings(), **backend.info(), "prompt_tokens_exact": builder.exact},
         "results": results,
         "by_tag": by_tag,
         "requests": [r.to_json() for r in outcome.results],

@@ -95,19 +95,19 @@ def _one(tokenizer: Encoder, word: str) -> bool:
     return len(tokenizer.encode(" " + word)) - len(tokenizer.encode("")) == 1
 
 
-def load_encoder(speculative: str | None) -> Encoder | None:
+def load_encoder(spec: str | None) -> Encoder | None:
     """The tokenizer named by ``--tokenizer``.
 
-    ``speculative`` is a ``.gguf`` file or a Hugging Face model folder, ``"none"`` for word
+    ``spec`` is a ``.gguf`` file or a Hugging Face model folder, ``"none"`` for word
     counting, or None for the default model's tokenizer when it is already fetched
     (word counting otherwise).
     """
-    if speculative is not None and speculative.lower() == "none":
+    if spec is not None and spec.lower() == "none":
         return None
     from houchu.model.fetch import default_model_path
 
-    path = Path(speculative) if speculative else default_model_path()
-    if speculative is None and not path.exists():
+    path = Path(spec) if spec else default_model_path()
+    if spec is None and not path.exists():
         return None
     from houchu.text.tokenizer.core import load_tokenizer
 

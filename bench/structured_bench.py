@@ -84,11 +84,9 @@ def run_once(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="houchu")  # the houchu command's bench parser
     add_bench_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    speculative = bench_spec(args, args.model)
+    spec = bench_spec(args, args.model)
     builder = PromptBuilder(load_encoder(args.tokenizer))
-    record = asyncio.run(
-        benchmark(make_backend(args, speculative.params), speculative, builder, "structured")
-    )
+    record = asyncio.run(benchmark(make_backend(args, spec.params), spec, builder, "structured"))
     return record["results"]
 
 
@@ -190,11 +188,9 @@ def runner_main(opts: argparse.Namespace) -> None:
         times: dict[str, list[tuple[float, float]]] = {"free": [], "json-schema": []}
         for rep in range(opts.reps):
             for side in times:
-                speculative = schema if side == "json-schema" else None
+                spec = schema if side == "json-schema" else None
                 tag = f"b{b}-{side}-{rep}"
-                times[side] += runner_steps(
-                    runner, b, opts.output_len, speculative, tag, opts.input_len
-                )
+                times[side] += runner_steps(runner, b, opts.output_len, spec, tag, opts.input_len)
         base = statistics.median(w for w, _ in times["free"])
         base_cpu = statistics.median(c for _, c in times["free"])
         for side, ts in times.items():
@@ -234,10 +230,10 @@ def masks_main(opts: argparse.Namespace) -> None:
         torch.set_num_threads(opts.threads)
     v = 49152
     engine = GrammarEngine(opts.model or str(fetch_default_model()), v)
-    speculative = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(BENCH_SCHEMA))
-    engine.compile("warm", speculative)  # loads the tokenizer
+    spec = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(BENCH_SCHEMA))
+    engine.compile("warm", spec)  # loads the tokenizer
     t0 = time.perf_counter()
-    g, rng, fills = engine.compile("m", speculative), random.Random(0), []
+    g, rng, fills = engine.compile("m", spec), random.Random(0), []
     print(f"llguidance compile (tokenizer loaded): {(time.perf_counter() - t0) * 1e3:.2f} ms")
     one = torch.full((1, bitmask_words(v)), -1, dtype=torch.int32)  # [1, W]
     for _ in range(opts.output_len):

@@ -206,12 +206,12 @@ def _long_prompt(cfg: WorkloadConfig, b: PromptBuilder, rng: random.Random) -> l
     out = []
     for i in range(cfg.num_requests):
         if i % cfg.long_every == cfg.long_every - 1:
-            speculative = RequestSpec(b.text(rng, cfg.long_len), None, cfg.long_output, "long")
+            spec = RequestSpec(b.text(rng, cfg.long_len), None, cfg.long_output, "long")
         else:
-            speculative = RequestSpec(
+            spec = RequestSpec(
                 b.text(rng, cfg.input_len.sample(rng)), None, cfg.output_len.sample(rng), "short"
             )
-        out.append(Session([speculative]))
+        out.append(Session([spec]))
     return out
 
 

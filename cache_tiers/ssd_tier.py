@@ -4,7 +4,7 @@ File layout (little-endian)::
 
     magic    8 bytes   b"HOUCHUKV"
     version  u32       1
-    hash     16 bytes  chained page hash (cache_tiers.page_hash)
+    hash     16 bytes  chained page hash (kvcache.page_hash)
     model    16 bytes  model + KV layout fingerprint
     payload  u64       payload length in bytes
     checksum 16 bytes  BLAKE2b-128 of the payload

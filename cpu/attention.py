@@ -46,11 +46,11 @@ class CpuBackend(TorchSDPABackend):
         q: torch.Tensor,
         pool: KVPool,
         meta: TorchMeta,
-        speculative: LayerAttention = PLAIN,
+        spec: LayerAttention = PLAIN,
     ) -> torch.Tensor:
         """Batched one-token attention. q: ``[B, H, D]`` -> ``[B, H, D]``."""
-        if pool.k.dtype not in (q.dtype, torch.int8) or speculative.softcap:
-            return super()._decode(layer, q, pool, meta, speculative)
+        if pool.k.dtype not in (q.dtype, torch.int8) or spec.softcap:
+            return super()._decode(layer, q, pool, meta, spec)
         scales = (pool.k_scale[layer], pool.v_scale[layer]) if pool.quantized else (None, None)
         return cpu_kernels.ops().paged_decode_attention(
             q,
@@ -59,7 +59,7 @@ class CpuBackend(TorchSDPABackend):
             *scales,  # [P, page_size, Hkv] float16 each, or None
             meta.decode_pages,  # [B, n_pages] int64
             meta.decode_lens,  # [B] int32
-            speculative.scale_for(q.shape[-1]),
+            spec.scale_for(q.shape[-1]),
             meta.decode_starts,  # [B] int32 or None
         )
 
@@ -69,18 +69,14 @@ class CpuBackend(TorchSDPABackend):
         k: torch.Tensor,
         v: torch.Tensor,
         seq: PrefillSeq,
-        speculative: LayerAttention = PLAIN,
+        spec: LayerAttention = PLAIN,
     ) -> torch.Tensor:
         """Causal attention of one sequence's new tokens. q: ``[n, H, D]``; k, v:
         ``[L - base, Hkv, D]`` (its KV from position ``seq.base``) -> ``[n, H, D]``."""
-        if (
-            q.dtype not in (torch.float32, torch.bfloat16)
-            or k.dtype != q.dtype
-            or speculative.softcap
-        ):
-            return super()._prefill(q, k, v, seq, speculative)
+        if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype or spec.softcap:
+            return super()._prefill(q, k, v, seq, spec)
         if not cpu_kernels.tiled_prefill():  # NEON: torch's vectorized SDPA, not a scalar loop
-            return super()._prefill(q, k, v, seq, speculative)
-        scale = speculative.scale_for(q.shape[-1])
+            return super()._prefill(q, k, v, seq, spec)
+        scale = spec.scale_for(q.shape[-1])
         start = seq.start - seq.base  # k, v begin at position base
-        return cpu_kernels.ops().prefill_attention(q, k, v, start, scale, speculative.window)
+        return cpu_kernels.ops().prefill_attention(q, k, v, start, scale, spec.window)

@@ -116,7 +116,7 @@ class FlashAttentionBackend(AttentionBackend):
 
         pool.write(layer, batch.slot_mapping, k, v)
         layers = meta["layers"]
-        speculative = layers[layer] if layers else PLAIN
+        spec = layers[layer] if layers else PLAIN
         return flash_attn_varlen_func(
             q,  # [T, H, D]
             pool.k[layer],  # [P, ps, Hkv, D]
@@ -125,10 +125,10 @@ class FlashAttentionBackend(AttentionBackend):
             meta["cu_k"],
             meta["max_q"],
             meta["max_k"],
-            softmax_scale=speculative.scale_for(q.shape[-1]),
+            softmax_scale=spec.scale_for(q.shape[-1]),
             causal=True,
-            window_size=(speculative.window - 1, 0) if speculative.window else (-1, -1),
-            softcap=speculative.softcap,
+            window_size=(spec.window - 1, 0) if spec.window else (-1, -1),
+            softcap=spec.softcap,
             block_table=meta["block_table"],
         )  # [T, H, D]
 

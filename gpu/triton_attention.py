@@ -38,12 +38,12 @@ class TritonBackend(TorchSDPABackend):
         q: torch.Tensor,
         pool: KVPool,
         meta: TorchMeta,
-        speculative: LayerAttention = PLAIN,
+        spec: LayerAttention = PLAIN,
     ) -> torch.Tensor:
         """Batched one-token attention. q: ``[B, H, D]`` -> ``[B, H, D]``. A layer with a
         window, scale or soft-cap the kernel does not compute runs the torch path."""
-        if not speculative.is_plain or meta.decode_starts is not None:
-            return super()._decode(layer, q, pool, meta, speculative)
+        if not spec.is_plain or meta.decode_starts is not None:
+            return super()._decode(layer, q, pool, meta, spec)
         return paged_decode(q, pool, layer, meta.decode_pages, meta.decode_lens)
 
     def decode_static(self, layer, q, k, v, pool, slots, block_table, seq_lens):  # noqa: ANN001

@@ -52,7 +52,7 @@ class DecoderLayer(nn.Module):
         cfg: ModelConfig,
         w: Weights,
         prefix: str,
-        speculative: QuantSpec,
+        spec: QuantSpec,
         device: torch.device,
         dtype: torch.dtype,
         moe: bool = False,
@@ -83,7 +83,7 @@ class DecoderLayer(nn.Module):
         a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
 
         def lin(parts: list[torch.Tensor | Int4Weight]) -> LinearBase:
-            return make_linear(fuse_weights(parts, dtype), speculative, device, dtype=dtype)
+            return make_linear(fuse_weights(parts, dtype), spec, device, dtype=dtype)
 
         #: multi-head latent attention (DeepSeek) in place of the qkv projection, or None
         self.mla = MLAAttention(cfg, w, a, lin, dtype) if cfg.is_mla else None

@@ -102,13 +102,13 @@ def compile_grammars(
     grammars: dict[str, RequestGrammar] = {}
     failures: dict[str, Failure] = {}
     for si in init:
-        speculative = si.sampling.structured
-        if speculative is None:
+        spec = si.sampling.structured
+        if spec is None:
             continue
         try:
-            grammars[si.rid] = engine.compile(si.rid, speculative)
+            grammars[si.rid] = engine.compile(si.rid, spec)
         except ValueError as exc:
-            failures[si.rid] = engine.compile_failure(speculative, exc)
+            failures[si.rid] = engine.compile_failure(spec, exc)
     return grammars, failures
 
 

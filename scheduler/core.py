@@ -79,12 +79,12 @@ class SchedulerCore:
         config: batching limits and switches (``--disable-radix-cache``: no prefix reuse).
         telemetry: where lifecycle events and lever samples go (None: nowhere).
         tiers: the host / SSD KV tiers' client, or None (off; they need the radix cache).
-        speculative: speculative decoding settings, or None (off).
+        spec: speculative decoding settings, or None (off).
         overlap: the actor plans a step while the previous one runs (only reported in
             the stats here; ``can_plan_ahead`` says when that is allowed).
 
     Raises:
-        ValueError: ``speculative`` is invalid.
+        ValueError: ``spec`` is invalid.
     """
 
     def __init__(
@@ -93,7 +93,7 @@ class SchedulerCore:
         config: BatchingOptions,
         telemetry: TelemetrySink | None = None,
         tiers: TierClient | None = None,
-        speculative: SpeculativeOptions | None = None,
+        spec: SpeculativeOptions | None = None,
         overlap: bool = False,
     ) -> None:
         self.runner = runner
@@ -109,7 +109,7 @@ class SchedulerCore:
             self.tiers,
             WindowPages(runner.sliding_window, runner.page_size),
         )
-        self.spec = speculation(speculative, runner.max_context, config.max_running_requests)
+        self.spec = speculation(spec, runner.max_context, config.max_running_requests)
         self.steps = StepTracker()
         self.ledger = SchedulerLedger(runner)
         self.overlap = OverlapLedger(overlap)

@@ -27,7 +27,7 @@ class Planner:
         runner: the runner's KV geometry (for the KV tiers' lever samples).
         batcher: the waiting queue and running set.
         steps: the steps in flight.
-        speculative: speculation's bookkeeping (``NoSpeculation`` when off).
+        spec: speculation's bookkeeping (``NoSpeculation`` when off).
         ledger: the scheduler's lever ledger.
         overlap: the overlap scheduler's ledger.
         telemetry: where lifecycle events and lever samples go.
@@ -38,7 +38,7 @@ class Planner:
         runner: RunnerInfo,
         batcher: Batcher,
         steps: StepTracker,
-        speculative: Speculation,
+        spec: Speculation,
         ledger: SchedulerLedger,
         overlap: OverlapLedger,
         telemetry: TelemetrySink,
@@ -46,7 +46,7 @@ class Planner:
         self.runner = runner
         self.batcher = batcher
         self.steps = steps
-        self.spec = speculative
+        self.spec = spec
         self.ledger = ledger
         self.overlap = overlap
         self.telemetry = telemetry

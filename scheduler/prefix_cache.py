@@ -1,6 +1,6 @@
 """The radix prefix cache as the batcher uses it, on or off.
 
-``PrefixCache`` wraps the ``cache_tiers.radix_tree.RadixTree`` of the device pool with
+``PrefixCache`` wraps the ``kvcache.radix_tree.RadixTree`` of the device pool with
 what a request needs of it: start from its longest cached prefix, index its pages as
 they are computed, evict to make room. ``NoPrefixCache`` (``--disable-radix-cache``)
 does none of it, so the batcher never checks which it holds.

@@ -29,7 +29,7 @@ class ResultApplier:
     Args:
         runner: the runner's context length and KV geometry.
         batcher: the waiting queue and running set.
-        speculative: speculation's bookkeeping (``NoSpeculation`` when off).
+        spec: speculation's bookkeeping (``NoSpeculation`` when off).
         ledger: the scheduler's lever ledger.
         overlap: the overlap scheduler's ledger.
         telemetry: where lifecycle events and lever samples go.
@@ -40,7 +40,7 @@ class ResultApplier:
         self,
         runner: RunnerInfo,
         batcher: Batcher,
-        speculative: Speculation,
+        spec: Speculation,
         ledger: SchedulerLedger,
         overlap: OverlapLedger,
         telemetry: TelemetrySink,
@@ -48,7 +48,7 @@ class ResultApplier:
     ) -> None:
         self.runner = runner
         self.batcher = batcher
-        self.spec = speculative
+        self.spec = spec
         self.ledger = ledger
         self.overlap = overlap
         self.telemetry = telemetry

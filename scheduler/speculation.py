@@ -1,4 +1,4 @@
-"""The scheduler's speculation part: ``speculative.scheduling.SpecScheduler`` when speculative
+"""The scheduler's speculation part: ``spec.scheduling.SpecScheduler`` when speculative
 decoding is on, ``NoSpeculation`` when it is off (the core never checks which)."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ pages wholly before ``num_computed - W + 1`` are dead for it. The request drops 
 reference to each: a page nobody else holds returns to the free list ("freed"); a page
 the radix tree (or another request sharing the prefix) holds stays there ("cached"). The
 tree frees it under memory pressure even while this request runs: it hollows the node
-(``cache_tiers.radix_tree``), and a later request matching that prefix resumes at the deepest
+(``kvcache.radix_tree``), and a later request matching that prefix resumes at the deepest
 prefix whose own window still holds KV. Dead entries stay in
 the page table as placeholders (``Request.num_dead_pages`` leading ones) so that page
 ``i`` still holds positions ``i * page_size ..``; attention never reads them.

@@ -3,12 +3,12 @@ the runner) for proposals and for how many, what a verification step did to a re
 
 Per step (driven by ``SchedulerCore`` and the scheduler actor)::
 
-    request = speculative.draft_request(running)     # None: nothing to speculate this step
+    request = spec.draft_request(running)     # None: nothing to speculate this step
     ... the draft actor answers ...
-    speculative.on_reply(reply, lookup, seconds)     # proposals land in req.spec.draft_ids
+    spec.on_reply(reply, lookup, seconds)     # proposals land in req.spec.draft_ids
     plan = core.next_plan()                   # the batcher appends them to decode work
     ... the runner verifies ...
-    speculative.on_verified(req, ...)                # counters, acceptance; pages rolled back
+    spec.on_verified(req, ...)                # counters, acceptance; pages rolled back
 
 With ``--speculative mtp`` the runner proposes (``houchu.speculative.mtp``) and no draft actor
 is asked: ``ask_runner`` sets each planned work item's ``num_propose``, and

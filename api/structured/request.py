@@ -34,11 +34,11 @@ from houchu.api.schema.bodies import (
     SamplingFields,
     StructuredOutputs,
 )
+from houchu.api.structured import guard as grammar_guard
 from houchu.api.structured.json_integers import integer_words, out_of_range_integer
 from houchu.api.structured.json_numbers import wrong_number
 from houchu.api.structured.json_rewrites import closed_objects, no_value_nots
 from houchu.api.structured.lark_rules import ebnf_to_lark, endless_rules
-from houchu.api.structured import guard as grammar_guard
 from houchu.api.structured.words import describe, endless
 from houchu.transport.structured import GrammarKind, StructuredOutput
 
@@ -329,13 +329,13 @@ def _forms(
         any_object = partial(json_schema_grammar, ANY_OBJECT, **space)
         out.append(("response_format", "json_object", any_object))
     elif isinstance(rf, ResponseFormatJsonSchema):
-        speculative = rf.json_schema
-        schema = speculative.schema if speculative.schema is not None else ANY_OBJECT
+        spec = rf.json_schema
+        schema = spec.schema if spec.schema is not None else ANY_OBJECT
         out.append(
             (
                 "response_format",
                 "json_schema",
-                lambda: json_schema_grammar(schema, strict=bool(speculative.strict), **space),
+                lambda: json_schema_grammar(schema, strict=bool(spec.strict), **space),
             )
         )
     so = req.structured_outputs

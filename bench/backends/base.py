@@ -42,9 +42,9 @@ class GenParams:
     model: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def use_chat(self, speculative: RequestSpec, history: list[Message]) -> bool:
+    def use_chat(self, spec: RequestSpec, history: list[Message]) -> bool:
         """Whether this request goes as chat messages."""
-        return self.api == "chat" or bool(history) or speculative.messages is not None
+        return self.api == "chat" or bool(history) or spec.messages is not None
 
     def sampling(self, max_tokens: int) -> dict[str, Any]:
         """The sampling fields of a request body."""
@@ -64,7 +64,7 @@ class Backend(Protocol):
         ...
 
     async def generate(
-        self, speculative: RequestSpec, history: list[Message], result: RequestResult
+        self, spec: RequestSpec, history: list[Message], result: RequestResult
     ) -> None:
         """Send one request and fill ``result`` (``start`` is already set)."""
         ...

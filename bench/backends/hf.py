@@ -88,23 +88,21 @@ class HFBackend:
             await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
 
-    def encode(self, speculative: RequestSpec, history: list[Message]) -> list[int]:
+    def encode(self, spec: RequestSpec, history: list[Message]) -> list[int]:
         """Prompt ids: the chat template, or the raw prompt's tokens."""
-        if self.params.use_chat(speculative, history):
+        if self.params.use_chat(spec, history):
             ids = self._tok.apply_chat_template(
-                speculative.chat(history), add_generation_prompt=True, tokenize=True
+                spec.chat(history), add_generation_prompt=True, tokenize=True
             )
             return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        return list(self._tok(speculative.completion(history))["input_ids"])
+        return list(self._tok(spec.completion(history))["input_ids"])
 
     async def generate(
-        self, speculative: RequestSpec, history: list[Message], result: RequestResult
+        self, spec: RequestSpec, history: list[Message], result: RequestResult
     ) -> None:
         """Queue one request for the next batch and wait for it; never raises."""
         loop = asyncio.get_running_loop()
-        job = _Job(
-            self.encode(speculative, history), speculative.max_tokens, result, loop.create_future()
-        )
+        job = _Job(self.encode(spec, history), spec.max_tokens, result, loop.create_future())
         result.input_tokens = len(job.ids)
         await self._queue.put(job)
         try:

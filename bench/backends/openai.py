@@ -106,27 +106,23 @@ class OpenAIBackend:
             "include_usage": self.include_usage,
         }
 
-    def body(self, speculative: RequestSpec, history: list[Message]) -> tuple[str, dict[str, Any]]:
+    def body(self, spec: RequestSpec, history: list[Message]) -> tuple[str, dict[str, Any]]:
         """The endpoint path and JSON body of one request."""
         p = self.params
-        body: dict[str, Any] = {
-            "model": self._model,
-            "stream": True,
-            **p.sampling(speculative.max_tokens),
-        }
+        body: dict[str, Any] = {"model": self._model, "stream": True, **p.sampling(spec.max_tokens)}
         if self.include_usage:
             body["stream_options"] = {"include_usage": True}
-        if p.use_chat(speculative, history):
-            body["messages"] = speculative.chat(history)
+        if p.use_chat(spec, history):
+            body["messages"] = spec.chat(history)
             return "/chat/completions", body
-        body["prompt"] = speculative.completion(history)
+        body["prompt"] = spec.completion(history)
         return "/completions", body
 
     async def generate(
-        self, speculative: RequestSpec, history: list[Message], result: RequestResult
+        self, spec: RequestSpec, history: list[Message], result: RequestResult
     ) -> None:
         """Stream one request into ``result``; never raises for a failed request."""
-        path, body = self.body(speculative, history)
+        path, body = self.body(spec, history)
         try:
             await asyncio.wait_for(self._send(path, body, result), self.params.timeout_s)
         except asyncio.TimeoutError:

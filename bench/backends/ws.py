@@ -118,17 +118,17 @@ class HouchuWsBackend:
         """The socket URL and count."""
         return {"backend": self.name, "url": self.url, "connections": self.connections}
 
-    def frame(self, rid: str, speculative: RequestSpec, history: list[Message]) -> dict[str, Any]:
+    def frame(self, rid: str, spec: RequestSpec, history: list[Message]) -> dict[str, Any]:
         """The generate frame of one request."""
-        out: dict[str, Any] = {"id": rid, **self.params.sampling(speculative.max_tokens)}
-        if self.params.use_chat(speculative, history):
-            out["messages"] = speculative.chat(history)
+        out: dict[str, Any] = {"id": rid, **self.params.sampling(spec.max_tokens)}
+        if self.params.use_chat(spec, history):
+            out["messages"] = spec.chat(history)
         else:
-            out["prompt"] = speculative.completion(history)
+            out["prompt"] = spec.completion(history)
         return out
 
     async def generate(
-        self, speculative: RequestSpec, history: list[Message], result: RequestResult
+        self, spec: RequestSpec, history: list[Message], result: RequestResult
     ) -> None:
         """Stream one request into ``result``; never raises for a failed request."""
         n = next(self._ids)
@@ -137,7 +137,7 @@ class HouchuWsBackend:
         queue = sock.subscribe(rid)
         try:
             ws = await sock.ensure_open()
-            await ws.send_json(self.frame(rid, speculative, history))
+            await ws.send_json(self.frame(rid, spec, history))
             await asyncio.wait_for(self._collect(queue, result), self.params.timeout_s)
         except asyncio.TimeoutError:
             fail(

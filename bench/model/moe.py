@@ -111,9 +111,9 @@ def build(args: argparse.Namespace, quant: str = "none") -> MoEMLP:
                 if isinstance(m, Linear):
                     m.prepack_onednn()
         return moe
-    speculative = QuantSpec(quant, 32)
-    gu = [make_linear(w, speculative, dtype=dtype) for w in gate_up]
-    dn = [make_linear(w, speculative, dtype=dtype) for w in down]
+    spec = QuantSpec(quant, 32)
+    gu = [make_linear(w, spec, dtype=dtype) for w in gate_up]
+    dn = [make_linear(w, spec, dtype=dtype) for w in down]
     return MoEMLP(router, gu, dn, args.top_k, True)
 
 

@@ -35,7 +35,7 @@ from houchu.text.tokenizer.core import load_tokenizer
 CHUNK = 48  #: tokens per step
 
 
-def speculative(variant: str, calibration: str | None) -> QuantSpec:
+def spec(variant: str, calibration: str | None) -> QuantSpec:
     """The ``QuantSpec`` a variant names ("none", "int8", "w8a8", "int4", "int4-minmax",
     "int4-gptq"; "auto" is resolved per model by ``resolve_quant_mode`` in ``run``).
 
@@ -73,7 +73,7 @@ def run(model_path: str, variants: list[str], ids: list[int], calibration: str |
         del exact
         for v in variants:
             t0 = time.perf_counter()
-            q = speculative(v, calibration)
+            q = spec(v, calibration)
             if v == "auto":
                 q = QuantSpec(resolve_quant_mode("auto", model_path))
             model = load_model(model_path, quant=q)
@@ -113,7 +113,7 @@ def main() -> None:
     ids = load_tokenizer(args.model).encode(Path(args.text).read_text())[: args.tokens]
     variants = [v for v in args.variants.split(",") if v]
     for v in variants:
-        speculative(v, args.calibration_text)  # an unknown variant fails before any load
+        spec(v, args.calibration_text)  # an unknown variant fails before any load
     res = run(args.model, variants, ids, args.calibration_text)
     e = res["exact"]
     print(

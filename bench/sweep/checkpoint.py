@@ -101,21 +101,18 @@ def gpu_name(device: str) -> str | None:
     return torch.cuda.get_device_name(0)
 
 
-def workload_settings(speculative: Any) -> dict[str, Any]:
+def workload_settings(spec: Any) -> dict[str, Any]:
     """The workload as a record stores it: its shape, the request settings, the seed
     and run limit (the same seed gives the same requests), and for a replay the SHA-256
     of the replayed file (its path may be a temporary one).
 
     Args:
-        speculative: the sweep's :class:`houchu.bench.core.BenchSpec`.
+        spec: the sweep's :class:`houchu.bench.core.BenchSpec`.
     """
     keep = ("api", "warmup", "temperature", "ignore_eos", "extra_body", "seed", "max_duration_s")
-    out = {
-        **speculative.workload.settings(),
-        **{k: v for k, v in speculative.settings().items() if k in keep},
-    }
-    path = speculative.workload.replay_path
-    if speculative.workload.kind == "replay" and path:
+    out = {**spec.workload.settings(), **{k: v for k, v in spec.settings().items() if k in keep}}
+    path = spec.workload.replay_path
+    if spec.workload.kind == "replay" and path:
         out["replay_sha256"] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     return out
 

@@ -5,7 +5,7 @@ Examples::
     houchu levers --levers radix-cache,chunked-prefill,int4,int8-kv --concurrency 1,4,16,64 \\
         --workload shared-prefix --num-requests 32 --output-len 64
     houchu levers --levers all --request-rates 0.5,1,2 --workload replay --replay reqs.jsonl
-    houchu levers --levers int4,speculative-ngram --replay-db --num-requests 200 --repeats 3
+    houchu levers --levers int4,spec-ngram --replay-db --num-requests 200 --repeats 3
     houchu levers --levers all --concurrency 1,4,16 --max-duration 60 --dry-run
     houchu levers --levers all --concurrency 1,4,16 --max-duration 60 --resume levers.json
 
@@ -91,7 +91,7 @@ def add_levers_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--serve-args", default="", help="more houchu serve arguments for every server, quoted"
     )
-    s.add_argument("--draft-model", help="a draft model for the speculative-draft lever")
+    s.add_argument("--draft-model", help="a draft model for the spec-draft lever")
     s.add_argument(
         "--replay-db",
         nargs="?",
@@ -360,17 +360,17 @@ def _prepare_and_sweep(args, plan, serve_args, workdir, argv) -> int:  # noqa: A
     builder = PromptBuilder(load_encoder(args.tokenizer))
     if args.replay_db is not None:
         args.workload, args.replay = "replay", _replay_from_db(args, builder, workdir)
-    speculative = _spec(args)
+    spec = _spec(args)
     if args.dry_run:
         model = _model_path(args)
-        return dry_run(args, plan, speculative, model, serve_args, OBJECTIVES[args.objective])
+        return dry_run(args, plan, spec, model, serve_args, OBJECTIVES[args.objective])
     inputs = SweepInputs(
         _model_path(args),
         serve_args,
-        speculative,
+        spec,
         builder,
         workdir,
-        fresh_per_load=speculative.workload.kind == "replay",
+        fresh_per_load=spec.workload.kind == "replay",
         ws_connections=args.ws_connections,
     )
     return run_session(args, plan, inputs, OBJECTIVES[args.objective], argv)

@@ -232,7 +232,7 @@ LEVERS: tuple[Lever, ...] = (
         (LedgerLever.OVERLAP_SCHEDULER,),
     ),
     Lever(
-        "speculative-ngram",
+        "spec-ngram",
         "n-gram speculation",
         "break_serial",
         ("--speculative", "ngram"),
@@ -240,7 +240,7 @@ LEVERS: tuple[Lever, ...] = (
         (LedgerLever.SPECULATIVE_DECODING,),
     ),
     Lever(
-        "speculative-draft",
+        "spec-draft",
         "draft-model speculation",
         "break_serial",
         ("--draft-model", "{draft_model}"),
@@ -315,10 +315,10 @@ INTERACTING_PAIRS: tuple[tuple[str, str], ...] = (
     ("int4", "fused-layers"),  # the fused layers run on quantized weights
     ("int4", "compile"),
     ("compile", "overlap"),  # both hide per-step overhead
-    ("overlap", "speculative-ngram"),  # verify steps are not overlapped
-    ("speculative-ngram", "chunked-prefill"),
-    ("speculative-draft", "overlap"),
-    ("int4", "speculative-ngram"),  # speculation pays less when steps are cheaper
+    ("overlap", "spec-ngram"),  # verify steps are not overlapped
+    ("spec-ngram", "chunked-prefill"),
+    ("spec-draft", "overlap"),
+    ("int4", "spec-ngram"),  # speculation pays less when steps are cheaper
 )
 
 BY_NAME: dict[str, Lever] = {lv.name: lv for lv in LEVERS}

@@ -90,23 +90,23 @@ OnServer = Callable[[SweepResult], None]
 Window = tuple[CellRun, float, float, int]  # a run, its start and end (epoch s), preemptions
 
 
-def load_spec(speculative: BenchSpec, load: Load, seed: int) -> BenchSpec:
-    """``speculative`` at one load level with ``seed`` (closed loop at a concurrency, or Poisson
+def load_spec(spec: BenchSpec, load: Load, seed: int) -> BenchSpec:
+    """``spec`` at one load level with ``seed`` (closed loop at a concurrency, or Poisson
     arrivals at a rate with no cap); no progress bar of its own."""
     if load.kind == "concurrency":
-        run = RunConfig(int(load.value), None, speculative.run.max_duration_s, seed, progress=False)
+        run = RunConfig(int(load.value), None, spec.run.max_duration_s, seed, progress=False)
     else:
-        run = RunConfig(None, load.value, speculative.run.max_duration_s, seed, progress=False)
-    return replace(speculative, run=run)
+        run = RunConfig(None, load.value, spec.run.max_duration_s, seed, progress=False)
+    return replace(spec, run=run)
 
 
-def warmup_spec(speculative: BenchSpec) -> BenchSpec:
-    """``speculative.warmup`` requests of the workload with other prompts (another seed; a
+def warmup_spec(spec: BenchSpec) -> BenchSpec:
+    """``spec.warmup`` requests of the workload with other prompts (another seed; a
     replay's warm-up is random prompts, so that it does not cache the replayed ones)."""
-    kind = "random" if speculative.workload.kind == "replay" else speculative.workload.kind
-    workload = replace(speculative.workload, kind=kind, num_requests=speculative.warmup)
-    run = replace(speculative.run, seed=speculative.run.seed + WARMUP_SEED_OFFSET)
-    return replace(speculative, workload=workload, run=run, warmup=0)
+    kind = "random" if spec.workload.kind == "replay" else spec.workload.kind
+    workload = replace(spec.workload, kind=kind, num_requests=spec.warmup)
+    run = replace(spec.run, seed=spec.run.seed + WARMUP_SEED_OFFSET)
+    return replace(spec, workload=workload, run=run, warmup=0)
 
 
 def _get_json(url: str) -> dict:
@@ -225,19 +225,19 @@ class SweepRunner:
         from the database after the server stopped), t0, t1 and the preemptions."""
         config, repeat, load = job.config, job.repeat, self.plan.loads[i]
         seed = self.inputs.spec.run.seed + SEED_STRIDE_LOAD * i + SEED_STRIDE_REPEAT * repeat
-        speculative = load_spec(self.inputs.spec, load, seed)
+        spec = load_spec(self.inputs.spec, load, seed)
         url = f"ws://127.0.0.1:{server.port}/ws"
         stats_url = f"http://127.0.0.1:{server.port}/stats"
         name = f"{config.name} {load.label} #{repeat + 1}"
-        params = speculative.params
+        params = spec.params
         conns = self.inputs.ws_connections
-        if speculative.warmup:
-            warm = warmup_spec(speculative)
+        if spec.warmup:
+            warm = warmup_spec(spec)
             await benchmark(HouchuWsBackend(url, params, conns), warm, self.inputs.builder, name)
         await self._flush(url, params)
         pre0 = int(_get_json(stats_url).get("num_preemptions", 0))
         t0 = time.time()
-        measured = replace(speculative, warmup=0)
+        measured = replace(spec, warmup=0)
         record = await benchmark(
             HouchuWsBackend(url, params, conns), measured, self.inputs.builder, name
         )

@@ -39,14 +39,14 @@ from houchu.bench.sweep.schedule import ServerJob, estimate, measured_cells, ser
 
 
 def sweep_settings(
-    args: argparse.Namespace, plan: SweepPlan, speculative: Any, model: Path, serve_args: list[str]
+    args: argparse.Namespace, plan: SweepPlan, spec: Any, model: Path, serve_args: list[str]
 ) -> dict[str, Any]:
     """The record's ``settings``: the plan, the workload and the machine."""
     return {
         "backend": "houchu levers",
         "model": str(model),
         "serve_args": serve_args,
-        "workload": workload_settings(speculative),
+        "workload": workload_settings(spec),
         "levers": [lv.name for lv in plan.levers],
         "pairs": [f"{a}+{b}" for a, b in plan.pairs],
         "load_kind": plan.loads[0].kind,
@@ -64,7 +64,7 @@ def sweep_settings(
 def start_session(
     args: argparse.Namespace,
     plan: SweepPlan,
-    speculative: Any,
+    spec: Any,
     model: Path,
     serve_args: list[str],
     objective: str,
@@ -80,8 +80,8 @@ def start_session(
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     ctx = RecordContext(
-        args.name or f"levers-{speculative.workload.kind}-{stamp}",
-        sweep_settings(args, plan, speculative, model, serve_args),
+        args.name or f"levers-{spec.workload.kind}-{stamp}",
+        sweep_settings(args, plan, spec, model, serve_args),
         cpu_isa.native_units(cpu_isa.usable()[0]),
         args.target_load if args.target_load is not None else plan.loads[-1].value,
         objective,
@@ -93,21 +93,21 @@ def start_session(
         check_resumable(args.resume, old, ctx.settings)
         ctx.resuming(old)
         prior = SweepResult.from_record(old)
-    fresh = speculative.workload.kind == "replay"
+    fresh = spec.workload.kind == "replay"
     return ctx, prior, server_jobs(plan, fresh, measured_cells(prior.runs) if prior else ())
 
 
 def plan_lines(
     args: argparse.Namespace,
     plan: SweepPlan,
-    speculative: Any,
+    spec: Any,
     jobs: list[ServerJob],
     prior: SweepResult | None,
 ) -> list[str]:
     """What the session will do, in lines: the runs already measured (resumed), the
     servers and runs, and the estimate."""
     planned = len(plan.configs()) * len(plan.loads) * plan.repeats
-    est = estimate(jobs, speculative.run.max_duration_s, speculative.warmup)
+    est = estimate(jobs, spec.run.max_duration_s, spec.warmup)
     lines = [
         f"houchu levers: {len(plan.configs())} configurations x {plan.repeats} repeat(s) x "
         f"{len(plan.loads)} load level(s) = {planned} measured runs"
@@ -121,16 +121,16 @@ def plan_lines(
 def dry_run(
     args: argparse.Namespace,
     plan: SweepPlan,
-    speculative: Any,
+    spec: Any,
     model: Path,
     serve_args: list[str],
     objective: str,
 ) -> int:
     """Print the plan (each configuration's ``houchu serve`` flags, the servers and
     runs, the estimate) and run nothing; returns 0."""
-    _, prior, jobs = start_session(args, plan, speculative, model, serve_args, objective)
+    _, prior, jobs = start_session(args, plan, spec, model, serve_args, objective)
     unit = "c" if plan.loads[0].kind == "concurrency" else "r"
-    for line in plan_lines(args, plan, speculative, jobs, prior):
+    for line in plan_lines(args, plan, spec, jobs, prior):
         print(line)
     print(f"loads: {', '.join(f'{unit}={ld.value:g}' for ld in plan.loads)}")
     print("configurations (each server: houchu serve --model MODEL --port P --db-url DB ...):")

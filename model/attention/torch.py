@@ -150,12 +150,12 @@ class TorchSDPABackend(AttentionBackend):
         meta: TorchMeta | LayeredMeta,
     ) -> torch.Tensor:
         self.store(pool, layer, batch.slot_mapping, k, v)
-        speculative = PLAIN
+        spec = PLAIN
         if isinstance(meta, LayeredMeta):
-            speculative = meta.layers[layer]
-            meta = meta.metas[speculative.window]
+            spec = meta.layers[layer]
+            meta = meta.metas[spec.window]
         if meta.all_decode:
-            return self._decode(layer, q, pool, meta, speculative)
+            return self._decode(layer, q, pool, meta, spec)
         out = torch.empty_like(q)  # [T, H, D]
         for s in meta.prefill:
             a, b = s.rows
@@ -163,10 +163,10 @@ class TorchSDPABackend(AttentionBackend):
                 ks, vs = k[a:b], v[a:b]  # [n, Hkv, D], identical to what the pool holds
             else:
                 ks, vs = pool.gather(layer, s.pages, s.kv_len - s.base)  # [L - base, Hkv, D]
-            out[a:b] = self._prefill(q[a:b], ks, vs, s, speculative)
+            out[a:b] = self._prefill(q[a:b], ks, vs, s, spec)
         if meta.decode_rows is not None:
             rows = meta.decode_rows
-            out[rows] = self._decode(layer, q.index_select(0, rows), pool, meta, speculative)
+            out[rows] = self._decode(layer, q.index_select(0, rows), pool, meta, spec)
         if meta.multi is not None:
             m = meta.multi
             b, n = m.rows.shape
@@ -177,7 +177,7 @@ class TorchSDPABackend(AttentionBackend):
                 kp.transpose(1, 2),  # [B, Hkv, L, D]
                 vp.transpose(1, 2),  # [B, Hkv, L, D]
                 m.mask,  # [B, 1, n, L]
-                speculative,
+                spec,
             )  # [B, H, n, D]
             out[m.rows[m.valid]] = o.transpose(1, 2)[m.valid]
         return out
@@ -216,7 +216,7 @@ class TorchSDPABackend(AttentionBackend):
         k: torch.Tensor,
         v: torch.Tensor,
         seq: PrefillSeq,
-        speculative: LayerAttention = PLAIN,
+        spec: LayerAttention = PLAIN,
     ) -> torch.Tensor:
         """Causal attention of one sequence's new tokens. q: ``[n, H, D]``; k, v:
         ``[L - base, Hkv, D]`` (its KV from position ``seq.base``, cached prefix first)
@@ -226,7 +226,7 @@ class TorchSDPABackend(AttentionBackend):
             k.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
             v.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
             seq.mask,
-            speculative,
+            spec,
             is_causal=seq.mask is None,
         )  # [1, H, n, D]
         return o[0].transpose(0, 1)
@@ -258,7 +258,7 @@ class TorchSDPABackend(AttentionBackend):
         q: torch.Tensor,
         pool: KVPool,
         meta: TorchMeta,
-        speculative: LayerAttention = PLAIN,
+        spec: LayerAttention = PLAIN,
     ) -> torch.Tensor:
         """Batched one-token attention. q: ``[B, H, D]`` -> ``[B, H, D]``."""
         b, h, d = q.shape
@@ -269,7 +269,7 @@ class TorchSDPABackend(AttentionBackend):
             kp.transpose(1, 2),  # [B, Hkv, L, D]
             vp.transpose(1, 2),  # [B, Hkv, L, D]
             meta.length_mask(kp.shape[1]),  # [B, 1, 1, L]
-            speculative,
+            spec,
         )  # [B, Hkv, G, D]
         return o.reshape(b, h, d)
 

@@ -76,29 +76,29 @@ def sdpa(
     k: torch.Tensor,
     v: torch.Tensor,
     mask: torch.Tensor | None,
-    speculative: LayerAttention,
+    spec: LayerAttention,
     is_causal: bool = False,
 ) -> torch.Tensor:
-    """Scaled dot-product attention with ``speculative``'s scale and soft-cap.
+    """Scaled dot-product attention with ``spec``'s scale and soft-cap.
 
     Args:
         q: ``[..., Hq, n, D]``; k, v: ``[..., Hkv, L, D]`` (Hq a multiple of Hkv: grouped
             query heads, head h reading KV head h // (Hq / Hkv)).
         mask: bool, broadcastable to ``[..., Hq, n, L]``, True = attend; or None.
-        speculative: the layer's scale and soft-cap (its window is in ``mask`` already).
+        spec: the layer's scale and soft-cap (its window is in ``mask`` already).
         is_causal: a causal mask aligned at the top left (with ``mask`` None).
     Returns:
         ``[..., Hq, n, D]`` in q's dtype.
     """
-    if not speculative.softcap:
+    if not spec.softcap:
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, scale=speculative.scale, enable_gqa=True
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=spec.scale, enable_gqa=True
         )
     group = q.shape[-3] // k.shape[-3]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-    s = torch.matmul(q, k.transpose(-1, -2)) * speculative.scale_for(q.shape[-1])  # [..., n, L]
-    s = torch.tanh(s / speculative.softcap) * speculative.softcap
+    s = torch.matmul(q, k.transpose(-1, -2)) * spec.scale_for(q.shape[-1])  # [..., n, L]
+    s = torch.tanh(s / spec.softcap) * spec.softcap
     if is_causal:
         n, n_k = s.shape[-2], s.shape[-1]
         mask = torch.ones(n, n_k, dtype=torch.bool, device=s.device).tril()

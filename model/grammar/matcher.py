@@ -245,8 +245,8 @@ class GrammarEngine:
         """Start loading the tokenizer now (a server calls it at start-up)."""
         self.tokenizer.warm()
 
-    def compile(self, rid: str, speculative: StructuredOutput) -> RequestGrammar:
-        """A matcher for ``speculative``.
+    def compile(self, rid: str, spec: StructuredOutput) -> RequestGrammar:
+        """A matcher for ``spec``.
 
         Raises:
             ValueError: no tokenizer, or a grammar llguidance cannot compile.
@@ -255,25 +255,23 @@ class GrammarEngine:
 
         tok = self.tokenizer.get()
         limits = llguidance.LLParserLimits(verbose_errors=False)  # no parser dumps
-        matcher = llguidance.LLMatcher(tok, speculative.grammar, log_level=0, limits=limits)
+        matcher = llguidance.LLMatcher(tok, spec.grammar, log_level=0, limits=limits)
         if matcher.is_error():
             raise ValueError(
                 f"request {rid!r}: grammar does not compile: {first_line(matcher.get_error())}"
             )
-        return RequestGrammar(matcher, tok.eos_tokens, speculative.kind, rid, speculative.param)
+        return RequestGrammar(matcher, tok.eos_tokens, spec.kind, rid, spec.param)
 
-    def compile_failure(self, speculative: StructuredOutput, exc: ValueError) -> Failure:
+    def compile_failure(self, spec: StructuredOutput, exc: ValueError) -> Failure:
         """The 400 of a request whose grammar ``compile`` refused (``exc``): the
         gateway's check passed, the runner's compile on the model's tokenizer did not."""
         if isinstance(exc, TokenizerUnavailable):  # the server's fault, not the request's
             return internal(str(exc))
-        where = (
-            f"'{speculative.param}'" if speculative.param else "the structured output constraint"
-        )
+        where = f"'{spec.param}'" if spec.param else "the structured output constraint"
         return bad_request(
             f"{where} cannot be compiled for this model's tokenizer: {exc}",
             code="invalid_grammar",
-            param=speculative.param or None,
+            param=spec.param or None,
         )
 
     def start(

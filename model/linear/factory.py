@@ -15,18 +15,18 @@ from houchu.model.quant.functions import Int4Weight, QuantSpec, quantize_int4
 
 def make_linear(
     w: torch.Tensor | Int4Weight,
-    speculative: QuantSpec,
+    spec: QuantSpec,
     device: torch.device | str = "cpu",
     *,
     dtype: torch.dtype = torch.float32,
     head: bool = False,
 ) -> LinearBase:
-    """The linear layer for weight ``w`` under ``speculative``.
+    """The linear layer for weight ``w`` under ``spec``.
 
     Args:
         w: ``[N, K]`` dense weight (in the model dtype), or an ``Int4Weight`` (a GGUF
             Q4 tensor kept quantized).
-        speculative: the quantization speculative.
+        spec: the quantization spec.
         device: where the layer runs.
         dtype: the model dtype (that of a dense layer made from an ``Int4Weight``).
         head: the LM head, which stays int8 under "int4" (the logits are the most
@@ -39,7 +39,7 @@ def make_linear(
     Raises:
         ValueError: a group size that does not divide K.
     """
-    mode = speculative.mode
+    mode = spec.mode
     if head and mode == "int4" and isinstance(w, Int4Weight) and w.kind and w.shape[0] % 16 == 0:
         # a GGUF head as stored (lossless), float32 logits, no dense copy (prefill
         # needs the last rows' logits only)
@@ -55,11 +55,9 @@ def make_linear(
             layer = Int8Linear(w, device)
         layer.float_out = head  # the logits stay float32
         return layer
-    method = (
-        "mse" if speculative.int4_method == "gptq" else speculative.int4_method
-    )  # GPTQ: gptq.py
-    q = w if isinstance(w, Int4Weight) else quantize_int4(w, speculative.group_size, method)
-    return Int4Linear(q, device, activations=speculative.int4_activations)
+    method = "mse" if spec.int4_method == "gptq" else spec.int4_method  # GPTQ: gptq.py
+    q = w if isinstance(w, Int4Weight) else quantize_int4(w, spec.group_size, method)
+    return Int4Linear(q, device, activations=spec.int4_activations)
 
 
 def fuse_weights(
@@ -68,7 +66,7 @@ def fuse_weights(
     """Stack projection weights row-wise (q/k/v, gate/up). int4 parts whose group sizes
     divide one another stay int4 (``Int4Weight.cat``: in the smallest groups, the most
     planes); a mix with dense parts is dequantized to dense ``dtype`` first (and
-    requantized, if the speculative asks, by ``make_linear``).
+    requantized, if the spec asks, by ``make_linear``).
 
     parts: ``[N_i, K]`` each -> ``[sum N_i, K]``.
     """

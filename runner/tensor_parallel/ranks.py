@@ -139,7 +139,7 @@ def start_ranks(model: str | Path, options: RunnerOptions) -> TPGroup:
     store = host_store(world)
     procs = []
     for rank in range(1, world):
-        speculative = WorkerSpec(
+        spec = WorkerSpec(
             model=str(model), options=options, rank=rank, world=world, port=store.port
         )
         proc = subprocess.Popen(
@@ -147,7 +147,7 @@ def start_ranks(model: str | Path, options: RunnerOptions) -> TPGroup:
         )
         assert proc.stdin is not None
         with contextlib.suppress(BrokenPipeError):
-            proc.stdin.write(msgspec.json.encode(speculative))
+            proc.stdin.write(msgspec.json.encode(spec))
             proc.stdin.close()
         procs.append(proc)
     group = TPGroup.join(0, world, store, torch.device(rank_device(options, 0)))

@@ -26,18 +26,18 @@ from houchu.runner.tensor_parallel.group import (
 from houchu.runner.tensor_parallel.ranks import WorkerSpec, rank_device
 
 
-def run_rank(speculative: WorkerSpec) -> None:
+def run_rank(spec: WorkerSpec) -> None:
     """A rank >= 1: join, load the shard, run broadcast steps until told to stop."""
-    device = torch.device(rank_device(speculative.options, speculative.rank))
+    device = torch.device(rank_device(spec.options, spec.rank))
     group = TPGroup.join(
-        speculative.rank,
-        speculative.world,
-        client_store(speculative.port, speculative.world),
+        spec.rank,
+        spec.world,
+        client_store(spec.port, spec.world),
         device,
     )
     # rank 0's options as they are (``--device cuda``, not ``cuda:RANK``, which
     # ``tp_runner_options`` refuses): the runner takes its device from the group
-    runner = ModelRunner(speculative.model, speculative.options, tp=group, quiet=True)
+    runner = ModelRunner(spec.model, spec.options, tp=group, quiet=True)
     with torch.inference_mode():
         while (step := _next_step(group)) is not None:
             batch = build_batch(
@@ -76,8 +76,8 @@ def main() -> None:
     """``python -m houchu.runner.tensor_parallel.worker`` with a ``WorkerSpec`` as JSON on stdin."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's
-    speculative = msgspec.json.decode(sys.stdin.buffer.read(), type=WorkerSpec)
-    run_rank(speculative)
+    spec = msgspec.json.decode(sys.stdin.buffer.read(), type=WorkerSpec)
+    run_rank(spec)
 
 
 if __name__ == "__main__":

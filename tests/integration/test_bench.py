@@ -70,17 +70,14 @@ async def test_every_workload_over_websocket(server: Server, tmp_path: Path, kin
             ]
         )
     )
-    speculative = BenchSpec(
+    spec = BenchSpec(
         _workload(kind, replay),
         RunConfig(concurrency=2, progress=False),
         GenParams(api="chat" if kind == "multi-turn" else "completions", timeout_s=120),
         warmup=0,
     )
     rec = await benchmark(
-        HouchuWsBackend(server.ws_url, speculative.params, 2),
-        speculative,
-        PromptBuilder(None),
-        kind,
+        HouchuWsBackend(server.ws_url, spec.params, 2), spec, PromptBuilder(None), kind
     )
     _check_requests(rec, 4)
     if kind == "multi-turn":  # the second turn resends the first exchange
@@ -95,15 +92,15 @@ async def test_every_workload_over_websocket(server: Server, tmp_path: Path, kin
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
 async def test_openai_backend_against_houchu(server: Server, api: str) -> None:
-    speculative = BenchSpec(
+    spec = BenchSpec(
         _workload("shared-prefix", Path("unused")),
         RunConfig(concurrency=4, progress=False),
         GenParams(api=api, timeout_s=120),
         warmup=0,
         slo_ms={"ttft": 600_000.0, "tpot": 600_000.0},
     )
-    backend = OpenAIBackend(f"{server.url}/v1", speculative.params)
-    rec = await benchmark(backend, speculative, PromptBuilder(None), f"openai-{api}")
+    backend = OpenAIBackend(f"{server.url}/v1", spec.params)
+    rec = await benchmark(backend, spec, PromptBuilder(None), f"openai-{api}")
     _check_requests(rec, 4)
     assert rec["settings"]["model"] == "SmolLM2-135M-Instruct"
     assert rec["results"]["request_goodput"] == pytest.approx(rec["results"]["request_throughput"])

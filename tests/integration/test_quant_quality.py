@@ -41,7 +41,7 @@ CHUNK_W8A8 = W8A8_MIN_ROWS  # W8A8's int8 GEMM (it runs from W8A8_MIN_ROWS rows)
 MIN_TOP1_EN: dict[str, float] = {}
 
 
-def speculative(quant: str) -> QuantSpec:
+def spec(quant: str) -> QuantSpec:
     """The ``QuantSpec`` of a config's weights ("int4-a8": int4 with int8 activations)."""
     if quant == "int4-a8":
         return QuantSpec("int4", int4_activations="int8")
@@ -68,7 +68,7 @@ def models(real_model_path):
     for quant, dtype, _ in CONFIGS:
         if (quant, dtype) not in out:
             out[quant, dtype] = load_model(
-                real_model_path, getattr(torch, dtype), quant=speculative(quant)
+                real_model_path, getattr(torch, dtype), quant=spec(quant)
             )
     return out
 

@@ -137,7 +137,7 @@ def test_json_schema_20_seeds_validate(any_server) -> None:
         assert all(c.finish_reason == "stop" for c in out.choices)
         return [c.message.content for c in out.choices]
 
-    forced, speculative = _stats(any_server)["jump_forward_tokens"], _spec(any_server)
+    forced, spec = _stats(any_server)["jump_forward_tokens"], _spec(any_server)
     with ThreadPoolExecutor(2) as pool:  # four sequences at a time
         texts = [t for ts in pool.map(one, range(0, 100, 10)) for t in ts]
     assert len(texts) == 20
@@ -148,13 +148,9 @@ def test_json_schema_20_seeds_validate(any_server) -> None:
     assert _stats(any_server)["jump_forward_tokens"] - forced >= 3 * len(texts)
     steps, accepted = _spec(any_server)
     if _stats(any_server).get("speculative") == "ngram":
-        assert steps - speculative[0] >= 20 and accepted - speculative[1] >= 40, (
-            steps,
-            accepted,
-            speculative,
-        )
+        assert steps - spec[0] >= 20 and accepted - spec[1] >= 40, (steps, accepted, spec)
     else:
-        assert (steps, accepted) == speculative == (0, 0)
+        assert (steps, accepted) == spec == (0, 0)
 
 
 def test_regex_choice_grammar_and_json_object(server) -> None:
@@ -259,7 +255,7 @@ def test_named_tool_choice_validates_against_the_schema(any_server) -> None:
     the proposer copies them from the prompt and speculation runs."""
     args = '{"city": "Paris, Ile-de-France, France", "unit": "celsius"}'
     ask = [{"role": "user", "content": f"What is the weather in Paris? Call it with {args}"}]
-    speculative = _spec(any_server)
+    spec = _spec(any_server)
     for seed in range(2):
         out = chat(
             any_server,
@@ -275,7 +271,7 @@ def test_named_tool_choice_validates_against_the_schema(any_server) -> None:
         jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
         assert out.choices[0].finish_reason == "tool_calls"
     if _stats(any_server).get("speculative") == "ngram":
-        assert _spec(any_server)[0] > speculative[0], "no proposal was verified"
+        assert _spec(any_server)[0] > spec[0], "no proposal was verified"
 
 
 def test_a_function_without_parameters_is_called_with_no_arguments(server) -> None:

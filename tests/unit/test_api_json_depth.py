@@ -19,8 +19,8 @@ from houchu.api.requests.chat_template import template_options
 from houchu.api.requests.json_depth import MAX_JSON_DEPTH, nesting_depth, too_deep
 from houchu.api.requests.parse import parse_chat, parse_ws_generate
 from houchu.api.requests.tools import REQUIRED_WRAP_DEPTH
-from houchu.api.structured.request import SCHEMA_TOO_DEEP, checked, json_schema_grammar
 from houchu.api.structured import guard as grammar_guard
+from houchu.api.structured.request import SCHEMA_TOO_DEEP, checked, json_schema_grammar
 from houchu.api.tokenize import GatewayTokenizer
 
 from .test_api_basics import MAX_CONTEXT, MODEL, serve

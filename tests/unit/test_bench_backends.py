@@ -97,8 +97,8 @@ async def fake_openai():
 
 
 async def _one(backend: Any, prompt: str, chat: bool = False, max_tokens: int = 4) -> RequestResult:
-    speculative = RequestSpec(prompt, None, max_tokens, "t")
-    run = await run_sessions(backend, [Session([speculative])], RunConfig(progress=False))
+    spec = RequestSpec(prompt, None, max_tokens, "t")
+    run = await run_sessions(backend, [Session([spec])], RunConfig(progress=False))
     assert len(run.results) == 1
     return run.results[0]
 
@@ -178,15 +178,15 @@ async def test_benchmark_record_over_a_replay_mix(fake_openai, tmp_path) -> None
     lines = ["ok a", "http500 b", "ok c", "stall d", "errorevent e", "ok f"]
     path = tmp_path / "mix.jsonl"
     path.write_text("\n".join(json.dumps({"prompt": p, "max_tokens": 4}) for p in lines))
-    speculative = BenchSpec(
+    spec = BenchSpec(
         WorkloadConfig(kind="replay", num_requests=6, replay_path=str(path)),
         RunConfig(concurrency=3, progress=False),
         GenParams(timeout_s=0.5),
         warmup=0,
         slo_ms={"ttft": 10_000.0},
     )
-    b = OpenAIBackend(str(server.make_url("/v1")), speculative.params)
-    rec = await benchmark(b, speculative, PromptBuilder(None), "mix")
+    b = OpenAIBackend(str(server.make_url("/v1")), spec.params)
+    rec = await benchmark(b, spec, PromptBuilder(None), "mix")
     res = rec["results"]
     assert res["completed"] == 3 and res["failed"] == 3
     assert res["errors"] == {"http_500": 1, "timeout": 1, "server_error": 1}

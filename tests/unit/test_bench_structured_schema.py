@@ -19,5 +19,5 @@ def test_short_arrays_do_not_validate(n: int) -> None:
 
 def test_the_minimum_validates_and_is_sent() -> None:
     jsonschema.validate([RECORD] * BENCH_MIN_RECORDS, BENCH_SCHEMA)
-    speculative = structured_fields("json-schema")["response_format"]["json_schema"]
-    assert speculative["schema"]["minItems"] == BENCH_MIN_RECORDS
+    spec = structured_fields("json-schema")["response_format"]["json_schema"]
+    assert spec["schema"]["minItems"] == BENCH_MIN_RECORDS

@@ -64,10 +64,8 @@ def test_speculative_ngram_equals_transformers(family):
     if kind.startswith("deepseek"):
         pytest.skip("DeepSeek's speculation: test_model_deepseek.py")
     runner = ModelRunner(str(path), exact(num_pages=96, page_size=4), quiet=True)
-    speculative = SpeculativeOptions(speculative="ngram", num_speculative_tokens=3)
-    core = SchedulerCore(
-        runner.info(), BatchingOptions(max_batch_tokens=48), speculative=speculative
-    )
+    spec = SpeculativeOptions(speculative="ngram", num_speculative_tokens=3)
+    core = SchedulerCore(runner.info(), BatchingOptions(max_batch_tokens=48), spec=spec)
     core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, 3)
     greedy = SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True)
     # every id of the vocabulary once: whatever the model decodes, its last token was

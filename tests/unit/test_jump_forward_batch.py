@@ -84,8 +84,8 @@ def _serve(path: Path, tok: TextTokenizer, constrained: bool, overlap: bool):
 
     def join(core: SchedulerCore, n: int) -> None:
         if constrained and n == 2:  # the free requests decode by now
-            speculative = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(SCHEMA))
-            sp = SamplingParams(temperature=1.0, seed=4, max_tokens=60, structured=speculative)
+            spec = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(SCHEMA))
+            sp = SamplingParams(temperature=1.0, seed=4, max_tokens=60, structured=spec)
             ids = tok.encode("JSON:")
             core.add(TokenizedRequest(rid="d", prompt_ids=ids, sampling=sp, stop_ids=[EOS]))
 
@@ -114,11 +114,11 @@ def test_tensor_parallel_ranks_run_both_passes(model_dir: Path) -> None:
     """A tensor-parallel runner's other ranks run each pass of a split step too (rank 0
     sends them one by one): its output is the single-rank runner's."""
     tok = load_tokenizer(model_dir)
-    speculative = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(SCHEMA))
+    spec = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(SCHEMA))
     free = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     reqs = {
         "free": (tok.encode("Once upon a time"), free),
-        "json": (tok.encode("JSON:"), SamplingParams(temperature=0.0, structured=speculative)),
+        "json": (tok.encode("JSON:"), SamplingParams(temperature=0.0, structured=spec)),
     }
     one = ModelRunner(str(model_dir), exact(page_size=16, num_pages=64, threads=1), quiet=True)
     want = run(one, reqs, 30)

@@ -236,9 +236,9 @@ def _session(args, plan):
     from houchu.bench.sweep.cli import OBJECTIVES, _spec
     from houchu.bench.sweep.session import start_session
 
-    speculative = _spec(args)
+    spec = _spec(args)
     model = Path(args.model)
-    return start_session(args, plan, speculative, model, [], OBJECTIVES[args.objective])
+    return start_session(args, plan, spec, model, [], OBJECTIVES[args.objective])
 
 
 def test_a_partial_record_resumes_to_the_union_analyzed_as_one_sweep(tmp_path, capsys):

@@ -85,22 +85,22 @@ def test_not_applicable_levers_are_listed_with_the_reason():
     smollm = "--tensor-parallel-size 2: 'x' has attention heads (9), KV heads (3) not divisible"
     cpu = Machine("cpu", frozenset({"avx2", "fma"}), SERVE_FLAGS, tp_refusal=smollm)
     plan = build_plan(
-        ["w8a8", "cuda-graph", "speculative-draft", "tensor-parallel", "moe"], "all", LOADS, 1, cpu
+        ["w8a8", "cuda-graph", "spec-draft", "tensor-parallel", "moe"], "all", LOADS, 1, cpu
     )
     assert plan.levers == []
     na = plan.not_applicable
     assert "int8 dot products" in na["w8a8"]
     assert "CUDA" in na["cuda-graph"]
-    assert "draft model" in na["speculative-draft"]
+    assert "draft model" in na["spec-draft"]
     assert "not divisible" in na["tensor-parallel"]
     assert build_plan(["tensor-parallel"], "none", LOADS, 1, CPU).levers[0].name == (
         "tensor-parallel"
     )  # a model whose heads divide by 2
     assert "structure" in na["moe"]
     vnni = Machine("cpu", frozenset({"avx512_vnni"}), SERVE_FLAGS, draft_model="/d.gguf")
-    plan = build_plan(["w8a8", "speculative-draft"], "none", LOADS, 1, vnni)
-    assert [lv.name for lv in plan.levers] == ["w8a8", "speculative-draft"]
-    assert plan.flags(Config(frozenset({"speculative-draft"}))) == [
+    plan = build_plan(["w8a8", "spec-draft"], "none", LOADS, 1, vnni)
+    assert [lv.name for lv in plan.levers] == ["w8a8", "spec-draft"]
+    assert plan.flags(Config(frozenset({"spec-draft"}))) == [
         "--quantization",
         "none",
         "--draft-model",

@@ -340,10 +340,8 @@ def test_speculative_ngram_keeps_greedy_output(family):
     if "-" in path.name:
         pytest.skip("the V2 and V3 models cover verification; the variants change no part of it")
     runner = ModelRunner(str(path), exact(num_pages=64, page_size=4), quiet=True)
-    speculative = SpeculativeOptions(speculative="ngram", num_speculative_tokens=3)
-    core = SchedulerCore(
-        runner.info(), BatchingOptions(max_batch_tokens=48), speculative=speculative
-    )
+    spec = SpeculativeOptions(speculative="ngram", num_speculative_tokens=3)
+    core = SchedulerCore(runner.info(), BatchingOptions(max_batch_tokens=48), spec=spec)
     core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, 3)
     greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     prompts = {"rep": [5, 6, 7, 8, 9] * 4, "mix": prompt(51, 9)}

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from houchu.api.structured.request import choice_grammar, json_schema_grammar
-from houchu.model.grammar.matcher import bitmask_to_allowed
 from houchu.model.grammar import matcher as grammar
+from houchu.model.grammar.matcher import bitmask_to_allowed
 from houchu.model.sampling.sampler import apply_grammar_masks
 from houchu.model.testing import make_tiny_llama
 from houchu.runner.model_runner import ModelRunner
@@ -153,9 +153,7 @@ def test_batched_masks_match_row_by_row(runner, tok) -> None:
 
     engine = runner.grammar
     choice = StructuredOutput(kind="regex", grammar=_regex("(yes|no)"))
-    grammars = [
-        engine.compile(f"q{i}", speculative) for i, speculative in enumerate([JSON, JSON, choice])
-    ]
+    grammars = [engine.compile(f"q{i}", spec) for i, spec in enumerate([JSON, JSON, choice])]
     grammars[1].commit(tok.encode('{"name'))
     grammars[2].commit(tok.encode("yes"))  # done: EOS only
     rows = [grammar.MaskRow(g, i, []) for i, g in enumerate(grammars)]
@@ -204,14 +202,9 @@ def test_free_requests_unchanged_beside_a_constrained_one(runner, tok) -> None:
 def test_choice_list_constrains_exactly(runner, tok) -> None:
     from llguidance import grammar_from
 
-    speculative = StructuredOutput(
-        kind="choice", grammar=grammar_from("choice", ["yes", "no", "maybe"])
-    )
+    spec = StructuredOutput(kind="choice", grammar=grammar_from("choice", ["yes", "no", "maybe"]))
     reqs = {
-        f"c{s}": (
-            tok.encode("Answer:"),
-            SamplingParams(temperature=1.5, seed=s, structured=speculative),
-        )
+        f"c{s}": (tok.encode("Answer:"), SamplingParams(temperature=1.5, seed=s, structured=spec))
         for s in range(6)
     }
     for ids in run(runner, reqs, 10).values():
@@ -222,18 +215,15 @@ def test_choice_list_constrains_exactly(runner, tok) -> None:
 def test_an_empty_choice_may_end_the_output_at_once(runner, tok, choices: list[str]) -> None:
     """A choice list with "" (the gateway's ``choice_grammar``) allows EOS as the first
     token: an empty output; with "" alone, EOS is the only token allowed."""
-    speculative = StructuredOutput(kind="choice", grammar=choice_grammar(choices))
-    g = runner.grammar.compile("e", speculative)
+    spec = StructuredOutput(kind="choice", grammar=choice_grammar(choices))
+    g = runner.grammar.compile("e", spec)
     mask = torch.zeros(1, grammar.bitmask_words(VOCAB), dtype=torch.int32)
     g.fill(mask, 0, [])
     allowed = bitmask_to_allowed(mask, VOCAB)[0].nonzero().flatten().tolist()
     assert 2 in allowed  # EOS
     assert (allowed == [2]) == (choices == [""])
     reqs = {
-        f"e{s}": (
-            tok.encode("Answer:"),
-            SamplingParams(temperature=1.5, seed=s, structured=speculative),
-        )
+        f"e{s}": (tok.encode("Answer:"), SamplingParams(temperature=1.5, seed=s, structured=spec))
         for s in range(4)
     }
     for ids in run(runner, reqs, 6).values():
@@ -245,12 +235,12 @@ def test_logit_bias_on_a_forbidden_token_still_follows_the_grammar(runner, tok) 
     favours (+50) or forces (+100) tokens the grammar forbids cannot make them sampled."""
     from llguidance import grammar_from
 
-    speculative = StructuredOutput(kind="choice", grammar=grammar_from("choice", ["yes", "no"]))
+    spec = StructuredOutput(kind="choice", grammar=grammar_from("choice", ["yes", "no"]))
     forced, favoured = tok.encode(" hello")[-1], tok.encode("{")[-1]
     reqs = {}
     for s in range(4):
         bias = {forced: 100.0} if s % 2 else {favoured: 50.0}
-        sp = SamplingParams(temperature=1.0, seed=s, structured=speculative, logit_bias=bias)
+        sp = SamplingParams(temperature=1.0, seed=s, structured=spec, logit_bias=bias)
         reqs[f"b{s}"] = (tok.encode("Answer:"), sp)
     for ids in run(runner, reqs, 10).values():
         assert forced not in ids and favoured not in ids
@@ -277,7 +267,7 @@ def test_proposals_checked_against_the_grammar(model_dir, tok) -> None:
 def test_a_grammar_that_does_not_compile_fails_only_its_request(runner, tok) -> None:
     """A grammar the runner cannot compile (past the gateway's check) fails its request
     alone, as a 400 naming the field; the other request of the step goes on."""
-    speculative = StructuredOutput(
+    spec = StructuredOutput(
         kind="grammar",
         grammar='{"grammars": [{"lark_grammar": "start: x"}]}',
         param="guided_grammar",
@@ -286,7 +276,7 @@ def test_a_grammar_that_does_not_compile_fails_only_its_request(runner, tok) -> 
     plan = StepPlan(
         step_id=0,
         init=[
-            SeqInit(rid="a", sampling=SamplingParams(structured=speculative), prompt_ids=prompt),
+            SeqInit(rid="a", sampling=SamplingParams(structured=spec), prompt_ids=prompt),
             SeqInit(rid="b", sampling=SamplingParams(temperature=0.0), prompt_ids=prompt),
         ],
         work=[_work("a", prompt, 0, [0]), _work("b", prompt, 0, [1])],
@@ -313,8 +303,8 @@ def test_a_matcher_that_stops_mid_generation_fails_only_its_request(runner, tok)
     alone = run(runner, free, 8)
     bb = tok.encode("bb")
     assert len(bb) == 1
-    speculative = StructuredOutput(kind="regex", grammar=_regex(LEXER_BOMB), param="guided_regex")
-    bomb = SamplingParams(temperature=0.0, structured=speculative, logit_bias={bb[0]: 100.0})
+    spec = StructuredOutput(kind="regex", grammar=_regex(LEXER_BOMB), param="guided_regex")
+    bomb = SamplingParams(temperature=0.0, structured=spec, logit_bias={bb[0]: 100.0})
     reqs = {**free, "x": (tok.encode("Letters:"), bomb)}
     pages = {"g": list(range(16)), "x": list(range(16, 32))}
     init = [SeqInit(rid=r, sampling=sp, prompt_ids=p) for r, (p, sp) in reqs.items()]
@@ -379,10 +369,10 @@ def test_a_regex_that_matches_no_text_says_so(runner, tok, pattern: str) -> None
     """A regex that compiles but matches no text (no character is outside U+0000..
     U+10FFFF) fails its request at its first step with a 400 that says the regex
     matches no text, not that it is too complex; the free request beside it goes on."""
-    speculative = StructuredOutput(kind="regex", grammar=_regex(pattern), param="guided_regex")
+    spec = StructuredOutput(kind="regex", grammar=_regex(pattern), param="guided_regex")
     reqs = {
         "g": (tok.encode("Once upon"), SamplingParams(temperature=0.0)),
-        "x": (tok.encode("Letters:"), SamplingParams(temperature=0.0, structured=speculative)),
+        "x": (tok.encode("Letters:"), SamplingParams(temperature=0.0, structured=spec)),
     }
     pages = {"g": list(range(16)), "x": list(range(16, 32))}
     init = [SeqInit(rid=r, sampling=sp, prompt_ids=p) for r, (p, sp) in reqs.items()]

@@ -58,10 +58,10 @@ def test_proposals_ending_the_output_roll_back_exactly(
     """After filling the masks of proposals that complete the grammar and add EOS, the
     matcher is where it was: each token row 0 allows commits, and the row after the
     EOS proposal allows only EOS."""
-    speculative = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(ITEMS))
+    spec = StructuredOutput(kind="json_schema", grammar=json_schema_grammar(ITEMS))
     d = [t if isinstance(t, int) else _ids(runner, t)[0] for t in drafts]
     for allowed_next in ("}", "]}", "4"):
-        g = runner.grammar.compile("a", speculative)
+        g = runner.grammar.compile("a", spec)
         g.commit(_ids(runner, prefix))
         assert g.consumed == len(_ids(runner, prefix)) and not g.matcher.is_error()
         bitmask = torch.full((len(d) + 1, bitmask_words(VOCAB)), -1, dtype=torch.int32)
@@ -84,11 +84,11 @@ def test_verified_proposals_through_the_grammar_stop_fail_nothing(
     ``1``): whatever the model samples at the first row ("}" then EOS, or "2" and the
     "}" jump-forward forces), the request does not fail and its matcher took every
     token."""
-    speculative = StructuredOutput(kind="choice", grammar=choice_grammar(["1}", "12}"]))
+    spec = StructuredOutput(kind="choice", grammar=choice_grammar(["1}", "12}"]))
     prompt = tok.encode("Pick:")
     one, close = _ids(runner, "1")[0], _ids(runner, "}")[0]
     for seed in range(6):
-        sp = SamplingParams(temperature=1.5, seed=seed, structured=speculative, max_tokens=8)
+        sp = SamplingParams(temperature=1.5, seed=seed, structured=spec, max_tokens=8)
         res = runner.execute(
             StepPlan(
                 step_id=0,

@@ -74,8 +74,8 @@ def test_forced_special_token_text_comes_out_as_text(
 ) -> None:
     """The output is the grammar's text, in ordinary tokens, then EOS; with logprobs
     (no jump-forward: the forced tokens are sampled one by one) too."""
-    speculative = StructuredOutput(kind=kind, grammar=build(), param="guided_choice")  # type: ignore[arg-type]
-    sp = SamplingParams(temperature=1.0, seed=3, structured=speculative, logprobs=not jump_forward)
+    spec = StructuredOutput(kind=kind, grammar=build(), param="guided_choice")  # type: ignore[arg-type]
+    sp = SamplingParams(temperature=1.0, seed=3, structured=spec, logprobs=not jump_forward)
     out = run(runner, {"a": (tok.encode("Say it:"), sp)}, 40)["a"]
     assert out[-1] == 2 and not any(tok.is_special(t) for t in out[:-1]), out
     assert tok.decode(out[:-1]) == text

@@ -89,10 +89,10 @@ def stacked_moe(e: int = 8, k: int = 2, h: int = 64, i: int = 32, seed: int = 0)
 
 def quantized_twin(moe: MoEMLP, mode: str) -> MoEMLP:
     """``moe`` with each expert's weights rebuilt by ``make_linear`` under ``mode``."""
-    speculative = QuantSpec(mode, 32)
+    spec = QuantSpec(mode, 32)
 
     def q(layer: Linear) -> torch.nn.Module:
-        return make_linear(layer.weight.data, speculative)
+        return make_linear(layer.weight.data, spec)
 
     return MoEMLP(
         moe.router.data, [q(x) for x in moe.gate_up], [q(x) for x in moe.down], moe.top_k, True

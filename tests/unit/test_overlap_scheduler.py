@@ -37,7 +37,7 @@ from tests.unit.test_scheduler import EOS, check_page_tables
 PS = 4
 
 
-def make_core(num_pages=64, radix=False, speculative=None, **batch) -> SchedulerCore:
+def make_core(num_pages=64, radix=False, spec=None, **batch) -> SchedulerCore:
     info = RunnerInfo(
         num_pages=num_pages,
         page_size=PS,
@@ -47,7 +47,7 @@ def make_core(num_pages=64, radix=False, speculative=None, **batch) -> Scheduler
         model_name="tiny",
     )
     options = BatchingOptions(**batch, disable_radix_cache=not radix)
-    return SchedulerCore(info, options, speculative=speculative, overlap=True)
+    return SchedulerCore(info, options, spec=spec, overlap=True)
 
 
 def add(core: SchedulerCore, rid: str, prompt: list[int], max_tokens: int) -> None:
@@ -320,7 +320,7 @@ def test_random_runs_with_aborts_keep_pages_exact():
 
 def test_no_plan_ahead_of_a_verify_step_or_while_speculation_may_propose():
     core = make_core(
-        speculative=SpeculativeOptions(
+        spec=SpeculativeOptions(
             speculative="ngram", num_speculative_tokens=2, speculative_max_batch=1
         )
     )

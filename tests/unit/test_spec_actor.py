@@ -16,12 +16,12 @@ from houchu.transport.endpoints import Endpoints
 from houchu.transport.spec_messages import DraftRequest, DraftSeq
 
 
-def config(tmp_path, runner: RunnerOptions | None = None, **speculative) -> ServeConfig:
+def config(tmp_path, runner: RunnerOptions | None = None, **spec) -> ServeConfig:
     return ServeConfig(
         model=str(tmp_path),
         runner=runner or RunnerOptions(),
-        speculation=SpeculativeOptions(**speculative),
-        launch=Launch(endpoints=Endpoints.inproc("speculative-test")),
+        speculation=SpeculativeOptions(**spec),
+        launch=Launch(endpoints=Endpoints.inproc("spec-test")),
     )
 
 

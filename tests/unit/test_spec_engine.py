@@ -46,14 +46,14 @@ def new_runner(path, num_pages: int = 64) -> ModelRunner:
 def serve(target, proposer, num_pages: int = 64, max_tokens: int = 24):
     """Run every prompt to completion, all in one batch; returns (tokens, core)."""
     runner = new_runner(target, num_pages)
-    speculative = (
+    spec = (
         SpeculativeOptions(speculative="draft", num_speculative_tokens=4)
         if proposer is not None
         else None
     )
     batch = BatchingOptions(max_batch_tokens=48, chunked_prefill_size=16, max_running_requests=8)
-    core = SchedulerCore(runner.info(), batch, speculative=speculative)
-    if speculative is not None:  # always the most proposals: the costs of a tiny model are noise
+    core = SchedulerCore(runner.info(), batch, spec=spec)
+    if spec is not None:  # always the most proposals: the costs of a tiny model are noise
         core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, 4)
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     for rid, p in PROMPTS.items():

@@ -68,10 +68,10 @@ def speculate(path, prompts: dict[str, list[int]], k: int = 3):
     per step), prefill chunked by 4: (tokens per request, the scheduler's speculation
     stats, the runner, the scheduler's lever samples)."""
     runner = mtp_runner(path, k)
-    speculative = SpeculativeOptions(speculative="mtp", num_speculative_tokens=k)
+    spec = SpeculativeOptions(speculative="mtp", num_speculative_tokens=k)
     levers = Levers()
     batching = BatchingOptions(max_batch_tokens=48, chunked_prefill_size=4)
-    core = SchedulerCore(runner.info(), batching, telemetry=levers, speculative=speculative)
+    core = SchedulerCore(runner.info(), batching, telemetry=levers, spec=spec)
     core.spec.controller.choose_k = lambda batch, alpha, cap, probe=False: min(cap, k)
     out = serve_with_drafts(core, runner, None, prompts, GREEDY)
     return out, core.stats(), runner, levers.samples
@@ -182,8 +182,8 @@ def test_mtp_runs_in_the_runner_without_a_second_target(mtp_model):
     """No draft actor is started for "mtp" (it is for "ngram"), and the runner's MTP
     proposer holds no model of its own: it runs the runner's model, and the weights it
     adds are no more than the checkpoint's MTP module (one block and a head)."""
-    speculative = SpeculativeOptions(speculative="mtp")
-    assert "draft" not in active_actors(ServeConfig(model=str(mtp_model), speculation=speculative))
+    spec = SpeculativeOptions(speculative="mtp")
+    assert "draft" not in active_actors(ServeConfig(model=str(mtp_model), speculation=spec))
     ngram = SpeculativeOptions(speculative="ngram")
     assert "draft" in active_actors(ServeConfig(model=str(mtp_model), speculation=ngram))
     runner = mtp_runner(mtp_model)

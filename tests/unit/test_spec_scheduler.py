@@ -56,12 +56,9 @@ def make_core(num_pages=32, radix=False, k=4, telemetry=None, **batch) -> Schedu
         num_params=1,
         model_name="tiny",
     )
-    speculative = SpeculativeOptions(speculative="ngram", num_speculative_tokens=k)
+    spec = SpeculativeOptions(speculative="ngram", num_speculative_tokens=k)
     return SchedulerCore(
-        info,
-        BatchingOptions(**batch, disable_radix_cache=not radix),
-        telemetry,
-        speculative=speculative,
+        info, BatchingOptions(**batch, disable_radix_cache=not radix), telemetry, spec=spec
     )
 
 
@@ -298,9 +295,9 @@ def test_lever_samples_when_a_request_leaves():
     add(core, "a", n_prompt=6, max_tokens=8)
     while core.batcher.get("a") is not None:
         step(core, wrong_after(2))
-    speculative = [s for s in rec.levers if s.lever == "speculative_decoding"]
-    saved = next(s for s in speculative if s.spent_unit == "seconds")
-    rejected = next(s for s in speculative if s.spent_unit == "tokens")
+    spec = [s for s in rec.levers if s.lever == "speculative_decoding"]
+    saved = next(s for s in spec if s.spent_unit == "seconds")
+    rejected = next(s for s in spec if s.spent_unit == "tokens")
     assert (
         saved.verb == "break_serial" and saved.rid == "a" and saved.saved_unit == "forward_passes"
     )

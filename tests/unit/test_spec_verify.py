@@ -146,7 +146,7 @@ def test_sampled_tokens_follow_the_target_distribution(small_vocab):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return make_tiny_llama(tmp_path_factory.mktemp("speculative"), seed=3)
+    return make_tiny_llama(tmp_path_factory.mktemp("spec"), seed=3)
 
 
 def generate(runner: ModelRunner, sp: SamplingParams, prompt: list[int], n: int, drafts=None):
@@ -209,8 +209,8 @@ def test_seeds_penalties_and_logprobs_match_plain_decoding(tiny, sp):
             return good
         return [*good[:-1], (good[-1] + 1) % 128]
 
-    speculative = ModelRunner(str(tiny), exact(page_size=4, num_pages=32), quiet=True)
-    got, got_lp = generate(speculative, sp, prompt, n, drafts)
+    spec = ModelRunner(str(tiny), exact(page_size=4, num_pages=32), quiet=True)
+    got, got_lp = generate(spec, sp, prompt, n, drafts)
     assert got == want
     for (a, ta), (b, tb) in zip(got_lp, want_lp, strict=True):
         assert a == pytest.approx(b, abs=1e-4)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from houchu.text.tokenizer.core import TextTokenizer, load_tokenizer
 from houchu.text.tokenizer import cache as tokenizer_cache
+from houchu.text.tokenizer.core import TextTokenizer, load_tokenizer
 from houchu.transport.messages import ChatMessage
 
 TEXTS = [
