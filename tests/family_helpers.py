@@ -13,12 +13,12 @@ import random
 
 import torch
 
+from houchu.devtools.gguf_writers import write_llama_gguf
+from houchu.devtools.tiny_models import make_tiny_model
 from houchu.model.attention.torch import TorchSDPABackend
 from houchu.model.batch import build_batch
-from houchu.model.gguf.writers import write_llama_gguf
 from houchu.model.kv.pool import KVPool
 from houchu.model.llama import LlamaModel
-from houchu.model.testing import make_tiny_model
 from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.core import SchedulerCore
 from houchu.speculative.proposers import Proposer

@@ -14,8 +14,11 @@ second. It reads every import, at module level and inside functions alike, and c
   connected component of the import graph is reported). Imports under
   ``if TYPE_CHECKING:`` are left out of this check: they never run, so they cannot make an
   import cycle, and naming a type of a module that imports you is not a cycle at run time.
-- **tests/**: no runtime module names a path with a ``tests`` component (an installed wheel
-  has no ``tests/``).
+- **tests/**: no installed module names a path with a ``tests`` component (an installed wheel
+  has no ``tests/``). ``devtools/`` (fixtures, the GPU check) is houchu's code too, held to
+  the layers, cycles and constants, but it is not installed and may read ``tests/``.
+- **installed**: ``pyproject.toml`` installs every package of the tree but ``devtools``,
+  which no installed module imports (it is the top layer).
 - **constants**: an UPPER_CASE name is assigned at module level in one module only; the
   others import it (``from owner import NAME`` is an import, not a second definition).
 """
@@ -25,15 +28,23 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "houchu"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # Folders of the repository that hold no runtime module of the package.
 NOT_RUNTIME = {"tests", "docs", "build", "dist"}
+# The developer tools: part of the tree (and of these checks), not of the installed package.
+NOT_INSTALLED = f"{PACKAGE}.devtools"
 CONSTANT_NAME = re.compile(r"^[A-Z][A-Z0-9]*(_[A-Z0-9]+)+$|^[A-Z][A-Z0-9]{2,}$")
 
 
@@ -239,10 +250,22 @@ def _docstrings(tree: ast.Module) -> set[int]:
     return ids
 
 
+def _in(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def installed_packages() -> set[str]:
+    """The packages ``pyproject.toml`` installs (``[tool.setuptools] packages``)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return set(config["tool"]["setuptools"]["packages"])
+
+
 def reads_of_tests(modules: dict[str, Module]) -> list[str]:
     """String literals (not docstrings) that name a path with a ``tests`` component."""
     problems = []
     for module in modules.values():
+        if _in(module.name, NOT_INSTALLED):
+            continue
         docstrings = _docstrings(module.tree)
         for node in ast.walk(module.tree):
             if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
@@ -335,3 +358,13 @@ def test_each_constant_has_one_owner():
         "UPPER_CASE constants defined in several modules (keep one, import it elsewhere)",
         problems,
     )
+
+
+def test_every_package_but_the_developer_tools_is_installed():
+    packages = {m.name for m in load_modules().values() if m.is_package}
+    installed = installed_packages()
+    assert installed == {p for p in packages if not _in(p, NOT_INSTALLED)}, (
+        f"pyproject.toml's packages miss {sorted(packages - installed - {NOT_INSTALLED})} "
+        f"or name {sorted(installed - packages)}; {NOT_INSTALLED} must not be installed"
+    )
+    assert read_layers()[-1] == [NOT_INSTALLED], "the developer tools are the top layer"

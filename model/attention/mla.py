@@ -21,7 +21,7 @@ Two ways to attend over the latents, the same arithmetic reordered:
   MLA decode use the same absorption).
 
 ``MLAAttention.absorb = False`` decodes the expanded way instead (the benchmark's
-"naive" step, ``houchu.bench.model.mla``). Numerics follow transformers'
+"naive" step, ``houchu.devtools.bench.mla``). Numerics follow transformers'
 ``DeepseekV2Attention`` / ``DeepseekV3Attention``: DeepSeek's interleaved RoPE pairs are
 permuted to rotate-half halves at load (the same rotation), softmax scaled by
 ``qk_head_dim^-0.5`` times YaRN's ``mscale(factor, mscale_all_dim)²``.

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 import torch
 
-from houchu.model.testing import TINY_MLA, make_tiny_model, write_tiny_tokenizer
+from houchu.devtools.tiny_models import TINY_MLA, make_tiny_model, write_tiny_tokenizer
 from tests.integration.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from houchu.model.testing import make_tiny_model, write_tiny_tokenizer
+from houchu.devtools.tiny_models import make_tiny_model, write_tiny_tokenizer
 from tests.integration.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""``python -m houchu.bench.gpu_check --dry-run``, every step, on the CPU: it serves the
+"""``python -m houchu.devtools.gpu_check --dry-run``, every step, on the CPU: it serves the
 default model and benchmarks one stream, prints a small runner table, and marks the GPU
 steps skipped with the reason (about 100 s on 2 cores)."""
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_whole_dry_run(tmp_path, real_model_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "houchu.bench.gpu_check", str(out), "--dry-run"]
+    cmd = [sys.executable, "-m", "houchu.devtools.gpu_check", str(out), "--dry-run"]
     cmd += ["--work", str(tmp_path / "work"), "--model", str(real_model_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:]

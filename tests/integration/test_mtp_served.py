@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 import torch
 
-from houchu.model.testing import (
+from houchu.devtools.tiny_models import (
     add_mtp_layer,
     make_mtp_exact,
     make_tiny_model,

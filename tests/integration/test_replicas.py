@@ -302,7 +302,7 @@ def test_an_api_key_guards_router_and_replicas(tmp_path: Path):
     server starts (the launcher asks smg's ``/workers`` with the key), a request without
     the key gets 401 from smg and one with it an answer from a replica, and the
     replicas' dashboard has their ``/stats`` (polled with the key)."""
-    from houchu.model.testing import make_tiny_llama, write_tiny_tokenizer
+    from houchu.devtools.tiny_models import make_tiny_llama, write_tiny_tokenizer
 
     path = write_tiny_tokenizer(make_tiny_llama(tmp_path / "tiny", seed=3), 128)
     srv = start_server(

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 import torch
 
-from houchu.model.testing import make_tiny_llama, write_tiny_tokenizer
+from houchu.devtools.tiny_models import make_tiny_llama, write_tiny_tokenizer
 from tests.integration.conftest import start_server, stop_server
 from tests.integration.test_deepseek_served import check, generate, ids
 

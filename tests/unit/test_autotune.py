@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.batch import build_batch
-from houchu.model.testing import make_tiny_llama
 from houchu.runner.autotune import FAMILY_TEXT, DecodeRoute, a8_candidate, attach, path_family
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan

@@ -10,7 +10,7 @@ from houchu.bench.backends.base import GenParams
 from houchu.bench.backends.hf import HFBackend
 from houchu.bench.driver import RunConfig, run_sessions
 from houchu.bench.workloads import RequestSpec, Session
-from houchu.model.testing import make_tiny_llama
+from houchu.devtools.tiny_models import make_tiny_llama
 
 
 class _Tok:

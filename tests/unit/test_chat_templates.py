@@ -361,9 +361,9 @@ def test_the_models_own_template_is_kept(real_model_path):
 
 
 def hf_folder(path: Path, config: dict | None) -> Path:
-    """A tiny tokenizer (``houchu.model.testing.write_tiny_tokenizer``: no chat template)
+    """A tiny tokenizer (``houchu.devtools.tiny_models.write_tiny_tokenizer``: no chat template)
     with ``config`` as ``config.json``."""
-    from houchu.model.testing import write_tiny_tokenizer
+    from houchu.devtools.tiny_models import write_tiny_tokenizer
 
     write_tiny_tokenizer(path, 128)
     if config is not None:

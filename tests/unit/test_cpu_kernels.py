@@ -191,7 +191,7 @@ def test_prefill_attention_rejects_bad_input():
 @pytest.mark.parametrize("kv", ["auto", "int8"])
 def test_runner_with_cpu_backend_matches_torch(tmp_path, kv):
     """End to end: fused ops and paged decode vs the torch backend, greedy tokens."""
-    from houchu.model.testing import make_tiny_llama
+    from houchu.devtools.tiny_models import make_tiny_llama
     from houchu.runner.model_runner import ModelRunner
     from tests.runner_options import exact
     from tests.unit.test_model_quant import generate

@@ -1,13 +1,13 @@
 """The golden check on CUDA without the default model (skipped without a CUDA GPU): a
 tiny Llama (hidden size 64, 2 layers, byte tokens) *trained* at test time
-(``houchu.model.testing.train_tiny_model``, on the quality texts past the evaluated
+(``houchu.devtools.tiny_models.train_tiny_model``, on the quality texts past the evaluated
 bytes: peaked next-token distributions, as a language model's) through houchu's exact
 path on the GPU (``ModelRunner`` on cuda, float32, no quantization) gives transformers'
 float32 greedy tokens (on the CPU) for several prompts, one at a time and batched
 through the scheduler with chunked prefill and radix-cache hits, and log-probabilities
 within ``ATOL`` of transformers' at every position.
 
-``houchu.bench.gpu_check``'s golden step runs this file where the default model's GGUF
+``houchu.devtools.gpu_check``'s golden step runs this file where the default model's GGUF
 (94 MiB) cannot travel to the GPU machine; with the GGUF there it runs
 ``tests/integration/test_golden.py``. TF32 stays off on this path: houchu never turns it
 on, and the triton kernels reduce with ``tl.sum`` (no ``tl.dot``, whose float32 inputs
@@ -21,8 +21,8 @@ import importlib.util
 import pytest
 import torch
 
+from houchu.devtools.tiny_models import train_tiny_model
 from houchu.model.quant.quality import text_logprobs
-from houchu.model.testing import train_tiny_model
 from houchu.runner.model_runner import ModelRunner
 from tests.family_helpers import (
     ATOL,

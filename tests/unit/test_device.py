@@ -12,8 +12,8 @@ import zmq.asyncio
 
 from houchu.actors.runner import RunnerActor
 from houchu.cli.main import build_parser
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.device import DeviceError, resolve_device
-from houchu.model.testing import make_tiny_llama
 from houchu.options.checks import check_serve_args
 from houchu.options.parser import config_from_args
 from houchu.options.serve_config import Launch

@@ -11,8 +11,8 @@ import pytest
 
 from houchu.api.app import make_app
 from houchu.dashboard.store import DashboardStore
+from houchu.devtools.tiny_models import make_tiny_model
 from houchu.model.expert_load import ExpertLoadReader
-from houchu.model.testing import make_tiny_model
 from houchu.runner.model_runner import ModelRunner
 from houchu.storage.db import open_db
 from houchu.storage.expert_load_view import expert_load, imbalance, step_imbalance

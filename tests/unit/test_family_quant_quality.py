@@ -2,7 +2,7 @@
 model family against its exact path: top-1 next-token agreement and the mean |Δ log p| on
 the fixed English text (its first 600 ASCII bytes as token ids, past every sliding
 window), on each family's tiny model (one variant per family, as its own test module
-builds it) *trained* at test time (``houchu.model.testing.train_tiny_model``: 120 AdamW
+builds it) *trained* at test time (``houchu.devtools.tiny_models.train_tiny_model``: 120 AdamW
 steps of 2 x 300 tokens on the rest of quality_en.txt and quality_code.txt, 6,151 bytes,
 never the evaluated 600), so that its next-token distributions are peaked as a language
 model's rather than nearly flat as a random one's. Each figure is printed (``-s``);
@@ -93,11 +93,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from houchu.bench.texts import DATA_DIR
+from houchu.devtools.tiny_models import train_tiny_model
 from houchu.model.linear.w8a8 import W8A8_MIN_ROWS
 from houchu.model.quant.functions import QuantSpec
 from houchu.model.quant.gptq import quantize_model_gptq
 from houchu.model.quant.quality import Agreement, agreement, text_logprobs
-from houchu.model.testing import train_tiny_model
 from houchu.model.weights.loader import load_model
 from tests.unit.test_model_deepseek import FAMILIES as DEEPSEEK
 from tests.unit.test_model_deepseek import MLA

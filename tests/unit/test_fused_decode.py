@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from houchu.cpu import kernels as cpu_kernels
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.batch import build_batch
-from houchu.model.testing import make_tiny_llama
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact

@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from houchu.devtools.gguf_writers import write_llama_gguf
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.gguf.blocks import BLOCK_BYTES, STORED_TYPES, gguf_to_int4, quantize_blocks
-from houchu.model.gguf.writers import write_llama_gguf
 from houchu.model.linear.quantized import BF16_HEADER_KINDS, Int4Linear
 from houchu.model.quant.quality import agreement, text_logprobs
-from houchu.model.testing import make_tiny_llama
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact

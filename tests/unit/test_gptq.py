@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from houchu.devtools.tiny_models import make_tiny_model, write_tiny_tokenizer
 from houchu.model.linear.dense import Linear
 from houchu.model.linear.quantized import Int4Linear, Int8Linear
 from houchu.model.quant.calibration import calibration_ids, calibration_text
 from houchu.model.quant.functions import QuantSpec, quantize_int4
 from houchu.model.quant.gptq import collect_hessians, gptq_int4, quantize_model_gptq
-from houchu.model.testing import make_tiny_model, write_tiny_tokenizer
 from houchu.model.weights.loader import load_model
 
 GS = 32

@@ -1,4 +1,4 @@
-"""The device check's CPU side (``houchu.bench.gpu_check``): its dry run end to end (fewer
+"""The device check's CPU side (``houchu.devtools.gpu_check``): its dry run end to end (fewer
 steps here; all of them in ``tests/integration/test_gpu_check_dry_run.py``), the wheels
 list read off pyproject, the install plan, the parsers, and the goals on given numbers."""
 
@@ -12,21 +12,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from houchu.bench.gpu import goals as gpu_goals
-from houchu.bench.gpu import install as gpu_install
-from houchu.bench.gpu import steps as gpu_check_steps
-from houchu.bench.gpu import wheels as gpu_wheels
-from houchu.bench.gpu.run import Context, Step
 from houchu.bench.model.limits import Limits
 from houchu.bench.model.runner import Row, print_table
+from houchu.devtools.gpu import goals as gpu_goals
+from houchu.devtools.gpu import install as gpu_install
+from houchu.devtools.gpu import steps as gpu_check_steps
+from houchu.devtools.gpu import wheels as gpu_wheels
+from houchu.devtools.gpu.run import Context, Step
 
 REPO = Path(__file__).resolve().parents[2]  # the repository
 
 
 def run_check(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """``python -m houchu.bench.gpu_check OUT --dry-run ARGS`` -> (process, its JSON)."""
+    """``python -m houchu.devtools.gpu_check OUT --dry-run ARGS`` -> (process, its JSON)."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "houchu.bench.gpu_check", str(out), "--dry-run"]
+    cmd = [sys.executable, "-m", "houchu.devtools.gpu_check", str(out), "--dry-run"]
     cmd += ["--work", str(tmp_path / "work"), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     return proc, json.loads((out / "gpu_check.json").read_text())
@@ -82,13 +82,13 @@ def test_golden_step_on_a_stand_in_runs_the_tiny_trained_golden(tmp_path):
 
 
 def gpu_check_steps_order() -> tuple[str, ...]:
-    from houchu.bench.gpu_check import STEPS
+    from houchu.devtools.gpu_check import STEPS
 
     return STEPS
 
 
 def test_a_bad_step_name_is_a_usage_error(tmp_path):
-    cmd = [sys.executable, "-m", "houchu.bench.gpu_check", str(tmp_path), "--steps", "nope"]
+    cmd = [sys.executable, "-m", "houchu.devtools.gpu_check", str(tmp_path), "--steps", "nope"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown nope" in proc.stderr
 
@@ -310,7 +310,7 @@ def test_a_bench_run_with_failed_requests_fails_its_concurrency():
 def test_the_budget_leaves_a_rerun_in_a_lease():
     """The whole check ends within 6 minutes (a 15-minute lease holds it, a rerun and
     the machine starts); no step's cap is above the budget."""
-    from houchu.bench.gpu_check import DEFAULT_TIMEOUT_S, STEP_CAPS
+    from houchu.devtools.gpu_check import DEFAULT_TIMEOUT_S, STEP_CAPS
 
     assert DEFAULT_TIMEOUT_S <= 360 and max(STEP_CAPS.values()) < DEFAULT_TIMEOUT_S
     assert sum(gpu_check_steps.GPU_STREAMS.values()) <= 200

@@ -1,5 +1,5 @@
 """The device check's install step where the interpreter's site-packages cannot be written
-(``houchu.bench.gpu.install``): the target folder it picks, and a real ``pip install
+(``houchu.devtools.gpu.install``): the target folder it picks, and a real ``pip install
 --target`` of a wheel built here, seen by this process and by the children it starts."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from houchu.bench.gpu import install as gpu_install
-from houchu.bench.gpu.run import Context, Step
+from houchu.devtools.gpu import install as gpu_install
+from houchu.devtools.gpu.run import Context, Step
 
 REPO = Path(__file__).resolve().parents[2]  # the repository
 

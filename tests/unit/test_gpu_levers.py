@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from houchu.dashboard.lever_catalog import lever_words
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.gpu.memory import (
     RESERVE_FIXED_BYTES,
     DeviceFacts,
@@ -22,7 +23,6 @@ from houchu.gpu.memory import (
 from houchu.model.config.core import ModelConfig
 from houchu.model.kv.page_pool import kv_page_bytes
 from houchu.model.kv.pool import KVPool
-from houchu.model.testing import make_tiny_llama
 from houchu.options.runner_options import RunnerOptions
 from houchu.runner.choices import (
     choose_attention,

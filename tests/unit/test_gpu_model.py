@@ -1,4 +1,4 @@
-"""The default model's stand-in (``houchu.bench.gpu.model``): a skeleton of a GGUF rebuilt
+"""The default model's stand-in (``houchu.devtools.gpu.model``): a skeleton of a GGUF rebuilt
 with random data is the same model to houchu (shapes, types, tokenizer, quantization) and
 runs; its weights differ."""
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from houchu.bench.gpu import model as gpu_model
-from houchu.model.gguf.writers import write_llama_gguf
-from houchu.model.testing import make_tiny_llama, write_tiny_tokenizer
+from houchu.devtools.gguf_writers import write_llama_gguf
+from houchu.devtools.gpu import model as gpu_model
+from houchu.devtools.tiny_models import make_tiny_llama, write_tiny_tokenizer
 from houchu.options.runner_options import RunnerOptions
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan

@@ -13,8 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import tests.hf_reference as ref
-from houchu.model.gguf.writers import write_llama_gguf
-from houchu.model.testing import make_tiny_llama, write_tiny_tokenizer
+from houchu.devtools.gguf_writers import write_llama_gguf
+from houchu.devtools.tiny_models import make_tiny_llama, write_tiny_tokenizer
 
 
 @pytest.fixture

@@ -34,9 +34,9 @@ REPO = Path(houchu.__file__).resolve().parent
 # thread that made it. Insertions are harmless (a finder asked twice, none skipped).
 CHILD = r"""
 import json, sys, threading
-from houchu.model.gguf.writers import write_llama_gguf
+from houchu.devtools.gguf_writers import write_llama_gguf
 from houchu.runner.model_runner import ModelRunner
-from houchu.model.testing import make_tiny_llama
+from houchu.devtools.tiny_models import make_tiny_llama
 from tests.runner_options import exact
 
 folder = sys.argv[1]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.gpu.cuda_graph import StaticDecode
 from houchu.model.attention.torch import TorchSDPABackend
 from houchu.model.batch import build_batch
 from houchu.model.kv.pool import KVPool
-from houchu.model.testing import make_tiny_llama
 from houchu.model.weights.loader import load_model
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SeqWork

@@ -12,9 +12,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from houchu.devtools.tiny_models import TINY_CONFIG, TINY_MLA
 from houchu.model.config.core import ModelConfig, mla_of
 from houchu.model.config.hf import config_from_hf
-from houchu.model.testing import TINY_CONFIG, TINY_MLA
 
 _GEMMA = {
     "head_dim": 16,

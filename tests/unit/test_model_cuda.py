@@ -17,8 +17,8 @@ import importlib.util
 import pytest
 import torch
 
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.linear.w8a8 import W8A8_MIN_ROWS, W8A8Linear
-from houchu.model.testing import make_tiny_llama
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact
@@ -262,9 +262,9 @@ def test_w8a8_prefill_agrees_with_the_exact_path(tmp_path, monkeypatch):
     (bfloat16) keeps ``W8A8_TOP1`` top-1 agreement with the exact path (float32, no
     quantization, on the GPU) and its mean |Δ log p| under ``W8A8_DLOGP``; every W8A8
     layer ran ``torch._scaled_mm`` on every chunk."""
+    from houchu.devtools.tiny_models import train_tiny_model
     from houchu.model.quant.functions import QuantSpec
     from houchu.model.quant.quality import agreement, text_logprobs
-    from houchu.model.testing import train_tiny_model
     from houchu.model.weights.loader import load_model
     from tests.unit.test_family_quant_quality import EN, EVAL, TRAIN
 

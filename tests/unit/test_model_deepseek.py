@@ -10,14 +10,14 @@ import dataclasses
 import pytest
 import torch
 
+from houchu.devtools.gguf_writers import write_deepseek_gguf
+from houchu.devtools.tiny_models import TINY_MLA, make_tiny_model
 from houchu.model.config.core import num_parameters
 from houchu.model.config.load import load_model_config
-from houchu.model.gguf.writers import write_deepseek_gguf
 from houchu.model.kv.mla_pool import LatentKVPool, full_mha_bytes_per_token
 from houchu.model.kv.pool import KVPool
 from houchu.model.quant.functions import QuantSpec
 from houchu.model.quant.quality import agreement, text_logprobs
-from houchu.model.testing import TINY_MLA, make_tiny_model
 from houchu.model.weights.loader import load_model
 from houchu.options.batching_options import BatchingOptions
 from houchu.runner.model_runner import ModelRunner

@@ -98,7 +98,7 @@ def test_gguf_twin_gives_the_same_tokens(family, tmp_path, qtype):
     48 wide: the file keeps their down projections F32 (not whole blocks of 32), so auto
     serves it dense (the dequantized file's tokens), and ``--quantization int4`` is
     refused (its groups of 32 do not divide them either)."""
-    from houchu.model.gguf.writers import write_llama_gguf
+    from houchu.devtools.gguf_writers import write_llama_gguf
     from houchu.model.linear.quantized import Int4Linear
     from houchu.model.moe import MoEMLP
 

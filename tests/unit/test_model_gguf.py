@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from houchu.devtools.gguf_writers import permute_qk, write_llama_gguf
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.config.core import ModelLoadError
 from houchu.model.config.load import load_model_config
-from houchu.model.gguf.writers import permute_qk, write_llama_gguf
-from houchu.model.testing import make_tiny_llama
 from houchu.model.weights.gguf import dequantize_tensor, load_gguf, unpermute_qk
 from houchu.model.weights.hf import load_hf
 from houchu.model.weights.loader import load_model

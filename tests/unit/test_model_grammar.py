@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from houchu.api.structured.request import choice_grammar, json_schema_grammar
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.grammar import matcher as grammar
 from houchu.model.grammar.matcher import bitmask_to_allowed
 from houchu.model.sampling.sampler import apply_grammar_masks
-from houchu.model.testing import make_tiny_llama
 from houchu.runner.model_runner import ModelRunner
 from houchu.text.tokenizer.core import TextTokenizer, load_tokenizer
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan

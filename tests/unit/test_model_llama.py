@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.config.core import num_parameters
 from houchu.model.config.load import load_model_config
-from houchu.model.testing import make_tiny_llama
 from houchu.model.weights.loader import load_model
 from tests.family_helpers import ATOL, Runner, hf_logits, prompt
 

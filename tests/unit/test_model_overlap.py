@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from houchu.model.testing import make_tiny_llama
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.options.batching_options import BatchingOptions
 from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.batcher import PLACEHOLDER_TOKEN

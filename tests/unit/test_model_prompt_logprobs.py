@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from houchu.model.testing import make_tiny_llama
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact

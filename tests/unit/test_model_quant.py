@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.gguf.blocks import gguf_to_int4
 from houchu.model.kv.page_pool import kv_token_bytes
 from houchu.model.kv.pool import KVPool
@@ -15,7 +16,6 @@ from houchu.model.linear.factory import make_linear
 from houchu.model.linear.quantized import Int4Linear, Int8Linear
 from houchu.model.linear.w8a8 import W8A8_OUTLIER_SHARE, W8A8Linear
 from houchu.model.quant.functions import QuantSpec, quantize_int4
-from houchu.model.testing import make_tiny_llama
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact

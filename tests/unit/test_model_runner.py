@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.config.core import num_parameters
-from houchu.model.testing import make_tiny_llama
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import (
     RunnerInfo,

@@ -145,7 +145,7 @@ def test_runner_with_triton_backend_matches_torch(tmp_path, kv):
     """End to end: Triton store, paged decode and fused ops vs the torch backend, both
     float32 (on CUDA ``--dtype auto`` is bfloat16, where the two kernels' different
     rounding may flip a near-tie and part the greedy tokens for good)."""
-    from houchu.model.testing import make_tiny_llama
+    from houchu.devtools.tiny_models import make_tiny_llama
     from houchu.runner.model_runner import ModelRunner
     from tests.runner_options import exact
     from tests.unit.test_model_quant import generate
@@ -160,10 +160,10 @@ def test_runner_with_triton_backend_matches_torch(tmp_path, kv):
 
 
 def test_static_decode_on_triton_backend(tmp_path):
+    from houchu.devtools.tiny_models import make_tiny_llama
     from houchu.gpu.cuda_graph import StaticDecode
     from houchu.gpu.triton_attention import TritonBackend
     from houchu.model.batch import build_batch
-    from houchu.model.testing import make_tiny_llama
     from houchu.model.weights.loader import load_model
     from houchu.transport.messages import SeqWork
 
@@ -188,7 +188,7 @@ def test_the_triton_backend_counts_the_scores_it_kept_on_chip(tmp_path):
     """The ledger's "flash_attention" lever: on the Triton backend each step's
     (query, key) pairs times 8 bytes per layer and head (a float32 score written and read
     back by an attention that materialises it); the torch backend reports none."""
-    from houchu.model.testing import make_tiny_llama
+    from houchu.devtools.tiny_models import make_tiny_llama
     from houchu.runner.model_runner import ModelRunner
     from tests.runner_options import exact
     from tests.unit.test_model_quant import generate

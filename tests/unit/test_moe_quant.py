@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from houchu.bench.model.moe import silu_mul
-from houchu.model.gguf.writers import write_llama_gguf
+from houchu.devtools.gguf_writers import write_llama_gguf
+from houchu.devtools.tiny_models import make_tiny_model
 from houchu.model.linear.dense import Linear
 from houchu.model.linear.factory import make_linear
 from houchu.model.linear.quantized import Int4Linear, Int8Linear
 from houchu.model.linear.w8a8 import W8A8Linear
 from houchu.model.moe import MoEMLP
 from houchu.model.quant.functions import Int4Weight, QuantSpec
-from houchu.model.testing import make_tiny_model
 from houchu.model.weights.gguf import load_gguf
 from houchu.model.weights.loader import load_model
 

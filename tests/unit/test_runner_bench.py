@@ -11,8 +11,8 @@ import pytest
 from houchu.bench.model import runner as runner_bench
 from houchu.bench.model.limits import Limits
 from houchu.bench.model.runner import Bench, Row, print_table
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.linear.w8a8 import int_mm_pays
-from houchu.model.testing import make_tiny_llama
 from houchu.runner.model_runner import ModelRunner
 from tests.runner_options import exact
 

@@ -7,7 +7,7 @@ import pytest
 import zmq.asyncio
 
 from houchu.actors.draft import DraftActor, make_proposer
-from houchu.model.testing import make_tiny_llama
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.options.runner_options import RunnerOptions
 from houchu.options.serve_config import Launch, ServeConfig
 from houchu.options.speculation_options import SpeculativeOptions

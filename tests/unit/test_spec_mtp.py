@@ -12,9 +12,14 @@ import torch
 
 from houchu.actors.config import ServeConfig
 from houchu.actors.launcher import active_actors
+from houchu.devtools.tiny_models import (
+    add_mtp_layer,
+    make_mtp_exact,
+    make_tiny_llama,
+    make_tiny_model,
+)
 from houchu.model.llama import LlamaModel
 from houchu.model.mtp import MTPUnavailable, load_mtp_tensors, mtp_layer_index
-from houchu.model.testing import add_mtp_layer, make_mtp_exact, make_tiny_llama, make_tiny_model
 from houchu.options.batching_options import BatchingOptions
 from houchu.options.speculation_options import SpeculativeOptions
 from houchu.runner.model_runner import ModelRunner

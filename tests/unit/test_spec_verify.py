@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 import torch
 
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.sampling.sampler import RequestState, Sampler
 from houchu.model.sampling.verify import sample_and_verify
-from houchu.model.testing import make_tiny_llama
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
 from tests.runner_options import exact

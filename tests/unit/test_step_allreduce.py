@@ -17,8 +17,8 @@ from houchu.actors.runner import RunnerActor
 from houchu.api.app import make_app
 from houchu.cli.main import build_parser
 from houchu.dashboard.store import DashboardStore
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.expert_load import ExpertLoadReader
-from houchu.model.testing import make_tiny_llama
 from houchu.options.checks import check_serve_args
 from houchu.options.parser import config_from_args
 from houchu.storage.db import downgrade, migrate, open_db

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from houchu.devtools.tiny_models import make_tiny_llama, make_tiny_model
 from houchu.model.config.core import load_model_config
 from houchu.model.quant.functions import QuantSpec
-from houchu.model.testing import make_tiny_llama, make_tiny_model
 from houchu.runner.model_runner import ModelRunner
 from houchu.runner.tensor_parallel.shards import (
     TensorParallelError,
@@ -176,7 +176,7 @@ def test_tp2_equals_tp1(family_dir, family, quant):
 def test_tp2_equals_tp1_from_gguf(tiny_dir, tmp_path, qtype, quant):
     """Each rank reads its shard of a GGUF file (views cut before dequantizing or
     repacking; q/k rows un-permuted per rank's heads): tp 2 gives tp 1's tokens."""
-    from houchu.model.gguf.writers import write_llama_gguf
+    from houchu.devtools.gguf_writers import write_llama_gguf
 
     path = str(write_llama_gguf(tiny_dir, tmp_path / f"m-{qtype}.gguf", qtype=qtype))
     ref = _run(ModelRunner(path, _opts(1, quantization=quant), quiet=True))

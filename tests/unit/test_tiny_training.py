@@ -1,4 +1,4 @@
-"""``houchu.model.testing.train_tiny_model``: the same arguments give the same weights, the
+"""``houchu.devtools.tiny_models.train_tiny_model``: the same arguments give the same weights, the
 folder it writes has ``make_tiny_model``'s layout (houchu's loader and the GGUF writers
 take it alike), training lowers the loss, and bad arguments raise ``ValueError``. The
 quality it buys is measured in test_family_quant_quality.py."""
@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from houchu.bench.texts import QUALITY_EN
-from houchu.model.gguf.writers import write_llama_gguf
+from houchu.devtools.gguf_writers import write_llama_gguf
+from houchu.devtools.tiny_models import make_tiny_model, train_tiny_model
 from houchu.model.quant.quality import text_logprobs
-from houchu.model.testing import make_tiny_model, train_tiny_model
 from houchu.model.weights.loader import load_model
 
 TEXT = QUALITY_EN.read_text()

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from houchu.model.gguf.writers import write_llama_gguf
+from houchu.devtools.gguf_writers import write_llama_gguf
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.quant.functions import Int4Weight
-from houchu.model.testing import make_tiny_llama
 from houchu.model.weights.loader import load_tensors
 from houchu.model.weights.shard import Shard, TensorParallelError
 from houchu.runner.tensor_parallel.shards import shard_weights

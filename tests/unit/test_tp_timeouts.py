@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from houchu.model.testing import make_tiny_llama
+from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.runner.model_runner import ModelRunner
 from houchu.runner.tensor_parallel.group import TIMEOUT_ENV, TPRankLost, rank_lost
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan

@@ -1,7 +1,7 @@
 """Prepare, on a machine with a package registry, the folder a GPU machine without one
-installs houchu's missing packages from (``python -m houchu.bench.gpu_check --wheels DIR``).
+installs houchu's missing packages from (``python -m houchu.devtools.gpu_check --wheels DIR``).
 
-    python -m houchu.bench.gpu.wheels DIR [--python-version 3.12] [--print-command]
+    python -m houchu.devtools.gpu.wheels DIR [--python-version 3.12] [--print-command]
 
 The list is pyproject.toml's ``dependencies`` (and the ``test`` extra's pytest plugins the
 check's tests need), their version specifiers kept, minus what the GPU machine already has
@@ -11,7 +11,7 @@ own dependencies, numpy among them). One ``pip download`` of binary wheels for C
 ``manylinux_2_31`` wheels) resolves and fetches them and their dependencies; the wheels
 of ``DEVICE_PROVIDED`` packages that pip fetched as dependencies are then removed (numpy's
 alone is 16 MB of the 64 MiB the device tool carries). When the default model is fetched
-here, its skeleton (``houchu.bench.gpu.model``, 1.7 MiB) is written beside the wheels, so
+here, its skeleton (``houchu.devtools.gpu.model``, 1.7 MiB) is written beside the wheels, so
 that the check can serve a stand-in of the same shapes there.
 """
 
@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover
         parse_wheel_filename,
     )
 
-#: the repository's pyproject.toml (this file is bench/gpu/wheels.py)
+#: the repository's pyproject.toml (this file is devtools/gpu/wheels.py)
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 #: Wheel platforms asked for (x86-64 glibc): pip matches each tag exactly.
 PLATFORMS = (
@@ -186,7 +186,7 @@ def prune_device_provided(folder: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m houchu.bench.gpu.wheels", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m houchu.devtools.gpu.wheels", description=__doc__)
     p.add_argument("dir", type=Path, help="the wheels folder (created)")
     p.add_argument("--python-version", default="3.12", help="the GPU machine's Python (X.Y)")
     p.add_argument("--print-command", action="store_true", help="print the pip command and stop")
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"houchu gpu_wheels: not satisfied: {'; '.join(bad)}", file=sys.stderr)
         return 1
     if not args.no_skeleton:
-        from houchu.bench.gpu.model import write_skeleton
+        from houchu.devtools.gpu.model import write_skeleton
         from houchu.model.fetch import fetch_default_model
 
         meta = write_skeleton(fetch_default_model(quiet=True), args.dir)

@@ -1,6 +1,6 @@
 """Peak resident memory of each rank of a tensor-parallel runner, once loaded.
 
-    python -m houchu.bench.model.tp_memory [--tp 3] [--model PATH] [--quantization auto]
+    python -m houchu.devtools.bench.tp_memory [--tp 3] [--model PATH] [--quantization auto]
         [--dtype float32] [--kv-cache-mb 16]
 
 Starts a ``ModelRunner`` at ``--tensor-parallel-size --tp`` (gloo, 1 thread per rank,
@@ -63,8 +63,8 @@ def main() -> None:
 
 _MAKE_RANDOM = """
 import sys
-from houchu.bench.model.tensor_parallel import SHAPE
-from houchu.model.testing import make_tiny_model
+from houchu.devtools.bench.tensor_parallel import SHAPE
+from houchu.devtools.tiny_models import make_tiny_model
 make_tiny_model(sys.argv[1], "llama", **SHAPE)
 """
 

@@ -1,4 +1,4 @@
-"""The device check's numbers (``houchu.bench.gpu_check``): what it reads off pytest, a
+"""The device check's numbers (``houchu.devtools.gpu_check``): what it reads off pytest, a
 ``houchu bench`` record and the runner benchmark's table, and issue 18's goals evaluated on
 them.
 

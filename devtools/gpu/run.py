@@ -1,4 +1,4 @@
-"""The device check's plumbing (``houchu.bench.gpu_check``): its steps' records, the one
+"""The device check's plumbing (``houchu.devtools.gpu_check``): its steps' records, the one
 log every command and its output go to, and commands run under a timeout each.
 
 Standard library only: the check runs it before houchu's dependencies are installed.

@@ -3,7 +3,7 @@ tokens/s at batch 1 and 16 with a context past the sliding window, KV bytes per 
 active parameters per token, and what the windows saved (KV bytes not read, with the
 window against without it).
 
-    python -m houchu.bench.model.families [--families default,llama,qwen2,qwen3,qwen3_moe,
+    python -m houchu.devtools.bench.families [--families default,llama,qwen2,qwen3,qwen3_moe,
         deepseek_v2,deepseek_v3,mistral,gemma2,gemma3_text]
         [--context 512] [--window 128] [--steps 12] [--quantization none]
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
+from houchu.devtools.tiny_models import make_tiny_model
 from houchu.model.config.core import num_parameters
-from houchu.model.testing import make_tiny_model
 from houchu.options.runner_options import RunnerOptions
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan

@@ -1,4 +1,4 @@
-"""The device check's steps after the install (``houchu.bench.gpu_check``): the machine's
+"""The device check's steps after the install (``houchu.devtools.gpu_check``): the machine's
 facts, the model, the CUDA tests, the golden check, ``houchu serve`` driven by ``houchu
 bench`` at 1, 16 and 64 streams, and the runner benchmark's table.
 
@@ -14,8 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-from houchu.bench.gpu.goals import bench_numbers, pytest_counts, runner_rows
-from houchu.bench.gpu.run import Context, Step, free_port, stop_group
+from houchu.devtools.gpu.goals import bench_numbers, pytest_counts, runner_rows
+from houchu.devtools.gpu.run import Context, Step, free_port, stop_group
 
 FACTS_SCRIPT = r"""
 import importlib.metadata as md, importlib.util, json, os, platform, shutil, subprocess, sys
@@ -91,10 +91,10 @@ def machine_step(ctx: Context, step: Step, timeout_s: float) -> None:
 def model_step(ctx: Context, step: Step, given: str | None) -> None:
     """Which model the serve and runner steps use: ``given`` (``--model``), else the
     default model when it is in houchu's cache, else a stand-in of it built from the
-    skeleton in the wheels folder (``houchu.bench.gpu.model``). ``ctx.model``: ``path``,
+    skeleton in the wheels folder (``houchu.devtools.gpu.model``). ``ctx.model``: ``path``,
     ``kind`` ("given", "default", "stand-in" or "none"), ``golden`` (the default model's
     GGUF, which the golden test needs, or None) and ``note``."""
-    from houchu.bench.gpu import model as gpu_model
+    from houchu.devtools.gpu import model as gpu_model
     from houchu.model.fetch import DEFAULT_MODEL_FILE, default_model_path
 
     default = default_model_path()

@@ -2,7 +2,7 @@
 threads each) against tp = 1 (one runner of ``N × --threads`` threads: the same cores),
 and the collectives' share of each tp = N step.
 
-    python -m houchu.bench.model.tensor_parallel [--tp 2] [--threads 1] [--model PATH]
+    python -m houchu.devtools.bench.tensor_parallel [--tp 2] [--threads 1] [--model PATH]
         [--batches 1,8] [--context 64] [--prefill 128] [--steps 5]
 
 Without ``--model``, a random Llama (hidden 768, 12 heads, 4 KV heads, MLP 2048, 12
@@ -23,7 +23,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from houchu.model.testing import make_tiny_model
+from houchu.devtools.tiny_models import make_tiny_model
 from houchu.options.runner_options import RunnerOptions
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan, StepResult

@@ -1,7 +1,7 @@
 """MTP benchmark: decode speed with and without ``--speculative mtp`` on a tiny DeepSeek-V3
 with one next-token-prediction module, and the acceptance length, printed (not asserted).
 
-Two checkpoints are written here (``houchu.model.testing``): ``random``, the tiny random
+Two checkpoints are written here (``houchu.devtools.tiny_models``): ``random``, the tiny random
 model with a random MTP module (``add_mtp_layer``: its proposals are almost never the
 target's, so it shows what the MTP passes cost), and ``exact``, the same model made a
 bigram model whose MTP module predicts the target's own next token (``make_mtp_exact``:
@@ -11,7 +11,7 @@ size: ``--speculative-max-batch 1024``); for each batch size the modes take turn
 ``--repeats`` rounds of ``B`` concurrent greedy requests, and the median round is
 reported (``houchu.bench.spec_bench.run_batch``). Run::
 
-    python -m houchu.bench.model.mtp [--batch-sizes 1,4] [--max-tokens 64] [--k 2]
+    python -m houchu.devtools.bench.mtp [--batch-sizes 1,4] [--max-tokens 64] [--k 2]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from houchu.bench.servers import running_server
 from houchu.bench.spec_bench import run_batch
 
-#: The tiny DeepSeek-V3 (``houchu.model.testing.TINY_MLA``: MLA, DeepSeekMoE), two layers
+#: The tiny DeepSeek-V3 (``houchu.devtools.tiny_models.TINY_MLA``: MLA, DeepSeekMoE), two layers
 CONFIG = {
     "num_hidden_layers": 2,
     "n_group": 2,
@@ -48,7 +48,7 @@ def payloads(n: int, max_tokens: int, prompt_len: int = 32) -> list[dict]:
 
 def write_models(root: Path) -> dict[str, Path]:
     """The ``random`` and ``exact`` checkpoints (see the module docstring) under ``root``."""
-    from houchu.model.testing import (
+    from houchu.devtools.tiny_models import (
         TINY_MLA,
         add_mtp_layer,
         make_mtp_exact,

@@ -1,6 +1,6 @@
-"""The device check's install step (``houchu.bench.gpu_check``): houchu itself without its
+"""The device check's install step (``houchu.devtools.gpu_check``): houchu itself without its
 dependencies (pyproject pins torch==2.13.0; the GPU machine's torch must stay), and the
-missing packages from a folder of wheels (``houchu.bench.gpu.wheels``), with no index.
+missing packages from a folder of wheels (``houchu.devtools.gpu.wheels``), with no index.
 
 A wheel is installed when its distribution is not installed, or is installed at a version
 pyproject's requirement refuses while the wheel's version satisfies it; never a
@@ -27,8 +27,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from houchu.bench.gpu.run import Context, Step
-from houchu.bench.gpu.wheels import (
+from houchu.devtools.gpu.run import Context, Step
+from houchu.devtools.gpu.wheels import (
     CHECK_EXTRAS,
     Requirement,
     canonicalize_name,

@@ -1,7 +1,7 @@
 """MLA benchmark: a DeepSeek-V2-Lite-shaped model (random weights, fewer layers and
 experts so it fits a laptop), served by ``ModelRunner`` over its latent KV pool.
 
-    python -m houchu.bench.model.mla [--layers 2] [--contexts 512,2048] [--batches 1,16]
+    python -m houchu.devtools.bench.mla [--layers 2] [--contexts 512,2048] [--batches 1,16]
         [--dtype bfloat16] [--steps 4]
 
 Prints, per context length and batch size: the decode step time (the fastest of
@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from houchu.bench.model.runner import GREEDY
+from houchu.devtools.tiny_models import make_tiny_model
 from houchu.model.config.core import num_parameters
 from houchu.model.kv.mla_pool import LatentKVPool, full_mha_bytes_per_token
-from houchu.model.testing import make_tiny_model
 from houchu.options.runner_options import RunnerOptions
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SeqInit, SeqWork, StepPlan

@@ -2,7 +2,7 @@
 Qwen3, Qwen3-MoE, DeepSeek-V2/V3, Mistral, Gemma 2/3) saved as a Hugging Face directory,
 the same model briefly trained on a text (``train_tiny_model``: peaked next-token
 distributions, as a real LM's), a tokenizer to serve it with, and DeepSeek-V3's MTP
-layer (needs ``transformers``; imported lazily). Their GGUF twins are written by ``houchu.model.gguf.writers``."""
+layer (needs ``transformers``; imported lazily). Their GGUF twins are written by ``houchu.devtools.gguf_writers``."""
 
 from __future__ import annotations
 

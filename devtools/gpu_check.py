@@ -2,22 +2,22 @@
 runs its CUDA tests and golden check, serves the default model and benchmarks it, and says
 whether the goals are met.
 
-    python -m houchu.bench.gpu_check OUTDIR [--wheels DIR] [--model PATH] [--dry-run]
+    python -m houchu.devtools.gpu_check OUTDIR [--wheels DIR] [--model PATH] [--dry-run]
         [--skip-install] [--steps NAME,...] [--timeout SECONDS] [--work DIR]
 
 On a machine where houchu is not installed yet, run the same file by its path from the
-repository root (it makes ``houchu`` importable first): ``python bench/gpu_check.py OUTDIR
+repository root (it makes ``houchu`` importable first): ``python devtools/gpu_check.py OUTDIR
 --wheels DIR``.
 
 Steps, in order, each with a timeout of its own within ``--timeout`` (default 360 s, so
 the whole ends inside 6 minutes and a 15-minute device lease holds a rerun; a step that
-would start with under 15 s left is skipped): ``install`` (``houchu.bench.gpu.install``), ``machine``, ``model``,
+would start with under 15 s left is skipped): ``install`` (``houchu.devtools.gpu.install``), ``machine``, ``model``,
 ``gpu_tests``, ``golden``, ``serve_bench`` and ``runner_bench``
-(``houchu.bench.gpu.steps``). A failing step is recorded and the next one runs.
+(``houchu.devtools.gpu.steps``). A failing step is recorded and the next one runs.
 
 Output: ``OUTDIR/gpu_check.log`` (each command and its output) and ``OUTDIR/gpu_check.json``
 (the machine's facts, the model, each step's status "ok" / "failed" / "skipped" with the
-reason, its seconds, commands and numbers, and the goals: ``houchu.bench.gpu.goals``),
+reason, its seconds, commands and numbers, and the goals: ``houchu.devtools.gpu.goals``),
 rewritten after every step. Scratch files (the stand-in model, the bench records) go to
 ``--work`` (default: the system's temporary folder), not OUTDIR.
 
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported for real after _bootstrap
-    from houchu.bench.gpu.run import Context, Step
+    from houchu.devtools.gpu.run import Context, Step
 
 REPO = Path(__file__).resolve().parent.parent
 #: Correctness first (the CUDA tests, then the golden check), then the speed goals.
@@ -69,8 +69,8 @@ MIN_STEP_S = 15.0  # a step with less time than this left is skipped
 
 
 def _bootstrap() -> None:
-    """Run by path (``python bench/gpu_check.py``): make ``houchu`` importable from this
-    repository through a link in the temporary folder, and drop ``bench/`` from the
+    """Run by path (``python devtools/gpu_check.py``): make ``houchu`` importable from this
+    repository through a link in the temporary folder, and drop ``devtools/`` from the
     import path (its modules are not top-level ones)."""
     if __package__:
         return
@@ -84,20 +84,20 @@ def _bootstrap() -> None:
         link.unlink()
     if not link.exists():
         link.symlink_to(REPO, target_is_directory=True)
-    if sys.path and Path(sys.path[0]).resolve() == REPO / "bench":
+    if sys.path and Path(sys.path[0]).resolve() == REPO / "devtools":
         sys.path.pop(0)
     sys.path.insert(0, str(pkg))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m houchu.bench.gpu_check",
+        prog="python -m houchu.devtools.gpu_check",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("outdir", type=Path, help="where gpu_check.log and gpu_check.json go")
     p.add_argument(
-        "--wheels", type=Path, help="the wheels folder (python -m houchu.bench.gpu.wheels)"
+        "--wheels", type=Path, help="the wheels folder (python -m houchu.devtools.gpu.wheels)"
     )
     p.add_argument(
         "--model", help="a .gguf or HF folder (default: the default model, or its stand-in)"
@@ -131,7 +131,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the check; returns the exit status."""
     args = parse_args(argv)
-    from houchu.bench.gpu.run import Context, Step
+    from houchu.devtools.gpu.run import Context, Step
 
     ctx = Context(args.outdir.resolve(), args.timeout, REPO)
     ctx.dry_run = args.dry_run
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             ctx.log(f"[gpu_check] {name}: {step.status} {step.reason}".rstrip())
             write_json(ctx, steps, started, args, final=False)
         record = write_json(ctx, steps, started, args, final=True)
-        from houchu.bench.gpu.goals import summary_lines
+        from houchu.devtools.gpu.goals import summary_lines
 
         for line in summary_lines(record["steps"], record["goals"], ctx.facts, ctx.model):
             ctx.log(line)
@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_step(ctx: Context, step: Step, args: argparse.Namespace) -> None:
     """Run step ``step.name`` within what is left of the budget, or skip it."""
-    from houchu.bench.gpu import steps
-    from houchu.bench.gpu.install import install_step
+    from houchu.devtools.gpu import steps
+    from houchu.devtools.gpu.install import install_step
 
     if step.name not in args.steps:
         step.skip("not selected (--steps)")
@@ -210,7 +210,7 @@ def write_json(
     """Write ``OUTDIR/gpu_check.json`` (see the module docstring); returns the record.
     The goals are evaluated on the serve bench's and the runner benchmark's numbers when
     they ran on a GPU."""
-    from houchu.bench.gpu.goals import evaluate_goals
+    from houchu.devtools.gpu.goals import evaluate_goals
 
     by_name = {s.name: s for s in steps}
     serve = by_name.get("serve_bench")

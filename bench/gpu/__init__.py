@@ -1,1 +1,0 @@
-"""The device check's parts (``bench/gpu_check.py``): install, steps, goals, the stand-in model, and the wheel folder for an offline GPU machine."""
