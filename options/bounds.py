@@ -40,9 +40,17 @@ def checked(options: S) -> S:
 
     Raises:
         msgspec.ValidationError: (a ``ValueError``) a field out of its bounds; the message
-            names the field (``Expected `int` >= 1 - at `$.page_size```).
+            names the field and its rule (``page_size must be >= 1, got 0 - at `$.page_size```).
     """
-    return msgspec.convert(msgspec.structs.asdict(options), type(options))
+    values = msgspec.structs.asdict(options)
+    try:
+        return msgspec.convert(values, type(options))
+    except msgspec.ValidationError as e:
+        problem = bound_error(type(options), values)
+        if problem is None or not problem[0]:
+            raise
+        name, rule = problem
+        raise msgspec.ValidationError(f"{name} {rule} - at `$.{name}`") from e
 
 
 def bound_error(struct: type[msgspec.Struct], values: dict[str, Any]) -> tuple[str, str] | None:
@@ -100,9 +108,12 @@ def field_bounds(struct: type[msgspec.Struct], name: str) -> str | None:
 
 def _rule(t: mi.Type) -> str | None:
     """``must be >= 1``, ``must be positive``, ``must be in 1..65535``, ``must be in
-    (0, 1]``, ``must not be empty``: the bounds of ``t`` in words (None: none known)."""
+    (0, 1]``, ``must not be empty``, ``must be one of off, auto, on``: the bounds of ``t``
+    in words (None: none known)."""
     if isinstance(t, (mi.ListType, mi.VarTupleType)) and t.min_length:
         return "must not be empty" if t.min_length == 1 else f"needs {t.min_length} items"
+    if isinstance(t, mi.LiteralType):
+        return "must be one of " + ", ".join(map(str, t.values))
     words = _bounds(t)
     return None if words is None else f"must be {words}"
 
