@@ -188,14 +188,14 @@ def available_paths(model: torch.nn.Module) -> list[str]:
         return []
     paths = []
     fused = getattr(model, "fused", None) is not None
-    gemv = all(m._cpu_gemv is not None for m in lins)  # noqa: SLF001 (the layers' own state)
+    gemv = all(m.has_gemv for m in lins)
     if fused:
         paths.append("fused")
     if gemv:
         paths.append("gemv")
     if all(isinstance(m, Int4Linear) or m.kernel for m in lins):
         paths.append("torch")
-    if all(m._dense is not None for m in lins):  # noqa: SLF001
+    if all(m.has_dense for m in lins):
         paths.append("dense")
     # the layers' option; an LM head as stored (float_out) keeps float activations whatever
     # it is, and does not count (with it, --int4-activations int8 left the float paths in)

@@ -97,7 +97,7 @@ def pin(model: torch.nn.Module, buckets: tuple[int, ...], backend: object) -> st
     quantized, dense = [], []
     for m in model.modules():
         if isinstance(m, (Int4Linear, Int8Linear)):
-            if m._cpu_gemv is None:  # noqa: SLF001 (the layers' own state)
+            if not m.has_gemv:
                 raise DeterministicUnsupported(
                     "--deterministic needs houchu's C++ CPU kernels for the quantized "
                     "layers (not built or --cpu-isa generic)"

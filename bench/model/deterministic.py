@@ -19,27 +19,16 @@ feature flags and the thread count with the table. Printed, not asserted.
 from __future__ import annotations
 
 import argparse
-import re
 import time
-from pathlib import Path
 
 import torch
 
 from houchu.bench.model.runner import Bench
+from houchu.cpu.isa import isa_flags
 from houchu.options.runner_options import RunnerOptions
 from houchu.runner.model_runner import ModelRunner
 
 QUANTIZATION_OF_PATH = {"int4": "auto", "exact": "none"}  # path name: --quantization
-FLAGS = re.compile(r"\b(avx2|avx512[a-z_0-9]*|fma|avx_vnni|amx[a-z_]*|asimd[a-z]*)\b")
-
-
-def cpu_flags() -> str:
-    """The CPU's vector feature flags from ``/proc/cpuinfo`` (sorted; "" where absent)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    return " ".join(sorted(set(FLAGS.findall(text))))
 
 
 def measure(model: str, quant: str, det: bool, args: argparse.Namespace) -> dict[str, float]:
@@ -90,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or str(fetch_default_model(quiet=True))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    print(f"CPU flags: {cpu_flags()}; {torch.get_num_threads()} threads; compile {args.compile}")
+    print(
+        f"CPU flags: {' '.join(sorted(isa_flags()))}; {torch.get_num_threads()} threads; compile {args.compile}"
+    )
     cols = [f"b={b}" for b in args.batches]
     header = " | ".join(f"decode {c} ms" for c in cols) + " | prefill tok/s"
     lines = [f"| path | mode | {header} |", "|---|---|" + "---|" * (len(cols) + 1)]

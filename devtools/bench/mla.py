@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from houchu.bench.model.runner import GREEDY
+from houchu.cpu.isa import isa_flags
 from houchu.devtools.tiny_models import make_tiny_model
 from houchu.model.config.core import num_parameters
 from houchu.model.kv.mla_pool import LatentKVPool, full_mha_bytes_per_token
@@ -76,16 +76,6 @@ def decode_step_s(runner: ModelRunner, batch: int, context: int, steps: int) -> 
     return min(times[1:])  # the fastest: steps another process preempted are slower
 
 
-def cpu_flags() -> str:
-    """The CPU's vector-ISA flags (avx2, avx512*, fma, avx_vnni) from /proc/cpuinfo."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    found = set(re.findall(r"\b(avx2|avx512[a-z_0-9]*|fma|avx_vnni)\b", text))
-    return ",".join(sorted(found)) or "none"
-
-
 def main() -> None:
     """Parse the flags, build the model, print the table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -119,7 +109,7 @@ def main() -> None:
         pool.kv.normal_()  # the cached contexts: random latents
     print(
         f"DeepSeek-V2-Lite-shaped, {cfg.num_layers} layers, {a.dtype}, "
-        f"{torch.get_num_threads()} threads, CPU flags {cpu_flags()}, "
+        f"{torch.get_num_threads()} threads, CPU flags {' '.join(sorted(isa_flags())) or 'none'}, "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
     print(

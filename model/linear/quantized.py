@@ -86,7 +86,27 @@ def quant_act_dtype(device_type: str) -> torch.dtype:
     return torch.bfloat16 if native else torch.float32
 
 
-class Int4Linear(LinearBase):
+class QuantizedLinear(LinearBase):
+    """What the int4 and int8 layers share: an optional dense copy of the weights for
+    large row counts (``_dense``) and the weights packed for houchu's C++ GEMV
+    (``_cpu_gemv``), both opaque to other modules, which ask ``has_dense`` and
+    ``has_gemv``."""
+
+    _dense: torch.Tensor | None
+    _cpu_gemv: torch.Tensor | None
+
+    @property
+    def has_gemv(self) -> bool:
+        """Whether the weights are packed for houchu's C++ GEMV (CPU, kernels loaded)."""
+        return self._cpu_gemv is not None
+
+    @property
+    def has_dense(self) -> bool:
+        """Whether a dense copy of the weights serves steps of many rows."""
+        return self._dense is not None
+
+
+class Int4Linear(QuantizedLinear):
     """Weight-only int4 linear (per-group scales and zero points).
 
     Args:
@@ -254,7 +274,7 @@ class Int4Linear(LinearBase):
         return xa if self.planes == 1 else xa.repeat(1, self.planes)
 
 
-class Int8Linear(LinearBase):
+class Int8Linear(QuantizedLinear):
     """Weight-only int8 linear (symmetric per-channel scales).
 
     Args:
@@ -349,11 +369,7 @@ def _float_gemv_at(layer: Int8Linear, rows: int) -> bool:
     49152x576 on 2 AVX-512 cores, 16.5 / 32.3 / 58.7 ms at 32 / 64 / 128 rows against
     15.6 / 35.1 / 51.3 ms for the dense bfloat16 copy."""
     del rows  # every row count
-    return (
-        layer.float_out
-        and layer._cpu_gemv is not None  # noqa: SLF001 (its own module's layers)
-        and layer.act_dtype == torch.bfloat16
-    )
+    return layer.float_out and layer.has_gemv and layer.act_dtype == torch.bfloat16
 
 
 def base_path(path: str | None) -> str | None:
@@ -378,7 +394,7 @@ def _route(layer: Int4Linear | Int8Linear, rows: int) -> str | None:
     row thresholds decide."""
     route = layer.route
     path = route.path_for(rows) if route is not None else None
-    if path == "dense" and layer._dense is None:  # noqa: SLF001 (its own module's layers)
+    if path == "dense" and not layer.has_dense:
         return None
     return path
 
@@ -391,7 +407,7 @@ def _nbytes(t: torch.Tensor | None) -> int:
 def _gemv_at(layer: Int4Linear | Int8Linear, rows: int) -> bool:
     """Whether ``rows`` rows run on houchu's C++ GEMV (the route's choice, else below the
     dense and dequantize thresholds)."""
-    if layer._cpu_gemv is None:  # noqa: SLF001
+    if not layer.has_gemv:
         return False
     if isinstance(layer, Int8Linear) and _float_gemv_at(layer, rows):
         return True
