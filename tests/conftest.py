@@ -10,6 +10,7 @@ import pytest
 from houchu.cpu import isa
 from houchu.cpu import kernels as cpu_kernels
 from houchu.model.fetch import fetch_default_model
+from tests.support.kernel_levels import KERNEL_LEVELS
 
 
 @pytest.fixture(scope="session")
@@ -30,9 +31,6 @@ def _decision_cache(tmp_path_factory: pytest.TempPathFactory):
         os.environ.pop("HOUCHU_DECISION_CACHE", None)
     else:
         os.environ["HOUCHU_DECISION_CACHE"] = before
-
-
-KERNEL_LEVELS = [lv.name for lv in isa.LEVELS if lv.kernels]
 
 
 @pytest.fixture(params=KERNEL_LEVELS)

@@ -1,84 +1,21 @@
-"""Integration fixtures: a real ``houchu serve`` in its own processes, on a free port."""
+"""Integration fixtures: a real ``houchu serve`` in its own processes, on a free port; the
+golden reference; a tiny model on the real tokenizer for structured output."""
 
 from __future__ import annotations
 
 import os
-import random
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-#: Ports a test server may take: below Linux's ephemeral range (32768-60999), where an
-#: outgoing connection can take a port between the check and the server's bind.
-PORT_RANGE = (20000, 32000)
-#: Consecutive ports checked free from each server's port up: ``--data-parallel-size N``
-#: serves on P .. P + N + 2 (router, replicas, dashboard, router metrics).
-PORT_SPAN = 8
-
-
-def free_port(span: int = PORT_SPAN) -> int:
-    """A port P of ``PORT_RANGE`` such that P .. P + span - 1 are free on 127.0.0.1 now.
-
-    Raises:
-        RuntimeError: no such run of ports found in 200 tries.
-    """
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(PORT_RANGE[0], PORT_RANGE[1] - span)
-        if all(_bindable(port + i) for i in range(span)):
-            return port
-    raise RuntimeError(f"no {span} consecutive free ports in {PORT_RANGE}")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-@dataclass
-class Server:
-    """A running ``houchu serve``: its base URL, process and captured output lines."""
-
-    url: str
-    port: int
-    proc: subprocess.Popen
-    lines: list[str] = field(default_factory=list)
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
-
-    def output(self) -> str:
-        return "".join(self.lines)
-
-
-def _compile_flag(extra: tuple[str, ...], compile: bool) -> list[str]:
-    """``--compile off`` unless compiling was asked for (here or in ``extra``)."""
-    if compile or any(a.startswith("--compile") for a in extra):
-        return []
-    return ["--compile", "off"]
-
-
-def _db_flag(extra: tuple[str, ...]) -> list[str]:
-    """``--db-url`` of the test session's database (``$HOUCHU_TEST_DB_URL``, set by
-    ``_session_db``) unless ``extra`` names one or turns telemetry off: a test server never
-    writes to (or migrates) the user's database, which another houchu version may own."""
-    url = os.environ.get("HOUCHU_TEST_DB_URL")
-    if url is None or any(a.startswith(("--db-url", "--disable-telemetry")) for a in extra):
-        return []
-    return ["--db-url", url]
+from houchu.devtools.tiny_models import make_tiny_llama
+from houchu.runner.model_runner import ModelRunner
+from houchu.text.tokenizer.core import TextTokenizer, load_tokenizer
+from tests.support.golden import golden_reference
+from tests.support.grammar_runner import VOCAB
+from tests.support.runner_options import exact
+from tests.support.server import Server, start_server, stop_server
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -90,96 +27,13 @@ def _session_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     os.environ.pop("HOUCHU_TEST_DB_URL", None)
 
 
-def _quant_flag(extra: tuple[str, ...], exact: bool) -> list[str]:
-    """``--quantization none`` (the exact path) unless ``extra`` picks a quantization."""
-    if not exact or any(a.startswith("--quantization") for a in extra):
-        return []
-    return ["--quantization", "none"]
-
-
-def _dtype_flag(extra: tuple[str, ...], exact: bool) -> list[str]:
-    """``--dtype float32`` on the exact path unless ``extra`` names a dtype: the exact
-    path is float32 on every device (``--dtype auto`` is bfloat16 on CUDA, which cannot
-    match transformers' float32 token for token; on the CPU auto is float32 already)."""
-    if not exact or any(a.startswith("--dtype") for a in extra):
-        return []
-    return ["--dtype", "float32"]
-
-
-def start_server(
-    model: Path,
-    *extra: str,
-    timeout_s: float = 300.0,
-    compile: bool = False,
-    exact: bool = True,
-) -> Server:
-    """Start ``houchu serve`` and wait until it prints that it is serving.
-
-    ``compile=False`` adds ``--compile off``: compiling the decode step at start-up
-    costs tens of seconds on 2 cores, and the golden tests check the plain (eager) path
-    against transformers; compiled vs eager is checked in ``test_compiled_api.py``.
-    ``exact=True`` adds ``--quantization none`` (serve's default, auto, keeps a Q4 GGUF's
-    weights int4, which agrees with transformers' dequantized weights on top-1 but not
-    bit for bit) and ``--dtype float32`` (``_dtype_flag``: on CUDA auto is bfloat16)
-    unless ``extra`` names them; the default path is checked in ``test_compiled_api.py``.
-
-    Raises:
-        RuntimeError: it exited or did not become ready within ``timeout_s`` seconds.
-    """
-    port = free_port()
-    cmd = [sys.executable, "-m", "houchu.cli", "serve", "--model", str(model), "--port", str(port)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [
-            *cmd,
-            *extra,
-            *_compile_flag(extra, compile),
-            *_quant_flag(extra, exact),
-            *_dtype_flag(extra, exact),
-            *_db_flag(extra),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    server = Server(f"http://127.0.0.1:{port}", port, proc)
-    ready = threading.Event()
-
-    def pump() -> None:
-        for line in proc.stdout:
-            server.lines.append(line)
-            sys.stderr.write(f"[server] {line}")
-            if "houchu: serving" in line:
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    while not ready.wait(0.2):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"houchu serve did not start:\n{server.output()}")
-    return server
-
-
-def stop_server(server: Server, timeout_s: float = 30.0) -> int:
-    """SIGTERM the launcher and wait; returns its exit code."""
-    if server.proc.poll() is None:
-        server.proc.send_signal(signal.SIGTERM)
-    try:
-        return server.proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-        raise
-
-
 @pytest.fixture(scope="session")
 def hf_model(real_model_path: Path) -> tuple:
     """(tokenizer, model): transformers' fast tokenizer and float32 model of the default
     GGUF (dequantized by transformers), loaded once for the session and kept between
-    sessions (``tests.hf_reference``: about 25 s of CPU a load from the GGUF, a second
+    sessions (``tests.support.hf_reference``: about 25 s of CPU a load from the GGUF, a second
     from the kept files): the golden tests' reference. Tests only read them."""
-    from tests.hf_reference import hf_reference
+    from tests.support.hf_reference import hf_reference
 
     return hf_reference(real_model_path)
 
@@ -190,3 +44,33 @@ def server(real_model_path: Path) -> Iterator[Server]:
     srv = start_server(real_model_path, "--kv-cache-mb", "256")
     yield srv
     stop_server(srv)
+
+
+@pytest.fixture(scope="module")
+def reference(real_model_path: Path, hf_model: tuple) -> dict[str, list[int]]:
+    """HF transformers greedy continuation (32 tokens, EOS not special) per golden prompt,
+    computed once per test process: ``test_golden.py`` and the tensor-parallel golden
+    test (``test_tensor_parallel.py``) compare against the same tokens."""
+    return golden_reference(real_model_path, hf_model)
+
+
+# ------------------------------------------------- structured output on the real tokenizer
+# (test_model_grammar*.py, test_jump_forward*.py)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, real_model_path: Path) -> Path:
+    """A tiny random Llama with the default model's vocabulary and tokenizer."""
+    path = make_tiny_llama(tmp_path_factory.mktemp("grammar"), seed=5, vocab_size=VOCAB)
+    load_tokenizer(real_model_path).hf_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir: Path) -> TextTokenizer:
+    return load_tokenizer(model_dir)
+
+
+@pytest.fixture
+def runner(model_dir: Path) -> ModelRunner:
+    return ModelRunner(str(model_dir), exact(page_size=16, num_pages=512), quiet=True)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.integration.client import get_json, ws_generate
+from tests.support.client import get_json, ws_generate
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from houchu.bench.driver import RunConfig
 from houchu.bench.prompts import PromptBuilder
 from houchu.bench.workloads import WorkloadConfig
 from houchu.cli.main import main
-from tests.integration.conftest import Server
+from tests.support.server import Server
 
 pytestmark = pytest.mark.slow
 

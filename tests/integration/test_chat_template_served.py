@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from houchu.devtools.tiny_models import make_tiny_model, write_tiny_tokenizer
-from tests.integration.conftest import start_server, stop_server
+from tests.support.server import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from tests.integration.client import post_json, ws_generate
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.support.client import post_json, ws_generate
+from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

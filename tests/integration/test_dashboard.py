@@ -14,20 +14,12 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.client import get_json, post_json, ws_generate
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.support.client import get_json, post_json, ws_generate
+from tests.support.dashboard_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 #: A prompt of several KV pages (16 tokens each), so a repeat reuses whole pages.
 LONG_PROMPT = (

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.client import get_json, post_json
-from tests.integration.conftest import Server, free_port, start_server, stop_server
+from tests.support.client import get_json, post_json
+from tests.support.server import Server, free_port, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.integration.client import get_json, post_json, ws_collect
+from tests.support.client import get_json, post_json, ws_collect
 
 pytestmark = pytest.mark.slow
 
@@ -225,7 +225,7 @@ def test_default_max_tokens_fits_a_small_context_window(real_model_path):
     """A request that does not ask for a number of tokens gets what the window leaves
     after its prompt (the default 512 for chat is lowered), not a context error; one
     that asks for too many is still refused."""
-    from tests.integration.conftest import start_server, stop_server
+    from tests.support.server import start_server, stop_server
 
     srv = start_server(real_model_path, "--kv-cache-mb", "64", "--max-context", "48")
     try:

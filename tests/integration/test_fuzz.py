@@ -26,9 +26,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from houchu.transport.channel import MAX_MESSAGE_BYTES
-from tests.unit.test_transport_security import garbage
-
-from .conftest import Server, start_server, stop_server
+from tests.support.garbage_frames import garbage
+from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import pytest
 from houchu.cpu import isa as cpu_isa
 from houchu.cpu import kernels as cpu_kernels
 from houchu.runner.model_runner import ModelRunner
-from tests.runner_options import exact
-from tests.unit.test_model_quant import generate
+from tests.support.greedy import generate
+from tests.support.runner_options import exact
 
 pytestmark = pytest.mark.slow
 

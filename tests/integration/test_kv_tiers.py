@@ -11,8 +11,8 @@ import signal
 
 import pytest
 
-from tests.integration.client import get_json, ws_generate
-from tests.integration.conftest import start_server, stop_server
+from tests.support.client import get_json, ws_generate
+from tests.support.server import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

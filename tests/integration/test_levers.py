@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from houchu.cli.main import main
-from tests.integration.conftest import Server, start_server, stop_server
-from tests.integration.test_dashboard import CHROMIUM, CHROMIUM_ARGS
+from tests.support.dashboard_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import start_server, stop_server
+from tests.support.server import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.client import post_json
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.support.client import post_json
+from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

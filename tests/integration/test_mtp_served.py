@@ -21,8 +21,8 @@ from houchu.devtools.tiny_models import (
     make_tiny_model,
     write_tiny_tokenizer,
 )
-from tests.integration.conftest import start_server, stop_server
-from tests.integration.test_deepseek_served import FAMILIES, MLA, hf_reference, ids
+from tests.support.served_deepseek import FAMILIES, MLA, hf_reference, ids
+from tests.support.server import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.client import get_json, ws_generate
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.support.client import get_json, ws_generate
+from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ import aiohttp
 import psutil
 import pytest
 
-from .client import get_json
-from .conftest import Server, start_server, stop_server
+from tests.support.client import get_json
+from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

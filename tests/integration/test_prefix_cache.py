@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from tests.integration.client import get_json, ws_collect, ws_generate
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.support.client import get_json, ws_collect, ws_generate
+from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

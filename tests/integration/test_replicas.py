@@ -29,7 +29,7 @@ import aiohttp
 import pytest
 
 from houchu.cluster.router import RouterMissing, find_smg, router_command
-from tests.integration.conftest import Server, free_port, start_server, stop_server
+from tests.support.server import Server, free_port, start_server, stop_server
 
 try:
     SMG = find_smg()

@@ -12,7 +12,7 @@ import torch
 
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
-from tests.runner_options import exact
+from tests.support.runner_options import exact
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from openai import BadRequestError, OpenAI
 
-from tests.integration.client import get_json, post_json, ws_generate
+from tests.support.client import get_json, post_json, ws_generate
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ import aiohttp
 import psutil
 import pytest
 
-from .client import get_json
-from .conftest import Server, start_server, stop_server
+from tests.support.client import get_json
+from tests.support.server import Server, start_server, stop_server
 
 #: 2,000 requests take minutes on 2 cores, more while other work shares them
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]

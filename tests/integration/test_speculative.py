@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 import pytest
 
-from tests.integration.client import post_json, ws_generate
-from tests.integration.conftest import start_server, stop_server
+from tests.support.client import post_json, ws_generate
+from tests.support.server import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.integration.client import post_json, sse_stream, ws_generate
+from tests.support.client import post_json, sse_stream, ws_generate
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
-from tests.integration.conftest import Server
+from tests.support.server import Server
 
 pytestmark = pytest.mark.slow
 

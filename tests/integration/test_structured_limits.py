@@ -21,8 +21,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.integration.client import post_json, ws_generate
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.support.client import post_json, ws_generate
+from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

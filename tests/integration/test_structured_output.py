@@ -14,8 +14,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.integration.client import ws_generate
-from tests.integration.conftest import start_server, stop_server
+from tests.support.client import ws_generate
+from tests.support.server import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -24,8 +24,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.integration.client import get_json, ws_generate
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.support.client import get_json, ws_generate
+from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -19,9 +19,9 @@ import sys
 
 import pytest
 
-from tests.integration.client import ws_generate
-from tests.integration.conftest import start_server, stop_server
-from tests.integration.test_golden import KEYS, _payload, reference  # noqa: F401 (fixture)
+from tests.support.client import ws_generate
+from tests.support.golden import KEYS, payload
+from tests.support.server import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -51,9 +51,9 @@ def tp_server(real_model_path, tmp_path_factory):
     assert stop_server(srv) == 0
 
 
-def test_golden_tokens_at_tp3(tp_server, reference):  # noqa: F811 (the fixture)
+def test_golden_tokens_at_tp3(tp_server, reference):
     async def all_keys() -> list[dict]:
-        return await asyncio.gather(*(ws_generate(tp_server.ws_url, _payload(k)) for k in KEYS))
+        return await asyncio.gather(*(ws_generate(tp_server.ws_url, payload(k)) for k in KEYS))
 
     for key, got in zip(KEYS, asyncio.run(all_keys()), strict=True):
         assert got["error"] is None, got["error"]
@@ -61,12 +61,12 @@ def test_golden_tokens_at_tp3(tp_server, reference):  # noqa: F811 (the fixture)
     assert "tensor parallel: 3 ranks (gloo)" in tp_server.output()
 
 
-def test_prefix_hit_at_tp3_keeps_golden_tokens(tp_server, reference):  # noqa: F811
+def test_prefix_hit_at_tp3_keeps_golden_tokens(tp_server, reference):
     """chat2 again, after test_golden_tokens_at_tp3 (or a first run here) cached its
     prompt: the repeat reuses the cached pages and still gives transformers' tokens."""
-    payload = {**_payload("chat2"), "max_tokens": 8}
+    body = {**payload("chat2"), "max_tokens": 8}
     for _ in range(2):  # the second at the latest is a prefix hit
-        got = asyncio.run(ws_generate(tp_server.ws_url, payload))
+        got = asyncio.run(ws_generate(tp_server.ws_url, body))
         assert got["error"] is None, got["error"]
         assert got["token_ids"] == reference["chat2"][:8]
     assert got["final"]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16

@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from tests.integration.test_deepseek_served import check, generate, ids
-from tests.integration.test_tensor_parallel_served import _get, serve_tiny_tp2
+from tests.support.served_deepseek import check, generate, ids
+from tests.support.tp_server import get_json_ok, serve_tiny_tp2
 
 pytestmark = [
     pytest.mark.slow,
@@ -49,7 +49,9 @@ def test_tp2_over_nccl_equals_transformers(served):
     assert "tensor parallel: 2 ranks (NCCL)" in srv.output()
     deadline = time.monotonic() + 30
     while not [
-        s for s in asyncio.run(_get(f"{srv.url}/dashboard/api/live"))["steps"] if s["allreduce_ms"]
+        s
+        for s in asyncio.run(get_json_ok(f"{srv.url}/dashboard/api/live"))["steps"]
+        if s["allreduce_ms"]
     ]:
         assert time.monotonic() < deadline, "no step with its all-reduce time recorded"
         time.sleep(0.5)

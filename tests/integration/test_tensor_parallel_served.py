@@ -8,35 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiohttp
 import pytest
-import torch
 
-from houchu.devtools.tiny_models import make_tiny_llama, write_tiny_tokenizer
-from tests.integration.conftest import start_server, stop_server
-from tests.integration.test_deepseek_served import check, generate, ids
+from tests.support.served_deepseek import check, generate, ids
+from tests.support.tp_server import get_json_ok, serve_tiny_tp2
 
 pytestmark = pytest.mark.slow
-
-
-def serve_tiny_tp2(tmp_path_factory, name: str, *flags: str):
-    """A tiny random Llama (heads that divide by 2) served at ``--tensor-parallel-size 2``
-    with ``flags``, small pages and chunked prefill; yields (server, its transformers
-    twin) and stops the server."""
-    from transformers import AutoModelForCausalLM
-
-    path = make_tiny_llama(tmp_path_factory.mktemp(name), seed=7, intermediate_size=128)
-    write_tiny_tokenizer(path, 128)
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    db = tmp_path_factory.mktemp(f"{name}_db") / "houchu.db"
-    srv = start_server(
-        path,
-        *("--tensor-parallel-size", "2", *flags),
-        *("--page-size", "4", "--num-pages", "256", "--chunked-prefill-size", "8"),
-        *("--max-batch-tokens", "32", "--db-url", f"sqlite:///{db}"),
-    )
-    yield srv, hf
-    assert stop_server(srv) == 0
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +55,7 @@ def test_each_steps_allreduce_reaches_the_dashboard(served):
     asyncio.run(generate(srv.ws_url, ids(60, 12)))
     deadline = time.monotonic() + 30
     while True:
-        live = asyncio.run(_get(f"{srv.url}/dashboard/api/live"))
+        live = asyncio.run(get_json_ok(f"{srv.url}/dashboard/api/live"))
         tp = [s for s in live["steps"] if s["allreduce_ms"] is not None]
         if tp:
             break
@@ -137,10 +114,4 @@ async def _generate_or_error(ws_url: str, prompt: list[int], failures: list[str]
 
 
 async def _stats(url: str) -> dict:
-    return await _get(f"{url}/stats")
-
-
-async def _get(url: str) -> dict:
-    async with aiohttp.ClientSession() as s, s.get(url) as r:
-        assert r.status == 200
-        return await r.json()
+    return await get_json_ok(f"{url}/stats")

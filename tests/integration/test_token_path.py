@@ -14,7 +14,7 @@ import pytest
 
 from houchu.api.token_path import CYCLE, FIELDS
 from houchu.bench.token_path import ClientTimes, stats, stream_one
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

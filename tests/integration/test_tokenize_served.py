@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tests.integration.client import post_json
+from tests.support.client import post_json
 
 pytestmark = pytest.mark.slow
 

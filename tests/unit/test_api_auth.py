@@ -3,16 +3,12 @@ wrong one gets 401; the dashboard stays open and read-only; ``HOUCHU_API_KEY``."
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from aiohttp import web
 
 from houchu.api.auth import PUBLIC_PATHS, bearer_token, key_matches, needs_key
 from houchu.api.limits import GatewayLimits
 from houchu.cli.main import build_parser
-
-from .test_api_basics import Api, assert_openai_error, serve
+from tests.support.fake_api import Api, assert_openai_error, routes, serve
 
 KEY = "sk-test-😀-key"
 GOOD = {"Authorization": f"Bearer {KEY}"}
@@ -24,17 +20,6 @@ WRONG = [
     {"Authorization": f"Basic {KEY}"},
     {"Authorization": KEY},
 ]
-
-
-def routes(app: web.Application) -> list[tuple[str, str]]:
-    """(method, concrete path) of every route of ``app`` ({name} filled with "1")."""
-    out = []
-    for route in app.router.routes():
-        info = route.resource.get_info() if route.resource is not None else {}
-        path = info.get("path") or re.sub(r"\{[^}]+\}", "1", info.get("formatter", ""))
-        if path and route.method != "*":
-            out.append((route.method, path))
-    return sorted(set(out))
 
 
 @pytest.fixture

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import msgspec
 import pytest
 
-from houchu.transport.messages import PromptTokenLogprob, TextDelta
-
-from .test_api_basics import ANSWER, PIECES, PROMPT_TOKENS, Api, FakeEngine, read_sse, serve
+from tests.support.fake_api import (
+    ANSWER,
+    PIECES,
+    PROMPT_TOKENS,
+    Api,
+    Echoing,
+    FakeEngine,
+    read_sse,
+    serve,
+)
 
 CMPL = {"prompt": "Hello", "max_tokens": 5}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}
@@ -65,27 +71,6 @@ async def test_best_of_returns_n_and_counts_all():
     (choice,) = out["choices"]
     assert choice["index"] == 0 and choice["logprobs"] is None  # not asked for
     assert out["usage"]["completion_tokens"] == 3 * len(PIECES)
-
-
-PROMPT_LPS = [
-    PromptTokenLogprob("Hel", 5, None, None, list(b"Hel")),
-    PromptTokenLogprob("lo", 6, -1.5, 2, list(b"lo"), [("p", 9, -0.5), ("lo", 6, -1.5)]),
-]
-
-
-class Echoing(FakeEngine):
-    """The first delta carries the prompt's text and logprobs, as the tokenizer sends:
-    with as many alternatives as the request's ``prompt_logprobs`` (as the runner
-    computes them)."""
-
-    def _delta(self, req, i, last) -> TextDelta:
-        d = super()._delta(req, i, last)
-        if i == 0 and req.sampling.echo:
-            d.prompt_text = "Hello"
-        k = req.sampling.prompt_logprobs
-        if i == 0 and k is not None:
-            d.prompt_logprobs = [msgspec.structs.replace(p, top=p.top[:k]) for p in PROMPT_LPS]
-        return d
 
 
 async def test_echo_with_logprobs_puts_the_prompt_first():

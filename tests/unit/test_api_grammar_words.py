@@ -16,9 +16,8 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from houchu.api.structured.lark_rules import endless_rules
 from houchu.api.structured.request import json_schema_grammar, no_value_nots
-
-from .test_api_request_rules import MESSAGES, _chat_error, serve_vocab
-from .test_api_ws import collect
+from tests.support.fake_api import collect
+from tests.support.vocab_api import MESSAGES, chat_error, serve_vocab
 
 #: an integer beyond the 64 bits llguidance reads (its own error: "not JSON serializable")
 BIG = 123456789012345678901234567890
@@ -165,7 +164,7 @@ async def test_the_400_says_what_is_wrong(
     extra: dict[str, Any], param: str, words: list[str]
 ) -> None:
     async with serve_vocab() as api:
-        body = await _chat_error(api, messages=MESSAGES, max_tokens=4, extra_body=extra)
+        body = await chat_error(api, messages=MESSAGES, max_tokens=4, extra_body=extra)
         err = body if "message" in body else body["error"]
         assert err["param"] == param and err["code"] == "invalid_grammar", err
         for w in words:

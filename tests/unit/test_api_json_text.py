@@ -8,9 +8,7 @@ import pytest
 
 from houchu.api.errors import ApiError
 from houchu.api.requests.parse import decode_body
-
-from .test_api_basics import assert_openai_error, serve
-from .test_api_ws import recv
+from tests.support.fake_api import assert_openai_error, recv, serve
 
 #: The issue's body: a choice that starts with a lone high surrogate.
 LONE = b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"guided_choice":["\\ud800x"]}'

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,8 +16,14 @@ from houchu.api.engine_client import EngineError
 from houchu.api.limits import GatewayLimits, SlowReader, StreamGuard
 from houchu.transport.failures import overloaded
 from houchu.transport.messages import GenerateRequest, TextDelta
-
-from .test_api_basics import ANSWER, FakeEngine, assert_openai_error, read_sse, serve, wait_for
+from tests.support.fake_api import (
+    ANSWER,
+    FakeEngine,
+    assert_openai_error,
+    read_sse,
+    serve,
+    wait_for,
+)
 
 SLOW = {"prompt": "SLOW", "max_tokens": 1000, "stream": True}
 
@@ -156,9 +161,8 @@ def non_reading_socket(port: int) -> socket.socket:
     return s
 
 
-async def _normal_streams(api: Any, n: int) -> float:
-    """Run ``n`` ordinary streams at once; the seconds they took."""
-    t0 = time.perf_counter()
+async def _normal_streams(api: Any, n: int) -> None:
+    """Run ``n`` ordinary streams at once, each to its whole answer."""
     bodies = [{"prompt": f"hi {i}", "max_tokens": 5, "stream": True} for i in range(n)]
 
     async def one(body: dict) -> None:
@@ -167,7 +171,6 @@ async def _normal_streams(api: Any, n: int) -> float:
         assert "".join(c["choices"][0]["text"] for c in chunks) == ANSWER
 
     await asyncio.gather(*(one(b) for b in bodies))
-    return time.perf_counter() - t0
 
 
 async def test_slow_sse_reader_is_aborted_and_others_stream_on() -> None:
@@ -181,13 +184,14 @@ async def test_slow_sse_reader_is_aborted_and_others_stream_on() -> None:
         sock = non_reading_socket(api.client.port)
         try:
             sock.sendall(head + body)
-            baseline = await _normal_streams(api, 4)
+            # the others stream on, whole, while the stalled client is connected: before
+            # its stream is aborted and after (how fast is the benchmarks' business)
+            await _normal_streams(api, 4)
             await wait_for(lambda: len(api.engine.aborted) == 1, timeout_s=20)
-            during = await _normal_streams(api, 4)
+            await _normal_streams(api, 4)
         finally:
             sock.close()
         assert api.engine.aborted[0].startswith("cmpl-")
-        assert during < max(5 * baseline, 2.0), (baseline, during)
         await wait_for(lambda: api.in_flight == 0)
 
 

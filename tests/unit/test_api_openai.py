@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from openai import AsyncOpenAI
 
-from .test_api_basics import (
+from tests.support.fake_api import (
     ANSWER,
     CACHED_TOKENS,
     MODEL,

@@ -10,25 +10,11 @@ from typing import Any
 import jsonschema
 import pytest
 
-from houchu.api.openapi import EVENT_DATA, openapi_document
+from tests.support.fake_api import FakeEngine, read_sse, serve
+from tests.support.openapi import DOC, event_validator, validator
+from tests.support.tool_calls import HERMES_WEATHER, MESSAGES, WEATHER, ScriptedEngine
 
-from .test_api_basics import FakeEngine, read_sse, serve
-from .test_api_tool_auto import HERMES_WEATHER, MESSAGES, WEATHER, ScriptedEngine
-
-DOC = openapi_document()
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
-
-
-def _validator(name: str) -> jsonschema.Draft202012Validator:
-    """A validator of ``components/schemas/name`` (its refs resolved in the document)."""
-    root = {"$ref": f"#/components/schemas/{name}", "components": DOC["components"]}
-    return jsonschema.Draft202012Validator(root)
-
-
-def _event_validator(path: str) -> jsonschema.Draft202012Validator:
-    """A validator of one event's data, as the document's stream media type names it."""
-    media = DOC["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"]
-    return jsonschema.Draft202012Validator({**media[EVENT_DATA], "components": DOC["components"]})
 
 
 #: (engine, path, body, the whole answer's schema)
@@ -67,11 +53,11 @@ async def test_answers_and_chunks_validate_against_the_document(
     async with serve(engine()) as api:
         status, whole = await api.post(path, body)
         assert status == 200
-        _validator(schema).validate(whole)
+        validator(schema).validate(whole)
         stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
         async with api.client.post(path, json=stream) as r:
             chunks = await read_sse(r)
-    events = _event_validator(path)
+    events = event_validator(path)
     for chunk in chunks:
         events.validate(chunk)
     if "tools" in body:  # the reply is a call: no content, and the document says so
@@ -89,7 +75,7 @@ async def test_a_stream_that_fails_midway_validates() -> None:
         async with api.client.post("/v1/completions", json=body) as r:
             chunks = await read_sse(r)
     assert chunks[-2]["choices"][0]["finish_reason"] == "error" and "error" in chunks[-1]
-    events = _event_validator("/v1/completions")
+    events = event_validator("/v1/completions")
     for chunk in chunks:
         events.validate(chunk)
 
@@ -117,7 +103,7 @@ def test_the_document_refuses_what_the_gateway_never_sends(
     houchu does not send, a chunk choice without ``finish_reason``, a call without
     ``arguments``."""
     with pytest.raises(jsonschema.ValidationError):
-        _validator(schema).validate(answer)
+        validator(schema).validate(answer)
 
 
 def test_finish_reason_is_an_enum() -> None:

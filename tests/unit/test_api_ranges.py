@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from .test_api_basics import MAX_CONTEXT, MODEL
+from tests.support.fake_api import MAX_CONTEXT, MODEL
 
 #: (field, values at the edges of OpenAI's documented range, values just outside), for
 #: both completions and chat completions unless the field is one API's own.

@@ -7,53 +7,18 @@ grammar keeps EOS a stop token (``houchu.text.stop``)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
-import openai
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
-from llguidance import LLMatcher, LLTokenizer
-from openai import AsyncOpenAI
 
-from houchu.api.app import make_app
 from houchu.text.stop import stop_ids
-from houchu.transport.limits import LimitsWatch, RunnerLimits
 from houchu.transport.messages import SamplingParams
 from houchu.transport.structured import StructuredOutput
+from tests.support.fake_api import collect
+from tests.support.vocab_api import MESSAGES, VOCAB, chat_error, follows, serve_vocab
 
-from .test_api_basics import MODEL, Api, FakeEngine
-from .test_api_ws import collect
-
-VOCAB = 1000
-MESSAGES = [{"role": "user", "content": "Yes or no?"}]
 NAMED = {"type": "function", "function": {"name": "f"}}
 TOOL_F = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-
-
-@contextlib.asynccontextmanager
-async def serve_vocab() -> AsyncIterator[Api]:
-    """The gateway in front of the fake engine, with a runner of ``VOCAB`` tokens."""
-    engine = FakeEngine()
-    runner = LimitsWatch(RunnerLimits(max_context=1024, vocab_size=VOCAB))
-    app = make_app(engine, model_name=MODEL, runner=runner)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        yield Api(client, engine)
-
-
-async def _chat_error(api: Api, **kw: Any) -> dict[str, Any]:
-    """The 400 body the official client gets for a chat request with ``kw``."""
-    client = AsyncOpenAI(base_url=str(api.client.make_url("/v1")), api_key="x", max_retries=0)
-    try:
-        with pytest.raises(openai.BadRequestError) as err:
-            await client.chat.completions.create(model=MODEL, **kw)
-    finally:
-        await client.close()
-    assert err.value.status_code == 400
-    body = err.value.body
-    assert isinstance(body, dict)
-    return body
 
 
 #: (extra body, the conflicting parameter, the grammar's parameter)
@@ -88,7 +53,7 @@ async def test_a_grammar_beside_min_tokens_or_allowed_token_ids_is_refused(
     reaches the engine."""
     async with serve_vocab() as api:
         kw = {k: v for k, v in extra.items() if k in ("tools", "tool_choice", "response_format")}
-        body = await _chat_error(api, messages=MESSAGES, extra_body=extra, **kw)
+        body = await chat_error(api, messages=MESSAGES, extra_body=extra, **kw)
         async with api.client.ws_connect("/ws") as ws:
             await ws.send_json({"id": "t", "messages": MESSAGES, **extra})
             (frame,) = (await collect(ws, {"t"}))["t"]
@@ -140,7 +105,7 @@ async def test_a_tool_turn_needs_its_tool_call_id() -> None:
         {"role": "tool", "content": "42"},
     ]
     async with serve_vocab() as api:
-        body = await _chat_error(api, messages=history)
+        body = await chat_error(api, messages=history)
         assert body["param"] == "messages[2].tool_call_id"
         assert body["code"] == "missing_required_parameter"
         history[2]["tool_call_id"] = "call_1"
@@ -152,16 +117,11 @@ async def test_a_tool_turn_needs_its_tool_call_id() -> None:
 async def test_a_json_schema_name_outside_openais_pattern_is_refused(name: str) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": {"type": "object"}}}
     async with serve_vocab() as api:
-        body = await _chat_error(api, messages=MESSAGES, response_format=fmt)
+        body = await chat_error(api, messages=MESSAGES, response_format=fmt)
     assert body["param"] == "response_format.json_schema.name"
     # OpenAI's pattern ^[a-zA-Z0-9_-]{1,64}$, said in words rather than as a regex
     assert "must be 1-64 characters of a-z, A-Z, 0-9, _ or -, got" in body["message"]
     assert "^[" not in body["message"] and "(?!" not in body["message"]
-
-
-def _follows(grammar: str, text: str) -> bool:
-    m = LLMatcher(LLTokenizer("byte"), grammar, log_level=0)
-    return m.consume_tokens(list(text.encode())) and m.is_accepting()
 
 
 async def test_a_json_schema_without_schema_is_any_json_object() -> None:
@@ -180,7 +140,7 @@ async def test_a_json_schema_without_schema_is_any_json_object() -> None:
             assert structured is not None
             grammars.append(structured.grammar)
     assert grammars[0] == grammars[1]
-    assert _follows(grammars[0], '{"a": [1]}') and not _follows(grammars[0], "[1]")
+    assert follows(grammars[0], '{"a": [1]}') and not follows(grammars[0], "[1]")
 
 
 #: (logit_bias, what the message must say)
@@ -250,8 +210,8 @@ async def test_a_regex_reads_backslash_d_as_ascii_digits(
             assert status == 200
         structured = api.engine.requests[0].sampling.structured
     assert structured is not None
-    assert all(_follows(structured.grammar, t) for t in takes)
-    assert not any(_follows(structured.grammar, t) for t in refuses)
+    assert all(follows(structured.grammar, t) for t in takes)
+    assert not any(follows(structured.grammar, t) for t in refuses)
 
 
 @pytest.mark.parametrize("pattern", ["(\\d", "\\d^a"])

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from houchu.api.app import make_app
 from houchu.api.server_info import houchu_version
-from tests.unit.test_api_basics import FakeEngine
+from tests.support.fake_api import FakeEngine
 
 STATS = {"model": "fake", "num_running": 3, "num_waiting": 2, "num_pages_total": 100}
 STATS |= {"num_pages_used": 25, "page_size": 16}
@@ -82,18 +82,34 @@ async def test_the_vllm_gauges_are_labelled_with_the_served_model_name():
 
 async def test_information_routes_answer_503_at_once_while_the_runner_loads():
     """A router polls them with short timeouts: before the runner's first ``RunnerInfo``
-    they are a prompt 503, not a wait of ``RUNNER_WAIT_S``."""
-    import time
+    they are a prompt 503, not a wait of ``RUNNER_WAIT_S``. The runner's limits never
+    come, and each wait for them times out at once (a fake clock): what is checked is
+    how long each route was willing to wait."""
+    import asyncio
 
-    from houchu.api.state import INFO_WAIT_S
-    from houchu.transport.limits import LimitsWatch
+    from houchu.api.state import INFO_WAIT_S, RUNNER_WAIT_S
+    from houchu.transport.limits import LimitsWatch, RunnerLimits
 
-    app = make_app(StatsEngine(), model_name="fake", runner=LimitsWatch())  # never known
+    class NeverKnown(LimitsWatch):
+        """Limits that never arrive; a wait of any length times out at once."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.waits: list[float | None] = []
+
+        async def wait(self, timeout_s: float | None = None) -> RunnerLimits:
+            self.waits.append(timeout_s)
+            raise asyncio.TimeoutError
+
+    watch = NeverKnown()
+    app = make_app(StatsEngine(), model_name="fake", runner=watch)
     async with TestClient(TestServer(app, host="127.0.0.1")) as c:
         for path in ("/v1/models", "/model_info", "/server_info", "/get_server_info"):
-            t0 = time.monotonic()
+            before = len(watch.waits)
             resp = await c.get(path)
             assert resp.status == 503, path
             assert "not ready" in (await resp.json())["error"]["message"]
-            assert time.monotonic() - t0 < INFO_WAIT_S + 2.0
+            waits = watch.waits[before:]
+            assert waits and all(w is not None and w <= INFO_WAIT_S for w in waits), (path, waits)
+        assert INFO_WAIT_S < RUNNER_WAIT_S
         assert (await c.get("/version")).status == 200

@@ -13,10 +13,8 @@ import msgspec
 import pytest
 
 from houchu.transport.messages import GenerateRequest, TextDelta
-
-from .test_api_basics import FakeEngine, read_sse, serve
-from .test_api_openapi_answers import DOC, _event_validator, _validator
-from .test_api_ws import collect
+from tests.support.fake_api import FakeEngine, collect, read_sse, serve
+from tests.support.openapi import DOC, event_validator, validator
 
 
 class StoppingEngine(FakeEngine):
@@ -63,10 +61,10 @@ async def test_stop_reason_whole_and_streamed(
     assert [(c["finish_reason"], c["stop_reason"]) for c in whole["choices"]] == [
         ("stop", reason)
     ] * 2
-    _validator(schema).validate(whole)
+    validator(schema).validate(whole)
     async with api.client.post(path, json={**body, **fields, "stream": True}) as r:
         chunks = await read_sse(r)
-    events = _event_validator(path)
+    events = event_validator(path)
     for chunk in chunks:
         events.validate(chunk)
     ends = [c["choices"][0] for c in chunks if c["choices"][0]["finish_reason"] is not None]

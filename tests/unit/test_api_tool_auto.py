@@ -5,27 +5,15 @@ only when the reply holds a call (``houchu.text.tool_calls.parse``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
 
-from houchu.transport.messages import GenerateRequest, TextDelta
+from tests.support.fake_api import MODEL, collect, serve
+from tests.support.tool_calls import HERMES_WEATHER, MESSAGES, WEATHER, ScriptedEngine
 
-from .test_api_basics import MODEL, PROMPT_TOKENS, FakeEngine, serve
-from .test_api_ws import collect
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
-MESSAGES = [{"role": "user", "content": "Weather in Oslo?"}]
 HERMES_LAUNCH = '<tool_call>{"name": "launch", "arguments": {}}</tool_call>'
-HERMES_WEATHER = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
 MISTRAL_LAUNCH = '[TOOL_CALLS][{"name": "launch", "arguments": {}}]'
 
 #: (parser, the model's reply, the content the client gets, the calls' names)
@@ -44,31 +32,6 @@ CASES = [
     ("llama3_json", '{"name": "get_weather", "parameters": {}}', None, ["get_weather"]),
 ]
 IDS = [f"{c[0]}-{'+'.join(c[3]) or 'content'}-{i}" for i, c in enumerate(CASES)]
-
-
-class ScriptedEngine(FakeEngine):
-    """Answers every request with ``reply``, in pieces of ``step`` characters, ending by
-    itself (``finish_reason`` "stop")."""
-
-    def __init__(self, reply: str, step: int = 3) -> None:
-        super().__init__()
-        self.reply, self.step = reply, step
-
-    async def generate(
-        self, req: GenerateRequest, record: dict | None = None
-    ) -> AsyncIterator[TextDelta]:
-        """Yield the pieces of ``reply``."""
-        self.requests.append(req)
-        pieces = [self.reply[i : i + self.step] for i in range(0, len(self.reply), self.step)]
-        for i, piece in enumerate(pieces):
-            yield TextDelta(
-                rid=req.rid,
-                text=piece,
-                token_ids=[100 + i],
-                finish_reason="stop" if i == len(pieces) - 1 else None,
-                prompt_tokens=PROMPT_TOKENS,
-                completion_tokens=i + 1,
-            )
 
 
 def _expected(content: str | None, names: list[str]) -> tuple[str | None, list[str], str]:

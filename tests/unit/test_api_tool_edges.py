@@ -16,10 +16,8 @@ from llguidance import LLMatcher, LLTokenizer
 from openai import AsyncOpenAI
 
 from houchu.transport.messages import GenerateRequest, TextDelta, TokenLogprob
-
-from .test_api_basics import MODEL, read_sse, serve
-from .test_api_tool_auto import HERMES_WEATHER, MESSAGES, WEATHER, ScriptedEngine
-from .test_api_ws import collect
+from tests.support.fake_api import MODEL, collect, read_sse, serve
+from tests.support.tool_calls import HERMES_WEATHER, MESSAGES, WEATHER, ScriptedEngine
 
 PING = {"type": "function", "function": {"name": "ping", "description": "No arguments."}}
 HERMES_PING = '<tool_call>{"name": "ping", "arguments": {}}</tool_call>'

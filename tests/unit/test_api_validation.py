@@ -10,9 +10,7 @@ import pytest
 
 from houchu.api.requests.parse import DEFAULT_CHAT_MAX_TOKENS
 from houchu.transport.messages import ChatMessage, SamplingParams
-
-from .test_api_basics import MAX_CONTEXT, MODEL, Api, assert_openai_error, serve
-from .test_api_ws import collect
+from tests.support.fake_api import MAX_CONTEXT, MODEL, Api, assert_openai_error, collect, serve
 
 CMPL = {"prompt": "Hello", "max_tokens": 4}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}

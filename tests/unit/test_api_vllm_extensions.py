@@ -13,9 +13,7 @@ import pytest
 from llguidance import LLMatcher, LLTokenizer
 
 from houchu.api.openapi import openapi_document
-
-from .test_api_basics import PIECES, PROMPT_TOKENS, FakeEngine, read_sse, serve
-from .test_api_ws import collect
+from tests.support.fake_api import PIECES, PROMPT_TOKENS, FakeEngine, collect, read_sse, serve
 
 CHAT = [{"role": "user", "content": "Hi"}]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

@@ -7,16 +7,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import ClientWebSocketResponse
 
-from .test_api_basics import (
+from tests.support.fake_api import (
     ANSWER,
     CACHED_TOKENS,
     PIECES,
     PROMPT_TOKENS,
     Api,
     FakeEngine,
+    collect,
+    recv,
     serve,
+    text_of,
     wait_for,
 )
 
@@ -32,27 +34,6 @@ USAGE = {
 async def api() -> AsyncIterator[Api]:
     async with serve(FakeEngine(delay_s=0.002)) as a:
         yield a
-
-
-async def recv(ws: ClientWebSocketResponse) -> dict[str, Any]:
-    """The next JSON frame."""
-    return await ws.receive_json(timeout=5)
-
-
-async def collect(ws: ClientWebSocketResponse, ids: set[Any]) -> dict[Any, list[dict]]:
-    """Frames per id until each of ``ids`` has a final or error frame."""
-    frames: dict[Any, list[dict]] = {i: [] for i in ids}
-    open_ids = set(ids)
-    while open_ids:
-        frame = await recv(ws)
-        frames.setdefault(frame["id"], []).append(frame)
-        if frame["type"] in ("final", "error"):
-            open_ids.discard(frame["id"])
-    return frames
-
-
-def text_of(frames: list[dict]) -> str:
-    return "".join(f["text"] for f in frames if f["type"] in ("delta", "final"))
 
 
 async def test_one_request(api: Api) -> None:

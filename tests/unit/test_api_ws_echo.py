@@ -11,10 +11,7 @@ from typing import Any
 import pytest
 
 from houchu.transport.messages import GenerateRequest, TextDelta
-
-from .test_api_basics import ANSWER, PIECES, serve
-from .test_api_choices import Echoing
-from .test_api_ws import collect, text_of
+from tests.support.fake_api import ANSWER, PIECES, Echoing, collect, serve, text_of
 
 ECHO = {"prompt": "Hello", "max_tokens": 5, "echo": True}
 #: The echo frame's logprobs of the fake engine's prompt ("Hel" has no logprob).

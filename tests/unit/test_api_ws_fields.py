@@ -10,9 +10,7 @@ from typing import Any
 import pytest
 
 from houchu.api.schema.bodies import ChatCompletionRequest, CompletionRequest, WsGenerateRequest
-
-from .test_api_basics import Api, FakeEngine, serve
-from .test_api_ws import collect
+from tests.support.fake_api import Api, FakeEngine, collect, serve
 
 CHAT = [{"role": "user", "content": "Hi"}]
 

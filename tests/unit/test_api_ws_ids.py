@@ -11,9 +11,7 @@ import pytest
 
 from houchu.api.ws import routes as ws_api
 from houchu.api.ws.ids import MAX_ID_CHARS, MAX_SCAN_STEPS, answer_id, id_in_text
-
-from .test_api_basics import serve
-from .test_api_ws import collect, recv
+from tests.support.fake_api import collect, recv, serve
 
 DEEP = "[" * 100_000 + "]" * 100_000
 

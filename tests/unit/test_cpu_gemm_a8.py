@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from houchu.cpu import kernels as cpu_kernels
-from tests.unit.test_cpu_gemv import int4_weight
-from tests.unit.test_cpu_gemv_a8 import a8_reference
+from tests.support.cpu_kernels import a8_reference, int4_weight
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 

@@ -10,41 +10,9 @@ import pytest
 import torch
 
 from houchu.cpu import kernels as cpu_kernels
+from tests.support.cpu_kernels import INT4_SHAPES, a16_activations, int4_weight, int8_weight
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
-
-
-def int4_weight(n: int, k: int, group: int, dtype: torch.dtype, seed: int):
-    """Random codes [N, K] uint8, scale and offset [N, K/G] in dtype, and the dense
-    float32 weight [N, K] they stand for."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
-    scale = (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).to(dtype)
-    offset = (-8 * scale.float() + 1e-3 * torch.randn(n, k // group, generator=g)).to(dtype)
-    dense = q.float().view(n, k // group, group) * scale.float()[..., None]
-    dense = (dense + offset.float()[..., None]).view(n, k)
-    return q, scale, offset, dense
-
-
-def int8_weight(n: int, k: int, dtype: torch.dtype, seed: int):
-    """Random int8 [N, K], per-row scale [N] in dtype, and the dense float32 weight."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
-    scale = (torch.rand(n, generator=g) * 0.01 + 1e-4).to(dtype)
-    return q, scale, q.float() * scale.float()[:, None]
-
-
-def a16_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] -> float32 [M, K]: x as the int16 activations of ``gemv_a16.h`` stand for
-    it: per block of 64 inputs, round(x * (16383 / amax)) * (amax / 16383) (float32
-    steps, round half to even; an all-zero block stays zero)."""
-    m, k = x.shape
-    kp = -(-k // 64) * 64
-    xb = torch.nn.functional.pad(x.float(), (0, kp - k)).view(m, kp // 64, 64)
-    amax = xb.abs().amax(-1, keepdim=True)  # [M, K/64, 1]
-    inv = torch.where(amax > 0, torch.tensor(16383.0) / amax, torch.zeros(()))
-    q = torch.round(xb * inv)  # [M, K/64, 64] integers, |q| <= 16383
-    return (q * (amax / 16383)).view(m, kp)[:, :k]
 
 
 def check(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor, a16: bool = False) -> None:
@@ -60,19 +28,6 @@ def check(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor, a16: bool = Fal
     err = (y.float() - ref).abs()
     worst = (err / bound).max().item()
     assert worst <= 1.0, f"error {worst:.3g}x the bound"
-
-
-# (N, K, G): SmolLM2-135M's projections (qkv 960, o 576, gate_up 3072, down 576x1536),
-# a feature count that leaves a partial block of 16, and a small odd shape
-INT4_SHAPES = [
-    (960, 576, 32),
-    (576, 576, 64),
-    (3072, 576, 32),
-    (576, 1536, 128),
-    (192, 1536, 64),
-    (200, 576, 32),
-    (7, 64, 8),
-]
 
 
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])

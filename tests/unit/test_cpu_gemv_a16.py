@@ -13,14 +13,13 @@ import torch
 
 from houchu.cpu import isa as cpu_isa
 from houchu.cpu import kernels as cpu_kernels
-from tests.unit.test_cpu_gemv import a16_activations, int8_weight
-from tests.unit.test_cpu_gemv_a8_levels import _loaded
+from tests.support.cpu_kernels import a16_activations, int8_weight, why_not_loaded
 
 X86_LEVELS = [lv.name for lv in cpu_isa.LEVELS if lv.kernels and "x86_64" in lv.arch]
 
 
 def _skip_unless_loaded(level: str) -> None:
-    why = _loaded(level)
+    why = why_not_loaded(level)
     if why is not None:
         pytest.skip(f"{level}: {why}")
 

@@ -11,30 +11,9 @@ import pytest
 import torch
 
 from houchu.cpu import kernels as cpu_kernels
-from tests.unit.test_cpu_gemv import INT4_SHAPES, int4_weight
+from tests.support.cpu_kernels import INT4_SHAPES, a8_reference, int4_weight
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
-
-
-def a8_reference(x: torch.Tensor, q: torch.Tensor, scale, offset, group: int) -> torch.Tensor:
-    """x [M, K] float -> [M, N] float32: per block b of A = 16 inputs (8 where 16 does not
-    divide the group), s * xs_b * (q . round(x / xs_b)) with xs_b = amax|x_b| / 127, plus
-    o * sum_(b in g) xs_b * sum(round(x_b / xs_b)) per weight group (the quantized
-    activations' sums, as ggml's q8_1; in float64 here)."""
-    m, k = x.shape
-    n = q.shape[0]
-    a = 16 if group % 16 == 0 else 8
-    xb = x.float().view(m, k // a, a)
-    amax = xb.abs().amax(-1, keepdim=True)  # [M, K/A, 1]
-    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
-    xq = torch.round(xb * inv).double()  # [M, K/A, A], exact small integers
-    dot = torch.einsum("mbk,nbk->mnb", xq, q.double().view(n, k // a, a))  # [M, N, K/A]
-    xs = (amax / 127).squeeze(-1).double()  # [M, K/A]
-    s = scale.double().repeat_interleave(group // a, dim=1)  # [N, K/A]
-    xd = (xq * xs[..., None]).view(m, k // group, group)  # [M, ng, G] dequantized
-    y = (dot * s[None] * xs[:, None, :]).sum(-1)
-    y = y + (xd.sum(-1)[:, None, :] * offset.double()[None]).sum(-1)
-    return y.float()
 
 
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])

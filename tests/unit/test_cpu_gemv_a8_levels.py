@@ -15,7 +15,7 @@ import torch
 
 from houchu.cpu import isa as cpu_isa
 from houchu.cpu import kernels as cpu_kernels
-from tests.unit.test_cpu_gemv import int4_weight
+from tests.support.cpu_kernels import int4_weight, why_not_loaded
 
 X86_LEVELS = [lv.name for lv in cpu_isa.LEVELS if lv.kernels and "x86_64" in lv.arch]
 REFERENCE_LEVELS = ("avx2_vnni", "avx2")  # the first of these this CPU runs
@@ -25,19 +25,11 @@ REFERENCE_LEVELS = ("avx2_vnni", "avx2")  # the first of these this CPU runs
 SHAPES = [(960, 576, 32), (576, 1536, 64), (200, 576, 32), (40, 24, 8), (23, 48, 24), (7, 64, 64)]
 
 
-def _loaded(level: str) -> str | None:
-    """Why ``level``'s kernels cannot run here (None: they are loaded)."""
-    lv = cpu_isa.level(level)
-    if not cpu_isa.runs(lv):
-        return cpu_isa.why_not(lv)
-    return cpu_kernels.unavailable_reason(level)
-
-
 @pytest.fixture(scope="module")
 def reference_level() -> str:
     """The reference level: the first of REFERENCE_LEVELS whose kernels load here."""
     for level in REFERENCE_LEVELS:
-        if _loaded(level) is None:
+        if why_not_loaded(level) is None:
             return level
     pytest.skip(f"none of {', '.join(REFERENCE_LEVELS)} runs here")
 
@@ -49,7 +41,7 @@ def reference_level() -> str:
 def test_w4a8_bits_equal_across_levels(level, n, k, group, scale_dtype, x_dtype, reference_level):
     if level == reference_level:
         pytest.skip(f"{level} is the reference level")
-    why = _loaded(level)
+    why = why_not_loaded(level)
     if why is not None:
         pytest.skip(f"{level}: {why}")
     ref_ops, ops = cpu_kernels.ops(reference_level), cpu_kernels.ops(level)

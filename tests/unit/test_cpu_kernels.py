@@ -14,11 +14,11 @@ import torch
 from houchu.cpu import kernels as cpu_kernels
 from houchu.model.attention.metadata import PrefillSeq, TorchMeta
 from houchu.model.attention.torch import TorchSDPABackend
-from houchu.model.kv.pool import KVPool
 from houchu.model.ops import CpuOps, TorchOps
 from houchu.model.rope import rope_cos_sin
 from houchu.model.sampling.sampler import argmax_rows
 from houchu.runner.backends import make_backend
+from tests.support.cpu_kernels import make_pool
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 
@@ -71,19 +71,6 @@ def test_silu_mul(dtype, n, inter):
     gu = 4 * torch.randn(n, 2 * inter, generator=torch.Generator().manual_seed(n)).to(dtype)
     gu[0, :3] = torch.tensor([-200.0, 200.0, 0.0])  # exp's clamps
     close(CpuOps.silu_mul(gu), TorchOps.silu_mul(gu), dtype)
-
-
-def make_pool(kv_dtype: str, dtype: torch.dtype, ps: int, hkv: int, d: int) -> KVPool:
-    return KVPool(
-        num_layers=2,
-        num_pages=40,
-        page_size=ps,
-        num_kv_heads=hkv,
-        head_dim=d,
-        dtype=dtype,
-        device="cpu",
-        kv_dtype=kv_dtype,
-    )
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
@@ -193,8 +180,8 @@ def test_runner_with_cpu_backend_matches_torch(tmp_path, kv):
     """End to end: fused ops and paged decode vs the torch backend, greedy tokens."""
     from houchu.devtools.tiny_models import make_tiny_llama
     from houchu.runner.model_runner import ModelRunner
-    from tests.runner_options import exact
-    from tests.unit.test_model_quant import generate
+    from tests.support.greedy import generate
+    from tests.support.runner_options import exact
 
     path = make_tiny_llama(tmp_path, seed=2)
     kw = {"page_size": 4, "num_pages": 24, "kv_cache_dtype": kv}
@@ -299,7 +286,7 @@ def test_the_epilogue_gives_the_same_bits_at_every_level(dtype):
     past the last tile and where no tile exists) gives the same bits at every level this
     CPU runs: one fma per outlier product, in the same order."""
     from houchu.cpu import isa
-    from tests.conftest import KERNEL_LEVELS
+    from tests.support.kernel_levels import KERNEL_LEVELS
 
     g = torch.Generator().manual_seed(3)
     m, k, n, c = 7, 96, 200, 5  # 200 columns: whole tiles and a tail at 32 and 64 lanes

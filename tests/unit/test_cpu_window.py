@@ -16,7 +16,7 @@ from houchu.model.attention.window import LayerAttention
 from houchu.model.batch import build_batch
 from houchu.runner.backends import make_backend
 from houchu.transport.messages import SeqWork
-from tests.unit.test_cpu_kernels import make_pool
+from tests.support.cpu_kernels import make_pool
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 

@@ -24,7 +24,7 @@ import torch
 from houchu.devtools.tiny_models import train_tiny_model
 from houchu.model.quant.quality import text_logprobs
 from houchu.runner.model_runner import ModelRunner
-from tests.family_helpers import (
+from tests.support.families import (
     ATOL,
     assert_scheduled_waves_equal_hf,
     hf_greedy,
@@ -32,8 +32,8 @@ from tests.family_helpers import (
     runner_greedy_tokens,
     serve_waves,
 )
-from tests.runner_options import exact
-from tests.unit.test_family_quant_quality import EN, EVAL, TRAIN
+from tests.support.quality_texts import EN, EVAL, TRAIN
+from tests.support.runner_options import exact
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -18,8 +18,8 @@ from houchu.dashboard.store import DashboardStore
 from houchu.storage.db import open_db
 from houchu.transport.levers import CATALOG
 from houchu.transport.messages import GenerateRequest, SamplingParams, TextDelta
-from tests.unit.dashboard_data import fill
-from tests.unit.test_api_basics import FakeEngine
+from tests.support.dashboard_data import fill
+from tests.support.fake_api import FakeEngine
 
 STATS = {"model": "fake", "num_running": 2, "num_waiting": 1, "num_pages_total": 100}
 STATS |= {"num_pages_used": 10, "num_pages_cached": 5, "num_pages_free": 85}

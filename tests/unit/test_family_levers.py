@@ -13,13 +13,13 @@ from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.core import SchedulerCore
 from houchu.speculative.proposers import NgramProposer
 from houchu.transport.messages import SamplingParams, TokenizedRequest
-from tests.family_helpers import hf_greedy, prompt, serve_with_drafts, tiny_family
-from tests.runner_options import exact
-from tests.unit.test_model_deepseek import FAMILIES as DEEPSEEK
-from tests.unit.test_model_deepseek import MLA
-from tests.unit.test_model_families import FAMILIES as QWEN
-from tests.unit.test_model_sliding import FAMILIES as SLIDING
-from tests.unit.test_overlap_scheduler import drive
+from tests.support.deepseek_families import FAMILIES as DEEPSEEK
+from tests.support.deepseek_families import MLA
+from tests.support.families import hf_greedy, prompt, serve_with_drafts, tiny_family
+from tests.support.overlap import drive
+from tests.support.qwen_families import FAMILIES as QWEN
+from tests.support.runner_options import exact
+from tests.support.sliding_families import FAMILIES as SLIDING
 
 MODELS = {
     "qwen2": (QWEN["qwen2"], 7),

@@ -92,30 +92,18 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from houchu.bench.texts import DATA_DIR
 from houchu.devtools.tiny_models import train_tiny_model
 from houchu.model.linear.w8a8 import W8A8_MIN_ROWS
 from houchu.model.quant.functions import QuantSpec
 from houchu.model.quant.gptq import quantize_model_gptq
 from houchu.model.quant.quality import Agreement, agreement, text_logprobs
 from houchu.model.weights.loader import load_model
-from tests.unit.test_model_deepseek import FAMILIES as DEEPSEEK
-from tests.unit.test_model_deepseek import MLA
-from tests.unit.test_model_families import FAMILIES as QWEN
-from tests.unit.test_model_sliding import FAMILIES as SLIDING
+from tests.support.deepseek_families import FAMILIES as DEEPSEEK
+from tests.support.deepseek_families import MLA
+from tests.support.quality_texts import EN, EVAL, TRAIN
+from tests.support.qwen_families import FAMILIES as QWEN
+from tests.support.sliding_families import FAMILIES as SLIDING
 
-DATA = DATA_DIR
-EVAL = 600  #: evaluated bytes: the first 600 ASCII bytes of quality_en.txt
-
-
-def ascii_ids(name: str) -> list[int]:
-    """``bench/data/{name}``'s ASCII bytes below 128, as token ids."""
-    return [b for b in (DATA / name).read_text().encode("ascii", "ignore") if b < 128]
-
-
-EN = ascii_ids("quality_en.txt")
-#: training ids: quality_en.txt past the evaluated bytes, then quality_code.txt
-TRAIN = EN[EVAL:] + ascii_ids("quality_code.txt")
 #: family variant -> (config overrides, seed), as each family's own test builds it
 MODELS = {
     "llama": ({}, 7),

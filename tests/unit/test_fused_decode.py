@@ -11,7 +11,7 @@ from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.batch import build_batch
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
-from tests.runner_options import exact
+from tests.support.runner_options import exact
 
 pytestmark = pytest.mark.usefixtures("cpu_isa")  # every test once per ISA level
 
@@ -127,7 +127,7 @@ def test_the_startup_line_names_the_fused_layers_only_where_they_apply(models):
 @pytest.mark.parametrize("kv", ["auto", "int8"])
 def test_fused_greedy_tokens_through_the_runner(models, kv):
     """Decode steps through ``execute``: the same greedy tokens fused and per-op."""
-    from tests.unit.test_model_quant import generate
+    from tests.support.greedy import generate
 
     kw = {"quantization": "int4", "dtype": "bfloat16", "kv_cache_dtype": kv}
     on = _runner(models["d64"], **kw)

@@ -9,29 +9,12 @@ import gguf
 import numpy as np
 
 from houchu.model.gguf.file import open_gguf, shared_gguf
-
-
-def _write(path) -> None:
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_uint32("llama.block_count", 2)
-    w.add_string("general.name", "tiny")
-    w.add_token_list([f"tok{i}" for i in range(300)])  # a string array, as vocabularies are
-    w.add_token_scores([float(i) / 7 for i in range(300)])
-    rng = np.random.default_rng(0)
-    w.add_tensor("a", rng.normal(size=(4, 32)).astype(np.float32))
-    q = gguf.quants.quantize(
-        rng.normal(size=(2, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1
-    )
-    w.add_tensor("b", q, raw_dtype=gguf.GGMLQuantizationType.Q4_1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+from tests.support.gguf_files import write_small_gguf
 
 
 def test_same_fields_and_tensors_as_the_library(tmp_path):
     path = tmp_path / "t.gguf"
-    _write(path)
+    write_small_gguf(path)
     want, got = gguf.GGUFReader(str(path)), open_gguf(path)
     assert list(got.fields) == list(want.fields)
     for key, field in want.fields.items():
@@ -49,7 +32,7 @@ def test_same_fields_and_tensors_as_the_library(tmp_path):
 
 def test_views_are_plain_arrays_of_the_mapped_file(tmp_path):
     path = tmp_path / "t.gguf"
-    _write(path)
+    write_small_gguf(path)
     r = open_gguf(path)
     assert type(r.data) is np.ndarray and isinstance(r.data.base, np.memmap)
     assert type(r.tensors[0].data) is np.ndarray
@@ -59,7 +42,7 @@ def test_views_are_plain_arrays_of_the_mapped_file(tmp_path):
 
 def test_an_unchanged_file_is_parsed_once(tmp_path):
     path = tmp_path / "t.gguf"
-    _write(path)
+    write_small_gguf(path)
     with shared_gguf():
         first = open_gguf(path)
         assert open_gguf(tmp_path / "." / "t.gguf") is first  # the same file, another spelling
@@ -69,7 +52,7 @@ def test_an_unchanged_file_is_parsed_once(tmp_path):
 
 def test_an_edited_or_replaced_file_is_opened_again(tmp_path):
     path = tmp_path / "t.gguf"
-    _write(path)
+    write_small_gguf(path)
     with shared_gguf():
         first = open_gguf(path)
         st = path.stat()
@@ -77,7 +60,7 @@ def test_an_edited_or_replaced_file_is_opened_again(tmp_path):
         second = open_gguf(path)
         assert second is not first
         other = tmp_path / "u.gguf"
-        _write(other)
+        write_small_gguf(other)
         os.replace(other, path)  # replaced: another inode
         assert open_gguf(path) is not second
         assert open_gguf(path, "c") is not open_gguf(path, "c")  # copy-on-write: never shared

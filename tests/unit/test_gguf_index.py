@@ -12,7 +12,7 @@ import pytest
 
 from houchu.model.gguf import index as gguf_index
 from houchu.model.gguf.index import GgufIndex, index_dir, open_gguf_index
-from tests.unit.test_gguf_file import _write
+from tests.support.gguf_files import write_small_gguf
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +37,7 @@ def _same_as_library(got, path) -> None:
 
 def test_a_later_open_reads_the_index_and_equals_the_library(tmp_path, monkeypatch):
     path = tmp_path / "t.gguf"
-    _write(path)
+    write_small_gguf(path)
     first = open_gguf_index(path)
     assert not isinstance(first, GgufIndex)  # parsed, and the index written
     assert len(list(index_dir().glob("*.json"))) == 1
@@ -62,7 +62,7 @@ def test_a_later_open_reads_the_index_and_equals_the_library(tmp_path, monkeypat
 
 def test_an_edited_file_is_indexed_anew(tmp_path):
     path = tmp_path / "t.gguf"
-    _write(path)
+    write_small_gguf(path)
     open_gguf_index(path)
     w = gguf.GGUFWriter(str(path), "llama")  # another file at the same path
     w.add_uint32("llama.block_count", 7)
@@ -84,7 +84,7 @@ def test_an_edited_file_is_indexed_anew(tmp_path):
 @pytest.mark.parametrize("damage", ["", "{not json", '{"identity": 1}', '{"tensors": []}'])
 def test_a_damaged_index_is_written_anew(tmp_path, damage):
     path = tmp_path / "t.gguf"
-    _write(path)
+    write_small_gguf(path)
     open_gguf_index(path)
     (index,) = index_dir().glob("*.json")
     index.write_text(damage)
@@ -95,7 +95,7 @@ def test_a_damaged_index_is_written_anew(tmp_path, damage):
 
 def test_an_unwritable_cache_only_costs_a_parse(tmp_path, monkeypatch):
     path = tmp_path / "t.gguf"
-    _write(path)
+    write_small_gguf(path)
     blocker = tmp_path / "blocked"
     blocker.write_text("a file where the cache folder would be")
     monkeypatch.setenv("HOUCHU_CACHE", str(blocker))
@@ -108,7 +108,7 @@ def test_only_the_most_recent_indexes_are_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(gguf_index, "KEEP_INDEXES", 3)
     for i in range(5):
         path = tmp_path / f"t{i}.gguf"
-        _write(path)
+        write_small_gguf(path)
         open_gguf_index(path)
     assert len(list(index_dir().glob("*.json"))) == 3
     assert isinstance(open_gguf_index(tmp_path / "t4.gguf"), GgufIndex)

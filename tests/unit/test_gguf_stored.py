@@ -21,7 +21,7 @@ from houchu.model.linear.quantized import BF16_HEADER_KINDS, Int4Linear
 from houchu.model.quant.quality import agreement, text_logprobs
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
-from tests.runner_options import exact
+from tests.support.runner_options import exact
 
 TYPES = list(STORED_TYPES)
 

@@ -33,7 +33,7 @@ from houchu.runner.choices import (
 from houchu.runner.lever_counters import LeverCounters, StepCost
 from houchu.runner.model_runner import ModelRunner
 from houchu.runner.report import cuda_graph_clause, device_clause
-from tests.runner_options import exact
+from tests.support.runner_options import exact
 
 CFG = ModelConfig(
     name="t",

@@ -1,4 +1,4 @@
-"""The golden tests' transformers reference kept between sessions (``tests.hf_reference``):
+"""The golden tests' transformers reference kept between sessions (``tests.support.hf_reference``):
 the kept tokenizer and model equal what transformers loaded, a damaged entry is built
 again, an edited file gets an entry of its own. On a tiny Q8_0 GGUF written here, whose
 model transformers' GGUF loader reads; it has no vocabulary, so its tokenizer is
@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import tests.hf_reference as ref
+import tests.support.hf_reference as ref
 from houchu.devtools.gguf_writers import write_llama_gguf
 from houchu.devtools.tiny_models import make_tiny_llama, write_tiny_tokenizer
 

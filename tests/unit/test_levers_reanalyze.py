@@ -13,18 +13,22 @@ import pytest
 from houchu.bench.sweep.reanalyze import reanalyze
 from houchu.bench.sweep.records import ServerFacts, SweepResult
 from houchu.bench.sweep.report import save_record
-
-from .levers_helpers import SERVE_FLAGS
-from .test_levers_resume import _args, _one_go, _plan, _session
+from tests.support.levers import (
+    SERVE_FLAGS,
+    levers_args,
+    runs_in_one_go,
+    start_levers_session,
+    two_lever_plan,
+)
 
 
 def test_reanalyze_answers_at_another_target_load(tmp_path):
     """``--reanalyze FILE --target-load X``: the matrix and the recommendation at X, one
     of the record's loads; another load is refused in one line."""
-    plan = _plan()
+    plan = two_lever_plan()
     facts = {"baseline": ServerFacts(5.0, 1e8, 4e8, 1000.0, 1456, "float32", "none")}
-    ctx, _, _ = _session(_args(tmp_path), plan)
-    record = ctx.record(plan, SweepResult(_one_go(plan), facts, {}, 90.0), {}, True, 8)
+    ctx, _, _ = start_levers_session(levers_args(tmp_path), plan)
+    record = ctx.record(plan, SweepResult(runs_in_one_go(plan), facts, {}, 90.0), {}, True, 8)
     assert record["answers"]["target_load"] == 4.0  # the highest, by default
     at1 = reanalyze(json.loads(json.dumps(record)), SERVE_FLAGS, frozenset({"fp32"}), 1.0)
     answers = at1["answers"]
@@ -56,11 +60,11 @@ def test_reanalyze_with_a_database_stores_the_answers(tmp_path, capsys):
     from houchu.storage.bench_runs import list_bench_runs
     from houchu.storage.db import open_db
 
-    plan = _plan()
+    plan = two_lever_plan()
     facts = {"baseline": ServerFacts(5.0, 1e8, 4e8, 1000.0, 1456, "float32", "none")}
-    ctx, _, _ = _session(_args(tmp_path), plan)
+    ctx, _, _ = start_levers_session(levers_args(tmp_path), plan)
     path = save_record(
-        ctx.record(plan, SweepResult(_one_go(plan), facts, {}, 90.0), {}, True, 8),
+        ctx.record(plan, SweepResult(runs_in_one_go(plan), facts, {}, 90.0), {}, True, 8),
         tmp_path / "levers.json",
     )
     url = f"sqlite:///{tmp_path / 'dash.db'}"

@@ -18,8 +18,7 @@ from houchu.bench.sweep.records import (
     summary_line,
 )
 from houchu.bench.sweep.roofline import binding
-
-from .levers_helpers import CPU, SERVE_FLAGS, run
+from tests.support.levers import CPU, SERVE_FLAGS, run
 
 LINE = (
     "houchu runner: llama 'Smollm2 135M', 134.5M params (matmul 77.9M/token, LM head 28.3M), "

@@ -23,7 +23,7 @@ from houchu.bench.sweep.checkpoint import (
     interrupt_on_signals,
     resume_command,
 )
-from houchu.bench.sweep.plan import Config, Load, build_plan
+from houchu.bench.sweep.plan import Config, build_plan
 from houchu.bench.sweep.reanalyze import reanalyze
 from houchu.bench.sweep.records import ServerFacts, SweepResult
 from houchu.bench.sweep.report import (
@@ -43,35 +43,22 @@ from houchu.bench.sweep.schedule import (
     sweep_state,
 )
 from houchu.cpu.isa import cpu_model
-
-from .levers_helpers import CPU, SERVE_FLAGS, run
-
-LOADS2 = [Load("concurrency", x) for x in (1, 4)]
-PLAN_ARGS = ["--levers", "radix-cache,int4", "--pairs", "all", "--concurrency", "1,4"]
-
-
-def _plan(repeats: int = 2):
-    # without houchu's defaults: the schedule's arithmetic below counts lever configs only
-    return build_plan(["radix-cache", "int4"], "all", LOADS2, repeats, CPU, defaults=False)
-
-
-def _one_go(plan) -> list:
-    """Every cell of ``plan`` in the order one sweep measures them, with figures that
-    differ per configuration, load and repeat."""
-    speed = {"baseline": 10.0, "radix-cache": 12.0, "int4": 20.0, "int4+radix-cache": 23.0}
-    return [
-        run(c.name, ld.value, speed[c.name] * ld.value * (1 + 0.02 * rep), rep)
-        for rep in range(plan.repeats)
-        for c in plan.configs()
-        for ld in plan.loads
-    ]
-
+from tests.support.levers import (
+    CPU,
+    LOADS2,
+    SERVE_FLAGS,
+    levers_args,
+    run,
+    runs_in_one_go,
+    start_levers_session,
+    two_lever_plan,
+)
 
 # ------------------------------------------------------------------ the schedule
 
 
 def test_servers_of_a_sweep_and_of_a_resumed_one():
-    plan = _plan()
+    plan = two_lever_plan()
     jobs = server_jobs(plan, fresh_per_load=False)
     assert [(j.config.name, j.repeat, j.loads) for j in jobs[:5]] == [
         ("baseline", 0, (0, 1)),
@@ -87,13 +74,13 @@ def test_servers_of_a_sweep_and_of_a_resumed_one():
     # the baseline's first server is done; radix-cache's runs only its missing load
     assert left[0] == ServerJob(Config(frozenset({"radix-cache"})), 0, (1,))
     assert len(left) == 7 and sum(len(j.loads) for j in left) == 16 - 3
-    every = [(r.config, r.load, r.repeat) for r in _one_go(plan)]
+    every = [(r.config, r.load, r.repeat) for r in runs_in_one_go(plan)]
     assert server_jobs(plan, False, every) == []
 
 
 def test_the_union_of_two_sessions_is_analyzed_as_one_sweep():
-    plan = _plan()
-    one_go = _one_go(plan)
+    plan = two_lever_plan()
+    one_go = runs_in_one_go(plan)
     first, second = one_go[:5], one_go[5:]
     union = in_plan_order(plan, [*second[::-1], *first])
     assert union == one_go
@@ -138,8 +125,8 @@ def test_the_recommendation_is_weighed_against_houchus_defaults():
 
 
 def test_sweep_state_lists_the_measured_and_missing_cells():
-    plan = _plan(repeats=1)
-    state = sweep_state(plan, _one_go(plan)[:3], False, [])
+    plan = two_lever_plan(repeats=1)
+    state = sweep_state(plan, runs_in_one_go(plan)[:3], False, [])
     assert state["complete"] is False
     assert state["measured"][2] == {"config": "radix-cache", "load": 1.0, "repeat": 0}
     assert len(state["missing"]) == 5
@@ -150,7 +137,7 @@ def test_sweep_state_lists_the_measured_and_missing_cells():
 
 
 def test_estimate_is_an_upper_bound_from_max_duration_and_start_ups():
-    plan = _plan()
+    plan = two_lever_plan()
     jobs = server_jobs(plan, False)
     est = estimate(jobs, 30.0, warmup=1)
     assert (est.servers, est.runs) == (8, 16)
@@ -224,28 +211,11 @@ def test_cpu_model_from_cpuinfo():
 # ------------------------------------------------------------------ resume, end to end
 
 
-def _args(tmp_path: Path, *extra: str):
-    from houchu.cli.main import build_parsers
-
-    parser, _ = build_parsers()
-    argv = ["levers", *PLAN_ARGS, "--workload", "shared-prefix", "--max-duration", "20"]
-    return parser.parse_args([*argv, "--model", str(tmp_path / "m.gguf"), *extra])
-
-
-def _session(args, plan):
-    from houchu.bench.sweep.cli import OBJECTIVES, _spec
-    from houchu.bench.sweep.session import start_session
-
-    spec = _spec(args)
-    model = Path(args.model)
-    return start_session(args, plan, spec, model, [], OBJECTIVES[args.objective])
-
-
 def test_a_partial_record_resumes_to_the_union_analyzed_as_one_sweep(tmp_path, capsys):
-    plan, path = _plan(), tmp_path / "levers.json"
-    one_go = _one_go(plan)
+    plan, path = two_lever_plan(), tmp_path / "levers.json"
+    one_go = runs_in_one_go(plan)
     facts = {"baseline": ServerFacts(5.0, 1e8, 4e8, 1000.0, 1456, "float32", "none")}
-    ctx, prior, jobs = _session(_args(tmp_path), plan)
+    ctx, prior, jobs = start_levers_session(levers_args(tmp_path), plan)
     assert prior is None and len(jobs) == 8
     # the sweep is interrupted after three servers: six cells measured
     partial = ctx.record(plan, SweepResult(one_go[:6], facts, {}, 90.0), {}, False, 3)
@@ -262,7 +232,7 @@ def test_a_partial_record_resumes_to_the_union_analyzed_as_one_sweep(tmp_path, c
     assert "Partial sweep: 10 of 16 cells not measured" in text
     assert "int4+radix-cache: c=1 #1, c=4 #1, c=1 #2, c=4 #2" in text
 
-    ctx2, prior2, left = _session(_args(tmp_path, "--resume", str(path)), plan)
+    ctx2, prior2, left = start_levers_session(levers_args(tmp_path, "--resume", str(path)), plan)
     assert ctx2.name == ctx.name and len(prior2.runs) == 6
     assert [(j.config.name, j.repeat) for j in left][:2] == [
         ("int4+radix-cache", 0),
@@ -280,9 +250,9 @@ def test_a_partial_record_resumes_to_the_union_analyzed_as_one_sweep(tmp_path, c
 
 
 def test_a_record_of_another_plan_or_machine_is_refused(tmp_path):
-    plan, path = _plan(), tmp_path / "levers.json"
-    ctx, _, _ = _session(_args(tmp_path), plan)
-    record = ctx.record(plan, SweepResult(_one_go(plan)[:2], {}, {}, 1.0), {}, False, 1)
+    plan, path = two_lever_plan(), tmp_path / "levers.json"
+    ctx, _, _ = start_levers_session(levers_args(tmp_path), plan)
+    record = ctx.record(plan, SweepResult(runs_in_one_go(plan)[:2], {}, {}, 1.0), {}, False, 1)
     check_resumable(path, record, ctx.settings)  # the same: no error
     for key, value, why in (
         ("repeats", 3, "another plan (repeats 2 there, 3 here)"),
@@ -303,15 +273,18 @@ def test_a_record_of_another_plan_or_machine_is_refused(tmp_path):
     # a different number of repeats on the command line is a different plan
     save_record(record, path)
     with pytest.raises(ValueError, match="repeats 2 there, 3 here"):
-        _session(_args(tmp_path, "--repeats", "3", "--resume", str(path)), _plan(repeats=3))
+        start_levers_session(
+            levers_args(tmp_path, "--repeats", "3", "--resume", str(path)),
+            two_lever_plan(repeats=3),
+        )
 
 
 def test_dry_run_prints_the_plan_and_estimate(tmp_path, capsys):
     from houchu.bench.sweep.cli import OBJECTIVES, _spec
     from houchu.bench.sweep.session import dry_run
 
-    args = _args(tmp_path, "--serve-args", "--compile off", "--dry-run")
-    plan = _plan()
+    args = levers_args(tmp_path, "--serve-args", "--compile off", "--dry-run")
+    plan = two_lever_plan()
     rc = dry_run(
         args, plan, _spec(args), Path(args.model), ["--compile", "off"], OBJECTIVES["throughput"]
     )

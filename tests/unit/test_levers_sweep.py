@@ -17,8 +17,7 @@ from houchu.bench.sweep.analysis import (
 )
 from houchu.bench.sweep.levers import LEVERS, Machine, can_pair, lever
 from houchu.bench.sweep.plan import Config, Load, build_plan, merge_flags, parse_loads
-
-from .levers_helpers import CPU, LOADS, SERVE_FLAGS, run
+from tests.support.levers import CPU, LOADS, SERVE_FLAGS, run
 
 # ------------------------------------------------------------------ the plan
 

@@ -14,8 +14,8 @@ from houchu.model.kv.pool import KVPool
 from houchu.model.weights.loader import load_model
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SeqWork
-from tests.runner_options import exact
-from tests.unit.test_model_quant import generate
+from tests.support.greedy import generate
+from tests.support.runner_options import exact
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.linear.w8a8 import W8A8_MIN_ROWS, W8A8Linear
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SeqInit, SeqWork, StepPlan
-from tests.runner_options import exact
-from tests.unit.test_model_quant import GREEDY, generate
+from tests.support.greedy import GREEDY, generate
+from tests.support.runner_options import exact
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 #: ``generate``'s prompts and page tables (6 pages each)
@@ -266,7 +266,7 @@ def test_w8a8_prefill_agrees_with_the_exact_path(tmp_path, monkeypatch):
     from houchu.model.quant.functions import QuantSpec
     from houchu.model.quant.quality import agreement, text_logprobs
     from houchu.model.weights.loader import load_model
-    from tests.unit.test_family_quant_quality import EN, EVAL, TRAIN
+    from tests.support.quality_texts import EN, EVAL, TRAIN
 
     fp8_layer(torch.randn(16, 16))  # skips without FP8
     path = train_tiny_model(tmp_path / "hf", "llama", TRAIN, seed=7).path

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from houchu.devtools.gguf_writers import write_deepseek_gguf
-from houchu.devtools.tiny_models import TINY_MLA, make_tiny_model
+from houchu.devtools.tiny_models import make_tiny_model
 from houchu.model.config.core import num_parameters
 from houchu.model.config.load import load_model_config
 from houchu.model.kv.mla_pool import LatentKVPool, full_mha_bytes_per_token
@@ -23,7 +23,8 @@ from houchu.options.batching_options import BatchingOptions
 from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.core import SchedulerCore
 from houchu.transport.messages import SamplingParams
-from tests.family_helpers import (
+from tests.support.deepseek_families import FAMILIES, MLA, runner_greedy
+from tests.support.families import (
     ATOL,
     Runner,
     assert_chunked_logits_match,
@@ -34,45 +35,7 @@ from tests.family_helpers import (
     runner_greedy_tokens,
     serve_with_drafts,
 )
-from tests.runner_options import exact
-
-MLA = TINY_MLA
-YARN = {
-    "rope_type": "yarn",
-    "rope_theta": 10000.0,
-    "factor": 4.0,
-    "original_max_position_embeddings": 128,
-    "mscale": 0.707,
-    "mscale_all_dim": 0.707,
-    "beta_fast": 32,
-    "beta_slow": 1,
-}
-FAMILIES = {
-    # V2: softmax routing limited to 1 of 2 expert groups
-    "deepseek_v2": {"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1},
-    # V3: sigmoid routing with the correction bias, 2 of 4 groups, scaled and normalised
-    "deepseek_v3": {
-        "n_group": 4,
-        "topk_group": 2,
-        "routed_scaling_factor": 2.5,
-        "n_shared_experts": 2,
-        "norm_topk_prob": True,
-    },
-    # V2 without the query's low-rank compression, plain top-k, YaRN RoPE, dv != dn (8 against 16)
-    "deepseek_v2-yarn": {
-        "q_lora_rank": None,
-        "v_head_dim": 8,
-        "topk_method": "greedy",
-        "rope_parameters": YARN,
-    },
-    # V3 with rotate-half RoPE (rope_interleave false) and two dense layers first
-    "deepseek_v3-halves": {
-        "rope_interleave": False,
-        "first_k_dense_replace": 2,
-        "n_group": 2,
-        "topk_group": 2,
-    },
-}
+from tests.support.runner_options import exact
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -269,12 +232,6 @@ def test_quantized_mla_says_what_stays_dense(family):
         "routed experts are quantized" in n and "routers stay dense (float32)" in n for n in notes
     )
     assert not [n for n in structure_notes(cfg, (), "cpu", True, "none") if "--quant" in n]
-
-
-def runner_greedy(path, ids: list[int], n: int) -> list[int]:
-    """``n`` greedy tokens after ``ids`` through ``ModelRunner`` (prefill, then decode)."""
-    runner = ModelRunner(str(path), exact(num_pages=16, page_size=4), quiet=True)
-    return runner_greedy_tokens(runner, ids, n)
 
 
 def test_gguf_twin_gives_the_same_tokens(family, tmp_path):

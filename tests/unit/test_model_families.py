@@ -15,7 +15,7 @@ from houchu.model.config.load import load_model_config
 from houchu.model.weights.loader import load_model
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
-from tests.family_helpers import (
+from tests.support.families import (
     Runner,
     assert_chunked_logits_match,
     assert_scheduled_waves_equal_hf,
@@ -24,26 +24,8 @@ from tests.family_helpers import (
     runner_greedy_tokens,
     tiny_family,
 )
-from tests.runner_options import exact
-
-FAMILIES = {
-    "qwen2": {},
-    "qwen3": {"head_dim": 24},  # Qwen3 sets head_dim apart from hidden / heads
-    "qwen3-bias": {"head_dim": 16, "attention_bias": True},
-    # 8 experts, top-2, layer 0 dense (mlp_only_layers), normalized top-k weights
-    "qwen3_moe": {
-        "num_experts": 8,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 48,
-        "mlp_only_layers": [0],
-        "norm_topk_prob": True,
-    },
-    "qwen3_moe-unnormalized": {
-        "num_experts": 4,
-        "num_experts_per_tok": 3,
-        "moe_intermediate_size": 32,
-    },
-}
+from tests.support.qwen_families import FAMILIES
+from tests.support.runner_options import exact
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

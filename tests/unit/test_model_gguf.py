@@ -16,7 +16,7 @@ from houchu.model.weights.hf import load_hf
 from houchu.model.weights.loader import load_model
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
-from tests.runner_options import exact
+from tests.support.runner_options import exact
 
 Q = gguf.GGMLQuantizationType
 QUANTIZABLE = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]

@@ -9,7 +9,7 @@ from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.config.core import num_parameters
 from houchu.model.config.load import load_model_config
 from houchu.model.weights.loader import load_model
-from tests.family_helpers import ATOL, Runner, hf_logits, prompt
+from tests.support.families import ATOL, Runner, hf_logits, prompt
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])

@@ -20,8 +20,8 @@ from houchu.transport.messages import (
     StepPlan,
     TokenizedRequest,
 )
-from tests.runner_options import exact
-from tests.unit.test_overlap_scheduler import drive
+from tests.support.overlap import drive
+from tests.support.runner_options import exact
 
 GREEDY = SamplingParams(temperature=0.0)
 

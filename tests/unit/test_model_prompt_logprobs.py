@@ -9,7 +9,7 @@ import torch
 from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
-from tests.runner_options import exact
+from tests.support.runner_options import exact
 
 PROMPT = [1, 17, 33, 90, 4, 4, 61, 7, 12, 99, 5]
 

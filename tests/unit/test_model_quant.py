@@ -17,10 +17,8 @@ from houchu.model.linear.quantized import Int4Linear, Int8Linear
 from houchu.model.linear.w8a8 import W8A8_OUTLIER_SHARE, W8A8Linear
 from houchu.model.quant.functions import QuantSpec, quantize_int4
 from houchu.runner.model_runner import ModelRunner
-from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
-from tests.runner_options import exact
-
-GREEDY = SamplingParams(temperature=0.0)
+from tests.support.greedy import generate
+from tests.support.runner_options import exact
 
 
 @pytest.fixture(scope="module")
@@ -153,35 +151,6 @@ def test_quantized_pool_roundtrip_and_capacity(tiny_dir, kv):
     assert ((got_k.float() - k.float()).abs().max() / k.float().abs().max()) < tol
     assert torch.equal(got_v, -got_k)
     assert len(quant.page_tensors()) == 4 and len(plain.page_tensors()) == 2
-
-
-def generate(runner: ModelRunner, n: int = 12) -> dict[str, list[int]]:
-    """Three sequences prefilled together, then decoded together for n steps."""
-    prompts = {"a": [1, 5, 9, 33, 70, 2, 8], "b": [7, 7, 100], "c": [3]}
-    tables = {r: list(range(i * 6, i * 6 + 6)) for i, r in enumerate(prompts)}
-    init = [SeqInit(rid=r, sampling=GREEDY, prompt_ids=p) for r, p in prompts.items()]
-    work = [
-        SeqWork(rid=r, token_ids=p, start_pos=0, page_table=tables[r], sample=True)
-        for r, p in prompts.items()
-    ]
-    out = {
-        o.rid: [o.token_id]
-        for o in runner.execute(StepPlan(step_id=0, init=init, work=work)).outputs
-    }
-    for s in range(n - 1):
-        work = [
-            SeqWork(
-                rid=r,
-                token_ids=[out[r][-1]],
-                start_pos=len(p) + s,
-                page_table=tables[r],
-                sample=True,
-            )
-            for r, p in prompts.items()
-        ]
-        for o in runner.execute(StepPlan(step_id=s + 1, work=work)).outputs:
-            out[o.rid].append(o.token_id)
-    return out
 
 
 @pytest.mark.parametrize(

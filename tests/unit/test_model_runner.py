@@ -16,7 +16,7 @@ from houchu.transport.messages import (
     StepPlan,
     StepResult,
 )
-from tests.runner_options import exact
+from tests.support.runner_options import exact
 
 GREEDY = SamplingParams(temperature=0.0)
 

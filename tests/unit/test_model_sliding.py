@@ -21,7 +21,7 @@ from houchu.options.batching_options import BatchingOptions
 from houchu.runner.model_runner import ModelRunner
 from houchu.scheduler.core import SchedulerCore
 from houchu.transport.messages import SamplingParams, TokenizedRequest
-from tests.family_helpers import (
+from tests.support.families import (
     ATOL,
     Runner,
     assert_chunked_logits_match,
@@ -30,26 +30,10 @@ from tests.family_helpers import (
     prompt,
     tiny_family,
 )
-from tests.runner_options import exact
-from tests.unit.test_overlap_scheduler import drive
+from tests.support.overlap import drive
+from tests.support.runner_options import exact
+from tests.support.sliding_families import FAMILIES, WINDOW
 
-WINDOW = 8
-FAMILIES = {
-    # every layer windowed; head_dim 64: the C++ decode kernel's vectorized group path
-    "mistral": {"sliding_window": WINDOW, "head_dim": 64},
-    # local/global layers, soft-caps on, query_pre_attn_scalar apart from head_dim
-    "gemma2": {"sliding_window": WINDOW, "head_dim": 16, "query_pre_attn_scalar": 24},
-    # the same with the head_dim scale GGUF implies, so it has a GGUF twin
-    "gemma2-gguf": {"sliding_window": WINDOW, "head_dim": 16, "query_pre_attn_scalar": 16},
-    # local, global, local; QK-norm; RoPE 1e6 global, 1e4 local; tied head
-    "gemma3_text": {
-        "sliding_window": WINDOW,
-        "head_dim": 16,
-        "num_hidden_layers": 3,
-        "sliding_window_pattern": 2,
-        "query_pre_attn_scalar": 16,
-    },
-}
 TIED = {"gemma3_text"}
 TEXT = QUALITY_EN.read_text()
 

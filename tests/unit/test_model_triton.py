@@ -147,8 +147,8 @@ def test_runner_with_triton_backend_matches_torch(tmp_path, kv):
     rounding may flip a near-tie and part the greedy tokens for good)."""
     from houchu.devtools.tiny_models import make_tiny_llama
     from houchu.runner.model_runner import ModelRunner
-    from tests.runner_options import exact
-    from tests.unit.test_model_quant import generate
+    from tests.support.greedy import generate
+    from tests.support.runner_options import exact
 
     path = make_tiny_llama(tmp_path, seed=2)
     kw = {"page_size": 4, "num_pages": 24, "kv_cache_dtype": kv, "device": DEV, "dtype": "float32"}
@@ -190,8 +190,8 @@ def test_the_triton_backend_counts_the_scores_it_kept_on_chip(tmp_path):
     back by an attention that materialises it); the torch backend reports none."""
     from houchu.devtools.tiny_models import make_tiny_llama
     from houchu.runner.model_runner import ModelRunner
-    from tests.runner_options import exact
-    from tests.unit.test_model_quant import generate
+    from tests.support.greedy import generate
+    from tests.support.runner_options import exact
 
     path = make_tiny_llama(tmp_path, seed=2)
     kw = {"page_size": 4, "num_pages": 24, "device": DEV, "dtype": "float32"}

@@ -6,7 +6,7 @@ nothing)."""
 
 from __future__ import annotations
 
-from tests.unit.test_overlap_scheduler import FakeRunner, add, both, make_core
+from tests.support.overlap import FakeRunner, add, both, make_core
 
 
 def test_forced_tokens_are_fed_in_one_chunk_after_their_step():

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from houchu.cache_tiers.page_allocator import PageAllocator
 from houchu.cache_tiers.radix_tree import HOLLOW, RadixTree
 from houchu.scheduler.admission import Rejected
-from tests.unit.test_scheduler import check_page_tables, make_core, req, run_step
+from tests.support.scheduler import check_page_tables, make_core, req, run_step
 
 PS = 4
 

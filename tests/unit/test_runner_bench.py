@@ -14,7 +14,7 @@ from houchu.bench.model.runner import Bench, Row, print_table
 from houchu.devtools.tiny_models import make_tiny_llama
 from houchu.model.linear.w8a8 import int_mm_pays
 from houchu.runner.model_runner import ModelRunner
-from tests.runner_options import exact
+from tests.support.runner_options import exact
 
 LIMITS = Limits(copy_gbs=40.0, fp32_flops=200e9, bf16_flops=400e9, int8_ops=800e9)
 

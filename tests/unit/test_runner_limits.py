@@ -11,7 +11,7 @@ from houchu.text.stop import stop_ids
 from houchu.transport.failures import CONTEXT_LENGTH_EXCEEDED
 from houchu.transport.limits import LimitsWatch, RunnerLimits
 from houchu.transport.messages import RunnerInfo, SamplingParams
-from tests.unit.test_scheduler import make_core, req, run_step
+from tests.support.scheduler import make_core, req, run_step
 
 LIMITS = RunnerLimits(max_context=100, vocab_size=50, kv_tokens=64)
 

@@ -10,8 +10,7 @@ from houchu.scheduler.groups import ARRIVAL_WAIT_S, PrefillGroups
 from houchu.scheduler.overlap import OverlapLedger
 from houchu.transport.messages import SamplingParams, StepResult, TokenizedRequest
 from houchu.transport.telemetry import LeverSample
-
-from .test_scheduler import EOS, check_page_tables, make_core, run_step
+from tests.support.scheduler import EOS, check_page_tables, make_core, run_step
 
 PROMPT = list(range(10, 23))  # 13 tokens: 3 full pages of 4 before the last token
 

@@ -14,7 +14,7 @@ from houchu.storage.db import open_db
 from houchu.storage.writer import TelemetryWriter
 from houchu.transport.messages import RunnerInfo
 from houchu.transport.telemetry import LeverSample, LifecycleEvent, TelemetryBatch
-from tests.unit.test_scheduler import req, run_step
+from tests.support.scheduler import req, run_step
 
 
 class EventLog:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from houchu.scheduler.core import Overloaded, Rejected
-
-from .test_scheduler import make_core, req, run_step
+from tests.support.scheduler import make_core, req, run_step
 
 
 def test_queue_full_of_tokens_refuses_with_429() -> None:

@@ -7,7 +7,7 @@ import time
 
 from houchu.scheduler.speculation import NoSpeculation
 from houchu.transport.messages import SeqOutput, StepResult
-from tests.unit.test_scheduler import make_core, req
+from tests.support.scheduler import make_core, req
 
 
 def test_round_trip_and_time_at_the_runner():

@@ -17,8 +17,8 @@ from houchu.speculative.proposers import NgramProposer
 from houchu.text.stop import stop_ids
 from houchu.transport.messages import SamplingParams, TokenizedRequest
 from houchu.transport.spec_messages import DraftProposal, DraftReply, DraftSeq
-from tests.runner_options import exact
-from tests.unit.test_scheduler import check_page_tables
+from tests.support.runner_options import exact
+from tests.support.scheduler import check_page_tables
 
 VOCAB = 128
 PROMPTS = {

@@ -26,7 +26,7 @@ from houchu.transport.messages import (
     TokenizedRequest,
 )
 from houchu.transport.spec_messages import DraftProposal, DraftReply
-from tests.unit.test_scheduler import EOS, check_page_tables
+from tests.support.scheduler import EOS, check_page_tables
 
 PS = 4
 

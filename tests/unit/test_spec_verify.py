@@ -15,7 +15,7 @@ from houchu.model.sampling.sampler import RequestState, Sampler
 from houchu.model.sampling.verify import sample_and_verify
 from houchu.runner.model_runner import ModelRunner
 from houchu.transport.messages import SamplingParams, SeqInit, SeqWork, StepPlan
-from tests.runner_options import exact
+from tests.support.runner_options import exact
 
 GREEDY = SamplingParams(temperature=0.0)
 VOCAB = 12

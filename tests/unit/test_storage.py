@@ -38,7 +38,7 @@ from houchu.storage.ingest import ingest
 from houchu.storage.models import Base, EventRow, LeverRow, RequestRow, StepRow
 from houchu.storage.retention import Retention, prune
 from houchu.transport.telemetry import LeverSample, LifecycleEvent, StepRecord, TelemetryBatch
-from tests.unit.dashboard_data import fill, request_batches, step_batches
+from tests.support.dashboard_data import fill, request_batches, step_batches
 
 TABLES = {
     "requests",

@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 
 from houchu.text.token_conflicts import no_token_left
-
-from .test_api_request_rules import MESSAGES, VOCAB, serve_vocab
-from .test_api_ws import collect
+from tests.support.fake_api import collect
+from tests.support.vocab_api import MESSAGES, VOCAB, serve_vocab
 
 #: (request fields, the parameter the 400 names, words its message holds)
 GATEWAY_CONFLICTS = [

@@ -22,6 +22,7 @@ from houchu.transport.channel import BadMessage, Inbox, Outbox
 from houchu.transport.endpoints import ACTORS, Endpoints
 from houchu.transport.messages import AbortRequest, SchedulerInbox
 from houchu.transport.security import CurveKeys, InsecureTransport
+from tests.support.garbage_frames import GOOD, garbage
 
 WAIT_S = 1.0
 
@@ -142,22 +143,6 @@ async def test_oversized_frame_is_dropped_and_the_inbox_goes_on(ctx, tmp_path: P
         raw.close(linger=0)
         out.close()
         inbox.close()
-
-
-GOOD = msgspec.msgpack.encode(AbortRequest("ok"))
-int64 = st.integers(-(2**63), 2**63 - 1)
-scalars = st.none() | st.booleans() | int64 | st.floats() | st.text(max_size=5)
-fields = st.dictionaries(st.text(max_size=8), scalars, max_size=4)
-garbage = st.one_of(
-    st.binary(max_size=300),
-    st.integers(0, len(GOOD) - 1).map(lambda n: GOOD[:n]),  # truncated msgpack
-    fields.map(lambda d: {**d, "type": "NoSuchMessage"}).map(msgspec.msgpack.encode),
-    st.tuples(st.sampled_from(["AbortRequest", "StepResult", "TokenizedRequest"]), fields)
-    .map(lambda t: {**t[1], "type": t[0]})
-    .map(msgspec.msgpack.encode),  # a known tag with wrong or missing fields
-    st.recursive(scalars, st.lists).map(msgspec.msgpack.encode),  # wrong type
-    st.just(b"\x91" * 5000),  # deep nesting
-)
 
 
 def test_garbage_frames_are_rejected_at_the_boundary(tmp_path: Path) -> None:
