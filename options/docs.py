@@ -17,6 +17,7 @@ import argparse
 import sys
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,20 +120,34 @@ def render() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Write the page (or, with ``--check``, compare it); the exit status."""
-    p = argparse.ArgumentParser(prog=OPTIONS_REGENERATE, description=__doc__.splitlines()[0])
+def page_main(
+    argv: list[str] | None,
+    render_page: Callable[[], str],
+    path: Path,
+    regenerate: str,
+    description: str,
+) -> int:
+    """The command line of a generated doc page: write ``render_page()`` to ``path`` (or
+    ``--output``), or with ``--check`` only compare and say ``regenerate`` (the command
+    that rewrites it) when the page drifted. Returns the exit status (1: drift)."""
+    p = argparse.ArgumentParser(prog=regenerate, description=description)
     p.add_argument("--check", action="store_true", help="only compare; exit 1 on drift")
-    p.add_argument("--output", type=Path, default=OPTIONS_DOC_PATH, help="the page to write")
+    p.add_argument("--output", type=Path, default=path, help="the page to write")
     args = p.parse_args(argv)
-    text = render()
+    text = render_page()
     if args.check:
         same = args.output.exists() and args.output.read_text(encoding="utf-8") == text
         if not same:
-            print(f"{args.output} is out of date: run {OPTIONS_REGENERATE}", file=sys.stderr)
+            print(f"{args.output} is out of date: run {regenerate}", file=sys.stderr)
         return 0 if same else 1
     args.output.write_text(text, encoding="utf-8")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the page (or, with ``--check``, compare it); the exit status."""
+    doc = (__doc__ or "").splitlines()[0]
+    return page_main(argv, render, OPTIONS_DOC_PATH, OPTIONS_REGENERATE, doc)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ table. ``tests/unit/test_api_params_doc.py`` fails when the committed page diffe
 
 from __future__ import annotations
 
-import argparse
 import inspect as pyinspect
 import sys
 import textwrap
@@ -36,6 +35,7 @@ from houchu.api.schema.bodies import (
     WsGenerateRequest,
 )
 from houchu.api.schema.refusals import UNSUPPORTED
+from houchu.options.docs import page_main
 
 #: The page this module writes, in a source checkout (the repository root is the package).
 API_PARAMETERS_DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "api-parameters.md"
@@ -217,18 +217,8 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Write the page (or, with ``--check``, compare it); the exit status."""
-    p = argparse.ArgumentParser(prog=API_PARAMETERS_REGENERATE, description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true", help="only compare; exit 1 on drift")
-    p.add_argument("--output", type=Path, default=API_PARAMETERS_DOC_PATH, help="the page to write")
-    args = p.parse_args(argv)
-    text = render()
-    if args.check:
-        same = args.output.exists() and args.output.read_text(encoding="utf-8") == text
-        if not same:
-            print(f"{args.output} is out of date: run {API_PARAMETERS_REGENERATE}", file=sys.stderr)
-        return 0 if same else 1
-    args.output.write_text(text, encoding="utf-8")
-    return 0
+    doc = (__doc__ or "").splitlines()[0]
+    return page_main(argv, render, API_PARAMETERS_DOC_PATH, API_PARAMETERS_REGENERATE, doc)
 
 
 if __name__ == "__main__":
