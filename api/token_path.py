@@ -1,5 +1,5 @@
 """Where one generated token's time goes: the per-token breakdown of ``/stats``'s
-``token_path`` section and of ``python -m houchu.bench.token_path``.
+``token_path`` section and of ``python -m houchu.bench.served.token_path``.
 
 Each ``TextDelta`` carries the ``StepStamps`` of the step that released it
 (``houchu.transport.token_path``); the engine client adds when the delta reached the

@@ -58,7 +58,7 @@ def resolve_overlap(mode: str, info: RunnerInfo, num_cores: int) -> bool:
     or on a CPU runner when ``num_cores`` exceed its threads by at least
     ``SPARE_CORES_FOR_OVERLAP``. On a CPU whose cores all run the step, planning ahead
     only takes cores from it: measured on 2 cores with 2 runner threads, overlap gave
-    0.96x the decode tokens/s of one stream and 0.90x of 8 (``houchu.bench.overlap``).
+    0.96x the decode tokens/s of one stream and 0.90x of 8 (``houchu.bench.served.overlap``).
 
     Raises:
         ValueError: another ``mode``.

@@ -258,7 +258,7 @@ LEVERS: tuple[Lever, ...] = (
         why_not=lambda m: (
             "the sweep drives one engine's WebSocket API and reads its /stats and database; "
             "with --data-parallel-size 2 the port is smg's HTTP router: measured by "
-            "python -m houchu.bench.replicas_bench"
+            "python -m houchu.bench.served.replicas"
         ),
     ),
     Lever(

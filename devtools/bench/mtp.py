@@ -9,7 +9,7 @@ every proposal is accepted, so it shows the most MTP can save at that size). Eac
 served without speculation and with ``--speculative mtp`` (speculating at every batch
 size: ``--speculative-max-batch 1024``); for each batch size the modes take turns,
 ``--repeats`` rounds of ``B`` concurrent greedy requests, and the median round is
-reported (``houchu.bench.spec_bench.run_batch``). Run::
+reported (``houchu.bench.served.speculation.run_batch``). Run::
 
     python -m houchu.devtools.bench.mtp [--batch-sizes 1,4] [--max-tokens 64] [--k 2]
 """
@@ -22,8 +22,8 @@ import contextlib
 import tempfile
 from pathlib import Path
 
+from houchu.bench.served.speculation import run_batch
 from houchu.bench.servers import running_server
-from houchu.bench.spec_bench import run_batch
 
 #: The tiny DeepSeek-V3 (``houchu.devtools.tiny_models.TINY_MLA``: MLA, DeepSeekMoE), two layers
 CONFIG = {

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from houchu.api.token_path import CYCLE, FIELDS
-from houchu.bench.token_path import ClientTimes, stats, stream_one
+from houchu.bench.served.token_path import ClientTimes, stats, stream_one
 from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ reported as ``cached_tokens`` / prompt tokens), TTFT p50/p90 and output tokens/s
 
 Run::
 
-    python -m houchu.bench.replicas_bench [--model PATH] [--threads 2] [--num-requests 48]
+    python -m houchu.bench.served.replicas [--model PATH] [--threads 2] [--num-requests 48]
 """
 
 from __future__ import annotations

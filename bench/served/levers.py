@@ -10,7 +10,7 @@ Two experiments, each run against fresh servers started here, one after the othe
 
 Run::
 
-    python -m houchu.bench.lever_bench [--model PATH] [--requests 32]
+    python -m houchu.bench.served.levers [--model PATH] [--requests 32]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 
 Run::
 
-    python -m houchu.bench.tiers [--model PATH]
+    python -m houchu.bench.served.tiers [--model PATH]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from houchu.bench.lever_bench import _one, _pct
+from houchu.bench.served.levers import _one, _pct
 from houchu.bench.servers import running_server
 
 DEVICE = ["--num-pages", "160"]  # 2,560 tokens: one long prefix at a time

@@ -5,7 +5,7 @@ decode tokens/s and N-concurrent output tokens/s over the WebSocket API, stops i
 runs transformers' ``generate()`` on the same prompts (batch 1, and batch N with left
 padding), and prints one table with the ratios. Run::
 
-    python -m houchu.bench.quick [--model PATH] [--tokens 128] [--concurrency 8]
+    python -m houchu.bench.served.quick [--model PATH] [--tokens 128] [--concurrency 8]
 """
 
 from __future__ import annotations

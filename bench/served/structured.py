@@ -10,7 +10,7 @@ spent = the sampler's wait).
 
 Run (with ``houchu serve`` up)::
 
-    python -m houchu.bench.structured_bench --url ws://127.0.0.1:8000/ws \\
+    python -m houchu.bench.served.structured --url ws://127.0.0.1:8000/ws \\
         --concurrency 1 16 --reps 3 --input-len 32 --output-len 48
 
 ``--runner`` measures the model runner alone, in this process (no server, no sockets,
@@ -22,12 +22,12 @@ the median CPU time of a step (every thread of the process: the forward pass, th
 sampler and the grammar worker) and tokens/s = B / median step; the ratios are free /
 with (throughput with over throughput without, 1.00: no cost)::
 
-    python -m houchu.bench.structured_bench --runner --concurrency 1 16 --reps 3
+    python -m houchu.bench.served.structured --runner --concurrency 1 16 --reps 3
 
 ``--masks`` times the parts of one step's masks alone (the fastest of many runs):
 llguidance's mask per row, unpacking the bitmasks, applying them in the sampler::
 
-    python -m houchu.bench.structured_bench --masks --concurrency 1 16 --output-len 200
+    python -m houchu.bench.served.structured --masks --concurrency 1 16 --output-len 200
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ turns keeps a machine whose load drifts from favouring one mode. Modes:
 The draft model defaults to the target itself (every proposal accepted: it measures the
 verification path and the draft's cost, not a speed-up). Run::
 
-    python -m houchu.bench.spec_bench [--model PATH] [--draft-model PATH]
+    python -m houchu.bench.served.speculation [--model PATH] [--draft-model PATH]
         [--modes off,ngram,ngram-forced,draft-forced] [--batch-sizes 1,4,16]
 """
 

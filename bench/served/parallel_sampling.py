@@ -11,7 +11,7 @@ seconds; the decode step's compilation is not what this measures).
 
 Run::
 
-    python -m houchu.bench.parallel_sampling_bench [--model PATH] [--n 8]
+    python -m houchu.bench.served.parallel_sampling [--model PATH] [--n 8]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from houchu.bench.lever_bench import SYSTEM_SENTENCE
+from houchu.bench.served.levers import SYSTEM_SENTENCE
 from houchu.bench.servers import running_server
 
 

@@ -9,7 +9,7 @@ requests one at a time over the WebSocket API (``--output-len`` tokens each,
 component and its share of the mean inter-token latency, beside what the client measured
 (ITL between frames, TPOT, decode tokens/s). Run::
 
-    python -m houchu.bench.token_path [--model PATH] [--num-requests 8] [--output-len 128]
+    python -m houchu.bench.served.token_path [--model PATH] [--num-requests 8] [--output-len 128]
         [--serve-flags "--overlap-schedule on"] [--serve-flags ...] [--rounds 1]
 
 Each ``--serve-flags`` starts one server; with several, the rounds take turns between

@@ -7,7 +7,7 @@ its last token), then ``--concurrency`` streams at once (output tokens/s over th
 time). Prints the medians, and the overlap server's scheduler seconds and how many of
 them ran hidden behind the runner's steps (``/stats``). Run::
 
-    python -m houchu.bench.overlap [--model PATH] [--tokens 128] [--concurrency 8]
+    python -m houchu.bench.served.overlap [--model PATH] [--tokens 128] [--concurrency 8]
         [--rounds 3] [--serve-flags "--compile off"]
 
 By default both servers decode eagerly (``--compile off``), so that they run the same
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
-from houchu.bench.quick import PROMPTS, _stream
+from houchu.bench.served.quick import PROMPTS, _stream
 from houchu.bench.servers import running_server
 
 
