@@ -5,7 +5,7 @@ in the order ``houchu serve --help`` lists them; one ``Flag`` per field. A flag 
 like its field (``--page-size`` sets ``page_size``), and its type, choices (a
 ``Literal``) and default come from the field (``houchu.options.parser`` builds the
 argument parser from this table). A field without a row here, or a row without a field,
-fails ``tests/unit/test_serve_flags.py``.
+fails ``tests/integration/test_serve_flags.py``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ stack, once, before any of them runs, and a value deeper than ``MAX_JSON_DEPTH``
 the schema with serde_json, whose recursion limit (128 levels) covers the schema inside
 the 4 levels its grammar wraps it in, so a schema 124 levels deep compiles and one 125
 deep does not ("recursion limit exceeded"; llguidance 1.x, found by experiment and kept
-by ``tests/unit/test_api_json_depth.py``). The same bound holds ``chat_template_kwargs``:
+by ``tests/integration/test_api_json_depth.py``). The same bound holds ``chat_template_kwargs``:
 deep enough for any template variable, far below the depth recursive code overflows at.
 """
 

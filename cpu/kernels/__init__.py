@@ -54,7 +54,7 @@ from houchu.cpu.kernels.fakes import register_fakes
 # on another thread skips the finder after the one it was asking (the path finder) and a
 # module that exists is "not found": a runner loading its GGUF while the kernel thread
 # started failed so, with "No module named 'houchu.cli.fetch'"
-# (``tests/unit/test_import_threads.py``).
+# (``tests/integration/test_import_threads.py``).
 try:
     from torch.utils import cpp_extension
 except ImportError as _e:  # no setuptools: no builds here, torch's kernels serve

@@ -20,7 +20,7 @@ rolls back the tokens that changed; llguidance instead forces only a canonical p
 it tokenizes the forced bytes and drops the last tokens when some vocabulary token
 could span the end of the forced bytes and still match the grammar (llguidance's
 ``docs/fast_forward.md``). The dropped bytes are then sampled normally, so the output is
-the tokenizer's own tokenization of the text (``tests/unit/test_jump_forward.py`` checks
+the tokenizer's own tokenization of the text (``tests/integration/test_jump_forward.py`` checks
 the round trip on the default model's tokenizer).
 
 The overlap scheduler plans a request's next step before it sees the forced tokens: that

@@ -7,7 +7,7 @@ The constrained requests' schema holds a long constant, so jump-forward forces 1
 tokens at once (the test checks it did), fed as a catch-up chunk while the free requests
 decode (their 32 tokens outlast the constrained requests' prefill and first token): the
 catch-up tokens run in a pass of their own (``houchu.model.grammar.catch_up``), the free rows in
-the pass they would be in without jump-forward. ``tests/unit/test_jump_forward_batch.py``
+the pass they would be in without jump-forward. ``tests/integration/test_jump_forward_batch.py``
 pins a decode route where the extra rows would change the free rows' path and checks
 their log-probabilities bit for bit; served, other requests joining a batch may move the
 free rows' floats a little (its attention split between threads, its step's kernels),

@@ -5,7 +5,7 @@ served from the prefix cache.
 
 SmolLM2-135M has 9 query and 3 KV heads: 3 is the one size > 1 that divides both (tp 2
 is refused at startup, as ``test_tp2_refused_on_smollm2`` checks), so the golden run is
-tp 3, beside the tp 2 logits test on a tiny model (``tests/unit/test_tensor_parallel.py``).
+tp 3, beside the tp 2 logits test on a tiny model (``tests/integration/test_tensor_parallel_runner.py``).
 On a machine with fewer than 3 cores the ranks share them
 (``HOUCHU_TP_OVERSUBSCRIBE``).
 """

@@ -69,7 +69,7 @@ def test_a_dead_rank_restarts_the_runner(served):
     no request to find it (``RunnerActor._watch_ranks``), exits, and the supervisor
     restarts it with fresh ranks; requests succeed again within a bounded time, and any
     that met the restart were told so plainly (no gloo internals). A rank lost during a
-    step: tests/unit/test_tp_timeouts.py."""
+    step: tests/integration/test_tp_timeouts.py."""
     import psutil
 
     srv, hf = served

@@ -63,7 +63,7 @@ every family, Gemma and Qwen3-MoE included: 0.965-1.000 at the test's seeds (Gem
 +200) per family, with the mean |Δ log p| at about half of the plain int4's (0.013-0.061
 against 0.024-0.102; ceiling 0.08, 1.3x the highest). GPTQ places each column's rounding
 error where the layer's calibration inputs do not look, so the outputs move less than the
-weights (tests/unit/test_gptq.py); docs/benchmarks.md, "GPTQ", has the table.
+weights (tests/integration/test_gptq.py); docs/benchmarks.md, "GPTQ", has the table.
 
 A character-level model of 64 wide rows is a hard case for a 4-bit rounding: its best
 guess is right 29-39% of the time, so many positions are near-ties. The real model's int4
