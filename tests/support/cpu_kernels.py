@@ -1,4 +1,5 @@
-"""Quantized weights and activations for the CPU kernels' tests, their float references, the KV pools they read, and whether an ISA level's kernels run here."""
+"""Quantized weights and activations for the CPU kernels' tests, their float references,
+the KV pools they read, and whether an ISA level's kernels run here."""
 
 from __future__ import annotations
 

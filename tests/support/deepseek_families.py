@@ -1,4 +1,5 @@
-"""The tiny DeepSeek variants (MLA, MoE routings, YaRN) the family tests build, and greedy tokens through a ModelRunner."""
+"""The tiny DeepSeek variants (MLA, MoE routings, YaRN) the family tests build, and greedy
+tokens through a ModelRunner."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from tests.support.families import (
 from tests.support.runner_options import exact
 
 MLA = TINY_MLA
-
-
 YARN = {
     "rope_type": "yarn",
     "rope_theta": 10000.0,

@@ -1,4 +1,5 @@
-"""The gateway app against a fake engine: the engine, the served app, reading SSE and WebSocket answers."""
+"""The gateway app against a fake engine: the engine, the served app, reading SSE and
+WebSocket answers."""
 
 from __future__ import annotations
 

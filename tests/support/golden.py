@@ -1,4 +1,5 @@
-"""The golden prompts (chats and raw text), transformers' greedy tokens for them, and the request body of each."""
+"""The golden prompts (chats and raw text), transformers' greedy tokens for them, and the
+request body of each."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ from pathlib import Path
 import torch
 
 NEW_TOKENS = 32
-
-
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "user", "content": "Write a haiku about the sea."}],

@@ -1,4 +1,6 @@
-"""Structured output through a ModelRunner: the default model's vocabulary size, a batch of requests run to their EOS (prefill, then decodes with forced tokens and drafts), and a work item."""
+"""Structured output through a ModelRunner: the default model's vocabulary size, a batch of
+requests run to their EOS (prefill, then decodes with forced tokens and drafts), and a
+work item."""
 
 from __future__ import annotations
 

@@ -30,8 +30,6 @@ def run(config: str, load: float, tput: float, repeat: int = 0, **kw) -> CellRun
 
 
 LOADS2 = [Load("concurrency", x) for x in (1, 4)]
-
-
 PLAN_ARGS = ["--levers", "radix-cache,int4", "--pairs", "all", "--concurrency", "1,4"]
 
 

@@ -1,4 +1,5 @@
-"""The overlap schedule against the plain one: a scheduler core, a fake runner that answers after a step of delay, and drivers that run both."""
+"""The overlap schedule against the plain one: a scheduler core, a fake runner that answers
+after a step of delay, and drivers that run both."""
 
 from __future__ import annotations
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from houchu.bench.texts import DATA_DIR
 
 DATA = DATA_DIR
-
-
 EVAL = 600  #: evaluated bytes: the first 600 ASCII bytes of quality_en.txt
 
 
@@ -16,7 +14,5 @@ def ascii_ids(name: str) -> list[int]:
 
 
 EN = ascii_ids("quality_en.txt")
-
-
 #: training ids: quality_en.txt past the evaluated bytes, then quality_code.txt
 TRAIN = EN[EVAL:] + ascii_ids("quality_code.txt")

@@ -1,4 +1,5 @@
-"""Tiny DeepSeek models served by houchu against transformers: the variants, prompts, a served generation and its check."""
+"""Tiny DeepSeek models served by houchu against transformers: the variants, prompts, a
+served generation and its check."""
 
 from __future__ import annotations
 
@@ -12,13 +13,9 @@ import torch
 from houchu.devtools.tiny_models import TINY_MLA
 
 NEW = 8  # tokens generated per request
-
-
 ATOL = 1e-4
 
 MLA = {**TINY_MLA, "n_group": 2, "topk_group": 1}
-
-
 FAMILIES = {
     "deepseek_v2": {"topk_method": "group_limited_greedy"},
     "deepseek_v3": {"routed_scaling_factor": 2.5, "norm_topk_prob": True},

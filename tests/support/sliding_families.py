@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 WINDOW = 8
-
-
 FAMILIES = {
     # every layer windowed; head_dim 64: the C++ decode kernel's vectorized group path
     "mistral": {"sliding_window": WINDOW, "head_dim": 64},

@@ -17,8 +17,6 @@ WEATHER = {
 
 
 MESSAGES = [{"role": "user", "content": "Weather in Oslo?"}]
-
-
 HERMES_WEATHER = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
 
 

@@ -1,4 +1,5 @@
-"""The gateway against a fake engine with a vocabulary of its own, for the request rules (tools, structured output, token ids)."""
+"""The gateway against a fake engine with a vocabulary of its own, for the request rules
+(tools, structured output, token ids)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ from houchu.transport.limits import LimitsWatch, RunnerLimits
 from tests.support.fake_api import MODEL, Api, FakeEngine
 
 VOCAB = 1000
-
-
 MESSAGES = [{"role": "user", "content": "Yes or no?"}]
 
 

@@ -1,8 +1,5 @@
-"""The gateway app against a fake engine: health, models, stats, unknown routes.
-
-This module also holds the fake engine and the helpers the other ``test_api_*`` modules
-import.
-"""
+"""The gateway app against a fake engine: health, models, stats, unknown routes (the fake
+engine and the helpers the ``test_api_*`` modules share: ``tests.support.fake_api``)."""
 
 from __future__ import annotations
 
