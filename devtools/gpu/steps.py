@@ -57,7 +57,7 @@ print("FACTS " + json.dumps(f))
 CUDA_TESTS = (
     "tests/unit/test_model_cuda.py",
     "tests/unit/test_model_triton.py",
-    "tests/integration/test_device.py",
+    "tests/unit/test_device.py",
 )
 GOLDEN_TEST = "tests/integration/test_golden.py"
 #: The golden check without the default model's GGUF: a tiny Llama trained at test time,
