@@ -236,7 +236,7 @@ def test_a_lever_that_requires_another_runs_with_it_and_is_measured_against_it()
 
 def test_data_parallel_is_listed_as_not_measured_by_the_sweep():
     plan = build_plan(["int4", "data-parallel"], "none", LOADS, 1, CPU)
-    assert "replicas_bench" in plan.not_applicable["data-parallel"]
+    assert "houchu.bench.served.replicas" in plan.not_applicable["data-parallel"]
 
 
 def test_serve_args_may_not_set_a_swept_levers_flag():
