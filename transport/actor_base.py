@@ -25,6 +25,7 @@ the actor process's (``houchu.actors.runtime``).
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from collections.abc import Coroutine
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -39,7 +40,7 @@ from houchu.transport.telemetry import Telemetry
 M = TypeVar("M")
 
 
-class ActorBase(Generic[M]):
+class ActorBase(ABC, Generic[M]):
     """One actor's inbox (``inbox``), its links to its peers (``peers``), its optional
     telemetry emitter (``telemetry_to``) and its tasks (``spawn``), with the receive loop
     that serves them (``run``) and the ``close`` that closes them.
@@ -83,9 +84,9 @@ class ActorBase(Generic[M]):
 
     # ------------------------------------------------------------ what subclasses write
 
+    @abstractmethod
     async def handle(self, msg: M) -> None:
         """Act on one message of the actor's own (not a lifecycle message)."""
-        raise NotImplementedError(f"{type(self).__name__} handles no messages")
 
     async def on_peer_down(self, name: str) -> None:
         """Peer ``name`` died; what was queued is handled and its links reconnected:
