@@ -3,7 +3,7 @@
 A step plan carries only the pages the runner lacks (``SeqWork.page_table`` whole, or
 ``SeqWork.new_pages`` to append), as vLLM v1's scheduler sends ``new_block_ids``
 (``vllm/v1/core/sched/output.py``) rather than every block table every step. The
-scheduler's side is ``Request.strip_known_pages``.
+scheduler's side is ``Request.give_pages``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class PageTables:
         updates: dict[str, list[int]] = {}
         for w in work:
             if w.page_table is not None:
-                table = list(w.page_table)
+                table = w.page_table  # never changed in place: a delta makes a new list
             else:
                 held = None if w.rid in gone else self._tables.get(w.rid)
                 if held is None:

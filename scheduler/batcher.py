@@ -224,8 +224,7 @@ class Batcher:
             rid=req.rid,
             token_ids=ids,
             start_pos=start,
-            page_table=list(req.page_table),
-            sample=sample,
+            sample=sample,  # its pages: Request.give_pages, once the plan is built
             use_last_sampled=placeholder,
             phase=Phase.DECODE if decode else Phase.PREFILL,
         )

@@ -85,7 +85,7 @@ class Planner:
             return None
         self.spec.ask_runner(plan.work, scheduled)  # in-runner proposals (MTP)
         for req, w in zip(scheduled, plan.work, strict=True):
-            req.strip_known_pages(w)  # the runner keeps page tables between steps
+            req.give_pages(w)  # the runner keeps page tables between steps
         slots = [
             Slot(req, len(w.token_ids), w.sample, w.num_draft, req.plan_prefilling)
             for req, w in zip(scheduled, plan.work, strict=True)

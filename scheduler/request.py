@@ -120,18 +120,19 @@ class Request:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
-    def strip_known_pages(self, w: SeqWork) -> None:
-        """Send the runner only the pages it lacks: ``w`` (this request's work, built with
-        its whole ``page_table``) keeps the whole table when the runner's copy is not a
-        prefix of it (the first work, after a preemption, or after pages were taken
-        back), else carries only the pages appended since (``SeqWork.new_pages``). The
-        runner applies plans in the order they are sent (``houchu.runner.page_tables``).
-        """
+    def give_pages(self, w: SeqWork) -> None:
+        """Put in ``w`` (this request's work, once the plan is built) only the pages the
+        runner lacks: the whole ``page_table`` when the runner's copy is not a prefix of
+        it (the first work, after a preemption, or after pages were taken back), else
+        the pages appended since (``SeqWork.new_pages``, often none). The runner applies
+        plans in the order they are sent (``houchu.runner.page_tables``)."""
         table, held = self.page_table, self.runner_pages
         if held is not None and len(held) <= len(table) and table[: len(held)] == held:
-            w.new_pages = table[len(held) :]
-            w.page_table = None
-        self.runner_pages = list(table)
+            w.page_table, w.new_pages = None, table[len(held) :]
+            held.extend(w.new_pages)
+        else:
+            w.page_table, w.new_pages = list(table), []
+            self.runner_pages = list(table)
 
     def unregister(self) -> None:
         """The runner forgets this request (released, or its runner is gone): its sampling

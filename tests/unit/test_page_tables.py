@@ -1,4 +1,4 @@
-"""Plans carry only the pages the runner lacks (``Request.strip_known_pages`` on the
+"""Plans carry only the pages the runner lacks (``Request.give_pages`` on the
 scheduler's side, ``houchu.runner.page_tables.PageTables`` on the runner's), and each
 work item says its phase."""
 
@@ -25,7 +25,7 @@ def test_a_table_travels_whole_once_then_only_its_new_pages() -> None:
     for table in ([4], [4, 9], [4, 9], [4, 9, 2]):
         req.page_table = list(table)
         w = work("a", table)
-        req.strip_known_pages(w)
+        req.give_pages(w)
         sent.append((w.page_table, w.new_pages))
         (resolved,), updates = runner.resolve([w])
         runner.commit(updates)
@@ -44,14 +44,15 @@ def test_a_table_that_is_not_grown_travels_whole_again() -> None:
     ):
         req.page_table = list(table)  # cut (rejected proposals), new pages (preemption)
         w = work("a", table)
-        req.strip_known_pages(w)
+        req.give_pages(w)
         assert (w.page_table is not None) == expect_whole
         (resolved,), updates = runner.resolve([w])
         runner.commit(updates)
         assert resolved.page_table == table
     req.unregister()  # released: the next table travels whole
+    req.page_table = [5]
     w = work("a", [5])
-    req.strip_known_pages(w)
+    req.give_pages(w)
     assert w.page_table == [5]
 
 
