@@ -4,7 +4,7 @@ A request's free-form JSON values (a JSON schema: ``response_format``, ``guided_
 ``structured_outputs.json``, a tool's ``parameters``; ``chat_template_kwargs``) arrive
 decoded, and msgspec decodes a body up to Python's recursion limit (about 1000 levels).
 The code that reads such a value recurses at least once per level: the schema checks
-and rewrites (``houchu.api.structured.json_integers``, ``schema_numbers``, ``schema_rewrites``),
+and rewrites (``houchu.api.structured.json_schema.integers``, ``schema_numbers``, ``schema_rewrites``),
 ``chat_template``'s integer check, the chat template's ``tojson`` and the msgpack
 between the actors. A value a few hundred levels deep overflowed one of them (a
 ``RecursionError``: an HTTP 500). ``nesting_depth`` measures a value with an explicit

@@ -35,9 +35,9 @@ from houchu.api.schema.bodies import (
     StructuredOutputs,
 )
 from houchu.api.structured import guard as grammar_guard
-from houchu.api.structured.json_integers import integer_words, out_of_range_integer
-from houchu.api.structured.json_numbers import wrong_number
-from houchu.api.structured.json_rewrites import closed_objects, no_value_nots
+from houchu.api.structured.json_schema.integers import integer_words, out_of_range_integer
+from houchu.api.structured.json_schema.numbers import wrong_number
+from houchu.api.structured.json_schema.rewrites import closed_objects, no_value_nots
 from houchu.api.structured.lark_rules import ebnf_to_lark, endless_rules
 from houchu.api.structured.words import describe, endless
 from houchu.transport.structured import GrammarKind, StructuredOutput

@@ -12,8 +12,12 @@ from typing import Any
 
 import pytest
 
-from houchu.api.structured.json_integers import MAX_INTEGER, MIN_INTEGER, out_of_range_integer
-from houchu.api.structured.json_numbers import EXACT_INTEGER, engine_text, wrong_number
+from houchu.api.structured.json_schema.integers import (
+    MAX_INTEGER,
+    MIN_INTEGER,
+    out_of_range_integer,
+)
+from houchu.api.structured.json_schema.numbers import EXACT_INTEGER, engine_text, wrong_number
 from tests.support.fake_api import collect
 from tests.support.vocab_api import MESSAGES, follows, serve_vocab
 
@@ -160,7 +164,7 @@ def test_numbers_the_engine_would_crash_on_are_refused_without_asking_it() -> No
     import sys
 
     code = (
-        "from houchu.api.structured.json_numbers import wrong_number\n"
+        "from houchu.api.structured.json_schema.numbers import wrong_number\n"
         "for schema in ({'const': -2**63}, {'const': -2**63 + 1}, {'enum': [-2**63]},\n"
         "               {'anyOf': [{'const': -2**63}]}, {'x-ext': {'const': -2**63}}):\n"
         "    at, why = wrong_number(schema)\n"

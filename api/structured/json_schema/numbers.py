@@ -37,8 +37,8 @@ from typing import Any
 
 from llguidance import LLMatcher, LLTokenizer
 
-from houchu.api.structured.json_integers import pointer_token
-from houchu.api.structured.json_rewrites import NAMED_SUBSCHEMAS
+from houchu.api.structured.json_schema.integers import pointer_token
+from houchu.api.structured.json_schema.rewrites import NAMED_SUBSCHEMAS
 
 #: Integers within +-2^53 are exact doubles, and the engine writes them exactly.
 EXACT_INTEGER = 2**53
